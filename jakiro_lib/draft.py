@@ -1,0 +1,277 @@
+"""The draft head: EAGLE feature draft whose MLP is a dense block (EAGLE-2) or Jakiro's MoE (DESIGN.md 2-3).
+
+Input at position t: the target's last hidden state f_t and the token x_{t+1}. One Llama-style decoder
+layer (first RMSNorm skipped, no final norm) produces o_t ~ f_{t+1}; the target's frozen ``lm_head`` turns
+it into next-token logits. The MoE block also returns each expert's own feature (decoupled candidates)
+and the CEPD branch B, which predicts f_{t+2}.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from .config import DraftConfig
+from .utils import atomic_path
+
+CONFIG_FILE = "draft_config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+class DraftLoadError(RuntimeError):
+    """A saved draft does not match what it is loaded for (missing files, other target, bad keys)."""
+
+
+@dataclass
+class DraftOutput:
+    a: torch.Tensor  # [B, L, H] branch A: gate-weighted mixture, predicts f_{t+1}
+    b: torch.Tensor | None  # [B, L, H] branch B: predicts f_{t+2}
+    experts: torch.Tensor | None  # [B, L, E, H] each expert's own feature r + e_i(u)
+    gates: torch.Tensor | None  # [B, L, E] branch-A routing weights (zero outside the top-k)
+
+
+class KVCache:
+    """The draft's own key/value cache: plain tensors we crop and extend during tree drafting."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def crop(self, length: int) -> None:
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MoEBlock(nn.Module):
+    """E SwiGLU experts with a router split into branch A (top-k mixture) and branch B (CEPD)."""
+
+    def __init__(self, hidden: int, cfg: DraftConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        inter = cfg.intermediate_size or hidden
+        self.experts = nn.ModuleList(SwiGLU(hidden, inter) for _ in range(cfg.num_experts))
+        n_router = cfg.num_experts * (2 if cfg.branch_b else 1)
+        self.router = nn.Linear(hidden, n_router, bias=False) if cfg.num_experts > 1 or cfg.branch_b else None
+        self.register_buffer("load", torch.zeros(cfg.num_experts), persistent=False)
+        self.register_buffer("load_tokens", torch.zeros(()), persistent=False)
+
+    def _topk_weights(self, logits: torch.Tensor, k: int) -> torch.Tensor:
+        gates = logits.softmax(-1)
+        if k >= gates.shape[-1]:
+            return gates
+        top = gates.topk(k, dim=-1)
+        weights = torch.zeros_like(gates).scatter(-1, top.indices, top.values)
+        return weights / weights.sum(-1, keepdim=True)
+
+    def forward(self, u: torch.Tensor, residual: torch.Tensor) -> DraftOutput:
+        cfg = self.cfg
+        outs = torch.stack([e(u) for e in self.experts], dim=-2)  # [B, L, E, H]
+        E = cfg.num_experts
+        if self.router is None:
+            gates_a = torch.ones(*u.shape[:-1], 1, dtype=u.dtype, device=u.device)
+            logits_b = None
+        else:
+            logits = self.router(u)
+            gates_a = self._topk_weights(logits[..., :E], cfg.top_k_experts) if E > 1 else torch.ones_like(logits[..., :1])
+            logits_b = logits[..., E:] if cfg.branch_b else None
+        a = residual + (gates_a.unsqueeze(-1) * outs).sum(-2)
+        b = None
+        if logits_b is not None:
+            gb = logits_b.softmax(-1)
+            if cfg.contrastive:
+                top = gb.topk(2, dim=-1)  # the higher- and lower-gated of the two leading experts
+                hi = torch.gather(outs, -2, top.indices[..., :1, None].expand(*outs.shape[:-2], 1, outs.shape[-1]))
+                lo = torch.gather(outs, -2, top.indices[..., 1:, None].expand(*outs.shape[:-2], 1, outs.shape[-1]))
+                b = residual + top.values[..., :1] * hi.squeeze(-2) - top.values[..., 1:] * lo.squeeze(-2)
+            else:
+                wb = self._topk_weights(logits_b, cfg.top_k_experts) if E > 1 else gb
+                b = residual + (wb.unsqueeze(-1) * outs).sum(-2)
+        if not self.training:
+            with torch.no_grad():
+                self.load += (gates_a > 0).float().reshape(-1, E).sum(0)
+                self.load_tokens += gates_a.reshape(-1, E).shape[0]
+        return DraftOutput(a=a, b=b, experts=residual.unsqueeze(-2) + outs, gates=gates_a)
+
+
+class DraftAttention(nn.Module):
+    """Self-attention with the target's head layout and RoPE; keys/values kept in a :class:`KVCache`."""
+
+    def __init__(self, tcfg: Any) -> None:
+        super().__init__()
+        H = tcfg.hidden_size
+        self.n_heads = tcfg.num_attention_heads
+        self.n_kv = getattr(tcfg, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(tcfg, "head_dim", None) or H // self.n_heads
+        bias = bool(getattr(tcfg, "attention_bias", False)) or tcfg.model_type == "qwen2"
+        self.q_proj = nn.Linear(H, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(H, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(H, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, H, bias=False)
+
+    def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], cache: KVCache | None,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        B, L, _ = x.shape
+        q = self.q_proj(x).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *cos_sin)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        causal = mask is None and (cache is None or len(cache) == L)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and L > 1,
+                                             enable_gqa=self.n_kv != self.n_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(B, L, -1))
+
+
+class DraftModel(nn.Module):
+    """EAGLE-style draft head. The target's embedding and ``lm_head`` are borrowed, frozen, never saved."""
+
+    def __init__(self, cfg: DraftConfig, target_config: Any, embed: nn.Module, lm_head: nn.Module,
+                 d2t: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.target_config = target_config
+        H = target_config.hidden_size
+        self.fc = nn.Linear(2 * H, H, bias=True)
+        self.attn = DraftAttention(target_config)
+        self.post_attention_layernorm = LlamaRMSNorm(H, eps=target_config.rms_norm_eps)
+        self.mlp = MoEBlock(H, cfg)
+        rope_cfg = copy.deepcopy(target_config)
+        self.rotary = LlamaRotaryEmbedding(rope_cfg)
+        if cfg.draft_vocab_size is not None and d2t is None:
+            d2t = torch.arange(cfg.draft_vocab_size)
+        self.register_buffer("d2t", d2t.long() if d2t is not None else None, persistent=d2t is not None)
+        self._shared = (embed, lm_head)  # plain tuple: not registered, so not saved or trained
+        self._head_weight: torch.Tensor | None = None
+
+    # -- frozen target parts -------------------------------------------------------------------------
+    @property
+    def embed(self) -> nn.Module:
+        return self._shared[0]
+
+    def head_weight(self) -> torch.Tensor:
+        """Rows of the target's lm_head for the draft vocabulary (all rows when it is the full vocab)."""
+        w = self._shared[1].weight
+        if self.d2t is None:
+            return w
+        if self._head_weight is None or self._head_weight.device != w.device or self._head_weight.dtype != w.dtype:
+            self._head_weight = w.detach()[self.d2t.to(w.device)].contiguous()
+        return self._head_weight
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits of predicted features."""
+        return features @ self.head_weight().T
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.d2t is None else self.d2t[draft_ids]
+
+    # -- forward ----------------------------------------------------------------------------------
+    def forward(self, features: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                cache: KVCache | None = None, mask: torch.Tensor | None = None) -> DraftOutput:
+        """features [B, L, H] (f_t), input_ids [B, L] (x_{t+1}), position_ids [B, L] (t).
+
+        ``mask``: additive/boolean attention mask [B, 1, L, S] over cache + new positions; None = causal.
+        """
+        with torch.no_grad():
+            emb = self.embed(input_ids)
+        z = self.fc(torch.cat([emb.to(features.dtype), features], dim=-1))
+        cos, sin = self.rotary(z, position_ids)
+        h = z + self.attn(z, (cos, sin), cache, mask)
+        return self.mlp(self.post_attention_layernorm(h), h)
+
+    # -- router statistics --------------------------------------------------------------------------
+    def router_load(self, reset: bool = False) -> list[float]:
+        """Fraction of tokens routed to each expert (branch A top-k) since the last reset."""
+        tokens = float(self.mlp.load_tokens)
+        load = (self.mlp.load / max(tokens, 1.0)).tolist()
+        if reset:
+            self.mlp.load.zero_()
+            self.mlp.load_tokens.zero_()
+        return load
+
+    # -- save / load -----------------------------------------------------------------------------
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+
+    def save(self, path: str | Path, **meta: Any) -> Path:
+        """One directory: ``draft_config.json`` (architecture + target identity) and safetensors weights."""
+        path = Path(path)
+        tc = self.target_config
+        info = {
+            "draft": dataclasses.asdict(self.cfg),
+            "target": {"model_type": tc.model_type, "hidden_size": tc.hidden_size, "vocab_size": tc.vocab_size,
+                       "num_attention_heads": tc.num_attention_heads,
+                       "num_key_value_heads": getattr(tc, "num_key_value_heads", None),
+                       "name_or_path": meta.pop("target_name", getattr(tc, "_name_or_path", ""))},
+            "meta": meta,
+        }
+        with atomic_path(path) as tmp:
+            tmp.mkdir()
+            save_file(self.trainable_state(), str(tmp / WEIGHTS_FILE))
+            (tmp / CONFIG_FILE).write_text(json.dumps(info, indent=2, default=str))
+        return path
+
+    @classmethod
+    def build(cls, cfg: DraftConfig, target_model: nn.Module, d2t: torch.Tensor | None = None) -> "DraftModel":
+        """A fresh draft for ``target_model`` on the target's device and dtype."""
+        draft = cls(cfg, target_model.config, target_model.get_input_embeddings(), target_model.get_output_embeddings(), d2t)
+        p = next(target_model.parameters())
+        return draft.to(device=p.device, dtype=p.dtype)
+
+    @classmethod
+    def load(cls, path: str | Path, target_model: nn.Module) -> "DraftModel":
+        """Strict load: the target must match the one the draft was trained for and every key must fit."""
+        path = Path(path)
+        if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
+            raise DraftLoadError(f"no saved draft at {path} (need {CONFIG_FILE} and {WEIGHTS_FILE})")
+        try:
+            info = json.loads((path / CONFIG_FILE).read_text())
+            cfg = DraftConfig(**info["draft"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise DraftLoadError(f"corrupt draft config {path / CONFIG_FILE}: {exc}") from exc
+        tc = target_model.config
+        saved = info["target"]
+        for key in ("hidden_size", "vocab_size", "num_attention_heads", "model_type"):
+            if saved.get(key) != getattr(tc, key, None):
+                raise DraftLoadError(
+                    f"draft at {path} was trained for a target with {key}={saved.get(key)!r}, "
+                    f"but this target has {key}={getattr(tc, key, None)!r}"
+                )
+        try:
+            state = load_file(str(path / WEIGHTS_FILE))
+        except Exception as exc:  # safetensors raises several types for a damaged file
+            raise DraftLoadError(f"corrupt draft weights {path / WEIGHTS_FILE}: {exc}") from exc
+        draft = cls.build(cfg, target_model, d2t=state.get("d2t"))
+        missing, unexpected = draft.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise DraftLoadError(f"draft weights at {path} do not match the config: missing {missing}, "
+                                 f"unexpected {unexpected}")
+        return draft.eval()
