@@ -1,0 +1,244 @@
+"""Decoding loops: vanilla (our cached loop, HF ``generate``, HF prompt lookup) and speculative.
+
+The speculative cycle, in one function (:func:`speculative_generate`): the drafter proposes a tree
+rooted at the last token; the target scores the whole tree in one forward (ancestor mask, position =
+prefix length + depth); verification keeps the longest consistent path plus one bonus token; the target
+cache keeps only the accepted path's entries (gathered, not recomputed) and the drafter is told what was
+kept. Greedy output equals vanilla greedy token for token; sampling output is distributed as the target.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from .drafting import Drafter, FeatureDrafter
+from .tree import Tree
+from .verify import SamplingParams, sample, verify, warp_probs
+
+
+class ContextLengthError(ValueError):
+    """The prompt does not fit in the context window."""
+
+
+@dataclass
+class GenerationResult:
+    prompt_len: int
+    output_ids: list[int]
+    accepted: list[int] = field(default_factory=list)  # tokens emitted per cycle (accepted + bonus)
+    tree_sizes: list[int] = field(default_factory=list)
+    draft_forwards: int = 0
+    wall_time: float = 0.0
+    prefill_time: float = 0.0
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+    stop_reason: str = "max_new_tokens"
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def cycles(self) -> int:
+        """Target forwards after prefill (vanilla: one per token after the first)."""
+        return len(self.accepted)
+
+    @property
+    def tau(self) -> float:
+        """Average acceptance length: tokens from cycles / cycles (bonus included; vanilla = 1.0)."""
+        return sum(self.accepted) / max(len(self.accepted), 1)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class TargetRunner:
+    """The target behind a KV cache: prefill, one token, a tree, and keeping an accepted path."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+        self.device = model.device
+        self.dtype = model.dtype
+        self.cache = DynamicCache(config=model.config)
+        self.length = 0
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        self.length = 0
+
+    def _forward(self, ids: torch.Tensor, position_ids: torch.Tensor,
+                 mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model.model(input_ids=ids[None], position_ids=position_ids[None], attention_mask=mask,
+                               past_key_values=self.cache, use_cache=True)
+        hidden = out.last_hidden_state[0]
+        self.length += ids.shape[0]
+        return self.model.lm_head(hidden), hidden
+
+    def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and last hidden states (the lm_head input: the draft's features) of the prompt."""
+        self.reset()
+        return self._forward(ids, torch.arange(ids.shape[0], device=self.device), None)
+
+    def step(self, token: int) -> torch.Tensor:
+        ids = torch.tensor([token], device=self.device)
+        logits, _ = self._forward(ids, torch.tensor([self.length], device=self.device), None)
+        return logits[0]
+
+    def tree(self, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
+        """Score every node of ``tree`` in one forward; each node sees the prefix and its ancestors."""
+        m = len(tree)
+        allowed = torch.ones(m, self.length + m, dtype=torch.bool, device=self.device)
+        allowed[:, self.length:] = tree.ancestor_mask().to(self.device)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        pos = tree.depths.to(self.device) + self.length
+        return self._forward(tree.tokens.to(self.device), pos, mask[None, None])
+
+    def keep(self, start: int, nodes: list[int]) -> None:
+        """After a tree forward from ``start``: keep only ``nodes``' cache entries, moved to ``start..``."""
+        idx = torch.tensor(nodes, device=self.device) + start
+        end = start + len(nodes)
+        for layer in self.cache.layers:
+            layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys[:, :, idx]], dim=2)
+            layer.values = torch.cat([layer.values[:, :, :start], layer.values[:, :, idx]], dim=2)
+        self.length = end
+
+
+def _choose(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
+    return int(logits.argmax()) if params.greedy else sample(warp_probs(logits, params), gen)
+
+
+def _finish(result: GenerationResult, new: list[int], eos: set[int], max_new_tokens: int) -> bool:
+    """Append ``new`` tokens, stopping at EOS or the token budget; True when generation is over."""
+    for t in new:
+        result.output_ids.append(t)
+        if t in eos:
+            result.stop_reason = "eos"
+            return True
+        if len(result.output_ids) >= max_new_tokens:
+            result.stop_reason = "max_new_tokens"
+            return True
+    return False
+
+
+def _check_prompt(prompt_ids: torch.Tensor, max_context: int, margin: int) -> None:
+    if prompt_ids.ndim != 1 or prompt_ids.numel() == 0:
+        raise ValueError("prompt_ids must be a non-empty 1-D tensor of token ids")
+    if prompt_ids.numel() + margin > max_context:
+        raise ContextLengthError(
+            f"prompt of {prompt_ids.numel()} tokens leaves no room to generate in a context of {max_context}"
+        )
+
+
+@torch.inference_mode()
+def vanilla_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tokens: int = 128,
+                     params: SamplingParams = SamplingParams(), eos_token_ids: list[int] = (),
+                     max_context: int = 2048, generator: torch.Generator | None = None) -> GenerationResult:
+    """Plain autoregressive decoding with the KV cache: the reference every method must match."""
+    _check_prompt(prompt_ids, max_context, 1)
+    runner = TargetRunner(model)
+    result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
+    _sync(runner.device)
+    t0 = time.perf_counter()
+    logits, _ = runner.prefill(prompt_ids.to(runner.device))
+    token = _choose(logits[-1], params, generator)
+    result.prefill_time = time.perf_counter() - t0
+    eos = set(eos_token_ids)
+    done = _finish(result, [token], eos, max_new_tokens)
+    while not done:
+        if runner.length + 1 > max_context:
+            result.stop_reason = "context"
+            break
+        token = _choose(runner.step(token), params, generator)
+        result.accepted.append(1)
+        done = _finish(result, [token], eos, max_new_tokens)
+    _sync(runner.device)
+    result.wall_time = time.perf_counter() - t0
+    return result
+
+
+@torch.inference_mode()
+def speculative_generate(model: PreTrainedModel, drafter: Drafter, prompt_ids: torch.Tensor, *,
+                         max_new_tokens: int = 128, params: SamplingParams = SamplingParams(),
+                         eos_token_ids: list[int] = (), max_context: int = 2048,
+                         generator: torch.Generator | None = None) -> GenerationResult:
+    """Draft a tree, verify it in one target forward, keep the accepted path; repeat."""
+    _check_prompt(prompt_ids, max_context, 1)
+    runner = TargetRunner(model)
+    result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
+    eos = set(eos_token_ids)
+    dev = runner.device
+    _sync(dev)
+    t0 = time.perf_counter()
+    prompt_ids = prompt_ids.to(dev)
+    logits, hidden = runner.prefill(prompt_ids)
+    root = _choose(logits[-1], params, generator)
+    drafter.begin(prompt_ids, hidden, root)
+    _sync(dev)
+    result.prefill_time = time.perf_counter() - t0
+    done = _finish(result, [root], eos, max_new_tokens)
+    forwards0 = getattr(getattr(drafter, "stats", None), "forwards", 0)
+    while not done:
+        t1 = time.perf_counter()
+        tree = drafter.propose()
+        room = max_context - runner.length
+        if room < 1:
+            result.stop_reason = "context"
+            break
+        if int(tree.depths.max()) + 1 > room:  # near the end of the context: shrink to a chain that fits
+            tree = Tree.chain(tree.tokens[tree.path_to(tree.leaves()[0])][:room].tolist())
+        _sync(dev)
+        t2 = time.perf_counter()
+        start = runner.length
+        logits, hidden = runner.tree(tree)
+        path, bonus = verify(tree, logits, params, generator)
+        runner.keep(start, path)
+        new = tree.tokens[path[1:]].tolist() + [bonus]
+        _sync(dev)
+        t3 = time.perf_counter()
+        result.accepted.append(len(new))
+        result.tree_sizes.append(len(tree))
+        done = _finish(result, new, eos, max_new_tokens)
+        if not done:
+            drafter.accept(hidden[path], new)
+        _sync(dev)
+        t4 = time.perf_counter()
+        result.draft_time += (t2 - t1) + (t4 - t3)
+        result.verify_time += t3 - t2
+    result.draft_forwards = getattr(getattr(drafter, "stats", None), "forwards", 0) - forwards0
+    _sync(dev)
+    result.wall_time = time.perf_counter() - t0
+    return result
+
+
+@torch.inference_mode()
+def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tokens: int = 128,
+                params: SamplingParams = SamplingParams(), eos_token_ids: list[int] = (),
+                prompt_lookup_num_tokens: int | None = None, seed: int | None = None) -> GenerationResult:
+    """Hugging Face ``generate`` (optionally with prompt-lookup decoding) timed like our loops."""
+    kwargs: dict = {"max_new_tokens": max_new_tokens, "do_sample": not params.greedy,
+                    "eos_token_id": list(eos_token_ids) or None, "pad_token_id": (list(eos_token_ids) or [0])[0]}
+    if not params.greedy:
+        kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None)
+    if prompt_lookup_num_tokens:
+        kwargs["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
+    if seed is not None:
+        torch.manual_seed(seed)
+    ids = prompt_ids.to(model.device)[None]
+    _sync(model.device)
+    t0 = time.perf_counter()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+    _sync(model.device)
+    wall = time.perf_counter() - t0
+    new = out[0, ids.shape[1]:].tolist()
+    result = GenerationResult(prompt_len=ids.shape[1], output_ids=new, wall_time=wall)
+    result.stop_reason = "eos" if new and new[-1] in set(eos_token_ids) else "max_new_tokens"
+    return result

@@ -1,0 +1,200 @@
+"""Drafters: who proposes the candidate tree each cycle.
+
+Every drafter follows one small protocol so the decoding loop does not care which method runs:
+``begin`` sees the prompt (and the target's features of it), ``propose`` returns a :class:`Tree` rooted
+at the last generated token, ``accept`` is told what the target kept (features and new tokens).
+
+:class:`FeatureDrafter` is EAGLE-2 with Jakiro's two inference ideas (DESIGN.md section 3):
+decoupled candidates (each selected expert proposes children from its own distribution, carrying its
+own feature) and CEPD (after ``ar_steps`` autoregressive layers, each draft forward yields two layers:
+branch A the next one, branch B the one after, gathered by each node's real parent).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from .config import TreeConfig
+from .draft import DraftModel, DraftOutput, KVCache
+from .tree import CandidatePool, Tree
+
+
+class Drafter(Protocol):
+    def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor, root: int) -> None: ...
+
+    def propose(self) -> Tree: ...
+
+    def accept(self, hidden: torch.Tensor, new_tokens: list[int]) -> None: ...
+
+
+@dataclass
+class DraftStats:
+    forwards: int = 0  # draft forwards spent inside tree drafting (the update forward excluded)
+    cycles: int = 0
+
+
+@dataclass
+class _Node:
+    """A pool node that may be expanded: the feature it feeds the draft and where its KV sits."""
+
+    pool_index: int
+    feature: torch.Tensor  # [H], the predicted feature of the position before this token
+    out: DraftOutput | None = None  # set once forwarded
+    slot: int | None = None  # index of its key/value among the tree entries in the draft cache
+    ancestors: list[int] = field(default_factory=list)  # slots of forwarded ancestors
+
+
+def schedule(depth: int, ar_steps: int | None, has_branch_b: bool) -> list[int]:
+    """Layers produced by each draft step (1: branch A only; 2: A and B). Step 0 uses the root's output."""
+    steps, done = [], 0
+    s = depth if ar_steps is None or not has_branch_b else ar_steps
+    while done < depth:
+        n = 2 if done >= s and depth - done >= 2 else 1
+        steps.append(n)
+        done += n
+    return steps
+
+
+class FeatureDrafter:
+    """EAGLE-2 dynamic tree over an EAGLE/Jakiro feature draft."""
+
+    def __init__(self, draft: DraftModel, tree: TreeConfig) -> None:
+        self.draft = draft
+        self.cfg = tree
+        if tree.ar_steps is not None and not draft.cfg.branch_b:
+            raise ValueError("CEPD (ar_steps) needs a draft trained with branch B")
+        if tree.decoupled and draft.cfg.num_experts < 2:
+            raise ValueError("decoupled candidates need a draft with at least 2 experts")
+        self.steps = schedule(tree.depth, tree.ar_steps, draft.cfg.branch_b)
+        self.stats = DraftStats()
+        self.cache = KVCache()
+        self.root_out: DraftOutput | None = None
+        self.root = 0
+        self.pos = 0  # draft cache length, kept equal to the target cache length
+
+    # -- protocol -----------------------------------------------------------------------------------
+    def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor, root: int) -> None:
+        self.cache = KVCache()
+        self.pos = 0
+        self._extend(hidden, torch.cat([prompt_ids[1:], prompt_ids.new_tensor([root])]))
+        self.root = root
+
+    def accept(self, hidden: torch.Tensor, new_tokens: list[int]) -> None:
+        self._extend(hidden, torch.tensor(new_tokens, device=hidden.device))
+        self.root = new_tokens[-1]
+
+    def propose(self) -> Tree:
+        cfg = self.cfg
+        assert self.root_out is not None, "begin() must run before propose()"
+        pool = CandidatePool.with_root(self.root)
+        self._pool = pool
+        frontier = [_Node(0, self.root_out.a, out=self.root_out)]
+        base, n_slots = self.pos, 0
+        for k, n_layers in enumerate(self.steps):
+            if k > 0:  # one draft forward for the whole frontier layer
+                self._forward_layer(frontier, base, n_slots)
+                n_slots += len(frontier)
+                self.stats.forwards += 1
+            parents = {node.pool_index: node for node in frontier}
+            frontier = self._top(pool, self._expand_a(pool, frontier), cfg.top_k)
+            if n_layers == 2:
+                frontier = self._top(pool, self._expand_b(pool, frontier, parents), cfg.top_k)
+        self.cache.crop(base)
+        self.stats.cycles += 1
+        return pool.select(cfg.total_tokens)
+
+    # -- internals --------------------------------------------------------------------------------
+    def _extend(self, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Encode accepted positions into the draft cache; keep the last output for the next tree."""
+        n = tokens.shape[0]
+        pos = torch.arange(self.pos, self.pos + n, device=hidden.device)
+        mask = torch.ones(n, self.pos + n, dtype=torch.bool, device=hidden.device).tril(self.pos)
+        dtype = next(self.draft.parameters()).dtype
+        out = self.draft(hidden[None].to(dtype), tokens[None], pos[None], self.cache, mask[None, None])
+        self.pos += n
+        self.root_out = _row(out, 0, n - 1)
+
+    def _forward_layer(self, frontier: list[_Node], base: int, n_slots: int) -> None:
+        n = len(frontier)
+        dev = frontier[0].feature.device
+        feats = torch.stack([node.feature for node in frontier])[None]
+        tokens = torch.tensor([self._pool.tokens[node.pool_index] for node in frontier], device=dev)[None]
+        depth = torch.tensor([self._pool.depths[node.pool_index] for node in frontier], device=dev)
+        pos = (base - 1 + depth)[None]
+        mask = torch.zeros(n, base + n_slots + n, dtype=torch.bool, device=dev)
+        mask[:, :base] = True
+        for r, node in enumerate(frontier):
+            node.slot = n_slots + r
+            for s in node.ancestors + [node.slot]:
+                mask[r, base + s] = True
+        out = self.draft(feats, tokens, pos, self.cache, mask[None, None])
+        for r, node in enumerate(frontier):
+            node.out = _row(out, 0, r)
+
+    def _candidates(self, out: DraftOutput) -> list[tuple[int, float, torch.Tensor]]:
+        """(target token, log-prob, feature it carries) for one node's children via branch A."""
+        cfg = self.cfg
+        if not cfg.decoupled or out.experts is None:
+            logp = self.draft.logits(out.a).float().log_softmax(-1)
+            top = logp.topk(cfg.top_k)
+            ids = self.draft.to_target_ids(top.indices).tolist()
+            return [(t, float(s), out.a) for t, s in zip(ids, top.values.tolist())]
+        assert out.gates is not None
+        sel = (out.gates > 0).nonzero().flatten()
+        gates = out.gates[sel].float()
+        gates = gates / gates.sum()
+        logp = self.draft.logits(out.experts[sel]).float().log_softmax(-1)  # [E_sel, V]
+        per_expert = cfg.children_per_expert or cfg.top_k
+        union = torch.unique(logp.topk(per_expert, dim=-1).indices)
+        if cfg.scoring == "mixture":
+            weighted = logp[:, union] + gates.log()[:, None]
+            scores = weighted.logsumexp(0)
+        else:
+            weighted = logp[:, union]
+            scores = weighted.max(0).values
+        owner = weighted.argmax(0)  # the expert that backs each child most: its feature goes along
+        best = scores.topk(min(cfg.top_k, union.numel()))
+        ids = self.draft.to_target_ids(union[best.indices]).tolist()
+        return [(t, float(s), out.experts[sel[owner[j]]]) for t, s, j in
+                zip(ids, best.values.tolist(), best.indices.tolist())]
+
+    def _expand_a(self, pool: CandidatePool, frontier: list[_Node]) -> list[_Node]:
+        children = []
+        for node in frontier:
+            assert node.out is not None
+            ancestors = node.ancestors + ([node.slot] if node.slot is not None else [])
+            for token, logp, feat in self._candidates(node.out):
+                idx = pool.add(token, node.pool_index, pool.scores[node.pool_index] + logp)
+                children.append(_Node(idx, feat, ancestors=ancestors))
+        return children
+
+    def _expand_b(self, pool: CandidatePool, layer: list[_Node], parents: dict[int, _Node]) -> list[_Node]:
+        """Children of each node in ``layer`` from branch B of that node's real parent (two ahead).
+
+        Rows are gathered by parent index (the reference pairs row r with the r-th node: a bug).
+        """
+        grand = []
+        for node in layer:
+            out = parents[pool.parents[node.pool_index]].out
+            assert out is not None and out.b is not None
+            logp = self.draft.logits(out.b).float().log_softmax(-1)
+            top = logp.topk(self.cfg.top_k)
+            for token, lp in zip(self.draft.to_target_ids(top.indices).tolist(), top.values.tolist()):
+                idx = pool.add(token, node.pool_index, pool.scores[node.pool_index] + lp)
+                # The skipped token (node) is never forwarded: its child sees only the parent's ancestors.
+                grand.append(_Node(idx, out.b, ancestors=node.ancestors))
+        return grand
+
+    @staticmethod
+    def _top(pool: CandidatePool, nodes: list[_Node], k: int) -> list[_Node]:
+        return sorted(nodes, key=lambda n: (-pool.scores[n.pool_index], n.pool_index))[:k]
+
+
+def _row(out: DraftOutput, b: int, i: int) -> DraftOutput:
+    return DraftOutput(
+        a=out.a[b, i], b=None if out.b is None else out.b[b, i],
+        experts=None if out.experts is None else out.experts[b, i],
+        gates=None if out.gates is None else out.gates[b, i],
+    )

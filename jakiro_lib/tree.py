@@ -1,0 +1,101 @@
+"""Token trees: candidate pools, the EAGLE-2 top-N selection, and the tensors the target needs to verify.
+
+Node 0 is the root (the last generated token, not yet in the target's cache); every other node has a
+parent with a smaller index, so a tree is valid by construction and masks are built in one pass.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Tree:
+    tokens: torch.Tensor  # [m] long, tokens[0] = root
+    parents: list[int]  # parents[0] = -1, parents[i] < i
+    depths: torch.Tensor  # [m] long, root depth 0
+    children: list[list[int]] = field(default_factory=list)  # per node, in proposal order (best first)
+
+    def __post_init__(self) -> None:
+        if not self.children:
+            self.children = [[] for _ in self.parents]
+            for i, p in enumerate(self.parents[1:], start=1):
+                if not 0 <= p < i:
+                    raise ValueError(f"node {i} has parent {p}: parents must precede children")
+                self.children[p].append(i)
+
+    def __len__(self) -> int:
+        return len(self.parents)
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[m, m] bool: node i may attend to node j iff j is i or an ancestor of i."""
+        m = len(self)
+        mask = torch.zeros(m, m, dtype=torch.bool)
+        for i, p in enumerate(self.parents):
+            if p >= 0:
+                mask[i] = mask[p]
+            mask[i, i] = True
+        return mask
+
+    def path_to(self, node: int) -> list[int]:
+        """Root-to-node indices (the retrieval index of a leaf)."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def leaves(self) -> list[int]:
+        return [i for i, c in enumerate(self.children) if not c]
+
+    @classmethod
+    def chain(cls, tokens: list[int]) -> "Tree":
+        """A single path (prompt lookup, oracle drafts): root followed by ``tokens[1:]``."""
+        return cls(torch.tensor(tokens, dtype=torch.long), list(range(-1, len(tokens) - 1)),
+                   torch.arange(len(tokens)))
+
+
+@dataclass
+class CandidatePool:
+    """Every drafted candidate with its cumulative log-probability; index 0 is the root (score 0)."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+
+    @classmethod
+    def with_root(cls, root_token: int) -> "CandidatePool":
+        return cls([root_token], [-1], [0.0], [0])
+
+    def add(self, token: int, parent: int, score: float) -> int:
+        # A child never outscores its parent (log-probs <= 0), so the top-N below is always a tree.
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.scores.append(min(score, self.scores[parent]))
+        self.depths.append(self.depths[parent] + 1)
+        return len(self.tokens) - 1
+
+    def select(self, total_tokens: int) -> Tree:
+        """EAGLE-2's final step: keep the best ``total_tokens - 1`` candidates plus the root.
+
+        Ties go to the shallower, earlier node, so a kept node's parent is always kept too.
+        """
+        order = sorted(range(1, len(self.tokens)), key=lambda i: (-self.scores[i], self.depths[i], i))
+        keep = sorted(order[: total_tokens - 1], key=lambda i: (self.depths[i], i))
+        new_index = {0: 0}
+        for i in keep:
+            new_index[i] = len(new_index)
+        parents = [-1]
+        for i in keep:
+            if self.parents[i] not in new_index:
+                raise AssertionError("top-N selection dropped a parent; scores must be monotone")
+            parents.append(new_index[self.parents[i]])
+        nodes = [0] + keep
+        tree = Tree(torch.tensor([self.tokens[i] for i in nodes], dtype=torch.long), parents,
+                    torch.tensor([self.depths[i] for i in nodes], dtype=torch.long))
+        # Children in best-first order: sampling verification tries the likeliest candidate first.
+        for c in tree.children:
+            c.sort(key=lambda j: (-self.scores[nodes[j]], j))
+        return tree

@@ -1,0 +1,95 @@
+"""Exact verification of a drafted tree against the target's logits (DESIGN.md section 6).
+
+Greedy: follow children equal to the target's argmax. Sampling: candidates are deterministic, so at
+each node try the children in order, accepting child x with probability p(x) under the current residual
+distribution; on rejection zero p(x) and renormalise; if every child is rejected, sample the bonus token
+from the residual; at a leaf sample it from the (warped) target distribution. The emitted sequence is
+distributed exactly as sampling from the target.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .tree import Tree
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError(f"bad sampling parameters {self}: need temperature >= 0, 0 < top_p <= 1, top_k >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Target distribution after temperature, then top-k, then top-p (the order HF applies them)."""
+    logits = logits.float() / params.temperature
+    if params.top_k:
+        kth = logits.topk(min(params.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, idx = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) >= params.top_p  # keep the smallest set reaching top_p
+        logits = logits.masked_fill(drop.scatter(-1, idx, drop), float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def verify_greedy(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
+    """Longest path whose tokens match the target argmax; returns (node path from root, bonus token)."""
+    pred = logits.argmax(-1).tolist()
+    tokens = tree.tokens.tolist()
+    node = 0
+    path = [0]
+    while True:
+        nxt = next((c for c in tree.children[node] if tokens[c] == pred[node]), None)
+        if nxt is None:
+            return path, pred[node]
+        node = nxt
+        path.append(node)
+
+
+def verify_sampling(tree: Tree, logits: torch.Tensor, params: SamplingParams,
+                    generator: torch.Generator | None) -> tuple[list[int], int]:
+    """Lossless multi-candidate speculative sampling for deterministic drafts."""
+    tokens = tree.tokens.tolist()
+    node = 0
+    path = [0]
+    while True:
+        probs = warp_probs(logits[node], params)
+        accepted = None
+        for c in tree.children[node]:
+            x = tokens[c]
+            px = float(probs[x])
+            if px > 0 and float(torch.rand((), generator=generator)) < px:
+                accepted = c
+                break
+            probs[x] = 0.0
+            total = float(probs.sum())
+            if total <= 0:  # numerically exhausted: nothing left to sample from but what remains
+                break
+            probs /= total
+        if accepted is None:
+            return path, sample(probs, generator)
+        node = accepted
+        path.append(node)
+
+
+def verify(tree: Tree, logits: torch.Tensor, params: SamplingParams,
+           generator: torch.Generator | None = None) -> tuple[list[int], int]:
+    if params.greedy:
+        return verify_greedy(tree, logits)
+    return verify_sampling(tree, logits, params, generator)
