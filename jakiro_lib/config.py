@@ -221,10 +221,16 @@ def _coerce(value: Any, current: Any) -> Any:
     text = value.strip()
     if text.lower() in ("none", "null"):
         return None
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError:
-        parsed = [p for p in text.split(",") if p] if isinstance(current, tuple) else text
+    def parse(item: str) -> Any:
+        try:
+            return json.loads(item)
+        except json.JSONDecodeError:
+            return item
+
+    parsed = parse(text)
+    if isinstance(parsed, str) and isinstance(current, tuple) or isinstance(current, tuple) and "," in text \
+            and not text.startswith("["):
+        parsed = [parse(p.strip()) for p in text.split(",") if p.strip()]
     if isinstance(current, tuple) and not isinstance(parsed, (list, tuple)):
         parsed = [parsed]
     return tuple(parsed) if isinstance(current, tuple) else parsed
@@ -246,6 +252,8 @@ def override(profile: Profile, **overrides: Any) -> Profile:
             continue
         if not dataclasses.is_dataclass(obj) or leaf not in {f.name for f in dataclasses.fields(obj)}:
             raise ValueError(f"unknown config key {key!r}")
+        if dataclasses.is_dataclass(getattr(obj, leaf)) or isinstance(getattr(obj, leaf), dict):
+            raise ValueError(f"unknown config key {key!r}: {leaf!r} is a section; set one of its fields")
         setattr(obj, leaf, _coerce(value, getattr(obj, leaf)))
         obj.__post_init__() if hasattr(obj, "__post_init__") else None
     return out

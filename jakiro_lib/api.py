@@ -1,0 +1,56 @@
+"""The user-facing generation call: one function for every decoding method."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .bench import MethodRunner, MethodSpec
+from .config import TreeConfig
+from .decoding import GenerationResult
+from .target import Target
+from .verify import SamplingParams
+
+METHODS = ("vanilla", "hf", "pld", "spec")
+
+
+@dataclass
+class Generation:
+    text: str
+    result: GenerationResult
+
+
+def generate(target: Target, prompt: str | list[dict[str, str]], *, method: str = "spec",
+             draft: str | Path | None = None, tree: TreeConfig | None = None, max_new_tokens: int = 128,
+             temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+             on_text: Callable[[str], None] | None = None) -> Generation:
+    """Chat-format ``prompt`` (a user message or a list of messages) and decode it with ``method``.
+
+    ``method``: ``vanilla`` (our cached loop), ``hf`` (HF generate), ``pld`` (HF prompt lookup), or
+    ``spec`` (speculative decoding with the saved ``draft`` and ``tree`` config: EAGLE-2 for a dense
+    draft, Jakiro for a MoE draft, CEPD when ``tree.ar_steps`` is set). ``on_text`` receives the
+    decoded text as tokens are accepted (streaming).
+    """
+    from .chat import format_prompt
+
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    ids = torch.tensor(format_prompt(target.tokenizer, messages, template=target.config.template), dtype=torch.long)
+    spec = MethodSpec(method, draft=None if draft is None else str(draft),
+                      tree=(tree or TreeConfig()) if method == "spec" else None)
+    runner = MethodRunner(target, spec)
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+    stream = None
+    if on_text is not None:
+        emitted: list[int] = []
+
+        def stream(new: list[int]) -> None:
+            before = target.tokenizer.decode(emitted, skip_special_tokens=True)
+            emitted.extend(new)
+            on_text(target.tokenizer.decode(emitted, skip_special_tokens=True)[len(before):])
+
+    result = runner(ids, max_new_tokens=max_new_tokens, params=params, seed=seed, on_tokens=stream)
+    return Generation(text=target.tokenizer.decode(result.output_ids, skip_special_tokens=True), result=result)

@@ -1,0 +1,267 @@
+"""One evaluation loop for every method (Spec-Bench style) and one results schema.
+
+A method is a name plus a spec (:class:`MethodSpec`): vanilla (our cached loop), ``hf`` (HF
+``generate``), ``pld`` (HF prompt lookup), or ``spec`` (a feature draft with a tree config: EAGLE-2 with
+the dense draft, Jakiro with a MoE draft, Jakiro + CEPD with ``ar_steps``). Every method sees the same
+prompts, chat template, token budget and machine, interleaved question by question so drift hits all
+methods alike. Records go to JSONL, one line per (method, temperature, question, turn, repeat).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+from tqdm.auto import tqdm
+
+from .config import TreeConfig
+from .decoding import GenerationResult, hf_generate, speculative_generate, vanilla_generate
+from .draft import DraftModel
+from .drafting import FeatureDrafter
+from .target import Target
+from .utils import run_metadata, write_json
+from .verify import SamplingParams
+
+VANILLA_KINDS = ("vanilla", "hf")
+
+
+@dataclass
+class MethodSpec:
+    kind: str  # "vanilla" | "hf" | "pld" | "spec"
+    draft: str | None = None  # path of a saved draft (kind "spec")
+    tree: TreeConfig | None = None  # kind "spec"
+    prompt_lookup_tokens: int = 10  # kind "pld" (HF's default)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("vanilla", "hf", "pld", "spec"):
+            raise ValueError(f"unknown method kind {self.kind!r}: use vanilla, hf, pld or spec")
+        if self.kind == "spec" and (self.draft is None or self.tree is None):
+            raise ValueError("a 'spec' method needs a draft path and a tree config")
+
+
+@dataclass
+class Record:
+    method: str
+    kind: str
+    benchmark: str
+    question_id: str
+    turn: int
+    repeat: int
+    temperature: float
+    new_tokens: int
+    cycles: int
+    accepted: list[int]
+    wall_time: float
+    prefill_time: float
+    draft_time: float
+    verify_time: float
+    draft_forwards: int
+    tokens_per_second: float
+    tau: float
+    stop_reason: str
+    output_ids: list[int] = field(default_factory=list)
+
+
+class MethodRunner:
+    """Loads what a method needs once (the draft), then generates for any prompt."""
+
+    def __init__(self, target: Target, spec: MethodSpec) -> None:
+        self.target = target
+        self.spec = spec
+        self.draft = DraftModel.load(spec.draft, target.model) if spec.kind == "spec" else None
+
+    def __call__(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, params: SamplingParams,
+                 seed: int) -> GenerationResult:
+        t = self.target
+        gen = torch.Generator(device=t.device).manual_seed(seed)
+        common = dict(max_new_tokens=max_new_tokens, params=params, eos_token_ids=t.eos_token_ids)
+        kind = self.spec.kind
+        if kind == "vanilla":
+            return vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context, generator=gen, **common)
+        if kind in ("hf", "pld"):
+            plt = self.spec.prompt_lookup_tokens if kind == "pld" else None
+            return hf_generate(t.model, prompt_ids, prompt_lookup_num_tokens=plt, seed=seed, **common)
+        assert self.draft is not None and self.spec.tree is not None
+        drafter = FeatureDrafter(self.draft, self.spec.tree)
+        return speculative_generate(t.model, drafter, prompt_ids, max_context=t.config.max_context,
+                                    generator=gen, **common)
+
+
+def _prompt_ids(target: Target, history: list[dict[str, str]]) -> torch.Tensor:
+    from .chat import format_prompt
+
+    return torch.tensor(format_prompt(target.tokenizer, history, template=target.config.template), dtype=torch.long)
+
+
+def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Iterable[Any], *,
+                  temperatures: Iterable[float] = (0.0,), max_new_tokens: int = 128, repeats: int = 1,
+                  warmup: int = 1, top_p: float = 1.0, seed: int = 0, out_dir: str | Path,
+                  progress: bool = True) -> Path:
+    """Run every method on every question turn; append records to ``out_dir/records.jsonl``.
+
+    Resumable: records already in the file (same method, temperature, question, turn, repeat) are
+    skipped. Multi-turn questions feed each method its own previous answer, as Spec-Bench does.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    questions = list(questions)
+    temperatures = list(temperatures)
+    records_path = out_dir / "records.jsonl"
+    done = set()
+    if records_path.exists():
+        for line in records_path.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by an interruption: that record is simply redone
+            done.add((r["method"], r["temperature"], r["benchmark"], r["question_id"], r["turn"], r["repeat"]))
+    write_json(out_dir / "bench_config.json", {
+        "methods": {k: dataclasses.asdict(v) for k, v in methods.items()},
+        "temperatures": temperatures, "max_new_tokens": max_new_tokens, "repeats": repeats, "warmup": warmup,
+        "top_p": top_p, "seed": seed, "num_questions": len(questions), "target": dataclasses.asdict(target.config),
+        "environment": run_metadata(target.device),
+    })
+    runners = {name: MethodRunner(target, spec) for name, spec in methods.items()}
+    if warmup and questions:  # first calls pay allocator and kernel set-up: keep them out of the timings
+        ids = _prompt_ids(target, [{"role": "user", "content": questions[0].turns[0]}])
+        for runner in runners.values():
+            for _ in range(warmup):
+                runner(ids, max_new_tokens=min(16, max_new_tokens), params=SamplingParams(), seed=seed)
+    total = len(questions) * len(temperatures) * repeats * len(methods)
+    bar = tqdm(total=total, desc="bench", disable=not progress)
+    with records_path.open("a") as fh:
+        for q in questions:
+            for temp in temperatures:
+                params = SamplingParams(temperature=temp, top_p=top_p if temp > 0 else 1.0)
+                for rep in range(repeats):
+                    for name, runner in runners.items():
+                        keys = [(name, temp, q.benchmark, str(q.question_id), t, rep) for t in range(len(q.turns))]
+                        if all(k in done for k in keys):
+                            bar.update(1)
+                            continue
+                        history: list[dict[str, str]] = []
+                        for turn, (text, key) in enumerate(zip(q.turns, keys)):
+                            history.append({"role": "user", "content": text})
+                            ids = _prompt_ids(target, history)
+                            res = runner(ids, max_new_tokens=max_new_tokens, params=params,
+                                         seed=seed + 1000 * rep + turn)
+                            history.append({"role": "assistant", "content": target.tokenizer.decode(
+                                res.output_ids, skip_special_tokens=True)})
+                            if key in done:
+                                continue
+                            rec = Record(
+                                method=name, kind=runner.spec.kind, benchmark=q.benchmark, question_id=str(q.question_id), turn=turn,
+                                repeat=rep, temperature=temp, new_tokens=res.new_tokens, cycles=res.cycles,
+                                accepted=res.accepted, wall_time=res.wall_time, prefill_time=res.prefill_time,
+                                draft_time=res.draft_time, verify_time=res.verify_time,
+                                draft_forwards=res.draft_forwards, tokens_per_second=res.tokens_per_second,
+                                tau=res.tau if runner.spec.kind == "spec" else 1.0, stop_reason=res.stop_reason,
+                                output_ids=res.output_ids,
+                            )
+                            fh.write(json.dumps(dataclasses.asdict(rec)) + "\n")
+                            fh.flush()
+                        bar.update(1)
+    bar.close()
+    return records_path
+
+
+def load_records(path: str | Path) -> list[dict[str, Any]]:
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    if not xs:
+        return math.nan, math.nan
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (method, benchmark, temperature): tokens/s, speedup vs the fastest vanilla, tau (two conventions).
+
+    Speedup = mean over questions of tokens/s (method) / mean tokens/s (fastest vanilla kind present),
+    computed per repeat; mean and std are over repeats. tau = generated tokens / cycles (ours);
+    tau_ref = the same over cycles - 1 (the reference's convention, which inflates it).
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["method"], r["benchmark"], r["temperature"]), []).append(r)
+
+    def per_repeat_tps(recs: list[dict]) -> dict[int, float]:
+        by: dict[int, list[float]] = {}
+        for r in recs:
+            by.setdefault(r["repeat"], []).append(r["tokens_per_second"])
+        return {k: statistics.fmean(v) for k, v in by.items()}
+
+    rows = []
+    for (method, bench, temp), recs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        tps = per_repeat_tps(recs)
+        baselines = [per_repeat_tps(groups[(m, bench, temp)]) for m in VANILLA_KINDS if (m, bench, temp) in groups]
+        speedups = []
+        for rep, v in tps.items():
+            base = max((b[rep] for b in baselines if rep in b), default=math.nan)
+            speedups.append(v / base if base and not math.isnan(base) else math.nan)
+        tokens = sum(r["new_tokens"] for r in recs)
+        cycles = sum(r["cycles"] for r in recs)
+        kind = recs[0]["kind"]
+        emitted = sum(sum(r["accepted"]) for r in recs)
+        # HF generate hides its cycles: no tau for hf/pld; vanilla emits one token per cycle by definition.
+        tau = emitted / max(cycles, 1) if kind == "spec" else (1.0 if kind == "vanilla" else math.nan)
+        tau_ref = emitted / max(cycles - len(recs), 1) if kind == "spec" else tau
+        tps_m, tps_s = _mean_std(list(tps.values()))
+        sp_m, sp_s = _mean_std(speedups)
+        rows.append({
+            "method": method, "kind": kind, "benchmark": bench, "temperature": temp, "questions": len({(r["question_id"], r["turn"]) for r in recs}),
+            "tokens_per_s": tps_m, "tokens_per_s_std": tps_s, "speedup": sp_m, "speedup_std": sp_s,
+            "tau": tau, "tau_ref": tau_ref, "new_tokens": tokens, "cycles": cycles,
+            "draft_forwards_per_cycle": sum(r["draft_forwards"] for r in recs) / max(cycles, 1),
+            "draft_time_frac": sum(r["draft_time"] for r in recs) / max(sum(r["wall_time"] for r in recs), 1e-9),
+        })
+    return rows
+
+
+def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "main") -> dict[str, MethodSpec]:
+    """The method sets the notebooks compare; drafts are read from ``drafts_dir/<name>/draft``.
+
+    ``main``: the baselines, EAGLE-2 (dense draft), Jakiro (2 experts, decoupled) and Jakiro + CEPD.
+    ``ablations``: experts count, AR steps, contrastive on/off and decoupled on/off around Jakiro.
+    """
+    d = Path(drafts_dir)
+
+    def spec(draft: str, **tree_kw: Any) -> MethodSpec:
+        return MethodSpec("spec", draft=str(d / draft / "draft"), tree=dataclasses.replace(tree, **tree_kw))
+
+    cepd = max(tree.depth - 2, 0)  # the last draft forward yields two layers, as in the reference
+    if study == "main":
+        return {
+            "vanilla": MethodSpec("vanilla"),
+            "hf_generate": MethodSpec("hf"),
+            "hf_prompt_lookup": MethodSpec("pld"),
+            "eagle2": spec("dense"),
+            "jakiro": spec("moe2", decoupled=True),
+            "jakiro_cepd": spec("moe2", decoupled=True, ar_steps=cepd),
+        }
+    if study == "ablations":
+        methods = {
+            "vanilla": MethodSpec("vanilla"),
+            "experts=1 (eagle2)": spec("dense"),
+            "experts=2": spec("moe2", decoupled=True),
+            "experts=4": spec("moe4", decoupled=True),
+            "experts=2, coupled": spec("moe2", decoupled=False),
+            "experts=2, scoring=best": spec("moe2", decoupled=True, scoring="best"),
+        }
+        for s in sorted({0, 1, cepd} - {tree.depth}):
+            methods[f"cepd ar_steps={s}"] = spec("moe2", decoupled=True, ar_steps=s)
+        methods[f"cepd ar_steps={cepd}, contrastive off"] = spec("moe2_nocontrast", decoupled=True, ar_steps=cepd)
+        return methods
+    raise ValueError(f"unknown study {study!r}: use 'main' or 'ablations'")

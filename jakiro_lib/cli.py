@@ -1,0 +1,158 @@
+"""``python -m jakiro_lib``: the command line over the same functions the notebooks call.
+
+Every sub-command takes ``--profile`` and any number of ``--set section.key=value`` overrides, so a
+notebook run and a CLI run with the same parameters do the same thing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from .config import PROFILE_NAMES, Profile, get_profile
+
+
+def _overrides(pairs: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise SystemExit(f"--set expects key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        out[key.strip()] = value
+    return out
+
+
+def _profile(args: argparse.Namespace) -> Profile:
+    try:
+        return get_profile(args.profile, **_overrides(args.set))
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default="default", choices=PROFILE_NAMES, help="named configuration")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a profile field, e.g. --set train.epochs=2 --set tree.depth=5")
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    if args.show:
+        print(get_profile(args.show).to_json())
+    else:
+        for name in PROFILE_NAMES:
+            p = get_profile(name)
+            print(f"{name:20s} target={p.target.model}  device={p.target.device}  tree=depth {p.tree.depth}, "
+                  f"top-k {p.tree.top_k}, {p.tree.total_tokens} tokens")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from .api import generate
+    from .target import load_target
+
+    profile = _profile(args)
+    target = load_target(profile.target)
+    tree = replace(profile.tree, decoupled=args.decoupled, ar_steps=args.ar_steps) if args.method == "spec" else None
+    if args.method == "spec" and not args.draft:
+        raise SystemExit("error: --method spec needs --draft DIR (a trained draft, e.g. runs/default/drafts/moe2/draft)")
+
+    def show(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    out = generate(target, args.prompt, method=args.method, draft=args.draft, tree=tree,
+                   max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                   seed=args.seed, on_text=show)
+    r = out.result
+    print(f"\n\n[{r.new_tokens} tokens in {r.wall_time:.2f} s = {r.tokens_per_second:.1f} tok/s"
+          + (f", tau {r.tau:.2f} over {r.cycles} cycles" if args.method == "spec" else "") + "]", file=sys.stderr)
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from .study import prepare_features
+
+    profile = _profile(args)
+    print(prepare_features(profile, run_dir=args.run_dir))
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .study import train_all
+
+    profile = _profile(args)
+    results = train_all(profile, run_dir=args.run_dir, only=args.drafts or None, force=args.force)
+    print(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .study import run_study
+
+    profile = _profile(args)
+    print(run_study(profile, run_dir=args.run_dir, study=args.study))
+    return 0
+
+
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    from .pipeline import run_pipeline
+
+    stages = args.stages.split(",") if args.stages else None
+    out = run_pipeline(args.profile, overrides=_overrides(args.set), force=args.force, stages=stages,
+                       report_dir=args.report_dir, run_dir=args.run_dir)
+    print(f"reports written to {out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m jakiro_lib", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("profiles", help="list the named profiles (or --show NAME as JSON)")
+    p.add_argument("--show", choices=PROFILE_NAMES)
+    p.set_defaults(func=cmd_profiles)
+
+    p = sub.add_parser("generate", help="chat with the target, plain or speculative, streaming the answer")
+    _common(p)
+    p.add_argument("prompt")
+    p.add_argument("--method", default="spec", choices=("vanilla", "hf", "pld", "spec"))
+    p.add_argument("--draft", help="directory of a saved draft (method spec)")
+    p.add_argument("--decoupled", action="store_true", help="Jakiro decoupled expert candidates")
+    p.add_argument("--ar-steps", type=int, default=None, help="CEPD: autoregressive layers before parallel ones")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_generate)
+
+    for name, func, help_ in [("cache", cmd_cache, "cache target features for draft training (notebook 00)"),
+                              ("train", cmd_train, "train the profile's drafts (notebook 01)"),
+                              ("bench", cmd_bench, "benchmark methods on the profile's benchmarks (notebook 02)")]:
+        p = sub.add_parser(name, help=help_)
+        _common(p)
+        p.add_argument("--run-dir", type=Path, default=None, help="artifacts directory (default runs/<profile>)")
+        if name == "train":
+            p.add_argument("--drafts", nargs="*", help="names of drafts to train (default: all of the profile's)")
+            p.add_argument("--force", action="store_true")
+        if name == "bench":
+            p.add_argument("--study", default="main", choices=("main", "ablations"))
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("pipeline", help="run all notebooks with papermill and write HTML reports")
+    _common(p)
+    p.add_argument("--force", action="store_true", help="rerun stages even when up to date")
+    p.add_argument("--stages", help="comma-separated subset, e.g. 00,01")
+    p.add_argument("--report-dir", type=Path, default=None)
+    p.add_argument("--run-dir", type=Path, default=None)
+    p.set_defaults(func=cmd_pipeline)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)

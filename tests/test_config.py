@@ -1,0 +1,54 @@
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from jakiro_lib.config import PROFILE_NAMES, DraftConfig, TreeConfig, get_profile
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_profiles_exist_with_paper_settings():
+    assert {"smoke", "default", "vicuna-7b", "vicuna-13b", "llama2-chat-7b", "llama3-8b-instruct"} <= set(PROFILE_NAMES)
+    p = get_profile("vicuna-7b")
+    assert p.target.model == "lmsys/vicuna-7b-v1.3" and p.target.template == "vicuna"
+    assert (p.tree.depth, p.tree.top_k, p.tree.total_tokens) == (5, 10, 60)
+    assert p.train.lr == 9e-5 and p.train.epochs == 20 and p.train.batch_size == 4
+    assert p.drafts["moe2"].num_experts == 2 and p.drafts["dense"].num_experts == 1
+
+
+def test_overrides_parse_strings_like_the_cli():
+    p = get_profile("smoke", **{"train.epochs": "7", "tree.ar_steps": "none", "bench.temperatures": "0,1",
+                                "bench.benchmarks": "mt_bench,gsm8k", "train.lr": "1e-4"})
+    assert p.train.epochs == 7 and p.tree.ar_steps is None and p.train.lr == 1e-4
+    assert p.bench.temperatures == (0, 1) and p.bench.benchmarks == ("mt_bench", "gsm8k")
+    assert get_profile("smoke").train.epochs != 7  # profiles are fresh copies
+
+
+@pytest.mark.parametrize("key", ["train.nope", "nope.epochs", "tree"])
+def test_unknown_override_is_a_clear_error(key):
+    with pytest.raises(ValueError, match="unknown config key"):
+        get_profile("smoke", **{key: "1"})
+
+
+def test_bad_values_are_rejected():
+    with pytest.raises(ValueError, match="unknown profile"):
+        get_profile("gpt-5")
+    with pytest.raises(ValueError, match="top_k_experts"):
+        DraftConfig(num_experts=2, top_k_experts=3)
+    with pytest.raises(ValueError, match="contrastive"):
+        DraftConfig(num_experts=1, top_k_experts=1, mlp="moe", branch_b=True, contrastive=True)
+    with pytest.raises(ValueError, match="scoring"):
+        TreeConfig(scoring="max")
+    with pytest.raises(ValueError):
+        get_profile("smoke", **{"tree.scoring": "max"})
+
+
+def test_environment_yml_matches_pyproject():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    env = (ROOT / "environment.yml").read_text()
+    for dep in deps:
+        name = re.split(r"[<>=!~ ]", dep, maxsplit=1)[0]
+        conda_name = "pytorch" if name == "torch" else name
+        assert re.search(rf"\b{re.escape(conda_name)}\b", env), f"{name} missing from environment.yml"

@@ -1,0 +1,95 @@
+import pytest
+import torch
+
+from jakiro_lib.config import DraftConfig, TargetConfig
+from jakiro_lib.draft import DraftLoadError, DraftModel, KVCache
+from jakiro_lib.target import load_target
+
+DENSE = DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False, contrastive=False)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target(TargetConfig(model="tiny:llama"))
+
+
+def _inputs(L=9, H=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, L, H, generator=g), torch.randint(0, 256, (1, L), generator=g), torch.arange(L)[None]
+
+
+@pytest.mark.parametrize("cfg", [DENSE, DraftConfig(), DraftConfig(num_experts=4, top_k_experts=2, contrastive=False)])
+def test_shapes_and_incremental_equals_full(target, cfg):
+    d = DraftModel.build(cfg, target.model).eval()
+    f, x, pos = _inputs()
+    full = d(f, x, pos)
+    assert full.a.shape == (1, 9, 64) and full.experts.shape == (1, 9, cfg.num_experts, 64)
+    assert (full.b is None) == (not cfg.branch_b)
+    cache = KVCache()
+    first = d(f[:, :5], x[:, :5], pos[:, :5], cache)
+    mask = torch.ones(4, 9, dtype=torch.bool).tril(5)[None, None]
+    rest = d(f[:, 5:], x[:, 5:], pos[:, 5:], cache, mask)
+    torch.testing.assert_close(torch.cat([first.a, rest.a], 1), full.a, atol=1e-5, rtol=1e-5)
+
+
+def test_moe_branches_follow_their_definitions(target):
+    d = DraftModel.build(DraftConfig(num_experts=3, top_k_experts=2), target.model).eval()
+    f, x, pos = _inputs()
+    out = d(f, x, pos)
+    gates = out.gates
+    assert torch.all((gates > 0).sum(-1) == 2) and torch.allclose(gates.sum(-1), torch.ones(1, 9))
+    residual = out.experts - torch.stack([e(d.post_attention_layernorm(out.experts[..., 0, :] * 0 + _residual(d, f, x, pos)))
+                                          for e in d.mlp.experts], -2)
+    res = _residual(d, f, x, pos)
+    torch.testing.assert_close(residual, res.unsqueeze(-2).expand_as(residual), atol=1e-5, rtol=1e-5)
+    # Branch A: residual + gate-weighted expert outputs.
+    torch.testing.assert_close(out.a, res + (gates.unsqueeze(-1) * (out.experts - res.unsqueeze(-2))).sum(-2),
+                               atol=1e-5, rtol=1e-5)
+    # Branch B (contrastive): higher-gated minus lower-gated of the two leading B gates.
+    gb = d.mlp.router(d.post_attention_layernorm(res))[..., 3:].softmax(-1)
+    top = gb.topk(2, -1)
+    e = out.experts - res.unsqueeze(-2)
+    hi = torch.gather(e, 2, top.indices[..., :1, None].expand(1, 9, 1, 64)).squeeze(2)
+    lo = torch.gather(e, 2, top.indices[..., 1:, None].expand(1, 9, 1, 64)).squeeze(2)
+    torch.testing.assert_close(out.b, res + top.values[..., :1] * hi - top.values[..., 1:] * lo, atol=1e-5, rtol=1e-5)
+
+
+def _residual(d, f, x, pos):
+    z = d.fc(torch.cat([d.embed(x), f], -1))
+    cos, sin = d.rotary(z, pos)
+    return z + d.attn(z, (cos, sin), None, None)
+
+
+def test_frozen_target_parts_are_not_parameters_or_saved(target, tmp_path):
+    d = DraftModel.build(DraftConfig(draft_vocab_size=50), target.model)
+    names = set(dict(d.named_parameters()))
+    assert not any("embed" in n or "lm_head" in n for n in names)
+    assert d.logits(torch.randn(3, 64)).shape == (3, 50)
+    d.save(tmp_path / "d")
+    assert "d2t" in d.trainable_state() and not any("embed" in k for k in d.trainable_state())
+
+
+def test_save_load_is_exact_and_strict(target, tmp_path):
+    d = DraftModel.build(DraftConfig(num_experts=2, draft_vocab_size=40), target.model).eval()
+    d.d2t.copy_(torch.arange(40) * 3)
+    d.save(tmp_path / "d")
+    e = DraftModel.load(tmp_path / "d", target.model)
+    f, x, pos = _inputs()
+    torch.testing.assert_close(e(f, x, pos).a, d(f, x, pos).a, rtol=0, atol=0)
+    assert torch.equal(e.to_target_ids(torch.tensor([1, 2])), torch.tensor([3, 6]))
+    other = load_target(TargetConfig(model="tiny:qwen2"))
+    with pytest.raises(DraftLoadError, match="model_type"):
+        DraftModel.load(tmp_path / "d", other.model)
+    with pytest.raises(DraftLoadError, match="no saved draft"):
+        DraftModel.load(tmp_path / "missing", target.model)
+    (tmp_path / "d" / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(DraftLoadError, match="corrupt"):
+        DraftModel.load(tmp_path / "d", target.model)
+
+
+def test_router_load_counts_routed_tokens(target):
+    d = DraftModel.build(DraftConfig(num_experts=4, top_k_experts=1), target.model).eval()
+    d(*_inputs(L=10))
+    load = d.router_load(reset=True)
+    assert len(load) == 4 and abs(sum(load) - 1.0) < 1e-6
+    assert d.router_load() == [0.0] * 4
