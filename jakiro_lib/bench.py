@@ -14,7 +14,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from tqdm.auto import tqdm
@@ -76,20 +76,25 @@ class MethodRunner:
         self.draft = DraftModel.load(spec.draft, target.model) if spec.kind == "spec" else None
 
     def __call__(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, params: SamplingParams,
-                 seed: int) -> GenerationResult:
+                 seed: int, on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+        """Generate for one prompt; ``on_tokens`` streams accepted tokens (HF methods call it once, at the end)."""
         t = self.target
         gen = torch.Generator(device=t.device).manual_seed(seed)
         common = dict(max_new_tokens=max_new_tokens, params=params, eos_token_ids=t.eos_token_ids)
         kind = self.spec.kind
         if kind == "vanilla":
-            return vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context, generator=gen, **common)
+            return vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context, generator=gen,
+                                    on_tokens=on_tokens, **common)
         if kind in ("hf", "pld"):
             plt = self.spec.prompt_lookup_tokens if kind == "pld" else None
-            return hf_generate(t.model, prompt_ids, prompt_lookup_num_tokens=plt, seed=seed, **common)
+            result = hf_generate(t.model, prompt_ids, prompt_lookup_num_tokens=plt, seed=seed, **common)
+            if on_tokens is not None:
+                on_tokens(result.output_ids)
+            return result
         assert self.draft is not None and self.spec.tree is not None
         drafter = FeatureDrafter(self.draft, self.spec.tree)
         return speculative_generate(t.model, drafter, prompt_ids, max_context=t.config.max_context,
-                                    generator=gen, **common)
+                                    generator=gen, on_tokens=on_tokens, **common)
 
 
 def _prompt_ids(target: Target, history: list[dict[str, str]]) -> torch.Tensor:

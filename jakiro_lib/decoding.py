@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -116,17 +117,24 @@ def _choose(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator |
     return int(logits.argmax()) if params.greedy else sample(warp_probs(logits, params), gen)
 
 
-def _finish(result: GenerationResult, new: list[int], eos: set[int], max_new_tokens: int) -> bool:
+def _finish(result: GenerationResult, new: list[int], eos: set[int], max_new_tokens: int,
+            on_tokens: Callable[[list[int]], None] | None = None) -> bool:
     """Append ``new`` tokens, stopping at EOS or the token budget; True when generation is over."""
+    start = len(result.output_ids)
+    done = False
     for t in new:
         result.output_ids.append(t)
         if t in eos:
             result.stop_reason = "eos"
-            return True
+            done = True
+            break
         if len(result.output_ids) >= max_new_tokens:
             result.stop_reason = "max_new_tokens"
-            return True
-    return False
+            done = True
+            break
+    if on_tokens is not None:
+        on_tokens(result.output_ids[start:])
+    return done
 
 
 def _check_prompt(prompt_ids: torch.Tensor, max_context: int, margin: int) -> None:
@@ -141,7 +149,8 @@ def _check_prompt(prompt_ids: torch.Tensor, max_context: int, margin: int) -> No
 @torch.inference_mode()
 def vanilla_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tokens: int = 128,
                      params: SamplingParams = SamplingParams(), eos_token_ids: list[int] = (),
-                     max_context: int = 2048, generator: torch.Generator | None = None) -> GenerationResult:
+                     max_context: int = 2048, generator: torch.Generator | None = None,
+                     on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
     """Plain autoregressive decoding with the KV cache: the reference every method must match."""
     _check_prompt(prompt_ids, max_context, 1)
     runner = TargetRunner(model)
@@ -152,14 +161,14 @@ def vanilla_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_ne
     token = _choose(logits[-1], params, generator)
     result.prefill_time = time.perf_counter() - t0
     eos = set(eos_token_ids)
-    done = _finish(result, [token], eos, max_new_tokens)
+    done = _finish(result, [token], eos, max_new_tokens, on_tokens)
     while not done:
         if runner.length + 1 > max_context:
             result.stop_reason = "context"
             break
         token = _choose(runner.step(token), params, generator)
         result.accepted.append(1)
-        done = _finish(result, [token], eos, max_new_tokens)
+        done = _finish(result, [token], eos, max_new_tokens, on_tokens)
     _sync(runner.device)
     result.wall_time = time.perf_counter() - t0
     return result
@@ -169,7 +178,8 @@ def vanilla_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_ne
 def speculative_generate(model: PreTrainedModel, drafter: Drafter, prompt_ids: torch.Tensor, *,
                          max_new_tokens: int = 128, params: SamplingParams = SamplingParams(),
                          eos_token_ids: list[int] = (), max_context: int = 2048,
-                         generator: torch.Generator | None = None) -> GenerationResult:
+                         generator: torch.Generator | None = None,
+                         on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
     """Draft a tree, verify it in one target forward, keep the accepted path; repeat."""
     _check_prompt(prompt_ids, max_context, 1)
     runner = TargetRunner(model)
@@ -184,7 +194,7 @@ def speculative_generate(model: PreTrainedModel, drafter: Drafter, prompt_ids: t
     drafter.begin(prompt_ids, hidden, root)
     _sync(dev)
     result.prefill_time = time.perf_counter() - t0
-    done = _finish(result, [root], eos, max_new_tokens)
+    done = _finish(result, [root], eos, max_new_tokens, on_tokens)
     forwards0 = getattr(getattr(drafter, "stats", None), "forwards", 0)
     while not done:
         t1 = time.perf_counter()
@@ -206,7 +216,7 @@ def speculative_generate(model: PreTrainedModel, drafter: Drafter, prompt_ids: t
         t3 = time.perf_counter()
         result.accepted.append(len(new))
         result.tree_sizes.append(len(tree))
-        done = _finish(result, new, eos, max_new_tokens)
+        done = _finish(result, new, eos, max_new_tokens, on_tokens)
         if not done:
             drafter.accept(hidden[path], new)
         _sync(dev)
