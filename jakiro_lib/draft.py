@@ -166,11 +166,12 @@ class DraftModel(nn.Module):
         self.mlp = MoEBlock(H, cfg)
         rope_cfg = copy.deepcopy(target_config)
         self.rotary = LlamaRotaryEmbedding(rope_cfg)
-        if cfg.draft_vocab_size is not None and d2t is None:
+        if cfg.draft_vocab_size is not None and d2t is None:  # placeholder until trained or loaded
             d2t = torch.arange(cfg.draft_vocab_size)
         self.register_buffer("d2t", d2t.long() if d2t is not None else None, persistent=d2t is not None)
         self._shared = (embed, lm_head)  # plain tuple: not registered, so not saved or trained
         self._head_weight: torch.Tensor | None = None
+        self._head_key: tuple = ()
 
     # -- frozen target parts -------------------------------------------------------------------------
     @property
@@ -182,8 +183,10 @@ class DraftModel(nn.Module):
         w = self._shared[1].weight
         if self.d2t is None:
             return w
-        if self._head_weight is None or self._head_weight.device != w.device or self._head_weight.dtype != w.dtype:
+        key = (w.data_ptr(), w.dtype, self.d2t.data_ptr(), self.d2t._version)
+        if self._head_weight is None or self._head_key != key:  # d2t may be replaced by load_state_dict
             self._head_weight = w.detach()[self.d2t.to(w.device)].contiguous()
+            self._head_key = key
         return self._head_weight
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,504 @@
+"""Draft training (DESIGN.md section 4): EAGLE feature regression + soft cross-entropy, per branch.
+
+At position t the draft sees the (noised) target feature f_t and the token x_{t+1}; branch A predicts
+f_{t+1} (and through the frozen ``lm_head`` the target's next-token distribution), branch B predicts
+f_{t+2}. One ``accelerate.Accelerator`` drives the loop, so the same code runs on one CPU/GPU or under
+``accelerate launch`` on many GPUs. Every epoch ends with a held-out evaluation and an atomic checkpoint;
+a rerun resumes from the newest checkpoint, and a rerun of a finished training returns its results.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import shutil
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from .config import DraftConfig, TrainConfig
+from .draft import CONFIG_FILE, WEIGHTS_FILE, DraftModel
+from .features import build_draft_vocab, collate, token_frequencies
+from .utils import atomic_path, run_metadata, seed_everything, write_json
+
+CHECKPOINTS = "checkpoints"
+STATE_FILE = "training_state.pt"
+RESULTS = "results.json"
+HISTORY = "history.json"
+
+
+class TrainError(RuntimeError):
+    """Training cannot start or resume (incompatible checkpoint, empty data)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Loss
+# --------------------------------------------------------------------------------------------------
+
+
+def _core(draft: Any) -> DraftModel:
+    """The DraftModel behind a DDP / accelerate wrapper."""
+    while hasattr(draft, "module"):
+        draft = draft.module
+    return draft
+
+
+def _draft_logits(core: DraftModel, x: torch.Tensor) -> torch.Tensor:
+    w = core.head_weight()
+    if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
+        w = w.to(x.dtype)
+    return x @ w.T
+
+
+@torch.no_grad()
+def _full_top1(core: DraftModel, feats: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """Target argmax over the FULL vocabulary of ``lm_head(feats)`` ([N, H] -> [N])."""
+    w = core._shared[1].weight
+    out = torch.empty(feats.shape[0], dtype=torch.long, device=feats.device)
+    for s in range(0, feats.shape[0], chunk):
+        out[s:s + chunk] = (feats[s:s + chunk].to(w.dtype) @ w.T).argmax(-1)
+    return out
+
+
+def _branch_loss(core: DraftModel, pred: torch.Tensor, t: torch.Tensor, p: torch.Tensor, ref: torch.Tensor,
+                 w: torch.Tensor, p_weight: float) -> dict[str, torch.Tensor]:
+    """SmoothL1(pred, t) + p_weight * soft-CE(p, draft logits of pred), weighted by ``w`` ([N] masked rows);
+    top-1 accuracy: draft argmax mapped to target ids equals the target's full-vocabulary argmax ``ref``."""
+    o = pred.float()
+    denom = w.sum().clamp_min(1.0)
+    vloss = (F.smooth_l1_loss(o, t, reduction="none").mean(-1) * w).sum() / denom
+    q_logits = _draft_logits(core, o).float()
+    ploss = (-(p * q_logits.log_softmax(-1)).sum(-1) * w).sum() / denom
+    with torch.no_grad():
+        correct = ((core.to_target_ids(q_logits.argmax(-1)) == ref).float() * w).sum()
+    return {"vloss": vloss, "ploss": ploss, "loss": vloss + p_weight * ploss, "correct": correct, "count": w.sum()}
+
+
+def draft_loss(draft: Any, batch: dict[str, torch.Tensor], *, noise_amplitude: float = 0.2,
+               p_weight: float = 0.1, branch_b_weight: float = 0.5) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss of one collated batch (see :func:`jakiro_lib.features.collate`) and its metrics.
+
+    Inputs f_0..f_{L-2} (+ centred uniform noise of amplitude ``noise_amplitude * 512 / L`` per
+    sequence, in training mode only), ids x_1..x_{L-1}, positions 0..L-2. Branch A: SmoothL1(o_t, f_{t+1})
+    + ``p_weight`` * soft-CE(p_t, draft logits) with p_t = softmax(lm_head(f_{t+1})) over the draft
+    vocabulary, masked by loss_mask[t+1]; branch B: the same against f_{t+2} (t+2 < L), masked by
+    loss_mask[t+2], weight ``branch_b_weight``. Accuracies: draft argmax (mapped to target ids) equal to
+    the target's full-vocabulary argmax (a target token outside the draft vocab is a miss).
+    Metrics: loss, loss_a, vloss_a, ploss_a, acc_a, count_a, correct_a and the same for b (if present).
+    """
+    core = _core(draft)
+    hidden = batch["hidden"]
+    B, T, H = hidden.shape
+    if T < 2:
+        raise ValueError("sequences need at least 2 tokens")
+    param_dtype = next(core.parameters()).dtype
+    mask = batch["loss_mask"].float()
+    if "attention_mask" in batch:
+        mask = mask * batch["attention_mask"].to(mask.dtype)
+    feats = hidden[:, :-1].to(param_dtype)
+    if core.training and noise_amplitude > 0:
+        lengths = batch.get("lengths")
+        L = lengths.to(feats.device).float() if lengths is not None else torch.full((B,), float(T), device=feats.device)
+        amp = (noise_amplitude * 512.0 / L.clamp_min(1.0)).to(param_dtype).view(B, 1, 1)
+        feats = feats + (torch.rand_like(feats) - 0.5) * amp
+    ids = batch["input_ids"][:, 1:]
+    pos = torch.arange(T - 1, device=hidden.device).unsqueeze(0).expand(B, -1)
+    out = draft(feats, ids, pos)
+    # Targets of every masked position j >= 1, computed once: branch A at t uses j = t + 1, branch B at
+    # t uses j = t + 2, a subset of the same rows (the soft targets p are the costly part).
+    sel_a = mask[:, 1:] > 0
+    with torch.no_grad():
+        t_all = hidden[:, 1:][sel_a].float()
+        p_all = _draft_logits(core, t_all).float().softmax(-1)  # target distribution over the draft vocab
+        top1 = batch.get("target_top1")
+        ref_all = top1[:, 1:][sel_a] if top1 is not None else _full_top1(core, t_all)
+        row = torch.full(sel_a.shape, -1, dtype=torch.long, device=sel_a.device)
+        row[sel_a] = torch.arange(t_all.shape[0], device=sel_a.device)
+    parts = {"a": _branch_loss(core, out.a[sel_a], t_all, p_all, ref_all, mask[:, 1:][sel_a], p_weight)}
+    loss = parts["a"]["loss"]
+    if out.b is not None and T >= 3:
+        sel_b = mask[:, 2:] > 0
+        rb = row[:, 1:][sel_b]
+        parts["b"] = _branch_loss(core, out.b[:, :T - 2][sel_b], t_all[rb], p_all[rb], ref_all[rb],
+                                  mask[:, 2:][sel_b], p_weight)
+        loss = loss + branch_b_weight * parts["b"]["loss"]
+    elif out.b is not None:  # keep branch B's parameters in the graph (DDP) with a zero contribution
+        loss = loss + 0.0 * out.b.sum()
+    names, values = ["loss"], [loss.detach().float()]
+    for br, d in parts.items():
+        for key in ("loss", "vloss", "ploss", "correct", "count"):
+            names.append(f"{key}_{br}")
+            values.append(d[key].detach().float())
+        names.append(f"acc_{br}")
+        values.append(d["correct"].detach().float() / d["count"].detach().float().clamp_min(1.0))
+    metrics = dict(zip(names, torch.stack(values).tolist()))  # one device sync
+    return loss, metrics
+
+
+# --------------------------------------------------------------------------------------------------
+# Evaluation
+# --------------------------------------------------------------------------------------------------
+
+
+def _batches(data: Any, batch_size: int) -> Iterable[dict[str, torch.Tensor]]:
+    if isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")
+                                     and not isinstance(data, (list, tuple))):
+        return DataLoader(data, batch_size=batch_size, shuffle=False, collate_fn=collate)
+    return data
+
+
+def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+@torch.no_grad()
+def evaluate(draft: Any, data: Any, *, batch_size: int = 8, p_weight: float = 0.1,
+             branch_b_weight: float = 0.5, max_batches: int | None = None) -> dict[str, Any]:
+    """Held-out metrics: token-weighted ``acc_a``, ``acc_b`` (None without branch B), ``loss`` and its parts,
+    and ``router_load`` (fraction of tokens routed to each expert). ``data``: a dataset of items or an
+    iterable of collated batches. No noise; the draft's train/eval mode is restored afterwards."""
+    core = _core(draft)
+    was_training = core.training
+    core.eval()
+    core.router_load(reset=True)
+    device = next(core.parameters()).device
+    sums: dict[str, float] = {}
+    batches = 0
+    try:
+        for batch in _batches(data, batch_size):
+            if max_batches is not None and batches >= max_batches:
+                break
+            _, m = draft_loss(core, _to(batch, device), noise_amplitude=0.0, p_weight=p_weight,
+                              branch_b_weight=branch_b_weight)
+            n = m["count_a"]
+            for k, v in m.items():
+                if k.startswith(("correct", "count")):
+                    sums[k] = sums.get(k, 0.0) + v
+                elif k.endswith("_b"):
+                    sums[k] = sums.get(k, 0.0) + v * m["count_b"]
+                else:
+                    sums[k] = sums.get(k, 0.0) + v * n
+            batches += 1
+        load = core.router_load(reset=True)
+    finally:
+        core.train(was_training)
+    na, nb = sums.get("count_a", 0.0), sums.get("count_b", 0.0)
+    res: dict[str, Any] = {
+        "acc_a": sums["correct_a"] / na if na else None,
+        "acc_b": sums["correct_b"] / nb if nb else None,
+        "loss": sums["loss"] / na if na else None,
+        "router_load": load,
+        "tokens_a": na, "tokens_b": nb, "batches": batches,
+    }
+    for k in ("loss_a", "vloss_a", "ploss_a"):
+        res[k] = sums[k] / na if na else None
+    for k in ("loss_b", "vloss_b", "ploss_b"):
+        res[k] = sums[k] / nb if nb and k in sums else None
+    return res
+
+
+# --------------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------------
+
+
+class EpochSampler(Sampler[int]):
+    """A permutation that depends only on (seed, epoch): resumable data order without RNG state."""
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True) -> None:
+        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        if not self.shuffle:
+            return iter(range(self.n))
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return iter(torch.randperm(self.n, generator=g).tolist())
+
+
+def lr_lambda(step: int, warmup: int, total: int) -> float:
+    """Linear warm-up to 1 over ``warmup`` steps, then cosine decay to 0 at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if total <= warmup:
+        return 1.0
+    progress = min(1.0, (step - warmup) / (total - warmup))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _jsonable(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=str))
+
+
+def _data_stats(train_data: Any, heldout_data: Any) -> dict[str, Any]:
+    def one(ds: Any) -> dict[str, Any]:
+        if ds is None:
+            return {"conversations": 0, "tokens": 0}
+        lengths = ds.lengths() if hasattr(ds, "lengths") else None
+        return {"conversations": len(ds), "tokens": None if lengths is None else int(sum(lengths))}
+
+    tr, he = one(train_data), one(heldout_data)
+    return {"train_conversations": tr["conversations"], "train_tokens": tr["tokens"],
+            "heldout_conversations": he["conversations"], "heldout_tokens": he["tokens"]}
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def list_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
+    """(global step, directory) of every complete checkpoint, oldest first."""
+    root = Path(out_dir) / CHECKPOINTS
+    found = []
+    if root.is_dir():
+        for d in root.iterdir():
+            if d.is_dir() and not d.name.startswith(".") and (d / STATE_FILE).is_file() \
+                    and (d / "draft" / WEIGHTS_FILE).is_file():
+                meta = d / "step.json"
+                try:
+                    step = json.loads(meta.read_text())["step"]
+                except (OSError, json.JSONDecodeError, KeyError):
+                    continue
+                found.append((int(step), d))
+    return sorted(found)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def train_draft(
+    target: Any,
+    draft_cfg: DraftConfig,
+    train_data: Any,
+    heldout_data: Any,
+    out_dir: str | Path,
+    train_cfg: TrainConfig,
+    *,
+    d2t: torch.Tensor | None = None,
+    progress: bool = True,
+    log_every: int = 10,
+    eval_batch_size: int | None = None,
+    keep_checkpoints: int = 2,
+    num_workers: int = 0,
+    on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Train one draft head; returns the results dict (also written to ``out_dir/results.json``).
+
+    ``train_data`` / ``heldout_data``: datasets of per-conversation items (:class:`FeatureDataset` or
+    :class:`OnlineFeatureDataset`). With ``draft_cfg.draft_vocab_size`` set and no ``d2t``, the draft
+    vocabulary is built from the training data (most frequent assistant tokens, EOS ids forced in).
+    Output: ``checkpoints/epoch_{n}`` (draft + optimizer/scheduler/RNG state; the newest
+    ``keep_checkpoints`` kept), ``history.json``, ``draft/`` (final, :meth:`DraftModel.save`) and
+    ``results.json``. ``on_epoch_end(epoch_record)`` runs after each epoch's checkpoint.
+    """
+    from accelerate import Accelerator
+
+    out_dir = Path(out_dir)
+    if len(train_data) == 0:
+        raise TrainError("no training data")
+    if d2t is not None:
+        d2t = torch.as_tensor(d2t, dtype=torch.long).cpu()
+        draft_cfg = dataclasses.replace(draft_cfg, draft_vocab_size=int(d2t.numel()))
+    stats = _data_stats(train_data, heldout_data)
+    fingerprint = _jsonable({"draft": dataclasses.asdict(draft_cfg), "train": dataclasses.asdict(train_cfg),
+                             "data": stats, "target": getattr(target.config, "model", None)})
+
+    done = _read_json(out_dir / RESULTS)
+    if done is not None and done.get("fingerprint") == fingerprint and (out_dir / "draft" / WEIGHTS_FILE).is_file():
+        return done
+
+    accelerator = Accelerator(mixed_precision=train_cfg.mixed_precision, cpu=target.device.type == "cpu")
+    if target.device != accelerator.device:
+        target.model.to(accelerator.device)
+    target.model.requires_grad_(False)
+
+    checkpoints = list_checkpoints(out_dir)
+    if d2t is None and draft_cfg.draft_vocab_size is not None and not checkpoints:
+        freqs = token_frequencies(train_data, target.model.config.vocab_size)
+        d2t = build_draft_vocab(freqs, draft_cfg.draft_vocab_size, always=target.eos_token_ids)
+
+    seed_everything(train_cfg.seed)
+    core = DraftModel.build(draft_cfg, target.model, d2t).float()
+    core.train()
+    optimizer = torch.optim.AdamW(core.parameters(), lr=train_cfg.lr, betas=tuple(train_cfg.betas),
+                                  weight_decay=train_cfg.weight_decay)
+    sampler = EpochSampler(len(train_data), train_cfg.seed)
+    loader = DataLoader(train_data, batch_size=train_cfg.batch_size, sampler=sampler, collate_fn=collate,
+                        num_workers=num_workers, pin_memory=accelerator.device.type == "cuda")
+    model, optimizer, loader = accelerator.prepare(core, optimizer, loader)
+    steps_per_epoch = len(loader)
+    total_steps = train_cfg.epochs * steps_per_epoch
+    if train_cfg.max_steps is not None:
+        total_steps = min(total_steps, train_cfg.max_steps)
+    warmup = train_cfg.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_lambda(s, warmup, total_steps))
+
+    history: dict[str, list] = {"steps": [], "epochs": []}
+    global_step = epoch = batches_in_epoch = 0
+    elapsed_before = 0.0
+    if checkpoints:
+        step, ckpt = checkpoints[-1]
+        saved_cfg = (_read_json(ckpt / "draft" / CONFIG_FILE) or {}).get("draft")
+        if saved_cfg != _jsonable(dataclasses.asdict(draft_cfg)):
+            raise TrainError(f"{ckpt} holds a draft with another architecture ({saved_cfg}); use another "
+                             f"out_dir or delete {out_dir / CHECKPOINTS}")
+        weights = load_file(str(ckpt / "draft" / WEIGHTS_FILE))
+        if d2t is not None and ("d2t" not in weights or not torch.equal(weights["d2t"].cpu(), d2t)):
+            raise TrainError(f"{ckpt} was trained with another draft vocabulary (d2t); use another out_dir")
+        core.load_state_dict(weights, strict=True)
+        state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        _set_rng_state(state["rng"])
+        global_step, epoch, batches_in_epoch = state["step"], state["epoch"], state["batches_in_epoch"]
+        history = state["history"]
+        elapsed_before = state["elapsed_s"]
+        if state.get("steps_per_epoch") not in (None, steps_per_epoch):
+            raise TrainError(f"{ckpt} was made with {state['steps_per_epoch']} steps per epoch, now "
+                             f"{steps_per_epoch}: the data or batch size changed; use another out_dir")
+
+    eval_bs = eval_batch_size or train_cfg.batch_size
+    loss_kw = dict(p_weight=train_cfg.p_weight, branch_b_weight=train_cfg.branch_b_weight)
+    bar = None
+    if progress and accelerator.is_main_process:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total_steps, initial=global_step, desc="training draft", unit="step")
+
+    def save_checkpoint(name: str, last_eval: dict[str, Any]) -> None:
+        if accelerator.is_main_process:
+            ckpt_dir = out_dir / CHECKPOINTS / name
+            with atomic_path(ckpt_dir) as tmp:
+                tmp.mkdir()
+                core.save(tmp / "draft", target_name=getattr(target.config, "model", ""), step=global_step)
+                torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                            "rng": _rng_state(), "step": global_step, "epoch": epoch,
+                            "batches_in_epoch": batches_in_epoch, "steps_per_epoch": steps_per_epoch,
+                            "history": history, "elapsed_s": elapsed_before + time.perf_counter() - t0,
+                            "eval": last_eval}, tmp / STATE_FILE)
+                (tmp / "step.json").write_text(json.dumps({"step": global_step, "epoch": epoch}))
+            for _, old in list_checkpoints(out_dir)[:-keep_checkpoints] if keep_checkpoints > 0 else []:
+                shutil.rmtree(old, ignore_errors=True)
+            write_json(out_dir / HISTORY, history)
+        accelerator.wait_for_everyone()
+
+    t0 = time.perf_counter()
+    tokens_seen = 0
+    train_time = 0.0
+    last_eval: dict[str, Any] = {}
+    window: list[dict[str, float]] = []
+    model.train()
+    try:
+        while epoch < train_cfg.epochs and global_step < total_steps:
+            sampler.set_epoch(epoch)
+            if hasattr(loader, "set_epoch"):  # accelerate's loader re-sets the sampler's epoch itself
+                loader.set_epoch(epoch)
+            epoch_loader = accelerator.skip_first_batches(loader, batches_in_epoch) if batches_in_epoch else loader
+            epoch_metrics: list[dict[str, float]] = []
+            t_epoch = time.perf_counter()
+            for batch in epoch_loader:
+                with accelerator.autocast():
+                    loss, m = draft_loss(model, batch, noise_amplitude=train_cfg.noise_amplitude, **loss_kw)
+                accelerator.backward(loss)
+                accelerator.clip_grad_value_(model.parameters(), train_cfg.grad_clip_value)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                global_step += 1
+                batches_in_epoch += 1
+                tokens_seen += int(batch["lengths"].sum())
+                m["lr"] = scheduler.get_last_lr()[0]
+                window.append(m)
+                epoch_metrics.append(m)
+                if global_step % log_every == 0 or global_step == total_steps:
+                    history["steps"].append({"step": global_step, "epoch": epoch, **_mean(window)})
+                    window = []
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{m['loss']:.4f}", acc_a=f"{m['acc_a']:.3f}", refresh=False)
+                if global_step >= total_steps:
+                    break
+            train_time += time.perf_counter() - t_epoch
+            complete = batches_in_epoch >= steps_per_epoch
+            last_eval = evaluate(core, heldout_data, batch_size=eval_bs, **loss_kw) if heldout_data is not None \
+                and len(heldout_data) else {}
+            model.train()
+            record = {"epoch": epoch + 1 if complete else epoch + batches_in_epoch / steps_per_epoch,
+                      "step": global_step, "train": _mean(epoch_metrics), "heldout": last_eval,
+                      "elapsed_s": elapsed_before + time.perf_counter() - t0}
+            history["epochs"].append(record)
+            if complete:
+                epoch, batches_in_epoch = epoch + 1, 0
+                name = f"epoch_{epoch}"
+            else:
+                name = f"step_{global_step}"
+            save_checkpoint(name, last_eval)
+            if on_epoch_end is not None:
+                on_epoch_end(record)
+    finally:
+        if bar is not None:
+            bar.close()
+
+    if not last_eval:
+        last_eval = (evaluate(core, heldout_data, batch_size=eval_bs, **loss_kw)
+                     if heldout_data is not None and len(heldout_data) else {})
+    wall = elapsed_before + time.perf_counter() - t0
+    results = {
+        "acc_a": last_eval.get("acc_a"), "acc_b": last_eval.get("acc_b"), "heldout_loss": last_eval.get("loss"),
+        "router_load": last_eval.get("router_load"), "heldout": last_eval,
+        "steps": global_step, "epochs_completed": epoch, "wall_time_s": wall,
+        "train_tokens_per_s": tokens_seen / train_time if train_time > 0 else None,
+        "draft_config": dataclasses.asdict(draft_cfg), "train_config": dataclasses.asdict(train_cfg),
+        "data": stats, "fingerprint": fingerprint,
+        "run_metadata": run_metadata(accelerator.device, num_processes=accelerator.num_processes,
+                                     mixed_precision=train_cfg.mixed_precision),
+    }
+    if accelerator.is_main_process:
+        core.eval()
+        core.save(out_dir / "draft", target_name=getattr(target.config, "model", ""),
+                  train_config=dataclasses.asdict(train_cfg), data=stats,
+                  heldout={"acc_a": results["acc_a"], "acc_b": results["acc_b"]}, steps=global_step)
+        write_json(out_dir / HISTORY, history)
+        write_json(out_dir / RESULTS, results)
+    accelerator.wait_for_everyone()
+    return _jsonable(results)
+
+
+def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
+    if not rows:
+        return {}
+    keys = {k for r in rows for k in r}
+    return {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in sorted(keys)}
+
+
+def load_results(out_dir: str | Path) -> dict[str, Any] | None:
+    """The saved ``results.json`` of a finished training, or None."""
+    return _read_json(Path(out_dir) / RESULTS)

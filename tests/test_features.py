@@ -1,0 +1,252 @@
+"""Feature cache: shards + manifest, resume after interruption, corruption detection, online mode, vocab."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from jakiro_lib import features as F
+from jakiro_lib.chat import format_conversation
+from jakiro_lib.config import TargetConfig
+from jakiro_lib.data import Conversation
+from jakiro_lib.target import load_target
+
+MAX_LEN = 64
+SHARD = 4
+WORDS = "the cat sat on a mat while dogs ran far away and birds sang in tall green trees".split()
+
+
+def make_conversations(n: int = 12, n_long_prompt: int = 2) -> list[Conversation]:
+    """n normal conversations + n_long_prompt whose prompt fills max_length (empty loss mask)."""
+    convs = []
+    for i in range(n):
+        q = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(3 + i % 4))
+        a = " ".join(WORDS[(3 * i + k) % len(WORDS)] for k in range(4 + i % 5))
+        convs.append(Conversation(f"c{i}", [{"role": "user", "content": q}, {"role": "assistant", "content": a}]))
+    for j in range(n_long_prompt):  # inserted in the middle so a shard holds a skipped conversation
+        convs.insert(5 + j, Conversation(f"long{j}", [{"role": "user", "content": "x" * 200},
+                                                       {"role": "assistant", "content": "ok"}]))
+    return convs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target(TargetConfig(model="tiny:llama"))
+
+
+@pytest.fixture(scope="module")
+def convs():
+    return make_conversations()
+
+
+@pytest.fixture(scope="module")
+def cache(target, convs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cache")
+    F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, progress=False)
+    return out
+
+
+def _formatted(target, convs):
+    return [format_conversation(target.tokenizer, c.messages, max_length=MAX_LEN) for c in convs]
+
+
+def test_manifest_counts(cache, target, convs):
+    m = json.loads((cache / F.MANIFEST).read_text())
+    fmt = _formatted(target, convs)
+    kept = [f for f in fmt if sum(f.loss_mask)]
+    assert len(kept) == 12 and m["skipped_empty_mask"] == 2
+    assert m["complete"] and m["num_shards"] == m["num_shards_expected"] == math.ceil(len(convs) / SHARD)
+    assert m["num_conversations"] == 12
+    assert m["num_tokens"] == sum(len(f.input_ids) for f in kept)
+    assert m["num_loss_tokens"] == sum(sum(f.loss_mask) for f in kept)
+    assert m["hidden_size"] == 64 and m["vocab_size"] == 260 and m["feature_dtype"] == "float16"
+    assert m["max_length"] == MAX_LEN and m["template"] == "auto" and m["target"] == "tiny:llama"
+    assert "run_metadata" in m
+    for s, entry in enumerate(m["shards"]):
+        path = cache / F.shard_name(s)
+        assert entry["file"] == path.name and entry["bytes"] == path.stat().st_size
+        assert entry["sha256"] == F._sha256(path)
+        tensors = load_file(str(path))
+        assert tensors["hidden"].dtype == torch.float16 and tensors["input_ids"].dtype == torch.int32
+        assert tensors["loss_mask"].dtype == torch.uint8 and tensors["offsets"].dtype == torch.int64
+        assert tensors["offsets"].shape == (entry["conversations"], 2)
+        assert int(tensors["offsets"][-1, 1]) == entry["tokens"] == tensors["input_ids"].numel()
+    assert sum(e["conversations"] + e["skipped_empty_mask"] for e in m["shards"]) == len(convs)
+    assert F.verify_cache(cache, full=True)["complete"]
+
+
+def test_dataset_returns_target_features(cache, target, convs):
+    ds = F.FeatureDataset(cache, split="all")
+    assert len(ds) == 12
+    fmt = _formatted(target, convs)
+    for item in ds:
+        f = fmt[item["index"]]
+        assert item["input_ids"].tolist() == f.input_ids and item["loss_mask"].tolist() == f.loss_mask
+        ids = torch.tensor(f.input_ids)
+        h = F.target_features(target.model, ids)[0]
+        assert item["hidden"].dtype == torch.float32 and item["hidden"].shape == h.shape
+        torch.testing.assert_close(item["hidden"], h, atol=1e-2, rtol=1e-2)
+        logits = target.model(ids[None]).logits[0]
+        assert torch.equal(item["target_top1"], logits.argmax(-1))
+    assert sorted(item["index"] for item in ds) == [i for i, c in enumerate(convs) if not c.id.startswith("long")]
+
+
+def test_split_is_deterministic_and_disjoint(cache):
+    tr = F.FeatureDataset(cache, "train", 0.25)
+    he = F.FeatureDataset(cache, "heldout", 0.25)
+    assert len(he) == 3 and len(tr) == 9
+    idx_tr, idx_he = {it[3] for it in tr.items}, {it[3] for it in he.items}
+    assert not idx_tr & idx_he and len(idx_tr | idx_he) == 12
+    assert [it[3] for it in F.FeatureDataset(cache, "heldout", 0.25).items] == [it[3] for it in he.items]
+    assert len(F.FeatureDataset(cache, "heldout", 0.0)) == 0
+
+
+def test_interrupted_caching_resumes(target, convs, cache, tmp_path, monkeypatch):
+    out = tmp_path / "c"
+
+    def stop_after_second(index, entry):
+        if index == 1:
+            raise KeyboardInterrupt("simulated interruption")
+
+    with pytest.raises(KeyboardInterrupt):
+        F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, progress=False,
+                         on_shard=stop_after_second)
+    m = json.loads((out / F.MANIFEST).read_text())
+    assert not m["complete"] and [e["file"] for e in m["shards"]] == [F.shard_name(0), F.shard_name(1)]
+    assert not (out / F.shard_name(2)).exists()
+    with pytest.raises(F.CacheError, match="incomplete"):
+        F.FeatureDataset(out)
+    mtimes = {s: (out / F.shard_name(s)).stat().st_mtime_ns for s in (0, 1)}
+
+    calls = []
+    real = F.target_features
+    monkeypatch.setattr(F, "target_features", lambda model, ids, *a, **k: calls.append(1) or real(model, ids, *a, **k))
+    F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, progress=False)
+    # conversations 8..13 (shards 2 and 3) only; none of them is an empty-mask one
+    assert len(calls) == len(convs) - 2 * SHARD
+    assert {s: (out / F.shard_name(s)).stat().st_mtime_ns for s in (0, 1)} == mtimes
+    m = F.verify_cache(out, full=True)
+    ref = json.loads((cache / F.MANIFEST).read_text())
+    assert m["complete"] and m["num_tokens"] == ref["num_tokens"]
+    for s in range(m["num_shards"]):
+        a, b = load_file(str(out / F.shard_name(s))), load_file(str(cache / F.shard_name(s)))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    calls.clear()  # a rerun of a complete cache computes nothing
+    F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, progress=False)
+    assert not calls
+
+
+def test_corrupt_shard_is_named_and_recomputed(target, convs, tmp_path):
+    out = tmp_path / "c"
+    F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, progress=False)
+    path = out / F.shard_name(2)
+    good = path.read_bytes()
+    path.write_bytes(good[: len(good) // 2])  # truncated
+    with pytest.raises(F.CacheError, match=r"shard_00002\.safetensors is corrupt.*rerun caching"):
+        F.verify_cache(out)
+    with pytest.raises(F.CacheError, match=r"shard_00002\.safetensors"):
+        F.FeatureDataset(out)
+    path.write_bytes(b"\xff" * len(good))  # same size, garbage header
+    with pytest.raises(F.CacheError, match=r"shard_00002\.safetensors is corrupt"):
+        F.verify_cache(out)
+    path.write_bytes(good[:-4] + b"\x00\x01\x02\x03")  # same size, altered data: only the checksum sees it
+    with pytest.raises(F.CacheError, match=r"shard_00002\.safetensors is corrupt \(sha256"):
+        F.verify_cache(out, full=True)
+    path.unlink()
+    with pytest.raises(F.CacheError, match=r"shard_00002\.safetensors is missing"):
+        F.verify_cache(out)
+    F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, progress=False)
+    F.verify_cache(out, full=True)
+    assert path.read_bytes() == good
+
+
+def test_other_settings_are_refused(target, convs, cache):
+    with pytest.raises(F.CacheError, match="max_length"):
+        F.cache_features(target, convs, cache, max_length=MAX_LEN + 1, shard_size=SHARD, progress=False)
+
+
+def test_bfloat16_cache(target, convs, tmp_path):
+    out = F.cache_features(target, convs[:3], tmp_path / "bf", max_length=MAX_LEN, shard_size=2,
+                           feature_dtype="bfloat16", progress=False)
+    ds = F.FeatureDataset(out, "all", dtype=None)
+    assert ds[0]["hidden"].dtype == torch.bfloat16 and len(ds) == 3
+
+
+def test_online_dataset_equals_cached(target, convs, cache):
+    for split in ("train", "heldout"):
+        cached = F.FeatureDataset(cache, split, 0.25)
+        online = F.OnlineFeatureDataset(target, convs, MAX_LEN, "auto", split=split, heldout_fraction=0.25)
+        assert len(online) == len(cached) and online.lengths() == cached.lengths()
+        for a, b in zip(online, cached):
+            assert a["index"] == b["index"]
+            for key in ("input_ids", "loss_mask", "target_top1"):
+                assert torch.equal(a[key], b[key]), key
+            torch.testing.assert_close(a["hidden"], b["hidden"], atol=1e-2, rtol=1e-3)
+    assert F.OnlineFeatureDataset(target, convs, MAX_LEN).skipped_empty_mask == 2
+
+
+def test_draft_vocab_picks_most_frequent():
+    items = [
+        {"input_ids": torch.tensor([5, 5, 5, 7, 7, 9, 1, 1, 1, 1]),
+         "loss_mask": torch.tensor([1, 1, 1, 1, 1, 1, 0, 0, 0, 0])},
+        {"input_ids": torch.tensor([3, 7, 2, 4]), "loss_mask": torch.tensor([1, 1, 1, 1])},
+    ]
+    freqs = F.token_frequencies(items, vocab_size=12)
+    assert freqs.shape == (12,)
+    assert freqs[5] == 3 and freqs[7] == 3 and freqs[1] == pytest.approx(0.04) and freqs[11] == 0
+    # 5 and 7 tie at 3 (both kept); then 2, 3, 4, 9 tie at 1: ids 2 and 3 win the tie
+    assert F.build_draft_vocab(freqs, 4).tolist() == [2, 3, 5, 7]
+    # then 1 (prompt-only, weight 0.01 each) beats the unseen ids, and unseen id 0 wins their tie
+    assert F.build_draft_vocab(freqs, 8).tolist() == [0, 1, 2, 3, 4, 5, 7, 9]
+    assert F.build_draft_vocab(freqs, 4, always=[11]).tolist() == [2, 5, 7, 11]
+    assert F.vocab_coverage(freqs, F.build_draft_vocab(freqs, 12)) == pytest.approx(1.0)
+
+
+def test_token_frequencies_from_cache(cache):
+    ds = F.FeatureDataset(cache, "train", 0.25)
+    freqs = F.token_frequencies(ds)
+    ref = torch.zeros(260, dtype=torch.float64)
+    for item in ds:
+        ref.index_add_(0, item["input_ids"], torch.where(item["loss_mask"] > 0, 1.0, 0.01).double())
+    torch.testing.assert_close(freqs, ref)
+    d2t = F.build_draft_vocab(freqs, 32)
+    assert d2t.numel() == 32 and freqs[d2t].min() >= freqs[[i for i in range(260) if i not in d2t.tolist()]].max()
+
+
+def test_collate_pads_right():
+    a = {"input_ids": torch.tensor([1, 2, 3]), "hidden": torch.ones(3, 4), "loss_mask": torch.tensor([0, 1, 1]),
+         "target_top1": torch.tensor([2, 3, 4]), "index": 7}
+    b = {"input_ids": torch.tensor([5]), "hidden": 2 * torch.ones(1, 4), "loss_mask": torch.tensor([1]),
+         "target_top1": torch.tensor([9]), "index": 8}
+    out = F.collate([a, b])
+    assert out["input_ids"].tolist() == [[1, 2, 3], [5, 0, 0]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert out["loss_mask"].tolist() == [[0, 1, 1], [1, 0, 0]] and out["loss_mask"].dtype == torch.float32
+    assert out["target_top1"].tolist() == [[2, 3, 4], [9, -1, -1]]
+    assert out["hidden"][1, 1:].abs().sum() == 0 and out["hidden"].shape == (2, 3, 4)
+    assert out["lengths"].tolist() == [3, 1] and out["index"].tolist() == [7, 8]
+
+
+def test_disk_estimates(target, convs):
+    assert F.estimate_disk(1000, 4096, "float16") == 1000 * (4096 * 2 + 9)
+    assert F.estimate_disk(10, 64, "float32") == 10 * (64 * 4 + 9)
+    assert F.human_bytes(1536) == "1.5 KiB" and F.human_bytes(3 * 1024**3) == "3.0 GiB"
+    est = F.estimate_cache(target, convs, max_length=MAX_LEN)
+    assert est["conversations"] == 12 and est["skipped_empty_mask"] == 2
+    assert est["bytes"] == F.estimate_disk(est["tokens"], 64)
+    # Vicuna-7B scale (DESIGN.md 4): H=4096 fp16 is 8 KB per token
+    assert F.bytes_per_token(4096) // 1024 == 8
+    assert os.path.basename(F.shard_name(3)) == "shard_00003.safetensors"

@@ -1,0 +1,306 @@
+"""Draft training: loss masking, learning, save/reload, resume after interruption, finished reruns."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.utils.data import Dataset
+
+from jakiro_lib import features as F
+from jakiro_lib import train as T
+from jakiro_lib.config import TargetConfig, TrainConfig, get_profile
+from jakiro_lib.data import Conversation
+from jakiro_lib.draft import DraftModel
+from jakiro_lib.target import load_target
+
+MAX_LEN = 48
+WORDS = "the cat sat on a mat while dogs ran far away and birds sang in tall green trees".split()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: threads only add overhead (and fight other processes)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target(TargetConfig(model="tiny:llama"))
+
+
+@pytest.fixture(scope="module")
+def cache(target, tmp_path_factory):
+    convs = []
+    for i in range(10):
+        q = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(2 + i % 3))
+        a = " ".join(WORDS[(2 * i + k) % len(WORDS)] for k in range(5 + i % 4))
+        convs.append(Conversation(f"c{i}", [{"role": "user", "content": q}, {"role": "assistant", "content": a}]))
+    out = tmp_path_factory.mktemp("cache")
+    return F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=4, progress=False)
+
+
+@pytest.fixture(scope="module")
+def data(cache):
+    return F.FeatureDataset(cache, "train", 0.2), F.FeatureDataset(cache, "heldout", 0.2)
+
+
+class Repeat(Dataset):
+    """The same few conversations many times: more steps per epoch, fewer epoch-end evaluations."""
+
+    def __init__(self, ds, times):
+        self.ds, self.times = ds, times
+
+    def __len__(self):
+        return len(self.ds) * self.times
+
+    def __getitem__(self, i):
+        return self.ds[i % len(self.ds)]
+
+    def lengths(self):
+        return self.ds.lengths() * self.times
+
+
+def smoke_drafts():
+    return get_profile("smoke").drafts
+
+
+def cfg(**kw):
+    base = dict(epochs=2, batch_size=4, lr=3e-3, warmup_steps=5, seed=0)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_draft_loss_masks_padding_and_noise(target, data):
+    train, _ = data
+    torch.manual_seed(0)
+    draft = DraftModel.build(smoke_drafts()["moe2"], target.model).eval()
+    item = train[0]
+    batch = F.collate([item])
+    loss, m = T.draft_loss(draft, batch, noise_amplitude=0.2)
+    assert torch.isfinite(loss) and loss.requires_grad
+    for key in ("loss", "loss_a", "vloss_a", "ploss_a", "acc_a", "loss_b", "acc_b"):
+        assert key in m
+    assert m["count_a"] == item["loss_mask"][1:].sum() and m["count_b"] == item["loss_mask"][2:].sum()
+    assert m["loss"] == pytest.approx(m["loss_a"] + 0.5 * m["loss_b"], rel=1e-5)
+    assert m["loss_a"] == pytest.approx(m["vloss_a"] + 0.1 * m["ploss_a"], rel=1e-5)
+
+    # right padding (and a longer neighbour) changes nothing for this sequence: causal + masked
+    long_item = max(train, key=lambda it: len(it["input_ids"]))
+    assert len(long_item["input_ids"]) > len(item["input_ids"])
+    padded = F.collate([item, long_item])
+    one = {k: v[:1] for k, v in padded.items()}
+    _, m2 = T.draft_loss(draft, one, noise_amplitude=0.2)
+    for key in ("loss_a", "loss_b", "acc_a", "acc_b", "count_a"):
+        assert m2[key] == pytest.approx(m[key], rel=1e-4, abs=1e-6), key
+
+    # without the cached target argmax it is recomputed from the features (same up to fp16 near-ties)
+    no_top1 = {k: v for k, v in batch.items() if k != "target_top1"}
+    _, m3 = T.draft_loss(draft, no_top1, noise_amplitude=0.2)
+    assert m3["loss"] == m["loss"] and m3["acc_a"] == pytest.approx(m["acc_a"], abs=0.1)
+
+    # noise only in training mode
+    _, again = T.draft_loss(draft, batch, noise_amplitude=0.2)
+    assert again["loss"] == m["loss"]
+    draft.train()
+    _, noisy = T.draft_loss(draft, batch, noise_amplitude=0.2)
+    _, clean = T.draft_loss(draft, batch, noise_amplitude=0.0)
+    assert noisy["loss"] != clean["loss"] and clean["loss"] == pytest.approx(m["loss"], rel=1e-5)
+
+    # accuracy is exact: a draft that outputs the true next feature scores 1 on branch A
+    class Oracle(torch.nn.Module):  # looks like a wrapper (.module) around the draft
+        def __init__(self, d):
+            super().__init__()
+            self.module = d
+
+        def forward(self, feats, ids, pos):
+            out = self.module(feats, ids, pos)
+            h = batch["hidden"]
+            out.a = torch.cat([h[:, 1:], h[:, -1:]], 1)[:, : feats.shape[1]]
+            return out
+
+    oracle = Oracle(draft.eval())
+    _, mo = T.draft_loss(oracle, batch, noise_amplitude=0.0)
+    assert mo["acc_a"] > 0.95  # fp16 features can flip a near-tie; nearly all must match
+    assert mo["vloss_a"] < 1e-5
+
+
+def test_draft_vocab_accuracy_counts_outside_tokens_as_misses(target, data):
+    train, _ = data
+    item = train[0]
+    batch = F.collate([item])
+    ids_needed = torch.unique(item["target_top1"][1:][item["loss_mask"][1:] > 0])
+    keep = ids_needed[: max(1, len(ids_needed) // 2)]
+    filler = torch.tensor([i for i in range(260) if i not in ids_needed.tolist()][: 16])
+    d2t = torch.sort(torch.cat([keep, filler])).values
+    cfg_v = dataclasses.replace(smoke_drafts()["moe2"], draft_vocab_size=len(d2t))
+    draft = DraftModel.build(cfg_v, target.model, d2t=d2t).eval()
+
+    class Oracle(torch.nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.module = d
+
+        def forward(self, feats, ids, pos):
+            out = self.module(feats, ids, pos)
+            h = batch["hidden"]
+            out.a = torch.cat([h[:, 1:], h[:, -1:]], 1)[:, : feats.shape[1]].float()
+            return out
+
+    _, m = T.draft_loss(Oracle(draft), batch, noise_amplitude=0.0)
+    sel = item["loss_mask"][1:] > 0
+    tgt = item["target_top1"][1:][sel]
+    in_vocab = torch.isin(tgt, d2t).float().mean().item()
+    assert 0 < in_vocab < 1
+    assert m["acc_a"] == pytest.approx(in_vocab, abs=0.1) and m["acc_a"] <= in_vocab + 1e-6
+
+
+def test_training_reduces_both_losses_and_reloads(target, data, tmp_path):
+    train, held = data
+    out = tmp_path / "moe2"
+    res = T.train_draft(target, smoke_drafts()["moe2"], Repeat(train, 16), held, out,
+                        cfg(epochs=8), progress=False, log_every=8)
+    hist = json.loads((out / "history.json").read_text())
+    steps = hist["steps"]
+    assert steps[-1]["step"] == res["steps"] == 8 * 32
+    first, last = steps[:2], steps[-4:]  # averages over the first 16 and the last 32 steps
+
+    def mean(rows, key):
+        return sum(r[key] for r in rows) / len(rows)
+
+    # a random tiny target's features are hard to predict (and the inputs are noised), so the loss
+    # floor is high; the drop is still large and the next-token accuracy climbs far above chance
+    for key in ("loss_a", "loss_b"):
+        assert mean(last, key) < 0.85 * mean(first, key), (key, mean(first, key), mean(last, key))
+    assert mean(last, "loss_a") < 0.7 * mean(first, "loss_a")
+    assert mean(last, "acc_a") > mean(first, "acc_a") + 0.25
+    assert mean(last, "acc_b") > mean(first, "acc_b") + 0.1
+    assert len(hist["epochs"]) == 8 and all("heldout" in e for e in hist["epochs"])
+    assert res["acc_a"] is not None and res["acc_b"] is not None and 0 <= res["acc_a"] <= 1
+    assert len(res["router_load"]) == 2 and res["wall_time_s"] > 0 and res["train_tokens_per_s"] > 0
+    assert "run_metadata" in res and json.loads((out / "results.json").read_text())["steps"] == 256
+
+    # the final draft reloads strictly and reproduces the held-out results it was scored with
+    loaded = DraftModel.load(out / "draft", target.model)
+    ev = T.evaluate(loaded, held)
+    assert ev["acc_a"] == pytest.approx(res["acc_a"]) and ev["acc_b"] == pytest.approx(res["acc_b"])
+    assert ev["loss"] == pytest.approx(res["heldout_loss"], rel=1e-6)
+    meta = json.loads((out / "draft" / "draft_config.json").read_text())["meta"]
+    assert meta["train_config"]["epochs"] == 8 and meta["data"]["train_conversations"] == len(train) * 16
+    batch = F.collate([held[0]])
+    o1 = loaded(batch["hidden"][:, :-1], batch["input_ids"][:, 1:], torch.arange(batch["hidden"].shape[1] - 1)[None])
+    loaded.save(tmp_path / "again")
+    again = DraftModel.load(tmp_path / "again", target.model)
+    o2 = again(batch["hidden"][:, :-1], batch["input_ids"][:, 1:], torch.arange(batch["hidden"].shape[1] - 1)[None])
+    assert torch.equal(o1.a, o2.a) and torch.equal(o1.b, o2.b)
+    ckpt = load_file(str(out / "checkpoints" / "epoch_8" / "draft" / "model.safetensors"))
+    final = load_file(str(out / "draft" / "model.safetensors"))
+    assert ckpt.keys() == final.keys() and all(torch.equal(ckpt[k], final[k]) for k in ckpt)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["epoch_7", "epoch_8"]  # keep 2
+
+
+def test_resume_after_interruption_equals_uninterrupted(target, data, tmp_path, monkeypatch):
+    train, held = data
+    draft_cfg = smoke_drafts()["moe2"]
+    tc = cfg(epochs=3)
+    full = T.train_draft(target, draft_cfg, Repeat(train, 2), held, tmp_path / "full", tc, progress=False,
+                         log_every=1)
+    steps_per_epoch = math.ceil(len(train) * 2 / tc.batch_size)
+    assert full["steps"] == 3 * steps_per_epoch
+
+    class Stop(Exception):
+        pass
+
+    def stop(record):
+        if record["epoch"] == 1:
+            raise Stop
+
+    out = tmp_path / "resumed"
+    with pytest.raises(Stop):
+        T.train_draft(target, draft_cfg, Repeat(train, 2), held, out, tc, progress=False, log_every=1,
+                      on_epoch_end=stop)
+    assert [p.name for p in (out / "checkpoints").iterdir() if not p.name.startswith(".")] == ["epoch_1"]
+    assert not (out / "results.json").exists()
+
+    seen = []
+    real = T.draft_loss
+    monkeypatch.setattr(T, "draft_loss", lambda *a, **k: seen.append(1) or real(*a, **k))
+    res = T.train_draft(target, draft_cfg, Repeat(train, 2), held, out, tc, progress=False, log_every=1)
+    # epochs 2 and 3 only: their training steps plus their two held-out evaluations
+    assert len(seen) == 2 * steps_per_epoch + 2 * math.ceil(len(held) / tc.batch_size)
+    assert res["steps"] == full["steps"]
+    hist = json.loads((out / "history.json").read_text())
+    assert [s["step"] for s in hist["steps"]] == list(range(1, full["steps"] + 1))
+    assert len(hist["epochs"]) == 3
+    a = load_file(str(tmp_path / "full" / "draft" / "model.safetensors"))
+    b = load_file(str(out / "draft" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert res["acc_a"] == full["acc_a"] and res["heldout_loss"] == full["heldout_loss"]
+
+    # a rerun of a finished training returns the saved results without building anything
+    monkeypatch.setattr(T.DraftModel, "build", lambda *a, **k: pytest.fail("retrained a finished draft"))
+    again = T.train_draft(target, draft_cfg, Repeat(train, 2), held, out, tc, progress=False)
+    assert again == json.loads((out / "results.json").read_text()) and again["steps"] == full["steps"]
+
+
+def test_max_steps_stops_mid_epoch_and_extends(target, data, tmp_path):
+    train, held = data
+    draft_cfg = smoke_drafts()["moe2_nocontrast"]
+    out = tmp_path / "ms"
+    res = T.train_draft(target, draft_cfg, Repeat(train, 2), held, out, cfg(epochs=2, max_steps=3),
+                        progress=False)
+    assert res["steps"] == 3 and res["epochs_completed"] == 0
+    assert (out / "checkpoints" / "step_3").is_dir()
+    res = T.train_draft(target, draft_cfg, Repeat(train, 2), held, out, cfg(epochs=2), progress=False)
+    assert res["steps"] == 2 * math.ceil(len(train) * 2 / 4) and res["epochs_completed"] == 2
+
+
+def test_other_architecture_in_out_dir_is_refused(target, data, tmp_path):
+    train, held = data
+    T.train_draft(target, smoke_drafts()["moe2"], train, held, tmp_path, cfg(epochs=1), progress=False)
+    with pytest.raises(T.TrainError, match="another architecture"):
+        T.train_draft(target, smoke_drafts()["moe4"], train, held, tmp_path, cfg(epochs=2), progress=False)
+
+
+def test_dense_draft_with_reduced_vocab_trains(target, data, tmp_path):
+    train, held = data
+    dense = dataclasses.replace(smoke_drafts()["dense"], draft_vocab_size=64)
+    out = tmp_path / "dense"
+    res = T.train_draft(target, dense, Repeat(train, 16), held, out, cfg(epochs=6), progress=False, log_every=8)
+    steps = json.loads((out / "history.json").read_text())["steps"]
+    assert "loss_b" not in steps[0] and res["acc_b"] is None and res["router_load"] == [1.0]
+    assert sum(s["loss_a"] for s in steps[-4:]) / 4 < 0.8 * sum(s["loss_a"] for s in steps[:2]) / 2
+    draft = DraftModel.load(out / "draft", target.model)
+    assert draft.d2t.numel() == 64 and torch.equal(draft.d2t, torch.sort(draft.d2t).values)
+    assert set(target.eos_token_ids) <= set(draft.d2t.tolist())
+    freqs = F.token_frequencies(train)
+    assert torch.equal(draft.d2t, F.build_draft_vocab(freqs, 64, always=target.eos_token_ids))
+
+
+def test_lr_schedule():
+    lrs = [T.lr_lambda(s, 4, 20) for s in range(20)]
+    assert lrs[:4] == [0.25, 0.5, 0.75, 1.0] and lrs[4] == 1.0
+    assert all(x >= y for x, y in zip(lrs[4:], lrs[5:])) and lrs[-1] < 0.05
+    s = T.EpochSampler(10, seed=1)
+    s.set_epoch(0)
+    e0 = list(s)
+    s.set_epoch(1)
+    assert sorted(e0) == list(range(10)) and list(s) != e0
+    s.set_epoch(0)
+    assert list(s) == e0
+
+
+def test_online_data_trains(target, tmp_path):
+    convs = [Conversation(f"o{i}", [{"role": "user", "content": " ".join(WORDS[i:i + 3])},
+                                    {"role": "assistant", "content": " ".join(WORDS[i + 1:i + 7])}])
+             for i in range(6)]
+    train = F.OnlineFeatureDataset(target, convs, MAX_LEN, split="train", heldout_fraction=0.34)
+    held = F.OnlineFeatureDataset(target, convs, MAX_LEN, split="heldout", heldout_fraction=0.34)
+    assert len(train) == 4 and len(held) == 2
+    res = T.train_draft(target, smoke_drafts()["moe2"], train, held, tmp_path, cfg(epochs=2), progress=False)
+    assert res["steps"] == 2 and res["acc_a"] is not None and res["data"]["train_conversations"] == 4
