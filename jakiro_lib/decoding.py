@@ -110,6 +110,8 @@ class TargetRunner:
         for layer in self.cache.layers:
             layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys[:, :, idx]], dim=2)
             layer.values = torch.cat([layer.values[:, :, :start], layer.values[:, :, idx]], dim=2)
+            if hasattr(layer, "cumulative_length"):  # sliding-window layers (Mistral) count their length apart
+                layer.cumulative_length = end
         self.length = end
 
 
@@ -214,9 +216,10 @@ def speculative_generate(model: PreTrainedModel, drafter: Drafter, prompt_ids: t
         new = tree.tokens[path[1:]].tolist() + [bonus]
         _sync(dev)
         t3 = time.perf_counter()
-        result.accepted.append(len(new))
         result.tree_sizes.append(len(tree))
+        emitted = len(result.output_ids)
         done = _finish(result, new, eos, max_new_tokens, on_tokens)
+        result.accepted.append(len(result.output_ids) - emitted)  # EOS or the budget may cut ``new`` short
         if not done:
             drafter.accept(hidden[path], new)
         _sync(dev)

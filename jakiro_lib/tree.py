@@ -71,6 +71,8 @@ class CandidatePool:
 
     def add(self, token: int, parent: int, score: float) -> int:
         # A child never outscores its parent (log-probs <= 0), so the top-N below is always a tree.
+        if not 0 <= parent < len(self.tokens):  # -1 would silently index the last node
+            raise ValueError(f"parent {parent} is not a node of the pool (0..{len(self.tokens) - 1})")
         self.tokens.append(token)
         self.parents.append(parent)
         self.scores.append(min(score, self.scores[parent]))

@@ -1,0 +1,428 @@
+"""Verification (jakiro_lib.verify) and sampling losslessness of the whole speculative loop.
+
+Greedy: hand-made trees and logits. Sampling: (1) the verifier alone, on a hand-made tree with duplicate,
+zero-probability and exhaustive children, against the exact distribution of the emitted tokens; (2) the
+full ``speculative_generate`` on a tiny target, the joint distribution of the first three generated
+tokens against the exact target distribution p(x1) p(x2|x1) p(x3|x1,x2) (chi-square). Each statistical
+test has a power check: the same statistic must reject a deliberately broken verifier.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+import jakiro_lib.decoding as decoding
+from jakiro_lib.config import DraftConfig, TreeConfig
+from jakiro_lib.decoding import speculative_generate, vanilla_generate
+from jakiro_lib.draft import DraftModel
+from jakiro_lib.drafting import FeatureDrafter
+from jakiro_lib.tree import Tree
+from jakiro_lib.verify import SamplingParams, sample, verify, verify_greedy, verify_sampling, warp_probs
+
+from helpers import (TargetTopKDrafter, chi2_test, exact_prefix_distribution, full_logits, peaked_target,
+                     random_prompts, reference_warp, single_thread)
+
+P_OK = 1e-3  # a correct sampler fails a single test with probability 1e-3 (seeds are fixed: never flaky)
+P_BROKEN = 1e-6
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with single_thread():
+        yield
+
+
+# -- SamplingParams and warp_probs ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw", [dict(temperature=-0.1), dict(temperature=1, top_p=0.0), dict(temperature=1, top_p=1.5),
+                                dict(temperature=1, top_k=-1)])
+def test_sampling_params_validation(kw):
+    with pytest.raises(ValueError):
+        SamplingParams(**kw)
+
+
+def test_sampling_params_greedy():
+    assert SamplingParams().greedy
+    assert SamplingParams(temperature=0.0, top_p=0.5).greedy
+    assert not SamplingParams(temperature=0.7).greedy
+
+
+def test_warp_probs_hand_computed():
+    logits = torch.tensor([0.0, 2.0, -1.0, 1.0, 0.5])
+    # T = 0.5 -> z = [0, 4, -2, 2, 1]; top-3 keeps ids 1, 3, 4 (z = 4, 2, 1).
+    e4, e2, e1 = math.exp(4), math.exp(2), math.exp(1)
+    s = e4 + e2 + e1
+    p = warp_probs(logits, SamplingParams(temperature=0.5, top_k=3))
+    assert torch.allclose(p, torch.tensor([0, e4 / s, 0, e2 / s, e1 / s]), atol=1e-6)
+    # top_p = 0.9: cumulative mass 0.8438 < 0.9 after id 1, 0.958 >= 0.9 after id 3 -> keep {1, 3}.
+    assert e4 / s < 0.9 <= (e4 + e2) / s
+    p = warp_probs(logits, SamplingParams(temperature=0.5, top_k=3, top_p=0.9))
+    assert torch.allclose(p, torch.tensor([0, e4 / (e4 + e2), 0, e2 / (e4 + e2), 0]), atol=1e-6)
+    # top_p just below the first token's mass keeps only that token.
+    p = warp_probs(logits, SamplingParams(temperature=0.5, top_k=3, top_p=0.84))
+    assert torch.equal(p, torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0]))
+    # no warpers: plain softmax at T
+    p = warp_probs(logits, SamplingParams(temperature=2.0))
+    assert torch.allclose(p, (logits / 2).softmax(-1), atol=1e-7)
+    # top-k with ties at the k-th value keeps every tied token (as HF does)
+    p = warp_probs(torch.tensor([3.0, 1.0, 1.0, 0.0]), SamplingParams(temperature=1.0, top_k=2))
+    e3, e1 = math.exp(3), math.exp(1)
+    assert torch.allclose(p, torch.tensor([e3, e1, e1, 0]) / (e3 + 2 * e1), atol=1e-6)
+    # top_k larger than the vocabulary is no restriction; top_k = 1 is one-hot
+    assert torch.allclose(warp_probs(logits, SamplingParams(1.0, top_k=99)), logits.softmax(-1), atol=1e-7)
+    assert torch.equal(warp_probs(logits, SamplingParams(1.0, top_k=1)), torch.tensor([0.0, 1, 0, 0, 0]))
+
+
+def test_warp_probs_kept_mass_and_reference():
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        V = int(torch.randint(2, 300, (1,), generator=g))
+        logits = torch.randn(V, generator=g) * float(torch.rand(1, generator=g) * 6)
+        T = float(torch.rand(1, generator=g)) * 1.5 + 0.1
+        top_p = float(torch.rand(1, generator=g)) * 0.95 + 0.05
+        top_k = int(torch.randint(0, V + 3, (1,), generator=g)) if trial % 2 else 0
+        params = SamplingParams(T, top_p=top_p, top_k=top_k)
+        p = warp_probs(logits, params)
+        assert p.dtype == torch.float32 and abs(float(p.sum()) - 1) < 1e-5
+        # The kept set is the smallest set of the most likely tokens (after top-k) with mass >= top_p.
+        base = warp_probs(logits, SamplingParams(T, top_k=top_k)).double()
+        kept = p > 0
+        mass = float(base[kept].sum())
+        assert mass >= top_p - 1e-6
+        assert mass - float(base[kept].min()) < top_p + 1e-6
+        assert float(base[~kept].max()) <= float(base[kept].min()) if (~kept).any() else True
+        assert np.allclose(p.numpy(), reference_warp(logits, params), atol=1e-6)
+        # and Hugging Face's warpers, in HF's order (temperature, top-k, top-p)
+        s = TemperatureLogitsWarper(T)(None, logits[None].clone())
+        if top_k:
+            s = TopKLogitsWarper(top_k)(None, s)
+        s = TopPLogitsWarper(top_p)(None, s)
+        assert torch.allclose(p, s.softmax(-1)[0], atol=1e-6)
+
+
+# -- greedy verification ---------------------------------------------------------------------------------
+
+def _onehot_logits(argmax: list[int], V: int = 10) -> torch.Tensor:
+    logits = torch.randn(len(argmax), V, generator=torch.Generator().manual_seed(len(argmax)))
+    logits[torch.arange(len(argmax)), torch.tensor(argmax)] = 10.0
+    return logits
+
+
+def test_verify_greedy_hand_tree():
+    #        0(5)
+    #      /    \
+    #    1(3)   2(4)
+    #   /   \      \
+    # 3(7) 4(8)    5(1)
+    #        |
+    #      6(2)
+    tree = Tree(torch.tensor([5, 3, 4, 7, 8, 1, 2]), [-1, 0, 0, 1, 1, 2, 4], torch.tensor([0, 1, 1, 2, 2, 2, 3]))
+    # target argmax per node: root -> 3 (node 1), node 1 -> 8 (node 4), node 4 -> 2 (node 6), node 6 -> 9 (bonus)
+    logits = _onehot_logits([3, 8, 0, 0, 2, 0, 9])
+    assert verify_greedy(tree, logits) == ([0, 1, 4, 6], 9)
+    # second child of the root
+    logits = _onehot_logits([4, 0, 1, 0, 0, 6, 0])
+    assert verify_greedy(tree, logits) == ([0, 2, 5], 6)
+    # nothing matches at the root
+    logits = _onehot_logits([9, 8, 1, 0, 2, 6, 0])
+    assert verify_greedy(tree, logits) == ([0], 9)
+    # stops inside the tree when the argmax is not among the children
+    logits = _onehot_logits([3, 0, 0, 0, 0, 0, 0])
+    assert verify_greedy(tree, logits) == ([0, 1], 0)
+    # the dispatching verify() picks greedy at temperature 0
+    assert verify(tree, _onehot_logits([3, 8, 0, 0, 2, 0, 9]), SamplingParams()) == ([0, 1, 4, 6], 9)
+
+
+def test_verify_greedy_duplicate_children_takes_first():
+    tree = Tree(torch.tensor([0, 4, 4, 5]), [-1, 0, 0, 2], torch.tensor([0, 1, 1, 2]))
+    path, bonus = verify_greedy(tree, _onehot_logits([4, 6, 5, 7]))
+    assert path == [0, 1] and bonus == 6
+
+
+# -- sampling verification: the verifier alone --------------------------------------------------------
+
+V_SMALL = 6
+# A tree exercising every branch of the sampler: duplicate children (4 twice under the root), a child whose
+# warped probability is 0 (top-k cuts it), and a node whose children are the whole vocabulary (exhaustion).
+#             0
+#   /    /    |    \     \
+#  1(4) 2(1) 3(4)  4(0)  5(2)
+#  |  \        \          | ... (all 6 tokens)
+# 6(3) 7(5)    8(2)     9..14 (0..5)
+#  |
+# 15(1)
+_TOKENS = [9, 4, 1, 4, 0, 2, 3, 5, 2, 0, 1, 2, 3, 4, 5, 1]
+_PARENTS = [-1, 0, 0, 0, 0, 0, 1, 1, 3, 5, 5, 5, 5, 5, 5, 6]
+
+
+def _hand_sampling_tree() -> Tree:
+    depths = []
+    for p in _PARENTS:
+        depths.append(0 if p < 0 else depths[p] + 1)
+    return Tree(torch.tensor(_TOKENS), list(_PARENTS), torch.tensor(depths))
+
+
+def _hand_logits() -> torch.Tensor:
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(len(_TOKENS), V_SMALL, generator=g) * 1.5
+    logits[0, 0] = -9.0  # root: token 0 (node 4) gets ~0 mass before warping, exactly 0 after top-k
+    return logits
+
+
+def _exact_emitted(tree: Tree, logits: torch.Tensor, params: SamplingParams, n: int) -> dict[tuple, float]:
+    """Exact distribution of the first ``n`` emitted tokens (END-padded) of one verification.
+
+    Lossless verification emits, at each node, a token x ~ p_node: if x is a child's token the walk goes on
+    at the FIRST child carrying x, otherwise x is the bonus and the cycle ends.
+    """
+    tokens = tree.tokens.tolist()
+    out: dict[tuple, float] = {}
+
+    def walk(node: int, prefix: tuple, prob: float) -> None:
+        p = reference_warp(logits[node], params)
+        for x in np.flatnonzero(p > 0):
+            x = int(x)
+            child = next((c for c in tree.children[node] if tokens[c] == x), None)
+            seq, q = prefix + (x,), prob * float(p[x])
+            if child is None or len(seq) >= n:
+                key = (seq + ("END",) * n)[:n]
+                out[key] = out.get(key, 0.0) + q
+            else:
+                walk(child, seq, q)
+
+    walk(0, (), 1.0)
+    return out
+
+
+def _emitted(tree: Tree, path: list[int], bonus: int, n: int) -> tuple:
+    seq = tuple(tree.tokens[path[1:]].tolist()) + (bonus,)
+    return (seq + ("END",) * n)[:n]
+
+
+def _verify_no_zeroing(tree, logits, params, generator):
+    """BROKEN on purpose: after a rejection the residual keeps p(x) (the classic mistake)."""
+    tokens = tree.tokens.tolist()
+    node, path = 0, [0]
+    while True:
+        probs = warp_probs(logits[node], params)
+        accepted = None
+        for c in tree.children[node]:
+            if float(torch.rand((), generator=generator)) < float(probs[tokens[c]]):
+                accepted = c
+                break
+        if accepted is None:
+            return path, sample(probs, generator)
+        node = accepted
+        path.append(node)
+
+
+def _verify_accept_first(tree, logits, params, generator):
+    """BROKEN on purpose: the first child is always accepted."""
+    node, path = 0, [0]
+    while tree.children[node]:
+        node = tree.children[node][0]
+        path.append(node)
+    return path, sample(warp_probs(logits[node], params), generator)
+
+
+def _verify_no_renorm(tree, logits, params, generator):
+    """BROKEN on purpose: zero p(x) after a rejection but test later children against the unnormalised mass."""
+    tokens = tree.tokens.tolist()
+    node, path = 0, [0]
+    while True:
+        probs = warp_probs(logits[node], params)
+        accepted = None
+        for c in tree.children[node]:
+            x = tokens[c]
+            if float(torch.rand((), generator=generator)) < float(probs[x]):
+                accepted = c
+                break
+            probs[x] = 0.0
+        if accepted is None:
+            if float(probs.sum()) == 0:
+                return path, 0
+            return path, sample(probs / probs.sum(), generator)
+        node = accepted
+        path.append(node)
+
+
+VERIFY_PARAMS = [SamplingParams(1.0), SamplingParams(0.7, top_p=0.9), SamplingParams(1.3, top_k=4, top_p=0.95)]
+
+
+def _verifier_samples(fn, params, n, seed, depth=3):
+    tree, logits = _hand_sampling_tree(), _hand_logits()
+    g = torch.Generator().manual_seed(seed)
+    return [_emitted(tree, *fn(tree, logits, params, g), depth) for _ in range(n)]
+
+
+@pytest.mark.parametrize("params", VERIFY_PARAMS, ids=["T1", "T0.7-p0.9", "T1.3-k4-p0.95"])
+def test_verify_sampling_exact_distribution(params):
+    tree, logits = _hand_sampling_tree(), _hand_logits()
+    exact = _exact_emitted(tree, logits, params, 3)
+    assert abs(sum(exact.values()) - 1) < 1e-9
+    samples = _verifier_samples(verify_sampling, params, 8000, seed=11)
+    stat, p, cells = chi2_test(samples, exact)
+    print(f"verifier {params}: chi2 {stat:.1f}, {cells} cells, p {p:.3g}")
+    assert cells >= 6, cells
+    assert p > P_OK, (stat, p, cells)
+    # every emitted sequence is possible
+    assert set(samples) <= set(exact)
+    # the root's children were accepted in a good share of the samples AND rejected in a good share
+    accepted_first = sum(s[0] in (4, 1, 2) for s in samples) / len(samples)
+    assert 0.2 < accepted_first < 0.95, accepted_first
+
+
+@pytest.mark.parametrize("broken", [_verify_no_zeroing, _verify_accept_first, _verify_no_renorm])
+def test_verify_sampling_power(broken):
+    params = SamplingParams(1.0)
+    exact = _exact_emitted(_hand_sampling_tree(), _hand_logits(), params, 3)
+    stat, p, cells = chi2_test(_verifier_samples(broken, params, 8000, seed=11), exact)
+    print(f"broken verifier {broken.__name__}: chi2 {stat:.1f}, {cells} cells, p {p:.3g}")
+    assert p < P_BROKEN, (broken.__name__, stat, p)
+
+
+def test_verify_sampling_deterministic_cases():
+    tree = _hand_sampling_tree()
+    logits = torch.full((len(tree), V_SMALL), -30.0)
+    # one-hot targets: the walk is forced root -> node 1 (4) -> node 7 (5), bonus 0 at the leaf
+    logits[0, 4] = logits[1, 5] = logits[7, 0] = 30.0
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        assert verify_sampling(tree, logits, SamplingParams(1.0), g) == ([0, 1, 7], 0)
+    # a distribution whose whole mass lies on the children: exhausting node 5's children always accepts one
+    logits = torch.full((len(tree), V_SMALL), -30.0)
+    logits[0, 2] = 30.0
+    logits[5] = torch.tensor([1.0, 0.5, 0.0, -0.5, 0.2, 0.3])
+    counts = Counter()
+    for _ in range(2000):
+        path, bonus = verify_sampling(tree, logits, SamplingParams(1.0), g)
+        assert path[:2] == [0, 5] and len(path) == 3 and tree.parents[path[2]] == 5
+        counts[int(tree.tokens[path[2]])] += 1
+    assert set(counts) == set(range(V_SMALL))
+    # same generator seed, same result
+    a = [verify_sampling(tree, _hand_logits(), SamplingParams(1.0), torch.Generator().manual_seed(5)) for _ in range(3)]
+    assert a[0] == a[1] == a[2]
+
+
+# -- sampling losslessness of the whole loop ---------------------------------------------------------
+# The first token x1 is sampled from the prefill logits; verification starts at x2. The statistic is on
+# the joint (x1, x2, x3): x2 and x3 come from the first cycle (accepted children, residual or bonus) or,
+# when the first cycle emits only one token, from the second.
+
+N_E2E = 2000
+N_TOKENS = 3
+# lm_head sharpening per temperature (the random tiny target is near-uniform at T=1): peaked enough that the
+# chi-square cells hold most of the mass, flat enough that the top-3 drafts are often rejected.
+E2E_SETTINGS = {"T1": (SamplingParams(1.0), 3.0), "T0.7-p0.9": (SamplingParams(0.7, top_p=0.9), 2.0)}
+
+
+@pytest.fixture(scope="module")
+def e2e_setup():
+    """Per setting: (target, params, prompt, exact distribution of the first 3 tokens).
+
+    The prompt is the first seeded candidate where the chi-square cells (expected count >= 5) hold >= 65%
+    of the mass and the top-3 drafts at the first verification node are ALL rejected >= 12% of the time.
+    """
+    out = {}
+    for name, (params, factor) in E2E_SETTINGS.items():
+        model = peaked_target("llama", factor)
+        for prompt in random_prompts(24, seed=5, min_len=3, max_len=8):
+            exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / N_E2E)
+            if sum(exact.values()) < 0.65:
+                continue
+            first = exact_prefix_distribution(model, prompt.tolist(), params, 1, 1e-3)
+            reject_all = 0.0
+            for (x1,), p1 in first.items():
+                q = reference_warp(full_logits(model, prompt.tolist() + [x1]), params)
+                reject_all += p1 * (1 - np.sort(q)[::-1][:3].sum())
+            if reject_all >= 0.12:
+                out[name] = (model, params, prompt, exact)
+                break
+        else:
+            raise AssertionError(f"no usable prompt for {name}")
+    return out
+
+
+def _e2e_samples(model, drafter, prompt, params, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        r = speculative_generate(model, drafter, prompt, max_new_tokens=N_TOKENS, params=params, generator=g)
+        assert len(r.output_ids) == N_TOKENS
+        out.append(tuple(r.output_ids))
+    return out
+
+
+def _spy_verify(monkeypatch, fn=None):
+    """Record how many drafted tokens each verification accepted (passing through to ``fn``)."""
+    fn = fn or decoding.verify
+    record: list[int] = []
+
+    def spy(tree, logits, params, generator=None):
+        path, bonus = fn(tree, logits, params, generator)
+        record.append(len(path) - 1)
+        return path, bonus
+
+    monkeypatch.setattr(decoding, "verify", spy)
+    return record
+
+
+def _random_feature_drafter(model):
+    torch.manual_seed(0)
+    draft = DraftModel.build(DraftConfig(num_experts=2, top_k_experts=2), model).eval()
+    return FeatureDrafter(draft, TreeConfig(depth=2, top_k=3, total_tokens=10, decoupled=True))
+
+
+@pytest.mark.parametrize("setting", list(E2E_SETTINGS))
+def test_speculative_sampling_matches_target_topk_drafts(e2e_setup, monkeypatch, setting):
+    model, params, prompt, exact = e2e_setup[setting]
+    record = _spy_verify(monkeypatch)
+    samples = _e2e_samples(model, TargetTopKDrafter(model, params, k=3, depth=2), prompt, params, N_E2E, seed=1)
+    stat, p, cells = chi2_test(samples, exact)
+    print(f"e2e top-3 drafts {setting}: chi2 {stat:.1f}, {cells} cells, p {p:.3g}, accepted {sorted(Counter(record).items())}")
+    assert cells >= 15, cells
+    assert p > P_OK, (stat, p, cells)
+    # Both verifier paths are exercised heavily: whole 2-token acceptances AND full rejections (residual).
+    acc = Counter(record)
+    assert acc[2] > 0.2 * len(record) and acc[0] > 0.08 * len(record), acc
+
+
+def test_speculative_sampling_matches_target_random_draft(e2e_setup):
+    model, params, prompt, _ = e2e_setup["T1"]
+    n = 400
+    exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / n)
+    samples = _e2e_samples(model, _random_feature_drafter(model), prompt, params, n, seed=2)
+    stat, p, cells = chi2_test(samples, exact)
+    print(f"e2e random draft: chi2 {stat:.1f}, {cells} cells, p {p:.3g}")
+    assert cells >= 10, cells
+    assert p > P_OK, (stat, p, cells)
+
+
+@pytest.mark.parametrize("broken,n", [(_verify_no_zeroing, N_E2E // 4), (_verify_accept_first, N_E2E // 4)])
+def test_speculative_sampling_power(e2e_setup, monkeypatch, broken, n):
+    """The same statistic and drafts with a deliberately broken verifier: the test must reject it."""
+    model, params, prompt, _ = e2e_setup["T1"]
+    exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / n)
+    _spy_verify(monkeypatch, broken)
+    samples = _e2e_samples(model, TargetTopKDrafter(model, params, k=3, depth=2), prompt, params, n, seed=1)
+    stat, p, cells = chi2_test(samples, exact)
+    print(f"e2e broken {broken.__name__} (n={n}): chi2 {stat:.1f}, {cells} cells, p {p:.3g}")
+    assert p < P_BROKEN, (stat, p)
+
+
+def test_vanilla_sampling_matches_target(e2e_setup):
+    """The reference loop itself samples from the target (same statistic)."""
+    model, params, prompt, _ = e2e_setup["T0.7-p0.9"]
+    n = 400
+    exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / n)
+    g = torch.Generator().manual_seed(3)
+    samples = [tuple(vanilla_generate(model, prompt, max_new_tokens=N_TOKENS, params=params,
+                                      generator=g).output_ids) for _ in range(n)]
+    stat, p, cells = chi2_test(samples, exact)
+    print(f"vanilla: chi2 {stat:.1f}, {cells} cells, p {p:.3g}")
+    assert p > P_OK, (stat, p)
