@@ -30,6 +30,7 @@ class GenerationResult:
     output_ids: list[int]
     accepted: list[int] = field(default_factory=list)  # tokens emitted per cycle (accepted + bonus)
     tree_sizes: list[int] = field(default_factory=list)
+    path_ranks: list[list[int]] = field(default_factory=list)  # running max draft rank along each accepted path
     draft_forwards: int = 0
     wall_time: float = 0.0
     prefill_time: float = 0.0
@@ -105,7 +106,7 @@ class TargetRunner:
 
     def keep(self, start: int, nodes: list[int]) -> None:
         """After a tree forward from ``start``: keep only ``nodes``' cache entries, moved to ``start..``."""
-        idx = torch.tensor(nodes, device=self.device) + start
+        idx = torch.tensor(nodes, dtype=torch.long, device=self.device) + start
         end = start + len(nodes)
         for layer in self.cache.layers:
             layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys[:, :, idx]], dim=2)
@@ -205,8 +206,11 @@ def speculative_generate(model: PreTrainedModel, drafter: Drafter, prompt_ids: t
         if room < 1:
             result.stop_reason = "context"
             break
-        if int(tree.depths.max()) + 1 > room:  # near the end of the context: shrink to a chain that fits
-            tree = Tree.chain(tree.tokens[tree.path_to(tree.leaves()[0])][:room].tolist())
+        if int(tree.depths.max()) + 1 > room:  # near the end of the context: keep the best path that fits
+            best = [0]
+            while tree.children[best[-1]] and len(best) < room:
+                best.append(tree.children[best[-1]][0])
+            tree = Tree.chain(tree.tokens[best].tolist())
         _sync(dev)
         t2 = time.perf_counter()
         start = runner.length
@@ -217,6 +221,8 @@ def speculative_generate(model: PreTrainedModel, drafter: Drafter, prompt_ids: t
         _sync(dev)
         t3 = time.perf_counter()
         result.tree_sizes.append(len(tree))
+        if tree.ranks:
+            result.path_ranks.append([max(tree.ranks[n] for n in path[1:j + 1]) for j in range(1, len(path))])
         emitted = len(result.output_ids)
         done = _finish(result, new, eos, max_new_tokens, on_tokens)
         result.accepted.append(len(result.output_ids) - emitted)  # EOS or the budget may cut ``new`` short

@@ -16,6 +16,7 @@ class Tree:
     parents: list[int]  # parents[0] = -1, parents[i] < i
     depths: torch.Tensor  # [m] long, root depth 0
     children: list[list[int]] = field(default_factory=list)  # per node, in proposal order (best first)
+    ranks: list[int] = field(default_factory=list)  # per node, place in the draft's score order (root -1)
 
     def __post_init__(self) -> None:
         if not self.children:
@@ -95,8 +96,10 @@ class CandidatePool:
                 raise AssertionError("top-N selection dropped a parent; scores must be monotone")
             parents.append(new_index[self.parents[i]])
         nodes = [0] + keep
+        rank = {i: r for r, i in enumerate(order)}
         tree = Tree(torch.tensor([self.tokens[i] for i in nodes], dtype=torch.long), parents,
-                    torch.tensor([self.depths[i] for i in nodes], dtype=torch.long))
+                    torch.tensor([self.depths[i] for i in nodes], dtype=torch.long),
+                    ranks=[-1] + [rank[i] for i in keep])
         # Children in best-first order: sampling verification tries the likeliest candidate first.
         for c in tree.children:
             c.sort(key=lambda j: (-self.scores[nodes[j]], j))

@@ -1,0 +1,113 @@
+"""Measured cost model of one speculative cycle, and the tree budget it implies on this machine.
+
+Verification of n tree tokens costs T(n) target time; drafting costs a few draft forwards. On a GPU T(n)
+is flat up to ~60 tokens, on a 2-core CPU it is not (DESIGN.md section 9), so the budget that pays off
+is machine-specific. ``choose_total_tokens`` picks it from measurements instead of folklore: one greedy
+run with a generous tree records, per cycle, the selection rank of each accepted node; the accepted
+length a smaller top-n tree would have had is then known exactly (greedy acceptance at a node depends
+only on its ancestors, and the top-n tree is a prefix of the score order).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Sequence
+
+import torch
+
+from .decoding import TargetRunner, _sync
+from .draft import DraftModel, KVCache
+from .tree import Tree
+
+
+def _median_time(fn, repeats: int, device: torch.device) -> float:
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _bushy_tree(n: int, width: int = 4) -> Tree:
+    """A tree of n nodes, each node with up to ``width`` children (the shape drafts produce)."""
+    parents = [-1] + [(i - 1) // width for i in range(1, n)]
+    depths = [0]
+    for p in parents[1:]:
+        depths.append(depths[p] + 1)
+    return Tree(torch.arange(100, 100 + n), parents, torch.tensor(depths))
+
+
+@torch.inference_mode()
+def measure_target_costs(model: torch.nn.Module, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 32), *,
+                         context: int = 256, repeats: int = 7) -> dict[int, float]:
+    """Seconds for the target to score an n-token tree on top of a ``context``-token cache."""
+    runner = TargetRunner(model)
+    vocab = model.config.vocab_size
+    prompt = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0)).to(runner.device)
+    runner.prefill(prompt)
+    out = {}
+    for n in sizes:
+        tree = _bushy_tree(n)
+
+        def verify_once() -> None:
+            runner.tree(tree)
+            runner.keep(context, [])
+
+        verify_once()  # warm-up for this shape
+        out[n] = _median_time(verify_once, repeats, runner.device)
+    return out
+
+
+@torch.inference_mode()
+def measure_draft_costs(draft: DraftModel, widths: Sequence[int] = (1, 4, 8), *, context: int = 256,
+                        repeats: int = 7) -> dict[int, float]:
+    """Seconds for one draft step (forward of ``width`` frontier nodes + logits + top-k) after ``context``."""
+    p = next(draft.parameters())
+    H = draft.target_config.hidden_size
+    g = torch.Generator().manual_seed(0)
+    cache = KVCache()
+    feats = torch.randn(1, context, H, generator=g).to(p)
+    ids = torch.randint(0, draft.target_config.vocab_size, (1, context), generator=g).to(p.device)
+    draft(feats, ids, torch.arange(context, device=p.device)[None], cache)
+    out = {}
+    for w in widths:
+        mask = torch.ones(1, 1, w, context + w, dtype=torch.bool, device=p.device)
+        pos = torch.full((1, w), context, device=p.device)
+
+        def step() -> None:
+            o = draft(feats[:, :w], ids[:, :w], pos, cache, mask)
+            draft.logits(o.a[0]).topk(4, dim=-1)
+            cache.crop(context)
+
+        step()
+        out[w] = _median_time(step, repeats, p.device)
+    return out
+
+
+def expected_accepted(path_ranks: Sequence[Sequence[int]], budget: int) -> float:
+    """Mean accepted draft tokens per cycle had the tree kept only its best ``budget - 1`` nodes.
+
+    ``path_ranks[c]`` lists, for cycle c, the running maximum of the selection rank along the accepted
+    path (0 = best-scored node); a prefix survives a smaller budget iff its ranks all fit.
+    """
+    if not path_ranks:
+        return 0.0
+    return statistics.fmean(sum(1 for r in ranks if r < budget - 1) for ranks in path_ranks)
+
+
+def choose_total_tokens(target_costs: dict[int, float], draft_cycle_time: float,
+                        path_ranks: Sequence[Sequence[int]], *, max_budget: int | None = None) -> dict[str, Any]:
+    """The tree budget n maximising (E[accepted(n)] + 1) / (T(n) + draft time per cycle)."""
+    table = []
+    for n, t in sorted(target_costs.items()):
+        if n < 2 or (max_budget and n > max_budget):
+            continue
+        acc = expected_accepted(path_ranks, n)
+        table.append({"total_tokens": n, "expected_tokens_per_cycle": acc + 1, "verify_s": t,
+                      "tokens_per_s": (acc + 1) / (t + draft_cycle_time)})
+    best = max(table, key=lambda row: row["tokens_per_s"])
+    return {"best": best["total_tokens"], "table": table,
+            "vanilla_tokens_per_s": 1.0 / target_costs[1] if 1 in target_costs else None}
