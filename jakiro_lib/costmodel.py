@@ -17,6 +17,7 @@ import torch
 
 from .decoding import TargetRunner, _sync
 from .draft import DraftModel, KVCache
+from .config import TreeConfig
 from .tree import Tree
 
 
@@ -111,3 +112,31 @@ def choose_total_tokens(target_costs: dict[int, float], draft_cycle_time: float,
     best = max(table, key=lambda row: row["tokens_per_s"])
     return {"best": best["total_tokens"], "table": table,
             "vanilla_tokens_per_s": 1.0 / target_costs[1] if 1 in target_costs else None}
+
+
+def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequence[torch.Tensor], *,
+                      candidates: Sequence[int] = (2, 3, 4, 6, 8, 12, 16, 24, 32), max_new_tokens: int = 64,
+                      context: int = 256) -> dict[str, Any]:
+    """Pick ``tree.total_tokens`` for this machine: measured T(n) + one greedy run at the largest budget.
+
+    Returns the chosen budget with the whole table (expected tokens per cycle, verify time, tokens/s).
+    """
+    import dataclasses
+
+    from .decoding import speculative_generate
+    from .drafting import FeatureDrafter
+
+    big = dataclasses.replace(tree, total_tokens=max(candidates))
+    ranks: list[list[int]] = []
+    draft_time = cycles = 0.0
+    for ids in prompts:
+        res = speculative_generate(target.model, FeatureDrafter(draft, big), ids, max_new_tokens=max_new_tokens,
+                                   eos_token_ids=target.eos_token_ids, max_context=target.config.max_context)
+        ranks += res.path_ranks
+        draft_time += res.draft_time
+        cycles += res.cycles
+    costs = measure_target_costs(target.model, sizes=sorted({1, *candidates}), context=context)
+    choice = choose_total_tokens(costs, draft_time / max(cycles, 1), ranks)
+    choice["draft_time_per_cycle_s"] = draft_time / max(cycles, 1)
+    choice["cycles_observed"] = int(cycles)
+    return choice

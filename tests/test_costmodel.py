@@ -69,3 +69,16 @@ def test_cost_measurements_run_on_tiny_models():
     draft = DraftModel.build(DraftConfig(), model).eval()
     dcosts = measure_draft_costs(draft, widths=(1, 2), context=16, repeats=2)
     assert set(dcosts) == {1, 2} and all(v > 0 for v in dcosts.values())
+
+
+def test_tune_total_tokens_returns_a_measured_choice():
+    from jakiro_lib.config import TargetConfig, TreeConfig
+    from jakiro_lib.costmodel import tune_total_tokens
+    from jakiro_lib.target import load_target
+
+    target = load_target(TargetConfig(model="tiny:llama"))
+    draft = DraftModel.build(DraftConfig(), target.model).eval()
+    out = tune_total_tokens(target, draft, TreeConfig(depth=3, top_k=2), random_prompts(2, seed=1),
+                            candidates=(2, 4, 8), max_new_tokens=8, context=16)
+    assert out["best"] in (2, 4, 8) and [row["total_tokens"] for row in out["table"]] == [2, 4, 8]
+    assert out["cycles_observed"] > 0
