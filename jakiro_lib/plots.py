@@ -1,0 +1,427 @@
+"""Report figures (seaborn on matplotlib's Agg canvas) and the report's ``index.html``.
+
+Every ``plot_*`` function takes a pandas DataFrame (or the raw benchmark records) and returns a
+``matplotlib.figure.Figure`` built without pyplot, so it works headless, leaks no global figure state and
+is unaffected by the notebook backend; :func:`save_figure` writes it as PNG. Column names follow
+:func:`jakiro_lib.bench.summarize` (method, benchmark, temperature, speedup, speedup_std, tau, ...).
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from .utils import atomic_path, write_text
+
+SPEC_KIND = "spec"
+SERIES_ORDER = ("train loss", "train loss A (t+1)", "train loss B (t+2)", "train acc A", "held-out acc A",
+                "held-out acc B")
+
+
+# --------------------------------------------------------------------------------------------------
+# Basics
+# --------------------------------------------------------------------------------------------------
+
+
+def new_figure(ncols: int = 1, nrows: int = 1, *, width: float = 5.0, height: float = 3.6,
+               sharey: bool = False) -> tuple[Figure, np.ndarray]:
+    """An Agg-backed figure and a 2-D array of axes."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=sharey)
+    return fig, axes
+
+
+def save_figure(fig: Figure, path: str | Path, *, dpi: int = 110) -> Path:
+    """Write ``fig`` as PNG atomically; returns the path."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format="png")
+    return path
+
+
+def figure_png(fig: Figure, *, dpi: int = 110) -> bytes:
+    """PNG bytes of ``fig``."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=dpi, format="png")
+    return buf.getvalue()
+
+
+def show_figure(fig: Figure, path: str | Path | None = None, *, dpi: int = 110) -> None:
+    """Display ``fig`` inline in a notebook as a PNG (saving it to ``path`` first when given)."""
+    from IPython.display import Image, display
+
+    title = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else ""
+    alt = title or (Path(path).stem if path is not None else "figure")
+    if path is not None:
+        path = save_figure(fig, path, dpi=dpi)
+        display(Image(filename=str(path), alt=alt))
+    else:
+        display(Image(data=figure_png(fig, dpi=dpi), alt=alt))
+
+
+def _message_figure(text: str) -> Figure:
+    fig, axes = new_figure(width=6, height=1.6)
+    ax = axes[0, 0]
+    ax.axis("off")
+    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True)
+    return fig
+
+
+def _frame(data: Any) -> pd.DataFrame:
+    return data.copy() if isinstance(data, pd.DataFrame) else pd.DataFrame(list(data))
+
+
+def _method_order(df: pd.DataFrame) -> list[str]:
+    """Methods in the order they first appear (the study's order), not alphabetically."""
+    return list(dict.fromkeys(df["method"].tolist()))
+
+
+def _grouped_bars(ax: Any, df: pd.DataFrame, *, x: str, y: str, hue: str | None, yerr: str | None = None,
+                  order: Sequence[str] | None = None, horizontal: bool = False, annotate: bool = True) -> None:
+    """Bars of precomputed values (means) with error bars of precomputed stds, grouped by ``hue``."""
+    order = list(order) if order is not None else list(dict.fromkeys(df[x].tolist()))
+    hues = list(dict.fromkeys(df[hue].tolist())) if hue else [None]
+    keys = [x] + ([hue] if hue else [])
+    cols = [c for c in (y, yerr) if c and c in df]
+    if df.duplicated(keys).any():  # several rows per bar (e.g. benchmarks): plot their mean
+        df = df.groupby(keys, sort=False)[cols].mean().reset_index()
+    palette = sns.color_palette("deep", max(len(hues), 1))
+    width = 0.8 / len(hues)
+    pos = np.arange(len(order))
+    for j, h in enumerate(hues):
+        sub = df if h is None else df[df[hue] == h]
+        vals = sub.set_index(x)[y].reindex(order).to_numpy(dtype=float)
+        errs = (sub.set_index(x)[yerr].reindex(order).to_numpy(dtype=float)
+                if yerr and yerr in sub else None)
+        where = pos - 0.4 + width * (j + 0.5)
+        label = None if h is None else str(h)
+        if horizontal:
+            bars = ax.barh(where, vals, height=width, xerr=errs, color=palette[j], label=label, capsize=2)
+        else:
+            bars = ax.bar(where, vals, width=width, yerr=errs, color=palette[j], label=label, capsize=2)
+        if annotate and len(order) * len(hues) <= 24:
+            ax.bar_label(bars, labels=["" if not np.isfinite(v) else f"{v:.2f}" for v in vals], fontsize=7,
+                         padding=2)
+    if horizontal:
+        ax.set_yticks(pos, order)
+        ax.invert_yaxis()
+    else:
+        ax.set_xticks(pos, order, rotation=30, ha="right")
+    if hue and len(hues) > 1:
+        ax.legend(title=hue, fontsize=8, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def _temperatures(df: pd.DataFrame) -> list[float]:
+    return sorted(df["temperature"].dropna().unique().tolist()) if "temperature" in df else [None]
+
+
+# --------------------------------------------------------------------------------------------------
+# Benchmark figures
+# --------------------------------------------------------------------------------------------------
+
+
+def plot_metric(summary: pd.DataFrame | Iterable[dict], metric: str = "speedup", *, spec_only: bool = False,
+                reference: float | None = 1.0, title: str | None = None) -> Figure:
+    """One panel per temperature: ``metric`` per method (bars), one colour per benchmark, std as error bars."""
+    df = _frame(summary)
+    if spec_only and "kind" in df:
+        df = df[df["kind"] == SPEC_KIND]
+    df = df[np.isfinite(pd.to_numeric(df.get(metric), errors="coerce"))] if metric in df else df.iloc[0:0]
+    if df.empty:
+        return _message_figure(f"no {metric} values to plot")
+    temps = _temperatures(df)
+    order = _method_order(df)
+    fig, axes = new_figure(len(temps), width=max(4.5, 0.55 * len(order) + 2.5), sharey=True)
+    std = f"{metric}_std" if f"{metric}_std" in df else None
+    for ax, t in zip(axes[0], temps):
+        sub = df if t is None else df[df["temperature"] == t]
+        _grouped_bars(ax, sub, x="method", y=metric, hue="benchmark", yerr=std,
+                      order=[m for m in order if m in set(sub["method"])])
+        if reference is not None:
+            ax.axhline(reference, color="0.3", lw=1, ls="--")
+        ax.set_title(f"T = {t:g}" if t is not None else "")
+        ax.set_xlabel("")
+        ax.set_ylabel(metric)
+    fig.suptitle(title or metric)
+    return fig
+
+
+def plot_speedup(summary: pd.DataFrame | Iterable[dict]) -> Figure:
+    """Speedup over the fastest vanilla loop per method, benchmark and temperature (dashed line: 1x)."""
+    return plot_metric(summary, "speedup", title="Speedup vs vanilla decoding (mean ± std over repeats)")
+
+
+def plot_tau(summary: pd.DataFrame | Iterable[dict]) -> Figure:
+    """Average acceptance length tau (tokens per draft-verify cycle, bonus included) of the spec methods."""
+    return plot_metric(summary, "tau", spec_only=True,
+                       title="Average acceptance length tau (generated tokens / cycles)")
+
+
+def plot_ablations(ablations: pd.DataFrame | Iterable[dict]) -> Figure:
+    """Horizontal bars of speedup and tau per ablation method (T=0), one colour per benchmark."""
+    df = _frame(ablations)
+    if df.empty:
+        return _message_figure("no ablation results")
+    order = _method_order(df)
+    fig, axes = new_figure(2, width=5.5, height=max(2.8, 0.38 * len(order) + 1.2))
+    for ax, metric in zip(axes[0], ("speedup", "tau")):
+        sub = df[np.isfinite(pd.to_numeric(df[metric], errors="coerce"))]
+        _grouped_bars(ax, sub, x="method", y=metric, hue="benchmark",
+                      yerr=f"{metric}_std" if f"{metric}_std" in sub else None,
+                      order=[m for m in order if m in set(sub["method"])], horizontal=True)
+        ax.axvline(1.0, color="0.3", lw=1, ls="--")
+        ax.set_xlabel(metric)
+        ax.set_title(metric)
+    fig.suptitle("Ablations (T = 0)")
+    return fig
+
+
+def plot_cycle_breakdown(summary: pd.DataFrame | Iterable[dict]) -> Figure:
+    """Per-cycle cost of the spec methods: draft forwards per cycle and the share of wall time drafting."""
+    df = _frame(summary)
+    if "kind" in df:
+        df = df[df["kind"] == SPEC_KIND]
+    if df.empty:
+        return _message_figure("no speculative methods to break down")
+    order = _method_order(df)
+    fig, axes = new_figure(2, width=max(4.5, 0.55 * len(order) + 2.5))
+    for ax, metric, label in zip(axes[0], ("draft_forwards_per_cycle", "draft_time_frac"),
+                                 ("draft forwards per cycle", "fraction of wall time drafting")):
+        _grouped_bars(ax, df, x="method", y=metric, hue="temperature" if df["temperature"].nunique() > 1 else None,
+                      order=order)
+        ax.set_ylabel(label)
+        ax.set_title(label)
+    fig.suptitle("Per-cycle breakdown (means over benchmarks and questions)")
+    return fig
+
+
+def accepted_lengths(records: Iterable[dict]) -> pd.DataFrame:
+    """Long table (method, benchmark, temperature, accepted) with one row per draft-verify cycle."""
+    rows = []
+    for r in records:
+        if r.get("kind") != SPEC_KIND:
+            continue
+        for a in r.get("accepted") or []:
+            rows.append({"method": r["method"], "benchmark": r["benchmark"], "temperature": r["temperature"],
+                         "accepted": int(a)})
+    return pd.DataFrame(rows, columns=["method", "benchmark", "temperature", "accepted"])
+
+
+def plot_accept_hist(records: Iterable[dict] | pd.DataFrame) -> Figure:
+    """Distribution of tokens emitted per cycle (accepted drafts + bonus) per spec method and temperature."""
+    if isinstance(records, pd.DataFrame):
+        flat = ("accepted" in records and "kind" not in records and not records.empty
+                and not isinstance(records["accepted"].iloc[0], (list, tuple)))
+        df = records if flat else accepted_lengths(records.to_dict("records"))
+    else:
+        df = accepted_lengths(records)
+    if df.empty:
+        return _message_figure("no speculative cycles recorded")
+    temps = _temperatures(df)
+    fig, axes = new_figure(len(temps), width=5.5, sharey=True)
+    for ax, t in zip(axes[0], temps):
+        sub = df if t is None else df[df["temperature"] == t]
+        sns.histplot(data=sub, x="accepted", hue="method", discrete=True, multiple="dodge", stat="probability",
+                     common_norm=False, shrink=0.85, ax=ax, hue_order=_method_order(df))
+        ax.set_xlabel("tokens per cycle (accepted + bonus)")
+        ax.set_title(f"T = {t:g}" if t is not None else "")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.suptitle("Accepted length per draft-verify cycle")
+    return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# Training figures
+# --------------------------------------------------------------------------------------------------
+
+
+def plot_training_curves(history: pd.DataFrame | Iterable[dict], *, smooth: int = 1) -> Figure:
+    """Loss curves: long table (draft, step, series, value), one panel per series, one line per draft.
+
+    ``smooth`` > 1 applies a centred rolling mean of that many logged points.
+    """
+    df = _frame(history)
+    if df.empty:
+        return _message_figure("no training history")
+    seen = list(dict.fromkeys(df["series"].tolist()))
+    series = [s for s in SERIES_ORDER if s in seen] + [s for s in seen if s not in SERIES_ORDER]
+    ncols = min(3, len(series))
+    nrows = math.ceil(len(series) / ncols)
+    fig, axes = new_figure(ncols, nrows, width=4.6, height=3.2)
+    for ax, name in zip(axes.flat, series):
+        sub = df[df["series"] == name].sort_values(["draft", "step"])
+        if smooth > 1:
+            sub = sub.assign(value=sub.groupby("draft")["value"].transform(
+                lambda s: s.rolling(smooth, min_periods=1, center=True).mean()))
+        sns.lineplot(data=sub, x="step", y="value", hue="draft", ax=ax, hue_order=_ordered(df, "draft"))
+        ax.set_title(name)
+        ax.set_ylabel("")
+        if ax.get_legend() is not None and ax is not axes.flat[0]:
+            ax.get_legend().remove()
+    for ax in list(axes.flat)[len(series):]:
+        ax.axis("off")
+    fig.suptitle("Training losses")
+    return fig
+
+
+def _ordered(df: pd.DataFrame, col: str) -> list[Any]:
+    return list(dict.fromkeys(df[col].tolist()))
+
+
+def plot_heldout_accuracy(training: pd.DataFrame | Iterable[dict]) -> Figure:
+    """Held-out top-1 accuracy of each draft's branches (A: next token, B: two ahead)."""
+    df = _frame(training)
+    cols = [c for c in ("acc_a", "acc_b") if c in df]
+    if df.empty or not cols:
+        return _message_figure("no held-out accuracies")
+    long = df.melt(id_vars=["draft"], value_vars=cols, var_name="branch", value_name="accuracy").dropna()
+    long["branch"] = long["branch"].map({"acc_a": "A (t+1)", "acc_b": "B (t+2)"})
+    fig, axes = new_figure(width=max(4.5, 0.9 * df["draft"].nunique() + 2.5))
+    _grouped_bars(axes[0, 0], long, x="draft", y="accuracy", hue="branch", order=_ordered(df, "draft"))
+    axes[0, 0].set_ylabel("held-out top-1 accuracy")
+    axes[0, 0].set_ylim(0, 1.05)
+    fig.suptitle("Held-out top-1 accuracy per branch")
+    return fig
+
+
+def plot_router_load(load: pd.DataFrame | Iterable[dict]) -> Figure:
+    """Fraction of tokens routed to each expert (branch-A top-k), one group per draft."""
+    df = _frame(load)
+    if df.empty:
+        return _message_figure("no router statistics")
+    df = df.assign(expert=df["expert"].map(lambda e: f"expert {e}"))
+    fig, axes = new_figure(width=max(4.5, 0.9 * df["draft"].nunique() + 2.5))
+    _grouped_bars(axes[0, 0], df, x="draft", y="load", hue="expert", order=_ordered(df, "draft"))
+    axes[0, 0].set_ylabel("share of tokens routed to the expert")
+    axes[0, 0].set_title("top-k routing: shares sum to k", fontsize=9)
+    fig.suptitle("Router load on held-out data")
+    return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# index.html
+# --------------------------------------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.6em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.9em;margin:.5em 0}th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
+th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
+.figs{display:flex;flex-wrap:wrap;gap:12px}.figs a{display:block;width:340px;font-size:.85em;text-align:center}
+.figs img{width:340px;border:1px solid #ddd}.note{color:#555;font-size:.9em}code{background:#f5f5f5;padding:0 3px}
+"""
+
+STAGE_TITLES = {
+    "00_data_caching": "Data and feature caching",
+    "01_train_moe_head": "Training the draft heads (dense, MoE, contrastive off)",
+    "02_hybrid_decoding_ablations": "Benchmarks: main comparison and ablations",
+    "03_result_figures": "Result figures and published numbers",
+}
+
+
+def _table_html(df: pd.DataFrame, float_format: str = "{:.3g}") -> str:
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return "" if math.isnan(v) else float_format.format(v)
+        return html.escape(str(v))
+
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    body = "".join("<tr>" + "".join(f"<td>{fmt(v)}</td>" for v in row) + "</tr>"
+                   for row in df.itertuples(index=False))
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def write_index_html(report_dir: str | Path, *, title: str = "Jakiro reproduction report",
+                     summary: pd.DataFrame | None = None, notes: str | None = None) -> Path:
+    """Write ``report_dir/index.html`` linking every notebook (executed + HTML), table, figure and config.
+
+    ``summary``: a short table shown at the top (e.g. the headline speedup / tau per method).
+    Run metadata is read from ``run_config.json`` and stage timings from ``pipeline.json`` when present.
+    """
+    report_dir = Path(report_dir)
+    files = sorted(p for p in report_dir.iterdir() if p.is_file() and not p.name.startswith("."))
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+
+    config = _load_json(report_dir / "run_config.json")
+    pipeline = _load_json(report_dir / "pipeline.json")
+    meta = (config or {}).get("run_metadata", {})
+    if config:
+        target = config.get("config", {}).get("target", {})
+        parts.append(
+            "<p class='note'>Target <code>{}</code> ({}, {}) on {}; run {}; commit {}; overrides <code>{}</code>.</p>"
+            .format(html.escape(str(target.get("model"))), html.escape(str(target.get("dtype"))),
+                    html.escape(str(meta.get("device"))), html.escape(str(meta.get("device_name"))),
+                    html.escape(str(meta.get("date"))), html.escape(str(meta.get("git_commit"))),
+                    html.escape(json.dumps(config.get("overrides", {})))))
+    if notes:
+        parts.append(f"<p class='note'>{notes}</p>")
+
+    if summary is not None and not summary.empty:
+        parts.append("<h2>Summary</h2>")
+        parts.append("<p class='note'>Mean over benchmarks; speedup = tokens/s over the fastest vanilla loop "
+                     "of the same run; tau = generated tokens / draft-verify cycles (bonus token included, "
+                     "vanilla = 1). Measured here only; see <code>comparison_published.csv</code> for the "
+                     "paper's numbers on other hardware.</p>")
+        parts.append(_table_html(summary))
+
+    names = {p.name for p in files}
+    parts.append("<h2>Notebooks</h2><table><thead><tr><th>stage</th><th>HTML</th><th>executed notebook</th>"
+                 "<th>last executed</th><th>seconds</th></tr></thead><tbody>")
+    stage_info = (pipeline or {}).get("stages", {})
+    stems = sorted({p.stem for p in files if p.suffix in (".ipynb",)} |
+                   {p.stem for p in files if p.suffix == ".html" and p.name != "index.html"})
+    for stem in stems:
+        info = stage_info.get(stem, {})
+        title_ = STAGE_TITLES.get(stem, "")
+        h = f"<a href='{stem}.html'>{stem}.html</a>" if f"{stem}.html" in names else ""
+        nb = f"<a href='{stem}.ipynb'>{stem}.ipynb</a>" if f"{stem}.ipynb" in names else ""
+        label = html.escape(stem + (f" — {title_}" if title_ else ""))
+        parts.append(f"<tr><td>{label}</td><td>{h}</td><td>{nb}</td><td>{html.escape(str(info.get('last_executed') or ''))}"
+                     f"</td><td>{info.get('seconds') or ''}</td></tr>")
+    parts.append("</tbody></table>")
+
+    tables = [p for p in files if p.suffix in (".csv", ".json")]
+    if tables:
+        parts.append("<h2>Tables and configuration</h2><ul>")
+        for p in tables:
+            parts.append(f"<li><a href='{html.escape(p.name)}'>{html.escape(p.name)}</a> "
+                         f"<span class='note'>({p.stat().st_size:,} bytes)</span></li>")
+        parts.append("</ul>")
+
+    figures = [p for p in files if p.suffix == ".png"]
+    if figures:
+        parts.append("<h2>Figures</h2><div class='figs'>")
+        for p in figures:
+            n = html.escape(p.name)
+            parts.append(f"<a href='{n}'><img src='{n}' alt='{n}'><br>{n}</a>")
+        parts.append("</div>")
+
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    parts.append(f"<p class='note'>Index written {stamp}. Regenerate with "
+                 f"<code>python -m jakiro_lib pipeline --profile {html.escape(report_dir.name)}</code>.</p>")
+    parts.append("</body></html>\n")
+    out = report_dir / "index.html"
+    write_text(out, "\n".join(parts))
+    return out
+
+
+def _load_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None

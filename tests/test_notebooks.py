@@ -1,0 +1,219 @@
+"""The study notebooks and the papermill pipeline.
+
+* The committed notebooks are clean (no outputs) and take the papermill parameters.
+* Pipeline machinery on trivial stand-in notebooks: stamps, skipping, re-execution of a changed stage
+  and the ones after it, failure reporting.
+* The whole pipeline for real with the ``smoke`` profile (tiny random target, 24 conversations) into a
+  temporary directory, then a second run that skips every stage.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from jakiro_lib.pipeline import NOTEBOOK_DIR, STAGES, PipelineError, run_pipeline, select_stages
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PARAMETER_NAMES = {"profile", "overrides", "run_dir", "report_dir", "force"}
+
+
+# --------------------------------------------------------------------------------------------------
+# The committed notebooks
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_committed_notebook_is_clean_and_parameterised(stage):
+    nb = nbformat.read(str(NOTEBOOK_DIR / f"{stage}.ipynb"), as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1 and params[0].cell_type == "code"
+    names: dict = {}
+    exec(params[0].source, {}, names)  # noqa: S102 - our own notebook's literal assignments
+    assert set(names) == PARAMETER_NAMES
+    assert names == {"profile": "default", "overrides": {}, "run_dir": None, "report_dir": None, "force": False}
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, f"{stage}: commit without outputs"
+    assert nb.cells[0].cell_type == "markdown"
+
+
+def test_select_stages():
+    assert select_stages(None) == list(STAGES)
+    assert select_stages("00,01") == list(STAGES[:2])
+    assert select_stages(["3", "02_hybrid_decoding_ablations"]) == list(STAGES[2:])
+    assert select_stages(["train_moe_head"]) == [STAGES[1]]
+    with pytest.raises(ValueError, match="unknown stage"):
+        select_stages("07")
+
+
+def test_unknown_override_fails_before_any_kernel(tmp_path):
+    with pytest.raises(ValueError, match="unknown config key"):
+        run_pipeline("smoke", overrides={"bench.nope": 1}, report_dir=tmp_path / "r", run_dir=tmp_path / "w")
+
+
+# --------------------------------------------------------------------------------------------------
+# Machinery on stand-in notebooks
+# --------------------------------------------------------------------------------------------------
+
+STANDIN = """
+import os, pathlib, time
+out = pathlib.Path(report_dir) / "{stage}.txt"
+out.write_text(f"{{time.time()}} {{overrides}} {{force}}")
+if os.environ.get("JAKIRO_TEST_FAIL") == "{stage}":
+    raise RuntimeError("boom in {stage}")
+"""
+
+
+def _standins(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for stage in STAGES:
+        params = new_code_cell('profile = "default"\noverrides = {}\nrun_dir = None\nreport_dir = None\nforce = False')
+        params.metadata["tags"] = ["parameters"]
+        nb = new_notebook(cells=[params, new_code_cell(STANDIN.format(stage=stage))])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, str(folder / f"{stage}.ipynb"))
+    return folder
+
+
+def _statuses(report: Path) -> dict[str, str]:
+    return {r["stage"]: r["status"] for r in json.loads((report / "pipeline.json").read_text())["results"]}
+
+
+@pytest.mark.notebooks
+def test_pipeline_stamps_skip_and_rerun(tmp_path):
+    nbs = _standins(tmp_path / "nbs")
+    report, runs = tmp_path / "report", tmp_path / "runs"
+    kw = dict(report_dir=report, run_dir=runs, notebook_dir=nbs)
+    run_pipeline("smoke", overrides={"bench.limit": 1}, **kw)
+    assert _statuses(report) == {s: "executed" for s in STAGES}
+    for stage in STAGES:
+        assert (report / f"{stage}.ipynb").is_file() and (report / f"{stage}.html").is_file()
+        assert (report / ".stamps" / f"{stage}.json").is_file()
+        assert "'bench.limit': 1" in (report / f"{stage}.txt").read_text()
+    index = (report / "index.html").read_text()
+    assert all(f"href='{s}.html'" in index and f"href='{s}.ipynb'" in index for s in STAGES)
+
+    # same parameters (given as a CLI string): everything is up to date
+    run_pipeline("smoke", overrides={"bench.limit": "1"}, **kw)
+    assert set(_statuses(report).values()) == {"skipped"}
+
+    # a newer notebook source re-executes that stage and the stages after it, not the ones before
+    time.sleep(0.05)
+    src = nbs / f"{STAGES[2]}.ipynb"
+    os.utime(src, (time.time() + 5, time.time() + 5))
+    run_pipeline("smoke", overrides={"bench.limit": 1}, **kw)
+    assert _statuses(report) == {STAGES[0]: "skipped", STAGES[1]: "skipped", STAGES[2]: "executed",
+                                 STAGES[3]: "executed"}
+
+    # a subset: only the selected stage runs (forced)
+    run_pipeline("smoke", overrides={"bench.limit": 1}, stages="01", force=True, **kw)
+    assert _statuses(report) == {STAGES[1]: "executed"}
+
+
+@pytest.mark.notebooks
+def test_pipeline_failure_names_notebook_and_partial_copy(tmp_path, monkeypatch):
+    nbs = _standins(tmp_path / "nbs")
+    report = tmp_path / "report"
+    monkeypatch.setenv("JAKIRO_TEST_FAIL", STAGES[0])
+    with pytest.raises(PipelineError) as info:
+        run_pipeline("smoke", report_dir=report, run_dir=tmp_path / "runs", notebook_dir=nbs, stages="00")
+    msg = str(info.value)
+    failed = report / f"{STAGES[0]}.failed.ipynb"
+    assert STAGES[0] in msg and "boom in" in msg and str(failed) in msg
+    assert failed.is_file() and not (report / ".stamps" / f"{STAGES[0]}.json").exists()
+    nb = nbformat.read(str(failed), as_version=4)
+    assert any(o.get("output_type") == "error" for c in nb.cells for o in c.get("outputs", []))
+
+
+# --------------------------------------------------------------------------------------------------
+# The real thing: smoke profile end to end
+# --------------------------------------------------------------------------------------------------
+
+SMOKE_OVERRIDES = {
+    "bench.limit": 1,
+    "bench.max_new_tokens": 8,
+    # exercise the reduced draft vocabulary (shared by the two drafts that ask for 128 tokens)
+    "drafts.dense.draft_vocab_size": 128,
+    "drafts.moe2.draft_vocab_size": 128,
+}
+
+
+@pytest.mark.notebooks
+def test_smoke_pipeline_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAKIRO_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("JAKIRO_THREADS", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    report = tmp_path / "reports" / "smoke"
+    t0 = time.perf_counter()
+    out = run_pipeline("smoke", overrides=SMOKE_OVERRIDES, report_dir=report)
+    first = time.perf_counter() - t0
+    assert out == report.resolve()
+    run_dir = tmp_path / "runs" / "smoke"
+
+    # notebooks and their HTML, code visible, no error outputs
+    calls = dict(zip(STAGES, ("prepare_features", "train_all", "run_study", "plot_speedup")))
+    for stage in STAGES:
+        nb = nbformat.read(str(report / f"{stage}.ipynb"), as_version=4)
+        assert not [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        html = (report / f"{stage}.html").read_text()
+        assert "jp-InputArea" in html and f">{calls[stage]}<" in html  # code cells kept
+    # heavy artifacts under $JAKIRO_RUNS/<profile>
+    assert (run_dir / "features" / "manifest.json").is_file()
+    for name in ("dense", "moe2", "moe2_nocontrast", "moe4"):
+        assert (run_dir / "drafts" / name / "results.json").is_file()
+    for study in ("main", "ablations"):
+        assert (run_dir / "bench" / study / "records.jsonl").stat().st_size > 0
+
+    # tables hold numbers
+    main = pd.read_csv(report / "main_results.csv")
+    assert {"vanilla", "eagle2", "jakiro", "jakiro_cepd"} <= set(main["method"])
+    assert set(main["temperature"]) == {0.0, 1.0}
+    assert (main["tokens_per_s"] > 0).all()
+    assert (main.loc[main["kind"] == "spec", "tau"] >= 1.0).all()
+    assert (main.loc[main["method"] == "vanilla", "tau"] == 1.0).all()
+    assert main["speedup"].notna().all() and (main["speedup"] > 0).all()
+    abl = pd.read_csv(report / "ablations.csv")
+    assert set(abl["temperature"]) == {0.0} and len(abl["method"].unique()) >= 6
+    assert (abl.loc[abl["kind"] == "spec", "tau"] >= 1.0).all() and (abl["tokens_per_s"] > 0).all()
+    training = pd.read_csv(report / "training.csv")
+    assert list(training["draft"]) == ["dense", "moe2", "moe2_nocontrast", "moe4"]
+    assert training["acc_a"].between(0, 1).all() and (training["steps"] > 0).all()
+    assert training.set_index("draft").loc["dense", "draft_vocab_size"] == 128
+    assert pd.isna(training.set_index("draft").loc["moe4", "draft_vocab_size"])
+    assert training["acc_b"].isna().tolist() == [True, False, False, False]
+    comparison = pd.read_csv(report / "comparison_published.csv")
+    assert "ours (this run)" in set(comparison["source"]) and len(comparison) > 10
+
+    # figures
+    pngs = sorted(report.glob("*.png"))
+    names = {p.name for p in pngs}
+    assert {"speedup.png", "tau.png", "ablations.png", "accept_hist_main.png", "training_curves.png",
+            "router_load.png"} <= names
+    for p in pngs:
+        assert p.read_bytes().startswith(PNG_MAGIC) and p.stat().st_size > 5_000, p
+
+    # config and index
+    cfg = json.loads((report / "run_config.json").read_text())
+    assert cfg["profile"] == "smoke" and cfg["overrides"]["bench.limit"] == 1
+    assert cfg["config"]["bench"]["max_new_tokens"] == 8 and "date" in cfg["run_metadata"]
+    index = (report / "index.html").read_text()
+    for name in [f"{s}.html" for s in STAGES] + [f"{s}.ipynb" for s in STAGES] + \
+            ["main_results.csv", "ablations.csv", "training.csv", "run_config.json"] + sorted(names):
+        assert f"href='{name}'" in index, name
+    assert "jakiro_cepd" in index  # the summary table
+
+    # a second run skips every stage
+    t1 = time.perf_counter()
+    run_pipeline("smoke", overrides=SMOKE_OVERRIDES, report_dir=report)
+    second = time.perf_counter() - t1
+    assert set(_statuses(report).values()) == {"skipped"}
+    assert second < max(20.0, first / 3), (first, second)
