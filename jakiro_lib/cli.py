@@ -93,18 +93,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from .study import run_study
 
+    from .study import display_table
+
     profile = _profile(args)
-    print(run_study(profile, run_dir=args.run_dir, study=args.study))
-    return 0
-
-
-def cmd_pipeline(args: argparse.Namespace) -> int:
-    from .pipeline import run_pipeline
-
-    stages = args.stages.split(",") if args.stages else None
-    out = run_pipeline(args.profile, overrides=_overrides(args.set), force=args.force, stages=stages,
-                       report_dir=args.report_dir, run_dir=args.run_dir)
-    print(f"reports written to {out}")
+    print(display_table(run_study(profile, run_dir=args.run_dir, study=args.study)).to_string())
     return 0
 
 
@@ -143,13 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--study", default="main", choices=("main", "ablations"))
         p.set_defaults(func=func)
 
-    p = sub.add_parser("pipeline", help="run all notebooks with papermill and write HTML reports")
-    _common(p)
-    p.add_argument("--force", action="store_true", help="rerun stages even when up to date")
-    p.add_argument("--stages", help="comma-separated subset, e.g. 00,01")
-    p.add_argument("--report-dir", type=Path, default=None)
-    p.add_argument("--run-dir", type=Path, default=None)
-    p.set_defaults(func=cmd_pipeline)
+    from .pipeline import add_cli
+
+    add_cli(sub)  # python -m jakiro_lib pipeline: papermill over notebooks 00-03
     return parser
 
 
