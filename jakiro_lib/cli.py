@@ -100,6 +100,48 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_costs(args: argparse.Namespace) -> int:
+    """Per-cycle cost breakdown on this machine (and, with a draft, the tree budget it implies)."""
+    import torch
+
+    from .chat import format_prompt
+    from .costmodel import measure_draft_costs, measure_target_costs, tune_total_tokens
+    from .data import load_questions
+    from .draft import DraftModel
+    from .target import load_target
+    from .utils import run_metadata, write_json
+
+    profile = _profile(args)
+    target = load_target(profile.target)
+    sizes = tuple(int(x) for x in args.sizes.split(","))
+    result: dict = {"profile": profile.name, "target": profile.target.model, "context": args.context,
+                    "environment": run_metadata(target.device, threads=torch.get_num_threads())}
+    costs = measure_target_costs(target.model, sizes, context=args.context)
+    result["target_tree_ms"] = {n: round(t * 1000, 2) for n, t in costs.items()}
+    print("target: verify n tokens after a", args.context, "token context")
+    for n, t in costs.items():
+        print(f"  n={n:3d}  {t * 1000:7.1f} ms  ({t / costs[min(costs)]:.2f}x one step)")
+    if args.draft:
+        draft = DraftModel.load(args.draft, target.model)
+        dcost = measure_draft_costs(draft, widths=(1, profile.tree.top_k), context=args.context)
+        result["draft_step_ms"] = {w: round(t * 1000, 2) for w, t in dcost.items()}
+        print("draft step (frontier width: ms):", result["draft_step_ms"])
+        qs = load_questions("mt_bench", limit=args.tune_prompts)
+        prompts = [torch.tensor(format_prompt(target.tokenizer, [{"role": "user", "content": q.turns[0]}],
+                                              template=target.config.template)) for q in qs]
+        tuned = tune_total_tokens(target, draft, profile.tree, prompts, candidates=[n for n in sizes if n >= 2],
+                                  max_new_tokens=64, context=args.context)
+        result["tuning"] = tuned
+        print(f"best total_tokens on this machine: {tuned['best']}")
+        for row in tuned["table"]:
+            print(f"  n={row['total_tokens']:3d}  E[tokens/cycle]={row['expected_tokens_per_cycle']:.2f}  "
+                  f"est. {row['tokens_per_s']:.1f} tok/s")
+    if args.out:
+        write_json(args.out, result)
+        print("written to", args.out)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m jakiro_lib", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -134,6 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "bench":
             p.add_argument("--study", default="main", choices=("main", "ablations"))
         p.set_defaults(func=func)
+
+    p = sub.add_parser("costs", help="measure target tree / draft step costs; with --draft, tune the tree budget")
+    _common(p)
+    p.add_argument("--sizes", default="1,2,4,6,8,12,16,24,32", help="tree sizes n to time")
+    p.add_argument("--context", type=int, default=256)
+    p.add_argument("--draft", help="a saved draft: also time its steps and choose total_tokens")
+    p.add_argument("--tune-prompts", type=int, default=4, help="MT-bench prompts for the budget choice")
+    p.add_argument("--out", type=Path, help="write the numbers to this JSON file")
+    p.set_defaults(func=cmd_costs)
 
     from .pipeline import add_cli
 

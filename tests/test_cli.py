@@ -31,3 +31,12 @@ def test_bad_override_is_reported_without_traceback():
         assert "unknown config key" in str(exc)
     else:
         raise AssertionError("expected SystemExit")
+
+
+def test_costs_command_writes_a_results_file(tmp_path):
+    out = tmp_path / "costs.json"
+    assert main(["costs", "--profile", "smoke", "--sizes", "1,2,4", "--context", "16", "--out", str(out)]) == 0
+    import json
+
+    data = json.loads(out.read_text())
+    assert set(data["target_tree_ms"]) == {"1", "2", "4"} and data["environment"]["torch"]
