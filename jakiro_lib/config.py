@@ -187,7 +187,7 @@ def _profiles() -> dict[str, Profile]:
         name="default",
         target=TargetConfig(model="builtin:smollm2", max_context=2048),
         data=DataConfig(num_conversations=400, max_length=384, shard_size=50),
-        train=TrainConfig(epochs=3, batch_size=8, lr=5e-4, warmup_steps=50),
+        train=TrainConfig(epochs=10, batch_size=8, lr=5e-4, warmup_steps=50),
         tree=TreeConfig(depth=4, top_k=3, total_tokens=6),
         bench=BenchConfig(limit=5, max_new_tokens=64, temperatures=(0.0, 1.0)),
         drafts=_study_drafts(8192),
