@@ -11,22 +11,12 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .config import PROFILE_NAMES, Profile, get_profile
-
-
-def _overrides(pairs: Sequence[str]) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise SystemExit(f"--set expects key=value, got {pair!r}")
-        key, value = pair.split("=", 1)
-        out[key.strip()] = value
-    return out
+from .config import PROFILE_NAMES, Profile, get_profile, parse_overrides
 
 
 def _profile(args: argparse.Namespace) -> Profile:
     try:
-        return get_profile(args.profile, **_overrides(args.set))
+        return get_profile(args.profile, **parse_overrides(args.set))
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
 

@@ -10,7 +10,7 @@ import copy
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 
 @dataclass
@@ -236,6 +236,17 @@ def _coerce(value: Any, current: Any) -> Any:
     if isinstance(current, tuple) and not isinstance(parsed, (list, tuple)):
         parsed = [parsed]
     return tuple(parsed) if isinstance(current, tuple) else parsed
+
+
+def parse_overrides(pairs: Iterable[str]) -> dict[str, str]:
+    """``["train.epochs=2", ...]`` (the CLI's ``--set``) -> ``{"train.epochs": "2"}``."""
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"--set expects key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        out[key.strip()] = value
+    return out
 
 
 def override(profile: Profile, **overrides: Any) -> Profile:

@@ -349,16 +349,6 @@ def write_report_index(report_dir: str | Path, *, profile_name: str | None = Non
 # --------------------------------------------------------------------------------------------------
 
 
-def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise SystemExit(f"--set expects key=value, got {pair!r}")
-        key, value = pair.split("=", 1)
-        out[key.strip()] = value
-    return out
-
-
 def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the pipeline flags to ``p`` (used by :func:`add_cli` and :func:`main`)."""
     from .config import PROFILE_NAMES
@@ -384,8 +374,10 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cli_handler(args: argparse.Namespace) -> int:
+    from .config import parse_overrides
+
     try:
-        out = run_pipeline(args.profile, overrides=_parse_sets(args.set), force=args.force, stages=args.stages,
+        out = run_pipeline(args.profile, overrides=parse_overrides(args.set), force=args.force, stages=args.stages,
                            report_dir=args.report_dir, run_dir=args.run_dir,
                            kernel_name=getattr(args, "kernel", "python3"),
                            log_output=getattr(args, "log_output", False))
