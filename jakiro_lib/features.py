@@ -16,15 +16,20 @@ vocabulary), ``offsets`` (int64 [n, 2], start/end of each conversation) and ``co
 (int64 [n], its index in the input list). Conversations whose loss mask is empty are skipped and counted.
 Shards are written atomically and listed in the manifest only once complete, so an interrupted run
 continues where it stopped and never leaves a half-written shard behind.
+
+Under ``accelerate launch`` with N processes, process i computes the shards whose index % N == i. Only
+the main process writes ``manifest.json``; the others write a per-shard sidecar record
+(``shard_00003.json``) that the main process merges into the manifest after a barrier, then deletes.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import math
+import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -274,6 +279,40 @@ def _shard_tensors(target: Any, convs: Sequence[Any], start: int, *, max_length:
     return tensors, conv_ids, skipped
 
 
+class World(NamedTuple):
+    """Which of ``size`` caching processes this one is, a barrier, and its device (None: leave the target)."""
+
+    index: int = 0
+    size: int = 1
+    wait: Callable[[], None] = lambda: None
+    device: torch.device | None = None
+
+
+def _world() -> World:
+    """One process, unless launched by ``accelerate launch`` with several (then accelerate's state)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return World()  # never initialise a distributed state when not launched by accelerate
+    from accelerate import PartialState
+
+    state = PartialState()
+    if state.num_processes <= 1:
+        return World()
+    return World(state.process_index, state.num_processes, state.wait_for_everyone, state.device)
+
+
+def _sidecar(out_dir: Path, index: int) -> Path:
+    return out_dir / f"shard_{index:05d}.json"
+
+
+def _read_sidecar(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The shard entry a non-main process recorded, if readable and made with these settings."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return record.get("shard") if record.get("settings") == settings else None
+
+
 def _summarise(manifest: dict[str, Any]) -> None:
     shards = manifest["shards"]
     manifest["num_shards"] = len(shards)
@@ -296,47 +335,65 @@ def cache_features(
     template: str = "auto",
     progress: bool = True,
     on_shard: Callable[[int, dict[str, Any]], None] | None = None,
+    world: World | None = None,
 ) -> Path:
     """Run the target over ``conversations`` and cache (ids, features, loss mask) in sharded safetensors.
 
-    Resumable: shards listed in the manifest whose file verifies (size, header, counts) and whose input
-    conversations are unchanged are skipped; the manifest is rewritten atomically after each shard.
-    ``on_shard(index, entry)`` is called after each newly written shard. Returns ``out_dir``.
-    Raises :class:`CacheError` if ``out_dir`` holds a cache made with other settings.
+    Resumable: shards listed in the manifest (or in a sidecar record) whose file verifies (size, header,
+    counts) and whose input conversations are unchanged are skipped; the manifest is rewritten
+    atomically after each shard. ``on_shard(index, entry)`` is called after each newly written shard.
+    Returns ``out_dir``. Raises :class:`CacheError` if ``out_dir`` holds a cache made with other settings.
+
+    Under ``accelerate launch`` (several processes) every process must call this with the same
+    arguments; each computes its share of the shards (see the module docstring) and the main process
+    writes the manifest once all are done. The target is moved to the process's device
+    (``PartialState().device``) unless it is already there. ``world`` overrides the process layout
+    (tests); by default it comes from accelerate when launched by it, else one process.
     """
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    world = _world() if world is None else world
+    main = world.index == 0
+    if world.device is not None and target.model.device != torch.device(world.device):
+        target.model.to(world.device)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = _feature_dtype(feature_dtype)
     feature_dtype = str(dtype).removeprefix("torch.")
     settings = _settings(target, max_length=max_length, shard_size=shard_size, feature_dtype=feature_dtype,
                          template=template, num_input=len(conversations))
+    fixed = {k: v for k, v in settings.items() if k != "num_input_conversations"}
     n_shards = math.ceil(len(conversations) / shard_size)
     old = _read_manifest(out_dir)
-    done: dict[str, dict[str, Any]] = {}
+    entries = [] if old is None else list(old.get("shards", []))
     if old is not None:
-        fixed = {k: v for k, v in settings.items() if k != "num_input_conversations"}
         clash = {k: (old.get(k), v) for k, v in fixed.items() if old.get(k) != v}
         if clash:
             detail = ", ".join(f"{k}: cached {a!r} vs now {b!r}" for k, (a, b) in clash.items())
             raise CacheError(f"{out_dir} holds a feature cache made with other settings ({detail}); "
                              "use another directory or delete this one")
-        for entry in old.get("shards", []):
-            try:
-                _check_shard(out_dir, entry)
-            except CacheError:
-                continue  # recomputed below
-            done[entry["file"]] = entry
+    # shards finished by a multi-process run that stopped before the main process merged them
+    entries += [e for p in sorted(out_dir.glob("shard_*.json")) if (e := _read_sidecar(p, fixed))]
+    done: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        try:
+            _check_shard(out_dir, entry)
+        except CacheError:
+            continue  # recomputed below
+        done[entry["file"]] = entry
+    world.wait()  # every process has read the old state before the main process rewrites the manifest
     manifest: dict[str, Any] = {
         **settings, "settings": settings,
         "num_shards_expected": n_shards, "shards": [], "run_metadata": run_metadata(target.device),
     }
+    mine = range(world.index, n_shards, world.size)  # this process's shards
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(conversations), desc="caching features", unit="conv")
+        total = sum(len(conversations[s * shard_size:(s + 1) * shard_size]) for s in mine)
+        desc = "caching features" + (f" [{world.index}/{world.size}]" if world.size > 1 else "")
+        bar = tqdm(total=total, desc=desc, unit="conv")
     try:
         for s in range(n_shards):
             start = s * shard_size
@@ -345,9 +402,12 @@ def cache_features(
             src = _source_sha(convs, start)
             entry = done.get(name)
             if entry is not None and entry.get("source_sha256") == src and entry.get("first_conversation") == start:
-                manifest["shards"].append(entry)
-                if bar is not None:
+                if main:
+                    manifest["shards"].append(entry)
+                if bar is not None and s in mine:
                     bar.update(len(convs))
+                continue
+            if s not in mine:
                 continue
             tensors, conv_ids, skipped = _shard_tensors(target, convs, start, max_length=max_length,
                                                         template=template, dtype=dtype, bar=bar)
@@ -363,16 +423,34 @@ def cache_features(
                 "tokens": int(tensors["input_ids"].shape[0]), "loss_tokens": int(tensors["loss_mask"].sum()),
                 "bytes": size, "sha256": sha, "source_sha256": src,
             }
-            manifest["shards"].append(entry)
-            _summarise(manifest)
-            write_json(out_dir / MANIFEST, manifest)
+            if main:
+                manifest["shards"].append(entry)
+                _summarise(manifest)
+                write_json(out_dir / MANIFEST, manifest)
+            else:
+                write_json(_sidecar(out_dir, s), {"settings": fixed, "shard": entry})
             if on_shard is not None:
                 on_shard(s, entry)
     finally:
         if bar is not None:
             bar.close()
-    _summarise(manifest)
-    write_json(out_dir / MANIFEST, manifest)
+    world.wait()  # every process has written its shards and sidecars
+    if main:
+        listed = {e["file"] for e in manifest["shards"]}
+        for s in range(n_shards):
+            entry = _read_sidecar(_sidecar(out_dir, s), fixed)
+            if entry is not None and entry["file"] not in listed:
+                try:
+                    _check_shard(out_dir, entry)
+                except CacheError:
+                    continue  # left out: the manifest says incomplete and a rerun recomputes it
+                manifest["shards"].append(entry)
+        manifest["shards"].sort(key=lambda e: e["file"])
+        _summarise(manifest)
+        write_json(out_dir / MANIFEST, manifest)
+        for path in out_dir.glob("shard_*.json"):  # merged (or stale) sidecars
+            path.unlink(missing_ok=True)
+    world.wait()  # every process returns with the final manifest written
     return out_dir
 
 

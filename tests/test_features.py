@@ -250,3 +250,64 @@ def test_disk_estimates(target, convs):
     # Vicuna-7B scale (DESIGN.md 4): H=4096 fp16 is 8 KB per token
     assert F.bytes_per_token(4096) // 1024 == 8
     assert os.path.basename(F.shard_name(3)) == "shard_00003.safetensors"
+
+
+def _two_process_run(target, convs, out, **kw):
+    """Simulate `accelerate launch` with 2 processes, one after the other: process 1, then the main one."""
+    waits, written = [], {0: [], 1: []}
+    for rank in (1, 0):
+        world = F.World(index=rank, size=2, wait=lambda: waits.append(rank))
+        F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, progress=False,
+                         on_shard=lambda s, e: written[rank].append(s), world=world, **kw)
+        if rank == 1 and not (out / F.MANIFEST).exists():  # its shards are only in sidecars so far
+            assert sorted(p.name for p in out.glob("shard_*.json")) == ["shard_00001.json", "shard_00003.json"]
+    assert waits == [1] * 3 + [0] * 3
+    return written
+
+
+def test_two_processes_merge_into_single_process_cache(target, convs, cache, tmp_path, monkeypatch):
+    out = tmp_path / "mp"
+    assert _two_process_run(target, convs, out) == {1: [1, 3], 0: [0, 2]}
+    assert not list(out.glob("shard_*.json"))  # sidecars merged and removed
+    m, ref = F.verify_cache(out, full=True), json.loads((cache / F.MANIFEST).read_text())
+    assert [e["file"] for e in m["shards"]] == [e["file"] for e in ref["shards"]]
+    assert m["shards"] == ref["shards"]  # same counts, sizes and checksums
+    for key in ("num_shards", "num_conversations", "num_tokens", "num_loss_tokens", "skipped_empty_mask",
+                "bytes", "complete", "settings"):
+        assert m[key] == ref[key], key
+    for s in range(m["num_shards"]):
+        a, b = load_file(str(out / F.shard_name(s))), load_file(str(cache / F.shard_name(s)))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    calls = []  # a rerun skips the complete shards in every process
+    real = F.target_features
+    monkeypatch.setattr(F, "target_features", lambda model, ids, *a, **k: calls.append(1) or real(model, ids, *a, **k))
+    assert _two_process_run(target, convs, out) == {1: [], 0: []} and not calls
+    assert F.verify_cache(out, full=True)["shards"] == ref["shards"]
+
+
+def test_interrupted_multi_process_run_resumes_from_sidecars(target, convs, cache, tmp_path):
+    out = tmp_path / "mp"
+
+    def stop(index, entry):
+        if index == 0:
+            raise KeyboardInterrupt("simulated interruption")
+
+    F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, progress=False,
+                     world=F.World(index=1, size=2))
+    with pytest.raises(KeyboardInterrupt):  # the main process stops before merging
+        F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, progress=False,
+                         world=F.World(index=0, size=2), on_shard=stop)
+    assert [e["file"] for e in json.loads((out / F.MANIFEST).read_text())["shards"]] == [F.shard_name(0)]
+    assert sorted(p.name for p in out.glob("shard_*.json")) == ["shard_00001.json", "shard_00003.json"]
+    written = []  # a single-process rerun keeps the sidecars' shards and computes only shard 2
+    F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, progress=False,
+                     on_shard=lambda s, e: written.append(s))
+    assert written == [2] and not list(out.glob("shard_*.json"))
+    assert F.verify_cache(out, full=True)["shards"] == json.loads((cache / F.MANIFEST).read_text())["shards"]
+
+
+def test_single_process_world_without_accelerate(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    world = F._world()
+    assert (world.index, world.size, world.device) == (0, 1, None)
