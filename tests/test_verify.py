@@ -372,10 +372,20 @@ def _spy_verify(monkeypatch, fn=None):
     return record
 
 
-def _random_feature_drafter(model):
+RANDOM_DRAFTS = {  # every Jakiro inference option: E in {1, 2, 4}, decoupled on/off, CEPD at several ar_steps
+    "dense": (DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False, contrastive=False),
+              TreeConfig(depth=2, top_k=3, total_tokens=10)),
+    "moe2-decoupled": (DraftConfig(num_experts=2, top_k_experts=2), TreeConfig(depth=2, top_k=3, total_tokens=10, decoupled=True)),
+    "moe2-cepd0": (DraftConfig(num_experts=2, top_k_experts=2), TreeConfig(depth=3, top_k=3, total_tokens=10, ar_steps=0)),
+    "moe4-decoupled-cepd1": (DraftConfig(num_experts=4, top_k_experts=2, contrastive=False),
+                             TreeConfig(depth=3, top_k=3, total_tokens=10, ar_steps=1, decoupled=True, scoring="best")),
+}
+
+
+def _random_feature_drafter(model, name: str = "moe2-decoupled"):
     torch.manual_seed(0)
-    draft = DraftModel.build(DraftConfig(num_experts=2, top_k_experts=2), model).eval()
-    return FeatureDrafter(draft, TreeConfig(depth=2, top_k=3, total_tokens=10, decoupled=True))
+    draft_cfg, tree_cfg = RANDOM_DRAFTS[name]
+    return FeatureDrafter(DraftModel.build(draft_cfg, model).eval(), tree_cfg)
 
 
 @pytest.mark.parametrize("setting", list(E2E_SETTINGS))
@@ -392,11 +402,12 @@ def test_speculative_sampling_matches_target_topk_drafts(e2e_setup, monkeypatch,
     assert acc[2] > 0.2 * len(record) and acc[0] > 0.08 * len(record), acc
 
 
-def test_speculative_sampling_matches_target_random_draft(e2e_setup):
+@pytest.mark.parametrize("name", list(RANDOM_DRAFTS))
+def test_speculative_sampling_matches_target_random_draft(e2e_setup, name):
     model, params, prompt, _ = e2e_setup["T1"]
     n = 400
     exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / n)
-    samples = _e2e_samples(model, _random_feature_drafter(model), prompt, params, n, seed=2)
+    samples = _e2e_samples(model, _random_feature_drafter(model, name), prompt, params, n, seed=2)
     stat, p, cells = chi2_test(samples, exact)
     print(f"e2e random draft: chi2 {stat:.1f}, {cells} cells, p {p:.3g}")
     assert cells >= 10, cells
