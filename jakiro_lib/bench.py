@@ -28,6 +28,7 @@ from .utils import run_metadata, write_json
 from .verify import SamplingParams
 
 VANILLA_KINDS = ("vanilla", "hf")
+ABLATION_REFERENCE = "experts=2"  # the ablation row equal to main's Jakiro; its tree budget is shared
 
 
 @dataclass
@@ -260,7 +261,7 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
         methods = {
             "vanilla": MethodSpec("vanilla"),
             "experts=1 (eagle2)": spec("dense"),
-            "experts=2": spec("moe2", decoupled=True),
+            ABLATION_REFERENCE: spec("moe2", decoupled=True),
             "experts=4": spec("moe4", decoupled=True),
             "experts=2, coupled": spec("moe2", decoupled=False),
             "experts=2, scoring=best": spec("moe2", decoupled=True, scoring="best"),

@@ -49,6 +49,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     tree = replace(profile.tree, decoupled=args.decoupled, ar_steps=args.ar_steps) if args.method == "spec" else None
     if args.method == "spec" and not args.draft:
         raise SystemExit("error: --method spec needs --draft DIR (a trained draft, e.g. runs/default/drafts/moe2/draft)")
+    if tree is not None and tree.total_tokens == "auto":  # tuned once per machine and draft, then cached
+        from .bench import MethodSpec
+        from .study import default_run_dir, resolve_tree_budgets
+
+        spec = MethodSpec("spec", draft=str(Path(args.draft).expanduser().resolve()), tree=tree)
+        tree = resolve_tree_budgets(profile, default_run_dir(profile.name), {"spec": spec}, target)[0]["spec"].tree
+        print(f"[tree budget: {tree.total_tokens} tokens, tuned for this machine]", file=sys.stderr)
 
     def show(text: str) -> None:
         sys.stdout.write(text)

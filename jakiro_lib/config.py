@@ -65,23 +65,28 @@ class TreeConfig:
     """EAGLE-2 dynamic tree and Jakiro decoding options (DESIGN.md sections 3 and 5).
 
     ``depth`` drafted layers; ``top_k`` frontier width and children per node; ``total_tokens`` verified
-    tokens including the root. ``ar_steps``: ``None`` drafts every layer autoregressively (EAGLE-2);
-    an integer s < depth drafts layers 1..s with branch A, then each further draft forward yields two
-    layers (A: next, B: the one after). ``decoupled``: children come from each selected expert's own
+    tokens including the root, or ``"auto"``: chosen per machine and draft from the measured cost model
+    before benchmarking (:func:`jakiro_lib.study.resolve_tree_budgets`). ``ar_steps``: ``None`` drafts
+    every layer autoregressively (EAGLE-2); an integer s < depth drafts layers 1..s with branch A, then
+    each further draft forward yields two layers (A: next, B: the one after). ``decoupled``: children come from each selected expert's own
     distribution, scored by ``scoring`` ("mixture" or "best").
     """
 
     depth: int = 4
     top_k: int = 4
-    total_tokens: int = 16
+    total_tokens: int | str = 16
     ar_steps: int | None = None
     decoupled: bool = False
     children_per_expert: int | None = None  # None: top_k
     scoring: str = "mixture"
 
     def __post_init__(self) -> None:
-        if self.depth < 1 or self.top_k < 1 or self.total_tokens < 2:
-            raise ValueError("tree needs depth >= 1, top_k >= 1, total_tokens >= 2")
+        if self.depth < 1 or self.top_k < 1:
+            raise ValueError("tree needs depth >= 1 and top_k >= 1")
+        if isinstance(self.total_tokens, str) and self.total_tokens.strip().isdigit():  # "--set tree.total_tokens=8"
+            self.total_tokens = int(self.total_tokens)
+        if self.total_tokens != "auto" and (not isinstance(self.total_tokens, int) or self.total_tokens < 2):
+            raise ValueError(f"tree.total_tokens must be an integer >= 2 or 'auto', got {self.total_tokens!r}")
         if self.ar_steps is not None and self.ar_steps < 0:
             raise ValueError("ar_steps must be >= 0 or None")
         if self.scoring not in ("mixture", "best"):
@@ -177,18 +182,19 @@ def _profiles() -> dict[str, Profile]:
         target=TargetConfig(model="tiny:llama", max_context=512),
         data=DataConfig(num_conversations=24, max_length=192, shard_size=8, heldout_fraction=0.2),
         train=TrainConfig(epochs=2, batch_size=4, lr=1e-3, warmup_steps=5),
-        tree=TreeConfig(depth=3, top_k=3, total_tokens=8),
+        tree=TreeConfig(depth=3, top_k=3, total_tokens="auto"),
         bench=BenchConfig(limit=2, max_new_tokens=16, temperatures=(0.0, 1.0)),
         drafts=_study_drafts(None),
     )
     # Sized for a 2-core CPU and a <= 90 min main job (DESIGN.md 9): small trees (the target's T(n) grows
-    # fast on CPU), a reduced draft vocabulary, a few hundred training conversations.
+    # fast on CPU) whose budget is tuned on the machine, a reduced draft vocabulary, a few hundred
+    # training conversations.
     default = Profile(
         name="default",
         target=TargetConfig(model="builtin:smollm2", max_context=2048),
         data=DataConfig(num_conversations=400, max_length=384, shard_size=50),
         train=TrainConfig(epochs=10, batch_size=8, lr=5e-4, warmup_steps=50),
-        tree=TreeConfig(depth=4, top_k=3, total_tokens=6),
+        tree=TreeConfig(depth=4, top_k=3, total_tokens="auto"),
         bench=BenchConfig(limit=5, max_new_tokens=64, temperatures=(0.0, 1.0)),
         drafts=_study_drafts(8192),
     )

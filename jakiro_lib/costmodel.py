@@ -116,10 +116,12 @@ def choose_total_tokens(target_costs: dict[int, float], draft_cycle_time: float,
 
 def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequence[torch.Tensor], *,
                       candidates: Sequence[int] = (2, 3, 4, 6, 8, 12, 16, 24, 32), max_new_tokens: int = 64,
-                      context: int = 256) -> dict[str, Any]:
+                      context: int = 256, target_costs: dict[int, float] | None = None) -> dict[str, Any]:
     """Pick ``tree.total_tokens`` for this machine: measured T(n) + one greedy run at the largest budget.
 
-    Returns the chosen budget with the whole table (expected tokens per cycle, verify time, tokens/s).
+    ``target_costs`` (from :func:`measure_target_costs`, covering ``candidates`` and n = 1) skips the
+    timing of the target when several drafts are tuned on one machine. Returns the chosen budget with
+    the whole table (expected tokens per cycle, verify time, tokens/s).
     """
     import dataclasses
 
@@ -135,7 +137,12 @@ def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts:
         ranks += res.path_ranks
         draft_time += res.draft_time
         cycles += res.cycles
-    costs = measure_target_costs(target.model, sizes=sorted({1, *candidates}), context=context)
+    if target_costs is None:
+        target_costs = measure_target_costs(target.model, sizes=sorted({1, *candidates}), context=context)
+    missing = sorted({1, *candidates} - set(target_costs))
+    if missing:
+        raise ValueError(f"target_costs lack the tree sizes {missing}")
+    costs = {n: target_costs[n] for n in sorted({1, *candidates})}
     choice = choose_total_tokens(costs, draft_time / max(cycles, 1), ranks)
     choice["draft_time_per_cycle_s"] = draft_time / max(cycles, 1)
     choice["cycles_observed"] = int(cycles)

@@ -65,6 +65,9 @@ class FeatureDrafter:
         self.cfg = tree
         if tree.ar_steps is not None and not draft.cfg.branch_b:
             raise ValueError("CEPD (ar_steps) needs a draft trained with branch B")
+        if tree.total_tokens == "auto":
+            raise ValueError("tree.total_tokens='auto' must be resolved to a number first "
+                             "(jakiro_lib.study.resolve_tree_budgets or `python -m jakiro_lib costs --draft ...`)")
         if tree.decoupled and draft.cfg.num_experts < 2:
             raise ValueError("decoupled candidates need a draft with at least 2 experts")
         self.steps = schedule(tree.depth, tree.ar_steps, draft.cfg.branch_b)

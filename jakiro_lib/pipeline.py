@@ -340,8 +340,14 @@ def write_report_index(report_dir: str | Path, *, profile_name: str | None = Non
             summary = headline_table(pd.read_csv(main_csv))
         except Exception as exc:  # noqa: BLE001 - an index without the table beats no index
             log.warning("could not summarise %s: %s", main_csv, exc)
+    goals = None
+    goals_csv = report_dir / "performance_targets.csv"
+    if goals_csv.is_file():
+        import pandas as pd
+
+        goals = pd.read_csv(goals_csv)
     return write_index_html(report_dir, title=f"Jakiro reproduction: profile {profile_name or report_dir.name}",
-                            summary=summary)
+                            summary=summary, goals=goals)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -312,6 +312,40 @@ def plot_router_load(load: pd.DataFrame | Iterable[dict]) -> Figure:
     return fig
 
 
+def plot_cost_model(target_costs: pd.DataFrame | Iterable[dict], draft_costs: pd.DataFrame | Iterable[dict],
+                    tree_budget: pd.DataFrame | Iterable[dict] | None = None) -> Figure:
+    """Left: measured T(n) of the target vs one decoding step, with draft-step times as dotted lines.
+    Right (when tuned): estimated tokens/s per tree budget for each tuned method, chosen budget marked."""
+    t, d = _frame(target_costs), _frame(draft_costs)
+    b = _frame(tree_budget) if tree_budget is not None else pd.DataFrame()
+    if t.empty:
+        return _message_figure("no cost measurements")
+    fig, axes = new_figure(ncols=2 if not b.empty else 1, width=5.2)
+    ax = axes[0, 0]
+    ax.plot(t["n"], t["ms"], marker="o", color="black", label="target: verify n tokens")
+    palette = sns.color_palette("deep", max(len(d), 1))
+    for i, row in enumerate(d.itertuples(index=False)):
+        ax.axhline(row.ms, ls=":", color=palette[i], label=f"draft {row.draft}, vocab {row.vocab}, width {row.width}")
+    ax.set_xlabel("tree tokens n (root included)")
+    ax.set_ylabel("ms")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=6, loc="upper left")
+    if not b.empty:
+        ax2 = axes[0, 1]
+        for i, (method, sub) in enumerate(b.groupby("method", sort=False)):
+            color = sns.color_palette("deep", 8)[i % 8]
+            ax2.plot(sub["total_tokens"], sub["tokens_per_s"], marker="o", color=color, label=method)
+            chosen = sub[sub["chosen"].astype(bool)]
+            ax2.scatter(chosen["total_tokens"], chosen["tokens_per_s"], s=120, facecolors="none",
+                        edgecolors=color, linewidths=2)
+        ax2.set_xlabel("tree budget total_tokens")
+        ax2.set_ylabel("estimated tokens/s")
+        ax2.set_title("circle: chosen budget (total_tokens='auto')", fontsize=9)
+        ax2.legend(fontsize=8)
+    fig.suptitle("Cost model on this machine")
+    return fig
+
+
 # --------------------------------------------------------------------------------------------------
 # index.html
 # --------------------------------------------------------------------------------------------------
@@ -346,10 +380,12 @@ def _table_html(df: pd.DataFrame, float_format: str = "{:.3g}") -> str:
 
 
 def write_index_html(report_dir: str | Path, *, title: str = "Jakiro reproduction report",
-                     summary: pd.DataFrame | None = None, notes: str | None = None) -> Path:
+                     summary: pd.DataFrame | None = None, notes: str | None = None,
+                     goals: pd.DataFrame | None = None) -> Path:
     """Write ``report_dir/index.html`` linking every notebook (executed + HTML), table, figure and config.
 
-    ``summary``: a short table shown at the top (e.g. the headline speedup / tau per method).
+    ``summary``: a short table shown at the top (e.g. the headline speedup / tau per method); ``goals``:
+    the performance goals table (:func:`jakiro_lib.perf.performance_targets`).
     Run metadata is read from ``run_config.json`` and stage timings from ``pipeline.json`` when present.
     """
     report_dir = Path(report_dir)
@@ -378,6 +414,11 @@ def write_index_html(report_dir: str | Path, *, title: str = "Jakiro reproductio
                      "vanilla = 1). Measured here only; see <code>comparison_published.csv</code> for the "
                      "paper's numbers on other hardware.</p>")
         parts.append(_table_html(summary))
+    if goals is not None and not goals.empty:
+        parts.append("<h2>Performance goals</h2>")
+        parts.append("<p class='note'>Ratios of mean tokens/s (or tau) measured side by side in this run; "
+                     "see notebook 02 for the cost model behind them.</p>")
+        parts.append(_table_html(goals))
 
     names = {p.name for p in files}
     parts.append("<h2>Notebooks</h2><table><thead><tr><th>stage</th><th>HTML</th><th>executed notebook</th>"

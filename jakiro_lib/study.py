@@ -634,6 +634,95 @@ def _draft_fingerprint(path: str | None) -> Any:
     return [st.st_size, st.st_mtime_ns]
 
 
+TREE_BUDGETS = "tree_budgets.json"
+TUNE_PROMPTS = 4  # MT-bench questions (from the end of the set) the tree budget is tuned on
+TUNE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+def _tune_prompts(target: Any, n: int = TUNE_PROMPTS) -> list[Any]:
+    """First turns of the LAST ``n`` MT-bench questions: small benchmark limits never include them."""
+    import torch
+
+    from .chat import format_prompt
+    from .data import load_questions
+
+    qs = load_questions("mt_bench")[-n:]
+    return [torch.tensor(format_prompt(target.tokenizer, [{"role": "user", "content": q.turns[0]}],
+                                       template=target.config.template), dtype=torch.long) for q in qs]
+
+
+def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any], target: Any, *,
+                         shared: str | None = None, force: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Methods with ``tree.total_tokens="auto"`` get the budget that maximises estimated tokens/s here.
+
+    The target's T(n) is measured once per machine and cached with every choice in
+    ``run_dir/bench/tree_budgets.json`` (keyed by machine, draft weights and tree settings), so reruns
+    do not retune. ``shared``: tune only that method and give its budget to every "auto" method (the
+    ablation study, so that rows differ from Jakiro in one factor only). ``force`` remeasures and retunes.
+    Returns (methods with numeric budgets, the measurements and choices).
+    """
+    from .bench import MethodSpec
+    from .costmodel import measure_target_costs, tune_total_tokens
+    from .draft import DraftModel
+    from .utils import device_name
+
+    auto = [k for k, m in methods.items() if m.kind == "spec" and m.tree.total_tokens == "auto"]
+    if not auto:
+        return methods, {}
+    import torch
+
+    path = run_dir / "bench" / TREE_BUDGETS
+    machine = {"device": str(target.device), "device_name": device_name(target.device),
+               "threads": torch.get_num_threads(), "target": dataclasses.asdict(profile.target)}
+    cache = {} if force else (_read_json(path) or {})
+    if cache.get("machine") != json.loads(json.dumps(machine, default=str)):
+        cache = {"machine": machine, "target_costs_s": {}, "choices": {}}
+    if not cache["target_costs_s"]:
+        t0 = time.perf_counter()
+        costs = measure_target_costs(target.model, sizes=TUNE_SIZES)
+        cache["target_costs_s"] = {str(n): t for n, t in costs.items()}
+        log.info("tree budget: target T(n) measured in %.1f s", time.perf_counter() - t0)
+    costs = {int(n): t for n, t in cache["target_costs_s"].items()}
+    prompts = None
+    choices: dict[str, Any] = {}
+    for name in ([shared] if shared else auto):
+        spec = methods[name]
+        key = json.dumps({"draft": spec.draft, "weights": _draft_fingerprint(spec.draft),
+                          "tree": {k: v for k, v in dataclasses.asdict(spec.tree).items() if k != "total_tokens"}},
+                         sort_keys=True, default=str)
+        if key not in cache["choices"]:
+            prompts = prompts if prompts is not None else _tune_prompts(target)
+            t0 = time.perf_counter()
+            draft = DraftModel.load(spec.draft, target.model)
+            tuned = tune_total_tokens(target, draft, spec.tree, prompts, candidates=[n for n in TUNE_SIZES if n >= 2],
+                                      target_costs=costs)
+            tuned["seconds"] = round(time.perf_counter() - t0, 1)
+            cache["choices"][key] = tuned
+            log.info("tree budget for %s: %d tokens (tuned in %.1f s)", name, tuned["best"], tuned["seconds"])
+        choices[name] = cache["choices"][key]
+    write_json(path, cache)
+    out = dict(methods)
+    for name in auto:
+        best = choices[shared or name]["best"]
+        m = methods[name]
+        out[name] = MethodSpec(m.kind, draft=m.draft, tree=dataclasses.replace(m.tree, total_tokens=best),
+                               prompt_lookup_tokens=m.prompt_lookup_tokens)
+    return out, {"target_costs_s": costs, "choices": choices, "shared": shared, "applies_to": auto}
+
+
+def tree_budget_table(run_dir: str | Path, study: str = "main") -> pd.DataFrame:
+    """The tuning behind ``total_tokens="auto"``: per tuned method and candidate budget, expected tokens per
+    cycle, verify time and estimated tokens/s (the chosen budget flagged)."""
+    info = _read_json(Path(run_dir) / "bench" / study / "tree_budget.json") or {}
+    rows = []
+    for method, choice in info.get("choices", {}).items():
+        for row in choice["table"]:
+            rows.append({"method": method, **row, "chosen": row["total_tokens"] == choice["best"],
+                         "draft_ms_per_cycle": 1000 * choice["draft_time_per_cycle_s"]})
+    return pd.DataFrame(rows, columns=["method", "total_tokens", "expected_tokens_per_cycle", "verify_s",
+                                       "tokens_per_s", "chosen", "draft_ms_per_cycle"])
+
+
 def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None = None, study: str = "main", *,
               target: Any = None, force: bool = False, progress: bool = True) -> pd.DataFrame:
     """Benchmark the methods of ``study`` (see :func:`jakiro_lib.bench.study_methods`) on the profile's
@@ -642,7 +731,7 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     Records are reused (the benchmark resumes) while the methods, drafts and settings are unchanged;
     otherwise, or with ``force``, the old file is moved to ``records.stale.jsonl`` first.
     """
-    from .bench import run_benchmark, study_methods
+    from .bench import ABLATION_REFERENCE, run_benchmark, study_methods
 
     if study not in STUDIES:
         raise ValueError(f"unknown study {study!r}: use {' or '.join(STUDIES)}")
@@ -659,6 +748,12 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
         raise RuntimeError(f"no benchmark questions could be loaded for {prof.bench.benchmarks}: {skipped}")
     temps = study_temperatures(prof, study)
     out_dir = rdir / "bench" / study
+    target = target or get_target(prof)
+    methods, budgets = resolve_tree_budgets(prof, rdir, methods, target, force=force,
+                                            shared=ABLATION_REFERENCE if study == "ablations" else None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if budgets:
+        write_json(out_dir / "tree_budget.json", budgets)
     stamp = json.loads(json.dumps({
         "study": study, "methods": {k: dataclasses.asdict(v) for k, v in methods.items()},
         "drafts": {k: _draft_fingerprint(v.draft) for k, v in methods.items()},
@@ -671,9 +766,7 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
         log.info("study %s: %s; old records moved to records.stale.jsonl", study,
                  "forced" if force else "settings or drafts changed")
         os.replace(records_path, out_dir / "records.stale.jsonl")
-    out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / STUDY_STAMP, stamp)
-    target = target or get_target(prof)
     b = prof.bench
     t0 = time.perf_counter()
     run_benchmark(target, methods, questions, temperatures=temps, max_new_tokens=b.max_new_tokens,
@@ -715,7 +808,7 @@ def study_table(records: list[dict[str, Any]], methods: dict[str, Any] | None = 
                 return Path(spec.draft).parent.name
             return getattr(spec.tree, key)
 
-        for key in ("draft", "decoupled", "ar_steps", "scoring"):
+        for key in ("draft", "total_tokens", "decoupled", "ar_steps", "scoring"):
             df.insert(df.columns.get_loc("benchmark"), key, [info(m, key) for m in df["method"]])
     return df
 

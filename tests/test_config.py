@@ -52,3 +52,13 @@ def test_environment_yml_matches_pyproject():
         name = re.split(r"[<>=!~ ]", dep, maxsplit=1)[0]
         conda_name = "pytorch" if name == "torch" else name
         assert re.search(rf"\b{re.escape(conda_name)}\b", env), f"{name} missing from environment.yml"
+
+
+def test_tree_budget_auto_and_numeric_strings():
+    assert TreeConfig(total_tokens="auto").total_tokens == "auto"
+    assert get_profile("smoke", **{"tree.total_tokens": "auto"}).tree.total_tokens == "auto"
+    p = get_profile("default", **{"tree.total_tokens": "12"})  # the CLI's --set gives a string
+    assert p.tree.total_tokens == 12
+    for bad in (1, "many", 2.5):
+        with pytest.raises(ValueError, match="total_tokens"):
+            TreeConfig(total_tokens=bad)

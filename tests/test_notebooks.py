@@ -190,6 +190,14 @@ def test_smoke_pipeline_end_to_end(tmp_path, monkeypatch):
     assert training.set_index("draft").loc["dense", "draft_vocab_size"] == 128
     assert pd.isna(training.set_index("draft").loc["moe4", "draft_vocab_size"])
     assert training["acc_b"].isna().tolist() == [True, False, False, False]
+    # performance section: cost model, the tuned tree budget ("auto" in the smoke profile), goals
+    assert main.loc[main["kind"] == "spec", "total_tokens"].between(2, 32).all()
+    budget = pd.read_csv(report / "tree_budget.csv")
+    assert set(budget["method"]) == {"eagle2", "jakiro", "jakiro_cepd"} and budget["chosen"].sum() == 3
+    assert (pd.read_csv(report / "cost_model_target.csv")["ms"] > 0).all()
+    assert len(pd.read_csv(report / "cost_model_draft.csv")) >= 4
+    goals = pd.read_csv(report / "performance_targets.csv")
+    assert len(goals) >= 7 and goals["ratio"].notna().all() and (goals["ratio"] > 0).all()
     comparison = pd.read_csv(report / "comparison_published.csv")
     assert "ours (this run)" in set(comparison["source"]) and len(comparison) > 10
 
@@ -197,7 +205,7 @@ def test_smoke_pipeline_end_to_end(tmp_path, monkeypatch):
     pngs = sorted(report.glob("*.png"))
     names = {p.name for p in pngs}
     assert {"speedup.png", "tau.png", "ablations.png", "accept_hist_main.png", "training_curves.png",
-            "router_load.png"} <= names
+            "router_load.png", "cost_model.png"} <= names
     for p in pngs:
         assert p.read_bytes().startswith(PNG_MAGIC) and p.stat().st_size > 5_000, p
 
@@ -209,7 +217,7 @@ def test_smoke_pipeline_end_to_end(tmp_path, monkeypatch):
     for name in [f"{s}.html" for s in STAGES] + [f"{s}.ipynb" for s in STAGES] + \
             ["main_results.csv", "ablations.csv", "training.csv", "run_config.json"] + sorted(names):
         assert f"href='{name}'" in index, name
-    assert "jakiro_cepd" in index  # the summary table
+    assert "jakiro_cepd" in index and "Performance goals" in index  # the summary and goals tables
 
     # a second run skips every stage
     t1 = time.perf_counter()

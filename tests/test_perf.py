@@ -1,0 +1,135 @@
+"""The performance report: cost model tables, tree-budget resolution ("auto"), the goals table."""
+import dataclasses
+import math
+
+import pandas as pd
+import pytest
+
+from helpers import single_thread
+from jakiro_lib import costmodel
+from jakiro_lib.bench import MethodSpec, study_methods
+from jakiro_lib.config import DraftConfig, TargetConfig, TreeConfig, get_profile
+from jakiro_lib.draft import DraftModel
+from jakiro_lib.drafting import FeatureDrafter
+from jakiro_lib.perf import cost_model, performance_targets
+from jakiro_lib.study import resolve_tree_budgets, tree_budget_table
+from jakiro_lib.target import load_target
+
+
+def _main(tps: dict[tuple[float, str], float], tau: dict[str, float]) -> pd.DataFrame:
+    rows = []
+    for (temp, method), v in tps.items():
+        for bench, scale in (("mt_bench", 1.0), ("gsm8k", 1.2)):  # two benchmarks: goals use their mean
+            rows.append({"method": method, "benchmark": bench, "temperature": temp, "tokens_per_s": v * scale,
+                         "tau": tau.get(method, 1.0)})
+    return pd.DataFrame(rows)
+
+
+def test_performance_targets_are_measured_ratios_that_can_fail():
+    tps = {(0.0, "vanilla"): 19.0, (0.0, "hf_generate"): 20.0, (0.0, "hf_prompt_lookup"): 25.0,
+           (0.0, "eagle2"): 28.0, (0.0, "jakiro"): 27.0, (0.0, "jakiro_cepd"): 31.0,
+           (1.0, "hf_generate"): 20.0, (1.0, "eagle2"): 24.0, (1.0, "jakiro"): 25.0, (1.0, "jakiro_cepd"): 23.0}
+    goals = performance_targets(_main(tps, {"eagle2": 1.8, "jakiro": 1.7, "jakiro_cepd": 1.6}))
+    g = {(r.goal, r.temperature): r for r in goals.itertuples()}
+    hf = g[("Jakiro >= 1.5x HF generate (greedy)", 0.0)]
+    assert hf.method == "jakiro_cepd" and hf.ratio == pytest.approx(31 / 20) and hf.met
+    assert g[("Jakiro > HF prompt lookup", 0.0)].met
+    assert g[("our vanilla loop within 5% of HF generate", 0.0)].ratio == pytest.approx(0.95)
+    assert g[("our vanilla loop within 5% of HF generate", 0.0)].met
+    t1 = g[("Jakiro >= 1.3x HF sampling (T=1)", 1.0)]
+    assert t1.method == "jakiro" and t1.ratio == pytest.approx(1.25) and t1.met is False
+    tau = g[("Jakiro >= EAGLE-2 (tau)", 0.0)]
+    assert tau.ratio == pytest.approx(1.7 / 1.8) and tau.met is False
+    assert g[("Jakiro >= EAGLE-2 (tokens/s)", 1.0)].met
+
+
+def test_performance_targets_missing_baseline_is_unknown_not_met():
+    goals = performance_targets(_main({(0.0, "jakiro"): 10.0, (0.0, "vanilla"): 8.0}, {}))
+    row = goals[goals["goal"] == "Jakiro >= 1.5x HF generate (greedy)"].iloc[0]
+    assert math.isnan(row["ratio"]) and row["met"] is None
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("perf")
+    target = load_target(TargetConfig(model="tiny:llama", max_context=512))
+    profile = get_profile("smoke", **{"tree.total_tokens": "auto"})
+    drafts = root / "drafts"
+    for name, cfg in profile.drafts.items():
+        if name in ("dense", "moe2"):
+            cfg = dataclasses.replace(cfg, draft_vocab_size=64 if name == "dense" else None)
+        DraftModel.build(cfg, target.model).eval().save(drafts / name / "draft")
+    return target, profile, root
+
+
+def test_cost_model_times_target_and_both_vocabularies(tiny_run):
+    target, _, root = tiny_run
+    with single_thread():
+        tables = cost_model(target, root / "drafts", sizes=(1, 4), widths=(1, 3), context=16, repeats=2)
+    t, d = tables["target"], tables["draft"]
+    assert list(t["n"]) == [1, 4] and (t["ms"] > 0).all() and t["x_one_step"].iloc[0] == pytest.approx(1.0)
+    dense = d[d["draft"] == "dense"]
+    assert sorted(dense["vocab"].unique()) == [64, 260]  # reduced (trained) and full vocabulary, both timed
+    assert set(d[d["draft"] == "moe2"]["vocab"]) == {260} and (d["ms"] > 0).all()
+
+
+def test_auto_tree_budget_is_tuned_once_and_cached(tiny_run, monkeypatch):
+    target, profile, root = tiny_run
+    methods = study_methods(profile.tree, root / "drafts", study="main")
+    methods = {k: v for k, v in methods.items() if v.kind != "spec" or "moe2_" not in v.draft}
+    monkeypatch.setattr("jakiro_lib.study.TUNE_SIZES", (1, 2, 4, 8))
+    monkeypatch.setattr("jakiro_lib.study.TUNE_PROMPTS", 2)
+    with single_thread():
+        resolved, info = resolve_tree_budgets(profile, root, methods, target)
+    spec = [k for k, v in methods.items() if v.kind == "spec"]
+    assert spec and all(resolved[k].tree.total_tokens in (2, 4, 8) for k in spec)
+    assert all(resolved[k] is methods[k] for k in methods if k not in spec)  # baselines untouched
+    assert set(info["choices"]) == set(spec) and set(info["target_costs_s"]) == {1, 2, 4, 8}
+    for k in spec:
+        FeatureDrafter(DraftModel.load(resolved[k].draft, target.model), resolved[k].tree)  # usable as is
+
+    def boom(*a, **kw):
+        raise AssertionError("retuned although nothing changed")
+
+    monkeypatch.setattr(costmodel, "tune_total_tokens", boom)
+    monkeypatch.setattr(costmodel, "measure_target_costs", boom)
+    with single_thread():  # same machine, same thread count: the cached choice is reused
+        again, _ = resolve_tree_budgets(profile, root, methods, target)
+    assert {k: again[k].tree.total_tokens for k in spec} == {k: resolved[k].tree.total_tokens for k in spec}
+
+
+def test_shared_budget_applies_one_tuning_to_every_auto_method(tiny_run, monkeypatch):
+    target, profile, root = tiny_run
+    tree = dataclasses.replace(profile.tree, total_tokens="auto")
+    d = root / "drafts"
+    methods = {"vanilla": MethodSpec("vanilla"),
+               "ref": MethodSpec("spec", draft=str(d / "moe2" / "draft"), tree=dataclasses.replace(tree, decoupled=True)),
+               "other": MethodSpec("spec", draft=str(d / "dense" / "draft"), tree=tree)}
+    calls = []
+    real = costmodel.tune_total_tokens
+
+    def spy(target_, draft, tree_, prompts, **kw):
+        calls.append(tree_)
+        out = real(target_, draft, tree_, prompts, **kw)
+        out["best"] = 3  # a budget the other method would not pick by itself is still applied to it
+        return out
+
+    monkeypatch.setattr(costmodel, "tune_total_tokens", spy)
+    monkeypatch.setattr("jakiro_lib.study.TUNE_SIZES", (1, 2, 3))
+    monkeypatch.setattr("jakiro_lib.study.TUNE_PROMPTS", 1)
+    with single_thread():
+        resolved, info = resolve_tree_budgets(profile, root / "shared", methods, target, shared="ref")
+    assert len(calls) == 1 and calls[0].decoupled
+    assert resolved["ref"].tree.total_tokens == resolved["other"].tree.total_tokens == 3
+    assert info["shared"] == "ref" and sorted(info["applies_to"]) == ["other", "ref"]
+
+
+def test_unresolved_auto_budget_is_a_clear_error(tiny_run):
+    target, _, root = tiny_run
+    draft = DraftModel.load(root / "drafts" / "moe2" / "draft", target.model)
+    with pytest.raises(ValueError, match="resolved"):
+        FeatureDrafter(draft, TreeConfig(total_tokens="auto"))
+
+
+def test_tree_budget_table_reads_the_study_file(tmp_path):
+    assert list(tree_budget_table(tmp_path).columns)[:2] == ["method", "total_tokens"]  # empty but typed
