@@ -103,6 +103,10 @@ class DataConfig:
     shard_size: int = 64  # conversations per cache shard
     feature_dtype: str = "float16"
     online: bool = False  # compute features on the fly instead of caching them
+    # Train on the target's own greedy answers to the conversations' first user turns (jakiro_lib.distill)
+    self_distill: bool = False
+    distill_max_new_tokens: int = 256
+    distill_batch_size: int = 16
 
 
 @dataclass

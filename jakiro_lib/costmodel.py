@@ -99,19 +99,42 @@ def expected_accepted(path_ranks: Sequence[Sequence[int]], budget: int) -> float
     return statistics.fmean(sum(1 for r in ranks if r < budget - 1) for ranks in path_ranks)
 
 
-def choose_total_tokens(target_costs: dict[int, float], draft_cycle_time: float,
+def choose_total_tokens(target_costs: dict[int, float], draft_cycle_time: float | dict[int, float],
                         path_ranks: Sequence[Sequence[int]], *, max_budget: int | None = None) -> dict[str, Any]:
-    """The tree budget n maximising (E[accepted(n)] + 1) / (T(n) + draft time per cycle)."""
+    """The tree budget n maximising (E[accepted(n)] + 1) / (T(n) + draft time per cycle).
+
+    ``draft_cycle_time``: seconds per cycle, the same for every n or per n (small budgets draft fewer
+    layers, see :func:`draft_time_per_budget`).
+    """
     table = []
     for n, t in sorted(target_costs.items()):
         if n < 2 or (max_budget and n > max_budget):
             continue
         acc = expected_accepted(path_ranks, n)
-        table.append({"total_tokens": n, "expected_tokens_per_cycle": acc + 1, "verify_s": t,
-                      "tokens_per_s": (acc + 1) / (t + draft_cycle_time)})
+        d = draft_cycle_time[n] if isinstance(draft_cycle_time, dict) else draft_cycle_time
+        table.append({"total_tokens": n, "expected_tokens_per_cycle": acc + 1, "verify_s": t, "draft_s": d,
+                      "tokens_per_s": (acc + 1) / (t + d)})
     best = max(table, key=lambda row: row["tokens_per_s"])
     return {"best": best["total_tokens"], "table": table,
             "vanilla_tokens_per_s": 1.0 / target_costs[1] if 1 in target_costs else None}
+
+
+def draft_time_per_budget(measured: float, tree: TreeConfig, has_branch_b: bool,
+                          budgets: Sequence[int]) -> dict[int, float]:
+    """Draft seconds per cycle at each budget, from ``measured`` at the largest one.
+
+    A budget of n drafts at most n - 1 layers (:class:`~jakiro_lib.drafting.FeatureDrafter`), so a cycle
+    costs fewer draft forwards; the estimate scales the measured time by the forwards per cycle (the
+    ones inside the tree plus the one that encodes the accepted tokens). An estimate: per-forward
+    Python overhead is assumed proportional too.
+    """
+    from .drafting import schedule
+
+    def forwards(n: int) -> int:
+        return len(schedule(min(tree.depth, n - 1), tree.ar_steps, has_branch_b))  # (steps - 1) + 1
+
+    full = forwards(max(budgets))
+    return {n: measured * forwards(n) / full for n in budgets}
 
 
 def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequence[torch.Tensor], *,
@@ -143,7 +166,9 @@ def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts:
     if missing:
         raise ValueError(f"target_costs lack the tree sizes {missing}")
     costs = {n: target_costs[n] for n in sorted({1, *candidates})}
-    choice = choose_total_tokens(costs, draft_time / max(cycles, 1), ranks)
-    choice["draft_time_per_cycle_s"] = draft_time / max(cycles, 1)
+    per_cycle = draft_time / max(cycles, 1)
+    budgets = [n for n in costs if n >= 2]
+    choice = choose_total_tokens(costs, draft_time_per_budget(per_cycle, big, draft.cfg.branch_b, budgets), ranks)
+    choice["draft_time_per_cycle_s"] = per_cycle
     choice["cycles_observed"] = int(cycles)
     return choice

@@ -70,7 +70,9 @@ class FeatureDrafter:
                              "(jakiro_lib.study.resolve_tree_budgets or `python -m jakiro_lib costs --draft ...`)")
         if tree.decoupled and draft.cfg.num_experts < 2:
             raise ValueError("decoupled candidates need a draft with at least 2 experts")
-        self.steps = schedule(tree.depth, tree.ar_steps, draft.cfg.branch_b)
+        # A tree of n tokens is at most n - 1 deep (a kept node's ancestors are kept and outscore it), so
+        # layers beyond that are never selected: drafting them would be pure cost.
+        self.steps = schedule(min(tree.depth, tree.total_tokens - 1), tree.ar_steps, draft.cfg.branch_b)
         self.stats = DraftStats()
         self.cache = KVCache()
         self.root_out: DraftOutput | None = None

@@ -184,11 +184,26 @@ def _dirs(profile: str | Profile | StudyContext, run_dir: str | Path | None) -> 
 # --------------------------------------------------------------------------------------------------
 
 
-def load_training_conversations(profile: Profile) -> list[Any]:
+DISTILL_FILE = "distill/conversations.jsonl"
+
+
+def load_training_conversations(profile: Profile, run_dir: Path | None = None, target: Any = None, *,
+                                progress: bool = False) -> list[Any]:
+    """The profile's training conversations; with ``data.self_distill`` their first user turns answered
+    by the target itself (generated once into ``run_dir/distill/``, resumable; see
+    :mod:`jakiro_lib.distill`)."""
     from .data import load_conversations
 
     d = profile.data
-    return load_conversations(d.source, path=d.path, limit=d.num_conversations)
+    convs = load_conversations(d.source, path=d.path, limit=d.num_conversations)
+    if not d.self_distill:
+        return convs
+    from .distill import regenerate
+
+    rdir = run_dir if run_dir is not None else default_run_dir(profile.name)
+    return regenerate(target or get_target(profile), convs, rdir / DISTILL_FILE,
+                      max_prompt_tokens=d.max_length // 2, max_new_tokens=d.distill_max_new_tokens,
+                      batch_size=d.distill_batch_size, template=profile.target.template, progress=progress)
 
 
 def prepare_features(profile: str | Profile | StudyContext, run_dir: str | Path | None = None, *,
@@ -206,12 +221,13 @@ def prepare_features(profile: str | Profile | StudyContext, run_dir: str | Path 
     target = target or get_target(prof)
     d = prof.data
     t0 = time.perf_counter()
-    convs = load_training_conversations(prof)
+    convs = load_training_conversations(prof, rdir, target, progress=progress)
     t_load = time.perf_counter() - t0
     estimate = estimate_cache(target, convs, max_length=d.max_length, template=prof.target.template,
                               feature_dtype=d.feature_dtype)
     summary: dict[str, Any] = {
         "mode": "online" if d.online else "cache", "source": d.source, "path": d.path,
+        "self_distill": d.self_distill,
         "conversations_loaded": len(convs), "estimate": estimate, "load_seconds": round(t_load, 2),
         "hidden_size": target.model.config.hidden_size, "feature_dtype": d.feature_dtype,
         "max_length": d.max_length,
@@ -324,10 +340,10 @@ def sample_conversation_html(profile: str | Profile | StudyContext, index: int |
     that keeps at least one assistant token within ``max_length``)."""
     from .chat import format_conversation
 
-    prof = _profile_of(profile)
+    prof, rdir = _dirs(profile, None)
     target = target or get_target(prof)
     d = prof.data
-    convs = load_training_conversations(prof)
+    convs = load_training_conversations(prof, rdir, target)
     if not convs:
         return "<p>no conversations</p>"
     if index is None:
@@ -374,7 +390,7 @@ def training_datasets(profile: Profile, run_dir: Path, target: Any) -> tuple[Any
 
     d = profile.data
     if d.online:
-        convs = load_training_conversations(profile)
+        convs = load_training_conversations(profile, run_dir, target)
         kw = dict(max_length=d.max_length, template=profile.target.template, heldout_fraction=d.heldout_fraction)
         return (OnlineFeatureDataset(target, convs, split="train", **kw),
                 OnlineFeatureDataset(target, convs, split="heldout", **kw))
@@ -717,10 +733,12 @@ def tree_budget_table(run_dir: str | Path, study: str = "main") -> pd.DataFrame:
     rows = []
     for method, choice in info.get("choices", {}).items():
         for row in choice["table"]:
-            rows.append({"method": method, **row, "chosen": row["total_tokens"] == choice["best"],
-                         "draft_ms_per_cycle": 1000 * choice["draft_time_per_cycle_s"]})
-    return pd.DataFrame(rows, columns=["method", "total_tokens", "expected_tokens_per_cycle", "verify_s",
-                                       "tokens_per_s", "chosen", "draft_ms_per_cycle"])
+            rows.append({"method": method, "total_tokens": row["total_tokens"],
+                         "expected_tokens_per_cycle": row["expected_tokens_per_cycle"],
+                         "verify_ms": 1000 * row["verify_s"], "draft_ms": 1000 * row["draft_s"],
+                         "tokens_per_s": row["tokens_per_s"], "chosen": row["total_tokens"] == choice["best"]})
+    return pd.DataFrame(rows, columns=["method", "total_tokens", "expected_tokens_per_cycle", "verify_ms",
+                                       "draft_ms", "tokens_per_s", "chosen"])
 
 
 def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None = None, study: str = "main", *,

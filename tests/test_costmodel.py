@@ -82,3 +82,15 @@ def test_tune_total_tokens_returns_a_measured_choice():
                             candidates=(2, 4, 8), max_new_tokens=8, context=16)
     assert out["best"] in (2, 4, 8) and [row["total_tokens"] for row in out["table"]] == [2, 4, 8]
     assert out["cycles_observed"] > 0
+
+
+def test_small_budgets_are_charged_fewer_draft_forwards():
+    from jakiro_lib.config import TreeConfig
+    from jakiro_lib.costmodel import draft_time_per_budget
+
+    est = draft_time_per_budget(0.010, TreeConfig(depth=4, total_tokens=32), False, [2, 3, 5, 32])
+    # forwards per cycle: depth-1 tree 1 (only the accepted-token encoding), depth 2: 2, depth >= 4: 4
+    assert est == pytest.approx({2: 0.0025, 3: 0.005, 5: 0.010, 32: 0.010})
+    cepd = draft_time_per_budget(0.010, TreeConfig(depth=4, total_tokens=32, ar_steps=0), True, [3, 32])
+    # CEPD from the root: layers 1-2 come from the root's own output, 3-4 from one forward; + 1 encoding
+    assert cepd[3] == pytest.approx(0.005)

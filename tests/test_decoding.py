@@ -441,3 +441,27 @@ def test_feature_drafter_trees_reach_full_depth(draft_name, opts, depth):
     for t in (tree, small_tree):
         for i in range(1, len(t)):
             assert int(t.depths[i]) == int(t.depths[t.parents[i]]) + 1
+
+
+@pytest.mark.parametrize("draft_name", list(DRAFTS))
+@pytest.mark.parametrize("total", [2, 3, 4])
+def test_small_budget_drafts_no_deeper_than_it_can_keep(draft_name, total):
+    """A budget of n tokens caps the drafted depth at n - 1: the tree is the one the full depth gives,
+    with fewer draft forwards."""
+    from jakiro_lib.drafting import schedule
+
+    model = _model("llama")
+    capped = _feature_drafter(model, draft_name, TreeConfig(depth=5, top_k=3, total_tokens=total))
+    full = FeatureDrafter(capped.draft, capped.cfg)
+    full.steps = schedule(5, capped.cfg.ar_steps, capped.draft.cfg.branch_b)  # the uncapped schedule
+    assert sum(capped.steps) == total - 1 < sum(full.steps)
+    prompt = random_prompts(1, seed=5, min_len=10, max_len=10)[0]
+    with torch.inference_mode():
+        logits, hidden = TargetRunner(model).prefill(prompt)
+        trees = []
+        for d in (capped, full):
+            d.begin(prompt, hidden, int(logits[-1].argmax()))
+            trees.append(d.propose())
+    a, b = trees
+    assert a.tokens.tolist() == b.tokens.tolist() and a.parents == b.parents
+    assert capped.stats.forwards < full.stats.forwards
