@@ -28,7 +28,6 @@ from .utils import run_metadata, write_json
 from .verify import SamplingParams
 
 VANILLA_KINDS = ("vanilla", "hf")
-ABLATION_REFERENCE = "experts=2"  # the ablation row equal to main's Jakiro; its tree budget is shared
 
 
 @dataclass
@@ -236,11 +235,15 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "main") -> dict[str, MethodSpec]:
+def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "main",
+                  tuned: bool = True) -> dict[str, MethodSpec]:
     """The method sets the notebooks compare; drafts are read from ``drafts_dir/<name>/draft``.
 
-    ``main``: the baselines, EAGLE-2 (dense draft), Jakiro (2 experts, decoupled) and Jakiro + CEPD.
-    ``ablations``: experts count, AR steps, contrastive on/off and decoupled on/off around Jakiro.
+    ``main``: the baselines, EAGLE-2 (dense draft), Jakiro (2 experts, decoupled) and Jakiro + CEPD on
+    ``tree``; with ``tuned`` (and a fixed ``tree.total_tokens``) also ``eagle2_auto`` and ``jakiro_auto``,
+    the same drafts with the tree budget tuned for the machine (``total_tokens="auto"``).
+    ``ablations``: experts count, AR steps, contrastive on/off and decoupled on/off around Jakiro, all
+    on ``tree``.
     """
     d = Path(drafts_dir)
 
@@ -249,7 +252,7 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
 
     cepd = max(tree.depth - 2, 0)  # the last draft forward yields two layers, as in the reference
     if study == "main":
-        return {
+        methods = {
             "vanilla": MethodSpec("vanilla"),
             "hf_generate": MethodSpec("hf"),
             "hf_prompt_lookup": MethodSpec("pld"),
@@ -257,11 +260,15 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
             "jakiro": spec("moe2", decoupled=True),
             "jakiro_cepd": spec("moe2", decoupled=True, ar_steps=cepd),
         }
+        if tuned and tree.total_tokens != "auto":
+            methods["eagle2_auto"] = spec("dense", total_tokens="auto")
+            methods["jakiro_auto"] = spec("moe2", decoupled=True, total_tokens="auto")
+        return methods
     if study == "ablations":
         methods = {
             "vanilla": MethodSpec("vanilla"),
             "experts=1 (eagle2)": spec("dense"),
-            ABLATION_REFERENCE: spec("moe2", decoupled=True),
+            "experts=2": spec("moe2", decoupled=True),
             "experts=4": spec("moe4", decoupled=True),
             "experts=2, coupled": spec("moe2", decoupled=False),
             "experts=2, scoring=best": spec("moe2", decoupled=True, scoring="best"),

@@ -367,7 +367,7 @@ def methods_table(profile: str | Profile | StudyContext, study: str = "main",
 
     prof, rdir = _dirs(profile, run_dir)
     rows = []
-    for name, m in study_methods(prof.tree, rdir / "drafts", study=study).items():
+    for name, m in study_methods(prof.tree, rdir / "drafts", study=study, tuned=prof.bench.tuned).items():
         row: dict[str, Any] = {"method": name, "kind": m.kind}
         if m.kind == "spec":
             row["draft"] = Path(m.draft).parent.name
@@ -668,13 +668,12 @@ def _tune_prompts(target: Any, n: int = TUNE_PROMPTS) -> list[Any]:
 
 
 def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any], target: Any, *,
-                         shared: str | None = None, force: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+                         force: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """Methods with ``tree.total_tokens="auto"`` get the budget that maximises estimated tokens/s here.
 
     The target's T(n) is measured once per machine and cached with every choice in
     ``run_dir/bench/tree_budgets.json`` (keyed by machine, draft weights and tree settings), so reruns
-    do not retune. ``shared``: tune only that method and give its budget to every "auto" method (the
-    ablation study, so that rows differ from Jakiro in one factor only). ``force`` remeasures and retunes.
+    do not retune. ``force`` remeasures and retunes.
     Returns (methods with numeric budgets, the measurements and choices).
     """
     from .bench import MethodSpec
@@ -701,7 +700,7 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
     costs = {int(n): t for n, t in cache["target_costs_s"].items()}
     prompts = None
     choices: dict[str, Any] = {}
-    for name in ([shared] if shared else auto):
+    for name in auto:
         spec = methods[name]
         key = json.dumps({"draft": spec.draft, "weights": _draft_fingerprint(spec.draft),
                           "tree": {k: v for k, v in dataclasses.asdict(spec.tree).items() if k != "total_tokens"}},
@@ -719,11 +718,11 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
     write_json(path, cache)
     out = dict(methods)
     for name in auto:
-        best = choices[shared or name]["best"]
+        best = choices[name]["best"]
         m = methods[name]
         out[name] = MethodSpec(m.kind, draft=m.draft, tree=dataclasses.replace(m.tree, total_tokens=best),
                                prompt_lookup_tokens=m.prompt_lookup_tokens)
-    return out, {"target_costs_s": costs, "choices": choices, "shared": shared, "applies_to": auto}
+    return out, {"target_costs_s": costs, "choices": choices}
 
 
 def tree_budget_table(run_dir: str | Path, study: str = "main") -> pd.DataFrame:
@@ -749,13 +748,13 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     Records are reused (the benchmark resumes) while the methods, drafts and settings are unchanged;
     otherwise, or with ``force``, the old file is moved to ``records.stale.jsonl`` first.
     """
-    from .bench import ABLATION_REFERENCE, run_benchmark, study_methods
+    from .bench import run_benchmark, study_methods
 
     if study not in STUDIES:
         raise ValueError(f"unknown study {study!r}: use {' or '.join(STUDIES)}")
     prof, rdir = _dirs(profile, run_dir)
     drafts_dir = rdir / "drafts"
-    methods = study_methods(prof.tree, drafts_dir, study=study)
+    methods = study_methods(prof.tree, drafts_dir, study=study, tuned=prof.bench.tuned)
     missing = sorted({Path(m.draft).parent.name for m in methods.values()
                       if m.draft and not (Path(m.draft) / "model.safetensors").is_file()})
     if missing:
@@ -767,8 +766,7 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     temps = study_temperatures(prof, study)
     out_dir = rdir / "bench" / study
     target = target or get_target(prof)
-    methods, budgets = resolve_tree_budgets(prof, rdir, methods, target, force=force,
-                                            shared=ABLATION_REFERENCE if study == "ablations" else None)
+    methods, budgets = resolve_tree_budgets(prof, rdir, methods, target, force=force)
     out_dir.mkdir(parents=True, exist_ok=True)
     if budgets:
         write_json(out_dir / "tree_budget.json", budgets)
@@ -943,7 +941,8 @@ def bench_environment(run_dir: str | Path, study: str = "main") -> dict[str, Any
 
 
 def comparison_table(main: pd.DataFrame, *, target_model: str, environment: dict[str, Any],
-                     methods: Sequence[str] = ("eagle2", "jakiro", "jakiro_cepd")) -> pd.DataFrame:
+                     methods: Sequence[str] = ("eagle2", "jakiro", "jakiro_cepd", "eagle2_auto",
+                                               "jakiro_auto")) -> pd.DataFrame:
     """Our speculative methods (mean over our benchmarks) next to the published numbers.
 
     Ours is labelled with the target, machine and date of the run; theirs with paper and hardware.
