@@ -92,8 +92,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from .study import display_table
 
-    profile = _profile(args)
-    print(display_table(run_study(profile, run_dir=args.run_dir, study=args.study)).to_string())
+    from .config import override
+
+    sets = {}
+    if args.bench:
+        sets["bench.benchmarks"] = args.bench
+    if args.temperature:
+        sets["bench.temperatures"] = ",".join(str(t) for t in args.temperature)
+    if args.limit is not None:
+        sets["bench.limit"] = str(args.limit)
+    try:
+        profile = override(_profile(args), **sets)
+        table = run_study(profile, run_dir=args.run_dir, study=args.study, out_dir=args.out,
+                          only=[m.strip() for m in args.methods.split(",")] if args.methods else None)
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    print(display_table(table).to_string())
+    if args.out:
+        from .study import write_table
+
+        write_table(Path(args.out) / "summary.csv", table)
+        print("records and summary.csv in", args.out)
     return 0
 
 
@@ -172,6 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--force", action="store_true")
         if name == "bench":
             p.add_argument("--study", default="main", choices=("main", "ablations"))
+            p.add_argument("--methods", help="comma-separated subset of the study's methods, e.g. vanilla,eagle2,jakiro")
+            p.add_argument("--bench", help="benchmarks, e.g. mt_bench,humaneval,gsm8k (default: the profile's)")
+            p.add_argument("--temperature", type=float, action="append",
+                           help="sampling temperature (repeatable; default: the profile's)")
+            p.add_argument("--limit", type=int, help="first N questions of each benchmark")
+            p.add_argument("--out", type=Path, help="directory for records.jsonl and summary.csv "
+                                                   "(default runs/<profile>/bench/<study>)")
         p.set_defaults(func=func)
 
     p = sub.add_parser("costs", help="measure target tree / draft step costs; with --draft, tune the tree budget")

@@ -741,9 +741,11 @@ def tree_budget_table(run_dir: str | Path, study: str = "main") -> pd.DataFrame:
 
 
 def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None = None, study: str = "main", *,
-              target: Any = None, force: bool = False, progress: bool = True) -> pd.DataFrame:
+              target: Any = None, force: bool = False, progress: bool = True, only: Sequence[str] | None = None,
+              out_dir: str | Path | None = None) -> pd.DataFrame:
     """Benchmark the methods of ``study`` (see :func:`jakiro_lib.bench.study_methods`) on the profile's
-    benchmarks; records go to ``run_dir/bench/<study>/records.jsonl``. Returns the summary table.
+    benchmarks; records go to ``out_dir`` (default ``run_dir/bench/<study>``) as ``records.jsonl``.
+    ``only``: a subset of the study's method names. Returns the summary table.
 
     Records are reused (the benchmark resumes) while the methods, drafts and settings are unchanged;
     otherwise, or with ``force``, the old file is moved to ``records.stale.jsonl`` first.
@@ -755,6 +757,11 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     prof, rdir = _dirs(profile, run_dir)
     drafts_dir = rdir / "drafts"
     methods = study_methods(prof.tree, drafts_dir, study=study, tuned=prof.bench.tuned)
+    if only:
+        unknown = sorted(set(only) - set(methods))
+        if unknown:
+            raise ValueError(f"unknown method(s) {unknown} for study {study!r}; choose from {', '.join(methods)}")
+        methods = {k: v for k, v in methods.items() if k in only}
     missing = sorted({Path(m.draft).parent.name for m in methods.values()
                       if m.draft and not (Path(m.draft) / "model.safetensors").is_file()})
     if missing:
@@ -764,7 +771,7 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     if not questions:
         raise RuntimeError(f"no benchmark questions could be loaded for {prof.bench.benchmarks}: {skipped}")
     temps = study_temperatures(prof, study)
-    out_dir = rdir / "bench" / study
+    out_dir = Path(out_dir).expanduser().resolve() if out_dir is not None else rdir / "bench" / study
     target = target or get_target(prof)
     methods, budgets = resolve_tree_budgets(prof, rdir, methods, target, force=force)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -789,7 +796,9 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
                   repeats=b.repeats, warmup=b.warmup, seed=b.seed, out_dir=out_dir, progress=progress)
     log.info("study %s: %d methods x %d questions x %d temperatures in %.1f s", study, len(methods),
              len(questions), len(temps), time.perf_counter() - t0)
-    table = study_table(load_study_records(rdir, study), methods)
+    from .bench import load_records
+
+    table = study_table(load_records(records_path), methods)
     table.attrs["skipped_benchmarks"] = skipped
     write_json(out_dir / "skipped_benchmarks.json", skipped)
     return table

@@ -40,3 +40,27 @@ def test_costs_command_writes_a_results_file(tmp_path):
 
     data = json.loads(out.read_text())
     assert set(data["target_tree_ms"]) == {"1", "2", "4"} and data["environment"]["torch"]
+
+
+def test_bench_command_subset_of_methods_benchmarks_and_out_dir(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "out"
+    argv = ["bench", "--profile", "smoke", "--methods", "vanilla,hf_generate", "--bench", "gsm8k",
+            "--temperature", "0", "--limit", "2", "--set", "bench.max_new_tokens=4", "--set", "bench.warmup=0",
+            "--run-dir", str(tmp_path / "runs"), "--out", str(out)]
+    assert main(argv) == 0
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert {(r["method"], r["benchmark"], r["temperature"]) for r in records} == {
+        ("vanilla", "gsm8k", 0.0), ("hf_generate", "gsm8k", 0.0)}
+    assert len(records) == 4 and (out / "summary.csv").is_file()
+    assert "hf_generate" in capsys.readouterr().out
+
+
+def test_bench_command_unknown_method_is_a_clear_error(tmp_path):
+    try:
+        main(["bench", "--profile", "smoke", "--methods", "vanilla,medusa", "--run-dir", str(tmp_path)])
+    except SystemExit as exc:
+        assert "medusa" in str(exc) and "jakiro_cepd" in str(exc)
+    else:
+        raise AssertionError("expected SystemExit")
