@@ -329,7 +329,7 @@ def plot_cost_model(target_costs: pd.DataFrame | Iterable[dict], draft_costs: pd
     ax.set_xlabel("tree tokens n (root included)")
     ax.set_ylabel("ms")
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=6, loc="upper left")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: the curve fills the axes
     if not b.empty:
         ax2 = axes[0, 1]
         for i, (method, sub) in enumerate(b.groupby("method", sort=False)):
