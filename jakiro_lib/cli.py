@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .config import PROFILE_NAMES, Profile, get_profile, parse_overrides
+from .config import PROFILE_NAMES, Profile, get_profile, override, parse_overrides
 
 
 def _profile(args: argparse.Namespace) -> Profile:
@@ -88,11 +88,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .study import run_study
-
-    from .study import display_table
-
-    from .config import override
+    from .study import display_table, run_study, write_table
 
     sets = {}
     if args.bench:
@@ -109,8 +105,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: {exc}") from None
     print(display_table(table).to_string())
     if args.out:
-        from .study import write_table
-
         write_table(Path(args.out) / "summary.csv", table)
         print("records and summary.csv in", args.out)
     return 0

@@ -68,8 +68,8 @@ class TreeConfig:
     tokens including the root, or ``"auto"``: chosen per machine and draft from the measured cost model
     before benchmarking (:func:`jakiro_lib.study.resolve_tree_budgets`). ``ar_steps``: ``None`` drafts
     every layer autoregressively (EAGLE-2); an integer s < depth drafts layers 1..s with branch A, then
-    each further draft forward yields two layers (A: next, B: the one after). ``decoupled``: children come from each selected expert's own
-    distribution, scored by ``scoring`` ("mixture" or "best").
+    each further draft forward yields two layers (A: next, B: the one after). ``decoupled``: children
+    come from each selected expert's own distribution, scored by ``scoring`` ("mixture" or "best").
     """
 
     depth: int = 4

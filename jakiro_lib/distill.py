@@ -3,8 +3,8 @@
 A draft is judged on how well it predicts what the *target* writes. ShareGPT answers were written by
 ChatGPT; a small target such as SmolLM2-135M writes very differently, so a draft trained on ChatGPT's
 text learns features the target never produces at decoding time. Regenerating the answers with the
-target itself (self-distillation, as Medusa-2 and later EAGLE-style work do when the original
-training data do not match the target) aligns training with decoding. Off in the paper-scale profiles,
+target itself (self-distillation, as Medusa-2 does when the original training data do not match the
+target) aligns training with decoding. Off in the paper-scale profiles,
 which follow the paper (ShareGPT answers as they are).
 
 :func:`regenerate` keeps each conversation's first user turn, decodes the target's greedy answer in
@@ -88,7 +88,7 @@ def regenerate(target: Any, conversations: Sequence[Conversation], out_path: str
         with out_path.open("w") as fh:
             fh.write(json.dumps({HEADER_KEY: settings}) + "\n")
 
-    todo: list[tuple[str, str, list[int]]] = []
+    todo: list[tuple[str, list[int]]] = []
     firsts: dict[str, str] = {}
     for conv in conversations:
         user = next((m["content"] for m in conv.messages if m["role"] == "user"), None)
@@ -98,13 +98,13 @@ def regenerate(target: Any, conversations: Sequence[Conversation], out_path: str
         if conv.id not in answers:
             ids = format_prompt(target.tokenizer, [{"role": "user", "content": user}], template=template)
             if len(ids) <= max_prompt_tokens:
-                todo.append((conv.id, user, ids))
-    todo.sort(key=lambda t: len(t[2]))  # similar lengths per batch: little padding
+                todo.append((conv.id, ids))
+    todo.sort(key=lambda t: len(t[1]))  # similar lengths per batch: little padding
     bar = tqdm(total=len(todo), desc="self-distill", unit="conv", disable=not progress)
     with out_path.open("a") as fh:
         for s in range(0, len(todo), batch_size):
             chunk = todo[s:s + batch_size]
-            for (cid, _, _), ans in zip(chunk, _generate_batch(target, [c[2] for c in chunk], max_new_tokens)):
+            for (cid, _), ans in zip(chunk, _generate_batch(target, [c[1] for c in chunk], max_new_tokens)):
                 text = target.tokenizer.decode(ans, skip_special_tokens=True)
                 answers[cid] = text
                 fh.write(json.dumps({"id": cid, "answer": text}) + "\n")

@@ -53,12 +53,6 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
     return {"target": pd.DataFrame(target_rows), "draft": pd.DataFrame(draft_rows)}
 
 
-def _headline(main: pd.DataFrame) -> pd.DataFrame:
-    """Mean over benchmarks per (temperature, method): tokens/s and tau."""
-    return (main.groupby(["temperature", "method"], sort=False)
-            .agg(tokens_per_s=("tokens_per_s", "mean"), tau=("tau", "mean")).reset_index())
-
-
 def performance_targets(main: pd.DataFrame) -> pd.DataFrame:
     """The speed goals as measured ratios (mean over benchmarks) with pass/fail.
 
@@ -66,7 +60,9 @@ def performance_targets(main: pd.DataFrame) -> pd.DataFrame:
     compared in tokens/s with the fastest EAGLE-2 row (``eagle2`` or ``eagle2_auto``); tau compares
     ``jakiro`` with ``eagle2`` on the same tree. Ratios of means of tokens/s, as in the main table.
     """
-    h = _headline(main)
+    from .study import headline_table
+
+    h = headline_table(main)  # mean over benchmarks per (temperature, method)
     rows: list[dict[str, Any]] = []
 
     def value(temp: float, method: str, col: str = "tokens_per_s") -> float:
