@@ -97,7 +97,8 @@ class MethodRunner:
                                     generator=gen, on_tokens=on_tokens, **common)
 
 
-def _prompt_ids(target: Target, history: list[dict[str, str]]) -> torch.Tensor:
+def format_prompt_ids(target: Target, history: list[dict[str, str]]) -> torch.Tensor:
+    """Chat-formatted prompt ids (ending with the assistant header) for ``history``."""
     from .chat import format_prompt
 
     return torch.tensor(format_prompt(target.tokenizer, history, template=target.config.template), dtype=torch.long)
@@ -133,7 +134,7 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
     })
     runners = {name: MethodRunner(target, spec) for name, spec in methods.items()}
     if warmup and questions:  # first calls pay allocator and kernel set-up: keep them out of the timings
-        ids = _prompt_ids(target, [{"role": "user", "content": questions[0].turns[0]}])
+        ids = format_prompt_ids(target, [{"role": "user", "content": questions[0].turns[0]}])
         for runner in runners.values():
             for _ in range(warmup):
                 runner(ids, max_new_tokens=min(16, max_new_tokens), params=SamplingParams(), seed=seed)
@@ -152,7 +153,7 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
                         history: list[dict[str, str]] = []
                         for turn, (text, key) in enumerate(zip(q.turns, keys)):
                             history.append({"role": "user", "content": text})
-                            ids = _prompt_ids(target, history)
+                            ids = format_prompt_ids(target, history)
                             res = runner(ids, max_new_tokens=max_new_tokens, params=params,
                                          seed=seed + 1000 * rep + turn)
                             history.append({"role": "assistant", "content": target.tokenizer.decode(

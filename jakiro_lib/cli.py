@@ -114,7 +114,7 @@ def cmd_costs(args: argparse.Namespace) -> int:
     """Per-cycle cost breakdown on this machine (and, with a draft, the tree budget it implies)."""
     import torch
 
-    from .chat import format_prompt
+    from .bench import format_prompt_ids
     from .costmodel import measure_draft_costs, measure_target_costs, tune_total_tokens
     from .data import load_questions
     from .draft import DraftModel
@@ -137,8 +137,7 @@ def cmd_costs(args: argparse.Namespace) -> int:
         result["draft_step_ms"] = {w: round(t * 1000, 2) for w, t in dcost.items()}
         print("draft step (frontier width: ms):", result["draft_step_ms"])
         qs = load_questions("mt_bench", limit=args.tune_prompts)
-        prompts = [torch.tensor(format_prompt(target.tokenizer, [{"role": "user", "content": q.turns[0]}],
-                                              template=target.config.template)) for q in qs]
+        prompts = [format_prompt_ids(target, [{"role": "user", "content": q.turns[0]}]) for q in qs]
         tuned = tune_total_tokens(target, draft, profile.tree, prompts, candidates=[n for n in sizes if n >= 2],
                                   max_new_tokens=64, context=args.context)
         result["tuning"] = tuned

@@ -24,16 +24,23 @@ EAGLE_METHODS = ("eagle2", "eagle2_auto")
 
 def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = ("dense", "moe2"),
                sizes: Sequence[int] = (1, 2, 4, 6, 8, 12, 16, 24, 32), widths: Sequence[int] = (1, 3),
-               context: int = 256, repeats: int = 7) -> dict[str, pd.DataFrame]:
+               context: int = 256, repeats: int = 7,
+               target_costs: dict[int, float] | None = None) -> dict[str, pd.DataFrame]:
     """Measured T(n) of the target and draft-step times (trained vocabulary vs the full one).
 
+    ``target_costs``: T(n) in seconds already measured on this machine (the tree-budget tuning's); used
+    when it covers ``sizes`` and n = 1, instead of timing the target again.
     Returns ``{"target": [n, ms, x_one_step], "draft": [draft, vocab, width, ms, x_target_step]}``. The
     full-vocabulary rows time an untrained copy of the same architecture (timing only).
     """
     from .costmodel import measure_draft_costs, measure_target_costs
     from .draft import DraftModel
 
-    t = measure_target_costs(target.model, sizes=sorted({1, *sizes}), context=context, repeats=repeats)
+    wanted = sorted({1, *sizes})
+    if target_costs is not None and set(wanted) <= set(target_costs):
+        t = {n: target_costs[n] for n in wanted}
+    else:
+        t = measure_target_costs(target.model, sizes=wanted, context=context, repeats=repeats)
     one = t[min(t)]
     target_rows = [{"n": n, "ms": 1000 * s, "x_one_step": s / one} for n, s in sorted(t.items())]
     vocab = target.model.config.vocab_size
@@ -100,11 +107,13 @@ def performance_targets(main: pd.DataFrame) -> pd.DataFrame:
 def write_performance_report(ctx: Any, main: pd.DataFrame, *, target: Any = None) -> dict[str, pd.DataFrame]:
     """Notebook 02's performance section: cost model, tree-budget tuning and the goals table, written as
     ``cost_model_target.csv``, ``cost_model_draft.csv``, ``tree_budget.csv`` and ``performance_targets.csv``
-    in the report directory. Returns the four tables."""
-    from .study import get_target, tree_budget_table, write_table
+    in the report directory. T(n) is the one the tree-budget tuning measured (cached in
+    ``run_dir/bench/tree_budgets.json``) when there is one. Returns the four tables."""
+    from .study import cached_target_costs, get_target, tree_budget_table, write_table
 
     target = target or get_target(ctx)
-    tables = cost_model(target, ctx.drafts_dir, widths=sorted({1, ctx.profile.tree.top_k}))
+    tables = cost_model(target, ctx.drafts_dir, widths=sorted({1, ctx.profile.tree.top_k}),
+                        target_costs=cached_target_costs(ctx.run_dir))
     tables = {"cost_model_target": tables["target"], "cost_model_draft": tables["draft"],
               "tree_budget": tree_budget_table(ctx.run_dir, "main"), "performance_targets": performance_targets(main)}
     for name, df in tables.items():

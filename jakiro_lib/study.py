@@ -657,14 +657,11 @@ TUNE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # up to the paper's 60-
 
 def _tune_prompts(target: Any, n: int = TUNE_PROMPTS) -> list[Any]:
     """First turns of the LAST ``n`` MT-bench questions: small benchmark limits never include them."""
-    import torch
-
-    from .chat import format_prompt
+    from .bench import format_prompt_ids
     from .data import load_questions
 
-    qs = load_questions("mt_bench")[-n:]
-    return [torch.tensor(format_prompt(target.tokenizer, [{"role": "user", "content": q.turns[0]}],
-                                       template=target.config.template), dtype=torch.long) for q in qs]
+    questions = load_questions("mt_bench")[-n:]
+    return [format_prompt_ids(target, [{"role": "user", "content": q.turns[0]}]) for q in questions]
 
 
 def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any], target: Any, *,
@@ -723,6 +720,12 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
         out[name] = MethodSpec(m.kind, draft=m.draft, tree=dataclasses.replace(m.tree, total_tokens=best),
                                prompt_lookup_tokens=m.prompt_lookup_tokens)
     return out, {"target_costs_s": costs, "choices": choices}
+
+
+def cached_target_costs(run_dir: str | Path) -> dict[int, float] | None:
+    """T(n) in seconds as :func:`resolve_tree_budgets` measured it on this run's machine, if it did."""
+    costs = (_read_json(Path(run_dir) / "bench" / TREE_BUDGETS) or {}).get("target_costs_s")
+    return {int(n): t for n, t in costs.items()} if costs else None
 
 
 def tree_budget_table(run_dir: str | Path, study: str = "main") -> pd.DataFrame:

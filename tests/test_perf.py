@@ -117,3 +117,17 @@ def test_unresolved_auto_budget_is_a_clear_error(tiny_run):
 
 def test_tree_budget_table_reads_the_study_file(tmp_path):
     assert list(tree_budget_table(tmp_path).columns)[:2] == ["method", "total_tokens"]  # empty but typed
+
+
+def test_cost_model_reuses_the_tuning_measurement(tiny_run, monkeypatch):
+    target, _, root = tiny_run
+
+    def boom(*a, **kw):
+        raise AssertionError("T(n) timed again although the tuning measured it")
+
+    monkeypatch.setattr(costmodel, "measure_target_costs", boom)
+    with single_thread():
+        tables = cost_model(target, root / "drafts", sizes=(1, 4), widths=(1,), context=16, repeats=2,
+                            target_costs={1: 0.002, 2: 0.003, 4: 0.004})
+    assert tables["target"]["ms"].tolist() == pytest.approx([2.0, 4.0])
+    assert tables["target"]["x_one_step"].tolist() == pytest.approx([1.0, 2.0])
