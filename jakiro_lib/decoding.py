@@ -14,7 +14,9 @@ from typing import Callable
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
+from . import kernels
 from .drafting import Drafter, FeatureDrafter
 from .tree import Tree
 from .verify import SamplingParams, sample, verify, warp_probs
@@ -62,6 +64,51 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class GrowingLayer(DynamicLayer):
+    """A KV cache layer whose keys/values are views into a buffer with spare room.
+
+    transformers' ``DynamicLayer`` concatenates the whole cache with the new entries on every forward;
+    here they are written in place (the buffer doubles when full), and keeping an accepted tree path
+    moves only the path's entries.
+    """
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._k = self._v = None
+        self._len = 0
+
+    def _view(self, end: int) -> None:
+        self._len = end
+        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self._len + key_states.shape[-2]
+        if self._k is None or end > self._k.shape[-2]:
+            room = max(256, 2 * end)
+            k = key_states.new_empty(*key_states.shape[:2], room, key_states.shape[-1])
+            v = value_states.new_empty(*value_states.shape[:2], room, value_states.shape[-1])
+            if self._len:
+                k[:, :, :self._len], v[:, :, :self._len] = self.keys, self.values
+            self._k, self._v = k, v
+        self._k[:, :, self._len:end] = key_states
+        self._v[:, :, self._len:end] = value_states
+        self._view(end)
+        return self.keys, self.values
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove < 0 and self.is_initialized:
+            self._view(max(self._len + tokens_to_remove, 0))
+
+    def keep(self, start: int, idx: torch.Tensor) -> None:
+        """Keep entries ``start + idx`` (ascending), moved to ``start..``; drop everything after them."""
+        end = start + idx.numel()
+        self._k[:, :, start:end] = self._k[:, :, idx]
+        self._v[:, :, start:end] = self._v[:, :, idx]
+        self._view(end)
+
+
 class TargetRunner:
     """The target behind a KV cache: prefill, one token, a tree, and keeping an accepted path."""
 
@@ -69,11 +116,12 @@ class TargetRunner:
         self.model = model
         self.device = model.device
         self.dtype = model.dtype
-        self.cache = DynamicCache(config=model.config)
-        self.length = 0
+        self.reset()
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
+        # full-attention layers grow in place; sliding-window ones (Mistral) keep transformers' own logic
+        self.cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in self.cache.layers]
         self.length = 0
 
     def _forward(self, ids: torch.Tensor, position_ids: torch.Tensor,
@@ -102,6 +150,7 @@ class TargetRunner:
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         pos = tree.depths.to(self.device) + self.length
+        kernels.prepare_rows(self.model, m)
         return self._forward(tree.tokens.to(self.device), pos, mask[None, None])
 
     def keep(self, start: int, nodes: list[int]) -> None:
@@ -109,6 +158,9 @@ class TargetRunner:
         idx = torch.tensor(nodes, dtype=torch.long, device=self.device) + start
         end = start + len(nodes)
         for layer in self.cache.layers:
+            if isinstance(layer, GrowingLayer):
+                layer.keep(start, idx)
+                continue
             layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys[:, :, idx]], dim=2)
             layer.values = torch.cat([layer.values[:, :, :start], layer.values[:, :, idx]], dim=2)
             if hasattr(layer, "cumulative_length"):  # sliding-window layers (Mistral) count their length apart

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from . import kernels
 from .config import TargetConfig
 from .utils import atomic_path, cache_dir
 
@@ -171,4 +172,8 @@ def load_target(config: TargetConfig | None = None) -> Target:
         tokenizer = AutoTokenizer.from_pretrained(path)
     model = model.to(device=config.device, dtype=dtype).eval()
     model.requires_grad_(False)
+    if config.gqa_attention:
+        kernels.use_gqa_attention(model)
+    if config.packed_gemm:
+        kernels.enable_packed_gemm(model, capacity=config.packed_gemm)
     return Target(model=model, tokenizer=tokenizer, config=config)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import jakiro_lib.decoding as decoding
+from jakiro_lib import kernels
 from jakiro_lib.config import DraftConfig, TreeConfig
 from jakiro_lib.decoding import (ContextLengthError, TargetRunner, hf_generate, speculative_generate,
                                  vanilla_generate)
@@ -32,11 +33,16 @@ def _one_thread():
 
 
 @functools.lru_cache(maxsize=None)
-def _model(family: str, attn: str = "sdpa"):
+def _model(family: str, attn: str = "sdpa_gqa"):
+    """The tiny target with attention ``attn`` ("sdpa", "eager", "sdpa_gqa"), "+packed": MKL-packed GEMMs
+    for every row count seen (prefills included, so packed and plain rows mix)."""
     model = tiny_target(family)
-    if attn != model.config._attn_implementation:
+    impl, _, packed = attn.partition("+")
+    if impl != model.config._attn_implementation or packed:
         model = copy.deepcopy(model)
-        model.set_attn_implementation(attn)
+        model.set_attn_implementation(impl)
+        if packed:
+            assert kernels.enable_packed_gemm(model, capacity=64, min_rows=1) is not None
     return model
 
 
@@ -57,7 +63,7 @@ def _random_tree(rng: random.Random, m: int, root: int) -> Tree:
 
 
 ATOL = 2e-5
-RUNNER_CASES = [(f, a) for f in FAMILIES for a in ("sdpa", "eager")]
+RUNNER_CASES = [(f, a) for f in FAMILIES for a in ("sdpa", "eager", "sdpa_gqa")] + [("llama", "sdpa_gqa+packed")]
 
 
 # -- TargetRunner ----------------------------------------------------------------------------------------
@@ -181,6 +187,18 @@ def test_greedy_lossless_random_drafts(prompts, vanilla, draft_name, shape):
         _check_bookkeeping(r, n)
         assert max(r.tree_sizes) <= cfg.total_tokens
         assert r.draft_forwards == r.cycles * (len(drafter.steps) - 1)
+
+
+@pytest.mark.skipif(not torch._C.has_mkl, reason="MKL packing needs an MKL build of torch")
+@pytest.mark.parametrize("draft_name", list(DRAFTS))
+def test_greedy_lossless_with_cpu_fast_paths(prompts, draft_name):
+    """Speculative decoding on packed GEMMs + SDPA GQA equals vanilla decoding on the library defaults."""
+    plain, fast = _model("llama", "sdpa"), _model("llama", "sdpa_gqa+packed")
+    drafter = _feature_drafter(fast, draft_name, SHAPES["d4k4n12"], seed=3)
+    for p in prompts:
+        ref = vanilla_generate(plain, p, max_new_tokens=12)
+        assert speculative_generate(fast, drafter, p, max_new_tokens=12).output_ids == ref.output_ids
+    assert kernels.packed_gemm(fast).sizes  # the packed path did run
 
 
 def _spy_paths(monkeypatch) -> list[list[int]]:
