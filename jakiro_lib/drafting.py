@@ -138,39 +138,46 @@ class FeatureDrafter:
         for r, node in enumerate(frontier):
             node.out = _row(out, 0, r)
 
-    def _candidates(self, out: DraftOutput) -> list[tuple[int, float, torch.Tensor]]:
-        """(target token, log-prob, feature it carries) for one node's children via branch A."""
+    def _candidates(self, outs: list[DraftOutput]) -> list[list[tuple[int, float, torch.Tensor]]]:
+        """(target token, log-prob, feature it carries) for each node's children via branch A.
+
+        One draft-vocabulary logits call for the whole frontier (per node it was most of a draft step).
+        """
         cfg = self.cfg
-        if not cfg.decoupled or out.experts is None:
-            logp = self.draft.logits(out.a).float().log_softmax(-1)
-            top = logp.topk(cfg.top_k)
+        if not cfg.decoupled or outs[0].experts is None:
+            logp = self.draft.logits(torch.stack([o.a for o in outs])).float().log_softmax(-1)
+            top = logp.topk(cfg.top_k, dim=-1)
             ids = self.draft.to_target_ids(top.indices).tolist()
-            return [(t, float(s), out.a) for t, s in zip(ids, top.values.tolist())]
-        assert out.gates is not None
-        sel = (out.gates > 0).nonzero().flatten()
-        gates = out.gates[sel].float()
-        gates = gates / gates.sum()
-        logp = self.draft.logits(out.experts[sel]).float().log_softmax(-1)  # [E_sel, V]
+            return [[(t, s, o.a) for t, s in zip(ids[r], top.values[r].tolist())] for r, o in enumerate(outs)]
+        sels = [(o.gates > 0).nonzero().flatten() for o in outs]
+        logp_all = self.draft.logits(torch.cat([o.experts[sel] for o, sel in zip(outs, sels)])).float()
+        logp_all = logp_all.log_softmax(-1)
         per_expert = cfg.children_per_expert or cfg.top_k
-        union = torch.unique(logp.topk(per_expert, dim=-1).indices)
-        if cfg.scoring == "mixture":
-            weighted = logp[:, union] + gates.log()[:, None]
-            scores = weighted.logsumexp(0)
-        else:
-            weighted = logp[:, union]
-            scores = weighted.max(0).values
-        owner = weighted.argmax(0)  # the expert that backs each child most: its feature goes along
-        best = scores.topk(min(cfg.top_k, union.numel()))
-        ids = self.draft.to_target_ids(union[best.indices]).tolist()
-        return [(t, float(s), out.experts[sel[owner[j]]]) for t, s, j in
-                zip(ids, best.values.tolist(), best.indices.tolist())]
+        result, row = [], 0
+        for o, sel in zip(outs, sels):
+            logp = logp_all[row: row + sel.numel()]  # [E_sel, V]
+            row += sel.numel()
+            gates = o.gates[sel].float()
+            gates = gates / gates.sum()
+            union = torch.unique(logp.topk(per_expert, dim=-1).indices)
+            if cfg.scoring == "mixture":
+                weighted = logp[:, union] + gates.log()[:, None]
+                scores = weighted.logsumexp(0)
+            else:
+                weighted = logp[:, union]
+                scores = weighted.max(0).values
+            owner = weighted.argmax(0)  # the expert that backs each child most: its feature goes along
+            best = scores.topk(min(cfg.top_k, union.numel()))
+            ids = self.draft.to_target_ids(union[best.indices]).tolist()
+            result.append([(t, float(s), o.experts[sel[owner[j]]]) for t, s, j in
+                           zip(ids, best.values.tolist(), best.indices.tolist())])
+        return result
 
     def _expand_a(self, pool: CandidatePool, frontier: list[_Node]) -> list[_Node]:
         children = []
-        for node in frontier:
-            assert node.out is not None
+        for node, cands in zip(frontier, self._candidates([node.out for node in frontier])):
             ancestors = node.ancestors + ([node.slot] if node.slot is not None else [])
-            for token, logp, feat in self._candidates(node.out):
+            for token, logp, feat in cands:
                 idx = pool.add(token, node.pool_index, pool.scores[node.pool_index] + logp)
                 children.append(_Node(idx, feat, ancestors=ancestors))
         return children
@@ -178,18 +185,22 @@ class FeatureDrafter:
     def _expand_b(self, pool: CandidatePool, layer: list[_Node], parents: dict[int, _Node]) -> list[_Node]:
         """Children of each node in ``layer`` from branch B of that node's real parent (two ahead).
 
-        Rows are gathered by parent index (the reference pairs row r with the r-th node: a bug).
+        Rows are gathered by parent index (the reference pairs row r with the r-th node: a bug); one
+        logits call covers every distinct parent.
         """
+        owners = list(dict.fromkeys(pool.parents[node.pool_index] for node in layer))
+        b_out = [parents[p].out.b for p in owners]
+        logp = self.draft.logits(torch.stack(b_out)).float().log_softmax(-1)
+        top = logp.topk(self.cfg.top_k, dim=-1)
+        ids, vals = self.draft.to_target_ids(top.indices).tolist(), top.values.tolist()
+        row_of = {p: r for r, p in enumerate(owners)}
         grand = []
         for node in layer:
-            out = parents[pool.parents[node.pool_index]].out
-            assert out is not None and out.b is not None
-            logp = self.draft.logits(out.b).float().log_softmax(-1)
-            top = logp.topk(self.cfg.top_k)
-            for token, lp in zip(self.draft.to_target_ids(top.indices).tolist(), top.values.tolist()):
+            r = row_of[pool.parents[node.pool_index]]
+            for token, lp in zip(ids[r], vals[r]):
                 idx = pool.add(token, node.pool_index, pool.scores[node.pool_index] + lp)
                 # The skipped token (node) is never forwarded: its child sees only the parent's ancestors.
-                grand.append(_Node(idx, out.b, ancestors=node.ancestors))
+                grand.append(_Node(idx, b_out[r], ancestors=node.ancestors))
         return grand
 
     @staticmethod

@@ -1,10 +1,11 @@
 """Where the time goes and whether speculation pays on this machine (the performance report).
 
-Two tables, both from measurements of the same run:
+Three tables, all from measurements of the same run:
 
 * :func:`cost_model` times what one speculative cycle is made of on the profile's target: the target
-  scoring an n-token tree, T(n), and one draft step of every trained draft, with its reduced draft
-  vocabulary and with the full one (the reduced-vocabulary lever, timed directly).
+  scoring an n-token tree, T(n) (also without the CPU fast paths of :mod:`jakiro_lib.kernels`), and one
+  draft step of every trained draft, with its reduced draft vocabulary and with the full one.
+* :func:`lever_table` turns those and the main study into "what each lever bought".
 * :func:`performance_targets` reads the main study's summary and checks the speed goals we hold
   ourselves to (Jakiro against HF ``generate``, EAGLE-2 and prompt lookup; our vanilla loop against HF
   ``generate``), each as a ratio of tokens/s measured side by side in one run.
@@ -30,11 +31,15 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
 
     ``target_costs``: T(n) in seconds already measured on this machine (the tree-budget tuning's); used
     when it covers ``sizes`` and n = 1, instead of timing the target again.
-    Returns ``{"target": [n, ms, x_one_step], "draft": [draft, vocab, width, ms, x_target_step]}``. The
-    full-vocabulary rows time an untrained copy of the same architecture (timing only).
+    Returns ``{"target": [n, ms, x_one_step, ms_library_defaults, ms_without_packed_gemm], "draft":
+    [draft, vocab, width, ms, x_target_step]}`` (``ms`` as decoding runs; the last two target columns
+    only where :mod:`~jakiro_lib.kernels` fast paths are on). The full-vocabulary rows time an untrained
+    copy of the same architecture (timing only).
     """
     from .costmodel import measure_draft_costs, measure_target_costs
     from .draft import DraftModel
+
+    from . import kernels
 
     wanted = sorted({1, *sizes})
     if target_costs is not None and set(wanted) <= set(target_costs):
@@ -43,6 +48,20 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
         t = measure_target_costs(target.model, sizes=wanted, context=context, repeats=repeats)
     one = t[min(t)]
     target_rows = [{"n": n, "ms": 1000 * s, "x_one_step": s / one} for n, s in sorted(t.items())]
+    # the same T(n) without the CPU fast paths (jakiro_lib.kernels): what each of them buys
+    model = target.model
+    variants = {}
+    if model.config._attn_implementation == kernels.GQA_ATTENTION or kernels.packed_gemm(model) is not None:
+        with kernels.plain_kernels(model):
+            variants["ms_library_defaults"] = measure_target_costs(model, sizes=wanted, context=context,
+                                                                   repeats=repeats)
+        if kernels.packed_gemm(model) is not None:
+            with kernels.plain_kernels(model, gqa=False):
+                variants["ms_without_packed_gemm"] = measure_target_costs(model, sizes=wanted, context=context,
+                                                                          repeats=repeats)
+    for row in target_rows:
+        for col, costs in variants.items():
+            row[col] = 1000 * costs[row["n"]]
     vocab = target.model.config.vocab_size
     draft_rows = []
     for name in drafts:
@@ -104,18 +123,75 @@ def performance_targets(main: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.DataFrame, *,
+                tree_tokens: int = 8) -> pd.DataFrame:
+    """What each speed lever bought, each measured with and without it on this machine in this run.
+
+    Kernel levers compare T(``tree_tokens``) (the verify forward of the profile's tree); the draft
+    vocabulary compares one draft step at the widest measured frontier; the tuned tree budget compares
+    tokens/s of the main study's fixed-budget and ``_auto`` methods (greedy, mean over benchmarks).
+    """
+    from .study import headline_table
+
+    rows: list[dict[str, Any]] = []
+
+    def add(lever: str, measured: str, without: float, with_: float, lower_is_better: bool = True) -> None:
+        if math.isnan(without) or math.isnan(with_):
+            return
+        gain = without / with_ if lower_is_better else with_ / without
+        rows.append({"lever": lever, "measured": measured, "without": without, "with": with_, "speedup": gain})
+
+    t = target_costs.set_index("n") if len(target_costs) else pd.DataFrame()
+    if tree_tokens in t.index:
+        row = t.loc[tree_tokens]
+        fast = float(row["ms"])
+        if "ms_without_packed_gemm" in t.columns:
+            add("MKL-packed GEMM weights for the tree size", f"target T({tree_tokens}) ms",
+                float(row["ms_without_packed_gemm"]), fast)
+            if "ms_library_defaults" in t.columns:
+                add("SDPA's own GQA under tree masks", f"target T({tree_tokens}) ms",
+                    float(row["ms_library_defaults"]), float(row["ms_without_packed_gemm"]))
+        if "ms_library_defaults" in t.columns:
+            add("all kernel fast paths", f"target T({tree_tokens}) ms", float(row["ms_library_defaults"]), fast)
+            one = t.loc[1] if 1 in t.index else None
+            if one is not None:
+                add("all kernel fast paths", f"T({tree_tokens}) / T(1)",
+                    float(row["ms_library_defaults"] / one["ms_library_defaults"]), float(row["ms"] / one["ms"]))
+    if len(draft_costs):
+        for draft, d in draft_costs.groupby("draft"):
+            width = d["width"].max()
+            d = d[d["width"] == width]
+            if d["vocab"].nunique() == 2:
+                full, small = d.sort_values("vocab", ascending=False)["ms"].tolist()
+                vocab = int(d["vocab"].min())
+                add(f"draft vocabulary {vocab} instead of {int(d['vocab'].max())}",
+                    f"{draft} draft step ms (width {width})", full, small)
+    h = headline_table(main) if len(main) else pd.DataFrame()
+    if len(h):
+        greedy = h[h["temperature"] == 0].set_index("method")
+        for fixed, auto in (("eagle2", "eagle2_auto"), ("jakiro", "jakiro_auto")):
+            if fixed in greedy.index and auto in greedy.index:
+                add("tree budget tuned on this machine", f"{auto} vs {fixed} tokens/s (T=0)",
+                    float(greedy.loc[fixed, "tokens_per_s"]), float(greedy.loc[auto, "tokens_per_s"]),
+                    lower_is_better=False)
+    return pd.DataFrame(rows, columns=["lever", "measured", "without", "with", "speedup"])
+
+
 def write_performance_report(ctx: Any, main: pd.DataFrame, *, target: Any = None) -> dict[str, pd.DataFrame]:
     """Notebook 02's performance section: cost model, tree-budget tuning and the goals table, written as
-    ``cost_model_target.csv``, ``cost_model_draft.csv``, ``tree_budget.csv`` and ``performance_targets.csv``
-    in the report directory. T(n) is the one the tree-budget tuning measured (cached in
-    ``run_dir/bench/tree_budgets.json``) when there is one. Returns the four tables."""
+    ``cost_model_target.csv``, ``cost_model_draft.csv``, ``tree_budget.csv``, ``performance_targets.csv``
+    and ``levers.csv`` in the report directory. T(n) is the one the tree-budget tuning measured (cached in
+    ``run_dir/bench/tree_budgets.json``) when there is one. Returns the five tables."""
     from .study import cached_target_costs, get_target, tree_budget_table, write_table
 
     target = target or get_target(ctx)
     tables = cost_model(target, ctx.drafts_dir, widths=sorted({1, ctx.profile.tree.top_k}),
                         target_costs=cached_target_costs(ctx.run_dir))
+    total = ctx.profile.tree.total_tokens
     tables = {"cost_model_target": tables["target"], "cost_model_draft": tables["draft"],
-              "tree_budget": tree_budget_table(ctx.run_dir, "main"), "performance_targets": performance_targets(main)}
+              "tree_budget": tree_budget_table(ctx.run_dir, "main"), "performance_targets": performance_targets(main),
+              "levers": lever_table(tables["target"], tables["draft"], main,
+                                    tree_tokens=total if isinstance(total, int) else 8)}
     for name, df in tables.items():
         write_table(Path(ctx.report_dir) / f"{name}.csv", df)
     return tables

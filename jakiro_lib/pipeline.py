@@ -340,14 +340,12 @@ def write_report_index(report_dir: str | Path, *, profile_name: str | None = Non
             summary = headline_table(pd.read_csv(main_csv))
         except Exception as exc:  # noqa: BLE001 - an index without the table beats no index
             log.warning("could not summarise %s: %s", main_csv, exc)
-    goals = None
-    goals_csv = report_dir / "performance_targets.csv"
-    if goals_csv.is_file():
-        import pandas as pd
+    import pandas as pd
 
-        goals = pd.read_csv(goals_csv)
+    goals, levers = (pd.read_csv(report_dir / name) if (report_dir / name).is_file() else None
+                     for name in ("performance_targets.csv", "levers.csv"))
     return write_index_html(report_dir, title=f"Jakiro reproduction: profile {profile_name or report_dir.name}",
-                            summary=summary, goals=goals)
+                            summary=summary, goals=goals, levers=levers)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -323,6 +323,9 @@ def plot_cost_model(target_costs: pd.DataFrame | Iterable[dict], draft_costs: pd
     fig, axes = new_figure(ncols=2 if not b.empty else 1, width=5.2)
     ax = axes[0, 0]
     ax.plot(t["n"], t["ms"], marker="o", color="black", label="target: verify n tokens")
+    if "ms_library_defaults" in t.columns:
+        ax.plot(t["n"], t["ms_library_defaults"], marker=".", ls="--", color="grey",
+                label="target, library default kernels")
     palette = sns.color_palette("deep", max(len(d), 1))
     for i, row in enumerate(d.itertuples(index=False)):
         ax.axhline(row.ms, ls=":", color=palette[i], label=f"draft {row.draft}, vocab {row.vocab}, width {row.width}")
@@ -381,11 +384,12 @@ def _table_html(df: pd.DataFrame, float_format: str = "{:.3g}") -> str:
 
 def write_index_html(report_dir: str | Path, *, title: str = "Jakiro reproduction report",
                      summary: pd.DataFrame | None = None, notes: str | None = None,
-                     goals: pd.DataFrame | None = None) -> Path:
+                     goals: pd.DataFrame | None = None, levers: pd.DataFrame | None = None) -> Path:
     """Write ``report_dir/index.html`` linking every notebook (executed + HTML), table, figure and config.
 
     ``summary``: a short table shown at the top (e.g. the headline speedup / tau per method); ``goals``:
-    the performance goals table (:func:`jakiro_lib.perf.performance_targets`).
+    the performance goals table (:func:`jakiro_lib.perf.performance_targets`); ``levers``: what each
+    speed lever bought (:func:`jakiro_lib.perf.lever_table`).
     Run metadata is read from ``run_config.json`` and stage timings from ``pipeline.json`` when present.
     """
     report_dir = Path(report_dir)
@@ -419,6 +423,11 @@ def write_index_html(report_dir: str | Path, *, title: str = "Jakiro reproductio
         parts.append("<p class='note'>Ratios of mean tokens/s (or tau) measured side by side in this run; "
                      "see notebook 02 for the cost model behind them.</p>")
         parts.append(_table_html(goals))
+    if levers is not None and not levers.empty:
+        parts.append("<h2>What each speed lever bought</h2>")
+        parts.append("<p class='note'>Each lever measured with and without it in this run (speedup = "
+                     "without / with for times, with / without for tokens/s).</p>")
+        parts.append(_table_html(levers))
 
     names = {p.name for p in files}
     parts.append("<h2>Notebooks</h2><table><thead><tr><th>stage</th><th>HTML</th><th>executed notebook</th>"

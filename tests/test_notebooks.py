@@ -197,6 +197,8 @@ def test_smoke_pipeline_end_to_end(tmp_path, monkeypatch):
     assert (main.loc[main["method"].isin(["eagle2", "jakiro", "jakiro_cepd"]), "total_tokens"] == 8).all()
     assert (pd.read_csv(report / "cost_model_target.csv")["ms"] > 0).all()
     assert len(pd.read_csv(report / "cost_model_draft.csv")) >= 4
+    levers = pd.read_csv(report / "levers.csv")  # gqa attention is on for the tiny target: a kernel row
+    assert "all kernel fast paths" in set(levers["lever"]) and (levers["speedup"] > 0).all()
     goals = pd.read_csv(report / "performance_targets.csv")
     assert len(goals) >= 7 and goals["ratio"].notna().all() and (goals["ratio"] > 0).all()
     comparison = pd.read_csv(report / "comparison_published.csv")
@@ -219,6 +221,7 @@ def test_smoke_pipeline_end_to_end(tmp_path, monkeypatch):
             ["main_results.csv", "ablations.csv", "training.csv", "run_config.json"] + sorted(names):
         assert f"href='{name}'" in index, name
     assert "jakiro_cepd" in index and "Performance goals" in index  # the summary and goals tables
+    assert "What each speed lever bought" in index
 
     # a second run skips every stage
     t1 = time.perf_counter()

@@ -11,7 +11,7 @@ from jakiro_lib.bench import study_methods
 from jakiro_lib.config import DraftConfig, TargetConfig, TreeConfig, get_profile
 from jakiro_lib.draft import DraftModel
 from jakiro_lib.drafting import FeatureDrafter
-from jakiro_lib.perf import cost_model, performance_targets
+from jakiro_lib.perf import cost_model, lever_table, performance_targets
 from jakiro_lib.study import resolve_tree_budgets, tree_budget_table
 from jakiro_lib.target import load_target
 
@@ -122,12 +122,34 @@ def test_tree_budget_table_reads_the_study_file(tmp_path):
 def test_cost_model_reuses_the_tuning_measurement(tiny_run, monkeypatch):
     target, _, root = tiny_run
 
-    def boom(*a, **kw):
-        raise AssertionError("T(n) timed again although the tuning measured it")
+    real = costmodel.measure_target_costs
 
-    monkeypatch.setattr(costmodel, "measure_target_costs", boom)
+    def only_without_fast_paths(model, **kw):
+        if model.config._attn_implementation != "sdpa":
+            raise AssertionError("T(n) timed again although the tuning measured it")
+        return real(model, **kw)
+
+    monkeypatch.setattr(costmodel, "measure_target_costs", only_without_fast_paths)
     with single_thread():
         tables = cost_model(target, root / "drafts", sizes=(1, 4), widths=(1,), context=16, repeats=2,
                             target_costs={1: 0.002, 2: 0.003, 4: 0.004})
-    assert tables["target"]["ms"].tolist() == pytest.approx([2.0, 4.0])
-    assert tables["target"]["x_one_step"].tolist() == pytest.approx([1.0, 2.0])
+    t = tables["target"]
+    assert t["ms"].tolist() == pytest.approx([2.0, 4.0])
+    assert t["x_one_step"].tolist() == pytest.approx([1.0, 2.0])
+    assert (t["ms_library_defaults"] > 0).all()  # the "without" column is measured, not copied
+
+
+def test_lever_table_compares_each_lever_with_and_without():
+    target = pd.DataFrame({"n": [1, 8], "ms": [30.0, 45.0], "ms_library_defaults": [32.0, 70.0],
+                           "ms_without_packed_gemm": [31.0, 66.0]})
+    draft = pd.DataFrame({"draft": ["dense"] * 4, "vocab": [64, 64, 260, 260], "width": [1, 3, 1, 3],
+                          "ms": [1.0, 1.5, 3.0, 6.0], "x_target_step": [0.0] * 4})
+    main = _main({(0.0, "eagle2"): 20.0, (0.0, "eagle2_auto"): 25.0, (0.0, "jakiro"): 20.0}, {})
+    levers = lever_table(target, draft, main, tree_tokens=8).set_index("measured")
+    assert levers.loc["target T(8) ms", "speedup"].tolist() == pytest.approx([66 / 45, 70 / 66, 70 / 45])
+    assert levers.loc["T(8) / T(1)", "with"] == pytest.approx(1.5)
+    assert levers.loc["dense draft step ms (width 3)", "speedup"] == pytest.approx(4.0)
+    assert levers.loc["eagle2_auto vs eagle2 tokens/s (T=0)", "speedup"] == pytest.approx(1.25)
+    assert "jakiro_auto vs jakiro tokens/s (T=0)" not in levers.index  # no auto row measured: no claim
+    slower = lever_table(target.assign(ms=[30.0, 80.0]), draft.iloc[:0], main.iloc[:0], tree_tokens=8)
+    assert (slower.set_index("lever").loc["MKL-packed GEMM weights for the tree size", "speedup"] < 1)
