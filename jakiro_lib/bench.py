@@ -75,11 +75,12 @@ class MethodRunner:
         self.target = target
         self.spec = spec
         self.draft = DraftModel.load(spec.draft, target.model) if spec.kind == "spec" else None
-        # the row count each verification forward has (a tree; a lookup chain plus its root), packed now
-        # so that no timed call pays for it (jakiro_lib.kernels)
-        rows = spec.tree.total_tokens if spec.kind == "spec" else spec.prompt_lookup_tokens + 1
-        if spec.kind in ("spec", "pld") and isinstance(rows, int):
-            kernels.prepare_rows(target.model, rows)
+        # the row count of each verification forward (a tree; a lookup chain plus its root), packed now
+        # in method order, so that no timed call pays for it even without warm-up (jakiro_lib.kernels)
+        if spec.kind == "spec" and isinstance(spec.tree.total_tokens, int):
+            kernels.prepare_rows(target.model, spec.tree.total_tokens)
+        elif spec.kind == "pld":
+            kernels.prepare_rows(target.model, spec.prompt_lookup_tokens + 1)
 
     def __call__(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, params: SamplingParams,
                  seed: int, on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:

@@ -72,9 +72,10 @@ class PackedGemm:
 
     def ensure(self, rows: int) -> bool:
         """Pack for ``rows`` if useful and room is left; True when ``rows`` is served packed."""
-        if rows in self.sizes:
+        held = self.linears[0]._jakiro_packed if self.linears else {}
+        if rows in held:
             return True
-        if self.frozen or rows < self.min_rows or len(self.sizes) >= self.capacity:
+        if self.frozen or rows < self.min_rows or len(held) >= self.capacity:
             return False
         with torch.no_grad():
             for lin in self.linears:
@@ -119,14 +120,14 @@ def packed_gemm(model: nn.Module) -> PackedGemm | None:
 
 def prepare_rows(model: nn.Module, rows: int) -> bool:
     """Called before a forward of ``rows`` tokens whose size recurs (a tree, a lookup chain)."""
-    gemm = getattr(model, _ATTR, None)
+    gemm = packed_gemm(model)
     return gemm.ensure(rows) if gemm is not None else False
 
 
 @contextmanager
 def packed_for(model: nn.Module, rows: int) -> Iterator[bool]:
     """Pack for ``rows`` for the duration of the block (timing T(n) as decoding would see it)."""
-    gemm = getattr(model, _ATTR, None)
+    gemm = packed_gemm(model)
     fresh = gemm is not None and rows not in gemm.sizes
     served = prepare_rows(model, rows)
     try:
@@ -139,7 +140,7 @@ def packed_for(model: nn.Module, rows: int) -> Iterator[bool]:
 @contextmanager
 def packing_frozen(model: nn.Module) -> Iterator[None]:
     """No new packed sizes inside the block (sizes packed already keep serving)."""
-    gemm = getattr(model, _ATTR, None)
+    gemm = packed_gemm(model)
     before = gemm.frozen if gemm is not None else False
     if gemm is not None:
         gemm.frozen = True
@@ -153,11 +154,12 @@ def packing_frozen(model: nn.Module) -> Iterator[None]:
 @contextmanager
 def plain_kernels(model: nn.Module, *, gqa: bool = True, packed: bool = True) -> Iterator[None]:
     """Run the block on the library defaults (to measure what each fast path buys)."""
-    gemm = getattr(model, _ATTR, None) if packed else None
-    saved = [lin._jakiro_packed for lin in gemm.linears] if gemm is not None else []
+    gemm = packed_gemm(model) if packed else None
+    linears = gemm.linears if gemm is not None else []
+    saved = [lin._jakiro_packed for lin in linears]
     switch = gqa and model.config._attn_implementation == GQA_ATTENTION
     try:
-        for lin in gemm.linears if gemm is not None else []:
+        for lin in linears:
             lin._jakiro_packed = {}
         if switch:
             model.set_attn_implementation("sdpa")
@@ -166,7 +168,7 @@ def plain_kernels(model: nn.Module, *, gqa: bool = True, packed: bool = True) ->
     finally:
         if switch:
             model.set_attn_implementation(GQA_ATTENTION)
-        for lin, packs in zip(gemm.linears if gemm is not None else [], saved):
+        for lin, packs in zip(linears, saved):
             lin._jakiro_packed = packs
 
 

@@ -36,10 +36,9 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
     only where :mod:`~jakiro_lib.kernels` fast paths are on). The full-vocabulary rows time an untrained
     copy of the same architecture (timing only).
     """
+    from . import kernels
     from .costmodel import measure_draft_costs, measure_target_costs
     from .draft import DraftModel
-
-    from . import kernels
 
     wanted = sorted({1, *sizes})
     if target_costs is not None and set(wanted) <= set(target_costs):
