@@ -19,7 +19,6 @@ from typing import Any, Callable, Iterable
 import torch
 from tqdm.auto import tqdm
 
-from . import kernels
 from .config import TreeConfig
 from .decoding import GenerationResult, hf_generate, speculative_generate, vanilla_generate
 from .draft import DraftModel
@@ -75,12 +74,6 @@ class MethodRunner:
         self.target = target
         self.spec = spec
         self.draft = DraftModel.load(spec.draft, target.model) if spec.kind == "spec" else None
-        # the row count of each verification forward (a tree; a lookup chain plus its root), packed now
-        # in method order, so that no timed call pays for it even without warm-up (jakiro_lib.kernels)
-        if spec.kind == "spec" and isinstance(spec.tree.total_tokens, int):
-            kernels.prepare_rows(target.model, spec.tree.total_tokens)
-        elif spec.kind == "pld":
-            kernels.prepare_rows(target.model, spec.prompt_lookup_tokens + 1)
 
     def __call__(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, params: SamplingParams,
                  seed: int, on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:

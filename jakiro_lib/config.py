@@ -29,8 +29,9 @@ class TargetConfig:
     max_context: int = 2048
     seed: int = 0  # weights seed for tiny random targets
     # CPU fast paths (jakiro_lib.kernels), used by every method alike. gqa_attention: SDPA handles grouped
-    # KV heads under tree masks (no per-layer KV copy). packed_gemm: how many tree sizes get MKL-packed
-    # weight copies (fp32 CPU; each costs ~2x the weights' memory); 0 = off.
+    # KV heads under tree masks (no per-layer KV copy). packed_gemm: the largest row count (tree size,
+    # lookup chain) served by one MKL-packed copy of the weights (fp32 CPU; about the weights' memory
+    # once more); 0 = off.
     gqa_attention: bool = True
     packed_gemm: int = 0
 
@@ -200,12 +201,12 @@ def _profiles() -> dict[str, Profile]:
     )
     # Sized for a 2-core CPU and a <= 90 min main job (DESIGN.md 9): small trees (the target's T(n) grows
     # fast on CPU; the "_auto" methods tune the budget on the machine), a reduced draft vocabulary, CPU
-    # fast paths for the target (MKL-packed GEMMs for up to 4 tree sizes), and 2000 training
+    # fast paths for the target (MKL-packed GEMMs for 4..64 rows: every tuning candidate), and 2000 training
     # conversations for 3 epochs (measured 2026-11-22, dense draft: held-out top-1 0.344 and tau 1.63 vs
     # 0.313 and 1.54 with 400 conversations x 10 epochs; ~11 min of feature caching).
     default = Profile(
         name="default",
-        target=TargetConfig(model="builtin:smollm2", max_context=2048, packed_gemm=4),
+        target=TargetConfig(model="builtin:smollm2", max_context=2048, packed_gemm=64),
         data=DataConfig(num_conversations=2000, max_length=384, shard_size=50),
         train=TrainConfig(epochs=3, batch_size=8, lr=5e-4, warmup_steps=50),
         tree=TreeConfig(depth=4, top_k=3, total_tokens=8),

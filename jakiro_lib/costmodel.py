@@ -15,7 +15,6 @@ from typing import Any, Sequence
 
 import torch
 
-from . import kernels
 from .decoding import TargetRunner, _sync
 from .draft import DraftModel, KVCache
 from .config import TreeConfig
@@ -47,8 +46,7 @@ def measure_target_costs(model: torch.nn.Module, sizes: Sequence[int] = (1, 2, 4
                          context: int = 256, repeats: int = 7) -> dict[int, float]:
     """Seconds for the target to score an n-token tree on top of a ``context``-token cache.
 
-    Each size is timed as decoding would run it: with MKL-packed weights for n when the model has
-    :mod:`~jakiro_lib.kernels` packing enabled (packed for the measurement only, then released).
+    Each size is timed as decoding runs it (with the model's :mod:`~jakiro_lib.kernels` fast paths).
     """
     runner = TargetRunner(model)
     vocab = model.config.vocab_size
@@ -62,9 +60,8 @@ def measure_target_costs(model: torch.nn.Module, sizes: Sequence[int] = (1, 2, 4
             runner.tree(tree)
             runner.keep(context, [])
 
-        with kernels.packed_for(model, n):
-            verify_once()  # warm-up for this shape
-            out[n] = _median_time(verify_once, repeats, runner.device)
+        verify_once()  # warm-up for this shape
+        out[n] = _median_time(verify_once, repeats, runner.device)
     return out
 
 
@@ -161,10 +158,8 @@ def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts:
     ranks: list[list[int]] = []
     draft_time = cycles = 0.0
     for ids in prompts:
-        with kernels.packing_frozen(target.model):  # the big tuning tree must not take a packed slot
-            res = speculative_generate(target.model, FeatureDrafter(draft, big), ids, max_new_tokens=max_new_tokens,
-                                       eos_token_ids=target.eos_token_ids,
-                                       max_context=target.config.max_context)
+        res = speculative_generate(target.model, FeatureDrafter(draft, big), ids, max_new_tokens=max_new_tokens,
+                                   eos_token_ids=target.eos_token_ids, max_context=target.config.max_context)
         ranks += res.path_ranks
         draft_time += res.draft_time
         cycles += res.cycles

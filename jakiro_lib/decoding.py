@@ -16,7 +16,6 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from . import kernels
 from .drafting import Drafter, FeatureDrafter
 from .tree import Tree
 from .verify import SamplingParams, sample, verify, warp_probs
@@ -150,7 +149,6 @@ class TargetRunner:
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         pos = tree.depths.to(self.device) + self.length
-        kernels.prepare_rows(self.model, m)
         return self._forward(tree.tokens.to(self.device), pos, mask[None, None])
 
     def keep(self, start: int, nodes: list[int]) -> None:

@@ -4,10 +4,12 @@ Tree verification runs the target on a handful of rows (the tree's tokens). On a
 defaults make that needlessly expensive (measured in ``reports/<profile>/cost_model_target.csv``):
 
 * MKL's plain sgemm switches to a slower kernel from 4 rows on, so T(4) jumps well above T(3). A weight
-  pre-packed by MKL (``cblas_sgemm_pack``, the format inductor's CPU freezing uses) for exactly that row
-  count streams much better. :class:`PackedGemm` keeps such copies for a few row counts (the tree sizes in
-  use) and routes a Linear call to them only when its row count matches; everything else (one-token
-  decoding, prefill) stays on the plain kernel.
+  pre-packed by MKL (``cblas_sgemm_pack``, the format inductor's CPU freezing uses) streams much better.
+  :class:`PackedGemm` keeps one packed copy per ``nn.Linear`` and routes calls of ``min_rows..max_rows``
+  rows to it (tree verification, prompt-lookup chains); one-token decoding and prefill stay on the plain
+  kernel. One copy serves every row count in that range: measured on SmolLM2's shapes, a copy packed for
+  ``max_rows`` is as fast at fewer rows as one packed for exactly that count (the large ``lm_head`` is
+  slower above the count it was packed for, hence the pack is made for ``max_rows``).
 * transformers' SDPA path copies the KV cache once per layer (``repeat_kv``) whenever a custom mask is
   given, which every tree forward does. ``sdpa_gqa`` passes ``enable_gqa=True`` to torch's SDPA instead.
 
@@ -36,73 +38,55 @@ def packed_gemm_available(model: nn.Module) -> bool:
 
 def _packed_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    packed = self._jakiro_packed.get(rows)
-    if packed is None or (x.requires_grad and torch.is_grad_enabled()):  # the MKL op has no backward
+    gemm: PackedGemm | None = self._jakiro_gemm
+    if (gemm is None or not gemm.active or not gemm.min_rows <= rows <= gemm.max_rows
+            or (x.requires_grad and torch.is_grad_enabled())):  # the MKL op has no backward
         return F.linear(x, self.weight, self.bias)
-    y = torch.ops.mkl._mkl_linear(x.reshape(rows, x.shape[-1]), packed, self.weight, self.bias, rows)
+    y = torch.ops.mkl._mkl_linear(x.reshape(rows, x.shape[-1]), self._jakiro_packed, self.weight, self.bias, rows)
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 class PackedGemm:
-    """MKL-packed copies of every ``nn.Linear`` weight of a model, one set per row count.
+    """One MKL-packed copy of every ``nn.Linear`` weight of a model, used for ``min_rows..max_rows`` rows.
 
-    ``ensure(rows)`` packs for that row count if it is worth it (``rows >= min_rows``, measured: below
-    4 rows the plain kernel is as fast) and a slot is free (each set costs about twice the weights'
-    memory; ``capacity`` bounds it). Sizes are never evicted behind the caller's back, so a timed run
-    never pays for packing; ``release`` frees a set explicitly, and ``frozen`` stops new packing (runs
-    whose tree sizes are not the ones that will be timed, such as the budget tuning's big trees).
+    Below 4 rows the plain kernel is as fast (measured), hence the default ``min_rows``. The copies cost
+    about the weights' memory once more; ``active = False`` routes everything to the plain kernel.
     """
 
-    def __init__(self, model: nn.Module, *, capacity: int = 4, min_rows: int = 4) -> None:
-        if capacity < 1:
-            raise ValueError(f"PackedGemm needs capacity >= 1, got {capacity}")
+    def __init__(self, model: nn.Module, *, max_rows: int = 64, min_rows: int = 4) -> None:
+        if not 1 <= min_rows <= max_rows:
+            raise ValueError(f"PackedGemm needs 1 <= min_rows <= max_rows, got {min_rows}..{max_rows}")
         if not packed_gemm_available(model):
             raise ValueError("MKL-packed GEMM needs an fp32 model on the CPU and a torch build with MKL")
-        self.capacity = capacity
-        self.min_rows = min_rows
-        self.frozen = False
+        self.max_rows, self.min_rows = max_rows, min_rows
+        self.active = True
         self.linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-        for lin in self.linears:
-            lin._jakiro_packed = {}
-            lin.forward = types.MethodType(_packed_linear_forward, lin)
-
-    @property
-    def sizes(self) -> list[int]:
-        return sorted(self.linears[0]._jakiro_packed) if self.linears else []
-
-    def ensure(self, rows: int) -> bool:
-        """Pack for ``rows`` if useful and room is left; True when ``rows`` is served packed."""
-        held = self.linears[0]._jakiro_packed if self.linears else {}
-        if rows in held:
-            return True
-        if self.frozen or rows < self.min_rows or len(held) >= self.capacity:
-            return False
         with torch.no_grad():
             for lin in self.linears:
-                lin._jakiro_packed[rows] = torch.ops.mkl._mkl_reorder_linear_weight(lin.weight.detach(), rows)
-        return True
+                lin._jakiro_packed = torch.ops.mkl._mkl_reorder_linear_weight(lin.weight.detach(), max_rows)
+                lin._jakiro_gemm = self
+                lin.forward = types.MethodType(_packed_linear_forward, lin)
 
-    def release(self, rows: int) -> None:
-        for lin in self.linears:
-            lin._jakiro_packed.pop(rows, None)
+    def serves(self, rows: int) -> bool:
+        return self.active and self.min_rows <= rows <= self.max_rows
 
     def remove(self) -> None:
-        """Restore the plain ``nn.Linear.forward`` and free every packed copy."""
+        """Restore the plain ``nn.Linear.forward`` and free the packed copies."""
         for lin in self.linears:
-            del lin._jakiro_packed
-            del lin.forward
+            del lin._jakiro_packed, lin._jakiro_gemm, lin.forward
         self.linears = []
 
 
-def enable_packed_gemm(model: nn.Module, *, capacity: int = 4, min_rows: int = 4) -> PackedGemm | None:
-    """Attach a :class:`PackedGemm` to ``model`` (idempotent); None where packing is unavailable."""
+def enable_packed_gemm(model: nn.Module, *, max_rows: int = 64, min_rows: int = 4) -> PackedGemm | None:
+    """Attach a :class:`PackedGemm` to ``model`` (repacked if the row range changed); None where unavailable."""
     existing = getattr(model, _ATTR, None)
     if existing is not None:
-        existing.capacity, existing.min_rows = capacity, min_rows
-        return existing
+        if (existing.max_rows, existing.min_rows) == (max_rows, min_rows):
+            return existing
+        disable_packed_gemm(model)
     if not packed_gemm_available(model):
         return None
-    gemm = PackedGemm(model, capacity=capacity, min_rows=min_rows)
+    gemm = PackedGemm(model, max_rows=max_rows, min_rows=min_rows)
     setattr(model, _ATTR, gemm)
     return gemm
 
@@ -118,58 +102,23 @@ def packed_gemm(model: nn.Module) -> PackedGemm | None:
     return getattr(model, _ATTR, None)
 
 
-def prepare_rows(model: nn.Module, rows: int) -> bool:
-    """Called before a forward of ``rows`` tokens whose size recurs (a tree, a lookup chain)."""
-    gemm = packed_gemm(model)
-    return gemm.ensure(rows) if gemm is not None else False
-
-
-@contextmanager
-def packed_for(model: nn.Module, rows: int) -> Iterator[bool]:
-    """Pack for ``rows`` for the duration of the block (timing T(n) as decoding would see it)."""
-    gemm = packed_gemm(model)
-    fresh = gemm is not None and rows not in gemm.sizes
-    served = prepare_rows(model, rows)
-    try:
-        yield served
-    finally:
-        if fresh and served:
-            gemm.release(rows)
-
-
-@contextmanager
-def packing_frozen(model: nn.Module) -> Iterator[None]:
-    """No new packed sizes inside the block (sizes packed already keep serving)."""
-    gemm = packed_gemm(model)
-    before = gemm.frozen if gemm is not None else False
-    if gemm is not None:
-        gemm.frozen = True
-    try:
-        yield
-    finally:
-        if gemm is not None:
-            gemm.frozen = before
-
-
 @contextmanager
 def plain_kernels(model: nn.Module, *, gqa: bool = True, packed: bool = True) -> Iterator[None]:
     """Run the block on the library defaults (to measure what each fast path buys)."""
     gemm = packed_gemm(model) if packed else None
-    linears = gemm.linears if gemm is not None else []
-    saved = [lin._jakiro_packed for lin in linears]
+    before = gemm.active if gemm is not None else False
     switch = gqa and model.config._attn_implementation == GQA_ATTENTION
     try:
-        for lin in linears:
-            lin._jakiro_packed = {}
+        if gemm is not None:
+            gemm.active = False
         if switch:
             model.set_attn_implementation("sdpa")
-        with packing_frozen(model):
-            yield
+        yield
     finally:
         if switch:
             model.set_attn_implementation(GQA_ATTENTION)
-        for lin, packs in zip(linears, saved):
-            lin._jakiro_packed = packs
+        if gemm is not None:
+            gemm.active = before
 
 
 def _sdpa_gqa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -25,42 +25,39 @@ EAGLE_METHODS = ("eagle2", "eagle2_auto")
 
 def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = ("dense", "moe2"),
                sizes: Sequence[int] = (1, 2, 4, 6, 8, 12, 16, 24, 32), widths: Sequence[int] = (1, 3),
-               context: int = 256, repeats: int = 7,
-               target_costs: dict[int, float] | None = None) -> dict[str, pd.DataFrame]:
+               context: int = 256, repeats: int = 7) -> dict[str, pd.DataFrame]:
     """Measured T(n) of the target and draft-step times (trained vocabulary vs the full one).
 
-    ``target_costs``: T(n) in seconds already measured on this machine (the tree-budget tuning's); used
-    when it covers ``sizes`` and n = 1, instead of timing the target again.
     Returns ``{"target": [n, ms, x_one_step, ms_library_defaults, ms_without_packed_gemm], "draft":
     [draft, vocab, width, ms, x_target_step]}`` (``ms`` as decoding runs; the last two target columns
-    only where :mod:`~jakiro_lib.kernels` fast paths are on). The full-vocabulary rows time an untrained
-    copy of the same architecture (timing only).
+    only where :mod:`~jakiro_lib.kernels` fast paths are on, timed back to back with ``ms`` for each n so
+    that drift hits all variants alike). The full-vocabulary rows time an untrained copy of the same
+    architecture (timing only).
     """
+    from contextlib import nullcontext
+
     from . import kernels
     from .costmodel import measure_draft_costs, measure_target_costs
     from .draft import DraftModel
 
-    wanted = sorted({1, *sizes})
-    if target_costs is not None and set(wanted) <= set(target_costs):
-        t = {n: target_costs[n] for n in wanted}
-    else:
-        t = measure_target_costs(target.model, sizes=wanted, context=context, repeats=repeats)
-    one = t[min(t)]
-    target_rows = [{"n": n, "ms": 1000 * s, "x_one_step": s / one} for n, s in sorted(t.items())]
-    # the same T(n) without the CPU fast paths (jakiro_lib.kernels): what each of them buys
     model = target.model
-    variants = {}
+    variants: dict[str, Any] = {"ms": nullcontext}
     if model.config._attn_implementation == kernels.GQA_ATTENTION or kernels.packed_gemm(model) is not None:
-        with kernels.plain_kernels(model):
-            variants["ms_library_defaults"] = measure_target_costs(model, sizes=wanted, context=context,
-                                                                   repeats=repeats)
+        variants["ms_library_defaults"] = lambda: kernels.plain_kernels(model)
         if kernels.packed_gemm(model) is not None:
-            with kernels.plain_kernels(model, gqa=False):
-                variants["ms_without_packed_gemm"] = measure_target_costs(model, sizes=wanted, context=context,
-                                                                          repeats=repeats)
+            variants["ms_without_packed_gemm"] = lambda: kernels.plain_kernels(model, gqa=False)
+    target_rows = []
+    for n in sorted({1, *sizes}):
+        row: dict[str, float] = {"n": n}
+        for col, switch in variants.items():
+            with switch():
+                row[col] = 1000 * measure_target_costs(model, sizes=(n,), context=context, repeats=repeats)[n]
+        target_rows.append(row)
+    one = target_rows[0]["ms"]
     for row in target_rows:
-        for col, costs in variants.items():
-            row[col] = 1000 * costs[row["n"]]
+        row["x_one_step"] = row["ms"] / one
+    columns = ["n", "ms", "x_one_step", *[c for c in variants if c != "ms"]]
+    target_rows = [{c: row[c] for c in columns} for row in target_rows]
     vocab = target.model.config.vocab_size
     draft_rows = []
     for name in drafts:
@@ -72,9 +69,10 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
         if trained.cfg.draft_vocab_size is not None:
             full_cfg = dataclasses.replace(trained.cfg, draft_vocab_size=None)
             variants.append((vocab, DraftModel.build(full_cfg, target.model).eval()))
-        for v, model in variants:
-            for w, s in measure_draft_costs(model, widths=widths, context=context, repeats=repeats).items():
-                draft_rows.append({"draft": name, "vocab": v, "width": w, "ms": 1000 * s, "x_target_step": s / one})
+        for v, draft in variants:
+            for w, s in measure_draft_costs(draft, widths=widths, context=context, repeats=repeats).items():
+                draft_rows.append({"draft": name, "vocab": v, "width": w, "ms": 1000 * s,
+                                   "x_target_step": 1000 * s / one})
     return {"target": pd.DataFrame(target_rows), "draft": pd.DataFrame(draft_rows)}
 
 
@@ -179,13 +177,11 @@ def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.
 def write_performance_report(ctx: Any, main: pd.DataFrame, *, target: Any = None) -> dict[str, pd.DataFrame]:
     """Notebook 02's performance section: cost model, tree-budget tuning and the goals table, written as
     ``cost_model_target.csv``, ``cost_model_draft.csv``, ``tree_budget.csv``, ``performance_targets.csv``
-    and ``levers.csv`` in the report directory. T(n) is the one the tree-budget tuning measured (cached in
-    ``run_dir/bench/tree_budgets.json``) when there is one. Returns the five tables."""
-    from .study import cached_target_costs, get_target, tree_budget_table, write_table
+    and ``levers.csv`` in the report directory. Returns the five tables."""
+    from .study import get_target, tree_budget_table, write_table
 
     target = target or get_target(ctx)
-    tables = cost_model(target, ctx.drafts_dir, widths=sorted({1, ctx.profile.tree.top_k}),
-                        target_costs=cached_target_costs(ctx.run_dir))
+    tables = cost_model(target, ctx.drafts_dir, widths=sorted({1, ctx.profile.tree.top_k}))
     total = ctx.profile.tree.total_tokens
     tables = {"cost_model_target": tables["target"], "cost_model_draft": tables["draft"],
               "tree_budget": tree_budget_table(ctx.run_dir, "main"), "performance_targets": performance_targets(main),

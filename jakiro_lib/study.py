@@ -722,12 +722,6 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
     return out, {"target_costs_s": costs, "choices": choices}
 
 
-def cached_target_costs(run_dir: str | Path) -> dict[int, float] | None:
-    """T(n) in seconds as :func:`resolve_tree_budgets` measured it on this run's machine, if it did."""
-    costs = (_read_json(Path(run_dir) / "bench" / TREE_BUDGETS) or {}).get("target_costs_s")
-    return {int(n): t for n, t in costs.items()} if costs else None
-
-
 def tree_budget_table(run_dir: str | Path, study: str = "main") -> pd.DataFrame:
     """The tuning behind ``total_tokens="auto"``: per tuned method and candidate budget, expected tokens per
     cycle, verify time and estimated tokens/s (the chosen budget flagged)."""

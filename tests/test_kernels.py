@@ -7,7 +7,6 @@ from torch import nn
 
 from jakiro_lib import kernels
 from jakiro_lib.config import TargetConfig
-from jakiro_lib.costmodel import measure_target_costs
 from jakiro_lib.decoding import TargetRunner
 from jakiro_lib.target import load_target
 from jakiro_lib.tree import Tree
@@ -23,57 +22,60 @@ def _net() -> nn.Module:
 
 
 @needs_mkl
-def test_packed_linears_match_plain_ones_for_packed_row_counts_only():
+def test_one_packed_copy_serves_its_row_range_and_nothing_else(monkeypatch):
+    calls = []
+    real = torch.ops.mkl._mkl_linear
+    monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
     net = _net()
     ref = copy.deepcopy(net)
-    gemm = kernels.PackedGemm(net, capacity=2, min_rows=4)
-    assert not gemm.ensure(3)  # below min_rows: the plain kernel is as fast
-    assert gemm.ensure(8) and gemm.ensure(5) and gemm.sizes == [5, 8]
-    assert not gemm.ensure(6)  # full: no eviction behind the caller's back
-    for rows in (1, 3, 5, 6, 8):
+    gemm = kernels.PackedGemm(net, max_rows=8, min_rows=4)
+    for rows in (1, 3, 4, 6, 8, 9, 20):
         x = torch.randn(1, rows, 96)
         with torch.no_grad():
             y, y_ref = net(x), ref(x)
-        if rows in (5, 8):
+        assert gemm.serves(rows) == (4 <= rows <= 8)
+        if gemm.serves(rows):
             assert torch.allclose(y, y_ref, atol=1e-5) and y.shape == (1, rows, 48)
         else:
-            assert torch.equal(y, y_ref)  # not packed: exactly the plain F.linear
-    gemm.release(8)
-    assert gemm.sizes == [5] and gemm.ensure(6)
-    gemm.frozen = True
-    assert not gemm.ensure(7) and gemm.ensure(6)
+            assert torch.equal(y, y_ref)  # outside the range: exactly the plain F.linear
+    assert calls == [4, 4, 6, 6, 8, 8]  # both linears, packed rows only
+    gemm.active = False
+    x = torch.randn(6, 96)
+    with torch.no_grad():
+        assert torch.equal(net(x), ref(x))
+    assert len(calls) == 6
     gemm.remove()
-    assert all("forward" not in m.__dict__ for m in net.modules())
+    assert all("forward" not in m.__dict__ and not hasattr(m, "_jakiro_packed") for m in net.modules())
 
 
 @needs_mkl
 def test_packed_linear_falls_back_where_gradients_flow():
     net = _net()
-    kernels.PackedGemm(net).ensure(4)
+    kernels.PackedGemm(net)
     x = torch.randn(4, 96, requires_grad=True)
     net(x).sum().backward()  # the MKL op has no backward: the plain path must have run
     assert x.grad is not None and x.grad.abs().sum() > 0
 
 
-def test_packing_needs_fp32_cpu_weights():
+def test_packing_needs_fp32_cpu_weights_and_a_row_range():
     net = _net().to(torch.bfloat16)
     assert kernels.enable_packed_gemm(net) is None
     with pytest.raises(ValueError, match="fp32"):
         kernels.PackedGemm(net)
-    with pytest.raises(ValueError, match="capacity"):
-        kernels.PackedGemm(_net(), capacity=0)
+    with pytest.raises(ValueError, match="min_rows <= max_rows"):
+        kernels.PackedGemm(_net(), max_rows=3, min_rows=4)
 
 
 @needs_mkl
 def test_load_target_wires_the_fast_paths_and_plain_kernels_switches_them_off():
-    target = load_target(TargetConfig(model="tiny:llama", packed_gemm=2))
+    target = load_target(TargetConfig(model="tiny:llama", packed_gemm=16))
     model = target.model
     assert model.config._attn_implementation == kernels.GQA_ATTENTION
     gemm = kernels.packed_gemm(model)
-    assert gemm is not None and gemm.capacity == 2
+    assert gemm is not None and (gemm.min_rows, gemm.max_rows) == (4, 16)
+    assert kernels.enable_packed_gemm(model, max_rows=16) is gemm  # idempotent
     prompt = torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(0))
     tree = Tree(torch.tensor([5, 6, 7, 8, 9]), [-1, 0, 0, 1, 1], torch.tensor([0, 1, 1, 2, 2]))
-
     def tree_logits():
         runner = TargetRunner(model)
         with torch.inference_mode():
@@ -81,38 +83,15 @@ def test_load_target_wires_the_fast_paths_and_plain_kernels_switches_them_off():
             return runner.tree(tree)[0]
 
     fast = tree_logits()
-    assert gemm.sizes == [5]  # the tree forward asked for its row count
     with kernels.plain_kernels(model):
-        assert model.config._attn_implementation == "sdpa"
-        assert all(lin._jakiro_packed == {} for lin in gemm.linears)
+        assert model.config._attn_implementation == "sdpa" and not gemm.serves(5)
         plain = tree_logits()
-        assert gemm.sizes == []  # frozen inside: nothing new gets packed
-    assert model.config._attn_implementation == kernels.GQA_ATTENTION and gemm.sizes == [5]
+    assert model.config._attn_implementation == kernels.GQA_ATTENTION and gemm.serves(5)
     assert torch.allclose(fast, plain, atol=2e-5)
     kernels.disable_packed_gemm(model)
     assert kernels.packed_gemm(model) is None
     off = load_target(TargetConfig(model="tiny:llama", gqa_attention=False)).model
     assert off.config._attn_implementation == "sdpa" and kernels.packed_gemm(off) is None
-
-
-@needs_mkl
-def test_cost_measurement_packs_each_size_only_while_timing_it():
-    model = copy.deepcopy(tiny_target("llama"))
-    gemm = kernels.enable_packed_gemm(model, capacity=1)
-    gemm.ensure(6)
-    seen = []
-    real = gemm.ensure
-
-    def spy(rows):
-        seen.append((rows, real(rows)))
-        return seen[-1][1]
-
-    gemm.ensure = spy
-    measure_target_costs(model, sizes=(1, 4, 6), context=16, repeats=1)
-    assert (4, False) in seen and gemm.sizes == [6]  # capacity 1 is taken by 6: 4 runs plain, 6 stays
-    gemm.release(6)
-    measure_target_costs(model, sizes=(4,), context=16, repeats=1)
-    assert (4, True) in seen and gemm.sizes == []  # packed for the measurement, then released
 
 
 def test_gqa_attention_matches_sdpa_with_tree_masks():

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from helpers import single_thread
-from jakiro_lib import costmodel
+from jakiro_lib import costmodel, kernels
 from jakiro_lib.bench import study_methods
 from jakiro_lib.config import DraftConfig, TargetConfig, TreeConfig, get_profile
 from jakiro_lib.draft import DraftModel
@@ -81,6 +81,7 @@ def test_cost_model_times_target_and_both_vocabularies(tiny_run):
     dense = d[d["draft"] == "dense"]
     assert sorted(dense["vocab"].unique()) == [64, 260]  # reduced (trained) and full vocabulary, both timed
     assert set(d[d["draft"] == "moe2"]["vocab"]) == {260} and (d["ms"] > 0).all()
+    assert d["x_target_step"].tolist() == pytest.approx((d["ms"] / t["ms"].iloc[0]).tolist())
 
 
 def test_auto_tree_budget_is_tuned_once_and_cached(tiny_run, monkeypatch):
@@ -119,37 +120,27 @@ def test_tree_budget_table_reads_the_study_file(tmp_path):
     assert list(tree_budget_table(tmp_path).columns)[:2] == ["method", "total_tokens"]  # empty but typed
 
 
-def test_cost_model_reuses_the_tuning_measurement(tiny_run, monkeypatch):
+def test_cost_model_times_each_size_with_and_without_fast_paths_back_to_back(tiny_run, monkeypatch):
     target, _, root = tiny_run
-
     real = costmodel.measure_target_costs
+    seen = []
 
-    def only_without_fast_paths(model, **kw):
-        if model.config._attn_implementation != "sdpa":
-            raise AssertionError("T(n) timed again although the tuning measured it")
-        return real(model, **kw)
+    def spy(model, *, sizes, **kw):
+        gemm = kernels.packed_gemm(model)
+        seen.append((tuple(sizes), model.config._attn_implementation, gemm is not None and gemm.active))
+        return real(model, sizes=sizes, **kw)
 
-    monkeypatch.setattr(costmodel, "measure_target_costs", only_without_fast_paths)
-    with single_thread():
-        tables = cost_model(target, root / "drafts", sizes=(1, 4), widths=(1,), context=16, repeats=2,
-                            target_costs={1: 0.002, 2: 0.003, 4: 0.004})
+    monkeypatch.setattr(costmodel, "measure_target_costs", spy)
+    kernels.enable_packed_gemm(target.model)
+    try:
+        with single_thread():
+            tables = cost_model(target, root / "drafts", sizes=(1, 4), widths=(1,), context=16, repeats=2)
+    finally:
+        kernels.disable_packed_gemm(target.model)
+    fast, plain = kernels.GQA_ATTENTION, "sdpa"
+    assert seen == [((1,), fast, True), ((1,), plain, False), ((1,), fast, False),
+                    ((4,), fast, True), ((4,), plain, False), ((4,), fast, False)]
     t = tables["target"]
-    assert t["ms"].tolist() == pytest.approx([2.0, 4.0])
-    assert t["x_one_step"].tolist() == pytest.approx([1.0, 2.0])
-    assert (t["ms_library_defaults"] > 0).all()  # the "without" column is measured, not copied
-
-
-def test_lever_table_compares_each_lever_with_and_without():
-    target = pd.DataFrame({"n": [1, 8], "ms": [30.0, 45.0], "ms_library_defaults": [32.0, 70.0],
-                           "ms_without_packed_gemm": [31.0, 66.0]})
-    draft = pd.DataFrame({"draft": ["dense"] * 4, "vocab": [64, 64, 260, 260], "width": [1, 3, 1, 3],
-                          "ms": [1.0, 1.5, 3.0, 6.0], "x_target_step": [0.0] * 4})
-    main = _main({(0.0, "eagle2"): 20.0, (0.0, "eagle2_auto"): 25.0, (0.0, "jakiro"): 20.0}, {})
-    levers = lever_table(target, draft, main, tree_tokens=8).set_index("measured")
-    assert levers.loc["target T(8) ms", "speedup"].tolist() == pytest.approx([66 / 45, 70 / 66, 70 / 45])
-    assert levers.loc["T(8) / T(1)", "with"] == pytest.approx(1.5)
-    assert levers.loc["dense draft step ms (width 3)", "speedup"] == pytest.approx(4.0)
-    assert levers.loc["eagle2_auto vs eagle2 tokens/s (T=0)", "speedup"] == pytest.approx(1.25)
-    assert "jakiro_auto vs jakiro tokens/s (T=0)" not in levers.index  # no auto row measured: no claim
-    slower = lever_table(target.assign(ms=[30.0, 80.0]), draft.iloc[:0], main.iloc[:0], tree_tokens=8)
-    assert (slower.set_index("lever").loc["MKL-packed GEMM weights for the tree size", "speedup"] < 1)
+    assert list(t.columns) == ["n", "ms", "x_one_step", "ms_library_defaults", "ms_without_packed_gemm"]
+    assert (t[["ms", "ms_library_defaults", "ms_without_packed_gemm"]] > 0).all().all()
+    assert t["x_one_step"].iloc[0] == pytest.approx(1.0)
