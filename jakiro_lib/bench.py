@@ -22,12 +22,13 @@ from tqdm.auto import tqdm
 from .config import TreeConfig
 from .decoding import GenerationResult, hf_generate, speculative_generate, vanilla_generate
 from .draft import DraftModel
-from .drafting import FeatureDrafter
+from .drafting import make_drafter
 from .target import Target
 from .utils import run_metadata, write_json
 from .verify import SamplingParams
 
 VANILLA_KINDS = ("vanilla", "hf")
+LOOKUP_TOKENS = 10  # chain length of the lookup-branch methods: HF prompt lookup's default
 
 
 @dataclass
@@ -92,7 +93,7 @@ class MethodRunner:
                 on_tokens(result.output_ids)
             return result
         assert self.draft is not None and self.spec.tree is not None
-        drafter = FeatureDrafter(self.draft, self.spec.tree)
+        drafter = make_drafter(self.draft, self.spec.tree)
         return speculative_generate(t.model, drafter, prompt_ids, max_context=t.config.max_context,
                                     generator=gen, on_tokens=on_tokens, **common)
 
@@ -242,7 +243,9 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
 
     ``main``: the baselines, EAGLE-2 (dense draft), Jakiro (2 experts, decoupled) and Jakiro + CEPD on
     ``tree``; with ``tuned`` (and a fixed ``tree.total_tokens``) also ``eagle2_auto`` and ``jakiro_auto``,
-    the same drafts with the tree budget tuned for the machine (``total_tokens="auto"``).
+    the same drafts with the tree budget tuned for the machine (``total_tokens="auto"``); and this
+    repository's extension ``eagle2_lookup`` / ``jakiro_lookup``: that tree (tuned unless ``tuned`` is
+    off) with a prompt-lookup chain of ``LOOKUP_TOKENS`` grafted on (:class:`~jakiro_lib.drafting.LookupDrafter`).
     ``ablations``: experts count, AR steps, contrastive on/off and decoupled on/off around Jakiro, all
     on ``tree``.
     """
@@ -264,6 +267,9 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
         if tuned and tree.total_tokens != "auto":
             methods["eagle2_auto"] = spec("dense", total_tokens="auto")
             methods["jakiro_auto"] = spec("moe2", decoupled=True, total_tokens="auto")
+        budget = "auto" if tuned else tree.total_tokens
+        methods["eagle2_lookup"] = spec("dense", total_tokens=budget, lookup_tokens=LOOKUP_TOKENS)
+        methods["jakiro_lookup"] = spec("moe2", decoupled=True, total_tokens=budget, lookup_tokens=LOOKUP_TOKENS)
         return methods
     if study == "ablations":
         methods = {

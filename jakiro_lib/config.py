@@ -85,8 +85,15 @@ class TreeConfig:
     decoupled: bool = False
     children_per_expert: int | None = None  # None: top_k
     scoring: str = "mixture"
+    # This repo's extension (not in the paper): graft a prompt-lookup chain of up to lookup_tokens tokens
+    # (0: off) onto every draft tree, found by the context's last lookup_max_ngram..lookup_min_ngram tokens.
+    lookup_tokens: int = 0
+    lookup_max_ngram: int = 3
+    lookup_min_ngram: int = 2  # measured: 1-gram matches cost more verify time than they are accepted
 
     def __post_init__(self) -> None:
+        if self.lookup_tokens < 0 or not 1 <= self.lookup_min_ngram <= self.lookup_max_ngram:
+            raise ValueError("tree.lookup_tokens must be >= 0 and 1 <= lookup_min_ngram <= lookup_max_ngram")
         if self.depth < 1 or self.top_k < 1:
             raise ValueError("tree needs depth >= 1 and top_k >= 1")
         if isinstance(self.total_tokens, str) and self.total_tokens.strip().isdigit():  # "--set tree.total_tokens=8"

@@ -8,6 +8,10 @@ at the last generated token, ``accept`` is told what the target kept (features a
 decoupled candidates (each selected expert proposes children from its own distribution, carrying its
 own feature) and CEPD (after ``ar_steps`` autoregressive layers, each draft forward yields two layers:
 branch A the next one, branch B the one after, gathered by each node's real parent).
+
+:class:`LookupDrafter` is this repository's extension (not in the paper): it grafts a prompt-lookup chain
+(the tokens that followed the latest earlier occurrence of the context's last n-gram) onto the feature
+draft's tree, so repeated spans are accepted many tokens at a time while the draft covers the rest.
 """
 from __future__ import annotations
 
@@ -206,6 +210,83 @@ class FeatureDrafter:
     @staticmethod
     def _top(pool: CandidatePool, nodes: list[_Node], k: int) -> list[_Node]:
         return sorted(nodes, key=lambda n: (-pool.scores[n.pool_index], n.pool_index))[:k]
+
+
+class PromptLookup:
+    """Prompt-lookup proposals over the growing token history (Saxena 2023; HF ``prompt_lookup_num_tokens``).
+
+    The last ``max_ngram`` .. ``min_ngram`` tokens are looked up, longest first, among earlier positions;
+    the tokens that followed the latest occurrence are proposed (HF takes the earliest; the latest follows
+    a loop's current turn). When that continuation runs into the present, it repeats with the period the
+    match implies. An n-gram index updated as tokens arrive makes each lookup O(max_ngram).
+    """
+
+    def __init__(self, num_tokens: int, *, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if num_tokens < 1 or not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"prompt lookup needs num_tokens >= 1 and 1 <= min_ngram <= max_ngram, got "
+                             f"{num_tokens}, {min_ngram}..{max_ngram}")
+        self.num_tokens, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
+        self.history: list[int] = []
+        self._after: dict[tuple[int, ...], int] = {}  # n-gram -> position right after its latest occurrence
+
+    def reset(self, tokens: list[int]) -> None:
+        self.history, self._after = [], {}
+        self.extend(tokens)
+
+    def extend(self, tokens: list[int]) -> None:
+        h = self.history
+        for t in tokens:
+            # the n-grams ending at the current last token get a continuation now: index them
+            for n in range(self.min_ngram, min(self.max_ngram, len(h)) + 1):
+                self._after[tuple(h[len(h) - n:])] = len(h)
+            h.append(t)
+
+    def propose(self) -> list[int]:
+        """Up to ``num_tokens`` tokens expected after the history; empty when no n-gram recurs."""
+        h = self.history
+        for n in range(min(self.max_ngram, len(h)), self.min_ngram - 1, -1):
+            start = self._after.get(tuple(h[len(h) - n:]))
+            if start is not None:
+                period = len(h) - start
+                return [h[start + i % period] for i in range(self.num_tokens)]
+        return []
+
+
+class LookupDrafter:
+    """A drafter whose tree also holds a prompt-lookup chain (see :class:`PromptLookup`)."""
+
+    def __init__(self, inner: FeatureDrafter, lookup: PromptLookup) -> None:
+        self.inner = inner
+        self.lookup = lookup
+        self.grafted = 0  # tokens added by the lookup chain (not already in the draft's tree), all cycles
+
+    @property
+    def stats(self) -> DraftStats:
+        return self.inner.stats
+
+    def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor, root: int) -> None:
+        self.inner.begin(prompt_ids, hidden, root)
+        self.lookup.reset(prompt_ids.tolist() + [root])
+
+    def propose(self) -> Tree:
+        tree = self.inner.propose()
+        chain = self.lookup.propose()
+        merged = tree.graft(chain) if chain else tree
+        self.grafted += len(merged) - len(tree)
+        return merged
+
+    def accept(self, hidden: torch.Tensor, new_tokens: list[int]) -> None:
+        self.lookup.extend(new_tokens)
+        self.inner.accept(hidden, new_tokens)
+
+
+def make_drafter(draft: DraftModel, tree: TreeConfig) -> FeatureDrafter | LookupDrafter:
+    """The drafter ``tree`` asks for: the feature draft's tree, plus a lookup chain if ``lookup_tokens``."""
+    drafter = FeatureDrafter(draft, tree)
+    if not tree.lookup_tokens:
+        return drafter
+    return LookupDrafter(drafter, PromptLookup(tree.lookup_tokens, max_ngram=tree.lookup_max_ngram,
+                                               min_ngram=tree.lookup_min_ngram))
 
 
 def _row(out: DraftOutput, b: int, i: int) -> DraftOutput:

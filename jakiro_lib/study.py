@@ -372,7 +372,7 @@ def methods_table(profile: str | Profile | StudyContext, study: str = "main",
         if m.kind == "spec":
             row["draft"] = Path(m.draft).parent.name
             row.update({k: getattr(m.tree, k) for k in ("depth", "top_k", "total_tokens", "decoupled",
-                                                        "ar_steps", "scoring")})
+                                                        "ar_steps", "scoring", "lookup_tokens")})
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -700,7 +700,8 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
     for name in auto:
         spec = methods[name]
         key = json.dumps({"draft": spec.draft, "weights": _draft_fingerprint(spec.draft),
-                          "tree": {k: v for k, v in dataclasses.asdict(spec.tree).items() if k != "total_tokens"}},
+                          "tree": {k: v for k, v in dataclasses.asdict(spec.tree).items()
+                                   if k != "total_tokens" and not k.startswith("lookup_")}},
                          sort_keys=True, default=str)
         if key not in cache["choices"]:
             prompts = prompts if prompts is not None else _tune_prompts(target)
@@ -830,7 +831,7 @@ def study_table(records: list[dict[str, Any]], methods: dict[str, Any] | None = 
                 return Path(spec.draft).parent.name
             return getattr(spec.tree, key)
 
-        for key in ("draft", "total_tokens", "decoupled", "ar_steps", "scoring"):
+        for key in ("draft", "total_tokens", "decoupled", "ar_steps", "scoring", "lookup_tokens"):
             df.insert(df.columns.get_loc("benchmark"), key, [info(m, key) for m in df["method"]])
     return df
 
@@ -948,7 +949,7 @@ def bench_environment(run_dir: str | Path, study: str = "main") -> dict[str, Any
 
 def comparison_table(main: pd.DataFrame, *, target_model: str, environment: dict[str, Any],
                      methods: Sequence[str] = ("eagle2", "jakiro", "jakiro_cepd", "eagle2_auto",
-                                               "jakiro_auto")) -> pd.DataFrame:
+                                               "jakiro_auto", "eagle2_lookup", "jakiro_lookup")) -> pd.DataFrame:
     """Our speculative methods (mean over our benchmarks) next to the published numbers.
 
     Ours is labelled with the target, machine and date of the run; theirs with paper and hardware.

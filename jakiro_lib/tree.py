@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+GRAFTED_RANK = 1 << 30  # selection rank of grafted (not drafted) nodes: no draft budget would keep them
+
 
 @dataclass
 class Tree:
@@ -49,6 +51,33 @@ class Tree:
 
     def leaves(self) -> list[int]:
         return [i for i, c in enumerate(self.children) if not c]
+
+    def graft(self, chain: list[int]) -> "Tree":
+        """This tree with ``chain`` (tokens following the root) merged in as one more root-to-leaf path.
+
+        The chain follows existing nodes while their tokens agree and continues as new nodes (last among
+        their siblings, ranked after every drafted node: the draft did not choose them); siblings stay
+        distinct, so greedy and sampling verification treat the chain like any other candidate.
+        """
+        tokens, parents, depths = self.tokens.tolist(), list(self.parents), self.depths.tolist()
+        node, i = 0, 0
+        while i < len(chain):
+            nxt = next((c for c in self.children[node] if tokens[c] == chain[i]), None)
+            if nxt is None:
+                break
+            node, i = nxt, i + 1
+        if i == len(chain):
+            return self
+        for t in chain[i:]:
+            tokens.append(t)
+            parents.append(node)
+            depths.append(depths[node] + 1)
+            node = len(tokens) - 1
+        children = [list(c) for c in self.children] + [[] for _ in range(len(chain) - i)]
+        for j in range(len(self), len(tokens)):
+            children[parents[j]].append(j)
+        ranks = self.ranks + [GRAFTED_RANK] * (len(chain) - i) if self.ranks else []
+        return Tree(torch.tensor(tokens, dtype=torch.long), parents, torch.tensor(depths), children, ranks)
 
     @classmethod
     def chain(cls, tokens: list[int]) -> "Tree":

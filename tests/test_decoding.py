@@ -20,7 +20,7 @@ from jakiro_lib.config import DraftConfig, TreeConfig
 from jakiro_lib.decoding import (ContextLengthError, TargetRunner, hf_generate, speculative_generate,
                                  vanilla_generate)
 from jakiro_lib.draft import DraftModel
-from jakiro_lib.drafting import FeatureDrafter, schedule
+from jakiro_lib.drafting import FeatureDrafter, LookupDrafter, PromptLookup, schedule
 from jakiro_lib.tree import Tree
 
 from helpers import FAMILIES, OracleDrafter, random_prompts, single_thread, tiny_target
@@ -187,6 +187,20 @@ def test_greedy_lossless_random_drafts(prompts, vanilla, draft_name, shape):
         _check_bookkeeping(r, n)
         assert max(r.tree_sizes) <= cfg.total_tokens
         assert r.draft_forwards == r.cycles * (len(drafter.steps) - 1)
+
+
+@pytest.mark.parametrize("draft_name", ["dense", "moe4-decoupled-cepd-ar0-best"])
+@pytest.mark.parametrize("min_ngram", [1, 2])
+def test_greedy_lossless_with_lookup_branch(prompts, vanilla, draft_name, min_ngram):
+    """A prompt-lookup chain grafted on the draft tree changes what is verified, never the output."""
+    model = _model("llama")
+    base = _feature_drafter(model, draft_name, SHAPES["d3k2n6"], seed=5)
+    drafter = LookupDrafter(base, PromptLookup(6, max_ngram=3, min_ngram=min_ngram))
+    for i, p in enumerate(prompts):
+        r = speculative_generate(model, drafter, p, max_new_tokens=MAX_NEW)
+        assert r.output_ids == vanilla[i], (draft_name, i)
+        _check_bookkeeping(r, MAX_NEW)
+    assert drafter.grafted > 0 and max(r.tree_sizes) > SHAPES["d3k2n6"].total_tokens  # chains were verified
 
 
 @pytest.mark.skipif(not torch._C.has_mkl, reason="MKL packing needs an MKL build of torch")

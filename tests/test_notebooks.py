@@ -193,12 +193,16 @@ def test_smoke_pipeline_end_to_end(tmp_path, monkeypatch):
     # performance section: cost model, the tuned tree budget of the "_auto" methods, goals
     assert main.loc[main["kind"] == "spec", "total_tokens"].between(2, 32).all()
     budget = pd.read_csv(report / "tree_budget.csv")
-    assert set(budget["method"]) == {"eagle2_auto", "jakiro_auto"} and budget["chosen"].sum() == 2
+    assert set(budget["method"]) == {"eagle2_auto", "jakiro_auto", "eagle2_lookup", "jakiro_lookup"}
+    assert budget["chosen"].sum() == 4
+    tokens = main[main["temperature"] == 0].set_index("method")["total_tokens"]
+    assert tokens["eagle2_lookup"] == tokens["eagle2_auto"] and tokens["jakiro_lookup"] == tokens["jakiro_auto"]
     assert (main.loc[main["method"].isin(["eagle2", "jakiro", "jakiro_cepd"]), "total_tokens"] == 8).all()
     assert (pd.read_csv(report / "cost_model_target.csv")["ms"] > 0).all()
     assert len(pd.read_csv(report / "cost_model_draft.csv")) >= 4
     levers = pd.read_csv(report / "levers.csv")  # gqa attention is on for the tiny target: a kernel row
     assert "all kernel fast paths" in set(levers["lever"]) and (levers["speedup"] > 0).all()
+    assert "prompt-lookup chain grafted on the tuned tree (extension)" in set(levers["lever"])
     goals = pd.read_csv(report / "performance_targets.csv")
     assert len(goals) >= 7 and goals["ratio"].notna().all() and (goals["ratio"] > 0).all()
     comparison = pd.read_csv(report / "comparison_published.csv")

@@ -53,6 +53,21 @@ def test_best_rows_include_the_tuned_budget_methods():
     assert (tau["method"], tau["baseline"]) == ("jakiro", "eagle2") and tau["met"]
 
 
+def test_lookup_extension_is_held_to_the_goals_apart_from_paper_jakiro():
+    tps = {(0.0, "hf_generate"): 20.0, (0.0, "hf_prompt_lookup"): 29.0, (0.0, "jakiro_auto"): 23.0,
+           (0.0, "eagle2_lookup"): 31.0, (0.0, "jakiro_lookup"): 30.0, (1.0, "hf_generate"): 20.0,
+           (1.0, "jakiro_auto"): 21.0, (1.0, "jakiro_lookup"): 27.0}
+    goals = performance_targets(_main(tps, {}))
+    g = {(r.goal, r.temperature): r for r in goals.itertuples()}
+    assert g[("Jakiro >= 1.5x HF generate (greedy)", 0.0)].method == "jakiro_auto"  # the paper's method only
+    ext = "Jakiro + lookup branch (extension)"
+    assert g[(f"{ext} >= 1.5x HF generate (greedy)", 0.0)].met
+    assert g[(f"{ext} > HF prompt lookup", 0.0)].ratio == pytest.approx(30 / 29)
+    assert not g[(f"{ext} >= EAGLE-2 + lookup branch (tokens/s)", 0.0)].met
+    assert g[(f"{ext} >= 1.3x HF sampling (T=1)", 1.0)].ratio == pytest.approx(27 / 20)
+    assert math.isnan(g[(f"{ext} >= EAGLE-2 + lookup branch (tokens/s)", 1.0)].ratio)  # not measured: unknown
+
+
 def test_performance_targets_missing_baseline_is_unknown_not_met():
     goals = performance_targets(_main({(0.0, "jakiro"): 10.0, (0.0, "vanilla"): 8.0}, {}))
     row = goals[goals["goal"] == "Jakiro >= 1.5x HF generate (greedy)"].iloc[0]
@@ -144,3 +159,18 @@ def test_cost_model_times_each_size_with_and_without_fast_paths_back_to_back(tin
     assert list(t.columns) == ["n", "ms", "x_one_step", "ms_library_defaults", "ms_without_packed_gemm"]
     assert (t[["ms", "ms_library_defaults", "ms_without_packed_gemm"]] > 0).all().all()
     assert t["x_one_step"].iloc[0] == pytest.approx(1.0)
+
+
+def test_lever_table_compares_each_lever_with_and_without_it():
+    target = pd.DataFrame({"n": [1, 8], "ms": [30.0, 45.0], "x_one_step": [1.0, 1.5],
+                           "ms_library_defaults": [31.0, 66.0], "ms_without_packed_gemm": [30.5, 62.0]})
+    draft = pd.DataFrame({"draft": ["dense", "dense"], "vocab": [8192, 49152], "width": [3, 3], "ms": [1.2, 5.0]})
+    main = _main({(0.0, "jakiro"): 25.0, (0.0, "jakiro_auto"): 30.0, (0.0, "jakiro_lookup"): 36.0}, {})
+    levers = {(r.lever, r.measured): r for r in lever_table(target, draft, main, tree_tokens=8).itertuples()}
+    assert levers[("MKL-packed GEMM weights for the tree size", "target T(8) ms")].speedup == pytest.approx(62 / 45)
+    assert levers[("SDPA's own GQA under tree masks", "target T(8) ms")].speedup == pytest.approx(66 / 62)
+    assert levers[("draft vocabulary 8192 instead of 49152", "dense draft step ms (width 3)")].speedup == pytest.approx(5 / 1.2)
+    assert levers[("tree budget tuned on this machine", "jakiro_auto vs jakiro tokens/s (T=0)")].speedup == pytest.approx(1.2)
+    lookup = levers[("prompt-lookup chain grafted on the tuned tree (extension)", "jakiro_lookup vs jakiro_auto tokens/s (T=0)")]
+    assert lookup.speedup == pytest.approx(1.2)
+    assert not any("eagle2" in m for _, m in levers)  # nothing invented for methods that did not run

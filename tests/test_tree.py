@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from jakiro_lib.tree import CandidatePool, Tree
+from jakiro_lib.tree import GRAFTED_RANK, CandidatePool, Tree
 
 
 def _tree(tokens, parents, depths=None) -> Tree:
@@ -219,3 +219,40 @@ def test_select_random_pools_are_top_n_trees():
         for c in t.children:
             scores = [pool.scores[idx[j]] for j in c]
             assert scores == sorted(scores, reverse=True)
+
+
+def _walk(tree: Tree, chain: list[int]) -> list[int]:
+    """Nodes reached from the root by following ``chain`` token by token (stops where it cannot)."""
+    node, path = 0, []
+    for t in chain:
+        node = next((c for c in tree.children[node] if int(tree.tokens[c]) == t), None)
+        if node is None:
+            break
+        path.append(node)
+    return path
+
+
+def test_graft_follows_existing_nodes_then_adds_the_rest_as_a_chain():
+    tree = Tree(torch.tensor(HAND["tokens"]), HAND["parents"],
+                torch.tensor([0, 1, 1, 2, 2, 2, 3]), ranks=[-1, 0, 1, 2, 3, 4, 5])
+    g = tree.graft([11, 14, 20, 21])  # 11 -> 14 exist (nodes 1, 4); 20, 21 are new under node 4
+    assert g.tokens.tolist() == HAND["tokens"] + [20, 21] and g.parents == HAND["parents"] + [4, 7]
+    assert g.depths.tolist()[-2:] == [3, 4] and g.children[4] == [6, 7] and g.children[7] == [8]
+    assert g.ranks[-2:] == [GRAFTED_RANK] * 2 and g.ranks[:7] == tree.ranks
+    assert tree.graft([12, 15]) is tree and tree.graft([]) is tree  # already a path: nothing to add
+    assert Tree(torch.tensor([5]), [-1], torch.tensor([0])).graft([6, 7]).parents == [-1, 0, 1]
+    assert _tree([1, 2], [-1, 0]).graft([3]).ranks == []  # trees without ranks stay without
+
+
+def test_graft_random_trees_keep_the_tree_and_hold_the_chain():
+    rng = random.Random(7)
+    for _ in range(200):
+        m = rng.randint(1, 12)
+        tree = _random_tree(rng, m)
+        tree.tokens = torch.tensor([rng.randrange(4) for _ in range(m)])  # small alphabet: frequent overlaps
+        chain = [rng.randrange(4) for _ in range(rng.randint(1, 6))]
+        g = tree.graft(chain)
+        assert g.parents[:m] == tree.parents and g.tokens[:m].tolist() == tree.tokens.tolist()
+        assert len(_walk(g, chain)) == len(chain)  # the chain is a root path of the grafted tree
+        assert len(g) - m == len(chain) - len(_walk(tree, chain))  # only the missing part was added
+        assert torch.equal(g.ancestor_mask()[:m, :m], tree.ancestor_mask())

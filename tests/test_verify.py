@@ -20,7 +20,7 @@ import jakiro_lib.decoding as decoding
 from jakiro_lib.config import DraftConfig, TreeConfig
 from jakiro_lib.decoding import speculative_generate, vanilla_generate
 from jakiro_lib.draft import DraftModel
-from jakiro_lib.drafting import FeatureDrafter
+from jakiro_lib.drafting import make_drafter
 from jakiro_lib.tree import Tree
 from jakiro_lib.verify import SamplingParams, sample, verify, verify_greedy, verify_sampling, warp_probs
 
@@ -380,12 +380,14 @@ RANDOM_DRAFTS = {  # every Jakiro inference option: E in {1, 2, 4}, decoupled on
     "moe4-decoupled-cepd1": (DraftConfig(num_experts=4, top_k_experts=2, contrastive=False),
                              TreeConfig(depth=3, top_k=3, total_tokens=10, ar_steps=1, decoupled=True, scoring="best")),
 }
+LOOKUP_DRAFT = (DraftConfig(num_experts=2, top_k_experts=2),
+                TreeConfig(depth=2, top_k=2, total_tokens=3, decoupled=True, lookup_tokens=3, lookup_min_ngram=1))
 
 
 def _random_feature_drafter(model, name: str = "moe2-decoupled"):
     torch.manual_seed(0)
-    draft_cfg, tree_cfg = RANDOM_DRAFTS[name]
-    return FeatureDrafter(DraftModel.build(draft_cfg, model).eval(), tree_cfg)
+    draft_cfg, tree_cfg = LOOKUP_DRAFT if name == "lookup" else RANDOM_DRAFTS[name]
+    return make_drafter(DraftModel.build(draft_cfg, model).eval(), tree_cfg)
 
 
 @pytest.mark.parametrize("setting", list(E2E_SETTINGS))
@@ -410,6 +412,23 @@ def test_speculative_sampling_matches_target_random_draft(e2e_setup, name):
     samples = _e2e_samples(model, _random_feature_drafter(model, name), prompt, params, n, seed=2)
     stat, p, cells = chi2_test(samples, exact)
     print(f"e2e random draft: chi2 {stat:.1f}, {cells} cells, p {p:.3g}")
+    assert cells >= 10, cells
+    assert p > P_OK, (stat, p, cells)
+
+
+def test_speculative_sampling_with_lookup_chains_matches_target(e2e_setup):
+    """A prompt-lookup chain grafted on every tree: deterministic candidates that are often unlikely."""
+    model, params, prompt, _ = e2e_setup["T1"]
+    # the context holds the prompt's likeliest continuation, then the prompt again: sampled tokens recur
+    likely = vanilla_generate(model, prompt, max_new_tokens=N_TOKENS + 1).output_ids
+    prompt = torch.cat([prompt, torch.tensor(likely), prompt])
+    n = 400
+    exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / n)
+    drafter = _random_feature_drafter(model, "lookup")
+    samples = _e2e_samples(model, drafter, prompt, params, n, seed=3)
+    stat, p, cells = chi2_test(samples, exact)
+    print(f"e2e lookup chains: chi2 {stat:.1f}, {cells} cells, p {p:.3g}, grafted {drafter.grafted}")
+    assert drafter.grafted >= n  # at least one chain token per generation on average
     assert cells >= 10, cells
     assert p > P_OK, (stat, p, cells)
 

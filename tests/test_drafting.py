@@ -1,0 +1,80 @@
+"""Prompt lookup and the lookup-branch drafter (jakiro_lib.drafting): proposals against a brute-force
+reference, and the drafter protocol around a feature drafter."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from jakiro_lib.config import DraftConfig, TreeConfig
+from jakiro_lib.draft import DraftModel
+from jakiro_lib.drafting import FeatureDrafter, LookupDrafter, PromptLookup, make_drafter
+
+from helpers import tiny_target
+
+
+def _brute_force(history: list[int], num: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """Latest earlier occurrence of the longest suffix n-gram; continuation repeated with its period."""
+    for n in range(min(max_ngram, len(history)), min_ngram - 1, -1):
+        suffix = history[len(history) - n:]
+        for start in range(len(history) - 1, n - 1, -1):  # start: position right after the occurrence
+            if history[start - n:start] == suffix:
+                period = len(history) - start
+                return [history[start + i % period] for i in range(num)]
+    return []
+
+
+def test_prompt_lookup_matches_brute_force_as_tokens_arrive():
+    rng = random.Random(0)
+    for trial in range(60):
+        lookup = PromptLookup(5, max_ngram=rng.randint(1, 4), min_ngram=1)
+        lookup.min_ngram = rng.randint(1, lookup.max_ngram)
+        alphabet = rng.randint(2, 8)
+        history = [rng.randrange(alphabet) for _ in range(rng.randint(1, 6))]
+        lookup.reset(history)
+        for _ in range(12):
+            assert lookup.propose() == _brute_force(history, 5, lookup.max_ngram, lookup.min_ngram), (trial, history)
+            new = [rng.randrange(alphabet) for _ in range(rng.randint(1, 3))]
+            history += new
+            lookup.extend(new)
+
+
+def test_prompt_lookup_cases():
+    lookup = PromptLookup(4, max_ngram=2, min_ngram=2)
+    lookup.reset([1, 2, 3, 9, 1, 2])
+    assert lookup.propose() == [3, 9, 1, 2]  # continuation of the earlier "1 2", wrapping around
+    lookup.reset([5, 6, 7])
+    assert lookup.propose() == []  # nothing recurs
+    lookup.reset([4, 4, 4])
+    assert lookup.propose() == [4, 4, 4, 4]
+    with pytest.raises(ValueError, match="min_ngram"):
+        PromptLookup(4, max_ngram=1, min_ngram=2)
+    with pytest.raises(ValueError, match="num_tokens"):
+        PromptLookup(0)
+    with pytest.raises(ValueError, match="lookup"):
+        TreeConfig(lookup_tokens=-1)
+
+
+def test_lookup_drafter_grafts_the_chain_and_forwards_the_protocol():
+    model = tiny_target("llama")
+    torch.manual_seed(0)
+    draft = DraftModel.build(DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False,
+                                         contrastive=False), model).eval()
+    tree = TreeConfig(depth=2, top_k=2, total_tokens=3)
+    assert isinstance(make_drafter(draft, tree), FeatureDrafter)
+    drafter = make_drafter(draft, TreeConfig(depth=2, top_k=2, total_tokens=3, lookup_tokens=4, lookup_min_ngram=1))
+    assert isinstance(drafter, LookupDrafter) and drafter.stats is drafter.inner.stats
+    prompt = torch.tensor([7, 8, 9, 7, 8])
+    with torch.inference_mode():
+        hidden = model.model(input_ids=prompt[None]).last_hidden_state[0]
+        drafter.begin(prompt, hidden, root=9)  # history 7 8 9 7 8 9: "8 9" recurs, followed by 7 8 9 ...
+        t = drafter.propose()
+    assert int(t.tokens[0]) == 9 and len(t) >= 3 and drafter.grafted == len(t) - 3
+    node = 0
+    for token in (7, 8, 9, 7):  # the chain is a root path of the tree
+        node = next(c for c in t.children[node] if int(t.tokens[c]) == token)
+    pos = drafter.inner.pos
+    with torch.inference_mode():
+        drafter.accept(hidden[:2], [7, 5])
+    assert drafter.lookup.history[-3:] == [9, 7, 5] and drafter.inner.pos == pos + 2 and drafter.inner.root == 5
