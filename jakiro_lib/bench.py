@@ -34,15 +34,15 @@ LOOKUP_TOKENS = 10  # chain length of the lookup-branch methods: HF prompt looku
 @dataclass
 class MethodSpec:
     kind: str  # "vanilla" | "hf" | "pld" | "spec"
-    draft: str | None = None  # path of a saved draft (kind "spec")
+    draft: str | None = None  # path of a saved draft (kind "spec"; None: the lookup chain alone)
     tree: TreeConfig | None = None  # kind "spec"
     prompt_lookup_tokens: int = 10  # kind "pld" (HF's default)
 
     def __post_init__(self) -> None:
         if self.kind not in ("vanilla", "hf", "pld", "spec"):
             raise ValueError(f"unknown method kind {self.kind!r}: use vanilla, hf, pld or spec")
-        if self.kind == "spec" and (self.draft is None or self.tree is None):
-            raise ValueError("a 'spec' method needs a draft path and a tree config")
+        if self.kind == "spec" and (self.tree is None or self.draft is None and not self.tree.lookup_tokens):
+            raise ValueError("a 'spec' method needs a tree config and a draft path (or tree.lookup_tokens)")
 
 
 @dataclass
@@ -74,7 +74,7 @@ class MethodRunner:
     def __init__(self, target: Target, spec: MethodSpec) -> None:
         self.target = target
         self.spec = spec
-        self.draft = DraftModel.load(spec.draft, target.model) if spec.kind == "spec" else None
+        self.draft = DraftModel.load(spec.draft, target.model) if spec.kind == "spec" and spec.draft else None
 
     def __call__(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, params: SamplingParams,
                  seed: int, on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
@@ -92,7 +92,7 @@ class MethodRunner:
             if on_tokens is not None:
                 on_tokens(result.output_ids)
             return result
-        assert self.draft is not None and self.spec.tree is not None
+        assert self.spec.tree is not None
         drafter = make_drafter(self.draft, self.spec.tree)
         return speculative_generate(t.model, drafter, prompt_ids, max_context=t.config.max_context,
                                     generator=gen, on_tokens=on_tokens, **common)
@@ -245,7 +245,8 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     ``tree``; with ``tuned`` (and a fixed ``tree.total_tokens``) also ``eagle2_auto`` and ``jakiro_auto``,
     the same drafts with the tree budget tuned for the machine (``total_tokens="auto"``); and this
     repository's extension ``eagle2_lookup`` / ``jakiro_lookup``: that tree (tuned unless ``tuned`` is
-    off) with a prompt-lookup chain of ``LOOKUP_TOKENS`` grafted on (:class:`~jakiro_lib.drafting.LookupDrafter`).
+    off) with a prompt-lookup chain of ``LOOKUP_TOKENS`` grafted on (:class:`~jakiro_lib.drafting.LookupDrafter`),
+    and its control ``lookup_only``: the same chain without a draft, through the same engine.
     ``ablations``: experts count, AR steps, contrastive on/off and decoupled on/off around Jakiro, all
     on ``tree``.
     """
@@ -268,6 +269,7 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
             methods["eagle2_auto"] = spec("dense", total_tokens="auto")
             methods["jakiro_auto"] = spec("moe2", decoupled=True, total_tokens="auto")
         budget = "auto" if tuned else tree.total_tokens
+        methods["lookup_only"] = MethodSpec("spec", tree=dataclasses.replace(tree, lookup_tokens=LOOKUP_TOKENS))
         methods["eagle2_lookup"] = spec("dense", total_tokens=budget, lookup_tokens=LOOKUP_TOKENS)
         methods["jakiro_lookup"] = spec("moe2", decoupled=True, total_tokens=budget, lookup_tokens=LOOKUP_TOKENS)
         return methods

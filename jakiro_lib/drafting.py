@@ -221,7 +221,7 @@ class PromptLookup:
     match implies. An n-gram index updated as tokens arrive makes each lookup O(max_ngram).
     """
 
-    def __init__(self, num_tokens: int, *, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, num_tokens: int, *, max_ngram: int = 3, min_ngram: int = 2) -> None:
         if num_tokens < 1 or not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"prompt lookup needs num_tokens >= 1 and 1 <= min_ngram <= max_ngram, got "
                              f"{num_tokens}, {min_ngram}..{max_ngram}")
@@ -253,23 +253,30 @@ class PromptLookup:
 
 
 class LookupDrafter:
-    """A drafter whose tree also holds a prompt-lookup chain (see :class:`PromptLookup`)."""
+    """A drafter whose tree also holds a prompt-lookup chain (see :class:`PromptLookup`).
 
-    def __init__(self, inner: FeatureDrafter, lookup: PromptLookup) -> None:
+    Without ``inner`` the tree is the chain alone: prompt lookup run by this engine (the control that
+    tells what the feature draft adds to the chain).
+    """
+
+    def __init__(self, inner: FeatureDrafter | None, lookup: PromptLookup) -> None:
         self.inner = inner
         self.lookup = lookup
         self.grafted = 0  # tokens added by the lookup chain (not already in the draft's tree), all cycles
+        self._stats = DraftStats()
 
     @property
     def stats(self) -> DraftStats:
-        return self.inner.stats
+        return self.inner.stats if self.inner is not None else self._stats
 
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor, root: int) -> None:
-        self.inner.begin(prompt_ids, hidden, root)
+        if self.inner is not None:
+            self.inner.begin(prompt_ids, hidden, root)
+        self.root = root
         self.lookup.reset(prompt_ids.tolist() + [root])
 
     def propose(self) -> Tree:
-        tree = self.inner.propose()
+        tree = self.inner.propose() if self.inner is not None else Tree.chain([self.root])
         chain = self.lookup.propose()
         merged = tree.graft(chain) if chain else tree
         self.grafted += len(merged) - len(tree)
@@ -277,12 +284,17 @@ class LookupDrafter:
 
     def accept(self, hidden: torch.Tensor, new_tokens: list[int]) -> None:
         self.lookup.extend(new_tokens)
-        self.inner.accept(hidden, new_tokens)
+        self.root = new_tokens[-1]
+        if self.inner is not None:
+            self.inner.accept(hidden, new_tokens)
 
 
-def make_drafter(draft: DraftModel, tree: TreeConfig) -> FeatureDrafter | LookupDrafter:
-    """The drafter ``tree`` asks for: the feature draft's tree, plus a lookup chain if ``lookup_tokens``."""
-    drafter = FeatureDrafter(draft, tree)
+def make_drafter(draft: DraftModel | None, tree: TreeConfig) -> FeatureDrafter | LookupDrafter:
+    """The drafter ``tree`` asks for: the feature draft's tree, plus a lookup chain if ``lookup_tokens``;
+    without a draft, the lookup chain alone."""
+    if draft is None and not tree.lookup_tokens:
+        raise ValueError("without a draft, only prompt lookup can propose tokens: set tree.lookup_tokens")
+    drafter = FeatureDrafter(draft, tree) if draft is not None else None
     if not tree.lookup_tokens:
         return drafter
     return LookupDrafter(drafter, PromptLookup(tree.lookup_tokens, max_ngram=tree.lookup_max_ngram,

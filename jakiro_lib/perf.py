@@ -179,7 +179,9 @@ def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.
         greedy = h[h["temperature"] == 0].set_index("method")
         for lever, pairs in (("tree budget tuned on this machine", (("eagle2", "eagle2_auto"), ("jakiro", "jakiro_auto"))),
                              ("prompt-lookup chain grafted on the tuned tree (extension)",
-                              (("eagle2_auto", "eagle2_lookup"), ("jakiro_auto", "jakiro_lookup")))):
+                              (("eagle2_auto", "eagle2_lookup"), ("jakiro_auto", "jakiro_lookup"))),
+                             ("draft tree under the lookup chain (extension)",
+                              (("lookup_only", "eagle2_lookup"), ("lookup_only", "jakiro_lookup")))):
             for without, with_ in pairs:
                 if without in greedy.index and with_ in greedy.index:
                     add(lever, f"{with_} vs {without} tokens/s (T=0)", float(greedy.loc[without, "tokens_per_s"]),

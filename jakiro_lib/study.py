@@ -360,6 +360,17 @@ def sample_conversation_html(profile: str | Profile | StudyContext, index: int |
                                  max_length=d.max_length, max_chars=max_chars)
 
 
+def method_setting(spec: Any, key: str) -> Any:
+    """One setting of a method as the tables show it (None where it does not apply)."""
+    if spec.kind != "spec":
+        return None
+    if spec.draft is None:  # the lookup chain alone: no draft, no drafted tree
+        return {"draft": "none", "lookup_tokens": spec.tree.lookup_tokens}.get(key)
+    if key == "draft":
+        return Path(spec.draft).parent.name
+    return getattr(spec.tree, key)
+
+
 def methods_table(profile: str | Profile | StudyContext, study: str = "main",
                   run_dir: str | Path | None = None) -> pd.DataFrame:
     """The methods a study compares and their settings (draft, tree, decoupled, CEPD ar_steps)."""
@@ -370,9 +381,8 @@ def methods_table(profile: str | Profile | StudyContext, study: str = "main",
     for name, m in study_methods(prof.tree, rdir / "drafts", study=study, tuned=prof.bench.tuned).items():
         row: dict[str, Any] = {"method": name, "kind": m.kind}
         if m.kind == "spec":
-            row["draft"] = Path(m.draft).parent.name
-            row.update({k: getattr(m.tree, k) for k in ("depth", "top_k", "total_tokens", "decoupled",
-                                                        "ar_steps", "scoring", "lookup_tokens")})
+            row.update({k: method_setting(m, k) for k in ("draft", "depth", "top_k", "total_tokens", "decoupled",
+                                                          "ar_steps", "scoring", "lookup_tokens")})
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -678,7 +688,7 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
     from .draft import DraftModel
     from .utils import device_name
 
-    auto = [k for k, m in methods.items() if m.kind == "spec" and m.tree.total_tokens == "auto"]
+    auto = [k for k, m in methods.items() if m.kind == "spec" and m.draft and m.tree.total_tokens == "auto"]
     if not auto:
         return methods, {}
     import torch
@@ -823,16 +833,8 @@ def study_table(records: list[dict[str, Any]], methods: dict[str, Any] | None = 
     df["_o"] = df["method"].map({m: i for i, m in enumerate(order)})
     df = df.sort_values(["temperature", "benchmark", "_o"]).drop(columns="_o").reset_index(drop=True)
     if methods is not None:
-        def info(m: str, key: str) -> Any:
-            spec = methods[m]
-            if spec.kind != "spec":
-                return None
-            if key == "draft":
-                return Path(spec.draft).parent.name
-            return getattr(spec.tree, key)
-
         for key in ("draft", "total_tokens", "decoupled", "ar_steps", "scoring", "lookup_tokens"):
-            df.insert(df.columns.get_loc("benchmark"), key, [info(m, key) for m in df["method"]])
+            df.insert(df.columns.get_loc("benchmark"), key, [method_setting(methods[m], key) for m in df["method"]])
     return df
 
 

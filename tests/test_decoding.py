@@ -189,18 +189,19 @@ def test_greedy_lossless_random_drafts(prompts, vanilla, draft_name, shape):
         assert r.draft_forwards == r.cycles * (len(drafter.steps) - 1)
 
 
-@pytest.mark.parametrize("draft_name", ["dense", "moe4-decoupled-cepd-ar0-best"])
+@pytest.mark.parametrize("draft_name", ["dense", "moe4-decoupled-cepd-ar0-best", None])
 @pytest.mark.parametrize("min_ngram", [1, 2])
 def test_greedy_lossless_with_lookup_branch(prompts, vanilla, draft_name, min_ngram):
-    """A prompt-lookup chain grafted on the draft tree changes what is verified, never the output."""
+    """A prompt-lookup chain grafted on the draft tree (or alone) changes what is verified, never the output."""
     model = _model("llama")
-    base = _feature_drafter(model, draft_name, SHAPES["d3k2n6"], seed=5)
+    base = _feature_drafter(model, draft_name, SHAPES["d3k2n6"], seed=5) if draft_name else None
     drafter = LookupDrafter(base, PromptLookup(6, max_ngram=3, min_ngram=min_ngram))
     for i, p in enumerate(prompts):
         r = speculative_generate(model, drafter, p, max_new_tokens=MAX_NEW)
         assert r.output_ids == vanilla[i], (draft_name, i)
         _check_bookkeeping(r, MAX_NEW)
     assert drafter.grafted > 0 and max(r.tree_sizes) > SHAPES["d3k2n6"].total_tokens  # chains were verified
+    assert base is not None or r.draft_forwards == 0
 
 
 @pytest.mark.skipif(not torch._C.has_mkl, reason="MKL packing needs an MKL build of torch")

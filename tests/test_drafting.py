@@ -63,6 +63,10 @@ def test_lookup_drafter_grafts_the_chain_and_forwards_the_protocol():
                                          contrastive=False), model).eval()
     tree = TreeConfig(depth=2, top_k=2, total_tokens=3)
     assert isinstance(make_drafter(draft, tree), FeatureDrafter)
+    with pytest.raises(ValueError, match="lookup_tokens"):
+        make_drafter(None, tree)  # nothing would propose tokens
+    alone = make_drafter(None, TreeConfig(lookup_tokens=3))
+    assert isinstance(alone, LookupDrafter) and alone.inner is None and alone.stats.forwards == 0
     drafter = make_drafter(draft, TreeConfig(depth=2, top_k=2, total_tokens=3, lookup_tokens=4, lookup_min_ngram=1))
     assert isinstance(drafter, LookupDrafter) and drafter.stats is drafter.inner.stats
     prompt = torch.tensor([7, 8, 9, 7, 8])

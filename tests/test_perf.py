@@ -102,14 +102,15 @@ def test_cost_model_times_target_and_both_vocabularies(tiny_run):
 def test_auto_tree_budget_is_tuned_once_and_cached(tiny_run, monkeypatch):
     target, profile, root = tiny_run
     methods = study_methods(profile.tree, root / "drafts", study="main")
-    methods = {k: v for k, v in methods.items() if v.kind != "spec" or "moe2_" not in v.draft}
+    methods = {k: v for k, v in methods.items() if v.kind != "spec" or "moe2_" not in (v.draft or "")}
     monkeypatch.setattr("jakiro_lib.study.TUNE_SIZES", (1, 2, 4, 8))
     monkeypatch.setattr("jakiro_lib.study.TUNE_PROMPTS", 2)
     with single_thread():
         resolved, info = resolve_tree_budgets(profile, root, methods, target)
-    spec = [k for k, v in methods.items() if v.kind == "spec"]
+    spec = [k for k, v in methods.items() if v.kind == "spec" and v.draft]
     assert spec and all(resolved[k].tree.total_tokens in (2, 4, 8) for k in spec)
-    assert all(resolved[k] is methods[k] for k in methods if k not in spec)  # baselines untouched
+    assert all(resolved[k] is methods[k] for k in methods if k not in spec)  # baselines, lookup_only untouched
+    assert "lookup_only" in methods
     assert set(info["choices"]) == set(spec) and set(info["target_costs_s"]) == {1, 2, 4, 8}
     for k in spec:
         FeatureDrafter(DraftModel.load(resolved[k].draft, target.model), resolved[k].tree)  # usable as is
@@ -165,7 +166,8 @@ def test_lever_table_compares_each_lever_with_and_without_it():
     target = pd.DataFrame({"n": [1, 8], "ms": [30.0, 45.0], "x_one_step": [1.0, 1.5],
                            "ms_library_defaults": [31.0, 66.0], "ms_without_packed_gemm": [30.5, 62.0]})
     draft = pd.DataFrame({"draft": ["dense", "dense"], "vocab": [8192, 49152], "width": [3, 3], "ms": [1.2, 5.0]})
-    main = _main({(0.0, "jakiro"): 25.0, (0.0, "jakiro_auto"): 30.0, (0.0, "jakiro_lookup"): 36.0}, {})
+    main = _main({(0.0, "jakiro"): 25.0, (0.0, "jakiro_auto"): 30.0, (0.0, "jakiro_lookup"): 36.0,
+                  (0.0, "lookup_only"): 32.0}, {})
     levers = {(r.lever, r.measured): r for r in lever_table(target, draft, main, tree_tokens=8).itertuples()}
     assert levers[("MKL-packed GEMM weights for the tree size", "target T(8) ms")].speedup == pytest.approx(62 / 45)
     assert levers[("SDPA's own GQA under tree masks", "target T(8) ms")].speedup == pytest.approx(66 / 62)
@@ -173,4 +175,6 @@ def test_lever_table_compares_each_lever_with_and_without_it():
     assert levers[("tree budget tuned on this machine", "jakiro_auto vs jakiro tokens/s (T=0)")].speedup == pytest.approx(1.2)
     lookup = levers[("prompt-lookup chain grafted on the tuned tree (extension)", "jakiro_lookup vs jakiro_auto tokens/s (T=0)")]
     assert lookup.speedup == pytest.approx(1.2)
+    tree = levers[("draft tree under the lookup chain (extension)", "jakiro_lookup vs lookup_only tokens/s (T=0)")]
+    assert tree.speedup == pytest.approx(36 / 32)
     assert not any("eagle2" in m for _, m in levers)  # nothing invented for methods that did not run
