@@ -47,9 +47,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     profile = _profile(args)
     target = load_target(profile.target)
     tree = replace(profile.tree, decoupled=args.decoupled, ar_steps=args.ar_steps) if args.method == "spec" else None
-    if args.method == "spec" and not args.draft:
-        raise SystemExit("error: --method spec needs --draft DIR (a trained draft, e.g. runs/default/drafts/moe2/draft)")
-    if tree is not None and tree.total_tokens == "auto":  # tuned once per machine and draft, then cached
+    if args.method == "spec" and not args.draft and not tree.lookup_tokens:
+        raise SystemExit("error: --method spec needs --draft DIR (a trained draft, e.g. runs/default/drafts/moe2/draft) "
+                         "or --set tree.lookup_tokens=N (prompt lookup alone)")
+    if tree is not None and args.draft and tree.total_tokens == "auto":  # tuned once per machine and draft, then cached
         from .bench import MethodSpec
         from .study import default_run_dir, resolve_tree_budgets
 

@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from jakiro_lib.cli import build_parser, main
 
 
@@ -21,6 +23,15 @@ def test_generate_smoke_streams_text(capsys):
     assert main(["generate", "--profile", "smoke", "--method", "vanilla", "--max-new-tokens", "5", "hello"]) == 0
     captured = capsys.readouterr()
     assert "5 tokens" in captured.err
+
+
+def test_generate_with_prompt_lookup_alone(capsys):
+    with pytest.raises(SystemExit, match="lookup_tokens"):
+        main(["generate", "--profile", "smoke", "--method", "spec", "hi"])  # nothing to draft with
+    argv = ["generate", "--profile", "smoke", "--method", "spec", "--set", "tree.lookup_tokens=4",
+            "--max-new-tokens", "6", "the the the the"]
+    assert main(argv) == 0
+    assert "6 tokens" in capsys.readouterr().err
 
 
 def test_bad_override_is_reported_without_traceback():
