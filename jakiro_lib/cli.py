@@ -98,6 +98,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         sets["bench.temperatures"] = ",".join(str(t) for t in args.temperature)
     if args.limit is not None:
         sets["bench.limit"] = str(args.limit)
+    if args.skip:
+        sets["bench.skip"] = str(args.skip)
     try:
         profile = override(_profile(args), **sets)
         table = run_study(profile, run_dir=args.run_dir, study=args.study, out_dir=args.out,
@@ -190,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--temperature", type=float, action="append",
                            help="sampling temperature (repeatable; default: the profile's)")
             p.add_argument("--limit", type=int, help="first N questions of each benchmark")
+            p.add_argument("--skip", type=int, default=0,
+                           help="pass over the first N questions of each benchmark (held-out checks)")
             p.add_argument("--out", type=Path, help="directory for records.jsonl and summary.csv "
                                                    "(default runs/<profile>/bench/<study>)")
         p.set_defaults(func=func)

@@ -143,6 +143,7 @@ class TrainConfig:
 class BenchConfig:
     benchmarks: tuple[str, ...] = ("mt_bench",)
     limit: int | None = 8
+    skip: int = 0  # questions passed over at the start of each benchmark (held-out checks on other prompts)
     max_new_tokens: int = 128
     temperatures: tuple[float, ...] = (0.0, 1.0)
     repeats: int = 1
@@ -151,6 +152,10 @@ class BenchConfig:
     # The main study also runs EAGLE-2 and Jakiro with tree.total_tokens="auto" (the budget tuned for this
     # machine) next to the profile's fixed comparison tree: the paper's comparison and the best speed.
     tuned: bool = True
+
+    def __post_init__(self) -> None:
+        if self.skip < 0 or (self.limit is not None and self.limit < 0):
+            raise ValueError(f"bench.skip and bench.limit must be >= 0, got {self.skip} and {self.limit}")
 
 
 @dataclass

@@ -630,15 +630,16 @@ STUDY_STAMP = "study_stamp.json"
 
 
 def study_questions(profile: Profile) -> tuple[list[Any], dict[str, str]]:
-    """Questions of ``profile.bench.benchmarks`` (first ``limit`` each); unavailable benchmarks (e.g.
-    hub-only ones offline) are skipped and returned with the reason."""
+    """Questions of ``profile.bench.benchmarks`` (``limit`` each, after the first ``skip``); unavailable
+    benchmarks (e.g. hub-only ones offline) are skipped and returned with the reason."""
     from .data import DataError, load_questions
 
     questions: list[Any] = []
     skipped: dict[str, str] = {}
     for b in profile.bench.benchmarks:
         try:
-            questions += load_questions(b, limit=profile.bench.limit)
+            skip, limit = profile.bench.skip, profile.bench.limit
+            questions += load_questions(b, limit=None if limit is None else skip + limit)[skip:]
         except DataError as exc:
             log.warning("benchmark %s skipped: %s", b, exc)
             skipped[b] = str(exc)

@@ -66,6 +66,13 @@ def test_bench_command_subset_of_methods_benchmarks_and_out_dir(tmp_path, capsys
         ("vanilla", "gsm8k", 0.0), ("hf_generate", "gsm8k", 0.0)}
     assert len(records) == 4 and (out / "summary.csv").is_file()
     assert "hf_generate" in capsys.readouterr().out
+    first = [r["question_id"] for r in records if r["method"] == "vanilla"]
+    held_out = tmp_path / "held_out"  # --skip: the questions after the first N (prompts no study used)
+    argv = [a if a != str(out) else str(held_out) for a in argv] + ["--skip", "1"]
+    argv[argv.index("--methods") + 1] = "vanilla"
+    assert main(argv) == 0
+    later = [json.loads(line)["question_id"] for line in (held_out / "records.jsonl").read_text().splitlines()]
+    assert later[0] == first[1] and len(later) == 2 and later[1] not in first
 
 
 def test_bench_command_unknown_method_is_a_clear_error(tmp_path):
