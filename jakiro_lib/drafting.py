@@ -263,6 +263,7 @@ class LookupDrafter:
         self.inner = inner
         self.lookup = lookup
         self.grafted = 0  # tokens added by the lookup chain (not already in the draft's tree), all cycles
+        self.root = 0  # the last generated token (the tree's root)
         self._stats = DraftStats()
 
     @property
