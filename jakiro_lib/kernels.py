@@ -38,9 +38,7 @@ def packed_gemm_available(model: nn.Module) -> bool:
 
 def _packed_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    gemm: PackedGemm | None = self._jakiro_gemm
-    if (gemm is None or not gemm.active or not gemm.min_rows <= rows <= gemm.max_rows
-            or (x.requires_grad and torch.is_grad_enabled())):  # the MKL op has no backward
+    if not self._jakiro_gemm.serves(rows) or (x.requires_grad and torch.is_grad_enabled()):  # MKL op: no backward
         return F.linear(x, self.weight, self.bias)
     y = torch.ops.mkl._mkl_linear(x.reshape(rows, x.shape[-1]), self._jakiro_packed, self.weight, self.bias, rows)
     return y.reshape(*x.shape[:-1], y.shape[-1])

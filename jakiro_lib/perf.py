@@ -54,11 +54,9 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
             with switch():
                 row[col] = 1000 * measure_target_costs(model, sizes=(n,), context=context, repeats=repeats)[n]
         target_rows.append(row)
-    one = target_rows[0]["ms"]
-    for row in target_rows:
-        row["x_one_step"] = row["ms"] / one
-    columns = ["n", "ms", "x_one_step", *[c for c in variants if c != "ms"]]
-    target_rows = [{c: row[c] for c in columns} for row in target_rows]
+    target_table = pd.DataFrame(target_rows)
+    one = float(target_table["ms"].iloc[0])
+    target_table.insert(2, "x_one_step", target_table["ms"] / one)
     vocab = target.model.config.vocab_size
     draft_rows = []
     for name in drafts:
@@ -74,7 +72,7 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
             for w, s in measure_draft_costs(draft, widths=widths, context=context, repeats=repeats).items():
                 draft_rows.append({"draft": name, "vocab": v, "width": w, "ms": 1000 * s,
                                    "x_target_step": 1000 * s / one})
-    return {"target": pd.DataFrame(target_rows), "draft": pd.DataFrame(draft_rows)}
+    return {"target": target_table, "draft": pd.DataFrame(draft_rows)}
 
 
 def performance_targets(main: pd.DataFrame) -> pd.DataFrame:

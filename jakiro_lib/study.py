@@ -636,9 +636,9 @@ def study_questions(profile: Profile) -> tuple[list[Any], dict[str, str]]:
 
     questions: list[Any] = []
     skipped: dict[str, str] = {}
+    skip, limit = profile.bench.skip, profile.bench.limit
     for b in profile.bench.benchmarks:
         try:
-            skip, limit = profile.bench.skip, profile.bench.limit
             questions += load_questions(b, limit=None if limit is None else skip + limit)[skip:]
         except DataError as exc:
             log.warning("benchmark %s skipped: %s", b, exc)
