@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Sequence
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Mapping, Sequence
 
 import torch
 
@@ -41,18 +42,30 @@ def _bushy_tree(n: int, width: int = 4) -> Tree:
     return Tree(torch.arange(100, 100 + n), parents, torch.tensor(depths))
 
 
-@torch.inference_mode()
 def measure_target_costs(model: torch.nn.Module, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 32), *,
                          context: int = 256, repeats: int = 7) -> dict[int, float]:
     """Seconds for the target to score an n-token tree on top of a ``context``-token cache.
 
     Each size is timed as decoding runs it (with the model's :mod:`~jakiro_lib.kernels` fast paths).
     """
+    table = measure_target_cost_variants(model, sizes, {"s": nullcontext}, context=context, repeats=repeats)
+    return {n: times["s"] for n, times in table.items()}
+
+
+@torch.inference_mode()
+def measure_target_cost_variants(model: torch.nn.Module, sizes: Sequence[int],
+                                 variants: Mapping[str, Callable[[], ContextManager[Any]]], *,
+                                 context: int = 256, repeats: int = 7) -> dict[int, dict[str, float]]:
+    """``{n: {variant: seconds}}``: T(n) under each variant (a context manager that switches kernels).
+
+    One prefill serves every measurement; the variants of one n are timed back to back, so machine
+    drift hits them alike.
+    """
     runner = TargetRunner(model)
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0)).to(runner.device)
     runner.prefill(prompt)
-    out = {}
+    out: dict[int, dict[str, float]] = {}
     for n in sizes:
         tree = _bushy_tree(n)
 
@@ -60,8 +73,11 @@ def measure_target_costs(model: torch.nn.Module, sizes: Sequence[int] = (1, 2, 4
             runner.tree(tree)
             runner.keep(context, [])
 
-        verify_once()  # warm-up for this shape
-        out[n] = _median_time(verify_once, repeats, runner.device)
+        out[n] = {}
+        for name, switch in variants.items():
+            with switch():
+                verify_once()  # warm-up for this shape and these kernels
+                out[n][name] = _median_time(verify_once, repeats, runner.device)
     return out
 
 

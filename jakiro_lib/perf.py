@@ -38,7 +38,7 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
     from contextlib import nullcontext
 
     from . import kernels
-    from .costmodel import measure_draft_costs, measure_target_costs
+    from .costmodel import measure_draft_costs, measure_target_cost_variants
     from .draft import DraftModel
 
     model = target.model
@@ -47,14 +47,8 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
         variants["ms_library_defaults"] = lambda: kernels.plain_kernels(model)
         if kernels.packed_gemm(model) is not None:
             variants["ms_without_packed_gemm"] = lambda: kernels.plain_kernels(model, gqa=False)
-    target_rows = []
-    for n in sorted({1, *sizes}):
-        row: dict[str, float] = {"n": n}
-        for col, switch in variants.items():
-            with switch():
-                row[col] = 1000 * measure_target_costs(model, sizes=(n,), context=context, repeats=repeats)[n]
-        target_rows.append(row)
-    target_table = pd.DataFrame(target_rows)
+    times = measure_target_cost_variants(model, sorted({1, *sizes}), variants, context=context, repeats=repeats)
+    target_table = pd.DataFrame([{"n": n, **{col: 1000 * s for col, s in row.items()}} for n, row in times.items()])
     one = float(target_table["ms"].iloc[0])
     target_table.insert(2, "x_one_step", target_table["ms"] / one)
     vocab = target.model.config.vocab_size

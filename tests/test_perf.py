@@ -138,24 +138,36 @@ def test_tree_budget_table_reads_the_study_file(tmp_path):
 
 def test_cost_model_times_each_size_with_and_without_fast_paths_back_to_back(tiny_run, monkeypatch):
     target, _, root = tiny_run
-    real = costmodel.measure_target_costs
-    seen = []
+    real_tree, real_time, real_prefill = costmodel._bushy_tree, costmodel._median_time, costmodel.TargetRunner.prefill
+    seen, prefills = [], []
 
-    def spy(model, *, sizes, **kw):
-        gemm = kernels.packed_gemm(model)
-        seen.append((tuple(sizes), model.config._attn_implementation, gemm is not None and gemm.active))
-        return real(model, sizes=sizes, **kw)
+    def tree_spy(n):
+        seen.append(n)
+        return real_tree(n)
 
-    monkeypatch.setattr(costmodel, "measure_target_costs", spy)
+    def time_spy(fn, repeats, device):
+        gemm = kernels.packed_gemm(target.model)
+        seen.append((target.model.config._attn_implementation, gemm is not None and gemm.active))
+        return real_time(fn, repeats, device)
+
+    def prefill_spy(self, ids):
+        prefills.append(len(ids))
+        return real_prefill(self, ids)
+
+    monkeypatch.setattr(costmodel, "_bushy_tree", tree_spy)
+    monkeypatch.setattr(costmodel, "_median_time", time_spy)
+    monkeypatch.setattr(costmodel.TargetRunner, "prefill", prefill_spy)
     kernels.enable_packed_gemm(target.model)
     try:
         with single_thread():
             tables = cost_model(target, root / "drafts", sizes=(1, 4), widths=(1,), context=16, repeats=2)
     finally:
         kernels.disable_packed_gemm(target.model)
-    fast, plain = kernels.GQA_ATTENTION, "sdpa"
-    assert seen == [((1,), fast, True), ((1,), plain, False), ((1,), fast, False),
-                    ((4,), fast, True), ((4,), plain, False), ((4,), fast, False)]
+    fast, plain = (kernels.GQA_ATTENTION, True), ("sdpa", False)
+    no_gemm = (kernels.GQA_ATTENTION, False)
+    target_part = seen[:8]  # the draft rows time after these
+    assert target_part == [1, fast, plain, no_gemm, 4, fast, plain, no_gemm]
+    assert prefills == [16]  # one prefill serves every size and variant
     t = tables["target"]
     assert list(t.columns) == ["n", "ms", "x_one_step", "ms_library_defaults", "ms_without_packed_gemm"]
     assert (t[["ms", "ms_library_defaults", "ms_without_packed_gemm"]] > 0).all().all()
