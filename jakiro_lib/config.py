@@ -215,14 +215,16 @@ def _profiles() -> dict[str, Profile]:
     # fast on CPU; the "_auto" methods tune the budget on the machine), a reduced draft vocabulary, CPU
     # fast paths for the target (MKL-packed GEMMs for 4..64 rows: every tuning candidate), and 2000 training
     # conversations for 3 epochs (measured 2026-11-22, dense draft: held-out top-1 0.344 and tau 1.63 vs
-    # 0.313 and 1.54 with 400 conversations x 10 epochs; ~11 min of feature caching).
+    # 0.313 and 1.54 with 400 conversations x 10 epochs; ~11 min of feature caching). 10 MT-bench questions
+    # (20 turns) per temperature: the first 5 alone repeat themselves more than the next 15 do, which
+    # flattered prompt lookup (measured with `bench --skip 5 --limit 15`).
     default = Profile(
         name="default",
         target=TargetConfig(model="builtin:smollm2", max_context=2048, packed_gemm=64),
         data=DataConfig(num_conversations=2000, max_length=384, shard_size=50),
         train=TrainConfig(epochs=3, batch_size=8, lr=5e-4, warmup_steps=50),
         tree=TreeConfig(depth=4, top_k=3, total_tokens=8),
-        bench=BenchConfig(limit=5, max_new_tokens=64, temperatures=(0.0, 1.0)),
+        bench=BenchConfig(limit=10, max_new_tokens=64, temperatures=(0.0, 1.0)),
         drafts=_study_drafts(8192),
     )
     profiles = {"smoke": smoke, "default": default}
