@@ -193,12 +193,43 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
+def ratio_interval(method_records: list[dict[str, Any]], baseline_records: list[dict[str, Any]], *,
+                   level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of mean tokens/s (method) / mean tokens/s (baseline).
+
+    Prompts (benchmark, question, turn, repeat) that both ran are resampled in pairs within each
+    benchmark, so the interval says how much the ratio depends on which prompts were drawn: with one
+    repeat per prompt, the spread that a std over repeats cannot show. NaNs when nothing pairs up.
+    """
+    import numpy as np
+
+    def by_prompt(recs: list[dict[str, Any]]) -> dict[tuple, float]:
+        return {(r["benchmark"], str(r["question_id"]), r["turn"], r["repeat"]): r["tokens_per_second"] for r in recs}
+
+    a, b = by_prompt(method_records), by_prompt(baseline_records)
+    common = sorted(set(a) & set(b))
+    if not common:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    num, den = np.zeros(resamples), np.zeros(resamples)
+    for bench in sorted({k[0] for k in common}):
+        keys = [k for k in common if k[0] == bench]
+        x, y = np.array([a[k] for k in keys]), np.array([b[k] for k in keys])
+        idx = rng.integers(0, len(keys), size=(resamples, len(keys)))
+        num += x[idx].mean(1)  # benchmarks weigh equally, as in the mean over benchmarks
+        den += y[idx].mean(1)
+    lo, hi = np.quantile(num / den, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (method, benchmark, temperature): tokens/s, speedup vs the fastest vanilla, tau (two conventions).
 
     Speedup = mean over questions of tokens/s (method) / mean tokens/s (fastest vanilla kind present),
-    computed per repeat; mean and std are over repeats. tau = generated tokens / cycles (ours);
-    tau_ref = the same over cycles - 1 (the reference's convention, which inflates it).
+    computed per repeat; mean and std are over repeats; ``speedup_ci_low``/``_high``: a 95% bootstrap
+    interval over prompts (:func:`ratio_interval`) against the fastest vanilla kind overall. tau =
+    generated tokens / cycles (ours); tau_ref = the same over cycles - 1 (the reference's convention,
+    which inflates it).
     """
     groups: dict[tuple, list[dict]] = {}
     for r in records:
@@ -227,9 +258,13 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         tau_ref = emitted / max(cycles - len(recs), 1) if kind == "spec" else tau
         tps_m, tps_s = _mean_std(list(tps.values()))
         sp_m, sp_s = _mean_std(speedups)
+        base_kind = max((m for m in VANILLA_KINDS if (m, bench, temp) in groups), default=None,
+                        key=lambda m: statistics.fmean(per_repeat_tps(groups[(m, bench, temp)]).values()))
+        ci = ratio_interval(recs, groups[(base_kind, bench, temp)]) if base_kind else (math.nan, math.nan)
         rows.append({
             "method": method, "kind": kind, "benchmark": bench, "temperature": temp, "questions": len({(r["question_id"], r["turn"]) for r in recs}),
             "tokens_per_s": tps_m, "tokens_per_s_std": tps_s, "speedup": sp_m, "speedup_std": sp_s,
+            "speedup_ci_low": ci[0], "speedup_ci_high": ci[1],
             "tau": tau, "tau_ref": tau_ref, "new_tokens": tokens, "cycles": cycles,
             "draft_forwards_per_cycle": sum(r["draft_forwards"] for r in recs) / max(cycles, 1),
             "draft_time_frac": sum(r["draft_time"] for r in recs) / max(sum(r["wall_time"] for r in recs), 1e-9),

@@ -69,8 +69,12 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
     return {"target": target_table, "draft": pd.DataFrame(draft_rows)}
 
 
-def performance_targets(main: pd.DataFrame) -> pd.DataFrame:
+def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | None = None) -> pd.DataFrame:
     """The speed goals as measured ratios (mean over benchmarks) with pass/fail.
+
+    With the study's ``records``, tokens/s ratios get a 95% bootstrap interval over prompts
+    (``ratio_ci_low``/``ratio_ci_high``, :func:`jakiro_lib.bench.ratio_interval`): a goal whose interval
+    straddles its threshold is not resolved by these prompts either way.
 
     "Jakiro (best)" is the fastest of ``jakiro``, ``jakiro_cepd`` and ``jakiro_auto`` at each temperature,
     compared in tokens/s with the fastest EAGLE-2 row (``eagle2`` or ``eagle2_auto``); tau compares
@@ -78,10 +82,17 @@ def performance_targets(main: pd.DataFrame) -> pd.DataFrame:
     gets its own rows against the same baselines and ``eagle2_lookup``. Ratios of means of tokens/s, as in
     the main table.
     """
+    from .bench import ratio_interval
     from .study import headline_table
 
     h = headline_table(main)  # mean over benchmarks per (temperature, method)
     rows: list[dict[str, Any]] = []
+
+    def interval(temp: float, ours: str, base: str) -> tuple[float, float]:
+        if records is None:
+            return math.nan, math.nan
+        ours_recs = [r for r in records if r["method"] == ours and r["temperature"] == temp]
+        return ratio_interval(ours_recs, [r for r in records if r["method"] == base and r["temperature"] == temp])
 
     def value(temp: float, method: str, col: str = "tokens_per_s") -> float:
         sel = h[(h["temperature"] == temp) & (h["method"] == method)]
@@ -92,10 +103,11 @@ def performance_targets(main: pd.DataFrame) -> pd.DataFrame:
         a, b = value(temp, ours, col), value(temp, base, col)
         ratio = a / b if b and not math.isnan(b) else math.nan
         met = None if math.isnan(ratio) else bool(ratio > threshold if strict else ratio >= threshold)
+        lo, hi = interval(temp, ours, base) if col == "tokens_per_s" else (math.nan, math.nan)
         rows.append({"goal": goal, "temperature": temp, "method": ours, "baseline": base,
                      "metric": "tokens/s" if col == "tokens_per_s" else col, "method_value": a,
-                     "baseline_value": b, "ratio": ratio, "target": f"{'>' if strict else '>='} {threshold:g}",
-                     "met": met})
+                     "baseline_value": b, "ratio": ratio, "ratio_ci_low": lo, "ratio_ci_high": hi,
+                     "target": f"{'>' if strict else '>='} {threshold:g}", "met": met})
 
     for temp in sorted(h["temperature"].unique()):
         present = [m for m in JAKIRO_METHODS if not math.isnan(value(temp, m))]
@@ -185,13 +197,13 @@ def write_performance_report(ctx: Any, main: pd.DataFrame, *, target: Any = None
     """Notebook 02's performance section: cost model, tree-budget tuning and the goals table, written as
     ``cost_model_target.csv``, ``cost_model_draft.csv``, ``tree_budget.csv``, ``performance_targets.csv``
     and ``levers.csv`` in the report directory. Returns the five tables."""
-    from .study import get_target, tree_budget_table, write_table
+    from .study import get_target, load_study_records, tree_budget_table, write_table
 
     target = target or get_target(ctx)
     tables = cost_model(target, ctx.drafts_dir, widths=sorted({1, ctx.profile.tree.top_k}))
     total = ctx.profile.tree.total_tokens
     tables = {"cost_model_target": tables["target"], "cost_model_draft": tables["draft"],
-              "tree_budget": tree_budget_table(ctx.run_dir, "main"), "performance_targets": performance_targets(main),
+              "tree_budget": tree_budget_table(ctx.run_dir, "main"), "performance_targets": performance_targets(main, load_study_records(ctx.run_dir, "main")),
               "levers": lever_table(tables["target"], tables["draft"], main,
                                     tree_tokens=total if isinstance(total, int) else 8)}
     for name, df in tables.items():

@@ -864,8 +864,13 @@ def write_study_tables(report_dir: str | Path, study: str, table: pd.DataFrame,
     return path
 
 
+def _interval(lo: float, hi: float) -> str:
+    return "–" if lo is None or hi is None or math.isnan(lo) or math.isnan(hi) else f"[{lo:.2f}, {hi:.2f}]"
+
+
 def display_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Compact view: tau and speedup as ``mean ± std`` strings plus the per-cycle breakdown."""
+    """Compact view: tau and speedup as ``mean ± std`` (over repeats) strings, the speedup's bootstrap
+    interval over prompts, and the per-cycle breakdown."""
     if table.empty:
         return table
 
@@ -878,6 +883,7 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
         "method": table["method"], "benchmark": table["benchmark"], "T": table["temperature"],
         "tokens/s": [pm(m, s, 1) for m, s in zip(table["tokens_per_s"], table["tokens_per_s_std"])],
         "speedup": [pm(m, s) for m, s in zip(table["speedup"], table["speedup_std"])],
+        "speedup 95% CI": [_interval(lo, hi) for lo, hi in zip(table["speedup_ci_low"], table["speedup_ci_high"])],
         "tau": table["tau"].round(2), "tau (cycles-1)": table["tau_ref"].round(2),
         "draft fwd/cycle": table["draft_forwards_per_cycle"].round(2),
         "draft time %": (100 * table["draft_time_frac"]).round(1),

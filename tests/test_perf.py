@@ -43,6 +43,23 @@ def test_performance_targets_are_measured_ratios_that_can_fail():
     assert g[("Jakiro >= EAGLE-2 (tokens/s)", 1.0)].met
 
 
+def test_goal_ratios_get_a_bootstrap_interval_from_the_records():
+    tps = {(0.0, "vanilla"): 19.0, (0.0, "hf_generate"): 20.0, (0.0, "hf_prompt_lookup"): 25.0,
+           (0.0, "eagle2"): 28.0, (0.0, "jakiro"): 27.0, (0.0, "jakiro_cepd"): 31.0}
+    per_prompt = {"hf_generate": [20.0, 20.0, 20.0, 20.0], "jakiro_cepd": [20.0, 20.0, 40.0, 44.0],
+                  "hf_prompt_lookup": [25.0] * 4, "eagle2": [28.0] * 4, "vanilla": [19.0] * 4}
+    records = [{"method": m, "benchmark": "mt_bench", "temperature": 0.0, "question_id": q, "turn": 1, "repeat": 0,
+                "tokens_per_second": v} for m, vs in per_prompt.items() for q, v in enumerate(vs)]
+    goals = performance_targets(_main(tps, {"eagle2": 1.8, "jakiro": 1.7}), records)
+    g = {r.goal: r for r in goals.itertuples()}
+    hf = g["Jakiro >= 1.5x HF generate (greedy)"]
+    assert hf.ratio_ci_low == pytest.approx(1.0) and hf.ratio_ci_high > 1.9  # two prompts carry the gain
+    vanilla = g["our vanilla loop within 5% of HF generate"]
+    assert vanilla.ratio_ci_low == pytest.approx(0.95) == vanilla.ratio_ci_high
+    assert math.isnan(g["Jakiro >= EAGLE-2 (tau)"].ratio_ci_low)  # tau is pooled over cycles: no interval
+    assert math.isnan(performance_targets(_main(tps, {})).iloc[0].ratio_ci_low)  # no records, no interval
+
+
 def test_best_rows_include_the_tuned_budget_methods():
     tps = {(0.0, "hf_generate"): 20.0, (0.0, "eagle2"): 18.0, (0.0, "eagle2_auto"): 24.0,
            (0.0, "jakiro"): 17.0, (0.0, "jakiro_auto"): 23.0}

@@ -1,0 +1,43 @@
+"""The bootstrap interval behind every speedup: paired over prompts, able to exclude 1 or not."""
+import math
+
+import pytest
+
+from jakiro_lib.bench import ratio_interval, summarize
+
+
+def _recs(method, tps, bench="mt_bench", temp=0.0, kind="spec"):
+    return [{"method": method, "kind": kind, "benchmark": bench, "temperature": temp, "question_id": q, "turn": 1,
+             "repeat": 0, "tokens_per_second": v, "new_tokens": 10, "cycles": 5, "accepted": [2] * 5,
+             "draft_forwards": 0, "draft_time": 0.0, "wall_time": 1.0} for q, v in enumerate(tps)]
+
+
+def test_a_constant_ratio_has_a_point_interval():
+    base = [10.0, 20.0, 30.0, 15.0]
+    lo, hi = ratio_interval(_recs("m", [1.5 * v for v in base]), _recs("v", base))
+    assert lo == pytest.approx(1.5) and hi == pytest.approx(1.5)
+
+
+def test_prompt_to_prompt_spread_widens_the_interval_around_the_point_estimate():
+    base = [20.0] * 12
+    mixed = [40.0, 20.0, 20.0, 20.0, 40.0, 20.0, 20.0, 20.0, 40.0, 20.0, 20.0, 20.0]  # ratio 1.33 overall
+    lo, hi = ratio_interval(_recs("m", mixed), _recs("v", base))
+    assert lo < sum(mixed) / sum(base) < hi
+    assert lo < 1.2 and hi > 1.45  # three lucky prompts carry the gain: the data cannot pin it down
+    lo_same, hi_same = ratio_interval(_recs("m", mixed), _recs("v", base))
+    assert (lo_same, hi_same) == (lo, hi)  # seeded: reruns of a report agree
+
+
+def test_only_prompts_both_methods_ran_are_paired():
+    assert all(math.isnan(x) for x in ratio_interval(_recs("m", [1.0]), _recs("v", [1.0], bench="gsm8k")))
+    lo, hi = ratio_interval(_recs("m", [30.0, 30.0, 999.0]), _recs("v", [10.0, 10.0]))  # third has no pair
+    assert lo == pytest.approx(3.0) and hi == pytest.approx(3.0)
+
+
+def test_summarize_reports_the_interval_against_the_fastest_vanilla():
+    base = [10.0, 12.0, 14.0, 16.0]
+    rows = summarize(_recs("vanilla", base, kind="vanilla") + _recs("hf_generate", [v / 2 for v in base], kind="hf")
+                     + _recs("jakiro", [2 * v for v in base]))
+    jak = next(r for r in rows if r["method"] == "jakiro")
+    assert jak["speedup"] == pytest.approx(2.0)
+    assert jak["speedup_ci_low"] == pytest.approx(2.0) and jak["speedup_ci_high"] == pytest.approx(2.0)
