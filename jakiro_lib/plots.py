@@ -91,12 +91,14 @@ def _method_order(df: pd.DataFrame) -> list[str]:
 
 
 def _grouped_bars(ax: Any, df: pd.DataFrame, *, x: str, y: str, hue: str | None, yerr: str | None = None,
-                  order: Sequence[str] | None = None, horizontal: bool = False, annotate: bool = True) -> None:
-    """Bars of precomputed values (means) with error bars of precomputed stds, grouped by ``hue``."""
+                  interval: tuple[str, str] | None = None, order: Sequence[str] | None = None,
+                  horizontal: bool = False, annotate: bool = True) -> None:
+    """Bars of precomputed values (means) grouped by ``hue``, with error bars of precomputed stds
+    (``yerr``) or of an interval's low and high columns (``interval``, drawn instead)."""
     order = list(order) if order is not None else list(dict.fromkeys(df[x].tolist()))
     hues = list(dict.fromkeys(df[hue].tolist())) if hue else [None]
     keys = [x] + ([hue] if hue else [])
-    cols = [c for c in (y, yerr) if c and c in df]
+    cols = [c for c in (y, yerr, *(interval or ())) if c and c in df]
     if df.duplicated(keys).any():  # several rows per bar (e.g. benchmarks): plot their mean
         df = df.groupby(keys, sort=False)[cols].mean().reset_index()
     palette = sns.color_palette("deep", max(len(hues), 1))
@@ -107,6 +109,9 @@ def _grouped_bars(ax: Any, df: pd.DataFrame, *, x: str, y: str, hue: str | None,
         vals = sub.set_index(x)[y].reindex(order).to_numpy(dtype=float)
         errs = (sub.set_index(x)[yerr].reindex(order).to_numpy(dtype=float)
                 if yerr and yerr in sub else None)
+        if interval and all(c in sub for c in interval):
+            lo, hi = (sub.set_index(x)[c].reindex(order).to_numpy(dtype=float) for c in interval)
+            errs = np.nan_to_num(np.vstack([vals - lo, hi - vals]))
         where = pos - 0.4 + width * (j + 0.5)
         label = None if h is None else str(h)
         if horizontal:
@@ -136,7 +141,8 @@ def _temperatures(df: pd.DataFrame) -> list[float]:
 
 def plot_metric(summary: pd.DataFrame | Iterable[dict], metric: str = "speedup", *, spec_only: bool = False,
                 reference: float | None = 1.0, title: str | None = None) -> Figure:
-    """One panel per temperature: ``metric`` per method (bars), one colour per benchmark, std as error bars."""
+    """One panel per temperature: ``metric`` per method (bars), one colour per benchmark; error bars: the
+    bootstrap interval over prompts where the summary has one (``<metric>_ci_low/_high``), else the std."""
     df = _frame(summary)
     if spec_only and "kind" in df:
         df = df[df["kind"] == SPEC_KIND]
@@ -147,9 +153,11 @@ def plot_metric(summary: pd.DataFrame | Iterable[dict], metric: str = "speedup",
     order = _method_order(df)
     fig, axes = new_figure(len(temps), width=max(4.5, 0.55 * len(order) + 2.5), sharey=True)
     std = f"{metric}_std" if f"{metric}_std" in df else None
+    ci = (f"{metric}_ci_low", f"{metric}_ci_high")
+    ci = ci if all(c in df for c in ci) and np.isfinite(df[list(ci)].to_numpy(dtype=float)).any() else None
     for ax, t in zip(axes[0], temps):
         sub = df if t is None else df[df["temperature"] == t]
-        _grouped_bars(ax, sub, x="method", y=metric, hue="benchmark", yerr=std,
+        _grouped_bars(ax, sub, x="method", y=metric, hue="benchmark", yerr=std, interval=ci,
                       order=[m for m in order if m in set(sub["method"])])
         if reference is not None:
             ax.axhline(reference, color="0.3", lw=1, ls="--")
@@ -162,7 +170,7 @@ def plot_metric(summary: pd.DataFrame | Iterable[dict], metric: str = "speedup",
 
 def plot_speedup(summary: pd.DataFrame | Iterable[dict]) -> Figure:
     """Speedup over the fastest vanilla loop per method, benchmark and temperature (dashed line: 1x)."""
-    return plot_metric(summary, "speedup", title="Speedup vs vanilla decoding (mean ± std over repeats)")
+    return plot_metric(summary, "speedup", title="Speedup vs vanilla decoding (bars: 95% bootstrap interval over prompts)")
 
 
 def plot_tau(summary: pd.DataFrame | Iterable[dict]) -> Figure:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.figure import Figure
@@ -131,3 +132,12 @@ def test_index_html_links_everything(tmp_path, summary):
                  "speedup.png"):
         assert f"href='{name}'" in text, name
     assert "<table>" in text and "tiny:llama" in text
+
+
+def test_speedup_error_bars_are_the_bootstrap_interval():
+    rows = [{"method": m, "kind": "spec", "benchmark": "mt_bench", "temperature": 0.0, "speedup": 2.0,
+             "speedup_std": 0.0, "speedup_ci_low": 1.5, "speedup_ci_high": 2.6} for m in ("eagle2", "jakiro")]
+    fig = P.plot_speedup(rows)
+    bars = [c for c in fig.axes[0].containers if getattr(c, "errorbar", None) is not None]
+    spans = {tuple(np.round(seg[:, 1], 6)) for b in bars for seg in b.errorbar.lines[2][0].get_segments()}
+    assert spans == {(1.5, 2.6)}
