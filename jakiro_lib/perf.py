@@ -73,8 +73,9 @@ def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | 
     """The speed goals as measured ratios (mean over benchmarks) with pass/fail.
 
     With the study's ``records``, tokens/s ratios get a 95% bootstrap interval over prompts
-    (``ratio_ci_low``/``ratio_ci_high``, :func:`jakiro_lib.bench.ratio_interval`): a goal whose interval
-    straddles its threshold is not resolved by these prompts either way.
+    (``ratio_ci_low``/``ratio_ci_high``, :func:`jakiro_lib.bench.ratio_interval`); ``resolved`` is False
+    when the interval straddles the threshold: ``met`` (from the point estimate) is then not settled by
+    these prompts either way.
 
     "Jakiro (best)" is the fastest of ``jakiro``, ``jakiro_cepd`` and ``jakiro_auto`` at each temperature,
     compared in tokens/s with the fastest EAGLE-2 row (``eagle2`` or ``eagle2_auto``); tau compares
@@ -104,10 +105,15 @@ def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | 
         ratio = a / b if b and not math.isnan(b) else math.nan
         met = None if math.isnan(ratio) else bool(ratio > threshold if strict else ratio >= threshold)
         lo, hi = interval(temp, ours, base) if col == "tokens_per_s" else (math.nan, math.nan)
+        # resolved: the whole interval lies on one side of the threshold (None: no interval to judge by)
+        if math.isnan(lo):
+            resolved = None
+        else:
+            resolved = bool(lo > threshold or hi <= threshold) if strict else bool(lo >= threshold or hi < threshold)
         rows.append({"goal": goal, "temperature": temp, "method": ours, "baseline": base,
                      "metric": "tokens/s" if col == "tokens_per_s" else col, "method_value": a,
                      "baseline_value": b, "ratio": ratio, "ratio_ci_low": lo, "ratio_ci_high": hi,
-                     "target": f"{'>' if strict else '>='} {threshold:g}", "met": met})
+                     "target": f"{'>' if strict else '>='} {threshold:g}", "met": met, "resolved": resolved})
 
     for temp in sorted(h["temperature"].unique()):
         present = [m for m in JAKIRO_METHODS if not math.isnan(value(temp, m))]

@@ -54,9 +54,13 @@ def test_goal_ratios_get_a_bootstrap_interval_from_the_records():
     g = {r.goal: r for r in goals.itertuples()}
     hf = g["Jakiro >= 1.5x HF generate (greedy)"]
     assert hf.ratio_ci_low == pytest.approx(1.0) and hf.ratio_ci_high > 1.9  # two prompts carry the gain
+    assert hf.met and hf.resolved is False  # 1.55x on the point estimate, but the interval straddles 1.5
     vanilla = g["our vanilla loop within 5% of HF generate"]
     assert vanilla.ratio_ci_low == pytest.approx(0.95) == vanilla.ratio_ci_high
-    assert math.isnan(g["Jakiro >= EAGLE-2 (tau)"].ratio_ci_low)  # tau is pooled over cycles: no interval
+    assert vanilla.met and vanilla.resolved is True  # 0.95 on every prompt: settled
+    assert g["Jakiro > HF prompt lookup"].resolved is False  # 0.8x-1.76x per prompt
+    tau = g["Jakiro >= EAGLE-2 (tau)"]
+    assert math.isnan(tau.ratio_ci_low) and tau.resolved is None  # tau is pooled over cycles: no interval
     assert math.isnan(performance_targets(_main(tps, {})).iloc[0].ratio_ci_low)  # no records, no interval
 
 
