@@ -208,8 +208,9 @@ def write_performance_report(ctx: Any, main: pd.DataFrame, *, target: Any = None
     target = target or get_target(ctx)
     tables = cost_model(target, ctx.drafts_dir, widths=sorted({1, ctx.profile.tree.top_k}))
     total = ctx.profile.tree.total_tokens
+    goals = performance_targets(main, load_study_records(ctx.run_dir, "main"))
     tables = {"cost_model_target": tables["target"], "cost_model_draft": tables["draft"],
-              "tree_budget": tree_budget_table(ctx.run_dir, "main"), "performance_targets": performance_targets(main, load_study_records(ctx.run_dir, "main")),
+              "tree_budget": tree_budget_table(ctx.run_dir, "main"), "performance_targets": goals,
               "levers": lever_table(tables["target"], tables["draft"], main,
                                     tree_tokens=total if isinstance(total, int) else 8)}
     for name, df in tables.items():
