@@ -172,6 +172,11 @@ class DraftModel(nn.Module):
         self._shared = (embed, lm_head)  # plain tuple: not registered, so not saved or trained
         self._head_weight: torch.Tensor | None = None
         self._head_key: tuple = ()
+        self.register_load_state_dict_post_hook(DraftModel._drop_head_cache)
+
+    @staticmethod
+    def _drop_head_cache(module: "DraftModel", incompatible_keys: Any) -> None:
+        module._head_weight = None
 
     # -- frozen target parts -------------------------------------------------------------------------
     @property
@@ -183,8 +188,11 @@ class DraftModel(nn.Module):
         w = self._shared[1].weight
         if self.d2t is None:
             return w
-        key = (w.data_ptr(), w.dtype, self.d2t.data_ptr(), self.d2t._version)
-        if self._head_weight is None or self._head_key != key:  # d2t may be replaced by load_state_dict
+        # Inference tensors (a draft loaded under torch.inference_mode) keep no version counter; the
+        # load_state_dict hook in __init__ drops the cache whichever kind d2t is.
+        version = None if self.d2t.is_inference() else self.d2t._version
+        key = (w.data_ptr(), w.dtype, self.d2t.data_ptr(), version)
+        if self._head_weight is None or self._head_key != key:  # d2t may be edited in place
             self._head_weight = w.detach()[self.d2t.to(w.device)].contiguous()
             self._head_key = key
         return self._head_weight

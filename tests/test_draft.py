@@ -87,6 +87,21 @@ def test_save_load_is_exact_and_strict(target, tmp_path):
         DraftModel.load(tmp_path / "d", target.model)
 
 
+def test_head_rows_follow_d2t_even_for_a_draft_loaded_under_inference_mode(target, tmp_path):
+    d = DraftModel.build(DraftConfig(num_experts=2, draft_vocab_size=40), target.model).eval()
+    d.d2t.copy_(torch.arange(40) * 3)
+    d.save(tmp_path / "d")
+    w = target.model.get_output_embeddings().weight
+    feats = torch.randn(2, 64)
+    with torch.inference_mode():  # d2t becomes an inference tensor: it has no version counter
+        e = DraftModel.load(tmp_path / "d", target.model)
+        torch.testing.assert_close(e.logits(feats), feats @ w[torch.arange(40) * 3].T)
+        e.load_state_dict({**e.trainable_state(), "d2t": torch.arange(40) * 5})  # same storage, new ids
+        torch.testing.assert_close(e.logits(feats), feats @ w[torch.arange(40) * 5].T)
+    d.d2t.copy_(torch.arange(40) * 2)  # an in-place edit outside inference mode is seen too
+    torch.testing.assert_close(d.logits(feats), feats @ w[torch.arange(40) * 2].T)
+
+
 def test_router_load_counts_routed_tokens(target):
     d = DraftModel.build(DraftConfig(num_experts=4, top_k_experts=1), target.model).eval()
     d(*_inputs(L=10))
