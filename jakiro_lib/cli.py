@@ -6,6 +6,7 @@ notebook run and a CLI run with the same parameters do the same thing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -118,7 +119,7 @@ def cmd_costs(args: argparse.Namespace) -> int:
     import torch
 
     from .bench import format_prompt_ids
-    from .costmodel import measure_draft_costs, measure_target_costs, tune_total_tokens
+    from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_costs, tune_total_tokens
     from .data import load_questions
     from .draft import DraftModel
     from .target import load_target
@@ -148,6 +149,14 @@ def cmd_costs(args: argparse.Namespace) -> int:
         for row in tuned["table"]:
             print(f"  n={row['total_tokens']:3d}  E[tokens/cycle]={row['expected_tokens_per_cycle']:.2f}  "
                   f"est. {row['tokens_per_s']:.1f} tok/s")
+        fixed = profile.tree.total_tokens if isinstance(profile.tree.total_tokens, int) else None
+        result["draft_cycle_ms"] = {}
+        for n in sorted({tuned["best"], *([fixed] if fixed else [])}):
+            tree = dataclasses.replace(profile.tree, total_tokens=n)
+            ms = 1000 * measure_draft_cycle(draft, tree, context=args.context)
+            result["draft_cycle_ms"][n] = round(ms, 3)
+            print(f"drafting per cycle (propose + accept 2 tokens), total_tokens={n}, "
+                  f"decoupled={tree.decoupled}: {ms:.2f} ms")
     if args.out:
         write_json(args.out, result)
         print("written to", args.out)

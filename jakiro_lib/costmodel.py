@@ -107,6 +107,35 @@ def measure_draft_costs(draft: DraftModel, widths: Sequence[int] = (1, 4, 8), *,
     return out
 
 
+@torch.inference_mode()
+def measure_draft_cycle(draft: DraftModel, tree: TreeConfig, *, context: int = 256, accepted: int = 2,
+                        repeats: int = 7, cycles: int = 20) -> float:
+    """Seconds of drafting per speculative cycle: one tree proposal plus encoding ``accepted`` tokens.
+
+    Everything the drafter does in a cycle (forwards, logits, candidate scoring, tree selection), so
+    coupled and decoupled candidates or dense and MoE drafts compare as decoding pays for them.
+    """
+    from .drafting import FeatureDrafter
+
+    p = next(draft.parameters())
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, draft.target_config.vocab_size, (context,), generator=g).to(p.device)
+    hidden = torch.randn(context, draft.target_config.hidden_size, generator=g).to(p)
+    drafter = FeatureDrafter(draft, tree)
+    drafter.begin(ids, hidden, int(ids[-1]))
+    tokens = ids[:accepted].tolist()
+
+    def run() -> None:
+        for _ in range(cycles):
+            drafter.propose()
+            drafter.accept(hidden[:accepted], tokens)
+            drafter.cache.crop(context)  # the same context every cycle, so every cycle costs alike
+            drafter.pos = context
+
+    run()  # warm-up
+    return _median_time(run, repeats, p.device) / cycles
+
+
 def expected_accepted(path_ranks: Sequence[Sequence[int]], budget: int) -> float:
     """Mean accepted draft tokens per cycle had the tree kept only its best ``budget - 1`` nodes.
 

@@ -2,8 +2,9 @@ import pytest
 import torch
 
 from helpers import full_logits, random_prompts, tiny_target
-from jakiro_lib.config import DraftConfig
-from jakiro_lib.costmodel import choose_total_tokens, expected_accepted, measure_draft_costs, measure_target_costs
+from jakiro_lib.config import DraftConfig, TreeConfig
+from jakiro_lib.costmodel import (choose_total_tokens, expected_accepted, measure_draft_costs, measure_draft_cycle,
+                                  measure_target_costs)
 from jakiro_lib.decoding import speculative_generate
 from jakiro_lib.draft import DraftModel
 from jakiro_lib.tree import CandidatePool
@@ -69,6 +70,16 @@ def test_cost_measurements_run_on_tiny_models():
     draft = DraftModel.build(DraftConfig(), model).eval()
     dcosts = measure_draft_costs(draft, widths=(1, 2), context=16, repeats=2)
     assert set(dcosts) == {1, 2} and all(v > 0 for v in dcosts.values())
+
+
+def test_draft_cycle_cost_covers_propose_and_accept_for_coupled_and_decoupled_trees():
+    model = tiny_target()
+    draft = DraftModel.build(DraftConfig(num_experts=2), model).eval()
+    times = {dec: measure_draft_cycle(draft, TreeConfig(depth=3, top_k=3, total_tokens=8, decoupled=dec), context=16,
+                                      repeats=2, cycles=3) for dec in (False, True)}
+    assert all(0 < t < 10 for t in times.values())
+    with pytest.raises(ValueError, match="resolved"):  # an unresolved budget is refused, not timed
+        measure_draft_cycle(draft, TreeConfig(total_tokens="auto"), context=16, repeats=1, cycles=1)
 
 
 def test_tune_total_tokens_returns_a_measured_choice():
