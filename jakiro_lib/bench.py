@@ -244,10 +244,10 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for (method, bench, temp), recs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
         tps = per_repeat_tps(recs)
-        baselines = [per_repeat_tps(groups[(m, bench, temp)]) for m in VANILLA_KINDS if (m, bench, temp) in groups]
+        vanilla = {m: per_repeat_tps(groups[(m, bench, temp)]) for m in VANILLA_KINDS if (m, bench, temp) in groups}
         speedups = []
         for rep, v in tps.items():
-            base = max((b[rep] for b in baselines if rep in b), default=math.nan)
+            base = max((b[rep] for b in vanilla.values() if rep in b), default=math.nan)
             speedups.append(v / base if base and not math.isnan(base) else math.nan)
         tokens = sum(r["new_tokens"] for r in recs)
         cycles = sum(r["cycles"] for r in recs)
@@ -258,8 +258,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         tau_ref = emitted / max(cycles - len(recs), 1) if kind == "spec" else tau
         tps_m, tps_s = _mean_std(list(tps.values()))
         sp_m, sp_s = _mean_std(speedups)
-        base_kind = max((m for m in VANILLA_KINDS if (m, bench, temp) in groups), default=None,
-                        key=lambda m: statistics.fmean(per_repeat_tps(groups[(m, bench, temp)]).values()))
+        base_kind = max(vanilla, default=None, key=lambda m: statistics.fmean(vanilla[m].values()))
         ci = ratio_interval(recs, groups[(base_kind, bench, temp)]) if base_kind else (math.nan, math.nan)
         rows.append({
             "method": method, "kind": kind, "benchmark": bench, "temperature": temp, "questions": len({(r["question_id"], r["turn"]) for r in recs}),

@@ -6,9 +6,9 @@ notebook run and a CLI run with the same parameters do the same thing.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -40,8 +40,6 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from .api import generate
     from .target import load_target
 
@@ -149,10 +147,12 @@ def cmd_costs(args: argparse.Namespace) -> int:
         for row in tuned["table"]:
             print(f"  n={row['total_tokens']:3d}  E[tokens/cycle]={row['expected_tokens_per_cycle']:.2f}  "
                   f"est. {row['tokens_per_s']:.1f} tok/s")
-        fixed = profile.tree.total_tokens if isinstance(profile.tree.total_tokens, int) else None
+        budgets = {tuned["best"]}
+        if isinstance(profile.tree.total_tokens, int):  # the profile's fixed tree too
+            budgets.add(profile.tree.total_tokens)
         result["draft_cycle_ms"] = {}
-        for n in sorted({tuned["best"], *([fixed] if fixed else [])}):
-            tree = dataclasses.replace(profile.tree, total_tokens=n)
+        for n in sorted(budgets):
+            tree = replace(profile.tree, total_tokens=n)
             ms = 1000 * measure_draft_cycle(draft, tree, context=args.context)
             result["draft_cycle_ms"][n] = round(ms, 3)
             print(f"drafting per cycle (propose + accept 2 tokens), total_tokens={n}, "

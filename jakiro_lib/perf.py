@@ -89,11 +89,14 @@ def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | 
     h = headline_table(main)  # mean over benchmarks per (temperature, method)
     rows: list[dict[str, Any]] = []
 
+    by_method: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in records or ():
+        by_method.setdefault((r["method"], r["temperature"]), []).append(r)
+
     def interval(temp: float, ours: str, base: str) -> tuple[float, float]:
         if records is None:
             return math.nan, math.nan
-        ours_recs = [r for r in records if r["method"] == ours and r["temperature"] == temp]
-        return ratio_interval(ours_recs, [r for r in records if r["method"] == base and r["temperature"] == temp])
+        return ratio_interval(by_method.get((ours, temp), []), by_method.get((base, temp), []))
 
     def value(temp: float, method: str, col: str = "tokens_per_s") -> float:
         sel = h[(h["temperature"] == temp) & (h["method"] == method)]

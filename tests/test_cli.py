@@ -53,6 +53,25 @@ def test_costs_command_writes_a_results_file(tmp_path):
     assert set(data["target_tree_ms"]) == {"1", "2", "4"} and data["environment"]["torch"]
 
 
+def test_costs_command_with_a_draft_tunes_and_times_drafting_per_cycle(tmp_path):
+    import json
+
+    from jakiro_lib.config import DraftConfig, get_profile
+    from jakiro_lib.draft import DraftModel
+    from jakiro_lib.target import load_target
+
+    target = load_target(get_profile("smoke").target)
+    DraftModel.build(DraftConfig(num_experts=2), target.model).save(tmp_path / "draft")
+    out = tmp_path / "costs.json"
+    argv = ["costs", "--profile", "smoke", "--sizes", "1,2,4", "--context", "16", "--draft", str(tmp_path / "draft"),
+            "--tune-prompts", "1", "--set", "tree.decoupled=true", "--out", str(out)]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    best, fixed = data["tuning"]["best"], get_profile("smoke").tree.total_tokens
+    assert set(data["draft_cycle_ms"]) == {str(best), str(fixed)}  # the tuned budget and the profile's tree
+    assert all(ms > 0 for ms in data["draft_cycle_ms"].values())
+
+
 def test_bench_command_subset_of_methods_benchmarks_and_out_dir(tmp_path, capsys):
     import json
 
