@@ -45,7 +45,26 @@ def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator))
+    """One token from ``probs`` (non-negative, any positive total) by inverse CDF: one uniform draw.
+
+    ``torch.multinomial`` draws one exponential per vocabulary entry: about 1 ms for SmolLM2's 49k
+    vocabulary on this project's CPU, 3% of a decoding step, against 0.05 ms here (measured 2026-11-22).
+    """
+    u = float(torch.rand((), generator=generator, dtype=torch.float64))
+    return inverse_cdf(probs, u)
+
+
+def inverse_cdf(probs: torch.Tensor, u: float) -> int:
+    """The token whose cumulative-probability interval holds ``u * total`` (zero-probability tokens own
+    an empty interval, so they are never drawn); float64 sums keep 49k small terms exact enough."""
+    cdf = probs.double().cumsum(-1)
+    total = float(cdf[-1])
+    if not total > 0:
+        raise ValueError("cannot sample from a distribution with no positive probability")
+    idx = int(torch.searchsorted(cdf, cdf.new_tensor([u * total]), right=True))
+    if idx >= cdf.numel():  # u * total rounded up to the total: the last token with any mass
+        idx = int(probs.nonzero()[-1])
+    return idx
 
 
 def verify_greedy(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:

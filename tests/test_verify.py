@@ -22,7 +22,8 @@ from jakiro_lib.decoding import speculative_generate, vanilla_generate
 from jakiro_lib.draft import DraftModel
 from jakiro_lib.drafting import make_drafter
 from jakiro_lib.tree import Tree
-from jakiro_lib.verify import SamplingParams, sample, verify, verify_greedy, verify_sampling, warp_probs
+from jakiro_lib.verify import (SamplingParams, inverse_cdf, sample, verify, verify_greedy, verify_sampling,
+                               warp_probs)
 
 from helpers import (TargetTopKDrafter, chi2_test, exact_prefix_distribution, full_logits, peaked_target,
                      random_prompts, reference_warp, single_thread)
@@ -103,6 +104,34 @@ def test_warp_probs_kept_mass_and_reference():
             s = TopKLogitsWarper(top_k)(None, s)
         s = TopPLogitsWarper(top_p)(None, s)
         assert torch.allclose(p, s.softmax(-1)[0], atol=1e-6)
+
+
+# -- the sampler ------------------------------------------------------------------------------------------
+
+def test_inverse_cdf_boundaries():
+    # unnormalised, zeros at both ends and inside: cumulative mass 0 | 2 | 2 | 3 | 3 (total 3)
+    probs = torch.tensor([0.0, 2.0, 0.0, 1.0, 0.0])
+    assert inverse_cdf(probs, 0.0) == 1  # u = 0 never lands on the zero-mass first token
+    assert inverse_cdf(probs, 0.66) == 1
+    assert inverse_cdf(probs, 2 / 3) == 3  # a boundary belongs to the next token with mass, not to id 2
+    assert inverse_cdf(probs, 0.999) == 3
+    assert inverse_cdf(probs, 1.0) == 3  # rounded up to the total: the last token with mass, not id 4
+    with pytest.raises(ValueError, match="no positive probability"):
+        inverse_cdf(torch.zeros(4), 0.5)
+
+
+def test_sample_matches_distribution_and_power():
+    g = torch.Generator().manual_seed(3)
+    probs = torch.softmax(torch.randn(40, generator=g) * 2, -1)
+    probs[[0, 7, 39]] = 0.0  # zero mass must never be drawn
+    exact = {(i,): float(p) / float(probs.sum()) for i, p in enumerate(probs)}
+    draws = [sample(probs, g) for _ in range(20000)]
+    assert not {0, 7, 39} & set(draws)
+    _, p, _ = chi2_test([(d,) for d in draws], exact)
+    assert p > P_OK
+    # power: the same test rejects a sampler that shifts each draw to the next id
+    _, p_broken, _ = chi2_test([((d + 1) % 40,) for d in draws], exact)
+    assert p_broken < P_BROKEN
 
 
 # -- greedy verification ---------------------------------------------------------------------------------
