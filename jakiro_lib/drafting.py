@@ -153,29 +153,40 @@ class FeatureDrafter:
             top = logp.topk(cfg.top_k, dim=-1)
             ids = self.draft.to_target_ids(top.indices).tolist()
             return [[(t, s, o.a) for t, s in zip(ids[r], top.values[r].tolist())] for r, o in enumerate(outs)]
-        sels = [(o.gates > 0).nonzero().flatten() for o in outs]
-        logp_all = self.draft.logits(torch.cat([o.experts[sel] for o, sel in zip(outs, sels)])).float()
-        logp_all = logp_all.log_softmax(-1)
+        return self._decoupled_candidates(outs)
+
+    def _decoupled_candidates(self, outs: list[DraftOutput]) -> list[list[tuple[int, float, torch.Tensor]]]:
+        """Each selected expert proposes its top children; the union is scored by the gate-weighted
+        mixture (or the best expert) and each child carries the feature of the expert that backs it most.
+
+        The whole frontier at once: experts [N, S] selected by gate, one logits call, duplicates in the
+        union masked out (a per-node loop cost about 4% of a cycle with 8-token trees on this CPU).
+        """
+        cfg = self.cfg
+        n_sel = min(self.draft.cfg.top_k_experts, self.draft.cfg.num_experts)
+        gates = torch.stack([o.gates for o in outs]).float()  # [N, E], zero outside each node's top-k
+        sel = gates.topk(n_sel, dim=-1)  # [N, S]
+        experts = torch.stack([o.experts for o in outs])  # [N, E, H]
+        feats = experts.gather(1, sel.indices[..., None].expand(-1, -1, experts.shape[-1]))  # [N, S, H]
+        logp = self.draft.logits(feats).float().log_softmax(-1)  # [N, S, V]
         per_expert = cfg.children_per_expert or cfg.top_k
-        result, row = [], 0
-        for o, sel in zip(outs, sels):
-            logp = logp_all[row: row + sel.numel()]  # [E_sel, V]
-            row += sel.numel()
-            gates = o.gates[sel].float()
-            gates = gates / gates.sum()
-            union = torch.unique(logp.topk(per_expert, dim=-1).indices)
-            if cfg.scoring == "mixture":
-                weighted = logp[:, union] + gates.log()[:, None]
-                scores = weighted.logsumexp(0)
-            else:
-                weighted = logp[:, union]
-                scores = weighted.max(0).values
-            owner = weighted.argmax(0)  # the expert that backs each child most: its feature goes along
-            best = scores.topk(min(cfg.top_k, union.numel()))
-            ids = self.draft.to_target_ids(union[best.indices]).tolist()
-            result.append([(t, float(s), o.experts[sel[owner[j]]]) for t, s, j in
-                           zip(ids, best.values.tolist(), best.indices.tolist())])
-        return result
+        union, _ = logp.topk(per_expert, dim=-1).indices.flatten(1).sort(-1)  # [N, S * per_expert], sorted
+        weighted = logp.gather(2, union[:, None, :].expand(-1, n_sel, -1))  # [N, S, C]: each expert's log-prob
+        if cfg.scoring == "mixture":
+            weighted = weighted + (sel.values / sel.values.sum(-1, keepdim=True)).log()[..., None]
+            scores = weighted.logsumexp(1)
+        else:
+            scores = weighted.max(1).values
+        repeat = torch.zeros_like(union, dtype=torch.bool)
+        repeat[:, 1:] = union[:, 1:] == union[:, :-1]
+        scores = scores.masked_fill(repeat, float("-inf"))
+        best = scores.topk(min(cfg.top_k, union.shape[1]), dim=-1)  # [N, K]; -inf: fewer unique than K
+        owner = weighted.argmax(1).gather(1, best.indices)  # [N, K]: the expert that backs each child most
+        carried = feats.gather(1, owner[..., None].expand(-1, -1, feats.shape[-1]))  # [N, K, H]
+        ids = self.draft.to_target_ids(union.gather(1, best.indices)).tolist()
+        vals = best.values.tolist()
+        return [[(t, v, f) for t, v, f in zip(ids[r], vals[r], carried[r].unbind(0)) if v > float("-inf")]
+                for r in range(len(outs))]
 
     def _expand_a(self, pool: CandidatePool, frontier: list[_Node]) -> list[_Node]:
         children = []

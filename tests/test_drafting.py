@@ -2,14 +2,15 @@
 reference, and the drafter protocol around a feature drafter."""
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 import torch
 
 from jakiro_lib.config import DraftConfig, TreeConfig
-from jakiro_lib.draft import DraftModel
-from jakiro_lib.drafting import FeatureDrafter, LookupDrafter, PromptLookup, make_drafter
+from jakiro_lib.draft import DraftModel, DraftOutput
+from jakiro_lib.drafting import FeatureDrafter, LookupDrafter, PromptLookup, _row, make_drafter
 
 from helpers import tiny_target
 
@@ -82,3 +83,47 @@ def test_lookup_drafter_grafts_the_chain_and_forwards_the_protocol():
     with torch.inference_mode():
         drafter.accept(hidden[:2], [7, 5])
     assert drafter.lookup.history[-3:] == [9, 7, 5] and drafter.inner.pos == pos + 2 and drafter.inner.root == 5
+
+
+def _reference_candidates(draft: DraftModel, tree: TreeConfig, out: DraftOutput) -> dict[int, tuple[float, int]]:
+    """One node, token by token: {target token: (score, expert backing it most)} over the union of each
+    selected expert's top children."""
+    sel = [int(e) for e in (out.gates > 0).nonzero().flatten()]
+    gates = {e: float(out.gates[e]) / float(out.gates[sel].sum()) for e in sel}
+    logp = {e: draft.logits(out.experts[e]).log_softmax(-1) for e in sel}
+    per_expert = tree.children_per_expert or tree.top_k
+    union = {int(t) for e in sel for t in logp[e].topk(per_expert).indices}
+    result = {}
+    for t in union:
+        terms = {e: float(logp[e][t]) + (math.log(gates[e]) if tree.scoring == "mixture" else 0.0) for e in sel}
+        score = math.log(sum(math.exp(v) for v in terms.values())) if tree.scoring == "mixture" else max(terms.values())
+        result[int(draft.to_target_ids(torch.tensor(t)))] = (score, max(terms, key=terms.get))
+    return result
+
+
+@pytest.mark.parametrize("experts,top_k,per_expert,scoring", [(2, 4, None, "mixture"), (4, 4, None, "best"),
+                                                              (4, 3, 1, "mixture"), (2, 5, 2, "best")])
+def test_decoupled_candidates_match_a_per_node_reference(experts, top_k, per_expert, scoring):
+    """The frontier-wide scoring keeps, for every node, the top_k best-scored tokens of the union (fewer
+    when the union is smaller), with the reference's scores, each carrying its backing expert's feature."""
+    model = tiny_target("llama")
+    torch.manual_seed(experts + top_k)
+    draft = DraftModel.build(DraftConfig(num_experts=experts, top_k_experts=2, branch_b=False, contrastive=False),
+                             model).eval()
+    tree = TreeConfig(depth=2, top_k=top_k, total_tokens=8, decoupled=True, children_per_expert=per_expert,
+                      scoring=scoring)
+    drafter = FeatureDrafter(draft, tree)
+    H = model.config.hidden_size
+    with torch.inference_mode():
+        outs = draft(torch.randn(1, 6, H), torch.randint(0, 200, (1, 6)), torch.arange(6)[None])
+        rows = [_row(outs, 0, i) for i in range(6)]
+        got = drafter._candidates(rows)
+        for row, cands in zip(rows, got):
+            ref = _reference_candidates(draft, tree, row)
+            assert len(cands) == min(top_k, len(ref)) and len({t for t, _, _ in cands}) == len(cands)
+            kth = sorted((s for s, _ in ref.values()), reverse=True)[len(cands) - 1]
+            for token, score, feat in cands:
+                assert score == pytest.approx(ref[token][0], abs=1e-5) and score >= kth - 1e-5
+                assert torch.equal(feat, row.experts[ref[token][1]])
+    if per_expert == 1:  # 2 selected experts x 1 child each: the union is smaller than top_k somewhere
+        assert all(len(c) <= 2 for c in got)
