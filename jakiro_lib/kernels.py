@@ -30,18 +30,32 @@ GQA_ATTENTION = "sdpa_gqa"
 _ATTR = "_jakiro_packed_gemm"
 
 
-def packed_gemm_available(model: nn.Module) -> bool:
-    """MKL packing needs an MKL build of torch, a CPU model and fp32 weights."""
-    p = next(model.parameters())
+def packed_gemm_available(model: nn.Module | torch.Tensor) -> bool:
+    """MKL packing needs an MKL build of torch, a CPU model (or weight) and fp32 weights."""
+    p = model if isinstance(model, torch.Tensor) else next(model.parameters())
     return bool(torch._C.has_mkl) and p.device.type == "cpu" and p.dtype == torch.float32
 
 
-def _packed_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def pack_weight(weight: torch.Tensor, max_rows: int) -> torch.Tensor:
+    """An MKL-packed copy of a ``[out, in]`` weight for inputs of up to ``max_rows`` rows."""
+    return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), max_rows)
+
+
+def linear_maybe_packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        packed: torch.Tensor | None, min_rows: int, max_rows: int) -> torch.Tensor:
+    """``F.linear``, through the packed copy when there is one, the row count is in range and no gradient
+    is needed (the MKL op has no backward)."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if not self._jakiro_gemm.serves(rows) or (x.requires_grad and torch.is_grad_enabled()):  # MKL op: no backward
-        return F.linear(x, self.weight, self.bias)
-    y = torch.ops.mkl._mkl_linear(x.reshape(rows, x.shape[-1]), self._jakiro_packed, self.weight, self.bias, rows)
+    if packed is None or not min_rows <= rows <= max_rows or (x.requires_grad and torch.is_grad_enabled()):
+        return F.linear(x, weight, bias)
+    y = torch.ops.mkl._mkl_linear(x.reshape(rows, x.shape[-1]), packed, weight, bias, rows)
     return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def _packed_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    gemm = self._jakiro_gemm
+    packed = self._jakiro_packed if gemm.active else None
+    return linear_maybe_packed(x, self.weight, self.bias, packed, gemm.min_rows, gemm.max_rows)
 
 
 class PackedGemm:
@@ -61,7 +75,7 @@ class PackedGemm:
         self.linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
         with torch.no_grad():
             for lin in self.linears:
-                lin._jakiro_packed = torch.ops.mkl._mkl_reorder_linear_weight(lin.weight.detach(), max_rows)
+                lin._jakiro_packed = pack_weight(lin.weight, max_rows)
                 lin._jakiro_gemm = self
                 lin.forward = types.MethodType(_packed_linear_forward, lin)
 

@@ -4,7 +4,8 @@ Three tables, all from measurements of the same run:
 
 * :func:`cost_model` times what one speculative cycle is made of on the profile's target: the target
   scoring an n-token tree, T(n) (also without the CPU fast paths of :mod:`jakiro_lib.kernels`), and one
-  draft step of every trained draft, with its reduced draft vocabulary and with the full one.
+  draft step of every trained draft, with its reduced draft vocabulary and with the full one, and the
+  drafting time per cycle (dense, coupled and decoupled MoE candidates).
 * :func:`lever_table` turns those and the main study into "what each lever bought".
 * :func:`performance_targets` reads the main study's summary and checks the speed goals we hold
   ourselves to (Jakiro against HF ``generate``, EAGLE-2 and prompt lookup; our vanilla loop against HF
@@ -19,6 +20,8 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from .config import TreeConfig
+
 JAKIRO_METHODS = ("jakiro", "jakiro_cepd", "jakiro_auto")
 EAGLE_METHODS = ("eagle2", "eagle2_auto")
 LOOKUP_METHOD = "jakiro_lookup"  # Jakiro's tuned tree + a prompt-lookup chain: this repo's extension
@@ -26,14 +29,17 @@ LOOKUP_METHOD = "jakiro_lookup"  # Jakiro's tuned tree + a prompt-lookup chain: 
 
 def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = ("dense", "moe2"),
                sizes: Sequence[int] = (1, 2, 4, 6, 8, 12, 16, 24, 32), widths: Sequence[int] = (1, 3),
-               context: int = 256, repeats: int = 7) -> dict[str, pd.DataFrame]:
-    """Measured T(n) of the target and draft-step times (trained vocabulary vs the full one).
+               tree: TreeConfig | None = None, context: int = 256, repeats: int = 7) -> dict[str, pd.DataFrame]:
+    """Measured T(n) of the target, draft-step times (trained vocabulary vs the full one) and, given the
+    profile's ``tree``, drafting time per cycle.
 
     Returns ``{"target": [n, ms, x_one_step, ms_library_defaults, ms_without_packed_gemm], "draft":
-    [draft, vocab, width, ms, x_target_step]}`` (``ms`` as decoding runs; the last two target columns
-    only where :mod:`~jakiro_lib.kernels` fast paths are on, timed back to back with ``ms`` for each n so
-    that drift hits all variants alike). The full-vocabulary rows time an untrained copy of the same
-    architecture (timing only).
+    [draft, vocab, width, ms, x_target_step], "draft_cycle": [draft, decoupled, total_tokens, ms,
+    ms_plain_head]}`` (``ms`` as decoding runs; the last two target columns only where
+    :mod:`~jakiro_lib.kernels` fast paths are on, timed back to back with ``ms`` for each n so that drift
+    hits all variants alike; ``ms_plain_head`` likewise without the packed draft head). The
+    full-vocabulary rows time an untrained copy of the same architecture (timing only). A drafting cycle
+    is one tree proposal plus encoding 2 accepted tokens, coupled and (with experts) decoupled candidates.
     """
     from contextlib import nullcontext
 
@@ -52,12 +58,14 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
     one = float(target_table["ms"].iloc[0])
     target_table.insert(2, "x_one_step", target_table["ms"] / one)
     vocab = target.model.config.vocab_size
-    draft_rows = []
+    draft_rows, cycle_rows = [], []
     for name in drafts:
         path = Path(drafts_dir) / name / "draft"
         if not (path / "model.safetensors").is_file():
             continue
         trained = DraftModel.load(path, target.model)
+        if tree is not None:
+            cycle_rows += _draft_cycle_rows(name, trained, tree, context=context, repeats=repeats)
         variants = [(trained.cfg.draft_vocab_size or vocab, trained)]
         if trained.cfg.draft_vocab_size is not None:
             full_cfg = dataclasses.replace(trained.cfg, draft_vocab_size=None)
@@ -66,7 +74,28 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
             for w, s in measure_draft_costs(draft, widths=widths, context=context, repeats=repeats).items():
                 draft_rows.append({"draft": name, "vocab": v, "width": w, "ms": 1000 * s,
                                    "x_target_step": 1000 * s / one})
-    return {"target": target_table, "draft": pd.DataFrame(draft_rows)}
+    return {"target": target_table, "draft": pd.DataFrame(draft_rows),
+            "draft_cycle": pd.DataFrame(cycle_rows, columns=["draft", "decoupled", "total_tokens", "ms",
+                                                             "ms_plain_head"])}
+
+
+def _draft_cycle_rows(name: str, draft: Any, tree: TreeConfig, *, context: int, repeats: int) -> list[dict[str, Any]]:
+    """Drafting ms per cycle with the packed and the plain head, back to back (see :func:`cost_model`)."""
+    from .costmodel import measure_draft_cycle
+
+    total = tree.total_tokens if isinstance(tree.total_tokens, int) else 8  # "auto": the paper-style tree
+    rows = []
+    for decoupled in (False, True) if draft.cfg.num_experts > 1 else (False,):
+        cfg = dataclasses.replace(tree, total_tokens=total, decoupled=decoupled, ar_steps=None)
+        row = {"draft": name, "decoupled": decoupled, "total_tokens": total}
+        for col, packed in (("ms", True), ("ms_plain_head", False)):
+            draft.packed_head = packed
+            try:
+                row[col] = 1000 * measure_draft_cycle(draft, cfg, context=context, repeats=repeats)
+            finally:
+                draft.packed_head = True
+        rows.append(row)
+    return rows
 
 
 def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | None = None) -> pd.DataFrame:
@@ -145,11 +174,12 @@ def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | 
 
 
 def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.DataFrame, *,
-                tree_tokens: int = 8) -> pd.DataFrame:
+                tree_tokens: int = 8, draft_cycle: pd.DataFrame | None = None) -> pd.DataFrame:
     """What each speed lever bought, each measured with and without it on this machine in this run.
 
     Kernel levers compare T(``tree_tokens``) (the verify forward of the profile's tree); the draft
-    vocabulary compares one draft step at the widest measured frontier; the tuned tree budget compares
+    vocabulary compares one draft step at the widest measured frontier; the packed draft head compares
+    drafting time per cycle (``draft_cycle`` of :func:`cost_model`); the tuned tree budget compares
     tokens/s of the main study's fixed-budget and ``_auto`` methods (greedy, mean over benchmarks).
     """
     from .study import headline_table
@@ -187,6 +217,10 @@ def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.
                 vocab = int(d["vocab"].min())
                 add(f"draft vocabulary {vocab} instead of {int(d['vocab'].max())}",
                     f"{draft} draft step ms (width {width})", full, small)
+    for r in (draft_cycle.itertuples() if draft_cycle is not None else ()):
+        kind = "decoupled" if r.decoupled else "coupled"
+        add("MKL-packed draft head (4-64 rows)", f"{r.draft} {kind} drafting ms per cycle ({r.total_tokens}-token tree)",
+            float(r.ms_plain_head), float(r.ms))
     h = headline_table(main) if len(main) else pd.DataFrame()
     if len(h):
         greedy = h[h["temperature"] == 0].set_index("method")
@@ -204,18 +238,19 @@ def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.
 
 def write_performance_report(ctx: Any, main: pd.DataFrame, *, target: Any = None) -> dict[str, pd.DataFrame]:
     """Notebook 02's performance section: cost model, tree-budget tuning and the goals table, written as
-    ``cost_model_target.csv``, ``cost_model_draft.csv``, ``tree_budget.csv``, ``performance_targets.csv``
-    and ``levers.csv`` in the report directory. Returns the five tables."""
+    ``cost_model_target.csv``, ``cost_model_draft.csv``, ``cost_model_draft_cycle.csv``, ``tree_budget.csv``,
+    ``performance_targets.csv`` and ``levers.csv`` in the report directory. Returns the six tables."""
     from .study import get_target, load_study_records, tree_budget_table, write_table
 
     target = target or get_target(ctx)
-    tables = cost_model(target, ctx.drafts_dir, widths=sorted({1, ctx.profile.tree.top_k}))
+    costs = cost_model(target, ctx.drafts_dir, widths=sorted({1, ctx.profile.tree.top_k}), tree=ctx.profile.tree)
     total = ctx.profile.tree.total_tokens
-    goals = performance_targets(main, load_study_records(ctx.run_dir, "main"))
-    tables = {"cost_model_target": tables["target"], "cost_model_draft": tables["draft"],
-              "tree_budget": tree_budget_table(ctx.run_dir, "main"), "performance_targets": goals,
-              "levers": lever_table(tables["target"], tables["draft"], main,
-                                    tree_tokens=total if isinstance(total, int) else 8)}
+    levers = lever_table(costs["target"], costs["draft"], main, tree_tokens=total if isinstance(total, int) else 8,
+                         draft_cycle=costs["draft_cycle"])
+    tables = {"cost_model_target": costs["target"], "cost_model_draft": costs["draft"],
+              "cost_model_draft_cycle": costs["draft_cycle"], "tree_budget": tree_budget_table(ctx.run_dir, "main"),
+              "performance_targets": performance_targets(main, load_study_records(ctx.run_dir, "main")),
+              "levers": levers}
     for name, df in tables.items():
         write_table(Path(ctx.report_dir) / f"{name}.csv", df)
     return tables

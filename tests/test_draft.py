@@ -102,6 +102,31 @@ def test_head_rows_follow_d2t_even_for_a_draft_loaded_under_inference_mode(targe
     torch.testing.assert_close(d.logits(feats), feats @ w[torch.arange(40) * 2].T)
 
 
+@pytest.mark.skipif(not torch._C.has_mkl, reason="MKL-packed GEMM needs an MKL build of torch")
+def test_packed_head_serves_frontier_rows_and_follows_d2t(target, monkeypatch):
+    calls = []
+    real = torch.ops.mkl._mkl_linear
+    monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
+    d = DraftModel.build(DraftConfig(num_experts=2, draft_vocab_size=40), target.model).eval()
+    w = target.model.get_output_embeddings().weight
+    with torch.inference_mode():
+        for rows in (1, 3, 4, 8, 64, 65):
+            feats = torch.randn(rows, 64)
+            torch.testing.assert_close(d.logits(feats), feats @ w[:40].T)
+        feats = torch.randn(2, 3, 64)  # any leading shape: rows are counted over all of them
+        torch.testing.assert_close(d.logits(feats), feats @ w[:40].T)
+        assert calls == [4, 8, 64, 6]
+        d.d2t.copy_(torch.arange(40) * 3)  # new head rows: repacked, not served stale
+        torch.testing.assert_close(d.logits(feats), feats @ w[torch.arange(40) * 3].T)
+        d.packed_head = False  # the plain kernel, for measuring what packing buys
+        assert torch.equal(d.logits(feats), torch.nn.functional.linear(feats, d.head_weight()))
+    assert calls == [4, 8, 64, 6, 6]
+    feats = torch.randn(8, 64, requires_grad=True)
+    d.packed_head = True
+    d.logits(feats).sum().backward()  # with a gradient needed: the plain kernel (the MKL op has no backward)
+    assert calls == [4, 8, 64, 6, 6] and feats.grad is not None
+
+
 def test_router_load_counts_routed_tokens(target):
     d = DraftModel.build(DraftConfig(num_experts=4, top_k_experts=1), target.model).eval()
     d(*_inputs(L=10))

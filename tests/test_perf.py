@@ -109,10 +109,14 @@ def tiny_run(tmp_path_factory):
 
 
 def test_cost_model_times_target_and_both_vocabularies(tiny_run):
-    target, _, root = tiny_run
+    target, profile, root = tiny_run
+    tree = dataclasses.replace(profile.tree, total_tokens="auto", ar_steps=2)  # resolved to 8, CEPD left out
     with single_thread():
-        tables = cost_model(target, root / "drafts", sizes=(1, 4), widths=(1, 3), context=16, repeats=2)
-    t, d = tables["target"], tables["draft"]
+        tables = cost_model(target, root / "drafts", sizes=(1, 4), widths=(1, 3), tree=tree, context=16, repeats=2)
+    t, d, c = tables["target"], tables["draft"], tables["draft_cycle"]
+    assert [(r.draft, r.decoupled, r.total_tokens) for r in c.itertuples()] == [
+        ("dense", False, 8), ("moe2", False, 8), ("moe2", True, 8)]  # decoupled only where there are experts
+    assert (c[["ms", "ms_plain_head"]] > 0).all().all()
     assert list(t["n"]) == [1, 4] and (t["ms"] > 0).all() and t["x_one_step"].iloc[0] == pytest.approx(1.0)
     dense = d[d["draft"] == "dense"]
     assert sorted(dense["vocab"].unique()) == [64, 260]  # reduced (trained) and full vocabulary, both timed
@@ -201,7 +205,12 @@ def test_lever_table_compares_each_lever_with_and_without_it():
     draft = pd.DataFrame({"draft": ["dense", "dense"], "vocab": [8192, 49152], "width": [3, 3], "ms": [1.2, 5.0]})
     main = _main({(0.0, "jakiro"): 25.0, (0.0, "jakiro_auto"): 30.0, (0.0, "jakiro_lookup"): 36.0,
                   (0.0, "lookup_only"): 32.0}, {})
-    levers = {(r.lever, r.measured): r for r in lever_table(target, draft, main, tree_tokens=8).itertuples()}
+    cycle = pd.DataFrame({"draft": ["moe2"], "decoupled": [True], "total_tokens": [8], "ms": [7.5],
+                          "ms_plain_head": [8.1]})
+    levers = {(r.lever, r.measured): r for r in
+              lever_table(target, draft, main, tree_tokens=8, draft_cycle=cycle).itertuples()}
+    head = levers[("MKL-packed draft head (4-64 rows)", "moe2 decoupled drafting ms per cycle (8-token tree)")]
+    assert head.speedup == pytest.approx(8.1 / 7.5)
     assert levers[("MKL-packed GEMM weights for the tree size", "target T(8) ms")].speedup == pytest.approx(62 / 45)
     assert levers[("SDPA's own GQA under tree masks", "target T(8) ms")].speedup == pytest.approx(66 / 62)
     assert levers[("draft vocabulary 8192 instead of 49152", "dense draft step ms (width 3)")].speedup == pytest.approx(5 / 1.2)
