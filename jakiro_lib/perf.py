@@ -25,6 +25,11 @@ from .config import TreeConfig
 JAKIRO_METHODS = ("jakiro", "jakiro_cepd", "jakiro_auto")
 EAGLE_METHODS = ("eagle2", "eagle2_auto")
 LOOKUP_METHOD = "jakiro_lookup"  # Jakiro's tuned tree + a prompt-lookup chain: this repo's extension
+PAPER_TREE_TOKENS = 8  # the fixed tree timed where a profile's total_tokens is "auto"
+
+
+def _fixed_tree_tokens(tree: TreeConfig) -> int:
+    return tree.total_tokens if isinstance(tree.total_tokens, int) else PAPER_TREE_TOKENS
 
 
 def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = ("dense", "moe2"),
@@ -83,8 +88,8 @@ def _draft_cycle_rows(name: str, draft: Any, tree: TreeConfig, *, context: int, 
     """Drafting ms per cycle with the packed and the plain head, back to back (see :func:`cost_model`)."""
     from .costmodel import measure_draft_cycle
 
-    total = tree.total_tokens if isinstance(tree.total_tokens, int) else 8  # "auto": the paper-style tree
-    rows = []
+    total = _fixed_tree_tokens(tree)
+    rows, before = [], draft.packed_head
     for decoupled in (False, True) if draft.cfg.num_experts > 1 else (False,):
         cfg = dataclasses.replace(tree, total_tokens=total, decoupled=decoupled, ar_steps=None)
         row = {"draft": name, "decoupled": decoupled, "total_tokens": total}
@@ -93,7 +98,7 @@ def _draft_cycle_rows(name: str, draft: Any, tree: TreeConfig, *, context: int, 
             try:
                 row[col] = 1000 * measure_draft_cycle(draft, cfg, context=context, repeats=repeats)
             finally:
-                draft.packed_head = True
+                draft.packed_head = before
         rows.append(row)
     return rows
 
@@ -174,7 +179,7 @@ def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | 
 
 
 def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.DataFrame, *,
-                tree_tokens: int = 8, draft_cycle: pd.DataFrame | None = None) -> pd.DataFrame:
+                tree_tokens: int = PAPER_TREE_TOKENS, draft_cycle: pd.DataFrame | None = None) -> pd.DataFrame:
     """What each speed lever bought, each measured with and without it on this machine in this run.
 
     Kernel levers compare T(``tree_tokens``) (the verify forward of the profile's tree); the draft
@@ -244,8 +249,7 @@ def write_performance_report(ctx: Any, main: pd.DataFrame, *, target: Any = None
 
     target = target or get_target(ctx)
     costs = cost_model(target, ctx.drafts_dir, widths=sorted({1, ctx.profile.tree.top_k}), tree=ctx.profile.tree)
-    total = ctx.profile.tree.total_tokens
-    levers = lever_table(costs["target"], costs["draft"], main, tree_tokens=total if isinstance(total, int) else 8,
+    levers = lever_table(costs["target"], costs["draft"], main, tree_tokens=_fixed_tree_tokens(ctx.profile.tree),
                          draft_cycle=costs["draft_cycle"])
     tables = {"cost_model_target": costs["target"], "cost_model_draft": costs["draft"],
               "cost_model_draft_cycle": costs["draft_cycle"], "tree_budget": tree_budget_table(ctx.run_dir, "main"),
