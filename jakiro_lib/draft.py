@@ -26,7 +26,7 @@ from .utils import atomic_path
 
 CONFIG_FILE = "draft_config.json"
 WEIGHTS_FILE = "model.safetensors"
-HEAD_PACK_MIN_ROWS, HEAD_PACK_MAX_ROWS = 4, 64  # below 4 rows the plain kernel is as fast (measured)
+HEAD_PACK_MAX_ROWS = 64  # a tree frontier's rows; the fewest worth packing: kernels.MIN_ROWS (per dtype)
 
 
 class DraftLoadError(RuntimeError):
@@ -205,10 +205,10 @@ class DraftModel(nn.Module):
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits of predicted features.
 
-        A tree's frontier asks for 4-64 rows at a time; on the CPU those go through an MKL-packed copy of
-        the head rows (:mod:`~jakiro_lib.kernels`: 8 rows of SmolLM2's 8192-row head in 0.42 instead of
-        1.05 ms, measured 2026-11-22). The full-vocabulary head is the target's ``lm_head`` module, which
-        has the target's own fast path.
+        A tree's frontier asks for 4-64 rows at a time; on the CPU those go through a packed copy of the
+        head rows (:mod:`~jakiro_lib.kernels`; fp32: 8 rows of SmolLM2's 8192-row head in 0.42 instead of
+        1.05 ms, measured 2026-11-22; bf16: from one row on). The full-vocabulary head is the target's
+        ``lm_head`` module, which has the target's own fast path.
         """
         if self.d2t is None:
             head = self._shared[1]
@@ -218,7 +218,8 @@ class DraftModel(nn.Module):
             self._head_packed = (w, kernels.pack_weight(w, HEAD_PACK_MAX_ROWS) if kernels.packed_gemm_available(w)
                                  else None)
         packed = self._head_packed[1] if self.packed_head else None
-        return kernels.linear_maybe_packed(features, w, None, packed, HEAD_PACK_MIN_ROWS, HEAD_PACK_MAX_ROWS)
+        return kernels.linear_maybe_packed(features, w, None, packed, kernels.MIN_ROWS.get(w.dtype, 1),
+                                           HEAD_PACK_MAX_ROWS)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.d2t is None else self.d2t[draft_ids]
@@ -304,4 +305,8 @@ class DraftModel(nn.Module):
         if missing or unexpected:
             raise DraftLoadError(f"draft weights at {path} do not match the config: missing {missing}, "
                                  f"unexpected {unexpected}")
+        if next(draft.parameters()).dtype == torch.bfloat16:
+            # Plain bf16 GEMMs are slower than fp32 at a frontier's few rows; oneDNN's packed copy is not
+            # (jakiro_lib.kernels). fp32 drafts stay plain: their forwards are mostly under MKL's 4 rows.
+            kernels.enable_packed_gemm(draft, max_rows=HEAD_PACK_MAX_ROWS)
         return draft.eval()

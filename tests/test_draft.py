@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from jakiro_lib import kernels
 from jakiro_lib.config import DraftConfig, TargetConfig
 from jakiro_lib.draft import DraftLoadError, DraftModel, KVCache
 from jakiro_lib.target import load_target
@@ -133,3 +134,19 @@ def test_router_load_counts_routed_tokens(target):
     load = d.router_load(reset=True)
     assert len(load) == 4 and abs(sum(load) - 1.0) < 1e-6
     assert d.router_load() == [0.0] * 4
+
+
+@pytest.mark.skipif(not kernels.packed_gemm_available(torch.zeros(1, dtype=torch.bfloat16)),
+                    reason="bf16 packing needs torch with oneDNN")
+def test_a_bf16_draft_loads_with_packed_gemms_and_unchanged_outputs(tmp_path):
+    target = load_target(TargetConfig(model="tiny:llama", dtype="bfloat16", packed_gemm=16))
+    assert kernels.packed_gemm(target.model).min_rows == 1
+    d = DraftModel.build(DraftConfig(num_experts=2, draft_vocab_size=40), target.model).eval()
+    d.save(tmp_path / "d")
+    e = DraftModel.load(tmp_path / "d", target.model)
+    assert kernels.packed_gemm(d) is None and kernels.packed_gemm(e) is not None  # loading packs; build does not
+    f, x, pos = _inputs()
+    with torch.inference_mode():
+        out_e, out_d = e(f.bfloat16(), x, pos), d(f.bfloat16(), x, pos)
+        torch.testing.assert_close(out_e.a, out_d.a)
+        torch.testing.assert_close(e.logits(out_e.a[0, :3]), d.logits(out_d.a[0, :3]))

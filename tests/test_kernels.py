@@ -14,6 +14,8 @@ from jakiro_lib.tree import Tree
 from helpers import tiny_target
 
 needs_mkl = pytest.mark.skipif(not torch._C.has_mkl, reason="MKL packing needs an MKL build of torch")
+needs_onednn_bf16 = pytest.mark.skipif(not kernels.packed_gemm_available(torch.zeros(1, dtype=torch.bfloat16)),
+                                       reason="bf16 packing needs torch with oneDNN")
 
 
 def _net() -> nn.Module:
@@ -57,13 +59,31 @@ def test_packed_linear_falls_back_where_gradients_flow():
     assert x.grad is not None and x.grad.abs().sum() > 0
 
 
-def test_packing_needs_fp32_cpu_weights_and_a_row_range():
-    net = _net().to(torch.bfloat16)
+def test_packing_needs_fp32_or_bf16_cpu_weights_and_a_row_range():
+    net = _net().to(torch.float16)
     assert kernels.enable_packed_gemm(net) is None
-    with pytest.raises(ValueError, match="fp32"):
+    with pytest.raises(ValueError, match="fp32 with an MKL build"):
         kernels.PackedGemm(net)
     with pytest.raises(ValueError, match="min_rows <= max_rows"):
         kernels.PackedGemm(_net(), max_rows=3, min_rows=4)
+
+
+@needs_onednn_bf16
+def test_bf16_weights_pack_through_onednn_from_one_row_and_match_plain_bf16(monkeypatch):
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, *a: calls.append(x.shape[-2]) or real(x, *a))
+    net = _net().to(torch.bfloat16)
+    ref = copy.deepcopy(net)
+    gemm = kernels.enable_packed_gemm(net, max_rows=8)
+    assert gemm is not None and (gemm.min_rows, gemm.max_rows) == (1, 8)  # kernels.MIN_ROWS[bf16]
+    for rows in (1, 3, 8, 9):
+        x = torch.randn(1, rows, 96).to(torch.bfloat16)
+        with torch.inference_mode():
+            y, y_ref = net(x), ref(x)
+        assert y.dtype == torch.bfloat16 and y.shape == (1, rows, 48)
+        torch.testing.assert_close(y, y_ref)  # bf16 tolerance; bit-equal where oneDNN serves both
+    assert calls == [1, 1, 3, 3, 8, 8]
 
 
 @needs_mkl
