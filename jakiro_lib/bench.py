@@ -222,6 +222,32 @@ def ratio_interval(method_records: list[dict[str, Any]], baseline_records: list[
     return float(lo), float(hi)
 
 
+def greedy_agreement(method_records: list[dict[str, Any]], vanilla_records: list[dict[str, Any]]) -> tuple[int, int]:
+    """(identical, compared): greedy outputs equal to our vanilla loop's, token for token, per prompt.
+
+    A later turn of a question is compared only while every earlier turn matched (each method is fed its
+    own previous answer, so after a divergence the prompts differ). In fp32 on the CPU every prompt must
+    match (losslessness); in bf16/fp16 rounding differs between one-row and tree forwards, and this is the
+    position-by-position check DESIGN.md section 7 asks for.
+    """
+    ref = {(r["benchmark"], str(r["question_id"]), r["repeat"], r["turn"]): r.get("output_ids")
+           for r in vanilla_records}
+    turns: dict[tuple, list[dict[str, Any]]] = {}
+    for r in method_records:
+        turns.setdefault((r["benchmark"], str(r["question_id"]), r["repeat"]), []).append(r)
+    same = compared = 0
+    for key, recs in turns.items():
+        for r in sorted(recs, key=lambda r: r["turn"]):
+            expected = ref.get((*key, r["turn"]))
+            if expected is None or r.get("output_ids") is None:
+                break
+            compared += 1
+            if r["output_ids"] != expected:
+                break
+            same += 1
+    return same, compared
+
+
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (method, benchmark, temperature): tokens/s, speedup vs the fastest vanilla, tau (two conventions).
 
@@ -229,7 +255,8 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     computed per repeat; mean and std are over repeats; ``speedup_ci_low``/``_high``: a 95% bootstrap
     interval over prompts (:func:`ratio_interval`) against the fastest vanilla kind overall. tau =
     generated tokens / cycles (ours); tau_ref = the same over cycles - 1 (the reference's convention,
-    which inflates it).
+    which inflates it). At T=0, ``greedy_same`` of ``greedy_compared`` prompts gave our vanilla loop's
+    output token for token (:func:`greedy_agreement`).
     """
     groups: dict[tuple, list[dict]] = {}
     for r in records:
@@ -260,6 +287,8 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         sp_m, sp_s = _mean_std(speedups)
         base_kind = max(vanilla, default=None, key=lambda m: statistics.fmean(vanilla[m].values()))
         ci = ratio_interval(recs, groups[(base_kind, bench, temp)]) if base_kind else (math.nan, math.nan)
+        reference = groups.get(("vanilla", bench, temp)) if temp == 0 else None
+        same, compared = greedy_agreement(recs, reference) if reference else (None, None)
         rows.append({
             "method": method, "kind": kind, "benchmark": bench, "temperature": temp, "questions": len({(r["question_id"], r["turn"]) for r in recs}),
             "tokens_per_s": tps_m, "tokens_per_s_std": tps_s, "speedup": sp_m, "speedup_std": sp_s,
@@ -267,6 +296,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "tau": tau, "tau_ref": tau_ref, "new_tokens": tokens, "cycles": cycles,
             "draft_forwards_per_cycle": sum(r["draft_forwards"] for r in recs) / max(cycles, 1),
             "draft_time_frac": sum(r["draft_time"] for r in recs) / max(sum(r["wall_time"] for r in recs), 1e-9),
+            "greedy_same": same, "greedy_compared": compared,
         })
     return rows
 

@@ -870,7 +870,7 @@ def _interval(lo: float, hi: float) -> str:
 
 def display_table(table: pd.DataFrame) -> pd.DataFrame:
     """Compact view: tau and speedup as ``mean ± std`` (over repeats) strings, the speedup's bootstrap
-    interval over prompts, and the per-cycle breakdown."""
+    interval over prompts, the per-cycle breakdown, and (T=0) how many prompts gave vanilla's output."""
     if table.empty:
         return table
 
@@ -888,8 +888,16 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
         "draft fwd/cycle": table["draft_forwards_per_cycle"].round(2),
         "draft time %": (100 * table["draft_time_frac"]).round(1),
         "questions": table["questions"],
+        "greedy = vanilla": [_fraction(a, b) for a, b in zip(table.get("greedy_same", [None] * len(table)),
+                                                            table.get("greedy_compared", [None] * len(table)))],
     })
     return out
+
+
+def _fraction(same: Any, compared: Any) -> str:
+    if same is None or compared is None or any(isinstance(v, float) and math.isnan(v) for v in (same, compared)):
+        return "–"
+    return f"{int(same)}/{int(compared)}"
 
 
 def headline_table(main: pd.DataFrame) -> pd.DataFrame:

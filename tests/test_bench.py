@@ -1,9 +1,10 @@
-"""The bootstrap interval behind every speedup: paired over prompts, able to exclude 1 or not."""
+"""The bootstrap interval behind every speedup (paired over prompts, able to exclude 1 or not), and the
+per-prompt greedy agreement with vanilla that every benchmark report carries."""
 import math
 
 import pytest
 
-from jakiro_lib.bench import ratio_interval, summarize
+from jakiro_lib.bench import greedy_agreement, ratio_interval, summarize
 
 
 def _recs(method, tps, bench="mt_bench", temp=0.0, kind="spec"):
@@ -41,3 +42,32 @@ def test_summarize_reports_the_interval_against_the_fastest_vanilla():
     jak = next(r for r in rows if r["method"] == "jakiro")
     assert jak["speedup"] == pytest.approx(2.0)
     assert jak["speedup_ci_low"] == pytest.approx(2.0) and jak["speedup_ci_high"] == pytest.approx(2.0)
+
+
+def _turns(method, outputs, temp=0.0, kind="spec"):
+    """One question per entry of ``outputs``: a list of per-turn output ids."""
+    return [{"method": method, "kind": kind, "benchmark": "mt_bench", "temperature": temp, "question_id": q,
+             "turn": t, "repeat": 0, "tokens_per_second": 10.0, "new_tokens": len(ids), "cycles": 1,
+             "accepted": [len(ids)], "draft_forwards": 0, "draft_time": 0.0, "wall_time": 1.0, "output_ids": ids}
+            for q, turns in enumerate(outputs) for t, ids in enumerate(turns)]
+
+
+def test_greedy_agreement_counts_prompts_and_stops_a_question_at_its_first_divergence():
+    ref = _turns("vanilla", [[[1, 2], [3]], [[4, 5], [6]], [[7], [8]]], kind="vanilla")
+    same = _turns("jakiro", [[[1, 2], [3]], [[4, 5], [6]], [[7], [8]]])
+    assert greedy_agreement(same, ref) == (6, 6)
+    # question 0 diverges in its first turn: its second turn had another prompt and is not compared;
+    # question 1 diverges in its last turn (a longer output counts as a divergence too)
+    other = _turns("jakiro", [[[1, 9], [3]], [[4, 5], [6, 0]], [[7], [8]]])
+    assert greedy_agreement(other, ref) == (3, 5)
+    assert greedy_agreement(same, ref[:2]) == (2, 2)  # prompts vanilla did not run are not compared
+
+
+def test_summarize_reports_greedy_agreement_at_t0_only():
+    outs = [[[1, 2]], [[3, 4]]]
+    recs = (_turns("vanilla", outs, kind="vanilla") + _turns("jakiro", [[[1, 2]], [[3, 5]]])
+            + _turns("vanilla", outs, temp=1.0, kind="vanilla") + _turns("jakiro", outs, temp=1.0))
+    rows = {(r["method"], r["temperature"]): r for r in summarize(recs)}
+    assert (rows["jakiro", 0.0]["greedy_same"], rows["jakiro", 0.0]["greedy_compared"]) == (1, 2)
+    assert (rows["vanilla", 0.0]["greedy_same"], rows["vanilla", 0.0]["greedy_compared"]) == (2, 2)
+    assert rows["jakiro", 1.0]["greedy_same"] is None and rows["jakiro", 1.0]["greedy_compared"] is None

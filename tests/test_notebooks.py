@@ -181,6 +181,8 @@ def test_smoke_pipeline_end_to_end(tmp_path, monkeypatch):
     assert (main.loc[main["kind"] == "spec", "tau"] >= 1.0).all()
     assert (main.loc[main["method"] == "vanilla", "tau"] == 1.0).all()
     assert main["speedup"].notna().all() and (main["speedup"] > 0).all()
+    greedy = main[main["temperature"] == 0]  # fp32 on the CPU: every method reproduces vanilla's output
+    assert (greedy["greedy_compared"] > 0).all() and (greedy["greedy_same"] == greedy["greedy_compared"]).all()
     abl = pd.read_csv(report / "ablations.csv")
     assert set(abl["temperature"]) == {0.0} and len(abl["method"].unique()) >= 6
     assert (abl.loc[abl["kind"] == "spec", "tau"] >= 1.0).all() and (abl["tokens_per_s"] > 0).all()
