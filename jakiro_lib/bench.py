@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .config import TreeConfig
-from .decoding import GenerationResult, hf_generate, speculative_generate, vanilla_generate
+from .decoding import GenerationResult, TargetRunner, hf_generate, speculative_generate, vanilla_generate
 from .draft import DraftModel
 from .drafting import make_drafter
 from .target import Target
@@ -222,30 +222,81 @@ def ratio_interval(method_records: list[dict[str, Any]], baseline_records: list[
     return float(lo), float(hi)
 
 
-def greedy_agreement(method_records: list[dict[str, Any]], vanilla_records: list[dict[str, Any]]) -> tuple[int, int]:
-    """(identical, compared): greedy outputs equal to our vanilla loop's, token for token, per prompt.
-
-    A later turn of a question is compared only while every earlier turn matched (each method is fed its
-    own previous answer, so after a divergence the prompts differ). In fp32 on the CPU every prompt must
-    match (losslessness); in bf16/fp16 rounding differs between one-row and tree forwards, and this is the
-    position-by-position check DESIGN.md section 7 asks for.
-    """
+def _greedy_pairs(method_records: list[dict[str, Any]], vanilla_records: list[dict[str, Any]]
+                  ) -> list[tuple[dict[str, Any], list[int]]]:
+    """(record, vanilla's output ids) for every prompt where both saw the same prompt: a later turn of a
+    question only while every earlier turn matched (each method is fed its own previous answer)."""
     ref = {(r["benchmark"], str(r["question_id"]), r["repeat"], r["turn"]): r.get("output_ids")
            for r in vanilla_records}
     turns: dict[tuple, list[dict[str, Any]]] = {}
     for r in method_records:
         turns.setdefault((r["benchmark"], str(r["question_id"]), r["repeat"]), []).append(r)
-    same = compared = 0
+    pairs = []
     for key, recs in turns.items():
         for r in sorted(recs, key=lambda r: r["turn"]):
             expected = ref.get((*key, r["turn"]))
             if expected is None or r.get("output_ids") is None:
                 break
-            compared += 1
+            pairs.append((r, expected))
             if r["output_ids"] != expected:
                 break
-            same += 1
-    return same, compared
+    return pairs
+
+
+def greedy_agreement(method_records: list[dict[str, Any]], vanilla_records: list[dict[str, Any]]) -> tuple[int, int]:
+    """(identical, compared): greedy outputs equal to our vanilla loop's, token for token, per prompt.
+
+    In fp32 on the CPU every prompt must match (losslessness). In bf16/fp16, rounding differs between
+    one-row and tree forwards; :func:`greedy_divergences` then shows whether each divergence was a near
+    tie (the position-by-position check of DESIGN.md section 7).
+    """
+    pairs = _greedy_pairs(method_records, vanilla_records)
+    return sum(r["output_ids"] == expected for r, expected in pairs), len(pairs)
+
+
+@torch.inference_mode()
+def greedy_divergences(target: Target, records: list[dict[str, Any]], questions: Iterable[Any]) -> list[dict[str, Any]]:
+    """Where each T=0 output first leaves vanilla's, and how close the target's top-2 logits were there.
+
+    For every compared prompt (:func:`greedy_agreement`) whose output differs, the target scores the
+    prompt plus vanilla's output up to the first differing token in one forward. ``gap`` is the
+    difference of its two largest logits there and ``gap_steps`` the same in units of the logits' dtype
+    spacing at the top logit (bf16: 0.125 at logits 16-32): divergences at a few steps are rounding
+    ties, which speculative decoding in low precision cannot avoid; a large gap would be a bug.
+    """
+    by_key = {(q.benchmark, str(q.question_id)): q for q in questions}
+    greedy = [r for r in records if r["temperature"] == 0]
+    vanilla = [r for r in greedy if r["method"] == "vanilla"]
+    answers = {(r["benchmark"], str(r["question_id"]), r["repeat"], r["turn"]): r["output_ids"] for r in vanilla}
+    rows = []
+    for method in dict.fromkeys(r["method"] for r in greedy if r["method"] != "vanilla"):
+        for rec, expected in _greedy_pairs([r for r in greedy if r["method"] == method], vanilla):
+            out = rec["output_ids"]
+            if out == expected:
+                continue
+            q = by_key.get((rec["benchmark"], str(rec["question_id"])))
+            if q is None:
+                raise ValueError(f"no question {rec['question_id']!r} of {rec['benchmark']!r} among those given")
+            pos = next((i for i, (a, b) in enumerate(zip(out, expected)) if a != b), min(len(out), len(expected)))
+            history: list[dict[str, str]] = []
+            for turn in range(rec["turn"] + 1):
+                history.append({"role": "user", "content": q.turns[turn]})
+                if turn < rec["turn"]:
+                    prev = answers[(rec["benchmark"], str(rec["question_id"]), rec["repeat"], turn)]
+                    history.append({"role": "assistant",
+                                    "content": target.tokenizer.decode(prev, skip_special_tokens=True)})
+            ids = torch.cat([format_prompt_ids(target, history), torch.tensor(expected[:pos], dtype=torch.long)])
+            logits = TargetRunner(target.model).prefill(ids.to(target.device))[0][-1]
+            top = logits.float().topk(2)
+            first, second = top.values.tolist()
+            spacing = 2.0 ** math.floor(math.log2(max(abs(first), 1e-30))) * torch.finfo(logits.dtype).eps
+            rows.append({"method": method, "benchmark": rec["benchmark"], "question_id": str(rec["question_id"]),
+                         "turn": rec["turn"], "repeat": rec["repeat"], "position": pos,
+                         "method_token": out[pos] if pos < len(out) else None,
+                         "vanilla_token": expected[pos] if pos < len(expected) else None,
+                         "top1_token": int(top.indices[0]), "top1_logit": first, "gap": first - second,
+                         "gap_steps": (first - second) / spacing})
+    return rows
 
 
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from .config import PROFILE_NAMES, Profile, get_profile, override, parse_overrides
+from .config import PROFILE_NAMES, Profile, TargetConfig, get_profile, override, parse_overrides
 
 
 def _profile(args: argparse.Namespace) -> Profile:
@@ -109,6 +109,45 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.out:
         write_table(Path(args.out) / "summary.csv", table)
         print("records and summary.csv in", args.out)
+    return 0
+
+
+def cmd_divergences(args: argparse.Namespace) -> int:
+    """Check a benchmark's greedy records position by position against vanilla's (low-precision runs)."""
+    import pandas as pd
+
+    from .bench import greedy_agreement, greedy_divergences, load_records
+    from .data import load_questions
+    from .target import load_target
+
+    try:
+        records = load_records(args.records)
+        greedy = [r for r in records if r["temperature"] == 0]
+        vanilla = [r for r in greedy if r["method"] == "vanilla"]
+        if not vanilla:
+            raise ValueError(f"{args.records} has no greedy (T=0) records of the 'vanilla' method to compare with")
+        config = _profile(args).target
+        saved = args.records.parent / "bench_config.json"  # the target the records were made with
+        if saved.is_file():
+            config = TargetConfig(**json.loads(saved.read_text())["target"])
+        questions = [q for b in sorted({r["benchmark"] for r in greedy}) for q in load_questions(b)]
+        target = load_target(config)
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    print(f"target {config.model} in {config.dtype}; greedy outputs identical to vanilla's:")
+    for method in dict.fromkeys(r["method"] for r in greedy):
+        same, compared = greedy_agreement([r for r in greedy if r["method"] == method], vanilla)
+        print(f"  {method:20s} {same}/{compared}")
+    table = pd.DataFrame(greedy_divergences(target, records, questions))
+    if table.empty:
+        print("no divergences")
+    else:
+        print(table.to_string(index=False))
+        print(f"largest top-2 gap at a divergence: {table['gap'].max():.4g} "
+              f"({table['gap_steps'].max():.1f} steps of {config.dtype} at the top logit)")
+    if args.out:
+        table.to_csv(args.out, index=False)
+        print("written to", args.out)
     return 0
 
 
@@ -215,6 +254,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-prompts", type=int, default=4, help="MT-bench prompts for the budget choice")
     p.add_argument("--out", type=Path, help="write the numbers to this JSON file")
     p.set_defaults(func=cmd_costs)
+
+    p = sub.add_parser("divergences", help="where greedy benchmark outputs leave vanilla's, and the target's "
+                                           "top-2 logit gap there (checks low-precision runs)")
+    _common(p)
+    p.add_argument("--records", type=Path, required=True,
+                   help="records.jsonl of a `bench` run with vanilla at T=0 (its bench_config.json names the target)")
+    p.add_argument("--out", type=Path, help="write the divergences to this CSV file")
+    p.set_defaults(func=cmd_divergences)
 
     from .pipeline import add_cli
 

@@ -71,3 +71,35 @@ def test_summarize_reports_greedy_agreement_at_t0_only():
     assert (rows["jakiro", 0.0]["greedy_same"], rows["jakiro", 0.0]["greedy_compared"]) == (1, 2)
     assert (rows["vanilla", 0.0]["greedy_same"], rows["vanilla", 0.0]["greedy_compared"]) == (2, 2)
     assert rows["jakiro", 1.0]["greedy_same"] is None and rows["jakiro", 1.0]["greedy_compared"] is None
+
+
+def test_greedy_divergences_locate_the_first_differing_token_and_the_targets_margin_there(tmp_path):
+    import copy
+    import json
+
+    from jakiro_lib.bench import MethodSpec, greedy_divergences, load_records, run_benchmark
+    from jakiro_lib.config import TargetConfig
+    from jakiro_lib.data import Question
+    from jakiro_lib.target import load_target
+
+    target = load_target(TargetConfig(model="tiny:llama"))
+    qs = [Question("q1", "writing", ["Say something.", "Say it again."], "mt_bench"),
+          Question("q2", "writing", ["Another one.", "And again."], "mt_bench")]
+    path = run_benchmark(target, {"vanilla": MethodSpec("vanilla")}, qs, max_new_tokens=12, warmup=0,
+                         out_dir=tmp_path, progress=False)
+    vanilla = load_records(path)
+    assert len(vanilla) == 4 and all(len(r["output_ids"]) >= 6 for r in vanilla)
+    wrong = copy.deepcopy(vanilla)
+    for r in wrong:
+        r["method"] = "wrong"
+        if (r["question_id"], r["turn"]) == ("q1", 1):  # second turn: its prompt holds vanilla's first answer
+            r["output_ids"][4] = (r["output_ids"][4] + 1) % 256
+        if (r["question_id"], r["turn"]) == ("q2", 0):  # first turn: the second is then not compared
+            r["output_ids"][2] = (r["output_ids"][2] + 1) % 256
+    rows = greedy_divergences(target, vanilla + wrong, qs)
+    assert [(r["question_id"], r["turn"], r["position"]) for r in rows] == [("q1", 1, 4), ("q2", 0, 2)]
+    for r in rows:
+        assert r["top1_token"] == r["vanilla_token"] != r["method_token"]  # the prefix was rebuilt right
+        assert r["gap"] > 0 and r["gap_steps"] > 1e3  # fp32: no rounding tie, a real disagreement
+    assert greedy_divergences(target, vanilla + [dict(r, method="same") for r in vanilla], qs) == []
+    json.dumps(rows)  # plain values, ready for a CSV/JSON report

@@ -8,7 +8,7 @@ from jakiro_lib.cli import build_parser, main
 
 def test_help_lists_every_subcommand():
     out = subprocess.run([sys.executable, "-m", "jakiro_lib", "--help"], capture_output=True, text=True, check=True)
-    for cmd in ("profiles", "generate", "cache", "train", "bench", "pipeline"):
+    for cmd in ("profiles", "generate", "cache", "train", "bench", "divergences", "costs", "pipeline"):
         assert cmd in out.stdout
 
 
@@ -85,6 +85,15 @@ def test_bench_command_subset_of_methods_benchmarks_and_out_dir(tmp_path, capsys
         ("vanilla", "gsm8k", 0.0), ("hf_generate", "gsm8k", 0.0)}
     assert len(records) == 4 and (out / "summary.csv").is_file()
     assert "hf_generate" in capsys.readouterr().out
+    # the position-by-position check against vanilla, on the target the records name (fp32: identical)
+    assert main(["divergences", "--profile", "default", "--records", str(out / "records.jsonl")]) == 0
+    printed = capsys.readouterr().out
+    assert "tiny:llama in float32" in printed and "hf_generate          2/2" in printed and "no divergences" in printed
+    lone = tmp_path / "lone" / "records.jsonl"
+    lone.parent.mkdir()
+    lone.write_text("".join(json.dumps(r) + "\n" for r in records if r["method"] != "vanilla"))
+    with pytest.raises(SystemExit, match="no greedy .* 'vanilla'"):
+        main(["divergences", "--profile", "smoke", "--records", str(lone)])
     first = [r["question_id"] for r in records if r["method"] == "vanilla"]
     held_out = tmp_path / "held_out"  # --skip: the questions after the first N (prompts no study used)
     argv = [a if a != str(out) else str(held_out) for a in argv] + ["--skip", "1"]
