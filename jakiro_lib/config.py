@@ -30,8 +30,9 @@ class TargetConfig:
     seed: int = 0  # weights seed for tiny random targets
     # CPU fast paths (jakiro_lib.kernels), used by every method alike. gqa_attention: SDPA handles grouped
     # KV heads under tree masks (no per-layer KV copy). packed_gemm: the largest row count (tree size,
-    # lookup chain) served by one MKL-packed copy of the weights (fp32 CPU; about the weights' memory
-    # once more); 0 = off.
+    # lookup chain) served by one packed copy of the weights (CPU: MKL for fp32 from 4 rows, oneDNN for
+    # bf16 from 1 row; about the weights' memory once more); 0 = off. dtype "bfloat16" on a CPU with AMX
+    # is faster for every method but lossless only up to rounding (README, bf16 results).
     gqa_attention: bool = True
     packed_gemm: int = 0
 
