@@ -679,9 +679,10 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
                          force: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """Methods with ``tree.total_tokens="auto"`` get the budget that maximises estimated tokens/s here.
 
-    The target's T(n) is measured once per machine and cached with every choice in
-    ``run_dir/bench/tree_budgets.json`` (keyed by machine, draft weights and tree settings), so reruns
-    do not retune. ``force`` remeasures and retunes.
+    The target's T(n) is measured once per machine and target settings (dtype, fast paths) and cached
+    with every choice in ``run_dir/bench/tree_budgets.json`` (one entry per machine and target settings;
+    choices keyed by draft weights and tree settings), so reruns, also after a run with other target
+    settings, do not retune. ``force`` remeasures and retunes this machine's entry.
     Returns (methods with numeric budgets, the measurements and choices).
     """
     from .bench import MethodSpec
@@ -697,9 +698,14 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
     path = run_dir / "bench" / TREE_BUDGETS
     machine = {"device": str(target.device), "device_name": device_name(target.device),
                "threads": torch.get_num_threads(), "target": dataclasses.asdict(profile.target)}
-    cache = {} if force else (_read_json(path) or {})
-    if cache.get("machine") != json.loads(json.dumps(machine, default=str)):
+    machine = json.loads(json.dumps(machine, default=str))
+    saved = _read_json(path) or {}
+    entries = saved.get("machines", [saved] if "machine" in saved else [])  # older files: one entry
+    entries = [e for e in entries if not (force and e.get("machine") == machine)]
+    cache = next((e for e in entries if e.get("machine") == machine), None)
+    if cache is None:
         cache = {"machine": machine, "target_costs_s": {}, "choices": {}}
+        entries.append(cache)
     if not {str(n) for n in TUNE_SIZES} <= set(cache["target_costs_s"]):
         t0 = time.perf_counter()
         costs = measure_target_costs(target.model, sizes=TUNE_SIZES)
@@ -724,7 +730,7 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
             cache["choices"][key] = tuned
             log.info("tree budget for %s: %d tokens (tuned in %.1f s)", name, tuned["best"], tuned["seconds"])
         choices[name] = cache["choices"][key]
-    write_json(path, cache)
+    write_json(path, {"machines": entries})
     out = dict(methods)
     for name in auto:
         best = choices[name]["best"]

@@ -1,5 +1,6 @@
 """The performance report: cost model tables, tree-budget resolution ("auto"), the goals table."""
 import dataclasses
+import json
 import math
 
 import pandas as pd
@@ -148,6 +149,20 @@ def test_auto_tree_budget_is_tuned_once_and_cached(tiny_run, monkeypatch):
     with single_thread():  # same machine, same thread count: the cached choice is reused
         again, _ = resolve_tree_budgets(profile, root, methods, target)
     assert {k: again[k].tree.total_tokens for k in spec} == {k: resolved[k].tree.total_tokens for k in spec}
+
+    # other target settings (e.g. a bf16 run) get their own entry; going back reuses the first one
+    other = dataclasses.replace(profile, target=dataclasses.replace(profile.target, dtype="bfloat16"))
+    monkeypatch.setattr(costmodel, "measure_target_costs", lambda *a, **kw: {n: 0.01 * n for n in (1, 2, 4, 8)})
+    monkeypatch.setattr(costmodel, "tune_total_tokens", lambda *a, **kw: {"best": 3, "table": []})
+    with single_thread():
+        tuned_other, _ = resolve_tree_budgets(other, root, methods, target)
+    assert {k: tuned_other[k].tree.total_tokens for k in spec} == {k: 3 for k in spec}
+    monkeypatch.setattr(costmodel, "tune_total_tokens", boom)
+    monkeypatch.setattr(costmodel, "measure_target_costs", boom)
+    with single_thread():
+        back, _ = resolve_tree_budgets(profile, root, methods, target)
+    assert {k: back[k].tree.total_tokens for k in spec} == {k: resolved[k].tree.total_tokens for k in spec}
+    assert len(json.loads((root / "bench" / "tree_budgets.json").read_text())["machines"]) == 2
 
 
 def test_unresolved_auto_budget_is_a_clear_error(tiny_run):
