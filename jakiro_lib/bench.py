@@ -98,6 +98,12 @@ class MethodRunner:
                                     generator=gen, on_tokens=on_tokens, **common)
 
 
+def answer_message(target: Target, output_ids: list[int]) -> dict[str, str]:
+    """A method's answer as the next turn's history entry (decoded without special tokens): how every
+    multi-turn prompt is built, by the benchmark and when its greedy outputs are checked."""
+    return {"role": "assistant", "content": target.tokenizer.decode(output_ids, skip_special_tokens=True)}
+
+
 def format_prompt_ids(target: Target, history: list[dict[str, str]]) -> torch.Tensor:
     """Chat-formatted prompt ids (ending with the assistant header) for ``history``."""
     from .chat import format_prompt
@@ -157,8 +163,7 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
                             ids = format_prompt_ids(target, history)
                             res = runner(ids, max_new_tokens=max_new_tokens, params=params,
                                          seed=seed + 1000 * rep + turn)
-                            history.append({"role": "assistant", "content": target.tokenizer.decode(
-                                res.output_ids, skip_special_tokens=True)})
+                            history.append(answer_message(target, res.output_ids))
                             if key in done:
                                 continue
                             rec = Record(
@@ -222,15 +227,18 @@ def ratio_interval(method_records: list[dict[str, Any]], baseline_records: list[
     return float(lo), float(hi)
 
 
+def _turn_key(r: dict[str, Any]) -> tuple:
+    return r["benchmark"], str(r["question_id"]), r["repeat"], r["turn"]
+
+
 def _greedy_pairs(method_records: list[dict[str, Any]], vanilla_records: list[dict[str, Any]]
                   ) -> list[tuple[dict[str, Any], list[int]]]:
     """(record, vanilla's output ids) for every prompt where both saw the same prompt: a later turn of a
     question only while every earlier turn matched (each method is fed its own previous answer)."""
-    ref = {(r["benchmark"], str(r["question_id"]), r["repeat"], r["turn"]): r.get("output_ids")
-           for r in vanilla_records}
+    ref = {_turn_key(r): r.get("output_ids") for r in vanilla_records}
     turns: dict[tuple, list[dict[str, Any]]] = {}
     for r in method_records:
-        turns.setdefault((r["benchmark"], str(r["question_id"]), r["repeat"]), []).append(r)
+        turns.setdefault(_turn_key(r)[:3], []).append(r)
     pairs = []
     for key, recs in turns.items():
         for r in sorted(recs, key=lambda r: r["turn"]):
@@ -267,7 +275,7 @@ def greedy_divergences(target: Target, records: list[dict[str, Any]], questions:
     by_key = {(q.benchmark, str(q.question_id)): q for q in questions}
     greedy = [r for r in records if r["temperature"] == 0]
     vanilla = [r for r in greedy if r["method"] == "vanilla"]
-    answers = {(r["benchmark"], str(r["question_id"]), r["repeat"], r["turn"]): r["output_ids"] for r in vanilla}
+    answers = {_turn_key(r): r["output_ids"] for r in vanilla}
     rows = []
     for method in dict.fromkeys(r["method"] for r in greedy if r["method"] != "vanilla"):
         for rec, expected in _greedy_pairs([r for r in greedy if r["method"] == method], vanilla):
@@ -282,9 +290,7 @@ def greedy_divergences(target: Target, records: list[dict[str, Any]], questions:
             for turn in range(rec["turn"] + 1):
                 history.append({"role": "user", "content": q.turns[turn]})
                 if turn < rec["turn"]:
-                    prev = answers[(rec["benchmark"], str(rec["question_id"]), rec["repeat"], turn)]
-                    history.append({"role": "assistant",
-                                    "content": target.tokenizer.decode(prev, skip_special_tokens=True)})
+                    history.append(answer_message(target, answers[(*_turn_key(rec)[:3], turn)]))
             ids = torch.cat([format_prompt_ids(target, history), torch.tensor(expected[:pos], dtype=torch.long)])
             logits = TargetRunner(target.model).prefill(ids.to(target.device))[0][-1]
             top = logits.float().topk(2)
