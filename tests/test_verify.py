@@ -22,7 +22,7 @@ from jakiro_lib.decoding import speculative_generate, vanilla_generate
 from jakiro_lib.draft import DraftModel
 from jakiro_lib.drafting import make_drafter
 from jakiro_lib.tree import Tree
-from jakiro_lib.verify import (SamplingParams, inverse_cdf, sample, verify, verify_greedy, verify_sampling,
+from jakiro_lib.verify import (SamplingParams, inverse_cdf, sample, uniform, verify, verify_greedy, verify_sampling,
                                warp_probs)
 
 from helpers import (TargetTopKDrafter, chi2_test, exact_prefix_distribution, full_logits, peaked_target,
@@ -337,6 +337,19 @@ def test_verify_sampling_deterministic_cases():
     a = [verify_sampling(tree, _hand_logits(), SamplingParams(1.0), torch.Generator().manual_seed(5)) for _ in range(3)]
     assert a[0] == a[1] == a[2]
 
+
+
+def test_uniform_draws_come_from_the_generators_own_device():
+    """A CUDA generator broke sampling on a GPU (torch.rand defaulted to the CPU; H100, 2026-11-22). Here a
+    CPU generator under another default device reproduces that mismatch: draws must follow the generator."""
+    tree = _hand_sampling_tree()
+    logits = _hand_logits()
+    expected = verify_sampling(tree, logits, SamplingParams(1.0), torch.Generator().manual_seed(3))
+    token = sample(torch.tensor([0.2, 0.3, 0.5]), torch.Generator().manual_seed(3))
+    with torch.device("meta"):
+        assert verify_sampling(tree, logits, SamplingParams(1.0), torch.Generator().manual_seed(3)) == expected
+        assert sample(torch.tensor([0.2, 0.3, 0.5], device="cpu"), torch.Generator().manual_seed(3)) == token
+        assert 0.0 <= uniform(None) < 1.0
 
 # -- sampling losslessness of the whole loop ---------------------------------------------------------
 # The first token x1 is sampled from the prefill logits; verification starts at x2. The statistic is on
