@@ -328,7 +328,9 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for (method, bench, temp), recs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
         tps = per_repeat_tps(recs)
-        vanilla = {m: per_repeat_tps(groups[(m, bench, temp)]) for m in VANILLA_KINDS if (m, bench, temp) in groups}
+        # baselines are found by kind: the methods are named "vanilla" and "hf_generate", their kinds "vanilla", "hf"
+        vanilla = {m: per_repeat_tps(g) for (m, b, t), g in groups.items()
+                   if b == bench and t == temp and g[0]["kind"] in VANILLA_KINDS}
         speedups = []
         for rep, v in tps.items():
             base = max((b[rep] for b in vanilla.values() if rep in b), default=math.nan)

@@ -44,6 +44,18 @@ def test_summarize_reports_the_interval_against_the_fastest_vanilla():
     assert jak["speedup_ci_low"] == pytest.approx(2.0) and jak["speedup_ci_high"] == pytest.approx(2.0)
 
 
+def test_summarize_measures_against_hf_generate_where_it_beats_our_vanilla_loop():
+    """On a GPU HF generate outran our loop (H100, 2026-11-22): speedups must then be over HF generate."""
+    base = [10.0, 12.0, 14.0, 16.0]
+    rows = summarize(_recs("vanilla", base, kind="vanilla") + _recs("hf_generate", [1.5 * v for v in base], kind="hf")
+                     + _recs("jakiro", [3 * v for v in base]))
+    speedup = {r["method"]: r["speedup"] for r in rows}
+    assert speedup["jakiro"] == pytest.approx(2.0) and speedup["hf_generate"] == pytest.approx(1.0)
+    assert speedup["vanilla"] == pytest.approx(1 / 1.5)
+    jak = next(r for r in rows if r["method"] == "jakiro")
+    assert jak["speedup_ci_low"] == pytest.approx(2.0) and jak["speedup_ci_high"] == pytest.approx(2.0)
+
+
 def _turns(method, outputs, temp=0.0, kind="spec"):
     """One question per entry of ``outputs``: a list of per-turn output ids."""
     return [{"method": method, "kind": kind, "benchmark": "mt_bench", "temperature": temp, "question_id": q,
