@@ -95,6 +95,30 @@ def test_tune_total_tokens_returns_a_measured_choice():
     assert out["cycles_observed"] > 0
 
 
+def test_tuning_does_not_count_a_warm_up_generation(monkeypatch):
+    """First calls on a GPU pay for kernel loading: the tuner's draft time must come from warm runs only."""
+    import jakiro_lib.decoding as decoding
+    from jakiro_lib.config import TargetConfig
+    from jakiro_lib.costmodel import tune_total_tokens
+    from jakiro_lib.target import load_target
+
+    real, calls = decoding.speculative_generate, []
+
+    def first_call_slow(*args, **kwargs):
+        res = real(*args, **kwargs)
+        res.draft_time = 100.0 if not calls else 0.001 * res.cycles  # 1 ms per warm cycle
+        calls.append(res.cycles)
+        return res
+
+    monkeypatch.setattr(decoding, "speculative_generate", first_call_slow)
+    target = load_target(TargetConfig(model="tiny:llama"))
+    draft = DraftModel.build(DraftConfig(), target.model).eval()
+    out = tune_total_tokens(target, draft, TreeConfig(depth=3, top_k=2), random_prompts(2, seed=1),
+                            candidates=(2, 4), max_new_tokens=8, context=16, target_costs={1: 0.01, 2: 0.01, 4: 0.01})
+    assert len(calls) == 3 and out["cycles_observed"] == sum(calls[1:])
+    assert out["draft_time_per_cycle_s"] == pytest.approx(0.001)
+
+
 def test_small_budgets_are_charged_fewer_draft_forwards():
     from jakiro_lib.config import TreeConfig
     from jakiro_lib.costmodel import draft_time_per_budget
