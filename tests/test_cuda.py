@@ -1,0 +1,52 @@
+"""The decoding loops on a CUDA device (skipped without one: CI runs on CPU).
+
+Written after the first GPU run (H100, 2026-11-22) found sampling broken there: a CUDA generator met a
+CPU-side draw. These run the same tiny models as the CPU tests, moved to the GPU, in fp32.
+"""
+import pytest
+import torch
+
+from jakiro_lib.config import DraftConfig, TargetConfig, TreeConfig
+from jakiro_lib.decoding import speculative_generate, vanilla_generate
+from jakiro_lib.draft import DraftModel
+from jakiro_lib.drafting import FeatureDrafter
+from jakiro_lib.target import load_target
+from jakiro_lib.verify import SamplingParams
+
+from helpers import random_prompts
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def cuda_setup():
+    target = load_target(TargetConfig(model="tiny:llama", dtype="float32", device="cuda", max_context=512))
+    torch.manual_seed(0)
+    draft = DraftModel.build(DraftConfig(num_experts=2, top_k_experts=2), target.model).eval()
+    return target, draft
+
+
+@pytest.mark.parametrize("tree", [TreeConfig(depth=3, top_k=2, total_tokens=6),
+                                  TreeConfig(depth=4, top_k=3, total_tokens=10, decoupled=True, ar_steps=2)])
+def test_greedy_speculative_equals_vanilla_on_cuda(cuda_setup, tree):
+    target, draft = cuda_setup
+    for p in random_prompts(3, seed=7):
+        ids = p.to("cuda")
+        ref = vanilla_generate(target.model, ids, max_new_tokens=24)
+        out = speculative_generate(target.model, FeatureDrafter(draft, tree), ids, max_new_tokens=24)
+        assert out.output_ids == ref.output_ids
+
+
+def test_sampling_runs_with_a_cuda_generator(cuda_setup):
+    target, draft = cuda_setup
+    tree = TreeConfig(depth=3, top_k=2, total_tokens=6, decoupled=True)
+    ids = random_prompts(1, seed=3)[0].to("cuda")
+    params = SamplingParams(temperature=1.0)
+    runs = []
+    for _ in range(2):  # one seed, one output: the draws are reproducible on the device
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        runs.append(speculative_generate(target.model, FeatureDrafter(draft, tree), ids, max_new_tokens=16,
+                                         params=params, generator=gen).output_ids)
+    assert runs[0] == runs[1] and len(runs[0]) == 16
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    assert len(vanilla_generate(target.model, ids, max_new_tokens=16, params=params, generator=gen).output_ids) == 16
