@@ -192,6 +192,16 @@ def load_records(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+def common_prompts(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of prompts that every method of their (benchmark, temperature) ran: an interrupted run's
+    methods are then compared on the same prompts (a run that stopped mid-method leaves the last ones short)."""
+    groups: dict[tuple, dict[str, set]] = {}
+    for r in records:
+        groups.setdefault((r["benchmark"], r["temperature"]), {}).setdefault(r["method"], set()).add(_turn_key(r))
+    keep = {g: set.intersection(*by_method.values()) for g, by_method in groups.items()}
+    return [r for r in records if _turn_key(r) in keep[(r["benchmark"], r["temperature"])]]
+
+
 def _mean_std(xs: list[float]) -> tuple[float, float]:
     if not xs:
         return math.nan, math.nan

@@ -151,6 +151,38 @@ def cmd_divergences(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_summary(args: argparse.Namespace) -> int:
+    """The main table and the speed goals of benchmark records (several files are pooled: e.g. a T=0 and a
+    T=1 run, or records copied back from a GPU machine)."""
+    from .bench import common_prompts, load_records
+    from .perf import performance_targets
+    from .study import display_table, study_table, write_table
+
+    missing = [str(p) for p in args.records if not p.is_file()]
+    if missing:
+        raise SystemExit(f"error: no records file {', '.join(missing)}")
+    records = [r for path in args.records for r in load_records(path)]
+    if not records:
+        raise SystemExit(f"error: no records in {', '.join(map(str, args.records))}")
+    if args.common_prompts:
+        records = common_prompts(records)
+    table = study_table(records)
+    goals = performance_targets(table, records)
+    print(display_table(table).to_string())
+    if goals.empty:
+        print("no speed goals to judge: the records hold no Jakiro method")
+    else:
+        cols = ["goal", "temperature", "method", "baseline", "ratio", "ratio_ci_low", "ratio_ci_high", "met",
+                "resolved"]
+        print(goals[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_table(args.out / "summary.csv", table)
+        write_table(args.out / "performance_targets.csv", goals)
+        print("summary and performance_targets (.csv, .json) in", args.out)
+    return 0
+
+
 def cmd_costs(args: argparse.Namespace) -> int:
     """Per-cycle cost breakdown on this machine (and, with a draft, the tree budget it implies)."""
     import torch
@@ -262,6 +294,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="records.jsonl of a `bench` run with vanilla at T=0 (its bench_config.json names the target)")
     p.add_argument("--out", type=Path, help="write the divergences to this CSV file")
     p.set_defaults(func=cmd_divergences)
+
+    p = sub.add_parser("summary", help="tables and speed goals of benchmark records (one or more records.jsonl)")
+    p.add_argument("--records", type=Path, nargs="+", required=True, help="records.jsonl files of `bench` runs")
+    p.add_argument("--common-prompts", action="store_true",
+                   help="compare methods only on prompts all of them ran (an interrupted run)")
+    p.add_argument("--out", type=Path, help="directory for summary.csv and performance_targets.csv")
+    p.set_defaults(func=cmd_summary)
 
     from .pipeline import add_cli
 

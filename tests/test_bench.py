@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from jakiro_lib.bench import greedy_agreement, ratio_interval, summarize
+from jakiro_lib.bench import common_prompts, greedy_agreement, ratio_interval, summarize
 
 
 def _recs(method, tps, bench="mt_bench", temp=0.0, kind="spec"):
@@ -54,6 +54,15 @@ def test_summarize_measures_against_hf_generate_where_it_beats_our_vanilla_loop(
     assert speedup["vanilla"] == pytest.approx(1 / 1.5)
     jak = next(r for r in rows if r["method"] == "jakiro")
     assert jak["speedup_ci_low"] == pytest.approx(2.0) and jak["speedup_ci_high"] == pytest.approx(2.0)
+
+
+def test_common_prompts_keeps_what_every_method_ran_per_temperature():
+    full = _recs("vanilla", [10.0] * 4, kind="vanilla") + _recs("jakiro", [20.0] * 4)
+    cut = _recs("vanilla", [10.0] * 4, temp=1.0, kind="vanilla") + _recs("jakiro", [20.0] * 3, temp=1.0)
+    kept = common_prompts(full + cut)
+    assert len([r for r in kept if r["temperature"] == 0.0]) == 8  # complete at T=0: untouched
+    assert sorted((r["method"], r["question_id"]) for r in kept if r["temperature"] == 1.0) == sorted(
+        (m, q) for m in ("vanilla", "jakiro") for q in range(3))  # the interrupted run's last prompt goes
 
 
 def _turns(method, outputs, temp=0.0, kind="spec"):

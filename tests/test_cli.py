@@ -8,7 +8,7 @@ from jakiro_lib.cli import build_parser, main
 
 def test_help_lists_every_subcommand():
     out = subprocess.run([sys.executable, "-m", "jakiro_lib", "--help"], capture_output=True, text=True, check=True)
-    for cmd in ("profiles", "generate", "cache", "train", "bench", "divergences", "costs", "pipeline"):
+    for cmd in ("profiles", "generate", "cache", "train", "bench", "divergences", "summary", "costs", "pipeline"):
         assert cmd in out.stdout
 
 
@@ -89,6 +89,13 @@ def test_bench_command_subset_of_methods_benchmarks_and_out_dir(tmp_path, capsys
     assert main(["divergences", "--profile", "default", "--records", str(out / "records.jsonl")]) == 0
     printed = capsys.readouterr().out
     assert "tiny:llama in float32" in printed and "hf_generate          2/2" in printed and "no divergences" in printed
+    # the same tables from the records alone (a run copied back from another machine)
+    assert main(["summary", "--records", str(out / "records.jsonl"), "--out", str(tmp_path / "tables")]) == 0
+    printed = capsys.readouterr().out
+    assert "hf_generate" in printed and "no speed goals to judge" in printed
+    assert (tmp_path / "tables" / "summary.csv").is_file()
+    with pytest.raises(SystemExit, match="no records file"):
+        main(["summary", "--records", str(tmp_path / "nope.jsonl")])
     lone = tmp_path / "lone" / "records.jsonl"
     lone.parent.mkdir()
     lone.write_text("".join(json.dumps(r) + "\n" for r in records if r["method"] != "vanilla"))
@@ -110,3 +117,29 @@ def test_bench_command_unknown_method_is_a_clear_error(tmp_path):
         assert "medusa" in str(exc) and "jakiro_cepd" in str(exc)
     else:
         raise AssertionError("expected SystemExit")
+
+
+def test_summary_command_judges_the_speed_goals_of_pooled_records(tmp_path, capsys):
+    import json
+
+    def recs(method, kind, tps, temp):
+        return [{"method": method, "kind": kind, "benchmark": "mt_bench", "temperature": temp, "question_id": q,
+                 "turn": 0, "repeat": 0, "tokens_per_second": tps, "new_tokens": 10, "cycles": 5,
+                 "accepted": [2] * 5, "draft_forwards": 0, "draft_time": 0.0, "wall_time": 1.0} for q in range(3)]
+
+    for temp in (0.0, 1.0):
+        rows = (recs("vanilla", "vanilla", 10.0, temp) + recs("hf_generate", "hf", 15.0, temp)
+                + recs("hf_prompt_lookup", "pld", 20.0, temp) + recs("eagle2", "spec", 24.0, temp)
+                + recs("jakiro", "spec", 30.0, temp)[: 2 if temp else 3])  # T=1 was cut short
+        (tmp_path / f"t{temp:g}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["summary", "--records", str(tmp_path / "t0.jsonl"), str(tmp_path / "t1.jsonl"), "--common-prompts",
+            "--out", str(tmp_path / "tables")]
+    assert main(argv) == 0
+    goals = json.loads((tmp_path / "tables" / "performance_targets.json").read_text())
+    ratio = {(g["goal"], g["temperature"]): g["ratio"] for g in goals}
+    assert ratio[("Jakiro >= 1.5x HF generate (greedy)", 0.0)] == pytest.approx(2.0)  # 30 / 15 tokens/s
+    assert ratio[("our vanilla loop within 5% of HF generate", 0.0)] == pytest.approx(10 / 15)
+    assert ratio[("Jakiro >= EAGLE-2 (tokens/s)", 1.0)] == pytest.approx(1.25)
+    summary = json.loads((tmp_path / "tables" / "summary.json").read_text())
+    assert {r["questions"] for r in summary if r["temperature"] == 1.0} == {2}  # prompts all methods ran
+    assert "Jakiro >= 1.3x HF sampling" in capsys.readouterr().out
