@@ -129,8 +129,7 @@ def measure_draft_cycle(draft: DraftModel, tree: TreeConfig, *, context: int = 2
         for _ in range(cycles):
             drafter.propose()
             drafter.accept(hidden[:accepted], tokens)
-            drafter.cache.crop(context)  # the same context every cycle, so every cycle costs alike
-            drafter.pos = context
+            drafter.rewind(context)  # the same context every cycle, so every cycle costs alike
 
     run()  # warm-up
     return _median_time(run, repeats, p.device) / cycles

@@ -94,6 +94,14 @@ class FeatureDrafter:
         self._extend(hidden, torch.tensor(new_tokens, device=hidden.device))
         self.root = new_tokens[-1]
 
+    def rewind(self, length: int) -> None:
+        """Forget accepted positions after ``length`` (the last root output is kept): lets a timing loop
+        draft from the same context every cycle."""
+        if not 0 < length <= self.pos:
+            raise ValueError(f"can rewind to 1..{self.pos} positions, not {length}")
+        self.cache.crop(length)
+        self.pos = length
+
     def propose(self) -> Tree:
         cfg = self.cfg
         assert self.root_out is not None, "begin() must run before propose()"

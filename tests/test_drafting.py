@@ -127,3 +127,24 @@ def test_decoupled_candidates_match_a_per_node_reference(experts, top_k, per_exp
                 assert torch.equal(feat, row.experts[ref[token][1]])
     if per_expert == 1:  # 2 selected experts x 1 child each: the union is smaller than top_k somewhere
         assert all(len(c) <= 2 for c in got)
+
+
+def test_rewind_lets_every_timed_cycle_draft_from_the_same_context():
+    model = tiny_target("llama")
+    torch.manual_seed(0)
+    draft = DraftModel.build(DraftConfig(num_experts=2), model).eval()
+    drafter = FeatureDrafter(draft, TreeConfig(depth=3, top_k=2, total_tokens=6, decoupled=True))
+    ids = torch.arange(10, 30)
+    hidden = torch.randn(20, model.config.hidden_size)
+    trees = []
+    with torch.inference_mode():
+        drafter.begin(ids, hidden, 7)
+        for _ in range(2):
+            drafter.accept(hidden[:2], [3, 4])
+            drafter.rewind(20)
+            assert drafter.pos == 20 and drafter.cache.k.shape[2] == 20
+            trees.append(drafter.propose().tokens.tolist())
+    assert trees[0] == trees[1]
+    for bad in (0, 21):
+        with pytest.raises(ValueError, match="rewind"):
+            drafter.rewind(bad)
