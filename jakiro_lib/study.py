@@ -21,6 +21,8 @@ records are reused while the methods, drafts and settings are unchanged (else th
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import html
 import json
 import logging
@@ -652,13 +654,25 @@ def study_temperatures(profile: Profile, study: str) -> tuple[float, ...]:
 
 
 def _draft_fingerprint(path: str | None) -> Any:
+    """The draft weights' size and content digest: records and tuned budgets stay valid when drafts are
+    copied (to a GPU machine, say), and not when they are retrained."""
     if path is None:
         return None
     w = Path(path) / "model.safetensors"
     if not w.is_file():
         return None
     st = w.stat()
-    return [st.st_size, st.st_mtime_ns]
+    return [st.st_size, _file_digest(str(w), st.st_size, st.st_mtime_ns)]
+
+
+@functools.lru_cache(maxsize=64)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    """SHA-256 (first 16 hex digits) of a file; cached per size and mtime within a process."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
 
 
 TREE_BUDGETS = "tree_budgets.json"

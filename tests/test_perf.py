@@ -2,6 +2,8 @@
 import dataclasses
 import json
 import math
+import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -163,6 +165,22 @@ def test_auto_tree_budget_is_tuned_once_and_cached(tiny_run, monkeypatch):
         back, _ = resolve_tree_budgets(profile, root, methods, target)
     assert {k: back[k].tree.total_tokens for k in spec} == {k: resolved[k].tree.total_tokens for k in spec}
     assert len(json.loads((root / "bench" / "tree_budgets.json").read_text())["machines"]) == 2
+
+    # copied drafts (new timestamps, same weights) keep their tuned budgets; retrained ones do not
+    for k in spec:
+        weights = Path(resolved[k].draft) / "model.safetensors"
+        os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    with single_thread():
+        touched, _ = resolve_tree_budgets(profile, root, methods, target)
+    assert {k: touched[k].tree.total_tokens for k in spec} == {k: resolved[k].tree.total_tokens for k in spec}
+    changed = Path(resolved[spec[0]].draft) / "model.safetensors"
+    data = bytearray(changed.read_bytes())
+    data[-1] ^= 1
+    changed.write_bytes(bytes(data))
+    with pytest.raises(AssertionError, match="retuned"), single_thread():
+        resolve_tree_budgets(profile, root, methods, target)
+    data[-1] ^= 1
+    changed.write_bytes(bytes(data))  # the fixture's draft as it was, for the tests after this one
 
 
 def test_unresolved_auto_budget_is_a_clear_error(tiny_run):
