@@ -730,7 +730,7 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
     choices: dict[str, Any] = {}
     for name in auto:
         spec = methods[name]
-        key = json.dumps({"draft": spec.draft, "weights": _draft_fingerprint(spec.draft),
+        key = json.dumps({"weights": _draft_fingerprint(spec.draft),
                           "tree": {k: v for k, v in dataclasses.asdict(spec.tree).items()
                                    if k != "total_tokens" and not k.startswith("lookup_")}},
                          sort_keys=True, default=str)
@@ -807,7 +807,7 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     if budgets:
         write_json(out_dir / "tree_budget.json", budgets)
     stamp = json.loads(json.dumps({
-        "study": study, "methods": {k: dataclasses.asdict(v) for k, v in methods.items()},
+        "study": study, "methods": {k: _portable(v) for k, v in methods.items()},
         "drafts": {k: _draft_fingerprint(v.draft) for k, v in methods.items()},
         "bench": dataclasses.asdict(prof.bench), "target": dataclasses.asdict(prof.target),
         "temperatures": temps, "questions": [[q.benchmark, str(q.question_id)] for q in questions],
@@ -831,6 +831,15 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     table.attrs["skipped_benchmarks"] = skipped
     write_json(out_dir / "skipped_benchmarks.json", skipped)
     return table
+
+
+def _portable(spec: Any) -> dict[str, Any]:
+    """A method's settings with its draft named, not located: the weights' digest (in the stamp too) says
+    which draft it is, so a run directory moved or copied elsewhere keeps its records."""
+    d = dataclasses.asdict(spec)
+    if spec.draft:
+        d["draft"] = Path(spec.draft).parent.name
+    return d
 
 
 def load_study_records(run_dir: str | Path, study: str) -> list[dict[str, Any]]:
