@@ -183,6 +183,10 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+# Settings recorded only when they differ from these values, so caches made before them stay valid.
+OPTIONAL_SETTINGS = {"target_dtype": "float32"}
+
+
 def _settings(target: Any, *, max_length: int, shard_size: int, feature_dtype: str, template: str,
               num_input: int) -> dict[str, Any]:
     cfg = target.model.config
@@ -201,6 +205,9 @@ def _settings(target: Any, *, max_length: int, shard_size: int, feature_dtype: s
     }
     if str(name).startswith("tiny:"):
         settings["target_seed"] = getattr(tcfg, "seed", None)
+    dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
+    if dtype != OPTIONAL_SETTINGS["target_dtype"]:
+        settings["target_dtype"] = dtype
     settings["num_input_conversations"] = num_input
     return settings
 
@@ -367,7 +374,9 @@ def cache_features(
     old = _read_manifest(out_dir)
     entries = [] if old is None else list(old.get("shards", []))
     if old is not None:
-        clash = {k: (old.get(k), v) for k, v in fixed.items() if old.get(k) != v}
+        now = {**OPTIONAL_SETTINGS, **fixed}
+        clash = {k: (old.get(k, OPTIONAL_SETTINGS.get(k)), v) for k, v in now.items()
+                 if old.get(k, OPTIONAL_SETTINGS.get(k)) != v}
         if clash:
             detail = ", ".join(f"{k}: cached {a!r} vs now {b!r}" for k, (a, b) in clash.items())
             raise CacheError(f"{out_dir} holds a feature cache made with other settings ({detail}); "

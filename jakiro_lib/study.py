@@ -215,13 +215,16 @@ def prepare_features(profile: str | Profile | StudyContext, run_dir: str | Path 
     Resumable and self-verifying (see :func:`jakiro_lib.features.cache_features`). A cache made with
     other settings raises :class:`~jakiro_lib.features.CacheError` unless ``force`` (then it is rebuilt).
     In online mode (``data.online``) nothing is written; the estimate says what caching would cost.
+    ``data.cache_dtype`` runs the target in another dtype for this step only (bf16 on an AMX CPU).
     Returns a summary dict (also written to ``run_dir/features_summary.json``).
     """
     from .features import CacheError, cache_features, estimate_cache, human_bytes, verify_cache
 
     prof, rdir = _dirs(profile, run_dir)
-    target = target or get_target(prof)
     d = prof.data
+    cache_target = dataclasses.replace(prof.target, dtype=d.cache_dtype or prof.target.dtype)
+    if target is None or target.config != cache_target:
+        target = get_target(dataclasses.replace(prof, target=cache_target))
     t0 = time.perf_counter()
     convs = load_training_conversations(prof, rdir, target, progress=progress)
     t_load = time.perf_counter() - t0
