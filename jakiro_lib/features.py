@@ -37,7 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch.utils.data import Dataset
 
-from .utils import atomic_path, run_metadata, write_json
+from .utils import atomic_path, file_sha256, run_metadata, write_json
 
 MANIFEST = "manifest.json"
 FORMAT = "jakiro-features-v1"
@@ -175,14 +175,6 @@ def estimate_cache(target: Any, conversations: Sequence[Any], *, max_length: int
 # --------------------------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 # Settings recorded only when they differ from these values, so caches made before them stay valid.
 OPTIONAL_SETTINGS = {"target_dtype": "float32"}
 
@@ -248,7 +240,7 @@ def _check_shard(out_dir: Path, entry: dict[str, Any], full: bool = False) -> No
         raise
     except Exception as exc:  # safetensors raises its own error types for damaged headers
         raise CacheError(f"{name} is corrupt ({exc}); {advice}") from exc
-    if full and entry.get("sha256") and _sha256(path) != entry["sha256"]:
+    if full and entry.get("sha256") and file_sha256(path) != entry["sha256"]:
         raise CacheError(f"{name} is corrupt (sha256 mismatch); {advice}")
 
 
@@ -374,9 +366,8 @@ def cache_features(
     old = _read_manifest(out_dir)
     entries = [] if old is None else list(old.get("shards", []))
     if old is not None:
-        now = {**OPTIONAL_SETTINGS, **fixed}
-        clash = {k: (old.get(k, OPTIONAL_SETTINGS.get(k)), v) for k, v in now.items()
-                 if old.get(k, OPTIONAL_SETTINGS.get(k)) != v}
+        cached = {**OPTIONAL_SETTINGS, **old}
+        clash = {k: (cached.get(k), v) for k, v in {**OPTIONAL_SETTINGS, **fixed}.items() if cached.get(k) != v}
         if clash:
             detail = ", ".join(f"{k}: cached {a!r} vs now {b!r}" for k, (a, b) in clash.items())
             raise CacheError(f"{out_dir} holds a feature cache made with other settings ({detail}); "
@@ -425,7 +416,7 @@ def cache_features(
                 # byte-identical when their content is
                 meta = json.dumps({"format": FORMAT, "conversation_ids": conv_ids})
                 save_file(tensors, str(tmp), metadata={"jakiro": meta})
-                size, sha = tmp.stat().st_size, _sha256(tmp)
+                size, sha = tmp.stat().st_size, file_sha256(tmp)
             entry = {
                 "file": name, "index": s, "first_conversation": start, "input_conversations": len(convs),
                 "conversations": int(tensors["offsets"].shape[0]), "skipped_empty_mask": skipped,

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import html
 import json
 import logging
@@ -37,7 +36,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from .config import Profile, get_profile, override
-from .utils import REPO_ROOT, run_metadata, write_json
+from .utils import REPO_ROOT, file_sha256, run_metadata, write_json
 
 log = logging.getLogger(__name__)
 
@@ -670,12 +669,8 @@ def _draft_fingerprint(path: str | None) -> Any:
 
 @functools.lru_cache(maxsize=64)
 def _file_digest(path: str, size: int, mtime_ns: int) -> str:
-    """SHA-256 (first 16 hex digits) of a file; cached per size and mtime within a process."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
+    """The first 16 hex digits of a file's SHA-256, cached per size and mtime within a process."""
+    return file_sha256(path)[:16]
 
 
 TREE_BUDGETS = "tree_budgets.json"

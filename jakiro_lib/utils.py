@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import platform
@@ -47,6 +48,15 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp.parent, ignore_errors=True)
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file, read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def write_json(path: str | Path, obj: Any) -> None:

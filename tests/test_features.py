@@ -14,6 +14,7 @@ from jakiro_lib.chat import format_conversation
 from jakiro_lib.config import TargetConfig
 from jakiro_lib.data import Conversation
 from jakiro_lib.target import load_target
+from jakiro_lib.utils import file_sha256
 
 MAX_LEN = 64
 SHARD = 4
@@ -77,7 +78,7 @@ def test_manifest_counts(cache, target, convs):
     for s, entry in enumerate(m["shards"]):
         path = cache / F.shard_name(s)
         assert entry["file"] == path.name and entry["bytes"] == path.stat().st_size
-        assert entry["sha256"] == F._sha256(path)
+        assert entry["sha256"] == file_sha256(path)
         tensors = load_file(str(path))
         assert tensors["hidden"].dtype == torch.float16 and tensors["input_ids"].dtype == torch.int32
         assert tensors["loss_mask"].dtype == torch.uint8 and tensors["offsets"].dtype == torch.int64
