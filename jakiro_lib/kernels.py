@@ -80,6 +80,11 @@ def _packed_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return linear_maybe_packed(x, self.weight, self.bias, packed, gemm.min_rows, gemm.max_rows)
 
 
+def _min_rows(model: nn.Module, min_rows: int | None) -> int:
+    """``min_rows``, or :data:`MIN_ROWS` of the model's weight dtype when None."""
+    return MIN_ROWS[next(model.parameters()).dtype] if min_rows is None else min_rows
+
+
 class PackedGemm:
     """One packed copy of every ``nn.Linear`` weight of a model, used for ``min_rows..max_rows`` rows.
 
@@ -90,7 +95,7 @@ class PackedGemm:
     def __init__(self, model: nn.Module, *, max_rows: int = 64, min_rows: int | None = None) -> None:
         if not packed_gemm_available(model):
             raise ValueError("packed GEMM needs CPU weights: fp32 with an MKL build of torch, or bf16 with oneDNN")
-        min_rows = MIN_ROWS[next(model.parameters()).dtype] if min_rows is None else min_rows
+        min_rows = _min_rows(model, min_rows)
         if not 1 <= min_rows <= max_rows:
             raise ValueError(f"PackedGemm needs 1 <= min_rows <= max_rows, got {min_rows}..{max_rows}")
         self.max_rows, self.min_rows = max_rows, min_rows
@@ -101,9 +106,6 @@ class PackedGemm:
                 lin._jakiro_packed = pack_weight(lin.weight, max_rows)
                 lin._jakiro_gemm = self
                 lin.forward = types.MethodType(_packed_linear_forward, lin)
-
-    def serves(self, rows: int) -> bool:
-        return self.active and self.min_rows <= rows <= self.max_rows
 
     def remove(self) -> None:
         """Restore the plain ``nn.Linear.forward`` and free the packed copies."""
@@ -116,11 +118,9 @@ def enable_packed_gemm(model: nn.Module, *, max_rows: int = 64, min_rows: int | 
     """Attach a :class:`PackedGemm` to ``model`` (repacked if the row range changed); None where unavailable."""
     if not packed_gemm_available(model):
         return None
-    if min_rows is None:
-        min_rows = MIN_ROWS[next(model.parameters()).dtype]
     existing = getattr(model, _ATTR, None)
     if existing is not None:
-        if (existing.max_rows, existing.min_rows) == (max_rows, min_rows):
+        if (existing.max_rows, existing.min_rows) == (max_rows, _min_rows(model, min_rows)):
             return existing
         disable_packed_gemm(model)
     gemm = PackedGemm(model, max_rows=max_rows, min_rows=min_rows)

@@ -35,8 +35,7 @@ def test_one_packed_copy_serves_its_row_range_and_nothing_else(monkeypatch):
         x = torch.randn(1, rows, 96)
         with torch.no_grad():
             y, y_ref = net(x), ref(x)
-        assert gemm.serves(rows) == (4 <= rows <= 8)
-        if gemm.serves(rows):
+        if 4 <= rows <= 8:
             assert torch.allclose(y, y_ref, atol=1e-5) and y.shape == (1, rows, 48)
         else:
             assert torch.equal(y, y_ref)  # outside the range: exactly the plain F.linear
@@ -104,9 +103,9 @@ def test_load_target_wires_the_fast_paths_and_plain_kernels_switches_them_off():
 
     fast = tree_logits()
     with kernels.plain_kernels(model):
-        assert model.config._attn_implementation == "sdpa" and not gemm.serves(5)
+        assert model.config._attn_implementation == "sdpa" and not gemm.active
         plain = tree_logits()
-    assert model.config._attn_implementation == kernels.GQA_ATTENTION and gemm.serves(5)
+    assert model.config._attn_implementation == kernels.GQA_ATTENTION and gemm.active
     assert torch.allclose(fast, plain, atol=2e-5)
     kernels.disable_packed_gemm(model)
     assert kernels.packed_gemm(model) is None
