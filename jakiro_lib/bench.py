@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +112,15 @@ def format_prompt_ids(target: Target, history: list[dict[str, str]]) -> torch.Te
     return torch.tensor(format_prompt(target.tokenizer, history, template=target.config.template), dtype=torch.long)
 
 
+def _portable_spec(spec: MethodSpec, out_dir: Path) -> dict[str, Any]:
+    """A method's settings for ``bench_config.json``, its draft path relative to that file's folder, so a
+    copied or committed run names no machine's directories."""
+    d = dataclasses.asdict(spec)
+    if spec.draft is not None:
+        d["draft"] = Path(os.path.relpath(Path(spec.draft).resolve(), out_dir.resolve())).as_posix()
+    return d
+
+
 def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Iterable[Any], *,
                   temperatures: Iterable[float] = (0.0,), max_new_tokens: int = 128, repeats: int = 1,
                   warmup: int = 1, top_p: float = 1.0, seed: int = 0, out_dir: str | Path,
@@ -134,7 +144,7 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
                 continue  # a line cut by an interruption: that record is simply redone
             done.add((r["method"], r["temperature"], r["benchmark"], r["question_id"], r["turn"], r["repeat"]))
     write_json(out_dir / "bench_config.json", {
-        "methods": {k: dataclasses.asdict(v) for k, v in methods.items()},
+        "methods": {k: _portable_spec(v, out_dir) for k, v in methods.items()},
         "temperatures": temperatures, "max_new_tokens": max_new_tokens, "repeats": repeats, "warmup": warmup,
         "top_p": top_p, "seed": seed, "num_questions": len(questions), "target": dataclasses.asdict(target.config),
         "environment": run_metadata(target.device),

@@ -124,3 +124,26 @@ def test_greedy_divergences_locate_the_first_differing_token_and_the_targets_mar
         assert r["gap"] > 0 and r["gap_steps"] > 1e3  # fp32: no rounding tie, a real disagreement
     assert greedy_divergences(target, vanilla + [dict(r, method="same") for r in vanilla], qs) == []
     json.dumps(rows)  # plain values, ready for a CSV/JSON report
+
+
+def test_bench_config_names_the_draft_relative_to_itself(tmp_path):
+    import json
+
+    from jakiro_lib.bench import MethodSpec, run_benchmark
+    from jakiro_lib.config import DraftConfig, TargetConfig, TreeConfig
+    from jakiro_lib.data import Question
+    from jakiro_lib.draft import DraftModel
+    from jakiro_lib.target import load_target
+
+    target = load_target(TargetConfig(model="tiny:llama"))
+    draft = tmp_path / "run" / "drafts" / "d" / "draft"
+    DraftModel.build(DraftConfig(), target.model).save(draft)
+    out = tmp_path / "run" / "bench" / "main"
+    spec = MethodSpec("spec", draft=str(draft), tree=TreeConfig(depth=2, top_k=2, total_tokens=3))
+    run_benchmark(target, {"vanilla": MethodSpec("vanilla"), "eagle2": spec},
+                  [Question("q1", "writing", ["Say something."], "mt_bench")], max_new_tokens=4, warmup=0,
+                  out_dir=out, progress=False)
+    methods = json.loads((out / "bench_config.json").read_text())["methods"]
+    assert methods["eagle2"]["draft"] == "../../drafts/d/draft"  # no machine path in a copied or committed run
+    assert (out / methods["eagle2"]["draft"]).resolve() == draft.resolve()
+    assert methods["vanilla"]["draft"] is None
