@@ -38,10 +38,13 @@ class MethodSpec:
     draft: str | None = None  # path of a saved draft (kind "spec"; None: the lookup chain alone)
     tree: TreeConfig | None = None  # kind "spec"
     prompt_lookup_tokens: int = 10  # kind "pld" (HF's default)
+    static_compile: bool = False  # kind "hf": a static KV cache and torch.compile (decoding.hf_generate)
 
     def __post_init__(self) -> None:
         if self.kind not in ("vanilla", "hf", "pld", "spec"):
             raise ValueError(f"unknown method kind {self.kind!r}: use vanilla, hf, pld or spec")
+        if self.static_compile and self.kind != "hf":
+            raise ValueError(f"static_compile applies to kind 'hf' (HF generate), not {self.kind!r}")
         if self.kind == "spec" and (self.tree is None or self.draft is None and not self.tree.lookup_tokens):
             raise ValueError("a 'spec' method needs a tree config and a draft path (or tree.lookup_tokens)")
 
@@ -89,7 +92,8 @@ class MethodRunner:
                                     on_tokens=on_tokens, **common)
         if kind in ("hf", "pld"):
             plt = self.spec.prompt_lookup_tokens if kind == "pld" else None
-            result = hf_generate(t.model, prompt_ids, prompt_lookup_num_tokens=plt, seed=seed, **common)
+            result = hf_generate(t.model, prompt_ids, prompt_lookup_num_tokens=plt, seed=seed,
+                                 static_compile=self.spec.static_compile, **common)
             if on_tokens is not None:
                 on_tokens(result.output_ids)
             return result
@@ -348,7 +352,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for (method, bench, temp), recs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
         tps = per_repeat_tps(recs)
-        # baselines are found by kind: the methods are named "vanilla" and "hf_generate", their kinds "vanilla", "hf"
+        # baselines are found by kind: "vanilla" (our loop) and "hf" (hf_generate, hf_compiled)
         vanilla = {m: per_repeat_tps(g) for (m, b, t), g in groups.items()
                    if b == bench and t == temp and g[0]["kind"] in VANILLA_KINDS}
         speedups = []
@@ -403,6 +407,7 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
         methods = {
             "vanilla": MethodSpec("vanilla"),
             "hf_generate": MethodSpec("hf"),
+            "hf_compiled": MethodSpec("hf", static_compile=True),
             "hf_prompt_lookup": MethodSpec("pld"),
             "eagle2": spec("dense"),
             "jakiro": spec("moe2", decoupled=True),

@@ -1,4 +1,5 @@
-"""Decoding loops: vanilla (our cached loop, HF ``generate``, HF prompt lookup) and speculative.
+"""Decoding loops: vanilla (our cached loop, HF ``generate`` eager or compiled, HF prompt lookup) and
+speculative.
 
 The speculative cycle, in one function (:func:`speculative_generate`): the drafter proposes a tree
 rooted at the last token; the target scores the whole tree in one forward (ancestor mask, position =
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import CompileConfig, DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import DynamicLayer
 
 from .drafting import Drafter, FeatureDrafter
@@ -288,17 +289,42 @@ def speculative_generate(model: PreTrainedModel, drafter: Drafter, prompt_ids: t
     return result
 
 
+def _compile_config(device: torch.device) -> CompileConfig:
+    """transformers' compile settings for ``generate`` on ``device``: off CUDA, inductor's default mode
+    (``reduce-overhead`` means CUDA graphs), and ``_compile_all_devices`` because ``generate`` compiles only
+    on accelerators unless told otherwise."""
+    config = CompileConfig() if device.type == "cuda" else CompileConfig(mode="default")
+    config._compile_all_devices = True
+    return config
+
+
+def static_cache_len(needed: int) -> int:
+    """Length of a static KV cache holding ``needed`` positions: a power of two, at least 1024, so a
+    compiled decoding step sees few distinct cache shapes (each new one costs a recompilation)."""
+    return max(1024, 1 << max(needed - 1, 1).bit_length())
+
+
 @torch.inference_mode()
 def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tokens: int = 128,
                 params: SamplingParams = SamplingParams(), eos_token_ids: list[int] = (),
-                prompt_lookup_num_tokens: int | None = None, seed: int | None = None) -> GenerationResult:
-    """Hugging Face ``generate`` (optionally with prompt-lookup decoding) timed like our loops."""
+                prompt_lookup_num_tokens: int | None = None, seed: int | None = None,
+                static_compile: bool = False) -> GenerationResult:
+    """Hugging Face ``generate`` (optionally with prompt-lookup decoding) timed like our loops.
+
+    ``static_compile``: a static KV cache and ``torch.compile`` of the decoding step (transformers' own
+    fast path; the first calls compile, so warm up before timing). It is plain decoding too, and on some
+    machines the fastest one, so benchmarks carry it as a baseline.
+    """
     kwargs: dict = {"max_new_tokens": max_new_tokens, "do_sample": not params.greedy,
                     "eos_token_id": list(eos_token_ids) or None, "pad_token_id": (list(eos_token_ids) or [0])[0]}
     if not params.greedy:
         kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None)
     if prompt_lookup_num_tokens:
         kwargs["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
+    if static_compile:
+        cache_len = static_cache_len(prompt_ids.numel() + max_new_tokens)
+        kwargs.update(past_key_values=StaticCache(config=model.config, max_cache_len=cache_len),
+                      compile_config=_compile_config(model.device))
     if seed is not None:
         torch.manual_seed(seed)
     ids = prompt_ids.to(model.device)[None]

@@ -4,7 +4,9 @@ import math
 
 import pytest
 
-from jakiro_lib.bench import common_prompts, greedy_agreement, ratio_interval, summarize
+from jakiro_lib.bench import (MethodSpec, common_prompts, greedy_agreement, ratio_interval, study_methods,
+                              summarize)
+from jakiro_lib.config import TreeConfig
 
 
 def _recs(method, tps, bench="mt_bench", temp=0.0, kind="spec"):
@@ -147,3 +149,11 @@ def test_bench_config_names_the_draft_relative_to_itself(tmp_path):
     assert methods["eagle2"]["draft"] == "../../drafts/d/draft"  # no machine path in a copied or committed run
     assert (out / methods["eagle2"]["draft"]).resolve() == draft.resolve()
     assert methods["vanilla"]["draft"] is None
+
+
+def test_main_study_carries_compiled_hf_generate_as_a_baseline(tmp_path):
+    methods = study_methods(TreeConfig(total_tokens=8), tmp_path, study="main")
+    assert methods["hf_compiled"] == MethodSpec("hf", static_compile=True)
+    assert not methods["hf_generate"].static_compile
+    with pytest.raises(ValueError, match="static_compile applies to kind 'hf'"):
+        MethodSpec("pld", static_compile=True)

@@ -335,6 +335,17 @@ def test_hf_generate_greedy_equals_vanilla(prompts, vanilla):
                 == vanilla_generate(_model(family), p, max_new_tokens=20).output_ids)
 
 
+
+def test_hf_generate_static_compiled_greedy_equals_vanilla(prompts, vanilla):
+    """transformers' static cache + torch.compile path (a plain-decoding baseline of the bench) really
+    compiles on CPU and decodes like our loop."""
+    model = copy.deepcopy(tiny_target("llama"))  # the compiled call is cached on the model: not the shared one
+    for i in range(2):
+        h = hf_generate(model, prompts[i], max_new_tokens=24, static_compile=True)
+        assert h.output_ids == vanilla[i][:24], i
+    assert hasattr(model, "_compiled_call")
+    assert decoding.static_cache_len(100) == 1024 and decoding.static_cache_len(1025) == 2048
+
 # -- context limits and bad prompts ------------------------------------------------------------------
 
 def test_prompt_too_long_raises():
