@@ -385,7 +385,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "main",
-                  tuned: bool = True) -> dict[str, MethodSpec]:
+                  tuned: bool = True, compiled: bool = True) -> dict[str, MethodSpec]:
     """The method sets the notebooks compare; drafts are read from ``drafts_dir/<name>/draft``.
 
     ``main``: the baselines, EAGLE-2 (dense draft), Jakiro (2 experts, decoupled) and Jakiro + CEPD on
@@ -413,6 +413,8 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
             "jakiro": spec("moe2", decoupled=True),
             "jakiro_cepd": spec("moe2", decoupled=True, ar_steps=cepd),
         }
+        if not compiled:
+            del methods["hf_compiled"]
         if tuned and tree.total_tokens != "auto":
             methods["eagle2_auto"] = spec("dense", total_tokens="auto")
             methods["jakiro_auto"] = spec("moe2", decoupled=True, total_tokens="auto")

@@ -330,7 +330,14 @@ def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tok
     ids = prompt_ids.to(model.device)[None]
     _sync(model.device)
     t0 = time.perf_counter()
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+    try:
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+    except Exception as e:
+        if not static_compile:
+            raise
+        raise RuntimeError("HF generate with a static cache and torch.compile failed (inductor needs a C++ "
+                           "compiler on CPU, triton on CUDA); leave the hf_compiled baseline out with "
+                           "--set bench.compiled_baseline=false") from e
     _sync(model.device)
     wall = time.perf_counter() - t0
     new = out[0, ids.shape[1]:].tolist()

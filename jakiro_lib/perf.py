@@ -115,9 +115,9 @@ def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | 
     "Jakiro (best)" is the fastest of ``jakiro``, ``jakiro_cepd`` and ``jakiro_auto`` at each temperature,
     compared in tokens/s with the fastest EAGLE-2 row (``eagle2`` or ``eagle2_auto``); tau compares
     ``jakiro`` with ``eagle2`` on the same tree. "HF generate" is the faster of ``hf_generate`` and
-    ``hf_compiled`` at each temperature (goals against a weaker baseline would flatter). ``jakiro_lookup`` (an extension, not the paper's method)
-    gets its own rows against the same baselines and ``eagle2_lookup``. Ratios of means of tokens/s, as in
-    the main table.
+    ``hf_compiled`` at each temperature (goals against a weaker baseline would flatter). ``jakiro_lookup``
+    (an extension, not the paper's method) gets its own rows against the same baselines and
+    ``eagle2_lookup``. Ratios of means of tokens/s, as in the main table.
     """
     from .bench import ratio_interval
     from .study import headline_table

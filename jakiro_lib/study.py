@@ -382,7 +382,8 @@ def methods_table(profile: str | Profile | StudyContext, study: str = "main",
 
     prof, rdir = _dirs(profile, run_dir)
     rows = []
-    for name, m in study_methods(prof.tree, rdir / "drafts", study=study, tuned=prof.bench.tuned).items():
+    for name, m in study_methods(prof.tree, rdir / "drafts", study=study, tuned=prof.bench.tuned,
+                                     compiled=prof.bench.compiled_baseline).items():
         row: dict[str, Any] = {"method": name, "kind": m.kind}
         if m.kind == "spec":
             row.update({k: method_setting(m, k) for k in ("draft", "depth", "top_k", "total_tokens", "decoupled",
@@ -783,7 +784,8 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
         raise ValueError(f"unknown study {study!r}: use {' or '.join(STUDIES)}")
     prof, rdir = _dirs(profile, run_dir)
     drafts_dir = rdir / "drafts"
-    methods = study_methods(prof.tree, drafts_dir, study=study, tuned=prof.bench.tuned)
+    methods = study_methods(prof.tree, drafts_dir, study=study, tuned=prof.bench.tuned,
+                            compiled=prof.bench.compiled_baseline)
     if only:
         unknown = sorted(set(only) - set(methods))
         if unknown:

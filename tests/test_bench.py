@@ -157,3 +157,4 @@ def test_main_study_carries_compiled_hf_generate_as_a_baseline(tmp_path):
     assert not methods["hf_generate"].static_compile
     with pytest.raises(ValueError, match="static_compile applies to kind 'hf'"):
         MethodSpec("pld", static_compile=True)
+    assert "hf_compiled" not in study_methods(TreeConfig(total_tokens=8), tmp_path, study="main", compiled=False)

@@ -346,6 +346,19 @@ def test_hf_generate_static_compiled_greedy_equals_vanilla(prompts, vanilla):
     assert hasattr(model, "_compiled_call")
     assert decoding.static_cache_len(100) == 1024 and decoding.static_cache_len(1025) == 2048
 
+
+def test_hf_generate_names_a_failed_compile_and_how_to_skip_it(prompts, monkeypatch):
+    model = copy.deepcopy(tiny_target("llama"))
+
+    def broken(*args, **kwargs):
+        raise OSError("no C++ compiler")
+
+    monkeypatch.setattr(model, "generate", broken)
+    with pytest.raises(RuntimeError, match="bench.compiled_baseline=false"):
+        hf_generate(model, prompts[0], max_new_tokens=4, static_compile=True)
+    with pytest.raises(OSError):  # the eager path's errors pass through unchanged
+        hf_generate(model, prompts[0], max_new_tokens=4)
+
 # -- context limits and bad prompts ------------------------------------------------------------------
 
 def test_prompt_too_long_raises():
