@@ -154,15 +154,16 @@ def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | 
                      "baseline_value": b, "ratio": ratio, "ratio_ci_low": lo, "ratio_ci_high": hi,
                      "target": f"{'>' if strict else '>='} {threshold:g}", "met": met, "resolved": resolved})
 
+    def fastest(temp: float, methods: Sequence[str]) -> str | None:
+        present = [m for m in methods if not math.isnan(value(temp, m))]
+        return max(present, key=lambda m: value(temp, m)) if present else None
+
     for temp in sorted(h["temperature"].unique()):
-        present = [m for m in JAKIRO_METHODS if not math.isnan(value(temp, m))]
-        if not present:
+        best = fastest(temp, JAKIRO_METHODS)
+        if best is None:
             continue
-        best = max(present, key=lambda m: value(temp, m))
-        eagles = [m for m in EAGLE_METHODS if not math.isnan(value(temp, m))] or ["eagle2"]
-        best_eagle = max(eagles, key=lambda m: value(temp, m))
-        hfs = [m for m in HF_METHODS if not math.isnan(value(temp, m))] or ["hf_generate"]
-        hf = max(hfs, key=lambda m: value(temp, m))
+        best_eagle = fastest(temp, EAGLE_METHODS) or "eagle2"
+        hf = fastest(temp, HF_METHODS) or "hf_generate"
         if temp == 0:
             add("Jakiro >= 1.5x HF generate (greedy)", temp, best, hf, 1.5)
             add("Jakiro > HF prompt lookup", temp, best, "hf_prompt_lookup", 1.0, strict=True)

@@ -335,7 +335,6 @@ def test_hf_generate_greedy_equals_vanilla(prompts, vanilla):
                 == vanilla_generate(_model(family), p, max_new_tokens=20).output_ids)
 
 
-
 def test_hf_generate_static_compiled_greedy_equals_vanilla(prompts, vanilla):
     """transformers' static cache + torch.compile path (a plain-decoding baseline of the bench) really
     compiles on CPU and decodes like our loop."""
@@ -358,6 +357,7 @@ def test_hf_generate_names_a_failed_compile_and_how_to_skip_it(prompts, monkeypa
         hf_generate(model, prompts[0], max_new_tokens=4, static_compile=True)
     with pytest.raises(OSError):  # the eager path's errors pass through unchanged
         hf_generate(model, prompts[0], max_new_tokens=4)
+
 
 # -- context limits and bad prompts ------------------------------------------------------------------
 

@@ -46,7 +46,6 @@ def test_performance_targets_are_measured_ratios_that_can_fail():
     assert g[("Jakiro >= EAGLE-2 (tokens/s)", 1.0)].met
 
 
-
 def test_hf_goals_are_judged_against_the_faster_hf_generate():
     """HF generate with a static cache + torch.compile (hf_compiled) beats the eager one at T=0 here: the
     goals take it as the baseline there, and the eager one at T=1 where that is faster."""
@@ -60,6 +59,7 @@ def test_hf_goals_are_judged_against_the_faster_hf_generate():
     assert vanilla.baseline == "hf_compiled" and not vanilla.met
     t1 = g[("Jakiro >= 1.3x HF sampling (T=1)", 1.0)]
     assert t1.baseline == "hf_generate" and t1.ratio == pytest.approx(27 / 20) and t1.met
+
 
 def test_goal_ratios_get_a_bootstrap_interval_from_the_records():
     tps = {(0.0, "vanilla"): 19.0, (0.0, "hf_generate"): 20.0, (0.0, "hf_prompt_lookup"): 25.0,
