@@ -339,7 +339,7 @@ def test_hf_generate_static_compiled_greedy_equals_vanilla(prompts, vanilla):
     """transformers' static cache + torch.compile path (a plain-decoding baseline of the bench) really
     compiles on CPU and decodes like our loop."""
     model = copy.deepcopy(tiny_target("llama"))  # the compiled call is cached on the model: not the shared one
-    for i in range(2):
+    for i in (0, 1, 2, 1):  # later prompts too: a frozen step once kept reading the first prompt's KV buffers
         h = hf_generate(model, prompts[i], max_new_tokens=24, static_compile=True)
         assert h.output_ids == vanilla[i][:24], i
     assert hasattr(model, "_compiled_call")
@@ -521,3 +521,22 @@ def test_small_budget_drafts_no_deeper_than_it_can_keep(draft_name, total):
     a, b = trees
     assert a.tokens.tolist() == b.tokens.tolist() and a.parents == b.parents
     assert capped.stats.forwards < full.stats.forwards
+
+
+def test_hf_compiled_compiles_with_inductor_freezing_on_cpu(prompts, monkeypatch):
+    """The compiled baseline is inductor with frozen weights on CPU (measured faster than its default), and
+    the setting does not leak out of the call."""
+    import torch._inductor.config as inductor_config
+
+    model = copy.deepcopy(tiny_target("llama"))
+    seen = []
+    real = model.generate
+
+    def spy(*args, **kwargs):
+        seen.append(inductor_config.freezing)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", spy)
+    hf_generate(model, prompts[0], max_new_tokens=4, static_compile=True)
+    hf_generate(model, prompts[0], max_new_tokens=4)
+    assert seen == [True, inductor_config.freezing] and inductor_config.freezing is False
