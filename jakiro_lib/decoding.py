@@ -358,9 +358,9 @@ def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tok
     if seed is not None:
         torch.manual_seed(seed)
     ids = prompt_ids.to(model.device)[None]
+    settings = _inductor_settings(model.device) if static_compile else contextlib.nullcontext()
     _sync(model.device)
     t0 = time.perf_counter()
-    settings = _inductor_settings(model.device) if static_compile else contextlib.nullcontext()
     try:
         with settings:
             out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)

@@ -31,12 +31,15 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import pandas as pd
 
 from .config import Profile, get_profile, override
 from .utils import REPO_ROOT, file_sha256, run_metadata, write_json
+
+if TYPE_CHECKING:
+    from .bench import MethodSpec
 
 log = logging.getLogger(__name__)
 
@@ -375,15 +378,20 @@ def method_setting(spec: Any, key: str) -> Any:
     return getattr(spec.tree, key)
 
 
+def _profile_methods(prof: Profile, drafts_dir: Path, study: str) -> dict[str, MethodSpec]:
+    """The methods of ``study`` under the profile's switches (tuned budgets, the compiled HF baseline)."""
+    from .bench import study_methods
+
+    return study_methods(prof.tree, drafts_dir, study=study, tuned=prof.bench.tuned,
+                         compiled=prof.bench.compiled_baseline)
+
+
 def methods_table(profile: str | Profile | StudyContext, study: str = "main",
                   run_dir: str | Path | None = None) -> pd.DataFrame:
     """The methods a study compares and their settings (draft, tree, decoupled, CEPD ar_steps)."""
-    from .bench import study_methods
-
     prof, rdir = _dirs(profile, run_dir)
     rows = []
-    for name, m in study_methods(prof.tree, rdir / "drafts", study=study, tuned=prof.bench.tuned,
-                                     compiled=prof.bench.compiled_baseline).items():
+    for name, m in _profile_methods(prof, rdir / "drafts", study).items():
         row: dict[str, Any] = {"method": name, "kind": m.kind}
         if m.kind == "spec":
             row.update({k: method_setting(m, k) for k in ("draft", "depth", "top_k", "total_tokens", "decoupled",
@@ -778,14 +786,13 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     Records are reused (the benchmark resumes) while the methods, drafts and settings are unchanged;
     otherwise, or with ``force``, the old file is moved to ``records.stale.jsonl`` first.
     """
-    from .bench import run_benchmark, study_methods
+    from .bench import run_benchmark
 
     if study not in STUDIES:
         raise ValueError(f"unknown study {study!r}: use {' or '.join(STUDIES)}")
     prof, rdir = _dirs(profile, run_dir)
     drafts_dir = rdir / "drafts"
-    methods = study_methods(prof.tree, drafts_dir, study=study, tuned=prof.bench.tuned,
-                            compiled=prof.bench.compiled_baseline)
+    methods = _profile_methods(prof, drafts_dir, study)
     if only:
         unknown = sorted(set(only) - set(methods))
         if unknown:
