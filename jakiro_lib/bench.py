@@ -30,6 +30,7 @@ from .verify import SamplingParams
 
 VANILLA_KINDS = ("vanilla", "hf")
 LOOKUP_TOKENS = 10  # chain length of the lookup-branch methods: HF prompt lookup's default
+COMPILED_TWINS = ("vanilla", "jakiro_auto", "jakiro_lookup")  # timed compiled too with bench.compiled_loops
 
 
 @dataclass
@@ -38,13 +39,15 @@ class MethodSpec:
     draft: str | None = None  # path of a saved draft (kind "spec"; None: the lookup chain alone)
     tree: TreeConfig | None = None  # kind "spec"
     prompt_lookup_tokens: int = 10  # kind "pld" (HF's default)
-    static_compile: bool = False  # kind "hf": a static KV cache and torch.compile (decoding.hf_generate)
+    # A static KV cache and torch.compile: kind "hf" through HF generate (decoding.hf_generate); kinds
+    # "vanilla" and "spec" through our loops' compiled target runner (jakiro_lib.compiled).
+    static_compile: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("vanilla", "hf", "pld", "spec"):
             raise ValueError(f"unknown method kind {self.kind!r}: use vanilla, hf, pld or spec")
-        if self.static_compile and self.kind != "hf":
-            raise ValueError(f"static_compile applies to kind 'hf' (HF generate), not {self.kind!r}")
+        if self.static_compile and self.kind == "pld":
+            raise ValueError("static_compile does not apply to kind 'pld' (HF prompt lookup has no static-cache path)")
         if self.kind == "spec" and (self.tree is None or self.draft is None and not self.tree.lookup_tokens):
             raise ValueError("a 'spec' method needs a tree config and a draft path (or tree.lookup_tokens)")
 
@@ -89,7 +92,7 @@ class MethodRunner:
         kind = self.spec.kind
         if kind == "vanilla":
             return vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context, generator=gen,
-                                    on_tokens=on_tokens, **common)
+                                    on_tokens=on_tokens, static_compile=self.spec.static_compile, **common)
         if kind in ("hf", "pld"):
             plt = self.spec.prompt_lookup_tokens if kind == "pld" else None
             result = hf_generate(t.model, prompt_ids, prompt_lookup_num_tokens=plt, seed=seed,
@@ -100,7 +103,8 @@ class MethodRunner:
         assert self.spec.tree is not None
         drafter = make_drafter(self.draft, self.spec.tree)
         return speculative_generate(t.model, drafter, prompt_ids, max_context=t.config.max_context,
-                                    generator=gen, on_tokens=on_tokens, **common)
+                                    generator=gen, on_tokens=on_tokens, static_compile=self.spec.static_compile,
+                                    **common)
 
 
 def answer_message(target: Target, output_ids: list[int]) -> dict[str, str]:
@@ -385,7 +389,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "main",
-                  tuned: bool = True, compiled: bool = True) -> dict[str, MethodSpec]:
+                  tuned: bool = True, compiled: bool = True, compiled_loops: bool = False) -> dict[str, MethodSpec]:
     """The method sets the notebooks compare; drafts are read from ``drafts_dir/<name>/draft``.
 
     ``main``: the baselines, EAGLE-2 (dense draft), Jakiro (2 experts, decoupled) and Jakiro + CEPD on
@@ -395,12 +399,16 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     off) with a prompt-lookup chain of ``LOOKUP_TOKENS`` grafted on (:class:`~jakiro_lib.drafting.LookupDrafter`),
     and its control ``lookup_only``: the same chain without a draft, through the same engine.
     ``ablations``: experts count, AR steps, contrastive on/off and decoupled on/off around Jakiro, all
-    on ``tree``.
+    on ``tree``. ``compiled``: the main study also times ``hf_compiled``. ``compiled_loops``: it also
+    runs :data:`COMPILED_TWINS` (our plain loop and Jakiro's fastest settings) a second time, the target
+    compiled over a static KV cache (:mod:`jakiro_lib.compiled`), as ``<name>_compiled``: the lever
+    measured side by side.
     """
     d = Path(drafts_dir)
 
-    def spec(draft: str, **tree_kw: Any) -> MethodSpec:
-        return MethodSpec("spec", draft=str(d / draft / "draft"), tree=dataclasses.replace(tree, **tree_kw))
+    def spec(draft: str | None, **tree_kw: Any) -> MethodSpec:
+        return MethodSpec("spec", draft=str(d / draft / "draft") if draft else None,
+                          tree=dataclasses.replace(tree, **tree_kw))
 
     cepd = max(tree.depth - 2, 0)  # the last draft forward yields two layers, as in the reference
     if study == "main":
@@ -419,9 +427,12 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
             methods["eagle2_auto"] = spec("dense", total_tokens="auto")
             methods["jakiro_auto"] = spec("moe2", decoupled=True, total_tokens="auto")
         budget = "auto" if tuned else tree.total_tokens
-        methods["lookup_only"] = MethodSpec("spec", tree=dataclasses.replace(tree, lookup_tokens=LOOKUP_TOKENS))
+        methods["lookup_only"] = spec(None, lookup_tokens=LOOKUP_TOKENS)
         methods["eagle2_lookup"] = spec("dense", total_tokens=budget, lookup_tokens=LOOKUP_TOKENS)
         methods["jakiro_lookup"] = spec("moe2", decoupled=True, total_tokens=budget, lookup_tokens=LOOKUP_TOKENS)
+        if compiled_loops:
+            methods.update({f"{k}_compiled": dataclasses.replace(methods[k], static_compile=True)
+                            for k in COMPILED_TWINS if k in methods})
         return methods
     if study == "ablations":
         methods = {

@@ -162,6 +162,10 @@ class BenchConfig:
     # decoder that can beat the eager ones; turn off where torch.compile cannot run (inductor on a CPU needs
     # a C++ compiler).
     compiled_baseline: bool = True
+    # The main study also runs our vanilla loop, jakiro_auto and jakiro_lookup with the target compiled over
+    # a static KV cache at a few padded tree sizes (jakiro_lib.compiled), as <name>_compiled. Off: on this
+    # CPU it bought 1-4% for about 25 s of compilation per size and process (README, levers).
+    compiled_loops: bool = False
 
     def __post_init__(self) -> None:
         if self.skip < 0 or (self.limit is not None and self.limit < 0):

@@ -16,7 +16,7 @@ from typing import Any, Callable, ContextManager, Mapping, Sequence
 
 import torch
 
-from .decoding import TargetRunner, _sync
+from .decoding import _sync, make_runner
 from .draft import DraftModel, KVCache
 from .config import TreeConfig
 from .tree import Tree
@@ -43,25 +43,28 @@ def _bushy_tree(n: int, width: int = 4) -> Tree:
 
 
 def measure_target_costs(model: torch.nn.Module, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 32), *,
-                         context: int = 256, repeats: int = 7) -> dict[int, float]:
+                         context: int = 256, repeats: int = 7, static_compile: bool = False) -> dict[int, float]:
     """Seconds for the target to score an n-token tree on top of a ``context``-token cache.
 
-    Each size is timed as decoding runs it (with the model's :mod:`~jakiro_lib.kernels` fast paths).
+    Each size is timed as decoding runs it (with the model's :mod:`~jakiro_lib.kernels` fast paths;
+    ``static_compile``: through the compiled runner, padded as it pads).
     """
-    table = measure_target_cost_variants(model, sizes, {"s": nullcontext}, context=context, repeats=repeats)
+    table = measure_target_cost_variants(model, sizes, {"s": nullcontext}, context=context, repeats=repeats,
+                                         static_compile=static_compile)
     return {n: times["s"] for n, times in table.items()}
 
 
 @torch.inference_mode()
 def measure_target_cost_variants(model: torch.nn.Module, sizes: Sequence[int],
                                  variants: Mapping[str, Callable[[], ContextManager[Any]]], *,
-                                 context: int = 256, repeats: int = 7) -> dict[int, dict[str, float]]:
+                                 context: int = 256, repeats: int = 7,
+                                 static_compile: bool = False) -> dict[int, dict[str, float]]:
     """``{n: {variant: seconds}}``: T(n) under each variant (a context manager that switches kernels).
 
     One prefill serves every measurement; the variants of one n are timed back to back, so machine
     drift hits them alike.
     """
-    runner = TargetRunner(model)
+    runner = make_runner(model, static_compile=static_compile, positions=context + max(sizes))
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0)).to(runner.device)
     runner.prefill(prompt)

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-from transformers import CompileConfig, DynamicCache, PreTrainedModel, StaticCache
+from transformers import CompileConfig, DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
+from .compiled import MAX_TREE_ROOM, CompiledTargetRunner, inductor_settings, static_cache, static_cache_len
 from .drafting import Drafter, FeatureDrafter
 from .tree import Tree
 from .verify import SamplingParams, sample, verify, warp_probs
@@ -168,6 +169,15 @@ class TargetRunner:
         self.length = end
 
 
+def make_runner(model: PreTrainedModel, *, static_compile: bool = False,
+                positions: int = 0) -> TargetRunner | CompiledTargetRunner:
+    """Our loops' target runner: eager over a growing cache, or (``static_compile``) compiled over a static
+    cache holding ``positions`` (:mod:`jakiro_lib.compiled`)."""
+    if not static_compile:
+        return TargetRunner(model)
+    return CompiledTargetRunner(model, static_cache_len(positions))
+
+
 def _choose(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
     return int(logits.argmax()) if params.greedy else sample(warp_probs(logits, params), gen)
 
@@ -205,10 +215,12 @@ def _check_prompt(prompt_ids: torch.Tensor, max_context: int, margin: int) -> No
 def vanilla_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tokens: int = 128,
                      params: SamplingParams = SamplingParams(), eos_token_ids: list[int] = (),
                      max_context: int = 2048, generator: torch.Generator | None = None,
-                     on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
-    """Plain autoregressive decoding with the KV cache: the reference every method must match."""
+                     on_tokens: Callable[[list[int]], None] | None = None,
+                     static_compile: bool = False) -> GenerationResult:
+    """Plain autoregressive decoding with the KV cache: the reference every method must match.
+    ``static_compile``: the target compiled over a static cache (:mod:`jakiro_lib.compiled`)."""
     _check_prompt(prompt_ids, max_context, 1)
-    runner = TargetRunner(model)
+    runner = make_runner(model, static_compile=static_compile, positions=prompt_ids.numel() + max_new_tokens)
     result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
     _sync(runner.device)
     t0 = time.perf_counter()
@@ -234,10 +246,13 @@ def speculative_generate(model: PreTrainedModel, drafter: Drafter, prompt_ids: t
                          max_new_tokens: int = 128, params: SamplingParams = SamplingParams(),
                          eos_token_ids: list[int] = (), max_context: int = 2048,
                          generator: torch.Generator | None = None,
-                         on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
-    """Draft a tree, verify it in one target forward, keep the accepted path; repeat."""
+                         on_tokens: Callable[[list[int]], None] | None = None,
+                         static_compile: bool = False) -> GenerationResult:
+    """Draft a tree, verify it in one target forward, keep the accepted path; repeat.
+    ``static_compile``: the target compiled over a static cache (:mod:`jakiro_lib.compiled`)."""
     _check_prompt(prompt_ids, max_context, 1)
-    runner = TargetRunner(model)
+    runner = make_runner(model, static_compile=static_compile,
+                         positions=prompt_ids.numel() + max_new_tokens + MAX_TREE_ROOM)
     result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
     eos = set(eos_token_ids)
     dev = runner.device
@@ -299,41 +314,6 @@ def _compile_config(device: torch.device) -> CompileConfig:
     return config
 
 
-def _inductor_settings(device: torch.device) -> contextlib.AbstractContextManager:
-    """Inductor settings for the compiled baseline. On CPU, ``freezing``: weights become constants, so
-    inductor pre-packs them for its GEMMs and folds what it can. On this project's 2-core CPU it made the
-    compiled decoding step about 10% faster than inductor's default (SmolLM2-135M fp32, 28.7 against 26.3
-    tokens/s, 2026-11-23), and a baseline should be the strongest we have. It must be set while ``generate``
-    compiles (passed as ``CompileConfig`` options it did not pay). Frozen, the step also binds to the KV
-    buffers it was compiled with, hence :func:`_static_cache`."""
-    if device.type == "cuda":
-        return contextlib.nullcontext()
-    import torch._inductor.config as inductor_config
-
-    return inductor_config.patch(freezing=True)
-
-
-def _static_cache(model: PreTrainedModel, cache_len: int) -> StaticCache:
-    """One static KV cache per model and length, reset and reused by every call.
-
-    A compiled step is specialised to its cache's buffers: a new cache object costs a recompilation, and
-    under inductor freezing the step would go on reading the first cache's buffers (wrong tokens from the
-    second prompt on; caught by a test). Reusing the cache is also what transformers advises.
-    """
-    caches: dict[int, StaticCache] = model.__dict__.setdefault("_jakiro_static_caches", {})
-    if cache_len not in caches:
-        caches[cache_len] = StaticCache(config=model.config, max_cache_len=cache_len)
-    cache = caches[cache_len]
-    cache.reset()
-    return cache
-
-
-def static_cache_len(needed: int) -> int:
-    """Length of a static KV cache holding ``needed`` positions: a power of two, at least 1024, so a
-    compiled decoding step sees few distinct cache shapes (each new one costs a recompilation)."""
-    return max(1024, 1 << max(needed - 1, 1).bit_length())
-
-
 @torch.inference_mode()
 def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tokens: int = 128,
                 params: SamplingParams = SamplingParams(), eos_token_ids: list[int] = (),
@@ -353,12 +333,14 @@ def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tok
         kwargs["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
     if static_compile:
         cache_len = static_cache_len(prompt_ids.numel() + max_new_tokens)
-        kwargs.update(past_key_values=_static_cache(model, cache_len),
+        cache = static_cache(model, cache_len)
+        cache.reset()
+        kwargs.update(past_key_values=cache,
                       compile_config=_compile_config(model.device))
     if seed is not None:
         torch.manual_seed(seed)
     ids = prompt_ids.to(model.device)[None]
-    settings = _inductor_settings(model.device) if static_compile else contextlib.nullcontext()
+    settings = inductor_settings(model.device) if static_compile else contextlib.nullcontext()
     _sync(model.device)
     t0 = time.perf_counter()
     try:

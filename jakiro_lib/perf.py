@@ -22,9 +22,10 @@ import pandas as pd
 
 from .config import TreeConfig
 
-JAKIRO_METHODS = ("jakiro", "jakiro_cepd", "jakiro_auto")
+JAKIRO_METHODS = ("jakiro", "jakiro_cepd", "jakiro_auto", "jakiro_auto_compiled")
 EAGLE_METHODS = ("eagle2", "eagle2_auto")
 HF_METHODS = ("hf_generate", "hf_compiled")  # HF generate eager, and with a static cache + torch.compile
+OUR_VANILLA = ("vanilla", "vanilla_compiled")  # our plain loop, eager and with the compiled target runner
 LOOKUP_METHOD = "jakiro_lookup"  # Jakiro's tuned tree + a prompt-lookup chain: this repo's extension
 PAPER_TREE_TOKENS = 8  # the fixed tree timed where a profile's total_tokens is "auto"
 
@@ -35,22 +36,25 @@ def _fixed_tree_tokens(tree: TreeConfig) -> int:
 
 def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = ("dense", "moe2"),
                sizes: Sequence[int] = (1, 2, 4, 6, 8, 12, 16, 24, 32), widths: Sequence[int] = (1, 3),
-               tree: TreeConfig | None = None, context: int = 256, repeats: int = 7) -> dict[str, pd.DataFrame]:
+               tree: TreeConfig | None = None, context: int = 256, repeats: int = 7,
+               compiled: bool = False) -> dict[str, pd.DataFrame]:
     """Measured T(n) of the target, draft-step times (trained vocabulary vs the full one) and, given the
     profile's ``tree``, drafting time per cycle.
 
-    Returns ``{"target": [n, ms, x_one_step, ms_library_defaults, ms_without_packed_gemm], "draft":
+    Returns ``{"target": [n, ms, x_one_step, ms_library_defaults, ms_without_packed_gemm, ms_compiled], "draft":
     [draft, vocab, width, ms, x_target_step], "draft_cycle": [draft, decoupled, total_tokens, ms,
     ms_plain_head]}`` (``ms`` as decoding runs; the last two target columns only where
     :mod:`~jakiro_lib.kernels` fast paths are on, timed back to back with ``ms`` for each n so that drift
-    hits all variants alike; ``ms_plain_head`` likewise without the packed draft head). The
+    hits all variants alike; ``ms_compiled``, with ``compiled``, through the compiled runner of
+    :mod:`~jakiro_lib.compiled`, timed after the others; ``ms_plain_head`` likewise without the packed
+    draft head). The
     full-vocabulary rows time an untrained copy of the same architecture (timing only). A drafting cycle
     is one tree proposal plus encoding 2 accepted tokens, coupled and (with experts) decoupled candidates.
     """
     from contextlib import nullcontext
 
     from . import kernels
-    from .costmodel import measure_draft_costs, measure_target_cost_variants
+    from .costmodel import measure_draft_costs, measure_target_cost_variants, measure_target_costs
     from .draft import DraftModel
 
     model = target.model
@@ -63,6 +67,9 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
     target_table = pd.DataFrame([{"n": n, **{col: 1000 * s for col, s in row.items()}} for n, row in times.items()])
     one = float(target_table["ms"].iloc[0])
     target_table.insert(2, "x_one_step", target_table["ms"] / one)
+    if compiled:
+        fast = measure_target_costs(model, sorted({1, *sizes}), context=context, repeats=repeats, static_compile=True)
+        target_table["ms_compiled"] = [1000 * fast[n] for n in target_table["n"]]
     vocab = target.model.config.vocab_size
     draft_rows, cycle_rows = [], []
     for name in drafts:
@@ -115,7 +122,8 @@ def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | 
     "Jakiro (best)" is the fastest of ``jakiro``, ``jakiro_cepd`` and ``jakiro_auto`` at each temperature,
     compared in tokens/s with the fastest EAGLE-2 row (``eagle2`` or ``eagle2_auto``); tau compares
     ``jakiro`` with ``eagle2`` on the same tree. "HF generate" is the faster of ``hf_generate`` and
-    ``hf_compiled`` at each temperature (goals against a weaker baseline would flatter). ``jakiro_lookup``
+    ``hf_compiled`` at each temperature (goals against a weaker baseline would flatter); "our vanilla
+    loop" the faster of ``vanilla`` and ``vanilla_compiled``. ``jakiro_lookup``
     (an extension, not the paper's method) gets its own rows against the same baselines and
     ``eagle2_lookup``. Ratios of means of tokens/s, as in the main table.
     """
@@ -167,7 +175,7 @@ def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | 
         if temp == 0:
             add("Jakiro >= 1.5x HF generate (greedy)", temp, best, hf, 1.5)
             add("Jakiro > HF prompt lookup", temp, best, "hf_prompt_lookup", 1.0, strict=True)
-            add("our vanilla loop within 5% of HF generate", temp, "vanilla", hf, 0.95)
+            add("our vanilla loop within 5% of HF generate", temp, fastest(temp, OUR_VANILLA) or "vanilla", hf, 0.95)
         else:
             add(f"Jakiro >= 1.3x HF sampling (T={temp:g})", temp, best, hf, 1.3)
         add("Jakiro >= EAGLE-2 (tokens/s)", temp, best, best_eagle, 1.0)
@@ -212,6 +220,10 @@ def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.
             if "ms_library_defaults" in t.columns:
                 add("SDPA's own GQA under tree masks", f"target T({tree_tokens}) ms",
                     float(row["ms_library_defaults"]), float(row["ms_without_packed_gemm"]))
+        if "ms_compiled" in t.columns:
+            for n in sorted({1, tree_tokens} & set(t.index)):
+                add("target compiled over a static KV cache (our loops)", f"target T({n}) ms",
+                    float(t.loc[n, "ms"]), float(t.loc[n, "ms_compiled"]))
         if "ms_library_defaults" in t.columns:
             add("all kernel fast paths", f"target T({tree_tokens}) ms", float(row["ms_library_defaults"]), fast)
             one = t.loc[1] if 1 in t.index else None
@@ -234,7 +246,10 @@ def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.
     h = headline_table(main) if len(main) else pd.DataFrame()
     if len(h):
         greedy = h[h["temperature"] == 0].set_index("method")
-        for lever, pairs in (("tree budget tuned on this machine", (("eagle2", "eagle2_auto"), ("jakiro", "jakiro_auto"))),
+        for lever, pairs in (("target compiled over a static KV cache (our loops)",
+                              (("vanilla", "vanilla_compiled"), ("jakiro_auto", "jakiro_auto_compiled"),
+                               ("jakiro_lookup", "jakiro_lookup_compiled"))),
+                             ("tree budget tuned on this machine", (("eagle2", "eagle2_auto"), ("jakiro", "jakiro_auto"))),
                              ("prompt-lookup chain grafted on the tuned tree (extension)",
                               (("eagle2_auto", "eagle2_lookup"), ("jakiro_auto", "jakiro_lookup"))),
                              ("draft tree under the lookup chain (extension)",
@@ -253,7 +268,8 @@ def write_performance_report(ctx: Any, main: pd.DataFrame, *, target: Any = None
     from .study import get_target, load_study_records, tree_budget_table, write_table
 
     target = target or get_target(ctx)
-    costs = cost_model(target, ctx.drafts_dir, widths=sorted({1, ctx.profile.tree.top_k}), tree=ctx.profile.tree)
+    costs = cost_model(target, ctx.drafts_dir, widths=sorted({1, ctx.profile.tree.top_k}), tree=ctx.profile.tree,
+                       compiled=ctx.profile.bench.compiled_loops)
     levers = lever_table(costs["target"], costs["draft"], main, tree_tokens=_fixed_tree_tokens(ctx.profile.tree),
                          draft_cycle=costs["draft_cycle"])
     tables = {"cost_model_target": costs["target"], "cost_model_draft": costs["draft"],

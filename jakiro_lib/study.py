@@ -379,11 +379,12 @@ def method_setting(spec: Any, key: str) -> Any:
 
 
 def _profile_methods(prof: Profile, drafts_dir: Path, study: str) -> dict[str, MethodSpec]:
-    """The methods of ``study`` under the profile's switches (tuned budgets, the compiled HF baseline)."""
+    """The methods of ``study`` under the profile's switches (tuned budgets, the compiled HF baseline, our
+    loops compiled)."""
     from .bench import study_methods
 
     return study_methods(prof.tree, drafts_dir, study=study, tuned=prof.bench.tuned,
-                         compiled=prof.bench.compiled_baseline)
+                         compiled=prof.bench.compiled_baseline, compiled_loops=prof.bench.compiled_loops)
 
 
 def methods_table(profile: str | Profile | StudyContext, study: str = "main",
@@ -701,12 +702,12 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
     """Methods with ``tree.total_tokens="auto"`` get the budget that maximises estimated tokens/s here.
 
     The target's T(n) is measured once per machine and target settings (dtype, fast paths) and cached
-    with every choice in ``run_dir/bench/tree_budgets.json`` (one entry per machine and target settings;
-    choices keyed by draft weights and tree settings), so reruns, also after a run with other target
-    settings, do not retune. ``force`` remeasures and retunes this machine's entry.
+    with every choice in ``run_dir/bench/tree_budgets.json`` (one entry per machine, target settings and
+    runner: eager, or compiled for methods with ``static_compile``; choices keyed by draft weights and tree
+    settings), so reruns, also after a run with other target settings, do not retune. ``force`` remeasures
+    and retunes this machine's entries.
     Returns (methods with numeric budgets, the measurements and choices).
     """
-    from .bench import MethodSpec
     from .costmodel import measure_target_costs, tune_total_tokens
     from .draft import DraftModel
     from .utils import device_name
@@ -719,24 +720,34 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
     path = run_dir / "bench" / TREE_BUDGETS
     machine = {"device": str(target.device), "device_name": device_name(target.device),
                "threads": torch.get_num_threads(), "target": dataclasses.asdict(profile.target)}
-    machine = json.loads(json.dumps(machine, default=str))
     saved = _read_json(path) or {}
     entries = saved.get("machines", [saved] if "machine" in saved else [])  # older files: one entry
-    entries = [e for e in entries if not (force and e.get("machine") == machine)]
-    cache = next((e for e in entries if e.get("machine") == machine), None)
-    if cache is None:
-        cache = {"machine": machine, "target_costs_s": {}, "choices": {}}
-        entries.append(cache)
-    if not {str(n) for n in TUNE_SIZES} <= set(cache["target_costs_s"]):
-        t0 = time.perf_counter()
-        costs = measure_target_costs(target.model, sizes=TUNE_SIZES)
-        cache["target_costs_s"] = {str(n): t for n, t in costs.items()}
-        log.info("tree budget: target T(n) measured in %.1f s", time.perf_counter() - t0)
-    costs = {int(n): t for n, t in cache["target_costs_s"].items()}
+
+    def entry(compiled: bool) -> dict[str, Any]:
+        """This machine's entry for the eager or the compiled target runner, its T(n) measured."""
+        key = json.loads(json.dumps({**machine, **({"compiled": True} if compiled else {})}, default=str))
+        found = next((e for e in entries if e.get("machine") == key), None)
+        if found is None:
+            found = {"machine": key, "target_costs_s": {}, "choices": {}}
+            entries.append(found)
+        if not {str(n) for n in TUNE_SIZES} <= set(found["target_costs_s"]):
+            t0 = time.perf_counter()
+            costs = measure_target_costs(target.model, sizes=TUNE_SIZES, static_compile=compiled)
+            found["target_costs_s"] = {str(n): t for n, t in costs.items()}
+            log.info("tree budget: target T(n) measured in %.1f s%s", time.perf_counter() - t0,
+                     " (compiled)" if compiled else "")
+        return found
+
+    if force:
+        keys = [json.loads(json.dumps({**machine, **c}, default=str)) for c in ({}, {"compiled": True})]
+        entries = [e for e in entries if e.get("machine") not in keys]
     prompts = None
     choices: dict[str, Any] = {}
+    costs_by_runner: dict[bool, dict[int, float]] = {}
     for name in auto:
         spec = methods[name]
+        cache = entry(spec.static_compile)
+        costs = costs_by_runner[spec.static_compile] = {int(n): t for n, t in cache["target_costs_s"].items()}
         key = json.dumps({"weights": _draft_fingerprint(spec.draft),
                           "tree": {k: v for k, v in dataclasses.asdict(spec.tree).items()
                                    if k != "total_tokens" and not k.startswith("lookup_")}},
@@ -756,9 +767,9 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
     for name in auto:
         best = choices[name]["best"]
         m = methods[name]
-        out[name] = MethodSpec(m.kind, draft=m.draft, tree=dataclasses.replace(m.tree, total_tokens=best),
-                               prompt_lookup_tokens=m.prompt_lookup_tokens)
-    return out, {"target_costs_s": costs, "choices": choices}
+        out[name] = dataclasses.replace(m, tree=dataclasses.replace(m.tree, total_tokens=best))
+    info = {f"{'compiled_' if compiled else ''}target_costs_s": c for compiled, c in costs_by_runner.items()}
+    return out, {**info, "choices": choices}
 
 
 def tree_budget_table(run_dir: str | Path, study: str = "main") -> pd.DataFrame:

@@ -1,5 +1,6 @@
 """The bootstrap interval behind every speedup (paired over prompts, able to exclude 1 or not), and the
 per-prompt greedy agreement with vanilla that every benchmark report carries."""
+import dataclasses
 import math
 
 import pytest
@@ -155,6 +156,21 @@ def test_main_study_carries_compiled_hf_generate_as_a_baseline(tmp_path):
     methods = study_methods(TreeConfig(total_tokens=8), tmp_path, study="main")
     assert methods["hf_compiled"] == MethodSpec("hf", static_compile=True)
     assert not methods["hf_generate"].static_compile
-    with pytest.raises(ValueError, match="static_compile applies to kind 'hf'"):
+    with pytest.raises(ValueError, match="static_compile does not apply to kind 'pld'"):
         MethodSpec("pld", static_compile=True)
     assert "hf_compiled" not in study_methods(TreeConfig(total_tokens=8), tmp_path, study="main", compiled=False)
+
+
+def test_compiled_loops_add_compiled_twins_side_by_side(tmp_path):
+    """bench.compiled_loops times our vanilla loop and Jakiro's fastest settings a second time through the
+    compiled target runner, next to the eager ones (the lever measured in one run)."""
+    tree = TreeConfig(total_tokens=8)
+    plain = study_methods(tree, tmp_path, study="main")
+    both = study_methods(tree, tmp_path, study="main", compiled_loops=True)
+    twins = {"vanilla_compiled", "jakiro_auto_compiled", "jakiro_lookup_compiled"}
+    assert set(both) - set(plain) == twins and not any(m.static_compile for k, m in plain.items() if k != "hf_compiled")
+    for name in twins:
+        eager = both[name.removesuffix("_compiled")]
+        assert both[name] == dataclasses.replace(eager, static_compile=True) and not eager.static_compile
+    assert study_methods(tree, tmp_path, study="ablations", compiled_loops=True) == study_methods(
+        tree, tmp_path, study="ablations")

@@ -12,6 +12,7 @@ from helpers import single_thread
 from jakiro_lib import costmodel, kernels
 from jakiro_lib.bench import study_methods
 from jakiro_lib.config import DraftConfig, TargetConfig, TreeConfig, get_profile
+from jakiro_lib.decoding import TargetRunner
 from jakiro_lib.draft import DraftModel
 from jakiro_lib.drafting import FeatureDrafter
 from jakiro_lib.perf import cost_model, lever_table, performance_targets
@@ -105,6 +106,22 @@ def test_lookup_extension_is_held_to_the_goals_apart_from_paper_jakiro():
     assert not g[(f"{ext} >= EAGLE-2 + lookup branch (tokens/s)", 0.0)].met
     assert g[(f"{ext} >= 1.3x HF sampling (T=1)", 1.0)].ratio == pytest.approx(27 / 20)
     assert math.isnan(g[(f"{ext} >= EAGLE-2 + lookup branch (tokens/s)", 1.0)].ratio)  # not measured: unknown
+
+
+def test_compiled_twins_count_as_jakiro_and_as_our_vanilla_loop():
+    """With bench.compiled_loops the goals take the faster of each eager/compiled pair, and the lever table
+    shows what compiling bought, pair by pair."""
+    tps = {(0.0, "vanilla"): 19.0, (0.0, "vanilla_compiled"): 20.0, (0.0, "hf_generate"): 20.0,
+           (0.0, "hf_compiled"): 21.0, (0.0, "jakiro_auto"): 23.0, (0.0, "jakiro_auto_compiled"): 24.0,
+           (0.0, "jakiro_lookup"): 30.0, (0.0, "jakiro_lookup_compiled"): 29.0}
+    main = _main(tps, {})
+    g = {r.goal: r for r in performance_targets(main).itertuples() if r.temperature == 0}
+    assert g["Jakiro >= 1.5x HF generate (greedy)"].method == "jakiro_auto_compiled"
+    vanilla = g["our vanilla loop within 5% of HF generate"]
+    assert vanilla.method == "vanilla_compiled" and vanilla.ratio == pytest.approx(20 / 21) and vanilla.met
+    levers = lever_table(pd.DataFrame(), pd.DataFrame(), main)
+    rows = levers[levers["lever"].str.startswith("target compiled")]
+    assert rows["speedup"].tolist() == pytest.approx([20 / 19, 24 / 23, 29 / 30])
 
 
 def test_performance_targets_missing_baseline_is_unknown_not_met():
@@ -211,7 +228,7 @@ def test_tree_budget_table_reads_the_study_file(tmp_path):
 
 def test_cost_model_times_each_size_with_and_without_fast_paths_back_to_back(tiny_run, monkeypatch):
     target, _, root = tiny_run
-    real_tree, real_time, real_prefill = costmodel._bushy_tree, costmodel._median_time, costmodel.TargetRunner.prefill
+    real_tree, real_time, real_prefill = costmodel._bushy_tree, costmodel._median_time, TargetRunner.prefill
     seen, prefills = [], []
 
     def tree_spy(n):
@@ -229,7 +246,7 @@ def test_cost_model_times_each_size_with_and_without_fast_paths_back_to_back(tin
 
     monkeypatch.setattr(costmodel, "_bushy_tree", tree_spy)
     monkeypatch.setattr(costmodel, "_median_time", time_spy)
-    monkeypatch.setattr(costmodel.TargetRunner, "prefill", prefill_spy)
+    monkeypatch.setattr(TargetRunner, "prefill", prefill_spy)
     kernels.enable_packed_gemm(target.model)
     try:
         with single_thread():
