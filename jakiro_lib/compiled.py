@@ -137,7 +137,6 @@ class CompiledTargetRunner:
         allowed[:, self.length:self.length + n] = block
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        self._rewind(self.length)
         state = self._state
         shape = (n, self.cache_len)
         args = (ids[None], pos[None], mask[None, None], self.cache)
@@ -185,6 +184,8 @@ class CompiledTargetRunner:
         block[:m, :m] = tree.ancestor_mask().to(self.device)
         logits, hidden = self._run(ids, pos, block)
         self.length += m
+        if n != m:  # the padding rows moved the write position past the tree
+            self._rewind(self.length)
         return logits[:m], hidden[:m]
 
     def keep(self, start: int, nodes: list[int]) -> None:

@@ -47,9 +47,9 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
     :mod:`~jakiro_lib.kernels` fast paths are on, timed back to back with ``ms`` for each n so that drift
     hits all variants alike; ``ms_compiled``, with ``compiled``, through the compiled runner of
     :mod:`~jakiro_lib.compiled`, timed after the others; ``ms_plain_head`` likewise without the packed
-    draft head). The
-    full-vocabulary rows time an untrained copy of the same architecture (timing only). A drafting cycle
-    is one tree proposal plus encoding 2 accepted tokens, coupled and (with experts) decoupled candidates.
+    draft head). The full-vocabulary rows time an untrained copy of the same architecture (timing only). A
+    drafting cycle is one tree proposal plus encoding 2 accepted tokens, coupled and (with experts)
+    decoupled candidates.
     """
     from contextlib import nullcontext
 
@@ -200,6 +200,7 @@ def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.
     drafting time per cycle (``draft_cycle`` of :func:`cost_model`); the tuned tree budget compares
     tokens/s of the main study's fixed-budget and ``_auto`` methods (greedy, mean over benchmarks).
     """
+    from .bench import COMPILED_TWINS
     from .study import headline_table
 
     rows: list[dict[str, Any]] = []
@@ -247,8 +248,7 @@ def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.
     if len(h):
         greedy = h[h["temperature"] == 0].set_index("method")
         for lever, pairs in (("target compiled over a static KV cache (our loops)",
-                              (("vanilla", "vanilla_compiled"), ("jakiro_auto", "jakiro_auto_compiled"),
-                               ("jakiro_lookup", "jakiro_lookup_compiled"))),
+                              tuple((k, f"{k}_compiled") for k in COMPILED_TWINS)),
                              ("tree budget tuned on this machine", (("eagle2", "eagle2_auto"), ("jakiro", "jakiro_auto"))),
                              ("prompt-lookup chain grafted on the tuned tree (extension)",
                               (("eagle2_auto", "eagle2_lookup"), ("jakiro_auto", "jakiro_lookup"))),

@@ -723,9 +723,13 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
     saved = _read_json(path) or {}
     entries = saved.get("machines", [saved] if "machine" in saved else [])  # older files: one entry
 
+    def machine_key(compiled: bool) -> dict[str, Any]:
+        """This machine's key for the eager or the compiled target runner, as it reads back from JSON."""
+        return json.loads(json.dumps({**machine, **({"compiled": True} if compiled else {})}, default=str))
+
     def entry(compiled: bool) -> dict[str, Any]:
         """This machine's entry for the eager or the compiled target runner, its T(n) measured."""
-        key = json.loads(json.dumps({**machine, **({"compiled": True} if compiled else {})}, default=str))
+        key = machine_key(compiled)
         found = next((e for e in entries if e.get("machine") == key), None)
         if found is None:
             found = {"machine": key, "target_costs_s": {}, "choices": {}}
@@ -739,7 +743,7 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
         return found
 
     if force:
-        keys = [json.loads(json.dumps({**machine, **c}, default=str)) for c in ({}, {"compiled": True})]
+        keys = [machine_key(False), machine_key(True)]
         entries = [e for e in entries if e.get("machine") not in keys]
     prompts = None
     choices: dict[str, Any] = {}
