@@ -22,15 +22,16 @@ from .config import TreeConfig
 from .tree import Tree
 
 
+def _time_once(fn, device: torch.device) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
 def _median_time(fn, repeats: int, device: torch.device) -> float:
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(_time_once(fn, device) for _ in range(repeats))
 
 
 def _bushy_tree(n: int, width: int = 4) -> Tree:
@@ -59,29 +60,35 @@ def measure_target_cost_variants(model: torch.nn.Module, sizes: Sequence[int],
                                  variants: Mapping[str, Callable[[], ContextManager[Any]]], *,
                                  context: int = 256, repeats: int = 7,
                                  static_compile: bool = False) -> dict[int, dict[str, float]]:
-    """``{n: {variant: seconds}}``: T(n) under each variant (a context manager that switches kernels).
+    """``{n: {variant: seconds}}``: T(n) under each variant (a context manager that switches kernels),
+    the median over ``repeats`` rounds.
 
-    One prefill serves every measurement; the variants of one n are timed back to back, so machine
-    drift hits them alike.
+    One prefill serves every measurement. Each round times every size once, and within a size every
+    variant back to back, so machine drift hits all sizes and variants alike: timed one size after the
+    other, a slow second skewed one size's reading (T(2) read 1.12x T(1) once, typically 1.00-1.04x)
+    and the tree budget chosen from it. Interleaved, T(1) also follows other shapes, as it does in decoding.
     """
     runner = make_runner(model, static_compile=static_compile, positions=context + max(sizes))
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0)).to(runner.device)
     runner.prefill(prompt)
-    out: dict[int, dict[str, float]] = {}
+    trees = {n: _bushy_tree(n) for n in sizes}
+
+    def verify_once(n: int) -> None:
+        runner.tree(trees[n])
+        runner.keep(context, [])
+
     for n in sizes:
-        tree = _bushy_tree(n)
-
-        def verify_once() -> None:
-            runner.tree(tree)
-            runner.keep(context, [])
-
-        out[n] = {}
-        for name, switch in variants.items():
+        for switch in variants.values():
             with switch():
-                verify_once()  # warm-up for this shape and these kernels
-                out[n][name] = _median_time(verify_once, repeats, runner.device)
-    return out
+                verify_once(n)  # warm-up for this shape and these kernels
+    times: dict[int, dict[str, list[float]]] = {n: {name: [] for name in variants} for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            for name, switch in variants.items():
+                with switch():
+                    times[n][name].append(_time_once(lambda: verify_once(n), runner.device))
+    return {n: {name: statistics.median(ts) for name, ts in row.items()} for n, row in times.items()}
 
 
 @torch.inference_mode()

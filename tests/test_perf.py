@@ -238,26 +238,22 @@ def test_tree_budget_table_reads_the_study_file(tmp_path):
     assert list(tree_budget_table(tmp_path).columns)[:2] == ["method", "total_tokens"]  # empty but typed
 
 
-def test_cost_model_times_each_size_with_and_without_fast_paths_back_to_back(tiny_run, monkeypatch):
+def test_cost_model_times_sizes_round_robin_with_and_without_fast_paths_back_to_back(tiny_run, monkeypatch):
+    """Every round times each size once, its kernel variants back to back: drift hits all alike."""
     target, _, root = tiny_run
-    real_tree, real_time, real_prefill = costmodel._bushy_tree, costmodel._median_time, TargetRunner.prefill
+    real_tree, real_prefill = TargetRunner.tree, TargetRunner.prefill
     seen, prefills = [], []
 
-    def tree_spy(n):
-        seen.append(n)
-        return real_tree(n)
-
-    def time_spy(fn, repeats, device):
+    def tree_spy(self, tree):
         gemm = kernels.packed_gemm(target.model)
-        seen.append((target.model.config._attn_implementation, gemm is not None and gemm.active))
-        return real_time(fn, repeats, device)
+        seen.append((len(tree), target.model.config._attn_implementation, gemm is not None and gemm.active))
+        return real_tree(self, tree)
 
     def prefill_spy(self, ids):
         prefills.append(len(ids))
         return real_prefill(self, ids)
 
-    monkeypatch.setattr(costmodel, "_bushy_tree", tree_spy)
-    monkeypatch.setattr(costmodel, "_median_time", time_spy)
+    monkeypatch.setattr(TargetRunner, "tree", tree_spy)
     monkeypatch.setattr(TargetRunner, "prefill", prefill_spy)
     kernels.enable_packed_gemm(target.model)
     try:
@@ -267,8 +263,8 @@ def test_cost_model_times_each_size_with_and_without_fast_paths_back_to_back(tin
         kernels.disable_packed_gemm(target.model)
     fast, plain = (kernels.GQA_ATTENTION, True), ("sdpa", False)
     no_gemm = (kernels.GQA_ATTENTION, False)
-    target_part = seen[:8]  # the draft rows time after these
-    assert target_part == [1, fast, plain, no_gemm, 4, fast, plain, no_gemm]
+    one_pass = [(n, *v) for n in (1, 4) for v in (fast, plain, no_gemm)]
+    assert seen[:18] == one_pass * 3  # warm-up, then 2 timed rounds (the draft rows time after these)
     assert prefills == [16]  # one prefill serves every size and variant
     t = tables["target"]
     assert list(t.columns) == ["n", "ms", "x_one_step", "ms_library_defaults", "ms_without_packed_gemm"]
