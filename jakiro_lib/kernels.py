@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import types
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Iterator
 
 import torch
@@ -49,8 +50,22 @@ def packed_gemm_available(model: nn.Module | torch.Tensor) -> bool:
     if p.dtype == torch.float32:
         return bool(torch._C.has_mkl)
     if p.dtype == torch.bfloat16:
-        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        return _onednn_bf16_packs()
     return False
+
+
+@lru_cache(maxsize=1)
+def _onednn_bf16_packs() -> bool:
+    """Whether oneDNN can reorder a bf16 weight on THIS CPU: it needs AVX-512 (bw, vl, dq) or AVX-NE-CONVERT,
+    so a build with oneDNN is not enough (on a 2-core AMD EPYC with AVX2 only, 2026-11-23, the reorder
+    raised). Probed once on a tiny weight instead of guessed from flags."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), None)
+    except RuntimeError:
+        return False
+    return True
 
 
 def pack_weight(weight: torch.Tensor, max_rows: int) -> torch.Tensor:
