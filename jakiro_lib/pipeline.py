@@ -29,7 +29,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from .utils import REPO_ROOT, write_json, write_text
+from .config import PROFILE_NAMES, parse_overrides
+from .study import default_report_dir, default_run_dir, resolve_profile
+from .utils import REPO_ROOT, read_json, write_json, write_text
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +105,7 @@ def _fingerprint(profile_dict: dict[str, Any], run_dir: Path, report_dir: Path) 
 
 
 def _read_stamp(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+    return read_json(path)
 
 
 def notebook_to_html(notebook: str | Path, html: str | Path | None = None) -> Path:
@@ -175,9 +174,7 @@ def run_pipeline(
     Raises :class:`PipelineError` when a stage fails (the partial notebook is kept as
     ``<report_dir>/<stage>.failed.ipynb`` and converted to HTML).
     """
-    import papermill as pm
-
-    from .study import default_report_dir, default_run_dir, resolve_profile
+    import papermill as pm  # optional, heavy: only the pipeline runs notebooks
 
     overrides = _plain(dict(overrides or {}))
     prof = resolve_profile(profile, overrides)  # fails early on unknown profiles or keys
@@ -355,8 +352,6 @@ def write_report_index(report_dir: str | Path, *, profile_name: str | None = Non
 
 def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the pipeline flags to ``p`` (used by :func:`add_cli` and :func:`main`)."""
-    from .config import PROFILE_NAMES
-
     p.add_argument("--profile", default="default", choices=PROFILE_NAMES, help="named configuration")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a profile field, e.g. --set bench.limit=2 (repeatable)")
@@ -378,8 +373,6 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cli_handler(args: argparse.Namespace) -> int:
-    from .config import parse_overrides
-
     try:
         out = run_pipeline(args.profile, overrides=parse_overrides(args.set), force=args.force, stages=args.stages,
                            report_dir=args.report_dir, run_dir=args.run_dir,
