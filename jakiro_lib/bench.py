@@ -28,7 +28,7 @@ from .layout import BENCH_CONFIG, RECORDS_FILE
 from .methods import (COMPILED_TWINS, LOOKUP_TOKENS, VANILLA_KINDS, MethodSpec, portable,  # noqa: F401 (re-exported)
                       study_methods)
 from .target import Target
-from .utils import run_metadata, write_json
+from .utils import read_jsonl, run_metadata, write_json
 from .verify import SamplingParams
 
 
@@ -125,14 +125,9 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
     questions = list(questions)
     temperatures = list(temperatures)
     records_path = out_dir / RECORDS_FILE
-    done = set()
-    if records_path.exists():
-        for line in records_path.read_text().splitlines():
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by an interruption: that record is simply redone
-            done.add((r["method"], r["temperature"], r["benchmark"], r["question_id"], r["turn"], r["repeat"]))
+    # a line cut by an interruption is skipped: that record is simply redone
+    done = {(r["method"], r["temperature"], r["benchmark"], r["question_id"], r["turn"], r["repeat"])
+            for r in read_jsonl(records_path)}
     write_json(out_dir / BENCH_CONFIG, {
         "methods": {k: portable(v, relative_to=out_dir) for k, v in methods.items()},
         "temperatures": temperatures, "max_new_tokens": max_new_tokens, "repeats": repeats, "warmup": warmup,
@@ -183,13 +178,10 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
 
 
 def load_records(path: str | Path) -> list[dict[str, Any]]:
-    out = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+    """The records of a ``records.jsonl`` (records written before ``category`` existed load as they are)."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no records file {path}")
+    return read_jsonl(path)
 
 
 def common_prompts(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -216,8 +208,6 @@ def ratio_interval(method_records: list[dict[str, Any]], baseline_records: list[
     benchmark, so the interval says how much the ratio depends on which prompts were drawn: with one
     repeat per prompt, the spread that a std over repeats cannot show. NaNs when nothing pairs up.
     """
-    import numpy as np
-
     def by_prompt(recs: list[dict[str, Any]]) -> dict[tuple, float]:
         return {(r["benchmark"], str(r["question_id"]), r["turn"], r["repeat"]): r["tokens_per_second"] for r in recs}
 

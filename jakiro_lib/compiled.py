@@ -55,7 +55,7 @@ def inductor_settings(device: torch.device) -> contextlib.AbstractContextManager
     :func:`static_cache`."""
     if device.type == "cuda":
         return contextlib.nullcontext()
-    import torch._inductor.config as inductor_config
+    import torch._inductor.config as inductor_config  # heavy (loads inductor): only when compiling
 
     return inductor_config.patch(freezing=True)
 

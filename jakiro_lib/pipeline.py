@@ -104,13 +104,9 @@ def _fingerprint(profile_dict: dict[str, Any], run_dir: Path, report_dir: Path) 
                       sort_keys=True, default=str)
 
 
-def _read_stamp(path: Path) -> dict[str, Any] | None:
-    return read_json(path)
-
-
 def notebook_to_html(notebook: str | Path, html: str | Path | None = None) -> Path:
     """Convert an executed notebook to standalone HTML (code cells kept visible)."""
-    import nbformat
+    import nbformat  # optional, heavy (Jupyter's): only reports need them
     from nbconvert import HTMLExporter
 
     notebook = Path(notebook)
@@ -131,7 +127,7 @@ def _stage_status(stage: str, *, source: Path, report_dir: Path, fingerprint: st
                   upstream_finished: float) -> tuple[bool, str]:
     """(up to date?, reason it is not)."""
     executed = report_dir / f"{stage}.ipynb"
-    stamp = _read_stamp(report_dir / STAMP_DIR / f"{stage}.json")
+    stamp = read_json(report_dir / STAMP_DIR / f"{stage}.json")
     if force:
         return False, "forced"
     if not executed.is_file() or stamp is None or stamp.get("status") != "ok":
@@ -230,14 +226,14 @@ def _run_stages(pm: Any, profile_name: str, selected: list[str], parameters: dic
         executed = report_dir / f"{stage}.ipynb"
         html = report_dir / f"{stage}.html"
         if stage not in selected:
-            stamp = _read_stamp(stamp_path)
+            stamp = read_json(stamp_path)
             if stamp and stamp.get("status") == "ok":
                 upstream_finished = max(upstream_finished, float(stamp.get("finished", 0.0)))
             continue
         fresh, reason = _stage_status(stage, source=source, report_dir=report_dir, fingerprint=fingerprint,
                                       force=force, upstream_finished=upstream_finished)
         if fresh:
-            stamp = _read_stamp(stamp_path) or {}
+            stamp = read_json(stamp_path) or {}
             upstream_finished = max(upstream_finished, float(stamp.get("finished", 0.0)))
             if not html.is_file() or html.stat().st_mtime < executed.stat().st_mtime:
                 notebook_to_html(executed, html)
@@ -308,7 +304,7 @@ def _write_pipeline_log(report_dir: Path, profile: str, parameters: dict[str, An
     """``pipeline.json``: the last invocation's stages (executed or skipped) and their wall times."""
     stages: dict[str, Any] = {}
     for stage in STAGES:
-        stamp = _read_stamp(report_dir / STAMP_DIR / f"{stage}.json")
+        stamp = read_json(report_dir / STAMP_DIR / f"{stage}.json")
         if stamp:
             stages[stage] = {"last_executed": stamp.get("finished_iso"), "seconds": stamp.get("seconds")}
     for r in results:

@@ -73,6 +73,20 @@ def read_json(path: str | Path) -> Any:
         return None
 
 
+def read_jsonl(path: str | Path) -> list[Any]:
+    """The records of a JSON-lines file, skipping lines an interrupted write cut short; [] when missing."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
 def world_size() -> int:
     """Processes of this run: ``WORLD_SIZE`` as ``accelerate launch`` / torchrun set it, else 1."""
     return int(os.environ.get("WORLD_SIZE", "1"))
