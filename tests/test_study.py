@@ -98,3 +98,29 @@ def test_run_layout_spells_every_path_once(tmp_path):
     ctx = S.StudyContext(profile=get_profile("smoke"), run_dir=tmp_path)
     assert ctx.drafts_dir == layout.drafts and ctx.bench_dir("main") == layout.bench("main")
     assert not has_weights(layout.draft("dense")) and not has_weights(None)
+
+
+def test_a_method_added_to_a_study_reuses_the_records_already_there(tmp_path, monkeypatch):
+    profile = get_profile("smoke", **{"bench.limit": 1, "bench.max_new_tokens": 4, "bench.warmup": 0,
+                                      "bench.temperatures": "0", "bench.tuned": False})
+    target = load_target(profile.target)
+    with single_thread():
+        run_study(profile, run_dir=tmp_path, only=["vanilla"], target=target, progress=False)
+    first = load_study_records(tmp_path, "main")
+    calls = []
+    real = bench.MethodRunner.__call__
+
+    def counted(self, *args, **kwargs):
+        calls.append(self.spec.kind)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(bench.MethodRunner, "__call__", counted)
+    with single_thread():
+        run_study(profile, run_dir=tmp_path, only=["vanilla", "hf_generate"], target=target, progress=False)
+    assert set(calls) == {"hf"}  # only the added method ran
+    assert load_study_records(tmp_path, "main")[:len(first)] == first
+    assert not (tmp_path / "bench" / "main" / "records.stale.jsonl").exists()
+    calls.clear()
+    with single_thread():  # a subset afterwards: the stamp no longer describes the other records
+        run_study(profile, run_dir=tmp_path, only=["vanilla"], target=target, progress=False)
+    assert set(calls) == {"vanilla"} and (tmp_path / "bench" / "main" / "records.stale.jsonl").is_file()

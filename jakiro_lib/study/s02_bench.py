@@ -142,11 +142,23 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
 def _renew_stamp(out_dir: Path, stamp: dict[str, Any], study: str, force: bool) -> None:
     """Move old records aside when they were made with other settings (or ``force``); write the stamp."""
     records = out_dir / RECORDS_FILE
-    if records.exists() and (force or read_json(out_dir / STUDY_STAMP) != stamp):
+    if records.exists() and (force or not _describes(read_json(out_dir / STUDY_STAMP), stamp)):
         log.info("study %s: %s; old records moved to %s", study,
                  "forced" if force else "settings or drafts changed", STALE_RECORDS_FILE)
         os.replace(records, out_dir / STALE_RECORDS_FILE)
     write_json(out_dir / STUDY_STAMP, stamp)
+
+
+def _describes(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    """Whether records made under stamp ``old`` are valid under ``new``: the same settings, and every old
+    method in the new set with the same settings and draft (a method added to a study, or a run with
+    ``only`` a subset followed by the whole set, reruns nothing already there)."""
+    if old is None:
+        return False
+    per_method = ("methods", "drafts")
+    if {k: v for k, v in old.items() if k not in per_method} != {k: v for k, v in new.items() if k not in per_method}:
+        return False
+    return all(k in new.get(key, {}) and new[key][k] == v for key in per_method for k, v in old.get(key, {}).items())
 
 
 def load_study_records(run_dir: str | Path, study: str) -> list[dict[str, Any]]:
