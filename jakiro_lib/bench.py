@@ -76,13 +76,16 @@ class MethodRunner:
         return vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context, generator=self._gen(seed),
                                 on_tokens=on_tokens, static_compile=self.spec.static_compile, **common)
 
-    def _hf(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
-        plt = self.spec.prompt_lookup_tokens if self.spec.kind == "pld" else None
-        result = hf_generate(self.target.model, prompt_ids, prompt_lookup_num_tokens=plt, seed=seed,
+    def _hf(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any],
+            prompt_lookup: int | None = None) -> GenerationResult:
+        result = hf_generate(self.target.model, prompt_ids, prompt_lookup_num_tokens=prompt_lookup, seed=seed,
                              static_compile=self.spec.static_compile, **common)
         if on_tokens is not None:
             on_tokens(result.output_ids)
         return result
+
+    def _pld(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
+        return self._hf(prompt_ids, seed, on_tokens, common, prompt_lookup=self.spec.prompt_lookup_tokens)
 
     def _spec(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
         t = self.target
@@ -97,7 +100,7 @@ class MethodRunner:
 
 # how each method kind generates (methods.KINDS)
 _GENERATE: dict[str, Callable[..., GenerationResult]] = {
-    "vanilla": MethodRunner._vanilla, "hf": MethodRunner._hf, "pld": MethodRunner._hf, "spec": MethodRunner._spec}
+    "vanilla": MethodRunner._vanilla, "hf": MethodRunner._hf, "pld": MethodRunner._pld, "spec": MethodRunner._spec}
 
 
 def answer_message(target: Target, output_ids: list[int]) -> dict[str, str]:

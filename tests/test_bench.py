@@ -226,3 +226,34 @@ def test_summary_per_category_splits_a_benchmark_and_skips_records_without_categ
     assert rows[("jakiro", "writing")]["speedup"] == pytest.approx(3.5)
     assert {r["benchmark"] for r in rows.values()} == {"mt_bench"} and rows[("jakiro", "writing")]["questions"] == 2
     assert [r["method"] for r in summarize(recs)] == ["jakiro", "vanilla"]  # the benchmark rows are unchanged
+
+
+def test_every_kind_dispatches_to_its_generator_and_greedy_matches_vanilla(monkeypatch):
+    import jakiro_lib.bench as bench
+    from jakiro_lib.bench import MethodRunner, format_prompt_ids
+    from jakiro_lib.config import TargetConfig
+    from jakiro_lib.methods import KINDS
+    from jakiro_lib.target import load_target
+    from jakiro_lib.verify import SamplingParams
+
+    calls = []
+    for name in ("vanilla_generate", "hf_generate", "speculative_generate"):
+        def logged(*args, _real=getattr(bench, name), _name=name, **kwargs):
+            calls.append((_name, kwargs.get("prompt_lookup_num_tokens")))
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(bench, name, logged)
+    target = load_target(TargetConfig(model="tiny:llama"))
+    ids = format_prompt_ids(target, [{"role": "user", "content": "the cat the cat the cat"}])
+    specs = {"vanilla": MethodSpec("vanilla"), "hf": MethodSpec("hf"), "pld": MethodSpec("pld", prompt_lookup_tokens=3),
+             "spec": MethodSpec("spec", tree=TreeConfig(depth=2, top_k=2, total_tokens=4, lookup_tokens=4))}
+    assert set(specs) == set(KINDS)
+    outs = {}
+    for kind, spec in specs.items():
+        streamed = []
+        res = MethodRunner(target, spec)(ids, max_new_tokens=12, params=SamplingParams(), seed=0,
+                                         on_tokens=streamed.extend)
+        outs[kind] = res.output_ids
+        assert streamed == res.output_ids, kind
+    assert calls == [("vanilla_generate", None), ("hf_generate", None), ("hf_generate", 3),
+                     ("speculative_generate", None)]
+    assert len(outs["vanilla"]) == 12 and all(o == outs["vanilla"] for o in outs.values()), outs
