@@ -22,6 +22,7 @@ from .config import PROFILE_NAMES, Profile, TargetConfig, get_profile, override,
 from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_costs, tune_total_tokens
 from .data import DataError, Question, load_question_file, load_questions
 from .draft import DraftModel
+from .layout import RunLayout
 from .methods import KINDS, STUDIES, MethodSpec
 from .perf import performance_targets
 from .study import category_table, default_run_dir, display_table, run_study, study_table, write_table
@@ -107,18 +108,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
         sets["bench.skip"] = str(args.skip)
     try:
         profile = override(_profile(args), **sets)
-        questions = _question_file(args) if args.questions else None
-        table = run_study(profile, run_dir=args.run_dir, study=args.study, out_dir=args.out, questions=questions,
+        questions, out = None, args.out
+        if args.questions:
+            questions = _question_file(args)
+            if out is None:  # beside the studies, never into their folders (their records would go stale)
+                run_dir = args.run_dir if args.run_dir is not None else default_run_dir(profile.name)
+                out = RunLayout(Path(run_dir)).bench(f"{args.study}-{questions[0].benchmark}")
+        table = run_study(profile, run_dir=args.run_dir, study=args.study, out_dir=out, questions=questions,
                           only=[m.strip() for m in args.methods.split(",")] if args.methods else None)
     except (ValueError, FileNotFoundError, DataError) as exc:
         raise SystemExit(f"error: {exc}") from None
     print(display_table(table).to_string())
     by_category = _print_categories(load_records(Path(table.attrs["records"])))
-    if args.out:
-        write_table(Path(args.out) / "summary.csv", table)
+    if out:
+        write_table(Path(out) / "summary.csv", table)
         if not by_category.empty:
-            write_table(Path(args.out) / "summary_by_category.csv", by_category)
-        print("records and summary.csv in", args.out)
+            write_table(Path(out) / "summary_by_category.csv", by_category)
+        print("records and summary.csv in", out)
     return 0
 
 
@@ -130,7 +136,10 @@ def _question_file(args: argparse.Namespace) -> list[Question]:
         raise FileNotFoundError(f"no question file {path}")
     name = args.name or (path.parent.name if path.stem == "question" else path.stem)
     stop = None if args.limit is None else args.skip + args.limit
-    return load_question_file(path, name)[args.skip:stop]
+    questions = load_question_file(path, name)[args.skip:stop]
+    if not questions:
+        raise DataError(f"no questions in {path} (after --skip {args.skip})")
+    return questions
 
 
 def _print_categories(records: list[dict]) -> pd.DataFrame:
@@ -299,8 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--limit", type=int, help="first N questions of each benchmark (or of --questions)")
             p.add_argument("--skip", type=int, default=0,
                            help="pass over the first N questions of each benchmark (held-out checks)")
-            p.add_argument("--out", type=Path, help="directory for records.jsonl and summary.csv "
-                                                   "(default runs/<profile>/bench/<study>)")
+            p.add_argument("--out", type=Path, help="directory for records.jsonl and summary.csv (default "
+                                                   "runs/<profile>/bench/<study>, with --questions "
+                                                   "runs/<profile>/bench/<study>-<name>)")
         p.set_defaults(func=func)
 
     p = sub.add_parser("costs", help="measure target tree / draft step costs; with --draft, tune the tree budget")

@@ -182,10 +182,11 @@ def test_bench_command_runs_a_question_file_with_per_category_rows(tmp_path, cap
     assert (by_cat["benchmark"] == "spec_bench").all() and (by_cat["greedy_same"] == by_cat["greedy_compared"]).all()
     named = ["bench", "--profile", "smoke", "--methods", "vanilla", "--questions", str(questions), "--name", "mine",
              "--limit", "1", "--temperature", "0", "--set", "bench.max_new_tokens=2", "--set", "bench.warmup=0",
-             "--run-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "named")]
+             "--run-dir", str(tmp_path / "runs")]
     assert main(named) == 0  # one question, one category: no per-category table
-    assert not (tmp_path / "named" / "summary_by_category.csv").exists()
-    assert {json.loads(line)["benchmark"] for line in (tmp_path / "named" / "records.jsonl").read_text().splitlines()} \
-        == {"mine"}
+    folder = tmp_path / "runs" / "bench" / "main-mine"  # beside the main study's folder, not in it
+    assert not (folder / "summary_by_category.csv").exists() and (folder / "summary.csv").is_file()
+    assert {json.loads(line)["benchmark"] for line in (folder / "records.jsonl").read_text().splitlines()} == {"mine"}
+    assert not (tmp_path / "runs" / "bench" / "main").exists()
     with pytest.raises(SystemExit, match="no question file"):
         main(["bench", "--profile", "smoke", "--questions", str(tmp_path / "nope.jsonl"), "--run-dir", str(tmp_path)])
