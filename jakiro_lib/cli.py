@@ -23,7 +23,7 @@ from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_
 from .data import DataError, Question, load_question_file, load_questions
 from .draft import DraftModel
 from .layout import RunLayout
-from .methods import KINDS, STUDIES, MethodSpec
+from .methods import KINDS, MAIN, STUDIES, MethodSpec
 from .perf import performance_targets
 from .study import category_table, default_run_dir, display_table, run_study, study_table, write_table
 from .target import load_target
@@ -296,7 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--force", action="store_true")
         if name == "bench":
             p.add_argument("--study", default="main", choices=STUDIES)
-            p.add_argument("--methods", help="comma-separated subset of the study's methods, e.g. vanilla,eagle2,jakiro")
+            p.add_argument("--methods", help="comma-separated subset of the study's methods (jakiro_lib.methods), "
+                                             f"e.g. vanilla,eagle2,jakiro; main: {', '.join(m.name for m in MAIN)}")
             p.add_argument("--bench", help="benchmarks, e.g. mt_bench,humaneval,gsm8k (default: the profile's)")
             p.add_argument("--questions", type=Path, metavar="FILE",
                            help="an EAGLE / Spec-Bench / FastChat question.jsonl (question_id, category, turns) "
