@@ -7,13 +7,15 @@ from typing import Callable
 
 import torch
 
-from .bench import MethodRunner, MethodSpec
+from .bench import MethodRunner
+from .chat import format_prompt
 from .config import TreeConfig
 from .decoding import GenerationResult
+from .methods import KINDS, MethodSpec
 from .target import Target
 from .verify import SamplingParams
 
-METHODS = ("vanilla", "hf", "pld", "spec")
+METHODS = KINDS  # generate() takes a method kind (jakiro_lib.methods)
 
 
 @dataclass
@@ -33,8 +35,6 @@ def generate(target: Target, prompt: str | list[dict[str, str]], *, method: str 
     draft, Jakiro for a MoE draft, CEPD when ``tree.ar_steps`` is set). ``on_text`` receives the
     decoded text as tokens are accepted (streaming).
     """
-    from .chat import format_prompt
-
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt

@@ -11,45 +11,25 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .config import TreeConfig
+from .chat import format_prompt
 from .decoding import GenerationResult, TargetRunner, hf_generate, speculative_generate, vanilla_generate
 from .draft import DraftModel
 from .drafting import make_drafter
+from .layout import BENCH_CONFIG, RECORDS_FILE
+from .methods import (COMPILED_TWINS, LOOKUP_TOKENS, VANILLA_KINDS, MethodSpec, portable,  # noqa: F401 (re-exported)
+                      study_methods)
 from .target import Target
-from .utils import run_metadata, write_json
+from .utils import read_jsonl, run_metadata, write_json
 from .verify import SamplingParams
-
-VANILLA_KINDS = ("vanilla", "hf")
-LOOKUP_TOKENS = 10  # chain length of the lookup-branch methods: HF prompt lookup's default
-COMPILED_TWINS = ("vanilla", "jakiro_auto", "jakiro_lookup")  # timed compiled too with bench.compiled_loops
-
-
-@dataclass
-class MethodSpec:
-    kind: str  # "vanilla" | "hf" | "pld" | "spec"
-    draft: str | None = None  # path of a saved draft (kind "spec"; None: the lookup chain alone)
-    tree: TreeConfig | None = None  # kind "spec"
-    prompt_lookup_tokens: int = 10  # kind "pld" (HF's default)
-    # A static KV cache and torch.compile: kind "hf" through HF generate (decoding.hf_generate); kinds
-    # "vanilla" and "spec" through our loops' compiled target runner (jakiro_lib.compiled).
-    static_compile: bool = False
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("vanilla", "hf", "pld", "spec"):
-            raise ValueError(f"unknown method kind {self.kind!r}: use vanilla, hf, pld or spec")
-        if self.static_compile and self.kind == "pld":
-            raise ValueError("static_compile does not apply to kind 'pld' (HF prompt lookup has no static-cache path)")
-        if self.kind == "spec" and (self.tree is None or self.draft is None and not self.tree.lookup_tokens):
-            raise ValueError("a 'spec' method needs a tree config and a draft path (or tree.lookup_tokens)")
 
 
 @dataclass
@@ -73,6 +53,7 @@ class Record:
     tau: float
     stop_reason: str
     output_ids: list[int] = field(default_factory=list)
+    category: str | None = None  # the question's category (Spec-Bench's 13, MT-bench's 8); absent in older records
 
 
 class MethodRunner:
@@ -87,24 +68,39 @@ class MethodRunner:
                  seed: int, on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
         """Generate for one prompt; ``on_tokens`` streams accepted tokens (HF methods call it once, at the end)."""
         t = self.target
-        gen = torch.Generator(device=t.device).manual_seed(seed)
         common = dict(max_new_tokens=max_new_tokens, params=params, eos_token_ids=t.eos_token_ids)
-        kind = self.spec.kind
-        if kind == "vanilla":
-            return vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context, generator=gen,
-                                    on_tokens=on_tokens, static_compile=self.spec.static_compile, **common)
-        if kind in ("hf", "pld"):
-            plt = self.spec.prompt_lookup_tokens if kind == "pld" else None
-            result = hf_generate(t.model, prompt_ids, prompt_lookup_num_tokens=plt, seed=seed,
-                                 static_compile=self.spec.static_compile, **common)
-            if on_tokens is not None:
-                on_tokens(result.output_ids)
-            return result
-        assert self.spec.tree is not None
+        return _GENERATE[self.spec.kind](self, prompt_ids, seed, on_tokens, common)
+
+    def _vanilla(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
+        t = self.target
+        return vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context, generator=self._gen(seed),
+                                on_tokens=on_tokens, static_compile=self.spec.static_compile, **common)
+
+    def _hf(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any],
+            prompt_lookup: int | None = None) -> GenerationResult:
+        result = hf_generate(self.target.model, prompt_ids, prompt_lookup_num_tokens=prompt_lookup, seed=seed,
+                             static_compile=self.spec.static_compile, **common)
+        if on_tokens is not None:
+            on_tokens(result.output_ids)
+        return result
+
+    def _pld(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
+        return self._hf(prompt_ids, seed, on_tokens, common, prompt_lookup=self.spec.prompt_lookup_tokens)
+
+    def _spec(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
+        t = self.target
         drafter = make_drafter(self.draft, self.spec.tree)
         return speculative_generate(t.model, drafter, prompt_ids, max_context=t.config.max_context,
-                                    generator=gen, on_tokens=on_tokens, static_compile=self.spec.static_compile,
-                                    **common)
+                                    generator=self._gen(seed), on_tokens=on_tokens,
+                                    static_compile=self.spec.static_compile, **common)
+
+    def _gen(self, seed: int) -> torch.Generator:
+        return torch.Generator(device=self.target.device).manual_seed(seed)
+
+
+# how each method kind generates (methods.KINDS)
+_GENERATE: dict[str, Callable[..., GenerationResult]] = {
+    "vanilla": MethodRunner._vanilla, "hf": MethodRunner._hf, "pld": MethodRunner._pld, "spec": MethodRunner._spec}
 
 
 def answer_message(target: Target, output_ids: list[int]) -> dict[str, str]:
@@ -115,18 +111,7 @@ def answer_message(target: Target, output_ids: list[int]) -> dict[str, str]:
 
 def format_prompt_ids(target: Target, history: list[dict[str, str]]) -> torch.Tensor:
     """Chat-formatted prompt ids (ending with the assistant header) for ``history``."""
-    from .chat import format_prompt
-
     return torch.tensor(format_prompt(target.tokenizer, history, template=target.config.template), dtype=torch.long)
-
-
-def _portable_spec(spec: MethodSpec, out_dir: Path) -> dict[str, Any]:
-    """A method's settings for ``bench_config.json``, its draft path relative to that file's folder, so a
-    copied or committed run names no machine's directories."""
-    d = dataclasses.asdict(spec)
-    if spec.draft is not None:
-        d["draft"] = Path(os.path.relpath(Path(spec.draft).resolve(), out_dir.resolve())).as_posix()
-    return d
 
 
 def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Iterable[Any], *,
@@ -142,17 +127,12 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
     out_dir.mkdir(parents=True, exist_ok=True)
     questions = list(questions)
     temperatures = list(temperatures)
-    records_path = out_dir / "records.jsonl"
-    done = set()
-    if records_path.exists():
-        for line in records_path.read_text().splitlines():
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by an interruption: that record is simply redone
-            done.add((r["method"], r["temperature"], r["benchmark"], r["question_id"], r["turn"], r["repeat"]))
-    write_json(out_dir / "bench_config.json", {
-        "methods": {k: _portable_spec(v, out_dir) for k, v in methods.items()},
+    records_path = out_dir / RECORDS_FILE
+    # a line cut by an interruption is skipped: that record is simply redone
+    done = {(r["method"], r["temperature"], r["benchmark"], r["question_id"], r["turn"], r["repeat"])
+            for r in read_jsonl(records_path)}
+    write_json(out_dir / BENCH_CONFIG, {
+        "methods": {k: portable(v, relative_to=out_dir) for k, v in methods.items()},
         "temperatures": temperatures, "max_new_tokens": max_new_tokens, "repeats": repeats, "warmup": warmup,
         "top_p": top_p, "seed": seed, "num_questions": len(questions), "target": dataclasses.asdict(target.config),
         "environment": run_metadata(target.device),
@@ -191,7 +171,7 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
                                 draft_time=res.draft_time, verify_time=res.verify_time,
                                 draft_forwards=res.draft_forwards, tokens_per_second=res.tokens_per_second,
                                 tau=res.tau if runner.spec.kind == "spec" else 1.0, stop_reason=res.stop_reason,
-                                output_ids=res.output_ids,
+                                output_ids=res.output_ids, category=q.category,
                             )
                             fh.write(json.dumps(dataclasses.asdict(rec)) + "\n")
                             fh.flush()
@@ -201,13 +181,10 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
 
 
 def load_records(path: str | Path) -> list[dict[str, Any]]:
-    out = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+    """The records of a ``records.jsonl`` (records written before ``category`` existed load as they are)."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no records file {path}")
+    return read_jsonl(path)
 
 
 def common_prompts(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -234,8 +211,6 @@ def ratio_interval(method_records: list[dict[str, Any]], baseline_records: list[
     benchmark, so the interval says how much the ratio depends on which prompts were drawn: with one
     repeat per prompt, the spread that a std over repeats cannot show. NaNs when nothing pairs up.
     """
-    import numpy as np
-
     def by_prompt(recs: list[dict[str, Any]]) -> dict[tuple, float]:
         return {(r["benchmark"], str(r["question_id"]), r["turn"], r["repeat"]): r["tokens_per_second"] for r in recs}
 
@@ -388,63 +363,26 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "main",
-                  tuned: bool = True, compiled: bool = True, compiled_loops: bool = False) -> dict[str, MethodSpec]:
-    """The method sets the notebooks compare; drafts are read from ``drafts_dir/<name>/draft``.
+def categories(records: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """``{benchmark: categories}`` of the benchmarks whose records name more than one question category."""
+    found: dict[str, dict[str, None]] = {}
+    for r in records:
+        if r.get("category") is not None:
+            found.setdefault(r["benchmark"], {})[r["category"]] = None
+    return {b: list(c) for b, c in found.items() if len(c) > 1}
 
-    ``main``: the baselines, EAGLE-2 (dense draft), Jakiro (2 experts, decoupled) and Jakiro + CEPD on
-    ``tree``; with ``tuned`` (and a fixed ``tree.total_tokens``) also ``eagle2_auto`` and ``jakiro_auto``,
-    the same drafts with the tree budget tuned for the machine (``total_tokens="auto"``); and this
-    repository's extension ``eagle2_lookup`` / ``jakiro_lookup``: that tree (tuned unless ``tuned`` is
-    off) with a prompt-lookup chain of ``LOOKUP_TOKENS`` grafted on (:class:`~jakiro_lib.drafting.LookupDrafter`),
-    and its control ``lookup_only``: the same chain without a draft, through the same engine.
-    ``ablations``: experts count, AR steps, contrastive on/off and decoupled on/off around Jakiro, all
-    on ``tree``. ``compiled``: the main study also times ``hf_compiled``. ``compiled_loops``: it also
-    runs :data:`COMPILED_TWINS` (our plain loop and Jakiro's fastest settings) a second time, the target
-    compiled over a static KV cache (:mod:`jakiro_lib.compiled`), as ``<name>_compiled``: the lever
-    measured side by side.
-    """
-    d = Path(drafts_dir)
 
-    def spec(draft: str | None, **tree_kw: Any) -> MethodSpec:
-        return MethodSpec("spec", draft=str(d / draft / "draft") if draft else None,
-                          tree=dataclasses.replace(tree, **tree_kw))
+def summarize_by_category(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`summarize` per (benchmark, question category), as Spec-Bench reports its 13 categories: rows
+    with a ``category`` column, for the benchmarks whose questions carry more than one category (records
+    written before categories were recorded give none)."""
+    split = categories(records)
+    sep = "\x1f"  # joins benchmark and category into summarize's group key, split again below
+    keyed = [{**r, "benchmark": f"{r['benchmark']}{sep}{r['category']}"} for r in records
+             if r["benchmark"] in split and r.get("category") is not None]
+    rows = []
+    for row in summarize(keyed):
+        bench, category = row["benchmark"].split(sep, 1)
+        rows.append({**row, "benchmark": bench, "category": category})
+    return rows
 
-    cepd = max(tree.depth - 2, 0)  # the last draft forward yields two layers, as in the reference
-    if study == "main":
-        methods = {
-            "vanilla": MethodSpec("vanilla"),
-            "hf_generate": MethodSpec("hf"),
-            "hf_compiled": MethodSpec("hf", static_compile=True),
-            "hf_prompt_lookup": MethodSpec("pld"),
-            "eagle2": spec("dense"),
-            "jakiro": spec("moe2", decoupled=True),
-            "jakiro_cepd": spec("moe2", decoupled=True, ar_steps=cepd),
-        }
-        if not compiled:
-            del methods["hf_compiled"]
-        if tuned and tree.total_tokens != "auto":
-            methods["eagle2_auto"] = spec("dense", total_tokens="auto")
-            methods["jakiro_auto"] = spec("moe2", decoupled=True, total_tokens="auto")
-        budget = "auto" if tuned else tree.total_tokens
-        methods["lookup_only"] = spec(None, lookup_tokens=LOOKUP_TOKENS)
-        methods["eagle2_lookup"] = spec("dense", total_tokens=budget, lookup_tokens=LOOKUP_TOKENS)
-        methods["jakiro_lookup"] = spec("moe2", decoupled=True, total_tokens=budget, lookup_tokens=LOOKUP_TOKENS)
-        if compiled_loops:
-            methods.update({f"{k}_compiled": dataclasses.replace(methods[k], static_compile=True)
-                            for k in COMPILED_TWINS if k in methods})
-        return methods
-    if study == "ablations":
-        methods = {
-            "vanilla": MethodSpec("vanilla"),
-            "experts=1 (eagle2)": spec("dense"),
-            "experts=2": spec("moe2", decoupled=True),
-            "experts=4": spec("moe4", decoupled=True),
-            "experts=2, coupled": spec("moe2", decoupled=False),
-            "experts=2, scoring=best": spec("moe2", decoupled=True, scoring="best"),
-        }
-        for s in sorted({0, 1, cepd} - {tree.depth}):
-            methods[f"cepd ar_steps={s}"] = spec("moe2", decoupled=True, ar_steps=s)
-        methods[f"cepd ar_steps={cepd}, contrastive off"] = spec("moe2_nocontrast", decoupled=True, ar_steps=cepd)
-        return methods
-    raise ValueError(f"unknown study {study!r}: use 'main' or 'ablations'")

@@ -12,7 +12,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
+import pandas as pd
+import torch
+
+from .api import generate
+from .bench import common_prompts, format_prompt_ids, load_records
+from .budgets import resolve_tree_budgets
 from .config import PROFILE_NAMES, Profile, TargetConfig, get_profile, override, parse_overrides
+from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_costs, tune_total_tokens
+from .data import DataError, Question, load_question_file, load_questions
+from .draft import DraftModel
+from .layout import RunLayout
+from .methods import KINDS, MAIN, STUDIES, MethodSpec
+from .perf import performance_targets
+from .study import category_table, default_run_dir, display_table, run_study, study_table, write_table
+from .target import load_target
+from .utils import run_metadata, write_json
 
 
 def _profile(args: argparse.Namespace) -> Profile:
@@ -40,9 +55,6 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .api import generate
-    from .target import load_target
-
     profile = _profile(args)
     target = load_target(profile.target)
     tree = replace(profile.tree, decoupled=args.decoupled, ar_steps=args.ar_steps) if args.method == "spec" else None
@@ -50,9 +62,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise SystemExit("error: --method spec needs --draft DIR (a trained draft, e.g. runs/default/drafts/moe2/draft) "
                          "or --set tree.lookup_tokens=N (prompt lookup alone)")
     if tree is not None and args.draft and tree.total_tokens == "auto":  # tuned once per machine and draft, then cached
-        from .bench import MethodSpec
-        from .study import default_run_dir, resolve_tree_budgets
-
         spec = MethodSpec("spec", draft=str(Path(args.draft).expanduser().resolve()), tree=tree)
         tree = resolve_tree_budgets(profile, default_run_dir(profile.name), {"spec": spec}, target)[0]["spec"].tree
         print(f"[tree budget: {tree.total_tokens} tokens, tuned for this machine]", file=sys.stderr)
@@ -88,8 +97,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .study import display_table, run_study, write_table
-
     sets = {}
     if args.bench:
         sets["bench.benchmarks"] = args.bench
@@ -101,15 +108,47 @@ def cmd_bench(args: argparse.Namespace) -> int:
         sets["bench.skip"] = str(args.skip)
     try:
         profile = override(_profile(args), **sets)
-        table = run_study(profile, run_dir=args.run_dir, study=args.study, out_dir=args.out,
+        questions, out = None, args.out
+        if args.questions:
+            questions = _question_file(args)
+            if out is None:  # beside the studies, never into their folders (their records would go stale)
+                run_dir = args.run_dir if args.run_dir is not None else default_run_dir(profile.name)
+                out = RunLayout(Path(run_dir)).bench(f"{args.study}-{questions[0].benchmark}")
+        table = run_study(profile, run_dir=args.run_dir, study=args.study, out_dir=out, questions=questions,
                           only=[m.strip() for m in args.methods.split(",")] if args.methods else None)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, DataError) as exc:
         raise SystemExit(f"error: {exc}") from None
     print(display_table(table).to_string())
-    if args.out:
-        write_table(Path(args.out) / "summary.csv", table)
-        print("records and summary.csv in", args.out)
+    by_category = _print_categories(load_records(Path(table.attrs["records"])))
+    if out:
+        write_table(Path(out) / "summary.csv", table)
+        if not by_category.empty:
+            write_table(Path(out) / "summary_by_category.csv", by_category)
+        print("records and summary.csv in", out)
     return 0
+
+
+def _question_file(args: argparse.Namespace) -> list[Question]:
+    """``--questions FILE``: an EAGLE / Spec-Bench / FastChat question.jsonl under ``--name`` (default: the
+    file's name, or its folder's for a file called question.jsonl), ``--skip`` / ``--limit`` applied."""
+    path = Path(args.questions).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"no question file {path}")
+    name = args.name or (path.parent.name if path.stem == "question" else path.stem)
+    stop = None if args.limit is None else args.skip + args.limit
+    questions = load_question_file(path, name)[args.skip:stop]
+    if not questions:
+        raise DataError(f"no questions in {path} (after --skip {args.skip})")
+    return questions
+
+
+def _print_categories(records: list[dict]) -> pd.DataFrame:
+    """The per-category table (Spec-Bench style) where the questions carry more than one category."""
+    table = category_table(records)
+    if not table.empty:
+        print("\nper question category:")
+        print(display_table(table).to_string())
+    return table
 
 
 def cmd_divergences(args: argparse.Namespace) -> int:
@@ -154,10 +193,6 @@ def cmd_divergences(args: argparse.Namespace) -> int:
 def cmd_summary(args: argparse.Namespace) -> int:
     """The main table and the speed goals of benchmark records (several files are pooled: e.g. a T=0 and a
     T=1 run, or records copied back from a GPU machine)."""
-    from .bench import common_prompts, load_records
-    from .perf import performance_targets
-    from .study import display_table, study_table, write_table
-
     missing = [str(p) for p in args.records if not p.is_file()]
     if missing:
         raise SystemExit(f"error: no records file {', '.join(missing)}")
@@ -169,6 +204,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
     table = study_table(records)
     goals = performance_targets(table, records)
     print(display_table(table).to_string())
+    by_category = _print_categories(records)
     if goals.empty:
         print("no speed goals to judge: the records hold no Jakiro method")
     else:
@@ -179,21 +215,14 @@ def cmd_summary(args: argparse.Namespace) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         write_table(args.out / "summary.csv", table)
         write_table(args.out / "performance_targets.csv", goals)
+        if not by_category.empty:
+            write_table(args.out / "summary_by_category.csv", by_category)
         print("summary and performance_targets (.csv, .json) in", args.out)
     return 0
 
 
 def cmd_costs(args: argparse.Namespace) -> int:
     """Per-cycle cost breakdown on this machine (and, with a draft, the tree budget it implies)."""
-    import torch
-
-    from .bench import format_prompt_ids
-    from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_costs, tune_total_tokens
-    from .data import load_questions
-    from .draft import DraftModel
-    from .target import load_target
-    from .utils import run_metadata, write_json
-
     profile = _profile(args)
     target = load_target(profile.target)
     sizes = tuple(int(x) for x in args.sizes.split(","))
@@ -246,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="chat with the target, plain or speculative, streaming the answer")
     _common(p)
     p.add_argument("prompt")
-    p.add_argument("--method", default="spec", choices=("vanilla", "hf", "pld", "spec"))
+    p.add_argument("--method", default="spec", choices=KINDS, help="method kind (jakiro_lib.methods)")
     p.add_argument("--draft", help="directory of a saved draft (method spec)")
     p.add_argument("--decoupled", action="store_true", help="Jakiro decoupled expert candidates")
     p.add_argument("--ar-steps", type=int, default=None, help="CEPD: autoregressive layers before parallel ones")
@@ -266,16 +295,23 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--drafts", nargs="*", help="names of drafts to train (default: all of the profile's)")
             p.add_argument("--force", action="store_true")
         if name == "bench":
-            p.add_argument("--study", default="main", choices=("main", "ablations"))
-            p.add_argument("--methods", help="comma-separated subset of the study's methods, e.g. vanilla,eagle2,jakiro")
+            p.add_argument("--study", default="main", choices=STUDIES)
+            p.add_argument("--methods", help="comma-separated subset of the study's methods (jakiro_lib.methods), "
+                                             f"e.g. vanilla,eagle2,jakiro; main: {', '.join(m.name for m in MAIN)}")
             p.add_argument("--bench", help="benchmarks, e.g. mt_bench,humaneval,gsm8k (default: the profile's)")
+            p.add_argument("--questions", type=Path, metavar="FILE",
+                           help="an EAGLE / Spec-Bench / FastChat question.jsonl (question_id, category, turns) "
+                                "instead of --bench; per-category rows when it has categories")
+            p.add_argument("--name", help="benchmark name for --questions (default: the file's name, or its "
+                                          "folder's for question.jsonl)")
             p.add_argument("--temperature", type=float, action="append",
                            help="sampling temperature (repeatable; default: the profile's)")
-            p.add_argument("--limit", type=int, help="first N questions of each benchmark")
+            p.add_argument("--limit", type=int, help="first N questions of each benchmark (or of --questions)")
             p.add_argument("--skip", type=int, default=0,
                            help="pass over the first N questions of each benchmark (held-out checks)")
-            p.add_argument("--out", type=Path, help="directory for records.jsonl and summary.csv "
-                                                   "(default runs/<profile>/bench/<study>)")
+            p.add_argument("--out", type=Path, help="directory for records.jsonl and summary.csv (default "
+                                                   "runs/<profile>/bench/<study>, with --questions "
+                                                   "runs/<profile>/bench/<study>-<name>)")
         p.set_defaults(func=func)
 
     p = sub.add_parser("costs", help="measure target tree / draft step costs; with --draft, tune the tree budget")

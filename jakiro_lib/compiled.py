@@ -22,6 +22,7 @@ from transformers import PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
 from . import kernels
+from .target import additive_mask
 from .tree import Tree
 
 COMPILED_SIZES = (1, 2, 4, 8, 12, 16, 24, 32)  # row counts compiled; larger trees run eagerly
@@ -54,7 +55,7 @@ def inductor_settings(device: torch.device) -> contextlib.AbstractContextManager
     :func:`static_cache`."""
     if device.type == "cuda":
         return contextlib.nullcontext()
-    import torch._inductor.config as inductor_config
+    import torch._inductor.config as inductor_config  # heavy (loads inductor): only when compiling
 
     return inductor_config.patch(freezing=True)
 
@@ -135,8 +136,7 @@ class CompiledTargetRunner:
         allowed = torch.zeros(n, self.cache_len, dtype=torch.bool, device=self.device)
         allowed[:, :self.length] = True
         allowed[:, self.length:self.length + n] = block
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        mask = additive_mask(allowed, self.dtype)  # [n, cache_len]
         state = self._state
         shape = (n, self.cache_len)
         args = (ids[None], pos[None], mask[None, None], self.cache)

@@ -9,6 +9,7 @@ only on its ancestors, and the top-n tree is a prefix of the score order).
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from contextlib import nullcontext
@@ -16,9 +17,10 @@ from typing import Any, Callable, ContextManager, Mapping, Sequence
 
 import torch
 
-from .decoding import _sync, make_runner
-from .draft import DraftModel, KVCache
 from .config import TreeConfig
+from .decoding import _sync, make_runner, speculative_generate
+from .draft import DraftModel, KVCache
+from .drafting import FeatureDrafter, schedule
 from .tree import Tree
 
 
@@ -125,8 +127,6 @@ def measure_draft_cycle(draft: DraftModel, tree: TreeConfig, *, context: int = 2
     Everything the drafter does in a cycle (forwards, logits, candidate scoring, tree selection), so
     coupled and decoupled candidates or dense and MoE drafts compare as decoding pays for them.
     """
-    from .drafting import FeatureDrafter
-
     p = next(draft.parameters())
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, draft.target_config.vocab_size, (context,), generator=g).to(p.device)
@@ -185,8 +185,6 @@ def draft_time_per_budget(measured: float, tree: TreeConfig, has_branch_b: bool,
     ones inside the tree plus the one that encodes the accepted tokens). An estimate: per-forward
     Python overhead is assumed proportional too.
     """
-    from .drafting import schedule
-
     def forwards(n: int) -> int:
         return len(schedule(min(tree.depth, n - 1), tree.ar_steps, has_branch_b))  # (steps - 1) + 1
 
@@ -203,11 +201,6 @@ def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts:
     timing of the target when several drafts are tuned on one machine. Returns the chosen budget with
     the whole table (expected tokens per cycle, verify time, tokens/s).
     """
-    import dataclasses
-
-    from .decoding import speculative_generate
-    from .drafting import FeatureDrafter
-
     big = dataclasses.replace(tree, total_tokens=max(candidates))
 
     def run(ids: torch.Tensor, new_tokens: int) -> Any:

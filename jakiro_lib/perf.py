@@ -15,20 +15,29 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
 
+from . import kernels
+from .bench import ratio_interval
 from .config import TreeConfig
+from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_cost_variants, measure_target_costs
+from .draft import DraftModel
+from .layout import draft_path, has_weights
+from .methods import COMPILED_TWINS, compiled_twin, group_names
+from .study import get_target, headline_table, load_study_records, tree_budget_table, write_table
 
-JAKIRO_EAGER = ("jakiro", "jakiro_cepd", "jakiro_auto")  # the rows compared with EAGLE-2 (no compiled twins)
-JAKIRO_METHODS = (*JAKIRO_EAGER, "jakiro_auto_compiled")
-EAGLE_METHODS = ("eagle2", "eagle2_auto")
-HF_METHODS = ("hf_generate", "hf_compiled")  # HF generate eager, and with a static cache + torch.compile
-OUR_VANILLA = ("vanilla", "vanilla_compiled")  # our plain loop, eager and with the compiled target runner
-LOOKUP_METHOD = "jakiro_lookup"  # Jakiro's tuned tree + a prompt-lookup chain: this repo's extension
-LOOKUP_METHODS = (LOOKUP_METHOD, "jakiro_lookup_compiled")
+# the goals' method groups, from the registry (jakiro_lib.methods.MAIN)
+JAKIRO_EAGER = group_names("jakiro")  # the rows compared with EAGLE-2 (no compiled twins)
+JAKIRO_METHODS = group_names("jakiro", twins=True)
+EAGLE_METHODS = group_names("eagle2")
+HF_METHODS = group_names("hf")  # HF generate eager, and with a static cache + torch.compile
+OUR_VANILLA = group_names("our_vanilla", twins=True)  # our plain loop, eager and with the compiled target runner
+LOOKUP_METHODS = group_names("jakiro_lookup", twins=True)  # Jakiro's tuned tree + a prompt-lookup chain (extension)
+LOOKUP_METHOD = LOOKUP_METHODS[0]
 PAPER_TREE_TOKENS = 8  # the fixed tree timed where a profile's total_tokens is "auto"
 
 
@@ -53,12 +62,6 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
     drafting cycle is one tree proposal plus encoding 2 accepted tokens, coupled and (with experts)
     decoupled candidates.
     """
-    from contextlib import nullcontext
-
-    from . import kernels
-    from .costmodel import measure_draft_costs, measure_target_cost_variants, measure_target_costs
-    from .draft import DraftModel
-
     model = target.model
     variants: dict[str, Any] = {"ms": nullcontext}
     if model.config._attn_implementation == kernels.GQA_ATTENTION or kernels.packed_gemm(model) is not None:
@@ -75,8 +78,8 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
     vocab = target.model.config.vocab_size
     draft_rows, cycle_rows = [], []
     for name in drafts:
-        path = Path(drafts_dir) / name / "draft"
-        if not (path / "model.safetensors").is_file():
+        path = draft_path(drafts_dir, name)
+        if not has_weights(path):
             continue
         trained = DraftModel.load(path, target.model)
         if tree is not None:
@@ -96,8 +99,6 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
 
 def _draft_cycle_rows(name: str, draft: Any, tree: TreeConfig, *, context: int, repeats: int) -> list[dict[str, Any]]:
     """Drafting ms per cycle with the packed and the plain head, back to back (see :func:`cost_model`)."""
-    from .costmodel import measure_draft_cycle
-
     total = _fixed_tree_tokens(tree)
     rows, before = [], draft.packed_head
     for decoupled in (False, True) if draft.cfg.num_experts > 1 else (False,):
@@ -131,9 +132,6 @@ def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | 
     own rows against the same baselines, and the eager one against ``eagle2_lookup``. Ratios of means
     of tokens/s, as in the main table.
     """
-    from .bench import ratio_interval
-    from .study import headline_table
-
     h = headline_table(main)  # mean over benchmarks per (temperature, method)
     rows: list[dict[str, Any]] = []
 
@@ -206,9 +204,6 @@ def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.
     drafting time per cycle (``draft_cycle`` of :func:`cost_model`); the tuned tree budget compares
     tokens/s of the main study's fixed-budget and ``_auto`` methods (greedy, mean over benchmarks).
     """
-    from .bench import COMPILED_TWINS
-    from .study import headline_table
-
     rows: list[dict[str, Any]] = []
 
     def add(lever: str, measured: str, without: float, with_: float, lower_is_better: bool = True) -> None:
@@ -254,7 +249,7 @@ def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.
     if len(h):
         greedy = h[h["temperature"] == 0].set_index("method")
         for lever, pairs in (("target compiled over a static KV cache (our loops)",
-                              tuple((k, f"{k}_compiled") for k in COMPILED_TWINS)),
+                              tuple((k, compiled_twin(k)) for k in COMPILED_TWINS)),
                              ("tree budget tuned on this machine", (("eagle2", "eagle2_auto"), ("jakiro", "jakiro_auto"))),
                              ("prompt-lookup chain grafted on the tuned tree (extension)",
                               (("eagle2_auto", "eagle2_lookup"), ("jakiro_auto", "jakiro_lookup"))),
@@ -271,8 +266,6 @@ def write_performance_report(ctx: Any, main: pd.DataFrame, *, target: Any = None
     """Notebook 02's performance section: cost model, tree-budget tuning and the goals table, written as
     ``cost_model_target.csv``, ``cost_model_draft.csv``, ``cost_model_draft_cycle.csv``, ``tree_budget.csv``,
     ``performance_targets.csv`` and ``levers.csv`` in the report directory. Returns the six tables."""
-    from .study import get_target, load_study_records, tree_budget_table, write_table
-
     target = target or get_target(ctx)
     costs = cost_model(target, ctx.drafts_dir, widths=sorted({1, ctx.profile.tree.top_k}), tree=ctx.profile.tree,
                        compiled=ctx.profile.bench.compiled_loops)

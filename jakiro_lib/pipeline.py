@@ -29,7 +29,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from .utils import REPO_ROOT, write_json, write_text
+from .config import PROFILE_NAMES, parse_overrides
+from .study import default_report_dir, default_run_dir, resolve_profile
+from .utils import REPO_ROOT, read_json, write_json, write_text
 
 log = logging.getLogger(__name__)
 
@@ -102,16 +104,9 @@ def _fingerprint(profile_dict: dict[str, Any], run_dir: Path, report_dir: Path) 
                       sort_keys=True, default=str)
 
 
-def _read_stamp(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
 def notebook_to_html(notebook: str | Path, html: str | Path | None = None) -> Path:
     """Convert an executed notebook to standalone HTML (code cells kept visible)."""
-    import nbformat
+    import nbformat  # optional, heavy (Jupyter's): only reports need them
     from nbconvert import HTMLExporter
 
     notebook = Path(notebook)
@@ -132,7 +127,7 @@ def _stage_status(stage: str, *, source: Path, report_dir: Path, fingerprint: st
                   upstream_finished: float) -> tuple[bool, str]:
     """(up to date?, reason it is not)."""
     executed = report_dir / f"{stage}.ipynb"
-    stamp = _read_stamp(report_dir / STAMP_DIR / f"{stage}.json")
+    stamp = read_json(report_dir / STAMP_DIR / f"{stage}.json")
     if force:
         return False, "forced"
     if not executed.is_file() or stamp is None or stamp.get("status") != "ok":
@@ -175,9 +170,7 @@ def run_pipeline(
     Raises :class:`PipelineError` when a stage fails (the partial notebook is kept as
     ``<report_dir>/<stage>.failed.ipynb`` and converted to HTML).
     """
-    import papermill as pm
-
-    from .study import default_report_dir, default_run_dir, resolve_profile
+    import papermill as pm  # optional, heavy: only the pipeline runs notebooks
 
     overrides = _plain(dict(overrides or {}))
     prof = resolve_profile(profile, overrides)  # fails early on unknown profiles or keys
@@ -233,14 +226,14 @@ def _run_stages(pm: Any, profile_name: str, selected: list[str], parameters: dic
         executed = report_dir / f"{stage}.ipynb"
         html = report_dir / f"{stage}.html"
         if stage not in selected:
-            stamp = _read_stamp(stamp_path)
+            stamp = read_json(stamp_path)
             if stamp and stamp.get("status") == "ok":
                 upstream_finished = max(upstream_finished, float(stamp.get("finished", 0.0)))
             continue
         fresh, reason = _stage_status(stage, source=source, report_dir=report_dir, fingerprint=fingerprint,
                                       force=force, upstream_finished=upstream_finished)
         if fresh:
-            stamp = _read_stamp(stamp_path) or {}
+            stamp = read_json(stamp_path) or {}
             upstream_finished = max(upstream_finished, float(stamp.get("finished", 0.0)))
             if not html.is_file() or html.stat().st_mtime < executed.stat().st_mtime:
                 notebook_to_html(executed, html)
@@ -311,7 +304,7 @@ def _write_pipeline_log(report_dir: Path, profile: str, parameters: dict[str, An
     """``pipeline.json``: the last invocation's stages (executed or skipped) and their wall times."""
     stages: dict[str, Any] = {}
     for stage in STAGES:
-        stamp = _read_stamp(report_dir / STAMP_DIR / f"{stage}.json")
+        stamp = read_json(report_dir / STAMP_DIR / f"{stage}.json")
         if stamp:
             stages[stage] = {"last_executed": stamp.get("finished_iso"), "seconds": stamp.get("seconds")}
     for r in results:
@@ -355,8 +348,6 @@ def write_report_index(report_dir: str | Path, *, profile_name: str | None = Non
 
 def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the pipeline flags to ``p`` (used by :func:`add_cli` and :func:`main`)."""
-    from .config import PROFILE_NAMES
-
     p.add_argument("--profile", default="default", choices=PROFILE_NAMES, help="named configuration")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a profile field, e.g. --set bench.limit=2 (repeatable)")
@@ -378,8 +369,6 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cli_handler(args: argparse.Namespace) -> int:
-    from .config import parse_overrides
-
     try:
         out = run_pipeline(args.profile, overrides=parse_overrides(args.set), force=args.force, stages=args.stages,
                            report_dir=args.report_dir, run_dir=args.run_dir,

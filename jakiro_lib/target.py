@@ -12,7 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,
+                          PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast)
+from transformers.utils import SAFE_WEIGHTS_NAME
 
 from . import kernels
 from .config import TargetConfig
@@ -57,6 +60,15 @@ class Target:
         return sorted(ids)
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The target's attention mask from a bool one: 0 where a row may attend, the dtype's minimum where not.
+
+    ``allowed`` [n, keys] (True: visible); the result has the same shape (the caller adds batch/head dims).
+    """
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)  # [n, keys]
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
 def _dtype(name: str) -> torch.dtype:
     try:
         return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
@@ -79,10 +91,8 @@ def smollm2_package_dir() -> Path:
 def builtin_smollm2_path() -> Path:
     """Dequantise the packaged GGUF once into a ``save_pretrained`` directory and return it."""
     out = cache_dir() / "models" / "smollm2-135m-instruct"
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+    if (out / "config.json").is_file() and (out / SAFE_WEIGHTS_NAME).is_file():
         return out
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     pkg = smollm2_package_dir()
     tokenizer = AutoTokenizer.from_pretrained(pkg, gguf_file=SMOLLM2_GGUF)
     quantised = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
@@ -98,9 +108,6 @@ def builtin_smollm2_path() -> Path:
 
 def tiny_tokenizer() -> PreTrainedTokenizerBase:
     """A byte-level tokenizer with 256 byte tokens + 4 specials and a ChatML template (for tiny targets)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {ch: i for i, ch in enumerate(alphabet)}
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]

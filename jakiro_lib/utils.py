@@ -16,6 +16,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
+import transformers
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,6 +65,33 @@ def write_json(path: str | Path, obj: Any) -> None:
         tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
 
 
+def read_json(path: str | Path) -> Any:
+    """The JSON content of ``path``, or None when it is missing or unreadable (a cut write, say)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def read_jsonl(path: str | Path) -> list[Any]:
+    """The records of a JSON-lines file, skipping lines an interrupted write cut short; [] when missing."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def world_size() -> int:
+    """Processes of this run: ``WORLD_SIZE`` as ``accelerate launch`` / torchrun set it, else 1."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def write_text(path: str | Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
@@ -95,8 +123,6 @@ def device_name(device: str | torch.device = "cpu") -> str:
 
 def run_metadata(device: str | torch.device = "cpu", **extra: Any) -> dict[str, Any]:
     """Versions, machine, device and commit: written next to every result."""
-    import transformers
-
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "git_commit": git_commit(),

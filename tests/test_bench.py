@@ -174,3 +174,86 @@ def test_compiled_loops_add_compiled_twins_side_by_side(tmp_path):
         assert both[name] == dataclasses.replace(eager, static_compile=True) and not eager.static_compile
     assert study_methods(tree, tmp_path, study="ablations", compiled_loops=True) == study_methods(
         tree, tmp_path, study="ablations")
+
+
+def test_ablations_carry_the_authors_released_configuration(tmp_path):
+    """jakiro_coupled_cepd: the coupled mixture with CEPD on the last layer, on the 2-expert draft."""
+    from jakiro_lib.layout import draft_path
+
+    tree = TreeConfig(depth=5, total_tokens=8)
+    abl = study_methods(tree, tmp_path, study="ablations")
+    released = abl["jakiro_coupled_cepd"]
+    assert released.kind == "spec" and released.draft == str(draft_path(tmp_path, "moe2"))
+    assert released.tree == dataclasses.replace(tree, decoupled=False, ar_steps=3)  # depth - 2
+    assert released.tree == dataclasses.replace(abl["cepd ar_steps=3"].tree, decoupled=False)
+    assert "jakiro_coupled_cepd" not in study_methods(tree, tmp_path, study="main")
+    with pytest.raises(ValueError, match="unknown study"):
+        study_methods(tree, tmp_path, study="nope")
+
+
+def test_one_serializer_names_a_draft_by_folder_or_relative_to_a_file(tmp_path):
+    from jakiro_lib.methods import portable
+
+    spec = MethodSpec("spec", draft=str(tmp_path / "drafts" / "moe2" / "draft"), tree=TreeConfig(total_tokens=4))
+    assert portable(spec)["draft"] == "moe2"  # the study stamp: the weights' digest says which draft
+    assert portable(spec, relative_to=tmp_path / "bench" / "main")["draft"] == "../../drafts/moe2/draft"
+    assert portable(spec)["tree"]["total_tokens"] == 4 and portable(MethodSpec("hf"))["draft"] is None
+
+
+def test_perf_goal_groups_come_from_the_registry():
+    from jakiro_lib import perf
+    from jakiro_lib.methods import COMPILED_TWINS, MAIN
+
+    names = {m.name for m in MAIN}
+    assert set(perf.JAKIRO_EAGER) <= names and set(perf.EAGLE_METHODS) <= names and set(perf.HF_METHODS) <= names
+    assert perf.JAKIRO_EAGER == ("jakiro", "jakiro_cepd", "jakiro_auto")
+    assert perf.JAKIRO_METHODS == (*perf.JAKIRO_EAGER, "jakiro_auto_compiled")
+    assert perf.OUR_VANILLA == ("vanilla", "vanilla_compiled") and perf.HF_METHODS == ("hf_generate", "hf_compiled")
+    assert perf.LOOKUP_METHODS == ("jakiro_lookup", "jakiro_lookup_compiled") and perf.LOOKUP_METHOD == "jakiro_lookup"
+    assert COMPILED_TWINS == ("vanilla", "jakiro_auto", "jakiro_lookup")
+
+
+def test_summary_per_category_splits_a_benchmark_and_skips_records_without_categories():
+    from jakiro_lib.bench import summarize_by_category
+
+    recs = _recs("vanilla", [10.0, 10.0, 10.0], kind="vanilla") + _recs("jakiro", [20.0, 30.0, 40.0])
+    assert summarize_by_category(recs) == []  # records written before categories were recorded
+    for r in recs:
+        r["category"] = "math" if r["question_id"] == 0 else "writing"
+    rows = {(r["method"], r["category"]): r for r in summarize_by_category(recs)}
+    assert set(rows) == {(m, c) for m in ("vanilla", "jakiro") for c in ("math", "writing")}
+    assert rows[("jakiro", "math")]["speedup"] == pytest.approx(2.0)  # against vanilla's math prompts only
+    assert rows[("jakiro", "writing")]["speedup"] == pytest.approx(3.5)
+    assert {r["benchmark"] for r in rows.values()} == {"mt_bench"} and rows[("jakiro", "writing")]["questions"] == 2
+    assert [r["method"] for r in summarize(recs)] == ["jakiro", "vanilla"]  # the benchmark rows are unchanged
+
+
+def test_every_kind_dispatches_to_its_generator_and_greedy_matches_vanilla(monkeypatch):
+    import jakiro_lib.bench as bench
+    from jakiro_lib.bench import MethodRunner, format_prompt_ids
+    from jakiro_lib.config import TargetConfig
+    from jakiro_lib.methods import KINDS
+    from jakiro_lib.target import load_target
+    from jakiro_lib.verify import SamplingParams
+
+    calls = []
+    for name in ("vanilla_generate", "hf_generate", "speculative_generate"):
+        def logged(*args, _real=getattr(bench, name), _name=name, **kwargs):
+            calls.append((_name, kwargs.get("prompt_lookup_num_tokens")))
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(bench, name, logged)
+    target = load_target(TargetConfig(model="tiny:llama"))
+    ids = format_prompt_ids(target, [{"role": "user", "content": "the cat the cat the cat"}])
+    specs = {"vanilla": MethodSpec("vanilla"), "hf": MethodSpec("hf"), "pld": MethodSpec("pld", prompt_lookup_tokens=3),
+             "spec": MethodSpec("spec", tree=TreeConfig(depth=2, top_k=2, total_tokens=4, lookup_tokens=4))}
+    assert set(specs) == set(KINDS)
+    outs = {}
+    for kind, spec in specs.items():
+        streamed = []
+        res = MethodRunner(target, spec)(ids, max_new_tokens=12, params=SamplingParams(), seed=0,
+                                         on_tokens=streamed.extend)
+        outs[kind] = res.output_ids
+        assert streamed == res.output_ids, kind
+    assert calls == [("vanilla_generate", None), ("hf_generate", None), ("hf_generate", 3),
+                     ("speculative_generate", None)]
+    assert len(outs["vanilla"]) == 12 and all(o == outs["vanilla"] for o in outs.values()), outs

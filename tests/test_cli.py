@@ -143,3 +143,50 @@ def test_summary_command_judges_the_speed_goals_of_pooled_records(tmp_path, caps
     summary = json.loads((tmp_path / "tables" / "summary.json").read_text())
     assert {r["questions"] for r in summary if r["temperature"] == 1.0} == {2}  # prompts all methods ran
     assert "Jakiro >= 1.3x HF sampling" in capsys.readouterr().out
+
+
+def test_bench_help_shows_the_question_file_option():
+    out = subprocess.run([sys.executable, "-m", "jakiro_lib", "bench", "--help"], capture_output=True, text=True,
+                         check=True)
+    assert "--questions" in out.stdout and "--name" in out.stdout
+
+
+def test_bench_command_runs_a_question_file_with_per_category_rows(tmp_path, capsys):
+    import json
+
+    import pandas as pd
+
+    questions = tmp_path / "spec_bench" / "question.jsonl"  # Spec-Bench's layout: data/spec_bench/question.jsonl
+    questions.parent.mkdir()
+    rows = [{"question_id": 1, "category": "writing", "turns": ["Write a line.", "Another one."]},
+            {"question_id": 2, "category": "math_reasoning", "turns": ["What is 2 + 3?"]},
+            {"question_id": 3, "category": "writing", "turns": ["Write a word."]}]
+    questions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    argv = ["bench", "--profile", "smoke", "--methods", "vanilla,hf_generate", "--questions", str(questions),
+            "--temperature", "0", "--set", "bench.max_new_tokens=4", "--set", "bench.warmup=0",
+            "--run-dir", str(tmp_path / "runs"), "--out", str(out)]
+    assert main(argv) == 0
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert {r["benchmark"] for r in records} == {"spec_bench"}  # named after the file's folder
+    assert len(records) == 2 * 4 and {r["category"] for r in records} == {"writing", "math_reasoning"}
+    printed = capsys.readouterr().out
+    assert "per question category" in printed and "math_reasoning" in printed
+    by_cat = pd.read_csv(out / "summary_by_category.csv")
+    assert sorted(zip(by_cat["method"], by_cat["category"])) == [
+        ("hf_generate", "math_reasoning"), ("hf_generate", "writing"),
+        ("vanilla", "math_reasoning"), ("vanilla", "writing")]
+    # each category's row is computed from its own records: 3 prompts (2 + 1 turns) in writing, 1 in math
+    questions_per = dict(zip(by_cat["category"], by_cat["questions"]))
+    assert questions_per == {"writing": 3, "math_reasoning": 1}
+    assert (by_cat["benchmark"] == "spec_bench").all() and (by_cat["greedy_same"] == by_cat["greedy_compared"]).all()
+    named = ["bench", "--profile", "smoke", "--methods", "vanilla", "--questions", str(questions), "--name", "mine",
+             "--limit", "1", "--temperature", "0", "--set", "bench.max_new_tokens=2", "--set", "bench.warmup=0",
+             "--run-dir", str(tmp_path / "runs")]
+    assert main(named) == 0  # one question, one category: no per-category table
+    folder = tmp_path / "runs" / "bench" / "main-mine"  # beside the main study's folder, not in it
+    assert not (folder / "summary_by_category.csv").exists() and (folder / "summary.csv").is_file()
+    assert {json.loads(line)["benchmark"] for line in (folder / "records.jsonl").read_text().splitlines()} == {"mine"}
+    assert not (tmp_path / "runs" / "bench" / "main").exists()
+    with pytest.raises(SystemExit, match="no question file"):
+        main(["bench", "--profile", "smoke", "--questions", str(tmp_path / "nope.jsonl"), "--run-dir", str(tmp_path)])

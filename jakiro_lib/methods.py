@@ -1,0 +1,198 @@
+"""Every decoding method the project compares, in one registry: name -> kind, draft, tree settings.
+
+A method is a name plus a :class:`MethodSpec` (what :class:`~jakiro_lib.bench.MethodRunner` runs). The
+studies' method sets (:func:`study_methods`), the CLI's method kinds, the performance goals' method
+groups (:func:`group_names`) and the serialised form in stamps and ``bench_config.json``
+(:func:`portable`) are all read from here.
+
+Kinds: ``vanilla`` (our cached loop), ``hf`` (HF ``generate``), ``pld`` (HF prompt lookup) and ``spec``
+(a feature draft with a tree config: EAGLE-2 with the dense draft, Jakiro with a MoE draft, Jakiro +
+CEPD with ``ar_steps``; DESIGN.md section 3).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .config import TreeConfig
+from .layout import draft_name, draft_path
+
+KINDS = ("vanilla", "hf", "pld", "spec")
+VANILLA_KINDS = ("vanilla", "hf")  # the baselines a speedup is measured against
+STUDIES = ("main", "ablations")
+LOOKUP_TOKENS = 10  # chain length of the lookup-branch methods: HF prompt lookup's default
+COMPILED_SUFFIX = "_compiled"
+
+
+@dataclass
+class MethodSpec:
+    kind: str  # one of KINDS
+    draft: str | None = None  # path of a saved draft (kind "spec"; None: the lookup chain alone)
+    tree: TreeConfig | None = None  # kind "spec"
+    prompt_lookup_tokens: int = 10  # kind "pld" (HF's default)
+    # A static KV cache and torch.compile: kind "hf" through HF generate (decoding.hf_generate); kinds
+    # "vanilla" and "spec" through our loops' compiled target runner (jakiro_lib.compiled).
+    static_compile: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown method kind {self.kind!r}: use {', '.join(KINDS[:-1])} or {KINDS[-1]}")
+        if self.static_compile and self.kind == "pld":
+            raise ValueError("static_compile does not apply to kind 'pld' (HF prompt lookup has no static-cache path)")
+        if self.kind == "spec" and (self.tree is None or self.draft is None and not self.tree.lookup_tokens):
+            raise ValueError("a 'spec' method needs a tree config and a draft path (or tree.lookup_tokens)")
+
+
+def portable(spec: MethodSpec, relative_to: str | Path | None = None) -> dict[str, Any]:
+    """A method's settings as JSON-ready values with no machine's directories in them.
+
+    The draft is named by its folder (``relative_to`` None: the study stamp, where the weights' digest
+    says which draft it is, so a moved or copied run directory keeps its records), or given relative
+    to ``relative_to`` (``bench_config.json``, which sits in a folder of the same run).
+    """
+    d = dataclasses.asdict(spec)
+    if spec.draft is not None:
+        if relative_to is None:
+            d["draft"] = draft_name(spec.draft)
+        else:
+            d["draft"] = Path(os.path.relpath(Path(spec.draft).resolve(), Path(relative_to).resolve())).as_posix()
+    return d
+
+
+# ----------------------------------------------------------------------------------------------------
+# The registry
+# ----------------------------------------------------------------------------------------------------
+
+CEPD = "cepd"  # tree.ar_steps placeholder: depth - 2, the last draft forward yields two layers (reference)
+TUNED = "tuned"  # tree.total_tokens placeholder: "auto" when the study tunes budgets, else the tree's own
+
+
+@dataclass(frozen=True)
+class Method:
+    """One registered method: its kind, draft (a name under ``drafts/``) and tree settings.
+
+    ``group`` names the role the performance goals give it (see :func:`group_names`); ``when`` the study
+    switch it needs (``"compiled"``: bench.compiled_baseline; ``"tuned"``: bench.tuned with a fixed tree
+    budget); ``twin``: with bench.compiled_loops it also runs through the compiled target runner as
+    ``<name>_compiled``.
+    """
+
+    name: str
+    kind: str
+    draft: str | None = None
+    tree: dict[str, Any] = field(default_factory=dict)
+    static_compile: bool = False
+    group: str = ""
+    when: str | None = None
+    twin: bool = False
+
+    def spec(self, tree: TreeConfig, drafts_dir: str | Path, *, tuned: bool) -> MethodSpec:
+        """The runnable spec on the study's ``tree`` with drafts under ``drafts_dir``."""
+        if self.kind != "spec":
+            return MethodSpec(self.kind, static_compile=self.static_compile)
+        values = {k: _resolve(v, tree, tuned) for k, v in self.tree.items()}
+        return MethodSpec("spec", draft=str(draft_path(drafts_dir, self.draft)) if self.draft else None,
+                          tree=dataclasses.replace(tree, **values), static_compile=self.static_compile)
+
+
+def _resolve(value: Any, tree: TreeConfig, tuned: bool) -> Any:
+    if value == CEPD:
+        return cepd_steps(tree)
+    if value == TUNED:
+        return "auto" if tuned else tree.total_tokens
+    return value
+
+
+def cepd_steps(tree: TreeConfig) -> int:
+    """CEPD's autoregressive layers on ``tree``: all but the last two (DESIGN.md section 3)."""
+    return max(tree.depth - 2, 0)
+
+
+_JAKIRO = {"decoupled": True}
+_LOOKUP = {"total_tokens": TUNED, "lookup_tokens": LOOKUP_TOKENS}
+
+MAIN = (
+    Method("vanilla", "vanilla", group="our_vanilla", twin=True),
+    Method("hf_generate", "hf", group="hf"),
+    Method("hf_compiled", "hf", static_compile=True, group="hf", when="compiled"),
+    Method("hf_prompt_lookup", "pld", group="pld"),
+    Method("eagle2", "spec", "dense", group="eagle2"),
+    Method("jakiro", "spec", "moe2", _JAKIRO, group="jakiro"),
+    Method("jakiro_cepd", "spec", "moe2", {**_JAKIRO, "ar_steps": CEPD}, group="jakiro"),
+    Method("eagle2_auto", "spec", "dense", {"total_tokens": "auto"}, group="eagle2", when="tuned"),
+    Method("jakiro_auto", "spec", "moe2", {**_JAKIRO, "total_tokens": "auto"}, group="jakiro", when="tuned",
+           twin=True),
+    Method("lookup_only", "spec", None, {"lookup_tokens": LOOKUP_TOKENS}, group="lookup_only"),
+    Method("eagle2_lookup", "spec", "dense", _LOOKUP, group="eagle2_lookup"),
+    Method("jakiro_lookup", "spec", "moe2", {**_JAKIRO, **_LOOKUP}, group="jakiro_lookup", twin=True),
+)
+
+ABLATIONS = (
+    Method("vanilla", "vanilla"),
+    Method("experts=1 (eagle2)", "spec", "dense"),
+    Method("experts=2", "spec", "moe2", _JAKIRO),
+    Method("experts=4", "spec", "moe4", _JAKIRO),
+    Method("experts=2, coupled", "spec", "moe2", {"decoupled": False}),
+    Method("experts=2, scoring=best", "spec", "moe2", {**_JAKIRO, "scoring": "best"}),
+)
+# The Jakiro authors' released configuration: the coupled mixture (one candidate list from the mixed
+# expert output) with CEPD on the last layer, on the 2-expert draft.
+RELEASED = Method("jakiro_coupled_cepd", "spec", "moe2", {"decoupled": False, "ar_steps": CEPD})
+
+
+def _ablation_methods(tree: TreeConfig) -> tuple[Method, ...]:
+    """The ablation set on ``tree``: the fixed rows, a CEPD sweep, CEPD without contrastive training and
+    the authors' released configuration."""
+    cepd = cepd_steps(tree)
+    sweep = tuple(Method(f"cepd ar_steps={s}", "spec", "moe2", {**_JAKIRO, "ar_steps": s})
+                  for s in sorted({0, 1, cepd} - {tree.depth}))
+    nocontrast = Method(f"cepd ar_steps={cepd}, contrastive off", "spec", "moe2_nocontrast",
+                        {**_JAKIRO, "ar_steps": cepd})
+    return (*ABLATIONS, *sweep, nocontrast, RELEASED)
+
+
+def compiled_twin(name: str) -> str:
+    return f"{name}{COMPILED_SUFFIX}"
+
+
+def group_names(group: str, *, twins: bool = False) -> tuple[str, ...]:
+    """The main study's methods of a goals group (e.g. ``"jakiro"``), in registry order; with ``twins``
+    followed by their compiled twins."""
+    eager = tuple(m.name for m in MAIN if m.group == group)
+    return eager + (tuple(compiled_twin(m.name) for m in MAIN if m.group == group and m.twin) if twins else ())
+
+
+COMPILED_TWINS = tuple(m.name for m in MAIN if m.twin)  # timed compiled too with bench.compiled_loops
+DRAFTED_METHODS = tuple(m.name for m in MAIN if m.kind == "spec" and m.draft)  # compared with published numbers
+
+
+def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "main",
+                  tuned: bool = True, compiled: bool = True, compiled_loops: bool = False) -> dict[str, MethodSpec]:
+    """The method sets the notebooks compare; drafts are read from ``drafts_dir/<name>/draft``.
+
+    ``main``: the baselines, EAGLE-2 (dense draft), Jakiro (2 experts, decoupled) and Jakiro + CEPD on
+    ``tree``; with ``tuned`` (and a fixed ``tree.total_tokens``) also ``eagle2_auto`` and ``jakiro_auto``,
+    the same drafts with the tree budget tuned for the machine (``total_tokens="auto"``); and this
+    repository's extension ``eagle2_lookup`` / ``jakiro_lookup``: that tree (tuned unless ``tuned`` is
+    off) with a prompt-lookup chain of ``LOOKUP_TOKENS`` grafted on (:class:`~jakiro_lib.drafting.LookupDrafter`),
+    and its control ``lookup_only``: the same chain without a draft, through the same engine.
+    ``ablations``: experts count, AR steps, contrastive on/off and decoupled on/off around Jakiro, and
+    the authors' released configuration (``jakiro_coupled_cepd``), all on ``tree``. ``compiled``: the
+    main study also times ``hf_compiled``. ``compiled_loops``: it also runs :data:`COMPILED_TWINS` (our
+    plain loop and Jakiro's fastest settings) a second time, the target compiled over a static KV cache
+    (:mod:`jakiro_lib.compiled`), as ``<name>_compiled``: the lever measured side by side.
+    """
+    if study not in STUDIES:
+        raise ValueError(f"unknown study {study!r}: use {' or '.join(repr(s) for s in STUDIES)}")
+    switches: dict[str, Callable[[], bool]] = {"compiled": lambda: compiled,
+                                               "tuned": lambda: tuned and tree.total_tokens != "auto"}
+    registered = MAIN if study == "main" else _ablation_methods(tree)
+    chosen = [m for m in registered if m.when is None or switches[m.when]()]
+    methods = {m.name: m.spec(tree, drafts_dir, tuned=tuned) for m in chosen}
+    if study == "main" and compiled_loops:
+        methods.update({compiled_twin(m.name): dataclasses.replace(methods[m.name], static_compile=True)
+                        for m in chosen if m.twin})
+    return methods

@@ -1,0 +1,199 @@
+"""Profiles, the study's directories and the notebooks' setup: what every stage starts from.
+
+:func:`setup` resolves a profile (name + dotted overrides) and the two directories every stage shares:
+``run_dir`` for heavy artifacts (``$JAKIRO_RUNS/<profile>``, default ``runs/<profile>``; its layout is
+:class:`~jakiro_lib.layout.RunLayout`) and ``report_dir`` for what is published (``reports/<profile>``).
+:func:`notebook_setup` is the notebooks' first cell.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from ..config import Profile, get_profile, override
+from ..layout import RunLayout
+from ..target import load_target
+from ..utils import REPO_ROOT, run_metadata, write_json
+
+log = logging.getLogger(__name__)
+
+SMOKE_BANNER = "smoke profile: a random tiny target, numbers for plumbing only"
+LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
+
+
+def runs_root() -> Path:
+    """Root of heavy run outputs: ``$JAKIRO_RUNS`` or ``<repo>/runs`` (gitignored)."""
+    return Path(os.environ.get("JAKIRO_RUNS") or REPO_ROOT / "runs").expanduser().resolve()
+
+
+def reports_root() -> Path:
+    """Root of the reports: ``$JAKIRO_REPORTS`` or ``<repo>/reports``."""
+    return Path(os.environ.get("JAKIRO_REPORTS") or REPO_ROOT / "reports").expanduser().resolve()
+
+
+def default_run_dir(profile_name: str) -> Path:
+    return runs_root() / profile_name
+
+
+def default_report_dir(profile_name: str) -> Path:
+    return reports_root() / profile_name
+
+
+def resolve_profile(profile: str | Profile, overrides: dict[str, Any] | None = None) -> Profile:
+    """A :class:`Profile` from a name (or a Profile) plus dotted-key overrides (``{"bench.limit": 2}``)."""
+    overrides = dict(overrides or {})
+    if isinstance(profile, Profile):
+        return override(profile, **overrides) if overrides else profile
+    return get_profile(profile, **overrides)
+
+
+def _run_dir(profile: Profile, run_dir: str | Path | None) -> Path:
+    return Path(run_dir).expanduser().resolve() if run_dir is not None else default_run_dir(profile.name)
+
+
+@dataclass
+class StudyContext:
+    """What a notebook works with: the resolved profile and its directories."""
+
+    profile: Profile
+    overrides: dict[str, Any] = field(default_factory=dict)
+    run_dir: Path = Path()
+    report_dir: Path = Path()
+
+    @property
+    def layout(self) -> RunLayout:
+        """Every path under ``run_dir``."""
+        return RunLayout(self.run_dir)
+
+    @property
+    def features_dir(self) -> Path:
+        return self.layout.features
+
+    @property
+    def drafts_dir(self) -> Path:
+        return self.layout.drafts
+
+    def bench_dir(self, study: str) -> Path:
+        return self.layout.bench(study)
+
+    def describe(self) -> pd.DataFrame:
+        """The profile as a two-column table (section.key, value), for display."""
+        rows = []
+        for section, values in self.profile.to_dict().items():
+            if isinstance(values, dict) and section != "drafts":
+                rows += [{"setting": f"{section}.{k}", "value": _short(v)} for k, v in values.items()]
+            elif section == "drafts":
+                for name, cfg in values.items():
+                    rows.append({"setting": f"drafts.{name}", "value": _short(
+                        {k: v for k, v in cfg.items() if v is not None})})
+            else:
+                rows.append({"setting": section, "value": _short(values)})
+        return pd.DataFrame(rows)
+
+
+def _short(value: Any) -> str:
+    return json.dumps(value, default=str) if not isinstance(value, str) else value
+
+
+def setup(profile: str | Profile = "default", overrides: dict[str, Any] | None = None, *,
+          run_dir: str | Path | None = None, report_dir: str | Path | None = None,
+          write_config: bool = True) -> StudyContext:
+    """Resolve the notebook parameters; create the directories; write ``report_dir/run_config.json``.
+
+    ``JAKIRO_THREADS`` (env) sets torch's intra-op thread count (tiny targets run faster on one).
+    """
+    prof = resolve_profile(profile, overrides)
+    threads = os.environ.get("JAKIRO_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))
+    ctx = StudyContext(
+        profile=prof,
+        overrides=dict(overrides or {}),
+        run_dir=_run_dir(prof, run_dir),
+        report_dir=(Path(report_dir).expanduser().resolve() if report_dir is not None
+                    else default_report_dir(prof.name)),
+    )
+    ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    ctx.report_dir.mkdir(parents=True, exist_ok=True)
+    if write_config:
+        write_json(ctx.report_dir / "run_config.json", {
+            "profile": prof.name, "overrides": ctx.overrides, "config": prof.to_dict(),
+            "run_dir": str(ctx.run_dir), "report_dir": str(ctx.report_dir),
+            "run_metadata": run_metadata(prof.target.device),
+        })
+    return ctx
+
+
+_TARGETS: dict[str, Any] = {}
+
+
+def get_target(profile: Profile | StudyContext) -> Any:
+    """The profile's target, loaded once per process (notebooks call several steps with it)."""
+    prof = profile.profile if isinstance(profile, StudyContext) else profile
+    key = json.dumps(dataclasses.asdict(prof.target), sort_keys=True)
+    if key not in _TARGETS:
+        _TARGETS.clear()  # one target at a time: they can be large
+        t0 = time.perf_counter()
+        _TARGETS[key] = load_target(prof.target)
+        log.info("loaded target %s in %.1f s", prof.target.model, time.perf_counter() - t0)
+    return _TARGETS[key]
+
+
+def _profile_of(profile: str | Profile | StudyContext) -> Profile:
+    if isinstance(profile, StudyContext):
+        return profile.profile
+    return resolve_profile(profile)
+
+
+def _dirs(profile: str | Profile | StudyContext, run_dir: str | Path | None) -> tuple[Profile, Path]:
+    if isinstance(profile, StudyContext):
+        return profile.profile, (Path(run_dir).resolve() if run_dir is not None else profile.run_dir)
+    prof = _profile_of(profile)
+    return prof, _run_dir(prof, run_dir)
+
+
+def _layout(profile: str | Profile | StudyContext, run_dir: str | Path | None) -> tuple[Profile, RunLayout]:
+    """The profile and its run directory's layout (``run_dir`` given, the context's, or the default)."""
+    prof, rdir = _dirs(profile, run_dir)
+    return prof, RunLayout(rdir)
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Log lines to stdout: an executed notebook shows stderr in red, which reads as an error."""
+    logging.basicConfig(level=level, format=LOG_FORMAT, datefmt="%H:%M:%S", stream=sys.stdout, force=True)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def notebook_setup(profile: str | Profile = "default", overrides: dict[str, Any] | None = None, *,
+                   run_dir: str | Path | None = None, report_dir: str | Path | None = None,
+                   describe: bool = False) -> StudyContext:
+    """The notebooks' first cell: logging to stdout, table display options, :func:`setup`, and a header
+    naming the profile and directories (on the smoke profile, a banner that its numbers mean nothing).
+    ``describe``: also show the profile's settings. Returns the :class:`StudyContext`."""
+    from IPython.display import Markdown, display  # only notebooks call this; IPython comes with Jupyter
+
+    warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm without ipywidgets
+    configure_logging()
+    pd.set_option("display.precision", 3)
+    pd.set_option("display.max_colwidth", 80)
+    ctx = setup(profile, overrides, run_dir=run_dir, report_dir=report_dir)
+    if ctx.profile.name == "smoke":
+        display(Markdown(f"> **{SMOKE_BANNER}**"))
+    display(Markdown(f"**Profile `{ctx.profile.name}`**, overrides `{ctx.overrides}`  \n"
+                     f"run dir `{ctx.run_dir}`  \nreport dir `{ctx.report_dir}`"))
+    if describe:
+        display(ctx.describe())
+    return ctx
+
+

@@ -1,0 +1,236 @@
+"""Stage 01 (notebook 01): every draft of the profile trained with the same data and budget, and the
+training tables.
+
+:func:`train_all`: ``profile.drafts`` -> ``run_dir/drafts/<name>/`` (``draft/``, ``results.json``,
+``history.json``, ``train_stamp.json``); a draft is retrained only when its configuration (draft,
+training, target, data, features) changed or ``force`` is set.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+from ..config import Profile
+from ..features import (FeatureDataset, OnlineFeatureDataset, build_draft_vocab, token_frequencies,
+                        vocab_coverage)
+from ..layout import RunLayout
+from ..train import RESULTS, train_draft
+from ..utils import read_json, world_size, write_json
+from .context import StudyContext, _dirs, _layout, get_target
+from .s00_data import load_training_conversations
+from .tables import write_table
+
+log = logging.getLogger(__name__)
+
+
+def training_datasets(profile: Profile, run_dir: Path, target: Any) -> tuple[Any, Any]:
+    """(train, held-out) datasets: from the feature cache, or online from the conversations."""
+    d = profile.data
+    if d.online:
+        convs = load_training_conversations(profile, run_dir, target)
+        kw = dict(max_length=d.max_length, template=profile.target.template, heldout_fraction=d.heldout_fraction)
+        return (OnlineFeatureDataset(target, convs, split="train", **kw),
+                OnlineFeatureDataset(target, convs, split="heldout", **kw))
+    cache = RunLayout(run_dir).features
+    return (FeatureDataset(cache, "train", d.heldout_fraction),
+            FeatureDataset(cache, "heldout", d.heldout_fraction))
+
+
+def _features_fingerprint(profile: Profile, run_dir: Path) -> Any:
+    if profile.data.online:
+        return {"online": dataclasses.asdict(profile.data)}
+    m = read_json(RunLayout(run_dir).features_manifest) or {}
+    return {"settings": m.get("settings"), "shards": [s.get("sha256") for s in m.get("shards", [])],
+            "heldout_fraction": profile.data.heldout_fraction}
+
+
+def _train_stamp(profile: Profile, name: str, run_dir: Path) -> dict[str, Any]:
+    return json.loads(json.dumps({
+        "draft": dataclasses.asdict(profile.drafts[name]), "train": dataclasses.asdict(profile.train),
+        "target": dataclasses.asdict(profile.target), "features": _features_fingerprint(profile, run_dir),
+    }, default=str))
+
+
+def _log_every(n_train: int, train_cfg: Any) -> int:
+    steps = math.ceil(n_train / max(train_cfg.batch_size, 1)) * max(train_cfg.epochs, 1)
+    if train_cfg.max_steps is not None:
+        steps = min(steps, train_cfg.max_steps)
+    return max(1, steps // 200)
+
+
+def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None = None, *,
+              only: Sequence[str] | None = None, force: bool = False, target: Any = None,
+              progress: bool = True) -> dict[str, dict[str, Any]]:
+    """Train every draft of ``profile.drafts`` (or ``only`` those) with the same data and budget.
+
+    Output per draft: ``run_dir/drafts/<name>/`` with ``draft/``, ``results.json``, ``history.json`` and
+    ``train_stamp.json`` (the configuration it was trained with). A draft whose ``results.json`` exists
+    and whose stamp matches is skipped unless ``force``; a changed configuration retrains it from
+    scratch. With ``draft_vocab_size`` set, the reduced draft vocabulary (most frequent tokens of the
+    training split, EOS forced in) is built once and shared by all drafts of that size.
+    Returns ``{name: results}`` (each results dict also gets ``skipped`` and ``vocab_coverage``).
+    """
+    prof, rdir = _dirs(profile, run_dir)
+    layout = RunLayout(rdir)
+    names = list(prof.drafts) if not only else list(only)
+    unknown = [n for n in names if n not in prof.drafts]
+    if unknown:
+        raise ValueError(f"unknown draft(s) {unknown}; the profile has {', '.join(prof.drafts)}")
+    target = target or get_target(prof)
+    todo: list[str] = []
+    out: dict[str, dict[str, Any]] = {}
+    main_process, wait = _process_state()  # under `accelerate launch`: one process manages the files
+    for name in names:
+        d = layout.draft_dir(name)
+        stamp = _train_stamp(prof, name, rdir)
+        old = read_json(layout.train_stamp(name))
+        if main_process:
+            if force or (old is not None and old != stamp):
+                if d.exists():
+                    log.info("draft %s: %s, retraining from scratch", name,
+                             "forced" if force else "configuration changed")
+                    shutil.rmtree(d)
+            elif old is None and d.exists():
+                log.info("draft %s: no training stamp, retraining from scratch", name)
+                shutil.rmtree(d)
+        wait()
+        res = read_json(d / RESULTS)
+        if res is not None and layout.draft(name).is_dir():
+            res["skipped"] = True
+            out[name] = res
+            log.info("draft %s: already trained (held-out acc_a %s), skipped", name, _fmt(res.get("acc_a")))
+        else:
+            todo.append(name)
+    if not todo:
+        return {n: out[n] for n in names}
+
+    train_ds, held_ds = training_datasets(prof, rdir, target)
+    log.info("training %s on %d conversations (%d held out)", ", ".join(todo), len(train_ds), len(held_ds))
+    vocabs: dict[int, tuple[Any, float]] = {}
+    freqs = None
+    for name in todo:
+        cfg = prof.drafts[name]
+        d2t = None
+        coverage = None
+        if cfg.draft_vocab_size is not None:
+            size = int(cfg.draft_vocab_size)
+            if size not in vocabs:
+                if freqs is None:
+                    freqs = token_frequencies(train_ds, target.model.config.vocab_size)
+                voc = build_draft_vocab(freqs, min(size, freqs.numel()), always=target.eos_token_ids)
+                vocabs[size] = (voc, vocab_coverage(freqs, voc))
+            d2t, coverage = vocabs[size]
+        d = layout.draft_dir(name)
+        if main_process:
+            d.mkdir(parents=True, exist_ok=True)
+            write_json(layout.train_stamp(name), _train_stamp(prof, name, rdir))
+        wait()
+        t0 = time.perf_counter()
+        res = train_draft(target, cfg, train_ds, held_ds, d, prof.train, d2t=d2t, progress=progress,
+                          log_every=_log_every(len(train_ds), prof.train))
+        res = dict(res)
+        res["skipped"] = False
+        res["vocab_coverage"] = coverage
+        if coverage is not None and main_process:
+            extra = read_json(d / RESULTS) or {}
+            extra["vocab_coverage"] = coverage
+            write_json(d / RESULTS, extra)
+        out[name] = res
+        log.info("draft %s: trained in %.1f s, held-out acc_a %s acc_b %s", name, time.perf_counter() - t0,
+                 _fmt(res.get("acc_a")), _fmt(res.get("acc_b")))
+    return {n: out[n] for n in names}
+
+
+def _process_state() -> tuple[bool, Any]:
+    """(is main process, barrier): trivial in one process, accelerate's state under ``accelerate launch``."""
+    if world_size() <= 1:
+        return True, lambda: None
+    from accelerate import PartialState  # only under `accelerate launch`: optional, heavy
+
+    state = PartialState()
+    return state.is_main_process, state.wait_for_everyone
+
+
+def _fmt(x: Any) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def load_training_results(profile: str | Profile | StudyContext, run_dir: str | Path | None = None
+                          ) -> dict[str, dict[str, Any]]:
+    """``{name: results.json}`` of the profile's trained drafts (missing ones left out)."""
+    prof, layout = _layout(profile, run_dir)
+    out = {}
+    for name in prof.drafts:
+        res = read_json(layout.draft_results(name))
+        if res is not None:
+            out[name] = res
+    return out
+
+
+def training_table(results: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """One row per draft: architecture, budget, held-out accuracy per branch, router load, time."""
+    rows = []
+    for name, r in results.items():
+        cfg = r.get("draft_config", {})
+        data = r.get("data", {})
+        load = r.get("router_load") or []
+        rows.append({
+            "draft": name, "mlp": cfg.get("mlp"), "experts": cfg.get("num_experts"),
+            "top_k_experts": cfg.get("top_k_experts"), "branch_b": cfg.get("branch_b"),
+            "contrastive": cfg.get("contrastive"), "draft_vocab_size": cfg.get("draft_vocab_size"),
+            "vocab_coverage": r.get("vocab_coverage"),
+            "train_conversations": data.get("train_conversations"), "train_tokens": data.get("train_tokens"),
+            "heldout_conversations": data.get("heldout_conversations"), "epochs": r.get("epochs_completed"),
+            "steps": r.get("steps"), "acc_a": r.get("acc_a"), "acc_b": r.get("acc_b"),
+            "heldout_loss": r.get("heldout_loss"),
+            "router_load": " / ".join(f"{x:.2f}" for x in load) if load else None,
+            "router_load_max": max(load) if load else None,
+            "wall_time_s": r.get("wall_time_s"), "train_tokens_per_s": r.get("train_tokens_per_s"),
+        })
+    return pd.DataFrame(rows)
+
+
+def router_load_table(results: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """Long table (draft, expert, load) of the held-out router load of the MoE drafts."""
+    rows = [{"draft": name, "expert": e, "load": x}
+            for name, r in results.items() if (r.get("draft_config", {}).get("num_experts") or 1) > 1
+            for e, x in enumerate(r.get("router_load") or [])]
+    return pd.DataFrame(rows, columns=["draft", "expert", "load"])
+
+
+def training_history(profile: str | Profile | StudyContext, run_dir: str | Path | None = None) -> pd.DataFrame:
+    """Long table (draft, step, series, value): training losses/accuracies per logged step, held-out
+    accuracy per epoch."""
+    prof, layout = _layout(profile, run_dir)
+    rows = []
+    for name in prof.drafts:
+        h = read_json(layout.draft_history(name))
+        if not h:
+            continue
+        for rec in h.get("steps", []):
+            for key, series in (("loss", "train loss"), ("loss_a", "train loss A (t+1)"),
+                                ("loss_b", "train loss B (t+2)"), ("acc_a", "train acc A")):
+                if rec.get(key) is not None:
+                    rows.append({"draft": name, "step": rec["step"], "series": series, "value": rec[key]})
+        for rec in h.get("epochs", []):
+            held = rec.get("heldout") or {}
+            for key, series in (("acc_a", "held-out acc A"), ("acc_b", "held-out acc B")):
+                if held.get(key) is not None:
+                    rows.append({"draft": name, "step": rec["step"], "series": series, "value": held[key]})
+    return pd.DataFrame(rows, columns=["draft", "step", "series", "value"])
+
+
+def write_training_tables(report_dir: str | Path, results: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """``training.csv`` / ``training.json`` in the report directory; returns the table."""
+    report_dir = Path(report_dir)
+    table = training_table(results)
+    write_table(report_dir / "training.csv", table)
+    return table

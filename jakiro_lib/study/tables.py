@@ -1,0 +1,143 @@
+"""The study's tables: benchmark records -> summary, compact display and headline DataFrames, and the
+CSV/JSON files the report publishes."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..bench import summarize, summarize_by_category
+from ..layout import draft_name
+from ..methods import MethodSpec
+from ..utils import atomic_path, write_json
+
+SETTING_COLUMNS = ("draft", "total_tokens", "decoupled", "ar_steps", "scoring", "lookup_tokens")
+
+
+def method_setting(spec: MethodSpec, key: str) -> Any:
+    """One setting of a method as the tables show it (None where it does not apply)."""
+    if spec.kind != "spec":
+        return None
+    if spec.draft is None:  # the lookup chain alone: no draft, no drafted tree
+        return {"draft": "none", "lookup_tokens": spec.tree.lookup_tokens}.get(key)
+    if key == "draft":
+        return draft_name(spec.draft)
+    return getattr(spec.tree, key)
+
+
+def write_table(csv_path: Path, df: pd.DataFrame) -> None:
+    """``df`` as ``csv_path`` and as records in the ``.json`` beside it (both written atomically)."""
+    with atomic_path(csv_path) as tmp:
+        df.to_csv(tmp, index=False)
+    write_json(csv_path.with_suffix(".json"), json.loads(df.to_json(orient="records")))
+
+
+def study_table(records: list[dict[str, Any]], methods: dict[str, Any] | None = None) -> pd.DataFrame:
+    """:func:`jakiro_lib.bench.summarize` as a DataFrame in the study's method order, with the method
+    settings (draft, decoupled, ar_steps, scoring) as columns."""
+    if methods is not None:
+        records = [r for r in records if r["method"] in methods]
+    return _ordered(pd.DataFrame(summarize(records)), records, methods, ["temperature", "benchmark"])
+
+
+def category_table(records: list[dict[str, Any]], methods: dict[str, Any] | None = None) -> pd.DataFrame:
+    """:func:`jakiro_lib.bench.summarize_by_category` as a DataFrame (a ``category`` column after
+    ``benchmark``), ordered like :func:`study_table`: empty unless some benchmark's questions carry
+    more than one category (Spec-Bench's 13, MT-bench's 8)."""
+    if methods is not None:
+        records = [r for r in records if r["method"] in methods]
+    df = pd.DataFrame(summarize_by_category(records))
+    if df.empty:
+        return df
+    df.insert(df.columns.get_loc("benchmark") + 1, "category", df.pop("category"))
+    return _ordered(df, records, methods, ["temperature", "benchmark", "category"])
+
+
+def _ordered(df: pd.DataFrame, records: list[dict[str, Any]], methods: dict[str, Any] | None,
+             keys: list[str]) -> pd.DataFrame:
+    """Rows sorted by ``keys`` then the study's method order; with ``methods``, their settings as columns."""
+    if df.empty:
+        return df
+    order = list(methods) if methods is not None else list(dict.fromkeys(r["method"] for r in records))
+    df["_o"] = df["method"].map({m: i for i, m in enumerate(order)})
+    df = df.sort_values([*keys, "_o"]).drop(columns="_o").reset_index(drop=True)
+    if methods is not None:
+        for key in SETTING_COLUMNS:
+            df.insert(df.columns.get_loc("benchmark"), key, [method_setting(methods[m], key) for m in df["method"]])
+    return df
+
+
+def records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """Per-record table without the output ids (accepted lengths as a JSON list)."""
+    rows = []
+    for r in records:
+        row = {k: v for k, v in r.items() if k != "output_ids"}
+        row["accepted"] = json.dumps(r.get("accepted", []))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def write_study_tables(report_dir: str | Path, study: str, table: pd.DataFrame,
+                       records: list[dict[str, Any]] | None = None) -> Path:
+    """``main_results.csv`` / ``ablations.csv`` (+ JSON) and ``<study>_records.csv`` in the report dir."""
+    report_dir = Path(report_dir)
+    name = "main_results" if study == "main" else "ablations"
+    path = report_dir / f"{name}.csv"
+    write_table(path, table)
+    if records is not None:
+        with atomic_path(report_dir / f"{study}_records.csv") as tmp:
+            records_frame(records).to_csv(tmp, index=False)
+    return path
+
+
+def _interval(lo: float, hi: float) -> str:
+    return "–" if lo is None or hi is None or math.isnan(lo) or math.isnan(hi) else f"[{lo:.2f}, {hi:.2f}]"
+
+
+def display_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Compact view: tau and speedup as ``mean ± std`` (over repeats) strings, the speedup's bootstrap
+    interval over prompts, the per-cycle breakdown, and (T=0) how many prompts gave vanilla's output."""
+    if table.empty:
+        return table
+
+    def pm(m: float, s: float, digits: int = 2) -> str:
+        if m is None or (isinstance(m, float) and math.isnan(m)):
+            return "–"
+        return f"{m:.{digits}f} ± {0.0 if s is None or math.isnan(s) else s:.{digits}f}"
+
+    out = pd.DataFrame({
+        "method": table["method"], "benchmark": table["benchmark"],
+        **({"category": table["category"]} if "category" in table else {}), "T": table["temperature"],
+        "tokens/s": [pm(m, s, 1) for m, s in zip(table["tokens_per_s"], table["tokens_per_s_std"])],
+        "speedup": [pm(m, s) for m, s in zip(table["speedup"], table["speedup_std"])],
+        "speedup 95% CI": [_interval(lo, hi) for lo, hi in zip(table["speedup_ci_low"], table["speedup_ci_high"])],
+        "tau": table["tau"].round(2), "tau (cycles-1)": table["tau_ref"].round(2),
+        "draft fwd/cycle": table["draft_forwards_per_cycle"].round(2),
+        "draft time %": (100 * table["draft_time_frac"]).round(1),
+        "questions": table["questions"],
+        "greedy = vanilla": [_fraction(a, b) for a, b in zip(table.get("greedy_same", [None] * len(table)),
+                                                            table.get("greedy_compared", [None] * len(table)))],
+    })
+    return out
+
+
+def _fraction(same: Any, compared: Any) -> str:
+    if same is None or compared is None or any(isinstance(v, float) and math.isnan(v) for v in (same, compared)):
+        return "–"
+    return f"{int(same)}/{int(compared)}"
+
+
+def headline_table(main: pd.DataFrame) -> pd.DataFrame:
+    """Mean over benchmarks per (method, temperature): speedup, tau, tokens/s — the index's summary."""
+    if main.empty:
+        return main
+    order = list(dict.fromkeys(main["method"].tolist()))
+    g = (main.groupby(["temperature", "method"], sort=False)
+         .agg(benchmarks=("benchmark", "nunique"), tokens_per_s=("tokens_per_s", "mean"),
+              speedup=("speedup", "mean"), tau=("tau", "mean"), tau_ref=("tau_ref", "mean"))
+         .reset_index())
+    g["_o"] = g["method"].map({m: i for i, m in enumerate(order)})
+    return g.sort_values(["temperature", "_o"]).drop(columns="_o").reset_index(drop=True)
