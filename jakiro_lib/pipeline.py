@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from .utils import REPO_ROOT, write_json, write_text
+from .utils import INTERRUPTED, REPO_ROOT, busy_warning, error_line, known_error, write_json, write_text
 
 log = logging.getLogger(__name__)
 
@@ -378,6 +378,7 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cli_handler(args: argparse.Namespace) -> int:
+    """Run the pipeline; known errors (and Ctrl-C, status 130) end in one ``error:`` line."""
     from .config import parse_overrides
 
     try:
@@ -385,8 +386,13 @@ def cli_handler(args: argparse.Namespace) -> int:
                            report_dir=args.report_dir, run_dir=args.run_dir,
                            kernel_name=getattr(args, "kernel", "python3"),
                            log_output=getattr(args, "log_output", False))
-    except (PipelineError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if not (known_error(exc) or isinstance(exc, ValueError)):
+            raise
+        print(error_line(exc), file=sys.stderr)
         return 1
     print(f"reports written to {out} (open {out / 'index.html'})")
     return 0
@@ -396,6 +402,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = configure_parser(argparse.ArgumentParser(prog="python -m jakiro_lib.pipeline",
                                                       description=__doc__.split("\n\n")[0]))
     args = parser.parse_args(argv)
+    warning = busy_warning()
+    if warning:
+        print(warning, file=sys.stderr)
     return cli_handler(args)
 
 

@@ -13,6 +13,7 @@ import platform
 import random
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -225,7 +226,30 @@ def _has_torch(proc: Path, pid: int) -> bool:
 
 def _command(proc: Path, pid: int, width: int = 80) -> str:
     try:
-        cmd = (proc / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        cmd = " ".join((proc / str(pid) / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ").split())
     except OSError:
         cmd = "?"
     return cmd if len(cmd) <= width else cmd[:width - 3] + "..."
+
+
+# The errors a command line reports as one line (no traceback): module -> class. A class is looked up only
+# when its module is loaded (it cannot have been raised otherwise), so classifying imports nothing heavy.
+KNOWN_ERRORS: dict[str, tuple[str, ...]] = {
+    "jakiro_lib.config": ("ConfigError",), "jakiro_lib.draft": ("DraftLoadError",),
+    "jakiro_lib.features": ("CacheError",), "jakiro_lib.data": ("DataError",), "jakiro_lib.train": ("TrainError",),
+    "jakiro_lib.pipeline": ("PipelineError",), "jakiro_lib.target": ("TargetError",),
+    "jakiro_lib.decoding": ("ContextLengthError",), "jakiro_lib.compiled": ("CompileError",),
+}
+INTERRUPTED = "error: interrupted; finished work is kept (rerun the same command to resume)"
+
+
+def known_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of :data:`KNOWN_ERRORS` (its message is meant for the user as it is)."""
+    classes = [getattr(sys.modules[m], n, None) for m, names in KNOWN_ERRORS.items() if m in sys.modules
+               for n in names]
+    return any(isinstance(exc, c) for c in classes if isinstance(c, type))
+
+
+def error_line(exc: BaseException) -> str:
+    """``error: <message>`` on one line (a multi-line message is joined)."""
+    return "error: " + " ".join(str(exc).split())
