@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .config import PROFILE_NAMES, Profile, TargetConfig, get_profile, override, parse_overrides
-from .utils import INTERRUPTED, busy_warning, error_line, known_error
+from .utils import INTERRUPTED, busy_warning, close_progress_bars, error_line, known_error
 
 # Sub-commands that run torch for a while: they check first whether another torch process is busy here.
 BUSY_COMMANDS = ("generate", "cache", "train", "bench", "costs", "divergences", "pipeline")
@@ -340,11 +340,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
+        close_progress_bars()
         print(INTERRUPTED, file=sys.stderr)
         return 130
     except Exception as exc:
         if not known_error(exc):
             raise
+        close_progress_bars()
         print(error_line(exc) + _hint(args), file=sys.stderr)
         return 1
 

@@ -29,7 +29,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from .utils import INTERRUPTED, REPO_ROOT, busy_warning, error_line, known_error, write_json, write_text
+from .utils import (INTERRUPTED, REPO_ROOT, busy_warning, close_progress_bars, error_line, known_error,
+                    write_json, write_text)
 
 log = logging.getLogger(__name__)
 
@@ -387,11 +388,13 @@ def cli_handler(args: argparse.Namespace) -> int:
                            kernel_name=getattr(args, "kernel", "python3"),
                            log_output=getattr(args, "log_output", False))
     except KeyboardInterrupt:
+        close_progress_bars()
         print(INTERRUPTED, file=sys.stderr)
         return 130
     except Exception as exc:
         if not (known_error(exc) or isinstance(exc, ValueError)):
             raise
+        close_progress_bars()
         print(error_line(exc), file=sys.stderr)
         return 1
     print(f"reports written to {out} (open {out / 'index.html'})")

@@ -464,7 +464,7 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     and replaces ``drafts/<name>/`` atomically only once complete.
     Returns ``{name: results}`` (each results dict also gets ``skipped`` and ``vocab_coverage``).
     """
-    from .features import build_draft_vocab, token_frequencies, verify_cache, vocab_coverage
+    from .features import MANIFEST, build_draft_vocab, token_frequencies, verify_cache, vocab_coverage
     from .train import RESULTS, list_checkpoints, train_draft
 
     prof, rdir = _dirs(profile, run_dir)
@@ -472,6 +472,8 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     unknown = [n for n in names if n not in prof.drafts]
     if unknown:
         raise ValueError(f"unknown draft(s) {unknown}; the profile has {', '.join(prof.drafts)}")
+    if not prof.data.online and (rdir / "features" / MANIFEST).is_file():
+        verify_cache(rdir / "features", allow_incomplete=True)  # the stamps below read it: CacheError if corrupt
     drafts_dir = rdir / "drafts"
     todo: list[str] = []
     out: dict[str, dict[str, Any]] = {}
@@ -494,7 +496,7 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
         return {n: out[n] for n in names}
 
     if not prof.data.online:
-        verify_cache(rdir / "features")  # a CacheError now, before hours of training
+        verify_cache(rdir / "features", full=True)  # a CacheError now (sha256 too: seconds), not after hours
     target = target or get_target(prof)
     train_ds, held_ds = training_datasets(prof, rdir, target)
     log.info("training %s on %d conversations (%d held out)", ", ".join(todo), len(train_ds), len(held_ds))

@@ -253,3 +253,10 @@ def known_error(exc: BaseException) -> bool:
 def error_line(exc: BaseException) -> str:
     """``error: <message>`` on one line (a multi-line message is joined)."""
     return "error: " + " ".join(str(exc).split())
+
+
+def close_progress_bars() -> None:
+    """Close the tqdm bars an error cut short, so that the error line starts a line of its own."""
+    bars = getattr(getattr(sys.modules.get("tqdm"), "tqdm", None), "_instances", None) or ()
+    for bar in list(bars):
+        bar.close()
