@@ -1,12 +1,15 @@
 """``python -m jakiro_lib``: the command line over the same functions the notebooks call.
 
 Every sub-command takes ``--profile`` and any number of ``--set section.key=value`` overrides, so a
-notebook run and a CLI run with the same parameters do the same thing.
+notebook run and a CLI run with the same parameters do the same thing. Known errors (a bad value, a
+missing draft, a corrupt cache, Ctrl-C) end in one ``error:`` line and a non-zero exit status (130 for
+Ctrl-C); anything else keeps its traceback.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -16,18 +19,25 @@ import pandas as pd
 import torch
 
 from .api import generate
-from .bench import common_prompts, format_prompt_ids, load_records
+from .bench import common_prompts, format_prompt_ids, greedy_agreement, greedy_divergences, load_records
 from .budgets import resolve_tree_budgets
 from .config import PROFILE_NAMES, Profile, TargetConfig, get_profile, override, parse_overrides
 from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_costs, tune_total_tokens
 from .data import DataError, Question, load_question_file, load_questions
 from .draft import DraftModel
+from .features import MANIFEST, CacheError, verify_cache
 from .layout import RunLayout
 from .methods import KINDS, MAIN, STUDIES, MethodSpec
 from .perf import performance_targets
-from .study import category_table, default_run_dir, display_table, run_study, study_table, write_table
+from .pipeline import add_cli
+from .study import (category_table, default_run_dir, display_table, prepare_features, run_study, study_table,
+                    train_all, training_table, write_table)
 from .target import load_target
-from .utils import run_metadata, write_json
+from .utils import INTERRUPTED, busy_warning, close_progress_bars, error_line, known_error, run_metadata, write_json
+
+# Sub-commands that run torch for a while: they check first whether another torch process is busy here.
+BUSY_COMMANDS = ("generate", "cache", "train", "bench", "costs", "divergences", "pipeline")
+TRAIN_COLUMNS = ("draft", "status", "steps", "acc_a", "acc_b", "heldout_loss", "wall_time_s")
 
 
 def _profile(args: argparse.Namespace) -> Profile:
@@ -80,19 +90,30 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from .study import prepare_features
-
     profile = _profile(args)
-    print(prepare_features(profile, run_dir=args.run_dir))
+    cache = (args.run_dir or default_run_dir(profile.name)) / "features"
+    if (cache / MANIFEST).is_file() and not profile.data.online:  # say whether this run resumes or repairs
+        try:
+            m = verify_cache(cache, allow_incomplete=True)
+            if not m.get("complete"):
+                print(f"resuming the feature cache in {cache}: {len(m.get('shards', []))} of "
+                      f"{m.get('num_shards_expected')} shards are done", file=sys.stderr)
+        except CacheError as exc:
+            print(f"repairing the feature cache: {' '.join(str(exc).split())}; recomputing what is bad",
+                  file=sys.stderr)
+    s = prepare_features(profile, run_dir=args.run_dir)
+    print(f"{s['conversations']} conversations, {s['tokens']} tokens ({s['loss_tokens']} trained on), "
+          f"{s['shards']} shards, {s['human']} in {s['cache_dir'] or '(online mode: nothing cached)'}")
     return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .study import train_all
-
     profile = _profile(args)
     results = train_all(profile, run_dir=args.run_dir, only=args.drafts or None, force=args.force)
-    print(json.dumps(results, indent=2, default=str))
+    table = training_table(results)
+    table.insert(1, "status", ["skipped" if r.get("skipped") else "trained" for r in results.values()])
+    print(table[list(TRAIN_COLUMNS)].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print("results.json and history.json of each draft in", (args.run_dir or default_run_dir(profile.name)) / "drafts")
     return 0
 
 
@@ -153,12 +174,6 @@ def _print_categories(records: list[dict]) -> pd.DataFrame:
 
 def cmd_divergences(args: argparse.Namespace) -> int:
     """Check a benchmark's greedy records position by position against vanilla's (low-precision runs)."""
-    import pandas as pd
-
-    from .bench import greedy_agreement, greedy_divergences, load_records
-    from .data import load_questions
-    from .target import load_target
-
     try:
         records = load_records(args.records)
         greedy = [r for r in records if r["temperature"] == 0]
@@ -338,12 +353,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="directory for summary.csv and performance_targets.csv")
     p.set_defaults(func=cmd_summary)
 
-    from .pipeline import add_cli
-
     add_cli(sub)  # python -m jakiro_lib pipeline: papermill over notebooks 00-03
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    _log_to_stderr()
+    if args.command in BUSY_COMMANDS and (warning := busy_warning()):
+        print(warning, file=sys.stderr)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        close_progress_bars()
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if not known_error(exc):
+            raise
+        close_progress_bars()
+        print(error_line(exc) + _hint(args), file=sys.stderr)
+        return 1
+
+
+def _hint(args: argparse.Namespace) -> str:
+    """A likely fix for a known error: a draft path one folder above the saved draft."""
+    draft = getattr(args, "draft", None)
+    if draft and (Path(draft) / "draft").is_dir():
+        return f" (did you mean --draft {Path(draft) / 'draft'}?)"
+    return ""
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time (tests and notebooks swap it)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
+def _log_to_stderr() -> None:
+    """The library's progress lines (resuming, retraining, skipped) on stderr, once per process."""
+    lib = logging.getLogger("jakiro_lib")
+    if not any(isinstance(h, _StderrHandler) for h in lib.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        lib.addHandler(handler)
+        lib.setLevel(min(lib.getEffectiveLevel(), logging.INFO))

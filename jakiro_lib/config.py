@@ -3,14 +3,28 @@
 A profile bundles everything one study needs (target, data, drafts, training, tree, benchmark). Profiles
 are plain dataclasses so papermill parameters and the CLI override them with dotted keys
 (``train.epochs=3``) through :func:`override`.
+
+Every value is checked when a profile is built or overridden (:func:`validate`): by the field's type
+annotation (so fields added later are checked too) and by a range (:data:`RULES`, then name patterns
+such as ``*_fraction``). A bad value raises :class:`ConfigError` naming the key, the value and what is
+allowed, before any stage touches a file.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
+import math
+import re
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Literal, Union
+
+
+class ConfigError(ValueError):
+    """A profile name, override key or config value that is not allowed (the message says what is)."""
 
 
 @dataclass
@@ -260,17 +274,18 @@ PROFILE_NAMES: tuple[str, ...] = tuple(_profiles())
 
 
 def get_profile(name: str, **overrides: Any) -> Profile:
-    """A fresh copy of a named profile with dotted-key overrides applied."""
+    """A fresh copy of a named profile with dotted-key overrides applied, validated."""
     profiles = _profiles()
     if name not in profiles:
-        raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(profiles)}")
+        raise ConfigError(f"unknown profile {name!r}; choose one of {', '.join(profiles)}")
     return override(profiles[name], **overrides)
 
 
 def _coerce(value: Any, current: Any) -> Any:
     """Parse CLI strings into the type of the field they replace."""
+    sequence = isinstance(current, (tuple, list))
     if not isinstance(value, str) or isinstance(current, str):
-        return tuple(value) if isinstance(current, tuple) and isinstance(value, list) else value
+        return type(current)(value) if sequence and isinstance(value, (list, tuple)) else value
     text = value.strip()
     if text.lower() in ("none", "null"):
         return None
@@ -281,12 +296,11 @@ def _coerce(value: Any, current: Any) -> Any:
             return item
 
     parsed = parse(text)
-    if isinstance(parsed, str) and isinstance(current, tuple) or isinstance(current, tuple) and "," in text \
-            and not text.startswith("["):
+    if isinstance(parsed, str) and sequence or sequence and "," in text and not text.startswith("["):
         parsed = [parse(p.strip()) for p in text.split(",") if p.strip()]
-    if isinstance(current, tuple) and not isinstance(parsed, (list, tuple)):
+    if sequence and not isinstance(parsed, (list, tuple)):
         parsed = [parsed]
-    return tuple(parsed) if isinstance(current, tuple) else parsed
+    return type(current)(parsed) if sequence else parsed
 
 
 def parse_overrides(pairs: Iterable[str]) -> dict[str, str]:
@@ -294,30 +308,194 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, str]:
     out = {}
     for pair in pairs:
         if "=" not in pair:
-            raise ValueError(f"--set expects key=value, got {pair!r}")
+            raise ConfigError(f"--set expects key=value, got {pair!r}")
         key, value = pair.split("=", 1)
         out[key.strip()] = value
     return out
 
 
 def override(profile: Profile, **overrides: Any) -> Profile:
-    """Return a copy of ``profile`` with ``section.field=value`` overrides (``train__lr`` also works)."""
+    """Return a validated copy of ``profile`` with ``section.field=value`` overrides (``train__lr`` also works)."""
     out = copy.deepcopy(profile)
     for key, value in overrides.items():
-        parts = key.replace("__", ".").split(".")
+        path = key.replace("__", ".")
+        parts = path.split(".")
         obj: Any = out
-        for part in parts[:-1]:
-            obj = obj[part] if isinstance(obj, dict) else getattr(obj, part, None)
-            if obj is None:
-                raise ValueError(f"unknown config key {key!r}")
+        for depth, part in enumerate(parts[:-1]):
+            obj = obj.get(part) if isinstance(obj, dict) else getattr(obj, part, None)
+            if not dataclasses.is_dataclass(obj) and not isinstance(obj, dict):
+                raise ConfigError(f"unknown config key {key!r}: {'.'.join(parts[:depth + 1])!r} is not a section")
         leaf = parts[-1]
-        if isinstance(obj, dict):
-            obj[leaf] = value
-            continue
-        if not dataclasses.is_dataclass(obj) or leaf not in {f.name for f in dataclasses.fields(obj)}:
-            raise ValueError(f"unknown config key {key!r}")
-        if dataclasses.is_dataclass(getattr(obj, leaf)) or isinstance(getattr(obj, leaf), dict):
-            raise ValueError(f"unknown config key {key!r}: {leaf!r} is a section; set one of its fields")
-        setattr(obj, leaf, _coerce(value, getattr(obj, leaf)))
-        obj.__post_init__() if hasattr(obj, "__post_init__") else None
+        names = list(obj) if isinstance(obj, dict) else [f.name for f in dataclasses.fields(obj)]
+        if leaf not in names or isinstance(obj, dict):
+            hint = "; set one of their fields" if leaf in names else ""
+            raise ConfigError(f"unknown config key {key!r}: {'.'.join(parts[:-1]) or 'a profile'} has "
+                              f"{', '.join(names)}{hint}")
+        current = getattr(obj, leaf)
+        if dataclasses.is_dataclass(current) or isinstance(current, dict):
+            raise ConfigError(f"unknown config key {key!r}: {leaf!r} is a section; set one of its fields")
+        setattr(obj, leaf, _coerce(value, current))
+        _check_field(obj, leaf, path, given=repr(value))
+        _post_init(obj, path, value)
+    validate(out)
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------------
+
+Rule = tuple[Callable[[Any], bool], str]  # (allowed?, what is allowed), applied to each number of a value
+
+
+def _at_least(lo: float) -> Rule:
+    return (lambda v: v >= lo), f">= {lo}"
+
+
+def _above(lo: float) -> Rule:
+    return (lambda v: v > lo), f"> {lo}"
+
+
+def _one_of(*choices: str) -> Rule:
+    return (lambda v: v in choices), "one of " + ", ".join(repr(c) for c in choices)
+
+
+_UNIT: Rule = ((lambda v: 0 <= v < 1), "in [0, 1)")
+_DTYPE = _one_of("float32", "float16", "bfloat16")
+
+# Ranges by "Class.field"; fields not listed fall back to the name patterns of _PATTERN_RULES.
+RULES: dict[str, Rule] = {
+    "TargetConfig.dtype": _DTYPE, "TargetConfig.max_context": _at_least(1), "TargetConfig.packed_gemm": _at_least(0),
+    "DataConfig.feature_dtype": _DTYPE, "DataConfig.cache_dtype": _DTYPE,
+    "TrainConfig.epochs": _at_least(1), "TrainConfig.lr": _above(0), "TrainConfig.betas": _UNIT,
+    "TrainConfig.grad_clip_value": _above(0), "TrainConfig.max_steps": _at_least(1),
+    "TrainConfig.mixed_precision": _one_of("no", "fp16", "bf16"),
+    "TreeConfig.depth": _at_least(1), "TreeConfig.top_k": _at_least(1), "TreeConfig.ar_steps": _at_least(0),
+    "TreeConfig.children_per_expert": _at_least(1), "TreeConfig.lookup_max_ngram": _at_least(1),
+    "TreeConfig.lookup_min_ngram": _at_least(1),
+    "BenchConfig.repeats": _at_least(1), "BenchConfig.temperatures": _at_least(0),
+}
+_PATTERN_RULES: tuple[tuple[str, Rule], ...] = (
+    (r"fraction$", _UNIT),
+    (r"(^|_)(max|num)_|_size$", _at_least(1)),
+    (r"(^|_)(seed|steps|tokens|weight|warmup|skip|limit|temperature|amplitude|decay)s?$", _at_least(0)),
+)
+
+
+def _rule(cls: type, name: str) -> Rule | None:
+    rule = RULES.get(f"{cls.__name__}.{name}")
+    return rule or next((r for pattern, r in _PATTERN_RULES if re.search(pattern, name)), None)
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    """Whether ``value`` fits the annotation ``tp`` (unknown kinds of annotation accept anything)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return True
+    if origin in (Union, types.UnionType):
+        return any(_matches(value, a) for a in args)
+    if tp is type(None) or tp is None:
+        return value is None
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if origin is Literal:
+        return value in args
+    if origin in (tuple, list):
+        if not isinstance(value, (tuple, list)):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(_matches(v, a) for v, a in zip(value, args))
+        return not args or all(_matches(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_matches(k, args[0]) and _matches(v, args[1])
+                                               for k, v in value.items())
+    return isinstance(value, tp) if isinstance(tp, type) else True
+
+
+def _describe(tp: Any, bound: str = "") -> str:
+    """Words for an annotation and a range: ``int | None``, ">= 1" -> "an integer >= 1 or none"."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    simple = {str: "a string", bool: "true or false", type(None): "none"}
+    if tp in (int, float):
+        return ("an integer" if tp is int else "a number") + (f" {bound}" if bound else "")
+    if tp in simple:
+        return simple[tp]
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a, bound) for a in args)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        return f"a list of {len(args)} values, each {_describe(args[0], bound)}"
+    if origin in (tuple, list):
+        return f"a comma-separated list of values, each {_describe(args[0], bound)}" if args else "a list"
+    if origin is dict:
+        return f"a mapping of names to {_describe(args[1])}"
+    return f"a {getattr(tp, '__name__', tp)}"
+
+
+def _numbers(value: Any) -> list[Any]:
+    """The scalars a range rule applies to: the value itself, or each item of a list (None skipped)."""
+    items = value if isinstance(value, (tuple, list)) else [value]
+    return [v for v in items if v is not None]
+
+
+def _check_field(obj: Any, name: str, path: str, given: str | None = None) -> None:
+    """Type and range of one dataclass field; lists become tuples and integers floats where annotated so.
+
+    ``given``: the value as the user wrote it, for the message (default: the field's value)."""
+    tp = _hints(type(obj))[name]
+    value = getattr(obj, name)
+    rule = _rule(type(obj), name)
+    choice = rule is not None and rule[1].startswith("one of")
+    allowed = rule[1] + (" or none" if _matches(None, tp) else "") if choice else _describe(tp, rule[1] if rule else "")
+    if not _matches(value, tp):
+        raise ConfigError(f"{path} = {given or repr(value)} is not allowed: expected {allowed}")
+    if typing.get_origin(tp) is tuple and isinstance(value, list):
+        setattr(obj, name, value := tuple(value))
+    if tp is float and isinstance(value, int):
+        setattr(obj, name, value := float(value))
+    if rule and not all(_rule_ok(rule, v) for v in _numbers(value)):
+        raise ConfigError(f"{path} = {given or repr(value)} is not allowed: expected {allowed}")
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _rule_ok(rule: Rule, value: Any) -> bool:
+    try:
+        return bool(rule[0](value))
+    except TypeError:  # a range on a value of another kind (e.g. "auto" where numbers have a range)
+        return True
+
+
+def _post_init(obj: Any, path: str, value: Any) -> None:
+    """Rerun a config's own cross-field checks after a change; their errors become ConfigErrors."""
+    check = getattr(obj, "__post_init__", None)
+    if check is None:
+        return
+    try:
+        check()
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{path} = {value!r} is not allowed: {exc}") from None
+
+
+def validate(config: Any, prefix: str = "") -> None:
+    """Check every field of a config dataclass (and of the dataclasses inside it); raise ConfigError."""
+    for f in dataclasses.fields(config):
+        path = f"{prefix}{f.name}"
+        value = getattr(config, f.name)
+        _check_field(config, f.name, path)
+        if dataclasses.is_dataclass(value):
+            validate(value, path + ".")
+            _post_init(value, path, value)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if dataclasses.is_dataclass(item):
+                    validate(item, f"{path}.{key}.")
+                    _post_init(item, f"{path}.{key}", item)

@@ -81,6 +81,10 @@ class RunLayout:
         """Everything of draft ``name``: weights folder, results, history, training stamp."""
         return self.drafts / name
 
+    def draft_training(self, name: str) -> Path:
+        """Where a draft trains until complete; it then replaces :meth:`draft_dir` atomically."""
+        return self.drafts / f".{name}.training"
+
     def draft(self, name: str) -> Path:
         return draft_path(self.drafts, name)
 

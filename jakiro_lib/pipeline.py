@@ -31,7 +31,8 @@ from typing import Any, Sequence
 
 from .config import PROFILE_NAMES, parse_overrides
 from .study import default_report_dir, default_run_dir, resolve_profile
-from .utils import REPO_ROOT, read_json, write_json, write_text
+from .utils import (INTERRUPTED, REPO_ROOT, busy_warning, close_progress_bars, error_line, known_error,
+                    read_json, write_json, write_text)
 
 log = logging.getLogger(__name__)
 
@@ -369,13 +370,21 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cli_handler(args: argparse.Namespace) -> int:
+    """Run the pipeline; known errors (and Ctrl-C, status 130) end in one ``error:`` line."""
     try:
         out = run_pipeline(args.profile, overrides=parse_overrides(args.set), force=args.force, stages=args.stages,
                            report_dir=args.report_dir, run_dir=args.run_dir,
                            kernel_name=getattr(args, "kernel", "python3"),
                            log_output=getattr(args, "log_output", False))
-    except (PipelineError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        close_progress_bars()
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if not (known_error(exc) or isinstance(exc, ValueError)):
+            raise
+        close_progress_bars()
+        print(error_line(exc), file=sys.stderr)
         return 1
     print(f"reports written to {out} (open {out / 'index.html'})")
     return 0
@@ -385,6 +394,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = configure_parser(argparse.ArgumentParser(prog="python -m jakiro_lib.pipeline",
                                                       description=__doc__.split("\n\n")[0]))
     args = parser.parse_args(argv)
+    warning = busy_warning()
+    if warning:
+        print(warning, file=sys.stderr)
     return cli_handler(args)
 
 

@@ -1,7 +1,11 @@
-"""Small shared helpers: atomic writes, run metadata, seeding, cache location."""
+"""Small shared helpers: atomic writes and directory swaps, run metadata, seeding, caches, busy-machine check."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import errno
+import functools
 import hashlib
 import json
 import os
@@ -9,7 +13,9 @@ import platform
 import random
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
@@ -134,3 +140,149 @@ def run_metadata(device: str | torch.device = "cpu", **extra: Any) -> dict[str, 
         "device_name": device_name(device),
         **extra,
     }
+
+
+def replace_dir_atomically(new: str | Path, dest: str | Path) -> None:
+    """Put the complete directory ``new`` (a sibling of ``dest``) at ``dest``, replacing what was there.
+
+    On Linux one ``renameat2(RENAME_EXCHANGE)`` swaps the two names, so ``dest`` always names a whole
+    directory, the old or the new one; the old one (then at ``new``) is deleted afterwards. Where that
+    call is missing, ``dest`` is renamed to ``.<name>.old`` first: a crash between the two renames leaves
+    the old directory there, and :func:`restore_replaced_dir` puts it back.
+    """
+    new, dest = Path(new), Path(dest)
+    if not dest.exists():
+        os.replace(new, dest)
+    elif _exchange(new, dest):
+        shutil.rmtree(new)  # the old content, swapped out
+    else:
+        backup = _backup_of(dest)
+        shutil.rmtree(backup, ignore_errors=True)
+        os.replace(dest, backup)
+        os.replace(new, dest)
+        shutil.rmtree(backup)
+
+
+def restore_replaced_dir(dest: str | Path) -> bool:
+    """Put back a directory that :func:`replace_dir_atomically` moved aside and a crash left there."""
+    dest = Path(dest)
+    backup = _backup_of(dest)
+    if dest.exists() or not backup.is_dir():
+        return False
+    os.replace(backup, dest)
+    return True
+
+
+def _backup_of(dest: Path) -> Path:
+    return dest.with_name(f".{dest.name}.old")
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 with RENAME_EXCHANGE); False where unsupported."""
+    libc = _libc()
+    fn = getattr(libc, "renameat2", None) if libc is not None else None
+    if fn is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):  # old kernel or a file system without it
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> Any:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    except OSError:
+        return None
+
+
+def busy_torch_processes(sample_s: float = 0.2, proc: Path = Path("/proc")) -> list[tuple[int, str]]:
+    """``(pid, command)`` of the other processes on this machine that have torch loaded and used more
+    than a quarter of a core during a ``sample_s`` second sample (Linux: reads ``/proc``; elsewhere []).
+
+    Measured 2026-11-23 on the 2-core build machine: a second torch process (a notebook beside a caching
+    run) slowed feature caching from ~0.4 to ~7 s per conversation, because both size their thread pools
+    to all cores.
+    """
+    if not proc.is_dir():
+        return []
+    before = _cpu_ticks(proc)
+    time.sleep(sample_s)
+    after = _cpu_ticks(proc)
+    threshold = 0.25 * sample_s * os.sysconf("SC_CLK_TCK")
+    busy = [pid for pid, t in after.items() if pid != os.getpid() and t - before.get(pid, t) > threshold]
+    return [(pid, _command(proc, pid)) for pid in busy if _has_torch(proc, pid)]
+
+
+def busy_warning() -> str | None:
+    """One warning line when another torch process is busy here (``JAKIRO_NO_BUSY_CHECK=1``: no check)."""
+    if os.environ.get("JAKIRO_NO_BUSY_CHECK"):
+        return None
+    others = busy_torch_processes()
+    if not others:
+        return None
+    pid, cmd = others[0]
+    more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+    return (f"warning: another torch process is busy on this machine (pid {pid}: {cmd}{more}); both will run "
+            f"slower and timings will be unreliable (their threads compete for {os.cpu_count()} cores)")
+
+
+def _cpu_ticks(proc: Path) -> dict[int, int]:
+    """pid -> user + system CPU ticks so far."""
+    out = {}
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            out[int(stat.parent.name)] = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def _has_torch(proc: Path, pid: int) -> bool:
+    try:
+        return b"libtorch" in (proc / str(pid) / "maps").read_bytes()
+    except OSError:
+        return False
+
+
+def _command(proc: Path, pid: int, width: int = 80) -> str:
+    try:
+        cmd = " ".join((proc / str(pid) / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ").split())
+    except OSError:
+        cmd = "?"
+    return cmd if len(cmd) <= width else cmd[:width - 3] + "..."
+
+
+# The errors a command line reports as one line (no traceback): module -> class. A class is looked up only
+# when its module is loaded (it cannot have been raised otherwise), so classifying imports nothing heavy.
+KNOWN_ERRORS: dict[str, tuple[str, ...]] = {
+    "jakiro_lib.config": ("ConfigError",), "jakiro_lib.draft": ("DraftLoadError",),
+    "jakiro_lib.features": ("CacheError",), "jakiro_lib.data": ("DataError",), "jakiro_lib.train": ("TrainError",),
+    "jakiro_lib.pipeline": ("PipelineError",), "jakiro_lib.target": ("TargetError",),
+    "jakiro_lib.decoding": ("ContextLengthError",), "jakiro_lib.compiled": ("CompileError",),
+}
+INTERRUPTED = "error: interrupted; finished work is kept (rerun the same command to resume)"
+
+
+def known_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of :data:`KNOWN_ERRORS` (its message is meant for the user as it is)."""
+    classes = [getattr(sys.modules[m], n, None) for m, names in KNOWN_ERRORS.items() if m in sys.modules
+               for n in names]
+    return any(isinstance(exc, c) for c in classes if isinstance(c, type))
+
+
+def error_line(exc: BaseException) -> str:
+    """``error: <message>`` on one line (a multi-line message is joined)."""
+    return "error: " + " ".join(str(exc).split())
+
+
+def close_progress_bars() -> None:
+    """Close the tqdm bars an error cut short, so that the error line starts a line of its own."""
+    bars = getattr(getattr(sys.modules.get("tqdm"), "tqdm", None), "_instances", None) or ()
+    for bar in list(bars):
+        bar.close()

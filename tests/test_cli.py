@@ -190,3 +190,64 @@ def test_bench_command_runs_a_question_file_with_per_category_rows(tmp_path, cap
     assert not (tmp_path / "runs" / "bench" / "main").exists()
     with pytest.raises(SystemExit, match="no question file"):
         main(["bench", "--profile", "smoke", "--questions", str(tmp_path / "nope.jsonl"), "--run-dir", str(tmp_path)])
+
+
+# --- issue 26: one-line errors, Ctrl-C, the train table, the busy-machine warning ---------------------------
+
+SMALL_SETS = ["--set", "data.num_conversations=6", "--set", "data.shard_size=3", "--set", "data.max_length=96",
+              "--set", "data.heldout_fraction=0.34", "--set", "train.epochs=1", "--set", "train.max_steps=2"]
+
+
+def test_unknown_errors_keep_their_traceback_and_ctrl_c_is_status_130(monkeypatch, capsys):
+    import jakiro_lib.study as study
+
+    monkeypatch.setenv("JAKIRO_NO_BUSY_CHECK", "1")
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("a bug, not a user error")
+
+    monkeypatch.setattr(study, "train_all", boom)
+    with pytest.raises(RuntimeError, match="a bug"):  # propagates: Python prints the traceback
+        main(["train", "--profile", "smoke"])
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(study, "train_all", interrupted)
+    assert main(["train", "--profile", "smoke"]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: interrupted")
+
+
+def test_train_prints_a_short_table(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("JAKIRO_NO_BUSY_CHECK", "1")
+    run = ["--profile", "smoke", "--run-dir", str(tmp_path), *SMALL_SETS]
+    assert main(["cache", *run]) == 0
+    assert "conversations" in capsys.readouterr().out
+    assert main(["train", *run, "--drafts", "dense", "moe2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 4 and out[0].split()[:3] == ["draft", "status", "steps"], out  # header, 2 drafts, where
+    assert [line.split()[:2] for line in out[1:3]] == [["dense", "trained"], ["moe2", "trained"]]
+    assert main(["train", *run, "--drafts", "dense"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["dense", "skipped"]
+
+
+def test_a_busy_torch_process_is_warned_about_once(tmp_path, monkeypatch, capsys):
+    from jakiro_lib.utils import busy_torch_processes
+
+    monkeypatch.delenv("JAKIRO_NO_BUSY_CHECK", raising=False)
+    code = "import torch, sys, time\nsys.stdout.write('ready\\n'); sys.stdout.flush()\n"
+    busy = subprocess.Popen([sys.executable, "-c", code + "while True: torch.ones(64).sum()"], stdout=subprocess.PIPE)
+    idle = subprocess.Popen([sys.executable, "-c", code + "time.sleep(120)"], stdout=subprocess.PIPE)
+    try:
+        busy.stdout.readline(), idle.stdout.readline()
+        found = {pid for pid, _ in busy_torch_processes(sample_s=0.5)}
+        assert busy.pid in found and idle.pid not in found
+        with pytest.raises(SystemExit, match="train.lr"):  # the check runs before the command
+            main(["train", "--profile", "smoke", "--set", "train.lr=fast"])
+        warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+        assert len(warnings) == 1 and "timings will be unreliable" in warnings[0]
+    finally:
+        busy.kill()
+        idle.kill()
+        busy.wait()
+        idle.wait()

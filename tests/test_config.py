@@ -62,3 +62,60 @@ def test_tree_budget_auto_and_numeric_strings():
     for bad in (1, "many", 2.5):
         with pytest.raises(ValueError, match="total_tokens"):
             TreeConfig(total_tokens=bad)
+
+
+def test_every_named_profile_validates():
+    from jakiro_lib.config import validate
+
+    for name in PROFILE_NAMES:
+        validate(get_profile(name))
+
+
+@pytest.mark.parametrize("key, value, fragments", [
+    ("train.lr", "fast", ("train.lr = 'fast'", "a number > 0")),
+    ("train.lr", "0", ("a number > 0",)),
+    ("train.epochs", "2.5", ("train.epochs = '2.5'", "an integer >= 1")),
+    ("train.max_steps", "0", ("an integer >= 1 or none",)),
+    ("bench.temperatures", "0,-1", ("each a number >= 0",)),
+    ("bench.benchmarks", "1", ("each a string",)),
+    ("bench.tuned", "maybe", ("true or false",)),
+    ("data.feature_dtype", "fp8", ("'float32', 'float16', 'bfloat16'",)),
+    ("tree.depth", "abc", ("tree.depth", "an integer >= 1")),
+    ("drafts.moe4.top_k_experts", "9", ("drafts.moe4.top_k_experts", "top_k_experts <= num_experts")),
+])
+def test_every_value_is_checked_by_type_and_range(key, value, fragments):
+    from jakiro_lib.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        get_profile("smoke", **{key: value})
+    assert all(f in str(info.value) for f in fragments), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_good_values_are_normalised_to_the_annotated_types():
+    p = get_profile("smoke", **{"train.lr": "1", "train.betas": "0.8,0.9", "bench.tuned": "false",
+                                "train.max_steps": "none", "data.cache_dtype": "bfloat16"})
+    assert p.train.lr == 1.0 and isinstance(p.train.lr, float) and p.train.betas == (0.8, 0.9)
+    assert p.bench.tuned is False and p.train.max_steps is None and p.data.cache_dtype == "bfloat16"
+
+
+def test_validation_is_generic_for_fields_added_later():
+    """A config another module adds is checked from its annotations and field names alone."""
+    from dataclasses import dataclass
+
+    from jakiro_lib.config import ConfigError, validate
+
+    @dataclass
+    class Extra:
+        sample_fraction: float = 0.5
+        num_workers: int = 1
+        flag: bool = True
+        names: tuple[str, ...] = ("a",)
+        note: str | None = None
+
+    validate(Extra())
+    for bad, fragment in [(dict(sample_fraction=1.0), "in [0, 1)"), (dict(num_workers=0), ">= 1"),
+                          (dict(flag="yes"), "true or false"), (dict(names=("a", 2)), "each a string"),
+                          (dict(note=3), "a string or none")]:
+        with pytest.raises(ConfigError, match=re.escape(fragment)):
+            validate(Extra(**bad))

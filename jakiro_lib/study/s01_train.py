@@ -3,7 +3,8 @@ training tables.
 
 :func:`train_all`: ``profile.drafts`` -> ``run_dir/drafts/<name>/`` (``draft/``, ``results.json``,
 ``history.json``, ``train_stamp.json``); a draft is retrained only when its configuration (draft,
-training, target, data, features) changed or ``force`` is set.
+training, target, data, features) changed or ``force`` is set, and never destroyed before its
+replacement is complete.
 """
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..config import Profile
-from ..features import (FeatureDataset, OnlineFeatureDataset, build_draft_vocab, token_frequencies,
+from ..features import (FeatureDataset, OnlineFeatureDataset, build_draft_vocab, token_frequencies, verify_cache,
                         vocab_coverage)
-from ..layout import RunLayout
-from ..train import RESULTS, train_draft
-from ..utils import read_json, world_size, write_json
+from ..layout import TRAIN_STAMP, RunLayout
+from ..train import RESULTS, list_checkpoints, train_draft
+from ..utils import read_json, replace_dir_atomically, restore_replaced_dir, world_size, write_json
 from .context import StudyContext, _dirs, _layout, get_target
 from .s00_data import load_training_conversations
 from .tables import write_table
@@ -77,6 +78,9 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     scratch. With ``draft_vocab_size`` set, the reduced draft vocabulary (most frequent tokens of the
     training split, EOS forced in) is built once and shared by all drafts of that size.
     Returns ``{name: results}`` (each results dict also gets ``skipped`` and ``vocab_coverage``).
+    Nothing that exists is lost: the feature cache is verified before anything starts, each draft trains
+    in ``drafts/.<name>.training/`` (an interrupted training resumes there from its newest checkpoint)
+    and replaces ``drafts/<name>/`` atomically only once complete.
     """
     prof, rdir = _dirs(profile, run_dir)
     layout = RunLayout(rdir)
@@ -84,33 +88,30 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     unknown = [n for n in names if n not in prof.drafts]
     if unknown:
         raise ValueError(f"unknown draft(s) {unknown}; the profile has {', '.join(prof.drafts)}")
-    target = target or get_target(prof)
+    if not prof.data.online and layout.features_manifest.is_file():
+        verify_cache(layout.features, allow_incomplete=True)  # the stamps below read it: CacheError if corrupt
     todo: list[str] = []
     out: dict[str, dict[str, Any]] = {}
     main_process, wait = _process_state()  # under `accelerate launch`: one process manages the files
     for name in names:
         d = layout.draft_dir(name)
-        stamp = _train_stamp(prof, name, rdir)
-        old = read_json(layout.train_stamp(name))
-        if main_process:
-            if force or (old is not None and old != stamp):
-                if d.exists():
-                    log.info("draft %s: %s, retraining from scratch", name,
-                             "forced" if force else "configuration changed")
-                    shutil.rmtree(d)
-            elif old is None and d.exists():
-                log.info("draft %s: no training stamp, retraining from scratch", name)
-                shutil.rmtree(d)
-        wait()
-        res = read_json(d / RESULTS)
-        if res is not None and layout.draft(name).is_dir():
+        if main_process and restore_replaced_dir(d):
+            log.warning("draft %s: put back the previous draft that an interrupted replacement left aside", name)
+        res, old = read_json(layout.draft_results(name)), read_json(layout.train_stamp(name))
+        if res is not None and layout.draft(name).is_dir() and old == _train_stamp(prof, name, rdir) and not force:
             res["skipped"] = True
             out[name] = res
             log.info("draft %s: already trained (held-out acc_a %s), skipped", name, _fmt(res.get("acc_a")))
         else:
             todo.append(name)
+            if d.exists():
+                log.info("draft %s: %s; retraining, the old draft stays until the new one is complete", name,
+                         "forced" if force else "configuration changed" if old else "no training stamp")
     if not todo:
         return {n: out[n] for n in names}
+    if not prof.data.online:
+        verify_cache(layout.features, full=True)  # a CacheError now (sha256 too: seconds), not after hours
+    target = target or get_target(prof)
 
     train_ds, held_ds = training_datasets(prof, rdir, target)
     log.info("training %s on %d conversations (%d held out)", ", ".join(todo), len(train_ds), len(held_ds))
@@ -128,21 +129,30 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
                 voc = build_draft_vocab(freqs, min(size, freqs.numel()), always=target.eos_token_ids)
                 vocabs[size] = (voc, vocab_coverage(freqs, voc))
             d2t, coverage = vocabs[size]
-        d = layout.draft_dir(name)
+        work = layout.draft_training(name)  # replaces drafts/<name> once complete
+        stamp = _train_stamp(prof, name, rdir)
         if main_process:
-            d.mkdir(parents=True, exist_ok=True)
-            write_json(layout.train_stamp(name), _train_stamp(prof, name, rdir))
+            if force or read_json(work / TRAIN_STAMP) != stamp:
+                shutil.rmtree(work, ignore_errors=True)
+            elif list_checkpoints(work):
+                step, ckpt = list_checkpoints(work)[-1]
+                log.warning("draft %s: resuming an interrupted training from %s (step %d)", name, ckpt, step)
+            work.mkdir(parents=True, exist_ok=True)
+            write_json(work / TRAIN_STAMP, stamp)
         wait()
         t0 = time.perf_counter()
-        res = train_draft(target, cfg, train_ds, held_ds, d, prof.train, d2t=d2t, progress=progress,
+        res = train_draft(target, cfg, train_ds, held_ds, work, prof.train, d2t=d2t, progress=progress,
                           log_every=_log_every(len(train_ds), prof.train))
         res = dict(res)
         res["skipped"] = False
         res["vocab_coverage"] = coverage
-        if coverage is not None and main_process:
-            extra = read_json(d / RESULTS) or {}
-            extra["vocab_coverage"] = coverage
-            write_json(d / RESULTS, extra)
+        if main_process:
+            if coverage is not None:
+                extra = read_json(work / RESULTS) or {}
+                extra["vocab_coverage"] = coverage
+                write_json(work / RESULTS, extra)
+            replace_dir_atomically(work, layout.draft_dir(name))
+        wait()
         out[name] = res
         log.info("draft %s: trained in %.1f s, held-out acc_a %s acc_b %s", name, time.perf_counter() - t0,
                  _fmt(res.get("acc_a")), _fmt(res.get("acc_b")))

@@ -1,0 +1,446 @@
+"""Fault injection on the smoke profile (issue 26): every fault ends in one clear ``error:`` line (or a
+said-out-loud resume / repair) and no earlier result is lost or silently changed.
+
+Faults: bad ``--set`` values; a truncated, altered or missing feature shard, a corrupt manifest, a cache
+made with other settings; SIGINT and SIGKILL of a ``cache`` / ``train`` / ``bench`` subprocess at several
+points (a driver slows the work down so that the signal lands mid-run); a corrupt checkpoint and a cut
+records file; a draft pointed at a target with another hidden size, vocabulary or family, a missing or
+one-folder-too-high draft path, corrupt draft weights. Trained drafts are compared by the sha256 of
+every file before and after.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from jakiro_lib import pipeline, utils
+from jakiro_lib.cli import main
+from jakiro_lib.config import DraftConfig, get_profile
+from jakiro_lib.draft import DraftModel
+from jakiro_lib.features import MANIFEST
+from jakiro_lib.study import prepare_features, train_all
+from jakiro_lib.target import tiny_model
+from jakiro_lib.train import CHECKPOINTS, list_checkpoints
+
+from helpers import single_thread
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL = {"data.num_conversations": "6", "data.shard_size": "3", "data.max_length": "96",
+         "data.heldout_fraction": "0.34", "train.epochs": "1", "train.max_steps": "2", "bench.limit": "1",
+         "bench.max_new_tokens": "4", "bench.warmup": "0", "bench.temperatures": "0", "bench.tuned": "false",
+         "bench.compiled_baseline": "false"}
+DRAFTS = ("dense", "moe2")
+LONGER = {"train.epochs": "4", "train.max_steps": "none"}  # several checkpoints to interrupt between
+
+# Runs the CLI in a subprocess with the slow steps (a cache shard, a training step, a benchmark answer)
+# paused for FAULT_PAUSE seconds each, so a signal sent at a fault point lands while work is under way.
+DRIVER = r"""
+import os, sys, time
+import jakiro_lib.bench as bench, jakiro_lib.features as features, jakiro_lib.train as train
+from jakiro_lib.cli import main
+
+def slowed(fn):
+    def wrapper(*args, **kwargs):
+        time.sleep(float(os.environ["FAULT_PAUSE"]))
+        return fn(*args, **kwargs)
+    return wrapper
+
+features._shard_tensors = slowed(features._shard_tensors)
+train.draft_loss = slowed(train.draft_loss)
+bench.MethodRunner.__call__ = slowed(bench.MethodRunner.__call__)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def sets(extra: dict[str, str] | None = None) -> list[str]:
+    return [x for k, v in {**SMALL, **(extra or {})}.items() for x in ("--set", f"{k}={v}")]
+
+
+def tree_hash(path: Path) -> dict[str, str]:
+    """sha256 of every file under ``path`` (hidden work directories left out)."""
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(path.rglob("*")) if p.is_file() and not p.relative_to(path).parts[0].startswith(".")}
+
+
+@pytest.fixture(autouse=True)
+def _quiet(monkeypatch):
+    monkeypatch.setenv("JAKIRO_NO_BUSY_CHECK", "1")  # other processes on a shared machine: not under test
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """A run directory with a feature cache, two trained drafts and vanilla benchmark records."""
+    run = tmp_path_factory.mktemp("base") / "run"
+    profile = get_profile("smoke", **SMALL)
+    with single_thread():
+        prepare_features(profile, run, progress=False)
+        train_all(profile, run, only=DRAFTS, progress=False)
+        assert main(["bench", "--profile", "smoke", "--methods", "vanilla", "--run-dir", str(run), *sets()]) == 0
+    return run
+
+
+@pytest.fixture
+def run(base, tmp_path) -> Path:
+    """A fresh copy of :func:`base` for one fault."""
+    return Path(shutil.copytree(base, tmp_path / "run"))
+
+
+def cli(capsys, *argv: str) -> tuple[int, str]:
+    """(exit status, stderr) of the CLI run in this process, as a shell would see them."""
+    capsys.readouterr()
+    try:
+        with single_thread():
+            rc = main(list(argv))
+    except SystemExit as exc:  # argparse, or a handler's SystemExit("error: ...")
+        rc = exc.code if isinstance(exc.code, int) else (print(exc.code, file=sys.stderr) or 1)
+    return rc, capsys.readouterr().err
+
+
+def assert_one_error(rc: int, err: str, *fragments: str, status: int = 1) -> str:
+    """Exit ``status``, no traceback, exactly one ``error:`` line holding every fragment; returns it."""
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert rc == status and "Traceback" not in err and len(lines) == 1, err
+    assert all(f in lines[0] for f in fragments), lines[0]
+    return lines[0]
+
+
+def drafts_hash(run: Path) -> dict[str, dict[str, str]]:
+    return {name: tree_hash(run / "drafts" / name) for name in DRAFTS}
+
+
+def shard(run: Path, index: int = 0) -> Path:
+    return run / "features" / f"shard_{index:05d}.safetensors"
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad --set values: rejected before anything is touched
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pair, fragments", [
+    ("train.lr=fast", ("train.lr", "'fast'", "a number > 0")),
+    ("train.epochs=abc", ("train.epochs", "'abc'", "an integer >= 1")),
+    ("train.epochs=-1", ("train.epochs", "'-1'", ">= 1")),
+    ("bench.temperatures=hot", ("bench.temperatures", "'hot'", "each a number >= 0")),
+    ("train.nope=1", ("unknown config key 'train.nope'", "epochs")),
+    ("train.batch_size=0", ("train.batch_size", ">= 1")),
+    ("data.heldout_fraction=1.5", ("data.heldout_fraction", "in [0, 1)")),
+    ("train.betas=0.9", ("train.betas", "a list of 2 values")),
+    ("drafts.moe2.num_experts=x", ("drafts.moe2.num_experts", "'x'", "an integer")),
+    ("train.mixed_precision=bf8", ("train.mixed_precision", "'no', 'fp16', 'bf16'")),
+    ("train.lr", ("--set expects key=value",)),
+])
+def test_bad_set_value_is_one_line_and_keeps_the_drafts(run, capsys, pair, fragments):
+    before = drafts_hash(run)
+    rc, err = cli(capsys, "train", "--profile", "smoke", "--run-dir", str(run), "--force", *sets(), "--set", pair)
+    assert_one_error(rc, err, *fragments)
+    assert drafts_hash(run) == before
+
+
+def test_bad_tree_budget_for_bench_keeps_the_records(run, capsys):
+    records = (run / "bench" / "main" / "records.jsonl").read_bytes()
+    argv = ["bench", "--profile", "smoke", "--run-dir", str(run), *sets(), "--set", "tree.total_tokens=many"]
+    rc, err = cli(capsys, *argv)
+    assert_one_error(rc, err, "tree.total_tokens", "'many'", "'auto'")
+    assert (run / "bench" / "main" / "records.jsonl").read_bytes() == records
+
+
+def test_pipeline_bad_set_value_is_one_line(capsys, tmp_path):
+    rc = pipeline.main(["--profile", "smoke", "--set", "train.epochs=abc", "--run-dir", str(tmp_path / "r"),
+                        "--report-dir", str(tmp_path / "rep")])
+    assert_one_error(rc, capsys.readouterr().err, "train.epochs", "'abc'")
+    assert not (tmp_path / "rep").exists()
+
+
+def test_pipeline_ctrl_c_is_one_line_and_status_130(capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "run_pipeline", interrupted)
+    assert_one_error(pipeline.main(["--profile", "smoke"]), capsys.readouterr().err, "interrupted", status=130)
+
+
+# --------------------------------------------------------------------------------------------------
+# The feature cache: damage is found before training starts, and repaired out loud by `cache`
+# --------------------------------------------------------------------------------------------------
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage, fragments", [
+    (lambda run: truncate(shard(run)), ("shard_00000", "corrupt")),
+    (lambda run: flip_last_byte(shard(run, 1)), ("shard_00001", "sha256")),
+    (lambda run: shard(run).unlink(), ("shard_00000", "missing")),
+    (lambda run: (run / "features" / MANIFEST).write_text("{not json"), (MANIFEST, "corrupt")),
+    (lambda run: shutil.rmtree(run / "features"), ("no feature cache",)),
+], ids=["truncated", "altered", "missing", "manifest", "no-cache"])
+def test_damaged_cache_stops_training_before_any_draft_is_touched(run, capsys, damage, fragments):
+    before = drafts_hash(run)
+    damage(run)
+    rc, err = cli(capsys, "train", "--profile", "smoke", "--run-dir", str(run), "--force", *sets())
+    assert_one_error(rc, err, *fragments)
+    assert drafts_hash(run) == before
+    assert not list((run / "drafts").glob(".*.training"))  # nothing started
+
+
+def test_cache_repairs_a_truncated_shard_out_loud(run, capsys):
+    good = tree_hash(run / "features")
+    truncate(shard(run, 1))
+    rc, err = cli(capsys, "cache", "--profile", "smoke", "--run-dir", str(run), *sets())
+    assert rc == 0 and "repairing the feature cache" in err and "shard_00001" in err, err
+    assert {k: v for k, v in tree_hash(run / "features").items() if k != MANIFEST} == \
+        {k: v for k, v in good.items() if k != MANIFEST}  # the same bytes as before the damage
+
+
+def test_cache_with_other_settings_is_refused_and_the_cache_kept(run, capsys):
+    good = tree_hash(run / "features")
+    rc, err = cli(capsys, "cache", "--profile", "smoke", "--run-dir", str(run), *sets({"data.max_length": "80"}))
+    assert_one_error(rc, err, "other settings", "max_length")
+    assert tree_hash(run / "features") == good
+
+
+# --------------------------------------------------------------------------------------------------
+# Killed subprocesses: SIGINT is one line and status 130; after SIGKILL too, nothing earlier is lost
+# --------------------------------------------------------------------------------------------------
+
+
+def kill_when(argv: list[str], ready: Callable[[], bool], sig: int, log: Path, pause: float) -> tuple[int, str]:
+    """Run the CLI (slowed by ``pause`` s per step) in a subprocess, send ``sig`` once ``ready()``."""
+    env = {**os.environ, "FAULT_PAUSE": str(pause), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    with log.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", DRIVER, *argv], cwd=REPO, env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 120
+        while not ready():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                pytest.fail(f"the fault point was never reached:\n{log.read_text()}")
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=60)
+    return rc, log.read_text()
+
+
+def shards_listed(run: Path) -> int:
+    try:
+        return len(json.loads((run / "features" / MANIFEST).read_text())["shards"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+@pytest.mark.parametrize("sig, point", [
+    (signal.SIGINT, "after the first shard"), (signal.SIGKILL, "after the first shard"),
+    (signal.SIGKILL, "inside the first shard"),
+])
+def test_killed_caching_resumes_out_loud_to_the_same_shards(base, tmp_path, capsys, sig, point):
+    run = tmp_path / "run"
+    (run / "features").mkdir(parents=True)
+    log = tmp_path / "log"
+    ready = (lambda: shards_listed(run) >= 1) if point.startswith("after") else (lambda: _log_says(log, "caching"))
+    argv = ["cache", "--profile", "smoke", "--run-dir", str(run), *sets()]
+    rc, err = kill_when(argv, ready, sig, log, pause=0.8)
+    if sig == signal.SIGINT:
+        assert_one_error(rc, err, "interrupted", status=130)
+    else:
+        assert rc == -signal.SIGKILL
+    assert shards_listed(run) < 2  # really cut short
+    rc, err = cli(capsys, *argv)
+    assert rc == 0
+    if point.startswith("after"):
+        assert "resuming the feature cache" in err and "1 of 2 shards" in err, err
+    shards = {k: v for k, v in tree_hash(run / "features").items() if k.endswith(".safetensors")}
+    assert shards == {k: v for k, v in tree_hash(base / "features").items() if k.endswith(".safetensors")}
+
+
+def _log_says(log: Path, text: str) -> bool:
+    return log.is_file() and text in log.read_text()
+
+
+@pytest.mark.parametrize("sig, force", [(signal.SIGINT, True), (signal.SIGKILL, False)])
+def test_killed_training_keeps_the_old_draft_and_resumes_out_loud(run, tmp_path, capsys, sig, force):
+    before = drafts_hash(run)
+    work = run / "drafts" / ".dense.training"
+    argv = ["train", "--profile", "smoke", "--run-dir", str(run), "--drafts", "dense", *sets(LONGER)]
+    rc, err = kill_when(argv + ["--force"] * force, lambda: bool(list_checkpoints(work)), sig, tmp_path / "log",
+                        pause=0.3)
+    if sig == signal.SIGINT:
+        assert_one_error(rc, err, "interrupted", status=130)
+    else:
+        assert rc == -signal.SIGKILL
+    assert drafts_hash(run) == before  # the old draft is whole while the new one trains
+    rc, err = cli(capsys, *argv)
+    assert rc == 0 and "draft dense: resuming an interrupted training from" in err, err
+    assert drafts_hash(run)["moe2"] == before["moe2"] and drafts_hash(run)["dense"] != before["dense"]
+    assert json.loads((run / "drafts" / "dense" / "results.json").read_text())["epochs_completed"] == 4
+    assert not work.exists()
+    reference = tmp_path / "reference"  # the same training, never interrupted
+    shutil.copytree(run / "features", reference / "features")
+    assert cli(capsys, *argv[:4], str(reference), *argv[5:])[0] == 0
+    weights = "draft/model.safetensors"
+    assert tree_hash(run / "drafts" / "dense")[weights] == tree_hash(reference / "drafts" / "dense")[weights]
+
+
+def records_lines(run: Path) -> list[str]:
+    path = run / "bench" / "main" / "records.jsonl"
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_killed_benchmark_keeps_its_records_and_resumes(run, tmp_path, capsys, sig):
+    (run / "bench").rename(run / "bench.old")
+    argv = ["bench", "--profile", "smoke", "--methods", "vanilla", "--run-dir", str(run), *sets({"bench.limit": "3"})]
+    rc, err = kill_when(argv, lambda: len(records_lines(run)) >= 2, sig, tmp_path / "log", pause=0.4)
+    if sig == signal.SIGINT:
+        assert_one_error(rc, err, "interrupted", status=130)
+    else:
+        assert rc == -signal.SIGKILL
+    kept = records_lines(run)
+    assert 2 <= len(kept) < 6
+    assert cli(capsys, *argv)[0] == 0
+    after = records_lines(run)
+    assert after[: len(kept)] == kept and len(after) == 6  # 3 questions x 2 turns, none twice
+    keys = [(r["question_id"], r["turn"]) for r in map(json.loads, after)]
+    assert len(set(keys)) == 6
+
+
+# --------------------------------------------------------------------------------------------------
+# Damaged checkpoints and records
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="train.py (helper 'drafts'): a corrupt newest checkpoint ends in a "
+                                       "safetensors traceback; it should raise TrainError naming it, or resume "
+                                       "from the previous checkpoint and say so")
+def test_corrupt_checkpoint_is_one_line_and_keeps_the_draft(run, tmp_path, capsys):
+    before = drafts_hash(run)
+    argv = ["train", "--profile", "smoke", "--run-dir", str(run), "--drafts", "dense", *sets(LONGER)]
+    work = run / "drafts" / ".dense.training"
+    kill_when(argv, lambda: bool(list_checkpoints(work)), signal.SIGKILL, tmp_path / "log", pause=0.3)
+    truncate(list_checkpoints(work)[-1][1] / "draft" / "model.safetensors")
+    rc, err = cli(capsys, *argv)
+    assert drafts_hash(run) == before
+    assert rc == 0 or assert_one_error(rc, err, CHECKPOINTS)
+
+
+@pytest.mark.xfail(strict=True, reason="bench.py (helper 'arch'): run_benchmark appends after a line cut "
+                                       "by a crash, so the next record joins the cut line and both are lost "
+                                       "(load_records skips them silently); start a new line before appending")
+def test_benchmark_after_a_cut_records_line_loses_nothing(run, capsys):
+    path = run / "bench" / "main" / "records.jsonl"
+    lines = records_lines(run)
+    path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])  # a crash mid-write
+    argv = ["bench", "--profile", "smoke", "--methods", "vanilla", "--run-dir", str(run), *sets()]
+    assert cli(capsys, *argv)[0] == 0
+    parsed = [json.loads(line) for line in records_lines(run) if line.startswith("{") and line.endswith("}")]
+    assert len(parsed) == len(lines)
+
+
+def test_summary_of_a_garbage_records_file_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "records.jsonl"
+    bad.write_text("{cut\nnot json at all\n")
+    assert_one_error(*cli(capsys, "summary", "--records", str(bad)), "no records in")
+
+
+@pytest.mark.xfail(strict=True, reason="bench.py (helper 'arch'): load_records ends in a UnicodeDecodeError "
+                                       "traceback on a binary-garbage file; it should skip undecodable lines "
+                                       "like other corrupt ones (or raise a typed error naming the file)")
+def test_summary_of_a_binary_garbage_records_file_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "records.jsonl"
+    bad.write_bytes(bytes(range(128, 256)) * 3)
+    assert_one_error(*cli(capsys, "summary", "--records", str(bad)), "no records in")
+
+
+# --------------------------------------------------------------------------------------------------
+# Drafts pointed at the wrong target, wrong paths, corrupt weights
+# --------------------------------------------------------------------------------------------------
+
+
+def foreign_draft(path: Path, **target_kw) -> Path:
+    DraftModel.build(DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False, contrastive=False),
+                     tiny_model("llama", **target_kw)).save(path)
+    return path
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (lambda run, tmp: ["--draft", str(foreign_draft(tmp / "d", hidden_size=96))], ("hidden_size=96", "hidden_size=64")),
+    (lambda run, tmp: ["--draft", str(foreign_draft(tmp / "d", vocab_size=300))], ("vocab_size=300", "vocab_size=260")),
+    (lambda run, tmp: ["--draft", str(run / "drafts" / "dense" / "draft"), "--set", "target.model=tiny:qwen2"],
+     ("model_type='llama'", "model_type='qwen2'")),
+    (lambda run, tmp: ["--draft", str(tmp / "nowhere")], ("no saved draft", "nowhere")),
+    (lambda run, tmp: ["--draft", str(run / "drafts" / "moe2")], ("no saved draft", "did you mean --draft",
+                                                                   "/drafts/moe2/draft?")),
+    (lambda run, tmp: [truncate(run / "drafts" / "moe2" / "draft" / "model.safetensors"),
+                       "--draft", str(run / "drafts" / "moe2" / "draft")][1:], ("corrupt draft weights",)),
+], ids=["hidden-size", "vocabulary", "family", "missing", "one-folder-too-high", "corrupt-weights"])
+def test_generate_with_a_wrong_draft_is_one_line(run, tmp_path, capsys, argv, fragments):
+    rc, err = cli(capsys, "generate", "--profile", "smoke", "--method", "spec", "--max-new-tokens", "2",
+                  *argv(run, tmp_path), "hi")
+    assert_one_error(rc, err, *fragments)
+
+
+def test_bench_with_a_draft_for_another_target_keeps_the_records(run, capsys):
+    records = records_lines(run)
+    shutil.rmtree(run / "drafts" / "dense" / "draft")
+    foreign_draft(run / "drafts" / "dense" / "draft", hidden_size=96)
+    rc, err = cli(capsys, "bench", "--profile", "smoke", "--methods", "vanilla,eagle2", "--run-dir", str(run), *sets())
+    assert_one_error(rc, err, "hidden_size=96")
+    main_dir = run / "bench" / "main"
+    kept = [line for name in ("records.jsonl", "records.stale.jsonl") if (main_dir / name).is_file()
+            for line in (main_dir / name).read_text().splitlines()]
+    assert set(records) <= set(kept)  # moved aside at most, never lost
+
+
+# --------------------------------------------------------------------------------------------------
+# The directory swap itself
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_crash_inside_the_fallback_swap_leaves_the_old_draft_restorable(tmp_path, monkeypatch):
+    old, new = tmp_path / "moe2", tmp_path / ".moe2.training"
+    for d, text in ((old, "old"), (new, "new")):
+        d.mkdir()
+        (d / "weights").write_text(text)
+    monkeypatch.setattr(utils, "_exchange", lambda a, b: False)  # no renameat2 here
+    real_replace, calls = os.replace, []
+
+    def crash_on_second(src, dst):
+        calls.append(src)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # killed between the two renames
+        real_replace(src, dst)
+
+    monkeypatch.setattr(utils.os, "replace", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        utils.replace_dir_atomically(new, old)
+    monkeypatch.setattr(utils.os, "replace", real_replace)
+    assert not old.exists() and utils.restore_replaced_dir(old)
+    assert (old / "weights").read_text() == "old"
+
+
+def test_the_swap_replaces_a_whole_directory(tmp_path):
+    old, new = tmp_path / "moe2", tmp_path / ".moe2.training"
+    old.mkdir()
+    (old / "stale").write_text("old")
+    new.mkdir()
+    (new / "weights").write_text("new")
+    utils.replace_dir_atomically(new, old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["moe2"] and [p.name for p in old.iterdir()] == ["weights"]
