@@ -284,7 +284,7 @@ def batch_features(model: torch.nn.Module, seqs: Sequence[Sequence[int]]) -> lis
     return list(zip(rows.split(lens), top.split(lens)))
 
 
-def _shard_tensors(target: Any, convs: Sequence[Any], start: int, *, max_length: int, template: str,
+def shard_tensors(target: Any, convs: Sequence[Any], start: int, *, max_length: int, template: str,
                    dtype: torch.dtype, bar: Any, batch_size: int = 1) -> tuple[dict[str, torch.Tensor], list[str], int]:
     """One shard's tensors; conversations run ``batch_size`` per target forward, sorted by length
     within the shard (:func:`length_batches`), and are stored in input order whatever the batching."""
@@ -467,7 +467,7 @@ def cache_features(
                 continue
             if name in damaged:
                 log.warning("rewriting damaged shard %s: %s", name, damaged[name])
-            tensors, conv_ids, skipped = _shard_tensors(target, convs, start, max_length=max_length,
+            tensors, conv_ids, skipped = shard_tensors(target, convs, start, max_length=max_length,
                                                         template=template, dtype=dtype, bar=bar,
                                                         batch_size=batch_size)
             with atomic_path(out_dir / name) as tmp:
