@@ -116,8 +116,11 @@ class DataConfig:
     heldout_fraction: float = 0.05
     shard_size: int = 64  # conversations per cache shard
     # Conversations per target forward while caching, sorted by length within a shard and right-padded
-    # (jakiro_lib.features.batch_features); the cached tensors are the same whatever it is.
-    cache_batch_size: int = 8
+    # (jakiro_lib.features.batch_features); the cached tensors are the same whatever it is. 1 on a CPU: a
+    # 135M-parameter forward over one conversation already keeps a core's FMA units busy (2-core AVX2 EPYC,
+    # one thread, CPU time, 2026-11-23: 200, 200 and 180 tokens per CPU-second at 1, 4 and 8; a loaded
+    # machine, so a hint; `python -m jakiro_lib throughput` measures it). A GPU wants many (gpu profile).
+    cache_batch_size: int = 1
     feature_dtype: str = "float16"
     # The target's dtype while caching features (and self-distilling); None: target.dtype. "bfloat16" on a
     # CPU with AMX caches 2000 conversations in 6.4 instead of 13.8 min, and drafts trained on those features

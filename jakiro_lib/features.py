@@ -480,7 +480,7 @@ def cache_features(
                 "file": name, "index": s, "first_conversation": start, "input_conversations": len(convs),
                 "conversations": int(tensors["offsets"].shape[0]), "skipped_empty_mask": skipped,
                 "tokens": int(tensors["input_ids"].shape[0]), "loss_tokens": int(tensors["loss_mask"].sum()),
-                "bytes": size, "sha256": sha, "source_sha256": _source_sha(convs, start),
+                "bytes": size, "sha256": sha, "source_sha256": _source_sha(convs, start), "batch_size": batch_size,
             }
             if main:
                 manifest["shards"].append(entry)

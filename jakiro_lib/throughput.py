@@ -86,8 +86,8 @@ def environment(device: torch.device) -> dict[str, Any]:
                        cpu_flags=sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))),
                        favoured_dtype=favoured_dtype(device))
     if device.type == "cuda":
-        env["cuda"] = {"name": torch.cuda.get_device_name(device), "capability": torch.cuda.get_device_capability(device),
-                       "bf16": torch.cuda.is_bf16_supported(), "cuda_version": torch.version.cuda}
+        env["cuda"] = {"name": torch.cuda.get_device_name(device), "bf16": torch.cuda.is_bf16_supported(),
+                       "capability": torch.cuda.get_device_capability(device), "cuda_version": torch.version.cuda}
     return env
 
 

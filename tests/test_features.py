@@ -354,6 +354,7 @@ def test_batched_cache_equals_per_conversation(target, convs, fp32_cache, tmp_pa
         torch.testing.assert_close(b["hidden"], a["hidden"], atol=1e-5, rtol=1e-5)
     m, ref_m = F.verify_cache(out, full=True), json.loads((fp32_cache / F.MANIFEST).read_text())
     assert m["settings"] == ref_m["settings"] and m["cache_batch_size"] == batch_size
+    assert [e["batch_size"] for e in m["shards"]] == [batch_size] * len(ref)
     assert [(e["conversations"], e["tokens"], e["loss_tokens"]) for e in m["shards"]] == \
         [(e["conversations"], e["tokens"], e["loss_tokens"]) for e in ref_m["shards"]]
 
@@ -398,6 +399,7 @@ def test_resume_with_another_batch_size_says_so(target, convs, fp32_cache, tmp_p
         F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, feature_dtype="float32",
                          progress=False, batch_size=3, on_shard=lambda s, e: written.append(s))
     assert written == [2, 3]  # the batch size is no setting: the per-conversation shards are kept
+    assert [e["batch_size"] for e in F.verify_cache(out)["shards"]] == [1, 1, 3, 3]
     assert f"resuming: 2 of 4 shards present in {out}" in caplog.text
     for a, b in zip(_shards(fp32_cache), _shards(out)):
         torch.testing.assert_close(b["hidden"], a["hidden"], atol=1e-5, rtol=1e-5)
