@@ -1,7 +1,10 @@
 """Target hidden-state features for draft training: a sharded, resumable disk cache and an online mode.
 
-One target forward per conversation gives, at every position t, the target's last hidden state f_t
+A target forward over each conversation gives, at every position t, the target's last hidden state f_t
 (after the final norm: the input of ``lm_head``) -- what the draft learns to predict (DESIGN.md 4).
+Several conversations can share one forward (``batch_size``: sorted by length within a shard,
+right-padded, the padded rows dropped); the stored tensors equal the one-conversation ones up to float
+rounding.
 
 Cache layout (``out_dir``)::
 
@@ -284,36 +287,39 @@ def batch_features(model: torch.nn.Module, seqs: Sequence[Sequence[int]]) -> lis
     return list(zip(rows.split(lens), top.split(lens)))
 
 
-def shard_tensors(target: Any, convs: Sequence[Any], start: int, *, max_length: int, template: str,
-                   dtype: torch.dtype, bar: Any, batch_size: int = 1) -> tuple[dict[str, torch.Tensor], list[str], int]:
-    """One shard's tensors; conversations run ``batch_size`` per target forward, sorted by length
-    within the shard (:func:`length_batches`), and are stored in input order whatever the batching."""
+def _cat(parts: list[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
+    return torch.cat(parts) if parts else empty
+
+
+def shard_tensors(target: Any, convs: Sequence[Any], start: int, *, max_length: int, template: str, dtype: torch.dtype,
+                  bar: Any, batch_size: int = 1) -> tuple[dict[str, torch.Tensor], list[str], int]:
+    """One shard's tensors, its kept conversations' ids and its count of skipped (empty-mask) ones.
+
+    Conversations run ``batch_size`` per target forward, sorted by length within the shard
+    (:func:`length_batches`), and are stored in input order whatever the batching.
+    """
     formatted = [_format(target.tokenizer, conv, max_length, template) for conv in convs]
     kept = [i for i, (_, mask) in enumerate(formatted) if sum(mask) > 0]
     if bar is not None:
         bar.update(len(convs) - len(kept))  # skipped ones are done
-    feats: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    feats: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # input position -> (hidden [L, H], top-1 [L])
     for group in length_batches([len(formatted[i][0]) for i in kept], batch_size):
         positions = [kept[g] for g in group]
         for i, (h, top) in zip(positions, batch_features(target.model, [formatted[i][0] for i in positions])):
             feats[i] = (h.to(dtype).cpu(), top.to(torch.int32).cpu())
         if bar is not None:
             bar.update(len(group))
+    ends = np.cumsum([0] + [len(formatted[i][0]) for i in kept])  # [n + 1]
     H = target.model.config.hidden_size
-    lengths = [len(formatted[i][0]) for i in kept]
-    ends = np.cumsum([0] + lengths)
-    def cat(parts: list[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
-        return torch.cat(parts) if parts else empty
-
     tensors = {
-        "input_ids": cat([torch.tensor(formatted[i][0], dtype=torch.int32) for i in kept],
-                         torch.zeros(0, dtype=torch.int32)),
-        "hidden": cat([feats[i][0] for i in kept], torch.zeros(0, H, dtype=dtype)),
-        "loss_mask": cat([torch.tensor(formatted[i][1], dtype=torch.uint8) for i in kept],
-                         torch.zeros(0, dtype=torch.uint8)),
-        "target_top1": cat([feats[i][1] for i in kept], torch.zeros(0, dtype=torch.int32)),
-        "offsets": torch.tensor(np.stack([ends[:-1], ends[1:]], 1), dtype=torch.int64).reshape(-1, 2),
-        "conversation_index": torch.tensor([start + i for i in kept], dtype=torch.int64),
+        "input_ids": _cat([torch.tensor(formatted[i][0], dtype=torch.int32) for i in kept],
+                          torch.zeros(0, dtype=torch.int32)),  # [T]
+        "hidden": _cat([feats[i][0] for i in kept], torch.zeros(0, H, dtype=dtype)),  # [T, H]
+        "loss_mask": _cat([torch.tensor(formatted[i][1], dtype=torch.uint8) for i in kept],
+                          torch.zeros(0, dtype=torch.uint8)),  # [T]
+        "target_top1": _cat([feats[i][1] for i in kept], torch.zeros(0, dtype=torch.int32)),  # [T]
+        "offsets": torch.tensor(np.stack([ends[:-1], ends[1:]], 1), dtype=torch.int64).reshape(-1, 2),  # [n, 2]
+        "conversation_index": torch.tensor([start + i for i in kept], dtype=torch.int64),  # [n]
     }
     return tensors, [_conv_id(convs[i], start + i) for i in kept], len(convs) - len(kept)
 
