@@ -241,9 +241,12 @@ def cmd_throughput(args: argparse.Namespace) -> int:
 
     profile = _profile(args)
     out = args.out or default_run_dir(profile.name) / "throughput"
-    table = run_throughput(profile, out, conversations=args.conversations, steps=args.steps,
-                           cache_batch_sizes=[int(x) for x in args.cache_batch_sizes.split(",")],
-                           drafts=args.drafts.split(",") if args.drafts else None)
+    try:
+        table = run_throughput(profile, out, conversations=args.conversations, steps=args.steps,
+                               cache_batch_sizes=[int(x) for x in args.cache_batch_sizes.split(",")],
+                               drafts=args.drafts.split(",") if args.drafts else None)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     print(format_table(table))
     print("throughput.csv, throughput_config.json and throughput_env.json in", out)
     return 0

@@ -74,6 +74,10 @@ def test_throughput_command_writes_its_table(conversations_file, tmp_path, capsy
 
 
 def test_bad_options_are_refused(tmp_path):
+    with pytest.raises(SystemExit, match="unknown draft"):
+        main(["throughput", "--profile", "smoke", "--drafts", "nope", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="error"):
+        main(["throughput", "--profile", "smoke", "--cache-batch-sizes", "1,x", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="unknown draft"):
         TP.run_throughput(get_profile("smoke"), tmp_path, drafts=["nope"])
     with pytest.raises(ValueError):
