@@ -278,6 +278,24 @@ def cmd_costs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_throughput(args: argparse.Namespace) -> int:
+    """Tokens/s of feature caching and draft training on this machine (jakiro_lib.throughput)."""
+    from .study import default_run_dir
+    from .throughput import format_table, run_throughput
+
+    profile = _profile(args)
+    out = args.out or default_run_dir(profile.name) / "throughput"
+    try:
+        table = run_throughput(profile, out, conversations=args.conversations, steps=args.steps,
+                               cache_batch_sizes=[int(x) for x in args.cache_batch_sizes.split(",")],
+                               drafts=args.drafts.split(",") if args.drafts else None)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    print(format_table(table))
+    print("throughput.csv, throughput_config.json and throughput_env.json in", out)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m jakiro_lib", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -337,6 +355,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-prompts", type=int, default=4, help="MT-bench prompts for the budget choice")
     p.add_argument("--out", type=Path, help="write the numbers to this JSON file")
     p.set_defaults(func=cmd_costs)
+
+    p = sub.add_parser("throughput", help="tokens/s of feature caching and draft training steps on this machine")
+    _common(p)
+    p.add_argument("--out", type=Path, help="directory for throughput.csv (default runs/<profile>/throughput)")
+    p.add_argument("--conversations", type=int, default=64, help="conversations to cache and train on")
+    p.add_argument("--steps", type=int, default=20, help="timed training steps per variant")
+    p.add_argument("--cache-batch-sizes", default="1,4,8,16", help="conversations per target forward to compare")
+    p.add_argument("--drafts", help="comma-separated drafts of the profile to train (default: the first)")
+    p.set_defaults(func=cmd_throughput)
 
     p = sub.add_parser("divergences", help="where greedy benchmark outputs leave vanilla's, and the target's "
                                            "top-2 logit gap there (checks low-precision runs)")

@@ -1,7 +1,10 @@
 """Target hidden-state features for draft training: a sharded, resumable disk cache and an online mode.
 
-One target forward per conversation gives, at every position t, the target's last hidden state f_t
+A target forward over each conversation gives, at every position t, the target's last hidden state f_t
 (after the final norm: the input of ``lm_head``) -- what the draft learns to predict (DESIGN.md 4).
+Several conversations can share one forward (``batch_size``: sorted by length within a shard,
+right-padded, the padded rows dropped); the stored tensors equal the one-conversation ones up to float
+rounding.
 
 Cache layout (``out_dir``)::
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -38,6 +42,8 @@ from safetensors.torch import save_file
 from torch.utils.data import Dataset
 
 from .utils import atomic_path, file_sha256, run_metadata, write_json
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 FORMAT = "jakiro-features-v1"
@@ -244,38 +250,78 @@ def _check_shard(out_dir: Path, entry: dict[str, Any], full: bool = False) -> No
         raise CacheError(f"{name} is corrupt (sha256 mismatch); {advice}")
 
 
-def _shard_tensors(target: Any, convs: Sequence[Any], start: int, *, max_length: int, template: str,
-                   dtype: torch.dtype, bar: Any) -> tuple[dict[str, torch.Tensor], list[str], int]:
-    ids_l, hid_l, mask_l, top_l, offsets, conv_index, conv_ids = [], [], [], [], [], [], []
-    skipped = 0
-    pos = 0
-    for i, conv in enumerate(convs):
-        ids, mask = _format(target.tokenizer, conv, max_length, template)
+PAD_ID = 0  # token id on padded positions of a batched forward; masked out, so any id gives the same rows
+
+
+def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Positions grouped into batches of at most ``batch_size``, longest first, so a batch pads little.
+
+    Sorting happens within the list given (one shard's conversations when caching): order across shards
+    is untouched, and the longest batch comes first, so running out of memory shows at once.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    return [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+
+
+@torch.no_grad()
+def batch_features(model: torch.nn.Module, seqs: Sequence[Sequence[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(hidden [L, H], full-vocabulary top-1 [L]) of each token sequence, from ONE right-padded forward.
+
+    Causal attention never lets a real position see a later (padded) one, and the attention mask hides
+    padded keys, so every kept row equals the one-sequence forward's up to float rounding (tested). A
+    single sequence, or a batch of equal lengths, runs without a mask, exactly as one forward per
+    conversation did.
+    """
+    lens = [len(s) for s in seqs]
+    T = max(lens)
+    ids = torch.full((len(seqs), T), PAD_ID, dtype=torch.long)  # [B, T]
+    mask = torch.zeros(len(seqs), T, dtype=torch.long)  # [B, T], 1 on real tokens
+    for b, s in enumerate(seqs):
+        ids[b, :len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+        mask[b, :len(s)] = 1
+    h = target_features(model, ids, None if min(lens) == T else mask)  # [B, T, H]
+    rows = h[mask.to(h.device).bool()]  # [sum L, H], the real positions sequence by sequence
+    top = target_top1(model, rows)  # [sum L]
+    return list(zip(rows.split(lens), top.split(lens)))
+
+
+def _cat(parts: list[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
+    return torch.cat(parts) if parts else empty
+
+
+def shard_tensors(target: Any, convs: Sequence[Any], start: int, *, max_length: int, template: str, dtype: torch.dtype,
+                  bar: Any, batch_size: int = 1) -> tuple[dict[str, torch.Tensor], list[str], int]:
+    """One shard's tensors, its kept conversations' ids and its count of skipped (empty-mask) ones.
+
+    Conversations run ``batch_size`` per target forward, sorted by length within the shard
+    (:func:`length_batches`), and are stored in input order whatever the batching.
+    """
+    formatted = [_format(target.tokenizer, conv, max_length, template) for conv in convs]
+    kept = [i for i, (_, mask) in enumerate(formatted) if sum(mask) > 0]
+    if bar is not None:
+        bar.update(len(convs) - len(kept))  # skipped ones are done
+    feats: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # input position -> (hidden [L, H], top-1 [L])
+    for group in length_batches([len(formatted[i][0]) for i in kept], batch_size):
+        positions = [kept[g] for g in group]
+        for i, (h, top) in zip(positions, batch_features(target.model, [formatted[i][0] for i in positions])):
+            feats[i] = (h.to(dtype).cpu(), top.to(torch.int32).cpu())
         if bar is not None:
-            bar.update(1)
-        if sum(mask) == 0:
-            skipped += 1
-            continue
-        x = torch.tensor(ids, dtype=torch.long)
-        h = target_features(target.model, x)[0]
-        ids_l.append(x.to(torch.int32))
-        hid_l.append(h.to(dtype).cpu())
-        top_l.append(target_top1(target.model, h).to(torch.int32).cpu())
-        mask_l.append(torch.tensor(mask, dtype=torch.uint8))
-        offsets.append((pos, pos + len(ids)))
-        pos += len(ids)
-        conv_index.append(start + i)
-        conv_ids.append(_conv_id(conv, start + i))
+            bar.update(len(group))
+    ends = np.cumsum([0] + [len(formatted[i][0]) for i in kept])  # [n + 1]
     H = target.model.config.hidden_size
     tensors = {
-        "input_ids": torch.cat(ids_l) if ids_l else torch.zeros(0, dtype=torch.int32),
-        "hidden": torch.cat(hid_l) if hid_l else torch.zeros(0, H, dtype=dtype),
-        "loss_mask": torch.cat(mask_l) if mask_l else torch.zeros(0, dtype=torch.uint8),
-        "target_top1": torch.cat(top_l) if top_l else torch.zeros(0, dtype=torch.int32),
-        "offsets": torch.tensor(offsets, dtype=torch.int64).reshape(-1, 2),
-        "conversation_index": torch.tensor(conv_index, dtype=torch.int64),
+        "input_ids": _cat([torch.tensor(formatted[i][0], dtype=torch.int32) for i in kept],
+                          torch.zeros(0, dtype=torch.int32)),  # [T]
+        "hidden": _cat([feats[i][0] for i in kept], torch.zeros(0, H, dtype=dtype)),  # [T, H]
+        "loss_mask": _cat([torch.tensor(formatted[i][1], dtype=torch.uint8) for i in kept],
+                          torch.zeros(0, dtype=torch.uint8)),  # [T]
+        "target_top1": _cat([feats[i][1] for i in kept], torch.zeros(0, dtype=torch.int32)),  # [T]
+        "offsets": torch.tensor(np.stack([ends[:-1], ends[1:]], 1), dtype=torch.int64).reshape(-1, 2),  # [n, 2]
+        "conversation_index": torch.tensor([start + i for i in kept], dtype=torch.int64),  # [n]
     }
-    return tensors, conv_ids, skipped
+    return tensors, [_conv_id(convs[i], start + i) for i in kept], len(convs) - len(kept)
 
 
 class World(NamedTuple):
@@ -312,6 +358,13 @@ def _read_sidecar(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None
     return record.get("shard") if record.get("settings") == settings else None
 
 
+def _reusable(entry: dict[str, Any] | None, conversations: Sequence[Any], index: int, shard_size: int) -> bool:
+    """Whether a verified shard entry holds shard ``index`` of these very conversations."""
+    start = index * shard_size
+    return entry is not None and entry.get("first_conversation") == start \
+        and entry.get("source_sha256") == _source_sha(conversations[start:start + shard_size], start)
+
+
 def _summarise(manifest: dict[str, Any]) -> None:
     shards = manifest["shards"]
     manifest["num_shards"] = len(shards)
@@ -335,12 +388,17 @@ def cache_features(
     progress: bool = True,
     on_shard: Callable[[int, dict[str, Any]], None] | None = None,
     world: World | None = None,
+    batch_size: int = 1,
 ) -> Path:
     """Run the target over ``conversations`` and cache (ids, features, loss mask) in sharded safetensors.
 
     Resumable: shards listed in the manifest (or in a sidecar record) whose file verifies (size, header,
     counts) and whose input conversations are unchanged are skipped; the manifest is rewritten
     atomically after each shard. ``on_shard(index, entry)`` is called after each newly written shard.
+    A resumed run logs how many shards it found, and a damaged shard (missing, truncated, corrupt) is
+    rewritten with a warning that names it. ``batch_size`` conversations share one target forward
+    (:func:`batch_features`); the stored tensors are the same up to float rounding whatever it is, so it
+    is recorded in the manifest but not among the settings a rerun must match.
     Returns ``out_dir``. Raises :class:`CacheError` if ``out_dir`` holds a cache made with other settings.
 
     Under ``accelerate launch`` (several processes) every process must call this with the same
@@ -349,8 +407,8 @@ def cache_features(
     (``PartialState().device``) unless it is already there. ``world`` overrides the process layout
     (tests); by default it comes from accelerate when launched by it, else one process.
     """
-    if shard_size < 1:
-        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    if shard_size < 1 or batch_size < 1:
+        raise ValueError(f"shard_size and batch_size must be >= 1, got {shard_size} and {batch_size}")
     world = _world() if world is None else world
     main = world.index == 0
     if world.device is not None and target.model.device != torch.device(world.device):
@@ -375,18 +433,24 @@ def cache_features(
     # shards finished by a multi-process run that stopped before the main process merged them
     entries += [e for p in sorted(out_dir.glob("shard_*.json")) if (e := _read_sidecar(p, fixed))]
     done: dict[str, dict[str, Any]] = {}
+    damaged: dict[str, str] = {}
     for entry in entries:
         try:
             _check_shard(out_dir, entry)
-        except CacheError:
-            continue  # recomputed below
+        except CacheError as exc:
+            damaged[entry["file"]] = str(exc)  # recomputed below
+            continue
         done[entry["file"]] = entry
+        damaged.pop(entry["file"], None)
     world.wait()  # every process has read the old state before the main process rewrites the manifest
     manifest: dict[str, Any] = {
-        **settings, "settings": settings,
+        **settings, "settings": settings, "cache_batch_size": batch_size,
         "num_shards_expected": n_shards, "shards": [], "run_metadata": run_metadata(target.device),
     }
     mine = range(world.index, n_shards, world.size)  # this process's shards
+    reuse = {s for s in range(n_shards) if _reusable(done.get(shard_name(s)), conversations, s, shard_size)}
+    if reuse and main:
+        log.info("resuming: %d of %d shards present in %s", len(reuse), n_shards, out_dir)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -399,18 +463,19 @@ def cache_features(
             start = s * shard_size
             convs = conversations[start:start + shard_size]
             name = shard_name(s)
-            src = _source_sha(convs, start)
-            entry = done.get(name)
-            if entry is not None and entry.get("source_sha256") == src and entry.get("first_conversation") == start:
+            if s in reuse:
                 if main:
-                    manifest["shards"].append(entry)
+                    manifest["shards"].append(done[name])
                 if bar is not None and s in mine:
                     bar.update(len(convs))
                 continue
             if s not in mine:
                 continue
-            tensors, conv_ids, skipped = _shard_tensors(target, convs, start, max_length=max_length,
-                                                        template=template, dtype=dtype, bar=bar)
+            if name in damaged:
+                log.warning("rewriting damaged shard %s: %s", name, damaged[name])
+            tensors, conv_ids, skipped = shard_tensors(target, convs, start, max_length=max_length,
+                                                        template=template, dtype=dtype, bar=bar,
+                                                        batch_size=batch_size)
             with atomic_path(out_dir / name) as tmp:
                 # one metadata key: safetensors writes several in hash order, and shards should be
                 # byte-identical when their content is
@@ -421,7 +486,7 @@ def cache_features(
                 "file": name, "index": s, "first_conversation": start, "input_conversations": len(convs),
                 "conversations": int(tensors["offsets"].shape[0]), "skipped_empty_mask": skipped,
                 "tokens": int(tensors["input_ids"].shape[0]), "loss_tokens": int(tensors["loss_mask"].sum()),
-                "bytes": size, "sha256": sha, "source_sha256": src,
+                "bytes": size, "sha256": sha, "source_sha256": _source_sha(convs, start), "batch_size": batch_size,
             }
             if main:
                 manifest["shards"].append(entry)

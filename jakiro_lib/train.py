@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from .batching import LengthBucketSampler, dataset_lengths
 from .config import DraftConfig, TrainConfig
 from .draft import CONFIG_FILE, WEIGHTS_FILE, DraftModel
 from .features import build_draft_vocab, collate, token_frequencies
@@ -351,7 +352,11 @@ def train_draft(
     optimizer = torch.optim.AdamW(core.parameters(), lr=train_cfg.lr, betas=tuple(train_cfg.betas),
                                   weight_decay=train_cfg.weight_decay)
     sampler = EpochSampler(len(train_data), train_cfg.seed)
-    loader = DataLoader(train_data, batch_size=train_cfg.batch_size, sampler=sampler, collate_fn=collate,
+    batching: dict[str, Any] = dict(batch_size=train_cfg.batch_size, sampler=sampler)
+    if train_cfg.bucket_by_length:
+        sampler = LengthBucketSampler(dataset_lengths(train_data), train_cfg.batch_size, train_cfg.seed)
+        batching = dict(batch_sampler=sampler)
+    loader = DataLoader(train_data, **batching, collate_fn=collate,
                         num_workers=num_workers, pin_memory=accelerator.device.type == "cuda")
     model, optimizer, loader = accelerator.prepare(core, optimizer, loader)
     steps_per_epoch = len(loader)

@@ -150,7 +150,7 @@ def test_interrupted_caching_resumes(target, convs, cache, tmp_path, monkeypatch
     assert not calls
 
 
-def test_corrupt_shard_is_named_and_recomputed(target, convs, tmp_path):
+def test_corrupt_shard_is_named_and_recomputed(target, convs, tmp_path, caplog):
     out = tmp_path / "c"
     F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, progress=False)
     path = out / F.shard_name(2)
@@ -169,7 +169,13 @@ def test_corrupt_shard_is_named_and_recomputed(target, convs, tmp_path):
     path.unlink()
     with pytest.raises(F.CacheError, match=r"shard_00002\.safetensors is missing"):
         F.verify_cache(out)
-    F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, progress=False)
+    path.write_bytes(good[: len(good) // 2])  # truncated again: the rerun says which shard it rewrites
+    with caplog.at_level("INFO", logger="jakiro_lib.features"):
+        F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, progress=False)
+    rewrites = [r for r in caplog.records if "rewriting damaged shard" in r.getMessage()]
+    assert len(rewrites) == 1 and rewrites[0].levelname == "WARNING"
+    assert "shard_00002.safetensors" in rewrites[0].getMessage() and "truncated" in rewrites[0].getMessage()
+    assert "resuming: 3 of 4 shards present" in caplog.text
     F.verify_cache(out, full=True)
     assert path.read_bytes() == good
 
@@ -312,3 +318,94 @@ def test_single_process_world_without_accelerate(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     world = F._world()
     assert (world.index, world.size, world.device) == (0, 1, None)
+
+
+# --------------------------------------------------------------------------------------------------
+# Batched caching: several conversations per target forward
+# --------------------------------------------------------------------------------------------------
+
+
+def _shards(out):
+    m = json.loads((out / F.MANIFEST).read_text())
+    return [load_file(str(out / e["file"])) for e in m["shards"]]
+
+
+@pytest.fixture(scope="module")
+def fp32_cache(target, convs, tmp_path_factory):
+    """One conversation per forward, features stored in fp32: the reference for batched caches."""
+    out = tmp_path_factory.mktemp("fp32")
+    F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, feature_dtype="float32",
+                     progress=False)
+    return out
+
+
+@pytest.mark.parametrize("batch_size", [2, 3, 16])
+def test_batched_cache_equals_per_conversation(target, convs, fp32_cache, tmp_path, batch_size):
+    out = tmp_path / "b"
+    F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, feature_dtype="float32",
+                     progress=False, batch_size=batch_size)
+    ref, got = _shards(fp32_cache), _shards(out)
+    assert len(ref) == len(got) == math.ceil(len(convs) / SHARD)
+    for a, b in zip(ref, got):
+        assert a.keys() == b.keys()
+        for key in ("input_ids", "loss_mask", "target_top1", "offsets", "conversation_index"):
+            assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+        assert b["hidden"].shape == a["hidden"].shape  # one row per real token: no padded row stored
+        torch.testing.assert_close(b["hidden"], a["hidden"], atol=1e-5, rtol=1e-5)
+    m, ref_m = F.verify_cache(out, full=True), json.loads((fp32_cache / F.MANIFEST).read_text())
+    assert m["settings"] == ref_m["settings"] and m["cache_batch_size"] == batch_size
+    assert [e["batch_size"] for e in m["shards"]] == [batch_size] * len(ref)
+    assert [(e["conversations"], e["tokens"], e["loss_tokens"]) for e in m["shards"]] == \
+        [(e["conversations"], e["tokens"], e["loss_tokens"]) for e in ref_m["shards"]]
+
+
+def test_padding_never_leaks_into_stored_rows(target, convs, tmp_path, monkeypatch):
+    masks = []
+    real = F.target_features
+    monkeypatch.setattr(F, "target_features",
+                        lambda model, ids, mask=None: masks.append(mask) or real(model, ids, mask))
+    outs = []
+    for pad in (0, 7, 259):  # whatever sits on the padded positions, the stored rows are the same bits
+        monkeypatch.setattr(F, "PAD_ID", pad)
+        outs.append(F.cache_features(target, convs, tmp_path / f"pad{pad}", max_length=MAX_LEN, shard_size=SHARD,
+                                     feature_dtype="float32", progress=False, batch_size=SHARD))
+    assert any(m is not None and (m == 0).any() for m in masks)  # some batches really were padded
+    for a, b in zip(_shards(outs[0]), _shards(outs[1])):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    for a, b in zip(_shards(outs[0]), _shards(outs[2])):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_length_batches_sort_within_the_list():
+    assert F.length_batches([3, 9, 5, 9, 1], 2) == [[1, 3], [2, 0], [4]]
+    assert F.length_batches([4, 2], 1) == [[0], [1]]
+    assert F.length_batches([], 4) == []
+    with pytest.raises(ValueError):
+        F.length_batches([1], 0)
+
+
+def test_resume_with_another_batch_size_says_so(target, convs, fp32_cache, tmp_path, caplog):
+    out = tmp_path / "r"
+
+    def stop_after_second(index, entry):
+        if index == 1:
+            raise KeyboardInterrupt("simulated interruption")
+
+    with pytest.raises(KeyboardInterrupt):
+        F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, feature_dtype="float32",
+                         progress=False, on_shard=stop_after_second)
+    written = []
+    with caplog.at_level("INFO", logger="jakiro_lib.features"):
+        F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, feature_dtype="float32",
+                         progress=False, batch_size=3, on_shard=lambda s, e: written.append(s))
+    assert written == [2, 3]  # the batch size is no setting: the per-conversation shards are kept
+    assert [e["batch_size"] for e in F.verify_cache(out)["shards"]] == [1, 1, 3, 3]
+    assert f"resuming: 2 of 4 shards present in {out}" in caplog.text
+    for a, b in zip(_shards(fp32_cache), _shards(out)):
+        torch.testing.assert_close(b["hidden"], a["hidden"], atol=1e-5, rtol=1e-5)
+        assert torch.equal(a["target_top1"], b["target_top1"])
+    caplog.clear()
+    with caplog.at_level("INFO", logger="jakiro_lib.features"):
+        F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, feature_dtype="float32",
+                         progress=False)
+    assert "resuming: 4 of 4 shards present" in caplog.text and "damaged" not in caplog.text

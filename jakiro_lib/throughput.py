@@ -1,0 +1,303 @@
+"""Tokens per second of the training pipeline on this machine, stage by stage (issue 22; DESIGN.md 4:
+"measure tokens/s per stage before tuning anything else").
+
+``python -m jakiro_lib throughput --profile default`` measures, side by side in one process on the same
+conversations of the profile's data:
+
+* **cache**: the target's features (tokenize, forward, full-vocabulary top-1, cast to the stored dtype:
+  :func:`jakiro_lib.features.shard_tensors`, everything caching does but the disk write), one conversation
+  per forward and several (sorted by length within a shard, right-padded), in fp32 and in the dtype the
+  hardware favours (bf16 where it has bf16 matrix units: AMX or AVX512-BF16 CPUs, CUDA GPUs with bf16);
+* **train**: steps of a draft on a feature cache of those conversations, with the loader, loss and
+  optimizer of :func:`jakiro_lib.train.train_draft`, in fp32 and with bf16 autocast (where favoured),
+  with random and with length-bucketed batches. Each step is timed twice: once stage by stage
+  (``data``: next batch from the loader and the copy to the device; ``forward``: ``draft_loss``, with
+  its metric read-back; ``backward``; ``optimizer``: clip, step, zero_grad; ``sync``: the host reads
+  the loop makes after a step), synchronising CUDA around every timer, and once free-running
+  (``step_ms``, and the tokens/s of the row), as training runs.
+
+Tokens are real tokens (padding excluded); ``padding`` is the share of the computed positions that were
+padding. ``speedup`` compares a row with the first row of its part (one conversation per forward in fp32;
+fp32 unbucketed training). Writes ``throughput.csv``, ``throughput_config.json`` and
+``throughput_env.json`` (hardware, versions, threads) to the output directory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from torch.utils.data import DataLoader
+
+from .batching import LengthBucketSampler, dataset_lengths, padded_tokens
+from .config import DataConfig, DraftConfig, Profile, TargetConfig, TrainConfig
+from .data import load_conversations
+from .draft import DraftModel
+from .features import (FeatureDataset, build_draft_vocab, cache_features, collate, length_batches, shard_tensors,
+                       token_frequencies)
+from .target import load_target
+from .train import EpochSampler, draft_loss
+from .utils import run_metadata, seed_everything, write_json
+
+CSV = "throughput.csv"
+CONFIG_JSON = "throughput_config.json"
+ENV_JSON = "throughput_env.json"
+STAGES = ("data", "forward", "backward", "optimizer", "sync")
+COLUMNS = ("part", "variant", "device", "dtype", "batch_size", "bucketed", "items", "tokens", "padded_tokens",
+           "padding", "seconds", "tokens_per_s", "speedup", *(f"{s}_ms" for s in STAGES), "step_ms")
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+"""/proc/cpuinfo flags of CPU bf16 matrix / dot-product units (oneDNN uses them for bf16 GEMMs)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Hardware
+# --------------------------------------------------------------------------------------------------
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def favoured_dtype(device: torch.device) -> str | None:
+    """``"bfloat16"`` where the device has bf16 matrix units, else None (fp32 only)."""
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else None
+    return "bfloat16" if cpu_flags() & set(BF16_CPU_FLAGS) else None
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """What the numbers were measured on: versions, machine, threads, the vector and matrix units."""
+    flags = cpu_flags()
+    env = run_metadata(device, threads=torch.get_num_threads(),
+                       cpu_capability=torch.backends.cpu.get_cpu_capability(),
+                       cpu_flags=sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))),
+                       favoured_dtype=favoured_dtype(device))
+    if device.type == "cuda":
+        env["cuda"] = {"name": torch.cuda.get_device_name(device), "bf16": torch.cuda.is_bf16_supported(),
+                       "capability": torch.cuda.get_device_capability(device), "cuda_version": torch.version.cuda}
+    return env
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Clock:
+    """Adds the time since the previous lap to a stage; with ``sync``, CUDA work is finished first."""
+
+    def __init__(self, device: torch.device, sync: bool) -> None:
+        self.device, self.sync = device, sync
+        self.seconds = dict.fromkeys(STAGES, 0.0)
+        self.t = 0.0
+
+    def start(self) -> None:
+        _sync(self.device)
+        self.t = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        if self.sync:
+            _sync(self.device)
+        now = time.perf_counter()
+        self.seconds[stage] += now - self.t
+        self.t = now
+
+
+# --------------------------------------------------------------------------------------------------
+# Feature caching
+# --------------------------------------------------------------------------------------------------
+
+
+def _cache_pass(target: Any, convs: Sequence[Any], data: DataConfig, template: str, batch_size: int) -> dict[str, Any]:
+    """Features of ``convs`` shard by shard, as caching computes them (no disk write): time and tokens."""
+    stored = getattr(torch, data.feature_dtype)
+    lengths: list[list[int]] = []
+    _sync(target.device)
+    t0 = time.perf_counter()
+    for start in range(0, len(convs), data.shard_size):
+        tensors, _, _ = shard_tensors(target, convs[start:start + data.shard_size], start, max_length=data.max_length,
+                                      template=template, dtype=stored, bar=None, batch_size=batch_size)
+        lengths.append((tensors["offsets"][:, 1] - tensors["offsets"][:, 0]).tolist())
+    _sync(target.device)
+    seconds = time.perf_counter() - t0
+    padded = sum(padded_tokens(ls, length_batches(ls, batch_size)) for ls in lengths)
+    return {"items": len(convs), "tokens": sum(map(sum, lengths)), "padded_tokens": padded, "seconds": seconds}
+
+
+def caching_rows(target_cfg: TargetConfig, convs: Sequence[Any], data: DataConfig, *,
+                 batch_sizes: Sequence[int], dtypes: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per (target dtype, conversations per forward); a warm-up pass per dtype is not timed."""
+    rows = []
+    for dtype in dtypes:
+        target = load_target(dataclasses.replace(target_cfg, dtype=dtype))
+        _cache_pass(target, convs[:max(batch_sizes)], data, target_cfg.template, max(batch_sizes))
+        for bs in batch_sizes:
+            rows.append({"part": "cache", "variant": "per conversation" if bs == 1 else f"batch {bs}",
+                         "device": str(target.device), "dtype": dtype, "batch_size": bs,
+                         **_cache_pass(target, convs, data, target_cfg.template, bs)})
+        del target
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Draft training steps
+# --------------------------------------------------------------------------------------------------
+
+
+def _loader(dataset: Any, train_cfg: TrainConfig, bucketed: bool, device: torch.device) -> Iterator[dict[str, Any]]:
+    """Batches forever, epoch after epoch, from the loader train_draft builds (same samplers)."""
+    sampler: Any = EpochSampler(len(dataset), train_cfg.seed)
+    batching: dict[str, Any] = dict(batch_size=train_cfg.batch_size, sampler=sampler)
+    if bucketed:
+        sampler = LengthBucketSampler(dataset_lengths(dataset), train_cfg.batch_size, train_cfg.seed)
+        batching = dict(batch_sampler=sampler)
+    loader = DataLoader(dataset, **batching, collate_fn=collate, pin_memory=device.type == "cuda")
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def _steps(core: DraftModel, optimizer: Any, batches: Iterator[dict[str, Any]], n: int, train_cfg: TrainConfig,
+           precision: str, clock: _Clock) -> tuple[int, int]:
+    """Run ``n`` training steps, lapping ``clock`` at every stage; returns (real, padded) tokens."""
+    device = clock.device
+    tokens = padded = 0
+    clock.start()
+    for _ in range(n):
+        batch = next(batches)
+        padded += batch["input_ids"].numel()
+        batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+        clock.lap("data")
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss, _ = draft_loss(core, batch, noise_amplitude=train_cfg.noise_amplitude, p_weight=train_cfg.p_weight,
+                                 branch_b_weight=train_cfg.branch_b_weight)
+        clock.lap("forward")
+        loss.backward()
+        clock.lap("backward")
+        torch.nn.utils.clip_grad_value_(core.parameters(), train_cfg.grad_clip_value)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        clock.lap("optimizer")
+        tokens += int(batch["lengths"].sum())  # the loop's per-step read-back (tokens seen)
+        clock.lap("sync")
+    _sync(device)
+    return tokens, padded
+
+
+def _train_variant(target: Any, draft_cfg: DraftConfig, d2t: torch.Tensor | None, dataset: Any, train_cfg: TrainConfig,
+                   *, precision: str, bucketed: bool, steps: int, warmup: int) -> dict[str, Any]:
+    device = target.device
+    seed_everything(train_cfg.seed)
+    core = DraftModel.build(draft_cfg, target.model, d2t).float()
+    core.train()
+    optimizer = torch.optim.AdamW(core.parameters(), lr=train_cfg.lr, betas=tuple(train_cfg.betas),
+                                  weight_decay=train_cfg.weight_decay)
+    batches = _loader(dataset, train_cfg, bucketed, device)
+    _steps(core, optimizer, batches, warmup, train_cfg, precision, _Clock(device, sync=True))
+    staged = _Clock(device, sync=True)
+    _steps(core, optimizer, batches, steps, train_cfg, precision, staged)
+    free = _Clock(device, sync=False)
+    t0 = time.perf_counter()
+    tokens, padded = _steps(core, optimizer, batches, steps, train_cfg, precision, free)
+    seconds = time.perf_counter() - t0
+    return {"device": str(device), "dtype": "float32" if precision == "fp32" else "bf16 autocast",
+            "batch_size": train_cfg.batch_size, "bucketed": bucketed, "items": steps, "tokens": tokens,
+            "padded_tokens": padded, "seconds": seconds, "step_ms": 1000 * seconds / steps,
+            **{f"{s}_ms": 1000 * staged.seconds[s] / steps for s in STAGES}}
+
+
+def training_rows(target: Any, drafts: dict[str, DraftConfig], dataset: Any, train_cfg: TrainConfig, *,
+                  steps: int, warmup: int, precisions: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per (draft, precision, bucketing); every variant starts from the same seed."""
+    freqs = None
+    rows = []
+    for name, cfg in drafts.items():
+        d2t = None
+        if cfg.draft_vocab_size is not None:
+            freqs = token_frequencies(dataset, target.model.config.vocab_size) if freqs is None else freqs
+            d2t = build_draft_vocab(freqs, min(cfg.draft_vocab_size, freqs.numel()), always=target.eos_token_ids)
+        for precision in precisions:
+            for bucketed in (False, True):
+                row = _train_variant(target, cfg, d2t, dataset, train_cfg, precision=precision, bucketed=bucketed,
+                                     steps=steps, warmup=warmup)
+                rows.append({"part": "train", "variant": f"{name} {precision}" + (" bucketed" if bucketed else ""),
+                             **row})
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# The whole measurement
+# --------------------------------------------------------------------------------------------------
+
+
+def _table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    df = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
+    df["tokens_per_s"] = df["tokens"] / df["seconds"]
+    df["padding"] = 1.0 - df["tokens"] / df["padded_tokens"]
+    first = df.groupby("part", sort=False)["tokens_per_s"].transform("first")
+    df["speedup"] = df["tokens_per_s"] / first
+    return df
+
+
+def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int = 64, steps: int = 20,
+                   warmup: int = 2, cache_batch_sizes: Sequence[int] = (1, 4, 8, 16),
+                   drafts: Sequence[str] | None = None) -> pd.DataFrame:
+    """Measure caching and training throughput for ``profile`` on this machine; write the CSV and JSONs.
+
+    ``conversations`` of the profile's training data are cached and trained on; ``steps`` training steps
+    per variant (after ``warmup`` untimed ones); ``drafts``: names from ``profile.drafts`` (default: the
+    first). Returns the table (also ``out_dir/throughput.csv``).
+    """
+    if conversations < 1 or steps < 1 or warmup < 0 or not cache_batch_sizes or min(cache_batch_sizes) < 1:
+        raise ValueError("need conversations >= 1, steps >= 1, warmup >= 0 and cache batch sizes >= 1")
+    names = list(drafts) if drafts else list(profile.drafts)[:1]
+    unknown = [n for n in names if n not in profile.drafts]
+    if unknown:
+        raise ValueError(f"unknown draft(s) {unknown}; the profile has {', '.join(profile.drafts)}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = torch.device(profile.target.device)
+    favoured = favoured_dtype(device)
+    options = {"conversations": conversations, "steps": steps, "warmup": warmup,
+               "cache_batch_sizes": list(cache_batch_sizes), "drafts": names}
+    write_json(out_dir / CONFIG_JSON, {"profile": profile.to_dict(), "options": options})
+    write_json(out_dir / ENV_JSON, environment(device))
+    d = profile.data
+    convs = load_conversations(d.source, path=d.path, limit=conversations)
+    dtypes = ["float32"] + ([favoured] if favoured else [])
+    rows = caching_rows(profile.target, convs, d, batch_sizes=cache_batch_sizes, dtypes=dtypes)
+    target = load_target(profile.target)
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".features.") as tmp:
+        cache_features(target, convs, tmp, max_length=d.max_length, shard_size=d.shard_size,
+                       feature_dtype=d.feature_dtype, template=profile.target.template, progress=False,
+                       batch_size=max(cache_batch_sizes))
+        dataset = FeatureDataset(tmp, "all", 0.0)
+        rows += training_rows(target, {n: profile.drafts[n] for n in names}, dataset, profile.train, steps=steps,
+                              warmup=warmup, precisions=["fp32"] + (["bf16"] if favoured else []))
+    table = _table(rows)
+    table.to_csv(out_dir / CSV, index=False)
+    return table
+
+
+def format_table(table: pd.DataFrame) -> str:
+    """The short table the command prints: tokens/s, speedup, padding and the step's stages in ms."""
+    ms = [f"{s}_ms" for s in STAGES] + ["step_ms"]
+    cols = ["part", "variant", "dtype", "batch_size", "tokens_per_s", "speedup", "padding", *ms]
+    formats = {"tokens_per_s": "{:,.0f}".format, "speedup": "{:.2f}x".format, "padding": "{:.0%}".format,
+               "batch_size": "{:.0f}".format, **{c: "{:.1f}".format for c in ms}}
+    return table[cols].to_string(index=False, na_rep="", formatters=formats)

@@ -1,0 +1,113 @@
+"""The throughput command: its table's columns and rows on the smoke profile at tiny sizes (no speed
+assertions), hardware detection, and the gpu profile."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from jakiro_lib import throughput as TP
+from jakiro_lib.cli import main
+from jakiro_lib.config import get_profile
+
+WORDS = "the cat sat on a mat while dogs ran far away and birds sang in tall green trees".split()
+
+
+@pytest.fixture()
+def conversations_file(tmp_path):
+    """Eight ShareGPT-format conversations of varied lengths (so batches pad)."""
+    path = tmp_path / "convs.jsonl"
+    with path.open("w") as fh:
+        for i in range(8):
+            q = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(2 + 3 * i))
+            a = " ".join(WORDS[(2 * i + k) % len(WORDS)] for k in range(3 + 5 * i))
+            fh.write(json.dumps({"id": f"t{i}", "conversations": [{"from": "human", "value": q},
+                                                                   {"from": "gpt", "value": a}]}) + "\n")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("favoured", [None, "bfloat16"])
+def test_throughput_command_writes_its_table(conversations_file, tmp_path, capsys, monkeypatch, favoured):
+    monkeypatch.setattr(TP, "favoured_dtype", lambda device: favoured)  # both layouts on any machine
+    out = tmp_path / "tp"
+    assert main(["throughput", "--profile", "smoke", "--set", f"data.path={conversations_file}",
+                 "--set", "data.shard_size=5", "--set", "train.batch_size=3", "--conversations", "7",
+                 "--steps", "2", "--cache-batch-sizes", "1,3", "--out", str(out)]) == 0
+    table = pd.read_csv(out / TP.CSV)
+    assert list(table.columns) == list(TP.COLUMNS)
+    dtypes = ["float32"] + ([favoured] if favoured else [])
+    cache = table[table["part"] == "cache"]
+    assert [(r.dtype, r.batch_size, r.variant) for r in cache.itertuples()] == \
+        [(d, b, v) for d in dtypes for b, v in ((1, "per conversation"), (3, "batch 3"))]
+    assert (cache["items"] == 7).all() and cache["tokens"].nunique() == 1  # the same conversations each time
+    assert (cache.loc[cache["batch_size"] == 1, "padding"] == 0).all()
+    assert (cache.loc[cache["batch_size"] == 3, "padding"] > 0).all()  # varied lengths share a forward
+    train = table[table["part"] == "train"]
+    precisions = ["fp32"] + (["bf16"] if favoured else [])
+    assert list(train["variant"]) == [f"dense {p}{b}" for p in precisions for b in ("", " bucketed")]
+    assert list(train["bucketed"]) == [False, True] * len(precisions)
+    assert (train["items"] == 2).all() and (train["batch_size"] == 3).all()
+    stages = [f"{s}_ms" for s in TP.STAGES] + ["step_ms"]
+    assert train[stages].notna().all().all() and (train[stages] >= 0).all().all()
+    assert cache[stages].isna().all().all()
+    assert (table["tokens_per_s"] > 0).all() and (table["padding"].between(0, 1)).all()
+    for part in ("cache", "train"):
+        assert table.loc[table["part"] == part, "speedup"].iloc[0] == pytest.approx(1.0)
+    config = json.loads((out / TP.CONFIG_JSON).read_text())
+    assert config["profile"]["name"] == "smoke" and config["options"]["cache_batch_sizes"] == [1, 3]
+    env = json.loads((out / TP.ENV_JSON).read_text())
+    assert {"cpu_capability", "cpu_flags", "favoured_dtype", "threads", "torch", "device"} <= set(env)
+    assert not list(out.glob(".features.*"))  # the temporary feature cache is gone
+    printed = capsys.readouterr().out
+    assert all(col in printed for col in ("tokens_per_s", "speedup", "forward_ms", "step_ms"))
+    assert printed.count("dense fp32") == 2
+
+
+def test_bad_options_are_refused(tmp_path):
+    with pytest.raises(SystemExit, match="unknown draft"):
+        main(["throughput", "--profile", "smoke", "--drafts", "nope", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="error"):
+        main(["throughput", "--profile", "smoke", "--cache-batch-sizes", "1,x", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="unknown draft"):
+        TP.run_throughput(get_profile("smoke"), tmp_path, drafts=["nope"])
+    with pytest.raises(ValueError):
+        TP.run_throughput(get_profile("smoke"), tmp_path, steps=0)
+
+
+def test_favoured_dtype_follows_the_cpu_flags(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(TP, "cpu_flags", lambda: {"avx2", "fma"})
+    assert TP.favoured_dtype(cpu) is None
+    monkeypatch.setattr(TP, "cpu_flags", lambda: {"avx2", "avx512f", "amx_tile", "amx_bf16"})
+    assert TP.favoured_dtype(cpu) == "bfloat16"
+    monkeypatch.setattr(TP, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    assert TP.favoured_dtype(cpu) == "bfloat16"
+
+
+def test_cpu_flags_read_this_machine():
+    flags = TP.cpu_flags()
+    assert isinstance(flags, set)
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return
+    assert all(f in text for f in flags)
+
+
+def test_gpu_profile():
+    p = get_profile("gpu")
+    assert (p.target.model, p.target.dtype, p.target.device) == ("builtin:smollm2", "bfloat16", "cuda")
+    assert p.data.num_conversations >= 17_671 and p.data.cache_batch_size > 1
+    assert (p.train.epochs, p.tree.depth, p.tree.top_k, p.tree.total_tokens) == (20, 5, 10, 60)  # DESIGN.md 4-5
+    assert p.train.mixed_precision == "bf16" and p.train.batch_size >= 16
+    assert set(p.drafts) == set(get_profile("default").drafts)
