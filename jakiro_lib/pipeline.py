@@ -29,8 +29,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
+import pandas as pd
+
 from .config import PROFILE_NAMES, parse_overrides
-from .study import default_report_dir, default_run_dir, resolve_profile
+from .report_page import write_front_page
+from .study import default_report_dir, default_run_dir, headline_table, resolve_profile
 from .utils import (INTERRUPTED, REPO_ROOT, busy_warning, close_progress_bars, error_line, known_error,
                     read_json, write_json, write_text)
 
@@ -319,27 +322,28 @@ def _write_pipeline_log(report_dir: Path, profile: str, parameters: dict[str, An
 
 
 def write_report_index(report_dir: str | Path, *, profile_name: str | None = None) -> Path:
-    """(Re)write ``index.html`` from what the report directory holds."""
-    from .plots import write_index_html
-
+    """(Re)write ``index.html`` from what the report directory holds: the verdict (goals met or not),
+    the headline figure, then the summary, goals and levers tables (:mod:`jakiro_lib.report_page`)."""
     report_dir = Path(report_dir)
+    main, goals, levers = (_read_table(report_dir / name)
+                           for name in ("main_results.csv", "performance_targets.csv", "levers.csv"))
     summary = None
-    main_csv = report_dir / "main_results.csv"
-    if main_csv.is_file():
-        import pandas as pd
-
-        from .study import headline_table
-
+    if main is not None:
         try:
-            summary = headline_table(pd.read_csv(main_csv))
-        except Exception as exc:  # noqa: BLE001 - an index without the table beats no index
-            log.warning("could not summarise %s: %s", main_csv, exc)
-    import pandas as pd
+            summary = headline_table(main)
+        except (KeyError, ValueError, TypeError) as exc:  # an index without the summary beats no index
+            log.warning("could not summarise %s: %s", report_dir / "main_results.csv", exc)
+    return write_front_page(report_dir, title=f"Jakiro reproduction: profile {profile_name or report_dir.name}",
+                            profile_name=profile_name, summary=summary, goals=goals, levers=levers)
 
-    goals, levers = (pd.read_csv(report_dir / name) if (report_dir / name).is_file() else None
-                     for name in ("performance_targets.csv", "levers.csv"))
-    return write_index_html(report_dir, title=f"Jakiro reproduction: profile {profile_name or report_dir.name}",
-                            summary=summary, goals=goals, levers=levers)
+
+def _read_table(path: Path) -> pd.DataFrame | None:
+    """A CSV the notebooks wrote, or None when it is missing or unreadable."""
+    try:
+        return pd.read_csv(path) if path.is_file() else None
+    except (OSError, ValueError) as exc:  # pandas' parser errors are ValueErrors
+        log.warning("could not read %s: %s", path, exc)
+        return None
 
 
 # --------------------------------------------------------------------------------------------------
