@@ -75,6 +75,7 @@ def test_notebook_setup_logs_to_stdout_and_flags_the_smoke_profile(tmp_path, mon
     shown = []
     monkeypatch.setattr(IPython.display, "display", shown.append)
     monkeypatch.setattr(logging.root, "handlers", list(logging.root.handlers))  # restored after the test
+    monkeypatch.setattr(logging.getLogger("jakiro_lib"), "handlers", [])  # a CLI test's stderr handler (same process)
     ctx = S.notebook_setup("smoke", {"bench.limit": 1}, run_dir=tmp_path / "run", report_dir=tmp_path / "report")
     assert ctx.profile.name == "smoke" and ctx.profile.bench.limit == 1 and ctx.run_dir == (tmp_path / "run").resolve()
     assert (tmp_path / "report" / "run_config.json").is_file()
