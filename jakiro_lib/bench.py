@@ -28,7 +28,7 @@ from .layout import BENCH_CONFIG, RECORDS_FILE
 from .methods import (COMPILED_TWINS, LOOKUP_TOKENS, VANILLA_KINDS, MethodSpec, portable,  # noqa: F401 (re-exported)
                       study_methods)
 from .target import Target
-from .utils import read_jsonl, run_metadata, write_json
+from .utils import end_last_line, read_jsonl, run_metadata, write_json
 from .verify import SamplingParams
 
 
@@ -145,6 +145,7 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
                 runner(ids, max_new_tokens=min(16, max_new_tokens), params=SamplingParams(), seed=seed)
     total = len(questions) * len(temperatures) * repeats * len(methods)
     bar = tqdm(total=total, desc="bench", disable=not progress)
+    end_last_line(records_path)  # a crash may have cut the last record short
     with records_path.open("a") as fh:
         for q in questions:
             for temp in temperatures:

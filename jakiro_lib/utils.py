@@ -8,6 +8,7 @@ import errno
 import functools
 import hashlib
 import json
+import logging
 import os
 import platform
 import random
@@ -25,6 +26,7 @@ import torch
 import transformers
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+log = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
@@ -80,17 +82,32 @@ def read_json(path: str | Path) -> Any:
 
 
 def read_jsonl(path: str | Path) -> list[Any]:
-    """The records of a JSON-lines file, skipping lines an interrupted write cut short; [] when missing."""
+    """The records of a JSON-lines file, skipping lines an interrupted write cut short (or bytes that are
+    not text), with one warning counting them; [] when missing."""
     path = Path(path)
     if not path.is_file():
         return []
-    out = []
-    for line in path.read_text().splitlines():
+    out, bad = [], 0
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:
-            continue
+            bad += line.strip() != ""
+    if bad:
+        log.warning("%s: skipped %d unreadable line(s) (a write cut short, or not JSON)", path, bad)
     return out
+
+
+def end_last_line(path: str | Path) -> None:
+    """Before appending to a JSON-lines file: if a crash cut its last line short, end that line, so the
+    next record starts a line of its own instead of joining the cut one (both would be lost)."""
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as fh:
+        fh.seek(-1, os.SEEK_END)
+        if fh.read(1) != b"\n":
+            fh.write(b"\n")
 
 
 def world_size() -> int:

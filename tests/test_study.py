@@ -125,3 +125,8 @@ def test_a_method_added_to_a_study_reuses_the_records_already_there(tmp_path, mo
     with single_thread():  # a subset afterwards: the stamp no longer describes the other records
         run_study(profile, run_dir=tmp_path, only=["vanilla"], target=target, progress=False)
     assert set(calls) == {"vanilla"} and (tmp_path / "bench" / "main" / "records.stale.jsonl").is_file()
+    with single_thread():  # forced again: the first stale records stay, the second set goes beside them
+        run_study(profile, run_dir=tmp_path, only=["vanilla"], target=target, progress=False, force=True)
+    stale = sorted(p.name for p in (tmp_path / "bench" / "main").glob("records.stale*.jsonl"))
+    assert stale == ["records.stale.1.jsonl", "records.stale.jsonl"]
+    assert (tmp_path / "bench" / "main" / "records.stale.1.stamp.json").is_file()

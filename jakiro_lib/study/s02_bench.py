@@ -2,7 +2,7 @@
 
 :func:`run_study`: ``study="main"`` / ``"ablations"`` -> ``run_dir/bench/<study>/records.jsonl`` and a
 summary table. Records are reused while the methods, drafts and settings are unchanged (else they are
-moved aside to ``records.stale.jsonl`` and rerun).
+moved aside to ``records.stale[.N].jsonl``, never overwriting, and rerun).
 """
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     Returns the summary table.
 
     Records are reused (the benchmark resumes) while the methods, drafts and settings are unchanged;
-    otherwise, or with ``force``, the old file is moved to ``records.stale.jsonl`` first.
+    otherwise, or with ``force``, the old file (and its stamp) is moved to ``records.stale[.N].jsonl`` first.
     """
     if study not in STUDIES:
         raise ValueError(f"unknown study {study!r}: use {' or '.join(STUDIES)}")
@@ -143,10 +143,22 @@ def _renew_stamp(out_dir: Path, stamp: dict[str, Any], study: str, force: bool) 
     """Move old records aside when they were made with other settings (or ``force``); write the stamp."""
     records = out_dir / RECORDS_FILE
     if records.exists() and (force or not _describes(read_json(out_dir / STUDY_STAMP), stamp)):
+        aside = _free_name(out_dir / STALE_RECORDS_FILE)  # never over earlier stale records
         log.info("study %s: %s; old records moved to %s", study,
-                 "forced" if force else "settings or drafts changed", STALE_RECORDS_FILE)
-        os.replace(records, out_dir / STALE_RECORDS_FILE)
+                 "forced" if force else "settings or drafts changed", aside.name)
+        os.replace(records, aside)
+        if (out_dir / STUDY_STAMP).is_file():
+            os.replace(out_dir / STUDY_STAMP, aside.with_suffix(".stamp.json"))
     write_json(out_dir / STUDY_STAMP, stamp)
+
+
+def _free_name(path: Path) -> Path:
+    """``path`` if nothing is there, else the first of ``<stem>.1<suffix>``, ``<stem>.2<suffix>``, ..."""
+    n = 0
+    while path.exists():
+        n += 1
+        path = path.with_name(f"{Path(STALE_RECORDS_FILE).stem}.{n}{path.suffix}")
+    return path
 
 
 def _describes(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
