@@ -55,17 +55,26 @@ class TargetConfig:
 class DraftConfig:
     """Architecture of one draft head (DESIGN.md sections 2-3).
 
-    ``num_experts=1`` with ``mlp="dense"`` is the EAGLE-2 baseline. ``branch_b`` adds the CEPD branch
-    that predicts two positions ahead; ``contrastive`` picks its combination rule.
+    ``num_experts=1`` with ``mlp="dense"`` and ``intermediate_size="target"`` is the EAGLE-2 baseline.
+    ``branch_b`` adds the CEPD branch that predicts two positions ahead; ``contrastive`` picks its
+    combination rule. ``expert_loss`` trains each selected expert's own output o_i = r + e_i(u), the
+    feature decoupled drafting scores and carries (DESIGN.md section 3): "gate" weights expert i's loss by
+    its branch-A gate, "equal" averages the selected experts; ``expert_loss_weight`` scales it against
+    branch A. ``unroll_steps`` overrides ``train.unroll_steps`` for this draft (multi-step training).
     """
 
     mlp: str = "moe"  # "dense" or "moe"
     num_experts: int = 2
     top_k_experts: int = 2
-    intermediate_size: int | None = None  # None: the target's hidden size (the reference's choice)
+    # None: the target's hidden size (the reference's expert width); "target": the target's own
+    # intermediate size (EAGLE-2's draft layer is a full decoder layer of the target); or a number.
+    intermediate_size: int | str | None = None
     branch_b: bool = True
     contrastive: bool = True
     draft_vocab_size: int | None = None  # None: full target vocabulary
+    expert_loss: str = "off"  # "off", "gate" or "equal"
+    expert_loss_weight: float = 1.0
+    unroll_steps: int | None = None  # None: train.unroll_steps
 
     def __post_init__(self) -> None:
         if self.mlp not in ("dense", "moe"):
@@ -79,6 +88,17 @@ class DraftConfig:
             )
         if self.branch_b and self.contrastive and self.num_experts < 2:
             raise ValueError("the contrastive branch B needs at least 2 experts")
+        if self.expert_loss not in ("off", "gate", "equal") or self.expert_loss_weight < 0:
+            raise ValueError(f"DraftConfig.expert_loss must be 'off', 'gate' or 'equal' with a weight >= 0, got "
+                             f"{self.expert_loss!r}, {self.expert_loss_weight}")
+        if self.expert_loss != "off" and self.num_experts < 2:
+            raise ValueError("expert_loss trains each expert's own output: it needs at least 2 experts")
+        if self.intermediate_size is not None and self.intermediate_size != "target" and (
+                not isinstance(self.intermediate_size, int) or self.intermediate_size < 1):
+            raise ValueError(f"DraftConfig.intermediate_size must be None, 'target' or a positive integer, "
+                             f"got {self.intermediate_size!r}")
+        if self.unroll_steps is not None and self.unroll_steps < 1:
+            raise ValueError(f"DraftConfig.unroll_steps must be None or >= 1, got {self.unroll_steps}")
 
 
 @dataclass
@@ -165,6 +185,10 @@ class TrainConfig:
     max_steps: int | None = None
     # Batches of conversations of similar length (jakiro_lib.batching): less padding per step
     bucket_by_length: bool = False
+    # Multi-step training ("training-time test", DESIGN.md section 4): the draft also runs unroll_steps - 1
+    # more steps on its own predicted features, with the losses at every step (step j weighted 0.8**j).
+    # 1: single-step (EAGLE-2, the reference). A draft's DraftConfig.unroll_steps overrides it.
+    unroll_steps: int = 1
 
 
 @dataclass
@@ -212,11 +236,22 @@ class Profile:
 
 
 def _study_drafts(vocab: int | None) -> dict[str, DraftConfig]:
-    """The drafts every study trains: dense baseline, MoE ablations, contrastive off."""
+    """The drafts every study trains: the EAGLE-2 baseline, its equal-parameter control, MoE ablations,
+    contrastive off, and per-expert training for decoupled candidates.
+
+    ``dense`` is EAGLE-2's draft: a full decoder layer of the target, MLP at the target's intermediate size
+    (1536 for SmolLM2, 11008 for Vicuna-7B). ``dense_h`` is an H-wide dense MLP, as wide as one of the
+    MoE experts: an equal-parameter control, not EAGLE-2. ``moe2_xgate`` / ``moe2_xequal``: moe2 whose
+    experts' own outputs are also trained (gate-weighted / equally), see DraftConfig.expert_loss.
+    """
+    dense = DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False, contrastive=False,
+                        draft_vocab_size=vocab)
     return {
-        "dense": DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False,
-                             contrastive=False, draft_vocab_size=vocab),
+        "dense": dataclasses.replace(dense, intermediate_size="target"),
+        "dense_h": dense,
         "moe2": DraftConfig(num_experts=2, top_k_experts=2, draft_vocab_size=vocab),
+        "moe2_xgate": DraftConfig(num_experts=2, top_k_experts=2, draft_vocab_size=vocab, expert_loss="gate"),
+        "moe2_xequal": DraftConfig(num_experts=2, top_k_experts=2, draft_vocab_size=vocab, expert_loss="equal"),
         "moe2_nocontrast": DraftConfig(num_experts=2, top_k_experts=2, contrastive=False,
                                        draft_vocab_size=vocab),
         "moe4": DraftConfig(num_experts=4, top_k_experts=2, draft_vocab_size=vocab),
@@ -230,7 +265,8 @@ def _paper(model: str, template: str = "auto") -> Profile:
         target=TargetConfig(model=model, dtype="float16", device="cuda", template=template, max_context=4096),
         data=DataConfig(num_conversations=68_000, max_length=2048, shard_size=256, feature_dtype="bfloat16"),
         train=TrainConfig(epochs=20, batch_size=4, lr=9e-5, warmup_steps=2000, mixed_precision="bf16"),
-        tree=TreeConfig(depth=5, top_k=10, total_tokens=60),
+        # depth counts drafted layers: EAGLE-2's "depth 5" drafts 6 (10 + 5 x 100 candidates), so 6 here
+        tree=TreeConfig(depth=6, top_k=10, total_tokens=60),
         bench=BenchConfig(benchmarks=("mt_bench", "humaneval", "gsm8k", "alpaca", "cnn_dm", "natural_questions"),
                           limit=None, max_new_tokens=1024, repeats=3),
         drafts={k: dataclasses.replace(v, draft_vocab_size=None) for k, v in _study_drafts(None).items()},

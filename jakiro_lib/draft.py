@@ -4,6 +4,10 @@ Input at position t: the target's last hidden state f_t and the token x_{t+1}. O
 layer (first RMSNorm skipped, no final norm) produces o_t ~ f_{t+1}; the target's frozen ``lm_head`` turns
 it into next-token logits. The MoE block also returns each expert's own feature (decoupled candidates)
 and the CEPD branch B, which predicts f_{t+2}.
+
+The training losses live here too (:meth:`DraftModel.feature_loss`, :meth:`DraftModel.expert_loss`), as
+does the multi-step forward that training-time test unrolls (:meth:`DraftModel.unroll`); ``train.py``
+feeds them batches.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from .utils import atomic_path
 CONFIG_FILE = "draft_config.json"
 WEIGHTS_FILE = "model.safetensors"
 HEAD_PACK_MAX_ROWS = 64  # a tree frontier's rows; the fewest worth packing: kernels.MIN_ROWS (per dtype)
+Losses = dict[str, torch.Tensor]
 
 
 class DraftLoadError(RuntimeError):
@@ -75,15 +80,15 @@ class SwiGLU(nn.Module):
 class MoEBlock(nn.Module):
     """E SwiGLU experts with a router split into branch A (top-k mixture) and branch B (CEPD)."""
 
-    def __init__(self, hidden: int, cfg: DraftConfig) -> None:
+    def __init__(self, hidden: int, cfg: DraftConfig, inter: int) -> None:
         super().__init__()
         self.cfg = cfg
-        inter = cfg.intermediate_size or hidden
         self.experts = nn.ModuleList(SwiGLU(hidden, inter) for _ in range(cfg.num_experts))
         n_router = cfg.num_experts * (2 if cfg.branch_b else 1)
         self.router = nn.Linear(hidden, n_router, bias=False) if cfg.num_experts > 1 or cfg.branch_b else None
         self.register_buffer("load", torch.zeros(cfg.num_experts), persistent=False)
         self.register_buffer("load_tokens", torch.zeros(()), persistent=False)
+        self.count_load = True  # off while DraftModel.unroll runs its later steps (router_load: step 0 only)
 
     def _topk_weights(self, logits: torch.Tensor, k: int) -> torch.Tensor:
         gates = logits.softmax(-1)
@@ -116,11 +121,29 @@ class MoEBlock(nn.Module):
             else:
                 wb = self._topk_weights(logits_b, cfg.top_k_experts) if E > 1 else gb
                 b = residual + (wb.unsqueeze(-1) * outs).sum(-2)
-        if not self.training:
+        if not self.training and self.count_load:
             with torch.no_grad():
                 self.load += (gates_a > 0).float().reshape(-1, E).sum(0)
                 self.load_tokens += gates_a.reshape(-1, E).shape[0]
         return DraftOutput(a=a, b=b, experts=residual.unsqueeze(-2) + outs, gates=gates_a)
+
+
+def mlp_width(cfg: DraftConfig, target_config: Any) -> int:
+    """The experts' intermediate size: the target's hidden size (None), the target's own MLP width
+    ("target": EAGLE-2's draft layer) or the configured number."""
+    if cfg.intermediate_size is None:
+        return target_config.hidden_size
+    if cfg.intermediate_size == "target":
+        return target_config.intermediate_size
+    return int(cfg.intermediate_size)
+
+
+def unroll_mask(L: int, j: int, device: torch.device | None = None) -> torch.Tensor:
+    """Boolean attention mask [L, (j + 1) L] of unroll step j over the keys of steps 0..j (see
+    :meth:`DraftModel.unroll`): step 0's keys at s <= t - j, step i's key at s = t - (j - i)."""
+    t = torch.arange(L, device=device)[:, None]
+    s = torch.arange(L, device=device)[None]
+    return torch.cat([s <= t - j] + [s == t - (j - i) for i in range(1, j + 1)], 1)
 
 
 class DraftAttention(nn.Module):
@@ -165,7 +188,7 @@ class DraftModel(nn.Module):
         self.fc = nn.Linear(2 * H, H, bias=True)
         self.attn = DraftAttention(target_config)
         self.post_attention_layernorm = LlamaRMSNorm(H, eps=target_config.rms_norm_eps)
-        self.mlp = MoEBlock(H, cfg)
+        self.mlp = MoEBlock(H, cfg, mlp_width(cfg, target_config))
         rope_cfg = copy.deepcopy(target_config)
         self.rotary = LlamaRotaryEmbedding(rope_cfg)
         if cfg.draft_vocab_size is not None and d2t is None:  # placeholder until trained or loaded
@@ -224,19 +247,103 @@ class DraftModel(nn.Module):
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.d2t is None else self.d2t[draft_ids]
 
+    def n_params(self) -> int:
+        """Trainable parameters (the borrowed embedding and lm_head excluded)."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
     # -- forward ----------------------------------------------------------------------------------
     def forward(self, features: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                cache: KVCache | None = None, mask: torch.Tensor | None = None) -> DraftOutput:
+                cache: KVCache | None = None, mask: torch.Tensor | None = None,
+                steps: int = 1) -> DraftOutput | list[DraftOutput]:
         """features [B, L, H] (f_t), input_ids [B, L] (x_{t+1}), position_ids [B, L] (t).
 
         ``mask``: additive/boolean attention mask [B, 1, L, S] over cache + new positions; None = causal.
+        ``steps`` > 1: :meth:`unroll` (a list of outputs, one per step; here so that a DDP wrapper sees
+        one forward).
         """
+        if steps > 1:
+            return self.unroll(features, input_ids, position_ids, steps)
         with torch.no_grad():
             emb = self.embed(input_ids)
         z = self.fc(torch.cat([emb.to(features.dtype), features], dim=-1))
         cos, sin = self.rotary(z, position_ids)
         h = z + self.attn(z, (cos, sin), cache, mask)
         return self.mlp(self.post_attention_layernorm(h), h)
+
+    def unroll(self, features: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
+               steps: int) -> list[DraftOutput]:
+        """The draft run ``steps`` steps on its own predicted features over a whole sequence (training-time
+        test, DESIGN.md section 4), with the attention a tree gives at each depth.
+
+        Step 0 is the plain causal forward on the target's features. At step j the input at position t is
+        step j-1's branch-A prediction at t-1 (and the true token x_{t+1}); it attends to step 0's keys at
+        positions <= t-j (the accepted prefix: target features) and to step i's key at position t-(j-i)
+        for i = 1..j (its own drafted ancestors and itself), as the j-th drafted token after the prefix
+        ending at t-j does in a tree. Outputs at t < j have no such prefix: callers mask them out.
+        """
+        L = features.shape[1]
+        cache = KVCache()
+        outs = [self(features, input_ids, position_ids, cache)]
+        self.mlp.count_load = False
+        try:
+            for j in range(1, steps):
+                prev = outs[-1].a  # [B, L, H]: step j-1's prediction of f_{t+1} at t
+                feats = torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], 1)  # position t gets it at t+1
+                mask = unroll_mask(L, j, prev.device)[None, None]  # [1, 1, L, (j + 1) L]
+                outs.append(self(feats, input_ids, position_ids, cache, mask))
+        finally:
+            self.mlp.count_load = True
+        return outs
+
+    # -- training losses ------------------------------------------------------------------------
+    def train_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits with autograd (the packed inference head has no backward)."""
+        w = self.head_weight()
+        if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
+            w = w.to(x.dtype)
+        return x @ w.T
+
+    def feature_loss(self, pred: torch.Tensor, t: torch.Tensor, p: torch.Tensor, ref: torch.Tensor,
+                     w: torch.Tensor, p_weight: float) -> Losses:
+        """SmoothL1(pred, t) + p_weight * soft-CE(p, draft logits of pred) over rows [N, H], weighted by ``w``
+        [N]; ``correct``: draft argmax (mapped to target ids) equal to the target's argmax ``ref`` [N]."""
+        o = pred.float()
+        denom = w.sum().clamp_min(1.0)
+        vloss = (F.smooth_l1_loss(o, t, reduction="none").mean(-1) * w).sum() / denom
+        q_logits = self.train_logits(o).float()
+        ploss = (-(p * q_logits.log_softmax(-1)).sum(-1) * w).sum() / denom
+        with torch.no_grad():
+            correct = ((self.to_target_ids(q_logits.argmax(-1)) == ref).float() * w).sum()
+        return {"vloss": vloss, "ploss": ploss, "loss": vloss + p_weight * ploss, "correct": correct,
+                "count": w.sum()}
+
+    def expert_loss(self, experts: torch.Tensor, gates: torch.Tensor, t: torch.Tensor, p: torch.Tensor,
+                    ref: torch.Tensor, w: torch.Tensor, p_weight: float) -> Losses:
+        """The loss of each selected expert's own output o_i = r + e_i(u) (experts [N, E, H], gates [N, E]):
+        the feature decoupled drafting scores and carries forward (DESIGN.md section 3).
+
+        Expert i's :meth:`feature_loss` terms, weighted per row by its branch-A gate (``expert_loss="gate"``)
+        or equally over the selected experts (``"equal"``). The gates enter as constants: this loss shapes
+        the experts' features; the router keeps learning from branch A alone (a gradient here would pull
+        it towards whichever expert predicts best on its own). Also ``correct_e{i}`` / ``count_e{i}``:
+        expert i's top-1 over the rows where it is selected.
+        """
+        N, E, H = experts.shape
+        sel = (gates > 0).float()  # [N, E]
+        mix = gates.detach().float() if self.cfg.expert_loss == "gate" else sel / sel.sum(-1, keepdim=True)
+        o = experts.float()
+        vl = F.smooth_l1_loss(o, t[:, None].expand_as(o), reduction="none").mean(-1)  # [N, E]
+        q_logits = self.train_logits(o).float()  # [N, E, V]
+        pl = -(p[:, None] * q_logits.log_softmax(-1)).sum(-1)  # [N, E]
+        denom = w.sum().clamp_min(1.0)
+        vloss = ((vl * mix).sum(-1) * w).sum() / denom
+        ploss = ((pl * mix).sum(-1) * w).sum() / denom
+        out = {"vloss": vloss, "ploss": ploss, "loss": vloss + p_weight * ploss}
+        with torch.no_grad():
+            hit = (self.to_target_ids(q_logits.argmax(-1)) == ref[:, None]).float() * sel * w[:, None]  # [N, E]
+            for i in range(E):
+                out[f"correct_e{i}"], out[f"count_e{i}"] = hit[:, i].sum(), (sel[:, i] * w).sum()
+        return out
 
     # -- router statistics --------------------------------------------------------------------------
     def router_load(self, reset: bool = False) -> list[float]:

@@ -20,13 +20,12 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .batching import LengthBucketSampler, dataset_lengths
 from .config import DraftConfig, TrainConfig
-from .draft import CONFIG_FILE, WEIGHTS_FILE, DraftModel
+from .draft import CONFIG_FILE, WEIGHTS_FILE, DraftModel, DraftOutput, Losses
 from .features import build_draft_vocab, collate, token_frequencies
 from .utils import atomic_path, run_metadata, seed_everything, write_json
 
@@ -52,13 +51,6 @@ def _core(draft: Any) -> DraftModel:
     return draft
 
 
-def _draft_logits(core: DraftModel, x: torch.Tensor) -> torch.Tensor:
-    w = core.head_weight()
-    if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
-        w = w.to(x.dtype)
-    return x @ w.T
-
-
 @torch.no_grad()
 def _full_top1(core: DraftModel, feats: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
     """Target argmax over the FULL vocabulary of ``lm_head(feats)`` ([N, H] -> [N])."""
@@ -69,31 +61,81 @@ def _full_top1(core: DraftModel, feats: torch.Tensor, chunk: int = 1024) -> torc
     return out
 
 
-def _branch_loss(core: DraftModel, pred: torch.Tensor, t: torch.Tensor, p: torch.Tensor, ref: torch.Tensor,
-                 w: torch.Tensor, p_weight: float) -> dict[str, torch.Tensor]:
-    """SmoothL1(pred, t) + p_weight * soft-CE(p, draft logits of pred), weighted by ``w`` ([N] masked rows);
-    top-1 accuracy: draft argmax mapped to target ids equals the target's full-vocabulary argmax ``ref``."""
-    o = pred.float()
-    denom = w.sum().clamp_min(1.0)
-    vloss = (F.smooth_l1_loss(o, t, reduction="none").mean(-1) * w).sum() / denom
-    q_logits = _draft_logits(core, o).float()
-    ploss = (-(p * q_logits.log_softmax(-1)).sum(-1) * w).sum() / denom
-    with torch.no_grad():
-        correct = ((core.to_target_ids(q_logits.argmax(-1)) == ref).float() * w).sum()
-    return {"vloss": vloss, "ploss": ploss, "loss": vloss + p_weight * ploss, "correct": correct, "count": w.sum()}
+UNROLL_DECAY = 0.8  # weight of unroll step j's loss: 0.8**j (the decay of EAGLE-3's released trainer; not tuned here)
+EVAL_DEPTHS = 4  # held-out top-1 per depth: the draft run 1..4 steps on its own features
+
+
+@dataclasses.dataclass
+class _Targets:
+    """Targets of every masked position j >= 1, computed once: branch A at t uses j = t + 1, branch B at
+    t uses j = t + 2, a subset of the same rows (the soft targets p are the costly part)."""
+
+    sel_a: torch.Tensor  # [B, T-1] rows with a target for branch A
+    w_a: torch.Tensor  # [N] loss-mask weights of those rows
+    t_pos: torch.Tensor  # [N] position t of each row
+    t: torch.Tensor  # [N, H] f_{t+1}
+    p: torch.Tensor  # [N, V'] softmax(lm_head(f_{t+1})) over the draft vocabulary
+    ref: torch.Tensor  # [N] target argmax (full vocabulary)
+    sel_b: torch.Tensor | None  # [B, T-2] rows with a target for branch B
+    w_b: torch.Tensor | None
+    row_b: torch.Tensor | None  # [N_b] index into the branch-A rows of f_{t+2}
+    t_pos_b: torch.Tensor | None
+
+
+@torch.no_grad()
+def _targets(core: DraftModel, batch: dict[str, torch.Tensor], mask: torch.Tensor) -> _Targets:
+    hidden = batch["hidden"]
+    B, T, _ = hidden.shape
+    sel_a = mask[:, 1:] > 0
+    pos = torch.arange(T - 1, device=hidden.device).expand(B, -1)
+    t_all = hidden[:, 1:][sel_a].float()
+    p_all = core.train_logits(t_all).float().softmax(-1)
+    top1 = batch.get("target_top1")
+    ref_all = top1[:, 1:][sel_a] if top1 is not None else _full_top1(core, t_all)
+    sel_b = w_b = row_b = pos_b = None
+    if T >= 3:
+        row = torch.full(sel_a.shape, -1, dtype=torch.long, device=sel_a.device)
+        row[sel_a] = torch.arange(t_all.shape[0], device=sel_a.device)
+        sel_b = mask[:, 2:] > 0
+        row_b, w_b, pos_b = row[:, 1:][sel_b], mask[:, 2:][sel_b], pos[:, :T - 2][sel_b]
+    return _Targets(sel_a, mask[:, 1:][sel_a], pos[sel_a], t_all, p_all, ref_all, sel_b, w_b, row_b, pos_b)
+
+
+def _step_losses(core: DraftModel, out: DraftOutput, tg: _Targets, j: int, p_weight: float,
+                 experts: bool) -> dict[str, Losses]:
+    """Branch A, branch B and (``experts``) per-expert losses of unroll step ``j`` (rows with t >= j)."""
+    w_a = tg.w_a * (tg.t_pos >= j)
+    parts = {"a": core.feature_loss(out.a[tg.sel_a], tg.t, tg.p, tg.ref, w_a, p_weight)}
+    if out.b is not None and tg.sel_b is not None:
+        T2 = tg.sel_b.shape[1]
+        rb, w_b = tg.row_b, tg.w_b * (tg.t_pos_b >= j)
+        parts["b"] = core.feature_loss(out.b[:, :T2][tg.sel_b], tg.t[rb], tg.p[rb], tg.ref[rb], w_b, p_weight)
+    if experts and out.experts is not None and out.experts.shape[-2] > 1:
+        parts["x"] = core.expert_loss(out.experts[tg.sel_a], out.gates[tg.sel_a], tg.t, tg.p, tg.ref, w_a, p_weight)
+    return parts
 
 
 def draft_loss(draft: Any, batch: dict[str, torch.Tensor], *, noise_amplitude: float = 0.2,
-               p_weight: float = 0.1, branch_b_weight: float = 0.5) -> tuple[torch.Tensor, dict[str, float]]:
+               p_weight: float = 0.1, branch_b_weight: float = 0.5, unroll_steps: int = 1,
+               depths: int = 1, sync: bool = True) -> tuple[torch.Tensor, dict[str, Any]]:
     """Loss of one collated batch (see :func:`jakiro_lib.features.collate`) and its metrics.
 
     Inputs f_0..f_{L-2} (+ centred uniform noise of amplitude ``noise_amplitude * 512 / L`` per
     sequence, in training mode only), ids x_1..x_{L-1}, positions 0..L-2. Branch A: SmoothL1(o_t, f_{t+1})
     + ``p_weight`` * soft-CE(p_t, draft logits) with p_t = softmax(lm_head(f_{t+1})) over the draft
     vocabulary, masked by loss_mask[t+1]; branch B: the same against f_{t+2} (t+2 < L), masked by
-    loss_mask[t+2], weight ``branch_b_weight``. Accuracies: draft argmax (mapped to target ids) equal to
-    the target's full-vocabulary argmax (a target token outside the draft vocab is a miss).
-    Metrics: loss, loss_a, vloss_a, ploss_a, acc_a, count_a, correct_a and the same for b (if present).
+    loss_mask[t+2], weight ``branch_b_weight``. With the draft's ``expert_loss`` on: each selected
+    expert's own output too (:meth:`DraftModel.expert_loss`, weight ``expert_loss_weight``).
+    Accuracies: draft argmax (mapped to target ids) equal to the target's full-vocabulary argmax (a
+    target token outside the draft vocab is a miss).
+
+    ``unroll_steps`` k > 1 (training-time test, :meth:`DraftModel.unroll`): the same losses at steps
+    1..k-1 on the draft's own features (rows t >= j at step j), step j weighted ``UNROLL_DECAY**j``.
+    ``depths`` d: also run the draft d steps (no loss beyond k) for the top-1 per depth.
+    Metrics: loss, loss_a, vloss_a, ploss_a, acc_a, count_a, correct_a and the same for b (if present)
+    and x (expert loss), correct_e{i} / count_e{i} per expert, all of step 0; correct_a@d / count_a@d
+    for depth d >= 2 (step d-1), loss@d for the unrolled steps. ``sync=False``: 0-dim device tensors
+    instead of floats (no host sync; the training loop reads them every log_every steps).
     """
     core = _core(draft)
     hidden = batch["hidden"]
@@ -112,36 +154,45 @@ def draft_loss(draft: Any, batch: dict[str, torch.Tensor], *, noise_amplitude: f
         feats = feats + (torch.rand_like(feats) - 0.5) * amp
     ids = batch["input_ids"][:, 1:]
     pos = torch.arange(T - 1, device=hidden.device).unsqueeze(0).expand(B, -1)
-    out = draft(feats, ids, pos)
-    # Targets of every masked position j >= 1, computed once: branch A at t uses j = t + 1, branch B at
-    # t uses j = t + 2, a subset of the same rows (the soft targets p are the costly part).
-    sel_a = mask[:, 1:] > 0
-    with torch.no_grad():
-        t_all = hidden[:, 1:][sel_a].float()
-        p_all = _draft_logits(core, t_all).float().softmax(-1)  # target distribution over the draft vocab
-        top1 = batch.get("target_top1")
-        ref_all = top1[:, 1:][sel_a] if top1 is not None else _full_top1(core, t_all)
-        row = torch.full(sel_a.shape, -1, dtype=torch.long, device=sel_a.device)
-        row[sel_a] = torch.arange(t_all.shape[0], device=sel_a.device)
-    parts = {"a": _branch_loss(core, out.a[sel_a], t_all, p_all, ref_all, mask[:, 1:][sel_a], p_weight)}
-    loss = parts["a"]["loss"]
-    if out.b is not None and T >= 3:
-        sel_b = mask[:, 2:] > 0
-        rb = row[:, 1:][sel_b]
-        parts["b"] = _branch_loss(core, out.b[:, :T - 2][sel_b], t_all[rb], p_all[rb], ref_all[rb],
-                                  mask[:, 2:][sel_b], p_weight)
-        loss = loss + branch_b_weight * parts["b"]["loss"]
-    elif out.b is not None:  # keep branch B's parameters in the graph (DDP) with a zero contribution
-        loss = loss + 0.0 * out.b.sum()
-    names, values = ["loss"], [loss.detach().float()]
+    n_steps = max(unroll_steps, depths)
+    outs = draft(feats, ids, pos, steps=n_steps) if n_steps > 1 else [draft(feats, ids, pos)]
+    tg = _targets(core, batch, mask)
+    expert_on = core.cfg.expert_loss != "off"
+    names: list[str] = []
+    values: list[torch.Tensor] = []
+    loss = hidden.new_zeros((), dtype=torch.float32)
+    for j, out in enumerate(outs):
+        parts = _step_losses(core, out, tg, j, p_weight, experts=expert_on or (j == 0 and not core.training))
+        step = parts["a"]["loss"]
+        if "b" in parts:
+            step = step + branch_b_weight * parts["b"]["loss"]
+        elif out.b is not None:  # keep branch B's parameters in the graph (DDP) with a zero contribution
+            step = step + 0.0 * out.b.sum()
+        if expert_on and "x" in parts:
+            step = step + core.cfg.expert_loss_weight * parts["x"]["loss"]
+        if j < unroll_steps:
+            loss = loss + UNROLL_DECAY ** j * step
+        if j == 0:
+            _step0_metrics(parts, names, values)
+        else:
+            names += [f"correct_a@{j + 1}", f"count_a@{j + 1}"] + ([f"loss@{j + 1}"] if j < unroll_steps else [])
+            values += [parts["a"]["correct"], parts["a"]["count"]] + ([step] if j < unroll_steps else [])
+    names.insert(0, "loss")
+    values.insert(0, loss)
+    stacked = torch.stack([v.detach().float() for v in values])
+    if not sync:
+        return loss, dict(zip(names, stacked.unbind(0)))
+    return loss, dict(zip(names, stacked.tolist()))  # one device sync
+
+
+def _step0_metrics(parts: dict[str, Losses], names: list[str], values: list[torch.Tensor]) -> None:
     for br, d in parts.items():
-        for key in ("loss", "vloss", "ploss", "correct", "count"):
-            names.append(f"{key}_{br}")
-            values.append(d[key].detach().float())
-        names.append(f"acc_{br}")
-        values.append(d["correct"].detach().float() / d["count"].detach().float().clamp_min(1.0))
-    metrics = dict(zip(names, torch.stack(values).tolist()))  # one device sync
-    return loss, metrics
+        for key, v in d.items():
+            names.append(f"{key}_{br}" if not key.startswith(("correct_e", "count_e")) else key)
+            values.append(v)
+        if "correct" in d:
+            names.append(f"acc_{br}")
+            values.append(d["correct"] / d["count"].clamp_min(1.0))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -162,10 +213,14 @@ def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
 
 @torch.no_grad()
 def evaluate(draft: Any, data: Any, *, batch_size: int = 8, p_weight: float = 0.1,
-             branch_b_weight: float = 0.5, max_batches: int | None = None) -> dict[str, Any]:
-    """Held-out metrics: token-weighted ``acc_a``, ``acc_b`` (None without branch B), ``loss`` and its parts,
-    and ``router_load`` (fraction of tokens routed to each expert). ``data``: a dataset of items or an
-    iterable of collated batches. No noise; the draft's train/eval mode is restored afterwards."""
+             branch_b_weight: float = 0.5, max_batches: int | None = None,
+             depths: int = EVAL_DEPTHS) -> dict[str, Any]:
+    """Held-out metrics: token-weighted ``acc_a``, ``acc_b`` (None without branch B), ``loss`` (single-step,
+    whatever the training unrolled) and its parts, ``router_load`` (fraction of tokens routed to each
+    expert), ``acc_depth`` (branch-A top-1 of the draft run d = 1..``depths`` steps on its own features:
+    what a tree's depth d sees; ``acc_depth[0] == acc_a``) and ``acc_experts`` (each expert's own top-1
+    where it is selected; None for one expert). ``data``: a dataset of items or an iterable of collated
+    batches. No noise; the draft's train/eval mode is restored afterwards."""
     core = _core(draft)
     was_training = core.training
     core.eval()
@@ -178,7 +233,7 @@ def evaluate(draft: Any, data: Any, *, batch_size: int = 8, p_weight: float = 0.
             if max_batches is not None and batches >= max_batches:
                 break
             _, m = draft_loss(core, _to(batch, device), noise_amplitude=0.0, p_weight=p_weight,
-                              branch_b_weight=branch_b_weight)
+                              branch_b_weight=branch_b_weight, depths=depths)
             n = m["count_a"]
             for k, v in m.items():
                 if k.startswith(("correct", "count")):
@@ -201,6 +256,15 @@ def evaluate(draft: Any, data: Any, *, batch_size: int = 8, p_weight: float = 0.
     }
     for k in ("loss_a", "vloss_a", "ploss_a"):
         res[k] = sums[k] / na if na else None
+    for k in ("loss_x", "vloss_x", "ploss_x"):
+        res[k] = sums[k] / na if na and k in sums else None
+
+    def ratio(correct: str, count: str) -> float | None:
+        return sums[correct] / sums[count] if sums.get(count) else None
+
+    res["acc_depth"] = [res["acc_a"]] + [ratio(f"correct_a@{d}", f"count_a@{d}") for d in range(2, depths + 1)]
+    n_experts = core.cfg.num_experts
+    res["acc_experts"] = [ratio(f"correct_e{i}", f"count_e{i}") for i in range(n_experts)] if n_experts > 1 else None
     for k in ("loss_b", "vloss_b", "ploss_b"):
         res[k] = sums[k] / nb if nb and k in sums else None
     return res
@@ -325,6 +389,8 @@ def train_draft(
     out_dir = Path(out_dir)
     if len(train_data) == 0:
         raise TrainError("no training data")
+    if train_cfg.unroll_steps < 1:
+        raise TrainError(f"train.unroll_steps must be >= 1, got {train_cfg.unroll_steps}")
     if d2t is not None:
         d2t = torch.as_tensor(d2t, dtype=torch.long).cpu()
         draft_cfg = dataclasses.replace(draft_cfg, draft_vocab_size=int(d2t.numel()))
@@ -392,6 +458,7 @@ def train_draft(
 
     eval_bs = eval_batch_size or train_cfg.batch_size
     loss_kw = dict(p_weight=train_cfg.p_weight, branch_b_weight=train_cfg.branch_b_weight)
+    unroll = draft_cfg.unroll_steps or train_cfg.unroll_steps
     bar = None
     if progress and accelerator.is_main_process:
         from tqdm.auto import tqdm
@@ -416,10 +483,10 @@ def train_draft(
         accelerator.wait_for_everyone()
 
     t0 = time.perf_counter()
-    tokens_seen = 0
+    tokens_seen: Any = 0  # a device tensor once counting: read at the end (no per-step host sync)
     train_time = 0.0
     last_eval: dict[str, Any] = {}
-    window: list[dict[str, float]] = []
+    window = _Running()
     model.train()
     try:
         while epoch < train_cfg.epochs and global_step < total_steps:
@@ -427,11 +494,12 @@ def train_draft(
             if hasattr(loader, "set_epoch"):  # accelerate's loader re-sets the sampler's epoch itself
                 loader.set_epoch(epoch)
             epoch_loader = accelerator.skip_first_batches(loader, batches_in_epoch) if batches_in_epoch else loader
-            epoch_metrics: list[dict[str, float]] = []
+            epoch_metrics = _Running()
             t_epoch = time.perf_counter()
             for batch in epoch_loader:
                 with accelerator.autocast():
-                    loss, m = draft_loss(model, batch, noise_amplitude=train_cfg.noise_amplitude, **loss_kw)
+                    loss, m = draft_loss(model, batch, noise_amplitude=train_cfg.noise_amplitude,
+                                         unroll_steps=unroll, sync=False, **loss_kw)
                 accelerator.backward(loss)
                 accelerator.clip_grad_value_(model.parameters(), train_cfg.grad_clip_value)
                 optimizer.step()
@@ -439,16 +507,18 @@ def train_draft(
                 optimizer.zero_grad(set_to_none=True)
                 global_step += 1
                 batches_in_epoch += 1
-                tokens_seen += int(batch["lengths"].sum())
+                tokens_seen = tokens_seen + batch["lengths"].sum()
                 m["lr"] = scheduler.get_last_lr()[0]
-                window.append(m)
-                epoch_metrics.append(m)
+                window.add(m)
+                epoch_metrics.add(m)
                 if global_step % log_every == 0 or global_step == total_steps:
-                    history["steps"].append({"step": global_step, "epoch": epoch, **_mean(window)})
-                    window = []
+                    logged = window.mean()  # the only host sync of these steps
+                    history["steps"].append({"step": global_step, "epoch": epoch, **logged})
+                    window = _Running()
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{logged['loss']:.4f}", acc_a=f"{logged['acc_a']:.3f}", refresh=False)
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(loss=f"{m['loss']:.4f}", acc_a=f"{m['acc_a']:.3f}", refresh=False)
                 if global_step >= total_steps:
                     break
             train_time += time.perf_counter() - t_epoch
@@ -457,7 +527,7 @@ def train_draft(
                 and len(heldout_data) else {}
             model.train()
             record = {"epoch": epoch + 1 if complete else epoch + batches_in_epoch / steps_per_epoch,
-                      "step": global_step, "train": _mean(epoch_metrics), "heldout": last_eval,
+                      "step": global_step, "train": epoch_metrics.mean(), "heldout": last_eval,
                       "elapsed_s": elapsed_before + time.perf_counter() - t0}
             history["epochs"].append(record)
             if complete:
@@ -480,7 +550,9 @@ def train_draft(
         "acc_a": last_eval.get("acc_a"), "acc_b": last_eval.get("acc_b"), "heldout_loss": last_eval.get("loss"),
         "router_load": last_eval.get("router_load"), "heldout": last_eval,
         "steps": global_step, "epochs_completed": epoch, "wall_time_s": wall,
-        "train_tokens_per_s": tokens_seen / train_time if train_time > 0 else None,
+        "train_tokens_per_s": int(tokens_seen) / train_time if train_time > 0 else None,
+        "n_params": core.n_params(), "unroll_steps": unroll,
+        "acc_depth": last_eval.get("acc_depth"), "acc_experts": last_eval.get("acc_experts"),
         "draft_config": dataclasses.asdict(draft_cfg), "train_config": dataclasses.asdict(train_cfg),
         "data": stats, "fingerprint": fingerprint,
         "run_metadata": run_metadata(accelerator.device, num_processes=accelerator.num_processes,
@@ -497,11 +569,24 @@ def train_draft(
     return _jsonable(results)
 
 
-def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
-    if not rows:
-        return {}
-    keys = {k for r in rows for k in r}
-    return {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in sorted(keys)}
+class _Running:
+    """Per-step metrics summed where they live (0-dim device tensors, or floats): :meth:`mean` reads them
+    with one host sync, so the training loop syncs every ``log_every`` steps instead of every step."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, Any] = {}
+        self.counts: dict[str, int] = {}
+
+    def add(self, metrics: dict[str, Any]) -> None:
+        for k, v in metrics.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+            self.counts[k] = self.counts.get(k, 0) + 1
+
+    def mean(self) -> dict[str, float]:
+        keys = sorted(self.sums)
+        tensors = [k for k in keys if torch.is_tensor(self.sums[k])]
+        read = dict(zip(tensors, torch.stack([self.sums[k].float() for k in tensors]).tolist())) if tensors else {}
+        return {k: read.get(k, self.sums[k]) / self.counts[k] for k in keys}
 
 
 def load_results(out_dir: str | Path) -> dict[str, Any] | None:

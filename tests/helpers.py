@@ -19,8 +19,11 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from jakiro_lib.config import TargetConfig
+from jakiro_lib.config import DraftConfig, TargetConfig
+from jakiro_lib.draft import DraftModel
+from jakiro_lib.features import collate
 from jakiro_lib.target import load_target
+from jakiro_lib.train import draft_loss
 from jakiro_lib.tree import Tree
 from jakiro_lib.verify import SamplingParams
 
@@ -317,3 +320,73 @@ def peaked_target(family: str = "llama", factor: float = 3.0):
     with torch.no_grad():
         model.lm_head.weight.mul_(factor)
     return model
+
+
+# -- drafts trained on the tiny target (so that FeatureDrafter's drafted tokens are accepted) --------------
+
+TRAINED_DRAFTS = {  # name: architecture; each trained once per session by :func:`trained_draft`
+    "dense": DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False, contrastive=False,
+                         intermediate_size="target"),
+    # Jakiro's draft with per-expert training: its experts' own outputs (decoupled candidates) predict too
+    "moe2": DraftConfig(num_experts=2, top_k_experts=2, expert_loss="gate"),
+}
+TRAIN_STEPS = 300
+TRAIN_WINDOW = 40  # tokens per training row: random windows of the corpus (cheaper steps than whole rows)
+
+
+@functools.lru_cache(maxsize=None)
+@torch.inference_mode()
+def greedy_corpus(model, n_per_length: int = 12, lengths: tuple[int, ...] = (4, 20, 36, 52), new: int = 48,
+                  seed: int = 99) -> list[torch.Tensor]:
+    """Seeded random prompts continued greedily by ``model`` (cache-free batched forwards, one length per
+    batch): the tiny target's own text, which a draft can learn to predict."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for L in lengths:
+        seq = torch.randint(0, 256, (n_per_length, L), generator=g)
+        for _ in range(new):
+            seq = torch.cat([seq, model(input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)], 1)
+        out += list(seq)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _trained_state(name: str, family: str = "llama") -> dict[str, torch.Tensor]:
+    """Weights of draft ``name`` trained TRAIN_STEPS steps (batch 16, no noise) on :func:`greedy_corpus`."""
+    model = tiny_target(family)
+    with single_thread():
+        seqs = greedy_corpus(model)
+    with torch.inference_mode():
+        items = [{"input_ids": s, "hidden": model.model(input_ids=s[None]).last_hidden_state[0],
+                  "loss_mask": torch.ones(len(s))} for s in seqs]
+    with single_thread():
+        torch.manual_seed(0)
+        draft = DraftModel.build(TRAINED_DRAFTS[name], model).train()
+        opt = torch.optim.AdamW(draft.parameters(), lr=3e-3)
+        g = torch.Generator().manual_seed(0)
+        for _ in range(TRAIN_STEPS):
+            picks = torch.randint(0, len(items), (16,), generator=g).tolist()
+            starts = torch.randint(0, 1 + len(seqs[0]) // 2, (16,), generator=g).tolist()
+            batch = collate([_window(items[i], s, TRAIN_WINDOW) for i, s in zip(picks, starts)])
+            loss, _ = draft_loss(draft, batch, noise_amplitude=0.0, p_weight=1.0)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return {k: v.detach().clone() for k, v in draft.state_dict().items()}
+
+
+def _window(item: dict[str, torch.Tensor], start: int, n: int) -> dict[str, torch.Tensor]:
+    return {k: v[start:start + n] for k, v in item.items()}
+
+
+def trained_draft(model, name: str):
+    """Draft ``name`` of :data:`TRAINED_DRAFTS`, trained on the tiny llama's features, borrowing ``model``'s
+    embedding and lm_head (e.g. a :func:`peaked_target` copy: same features, sharper head); eval mode."""
+    draft = DraftModel.build(TRAINED_DRAFTS[name], model)
+    draft.load_state_dict(_trained_state(name))
+    return draft.eval()
+
+
+def drafted_per_cycle(result) -> float:
+    """Mean drafted tokens accepted per verification cycle (the bonus token not counted)."""
+    return (sum(result.accepted) - len(result.accepted)) / max(len(result.accepted), 1)

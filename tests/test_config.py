@@ -13,7 +13,7 @@ def test_profiles_exist_with_paper_settings():
     assert {"smoke", "default", "vicuna-7b", "vicuna-13b", "llama2-chat-7b", "llama3-8b-instruct"} <= set(PROFILE_NAMES)
     p = get_profile("vicuna-7b")
     assert p.target.model == "lmsys/vicuna-7b-v1.3" and p.target.template == "vicuna"
-    assert (p.tree.depth, p.tree.top_k, p.tree.total_tokens) == (5, 10, 60)
+    assert (p.tree.depth, p.tree.top_k, p.tree.total_tokens) == (6, 10, 60)  # EAGLE-2 "depth 5" = 6 drafted layers
     assert p.train.lr == 9e-5 and p.train.epochs == 20 and p.train.batch_size == 4
     assert p.drafts["moe2"].num_experts == 2 and p.drafts["dense"].num_experts == 1
 

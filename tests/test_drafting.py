@@ -2,8 +2,10 @@
 reference, and the drafter protocol around a feature drafter."""
 from __future__ import annotations
 
+import copy
 import math
 import random
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -148,3 +150,155 @@ def test_rewind_lets_every_timed_cycle_draft_from_the_same_context():
     for bad in (0, 21):
         with pytest.raises(ValueError, match="rewind"):
             drafter.rewind(bad)
+
+
+# -- the draft's tree attention and CEPD's branch-B parents, against references without a cache -----------
+
+TREE_CASES = {  # name: (draft architecture, tree)
+    "dense": (DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False, contrastive=False),
+              TreeConfig(depth=4, top_k=3, total_tokens=40)),
+    "moe2-coupled": (DraftConfig(num_experts=2), TreeConfig(depth=4, top_k=3, total_tokens=40)),
+    "moe2-decoupled": (DraftConfig(num_experts=2), TreeConfig(depth=4, top_k=3, total_tokens=40, decoupled=True)),
+    "moe2-cepd-ar1": (DraftConfig(num_experts=2), TreeConfig(depth=5, top_k=3, total_tokens=40, ar_steps=1)),
+    "moe4-decoupled-cepd-ar0": (DraftConfig(num_experts=4, top_k_experts=2),
+                                TreeConfig(depth=5, top_k=3, total_tokens=40, ar_steps=0, decoupled=True)),
+}
+
+
+@dataclass
+class _Forwarded:
+    """What one tree node fed the draft, and what came out."""
+
+    pool_index: int
+    slot: int
+    ancestors: list[int]
+    feature: torch.Tensor
+    token: int
+    position: int
+    out: DraftOutput
+
+
+def _spy_forwards(drafter: FeatureDrafter) -> list[_Forwarded]:
+    """Record every node of every tree-layer draft forward (pool index, draft-cache slot, inputs, output)."""
+    seen: list[_Forwarded] = []
+    real = drafter._forward_layer
+
+    def spy(frontier, base, n_slots):
+        real(frontier, base, n_slots)
+        pool = drafter._pool
+        for node in frontier:
+            seen.append(_Forwarded(node.pool_index, node.slot, list(node.ancestors), node.feature.clone(),
+                                   pool.tokens[node.pool_index], base - 1 + pool.depths[node.pool_index], node.out))
+
+    drafter._forward_layer = spy
+    return seen
+
+
+def _cycle(drafter, seen, prefix_feats, prefix_tokens):
+    """Propose one tree; check every forwarded node against a cache-free forward of the prefix, its
+    forwarded ancestors and itself (their own features, tokens and positions)."""
+    seen.clear()
+    root_out = drafter.root_out
+    drafter.propose()
+    assert seen, "no tree layer was forwarded"
+    by_slot = {f.slot: f for f in seen}
+    P = prefix_feats.shape[0]
+    for f in seen:
+        chain = [by_slot[s] for s in f.ancestors] + [f]
+        assert [c.position for c in chain] == sorted(c.position for c in chain) and chain[0].position >= P
+        feats = torch.cat([prefix_feats, torch.stack([c.feature for c in chain])])
+        toks = torch.cat([prefix_tokens, torch.tensor([c.token for c in chain])])
+        pos = torch.cat([torch.arange(P), torch.tensor([c.position for c in chain])])
+        ref = drafter.draft(feats[None], toks[None], pos[None])
+        torch.testing.assert_close(f.out.a, ref.a[0, -1], atol=2e-5, rtol=1e-5)
+        if ref.b is not None:
+            torch.testing.assert_close(f.out.b, ref.b[0, -1], atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(f.out.experts, ref.experts[0, -1], atol=2e-5, rtol=1e-5)
+    return root_out
+
+
+@pytest.mark.parametrize("case", list(TREE_CASES))
+def test_tree_nodes_see_the_prefix_and_their_ancestors_at_their_positions(case):
+    """The tree mask and position ids of every draft forward: each node's output equals a cache-free draft
+    forward over the accepted prefix, then the node's forwarded ancestors, then itself (CEPD's skipped
+    tokens are not forwarded and so not in the chain; their positions still count). Two cycles: after
+    ``begin`` and after ``accept``."""
+    model = tiny_target("llama")
+    dcfg, tree = TREE_CASES[case]
+    torch.manual_seed(11)
+    draft = DraftModel.build(dcfg, model).eval()
+    drafter = FeatureDrafter(draft, tree)
+    seen = _spy_forwards(drafter)
+    H = model.config.hidden_size
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, 256, (9,), generator=g)
+    hidden = torch.randn(9, H, generator=g)
+    with torch.inference_mode():
+        drafter.begin(prompt, hidden, root=17)
+        prefix_tokens = torch.cat([prompt[1:], torch.tensor([17])])
+        _cycle(drafter, seen, hidden, prefix_tokens)
+        more = torch.randn(3, H, generator=g)
+        drafter.accept(more, [40, 41, 42])
+        _cycle(drafter, seen, torch.cat([hidden, more]), torch.cat([prefix_tokens, torch.tensor([40, 41, 42])]))
+    assert max(f.position for f in seen) == 11 + sum(drafter.steps[:-1])  # the deepest forwarded layer was checked
+
+
+def _b_depths(steps: list[int]) -> set[int]:
+    """Tree depths drafted by branch B (the second layer of each two-layer step)."""
+    out, done = set(), 0
+    for n in steps:
+        done += n
+        if n == 2:
+            out.add(done)
+    return out
+
+
+@pytest.mark.parametrize("case", ["moe2-cepd-ar1", "moe4-decoupled-cepd-ar0"])
+def test_branch_b_children_come_from_their_real_grandparent(case):
+    """Every node drafted by branch B is a child of a frontier node n, scored by n's PARENT's branch-B
+    distribution: n's B-children are exactly that grandparent's top-k, with cumulative scores, and they
+    carry the grandparent's branch-B feature into the next forward. (The reference pairs branch-B row r
+    with the r-th selected node instead: DESIGN.md section 3.) The target's lm_head is unsharpened here so
+    that a layer's best nodes come from several parents, where a row mix-up shows."""
+    model = copy.deepcopy(tiny_target("llama"))
+    with torch.no_grad():
+        model.lm_head.weight.div_(8.0)
+    dcfg, tree = TREE_CASES[case]
+    torch.manual_seed(2)
+    draft = DraftModel.build(dcfg, model).eval()
+    drafter = FeatureDrafter(draft, tree)
+    seen = _spy_forwards(drafter)
+    g = torch.Generator().manual_seed(8)
+    prompt = torch.randint(0, 256, (7,), generator=g)
+    with torch.inference_mode():
+        drafter.begin(prompt, torch.randn(7, model.config.hidden_size, generator=g), root=3)
+        outs = {0: drafter.root_out}
+        drafter.propose()
+    pool = drafter._pool
+    outs.update({f.pool_index: f.out for f in seen})
+    carried = {f.pool_index: f.feature for f in seen}
+    b_depths = _b_depths(drafter.steps)
+    assert b_depths
+    checked, grandparents = 0, {d: set() for d in b_depths}
+    for n in range(len(pool.tokens)):
+        kids = [c for c in range(len(pool.tokens)) if pool.parents[c] == n and pool.depths[c] in b_depths]
+        if not kids:
+            continue
+        gp = pool.parents[n]
+        grandparents[pool.depths[n] + 1].add(gp)
+        top = draft.logits(outs[gp].b).float().log_softmax(-1).topk(tree.top_k)
+        assert [pool.tokens[c] for c in kids] == draft.to_target_ids(top.indices).tolist(), (n, gp)
+        for c, lp in zip(kids, top.values.tolist()):
+            assert pool.scores[c] == pytest.approx(min(pool.scores[n] + lp, pool.scores[n]), abs=1e-5)
+            if c in carried:
+                assert torch.equal(carried[c], outs[gp].b)
+        checked += 1
+    assert checked == tree.top_k * len(b_depths)  # every B layer expands the top-k frontier
+    # The reference's pairing (the i-th node of the layer with the i-th forwarded row) would be wrong here:
+    mixed = 0
+    for d in b_depths - {2}:
+        rows = [f.pool_index for f in seen if pool.depths[f.pool_index] == d - 2]  # forwarded, in row order
+        layer = sorted({pool.parents[c] for c in range(len(pool.tokens)) if pool.depths[c] == d},
+                       key=lambda n: (-pool.scores[n], n))
+        mixed += sum(pool.parents[n] != rows[min(i, len(rows) - 1)] for i, n in enumerate(layer))
+    assert mixed > 0

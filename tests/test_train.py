@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 
 from jakiro_lib import features as F
 from jakiro_lib import train as T
-from jakiro_lib.config import TargetConfig, TrainConfig, get_profile
+from jakiro_lib.config import DraftConfig, TargetConfig, TrainConfig, get_profile
 from jakiro_lib.data import Conversation
 from jakiro_lib.draft import DraftModel
 from jakiro_lib.target import load_target
@@ -304,3 +304,165 @@ def test_online_data_trains(target, tmp_path):
     assert len(train) == 4 and len(held) == 2
     res = T.train_draft(target, smoke_drafts()["moe2"], train, held, tmp_path, cfg(epochs=2), progress=False)
     assert res["steps"] == 2 and res["acc_a"] is not None and res["data"]["train_conversations"] == 4
+
+
+# -- branch B, per-expert and multi-step losses ----------------------------------------------------------
+
+def _fp32_batch(target, n=2, L=14, seed=0):
+    """Random ids with the target's own fp32 features (no fp16 rounding: argmax ties cannot flip)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 256, (n, L), generator=g)
+    with torch.no_grad():
+        hidden = target.model.model(input_ids=ids).last_hidden_state.float()
+    return {"input_ids": ids, "hidden": hidden, "loss_mask": torch.ones(n, L), "lengths": torch.full((n,), L)}
+
+
+class _Fed(torch.nn.Module):
+    """Wraps a draft (as DDP does, ``.module``) and overwrites some of its outputs."""
+
+    def __init__(self, d, **set_out):
+        super().__init__()
+        self.module, self.set_out = d, set_out
+
+    def forward(self, feats, ids, pos):
+        out = self.module(feats, ids, pos)
+        for name, fn in self.set_out.items():
+            setattr(out, name, fn(out, feats.shape[1]))
+        return out
+
+
+def _entropy(target, feats):
+    p = (feats @ target.model.lm_head.weight.T).float().softmax(-1)
+    return float(-(p * p.clamp_min(1e-30).log()).sum(-1).mean())
+
+
+def test_branch_b_loss_is_zero_when_fed_the_true_feature_two_ahead(target):
+    """Branch B at t is scored against f_{t+2}: fed exactly f_{t+2}, its regression loss is 0, its top-1 is
+    1 and its soft cross-entropy is the target's own entropy (its minimum); fed f_{t+1}, it is not."""
+    batch = _fp32_batch(target)
+    h = batch["hidden"]
+    draft = DraftModel.build(smoke_drafts()["moe2"], target.model).eval()
+    two_ahead = _Fed(draft, b=lambda out, L: torch.cat([h[:, 2:], h[:, :2]], 1)[:, :L])
+    _, m = T.draft_loss(two_ahead, batch, noise_amplitude=0.0)
+    assert m["vloss_b"] == 0.0 and m["acc_b"] == 1.0
+    assert m["ploss_b"] == pytest.approx(_entropy(target, h[:, 2:].reshape(-1, h.shape[-1])), rel=1e-5)
+    one_ahead = _Fed(draft, b=lambda out, L: h[:, 1:])
+    _, m1 = T.draft_loss(one_ahead, batch, noise_amplitude=0.0)
+    assert m1["vloss_b"] > 0.01 and m1["acc_b"] < 0.5
+
+
+@pytest.mark.parametrize("mode", ["gate", "equal"])
+def test_expert_loss_trains_each_selected_experts_own_output(target, mode):
+    """The per-expert loss against a computation expert by expert: each selected expert's SmoothL1 and
+    soft-CE to f_{t+1}, weighted by its gate (or equally), summed into the loss with expert_loss_weight;
+    zero regression when every expert outputs f_{t+1}; off: no per-expert term in training."""
+    batch = _fp32_batch(target)
+    h = batch["hidden"]
+    cfg = DraftConfig(num_experts=3, top_k_experts=2, expert_loss=mode, expert_loss_weight=0.7)
+    torch.manual_seed(1)
+    draft = DraftModel.build(cfg, target.model).eval()
+    loss, m = T.draft_loss(draft, batch, noise_amplitude=0.0)
+    feats, ids = h[:, :-1], batch["input_ids"][:, 1:]
+    with torch.no_grad():
+        out = draft(feats, ids, torch.arange(feats.shape[1])[None].expand(2, -1))
+    t = h[:, 1:]
+    p = (t @ target.model.lm_head.weight.T).softmax(-1)
+    v_sum = p_sum = 0.0
+    hits = [0.0] * 3
+    for e in range(3):
+        o = out.experts[..., e, :]
+        v = torch.nn.functional.smooth_l1_loss(o, t, reduction="none").mean(-1)
+        ce = -(p * (o @ target.model.lm_head.weight.T).log_softmax(-1)).sum(-1)
+        sel = (out.gates[..., e] > 0).float()
+        w = out.gates[..., e] if mode == "gate" else sel / (out.gates > 0).sum(-1)
+        v_sum, p_sum = v_sum + (w * v).mean(), p_sum + (w * ce).mean()
+        hits[e] = float((((o @ target.model.lm_head.weight.T).argmax(-1) == p.argmax(-1)).float() * sel).sum())
+        assert m[f"count_e{e}"] == float(sel.sum()) and m[f"correct_e{e}"] == hits[e]
+    assert m["vloss_x"] == pytest.approx(float(v_sum), rel=1e-4)
+    assert m["ploss_x"] == pytest.approx(float(p_sum), rel=1e-4)
+    assert m["loss"] == pytest.approx(m["loss_a"] + 0.5 * m["loss_b"] + 0.7 * m["loss_x"], rel=1e-5)
+    oracle = _Fed(draft, experts=lambda o, L: h[:, 1:, None, :].expand_as(o.experts))
+    _, mo = T.draft_loss(oracle, batch, noise_amplitude=0.0)
+    assert mo["vloss_x"] == 0.0 and all(mo[f"correct_e{e}"] == mo[f"count_e{e}"] for e in range(3))
+    # off: no per-expert term in the training loss (its metrics are still reported in evaluation)
+    off = DraftModel.build(dataclasses.replace(cfg, expert_loss="off"), target.model)
+    off.load_state_dict(draft.state_dict())
+    _, m_off = T.draft_loss(off.eval(), batch, noise_amplitude=0.0)
+    assert m_off["loss"] == pytest.approx(m_off["loss_a"] + 0.5 * m_off["loss_b"], rel=1e-5)
+    off.train()
+    _, m_train = T.draft_loss(off, batch, noise_amplitude=0.0)
+    assert "loss_x" not in m_train
+
+
+def test_unroll_runs_each_step_on_its_own_features_with_a_trees_attention(target):
+    """Step j at position t of DraftModel.unroll equals drafting j tokens after the prefix ending at t-j
+    (cache-free forwards: the prefix's target features, then the draft's own predictions), which is what
+    a tree's depth j+1 sees."""
+    batch = _fp32_batch(target, n=1, L=11)
+    torch.manual_seed(2)
+    draft = DraftModel.build(smoke_drafts()["moe2"], target.model).eval()
+    feats, ids = batch["hidden"][:, :-1], batch["input_ids"][:, 1:]
+    L = feats.shape[1]
+    pos = torch.arange(L)[None]
+    with torch.no_grad():
+        steps = draft(feats, ids, pos, steps=3)
+        assert len(steps) == 3
+        torch.testing.assert_close(steps[0].a, draft(feats, ids, pos).a)
+        for a in range(L - 2):  # prefix 0..a, then 2 drafted positions on the draft's own features
+            f, x = feats[:, : a + 1], ids[:, : a + 1]
+            for j in (1, 2):
+                o = draft(f, x, torch.arange(f.shape[1])[None]).a[:, -1:]
+                f, x = torch.cat([f, o], 1), ids[:, : a + j + 1]
+                ref = draft(f, x, torch.arange(f.shape[1])[None])
+                torch.testing.assert_close(steps[j].a[:, a + j], ref.a[0, -1:], atol=2e-5, rtol=1e-5)
+                torch.testing.assert_close(steps[j].b[:, a + j], ref.b[0, -1:], atol=2e-5, rtol=1e-5)
+    from jakiro_lib.draft import unroll_mask
+
+    m = unroll_mask(4, 2)
+    assert m.shape == (4, 12) and m[3].tolist() == [1, 1, 0, 0] + [0, 0, 1, 0] + [0, 0, 0, 1]
+
+
+def test_multi_step_training_reports_depths_experts_and_params(target, data, tmp_path, monkeypatch):
+    """unroll_steps=2 adds step 2's loss (rows t >= 1, weight 0.8) to the objective; results.json gets the
+    held-out top-1 per depth, per expert, and the trainable parameter count; the loop reads metrics from
+    the device only every log_every steps."""
+    train, held = data
+    batch = _fp32_batch(target)
+    dcfg = dataclasses.replace(smoke_drafts()["moe2"], expert_loss="gate")
+    draft = DraftModel.build(dcfg, target.model).eval()
+    loss2, m2 = T.draft_loss(draft, batch, noise_amplitude=0.0, unroll_steps=2)
+    _, m1 = T.draft_loss(draft, batch, noise_amplitude=0.0, depths=2)
+    assert m2["loss"] == pytest.approx(m1["loss"] + 0.8 * m2["loss@2"], rel=1e-5)
+    assert m1["count_a@2"] == m1["count_a"] - 2  # position 0 has no drafted ancestor: not scored at depth 2
+    calls = []
+    real = T.draft_loss
+
+    def spy(*a, **k):
+        loss, m = real(*a, **k)
+        calls.append(all(torch.is_tensor(v) for v in m.values()))
+        return loss, m
+
+    monkeypatch.setattr(T, "draft_loss", spy)
+    res = T.train_draft(target, dcfg, train, held, tmp_path, cfg(epochs=1, unroll_steps=2), progress=False,
+                        log_every=2)
+    n_steps = math.ceil(len(train) / 4)
+    assert calls[:n_steps] == [True] * n_steps  # training steps leave their metrics on the device
+    assert not any(calls[n_steps:])  # the held-out evaluation reads them per batch
+    assert res["unroll_steps"] == 2 and len(res["acc_depth"]) == 4 and res["acc_depth"][0] == res["acc_a"]
+    assert all(0 <= a <= 1 for a in res["acc_depth"]) and len(res["acc_experts"]) == 2
+    core = DraftModel.build(dcfg, target.model)
+    assert res["n_params"] == sum(p.numel() for p in core.parameters()) > 0
+    hist = json.loads((tmp_path / "history.json").read_text())
+    assert "loss@2" in hist["steps"][0] and isinstance(hist["steps"][0]["loss"], float)
+    with pytest.raises(T.TrainError, match="unroll_steps"):
+        T.train_draft(target, dcfg, train, held, tmp_path / "bad", cfg(unroll_steps=0), progress=False)
+
+
+def test_eagle2_draft_has_the_targets_mlp_width_and_the_control_does_not(target):
+    drafts = get_profile("smoke").drafts
+    eagle2 = DraftModel.build(drafts["dense"], target.model)
+    control = DraftModel.build(drafts["dense_h"], target.model)
+    H, inter = target.model.config.hidden_size, target.model.config.intermediate_size
+    assert eagle2.mlp.experts[0].up_proj.weight.shape == (inter, H) and inter != H
+    assert control.mlp.experts[0].up_proj.weight.shape == (H, H)
+    assert eagle2.n_params() - control.n_params() == 3 * H * (inter - H)
