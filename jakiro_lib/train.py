@@ -25,8 +25,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .batching import LengthBucketSampler, dataset_lengths
 from .config import DraftConfig, TrainConfig
+from .dataset import build_draft_vocab, collate, token_frequencies
 from .draft import CONFIG_FILE, WEIGHTS_FILE, DraftModel, DraftOutput, Losses
-from .features import build_draft_vocab, collate, token_frequencies
 from .utils import atomic_path, run_metadata, seed_everything, write_json
 
 CHECKPOINTS = "checkpoints"
