@@ -37,8 +37,8 @@ from torch.utils.data import DataLoader
 from .batching import LengthBucketSampler, dataset_lengths, padded_tokens
 from .config import DataConfig, DraftConfig, Profile, TargetConfig, TrainConfig
 from .data import load_conversations
-from .draft import DraftModel
 from .dataset import FeatureDataset, build_draft_vocab, collate, token_frequencies
+from .draft import DraftModel
 from .features import cache_features, length_batches, shard_tensors
 from .target import load_target
 from .train import EpochSampler, draft_loss
