@@ -1,4 +1,4 @@
-"""Target hidden-state features for draft training: a sharded, resumable disk cache and an online mode.
+"""Target hidden-state features for draft training: the target forward and a sharded, resumable disk cache.
 
 A target forward over each conversation gives, at every position t, the target's last hidden state f_t
 (after the final norm: the input of ``lm_head``) -- what the draft learns to predict
