@@ -1,6 +1,6 @@
 """Training batches of similar length (``train.bucket_by_length``): less padding per step.
 
-A collated batch is as long as its longest conversation (:func:`jakiro_lib.features.collate`), so a
+A collated batch is as long as its longest conversation (:func:`jakiro_lib.dataset.collate`), so a
 random batch of ShareGPT conversations cut at ``max_length`` spends part of every step on padding. The
 :class:`LengthBucketSampler` shuffles the data, sorts each window of ``window`` batches' worth of
 conversations by length, cuts it into batches and shuffles the batches: similar lengths share a batch,

@@ -260,7 +260,7 @@ def greedy_agreement(method_records: list[dict[str, Any]], vanilla_records: list
 
     In fp32 on the CPU every prompt must match (losslessness). In bf16/fp16, rounding differs between
     one-row and tree forwards; :func:`greedy_divergences` then shows whether each divergence was a near
-    tie (the position-by-position check of DESIGN.md section 7).
+    tie (the position-by-position check of docs/DESIGN.md section 7).
     """
     pairs = _greedy_pairs(method_records, vanilla_records)
     return sum(r["output_ids"] == expected for r, expected in pairs), len(pairs)

@@ -1,6 +1,6 @@
 """Chat formatting for draft training and inference, with an assistant-only loss mask.
 
-The draft is trained only on what the target itself would write (DESIGN.md section 4), so every token
+The draft is trained only on what the target itself would write (docs/DESIGN.md section 4), so every token
 of an assistant reply and the assistant's end-of-turn marker (``<|im_end|>``, ``</s>``, ``<|eot_id|>``)
 gets mask 1; role headers, system and user text get 0.
 

@@ -33,6 +33,7 @@ from .pipeline import add_cli
 from .study import (category_table, default_run_dir, display_table, prepare_features, run_study, study_table,
                     train_all, training_table, write_table)
 from .target import load_target
+from .throughput import format_table, run_throughput
 from .utils import INTERRUPTED, busy_warning, close_progress_bars, error_line, known_error, run_metadata, write_json
 
 # Sub-commands that run torch for a while: they check first whether another torch process is busy here.
@@ -280,9 +281,6 @@ def cmd_costs(args: argparse.Namespace) -> int:
 
 def cmd_throughput(args: argparse.Namespace) -> int:
     """Tokens/s of feature caching and draft training on this machine (jakiro_lib.throughput)."""
-    from .study import default_run_dir
-    from .throughput import format_table, run_throughput
-
     profile = _profile(args)
     out = args.out or default_run_dir(profile.name) / "throughput"
     try:

@@ -9,8 +9,8 @@ cache.
 
 Measured on this project's 2-core CPU (SmolLM2-135M fp32, 2026-11-23): alone, the compiled forward scores
 1 token in 32 ms against 37 eager and 8 in 46.5 against 50; inside our loops, with the drafter's eager work
-between calls, it bought 1.04x for vanilla decoding and 1.01x for Jakiro (README, levers). Each compiled
-size costs about 25 s of compilation, once per process and cache length.
+between calls, it bought 1.04x for vanilla decoding and 1.01x for Jakiro (docs/results.md, "What each speed
+lever bought"). Each compiled size costs about 25 s of compilation, once per process and cache length.
 """
 from __future__ import annotations
 

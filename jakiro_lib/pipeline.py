@@ -111,7 +111,7 @@ def _fingerprint(profile_dict: dict[str, Any], run_dir: Path, report_dir: Path) 
 def notebook_to_html(notebook: str | Path, html: str | Path | None = None) -> Path:
     """Convert an executed notebook to standalone HTML (code cells kept visible)."""
     import nbformat  # optional, heavy (Jupyter's): only reports need them
-    from nbconvert import HTMLExporter
+    from nbconvert import HTMLExporter  # optional, heavy, like nbformat
 
     notebook = Path(notebook)
     html = Path(html) if html is not None else notebook.with_suffix(".html")

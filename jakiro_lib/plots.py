@@ -1,4 +1,4 @@
-"""Report figures (seaborn on matplotlib's Agg canvas) and the report's ``index.html``.
+"""Report figures (seaborn on matplotlib's Agg canvas); the report's front page is :mod:`jakiro_lib.report_page`.
 
 Every ``plot_*`` function takes a pandas DataFrame (or the raw benchmark records) and returns a
 ``matplotlib.figure.Figure`` built without pyplot, so it works headless, leaks no global figure state and
@@ -7,11 +7,8 @@ is unaffected by the notebook backend; :func:`save_figure` writes it as PNG. Col
 """
 from __future__ import annotations
 
-import html
-import json
 import math
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +18,7 @@ import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .utils import atomic_path, write_text
+from .utils import atomic_path
 
 SPEC_KIND = "spec"
 SERIES_ORDER = ("train loss", "train loss A (t+1)", "train loss B (t+2)", "train acc A", "held-out acc A",
@@ -357,129 +354,10 @@ def plot_cost_model(target_costs: pd.DataFrame | Iterable[dict], draft_costs: pd
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
-# index.html
-# --------------------------------------------------------------------------------------------------
-
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-h1{font-size:1.6em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;font-size:.9em;margin:.5em 0}th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
-th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
-.figs{display:flex;flex-wrap:wrap;gap:12px}.figs a{display:block;width:340px;font-size:.85em;text-align:center}
-.figs img{width:340px;border:1px solid #ddd}.note{color:#555;font-size:.9em}code{background:#f5f5f5;padding:0 3px}
-"""
-
+# Notebook stage titles (the report's front page, jakiro_lib.report_page, lists them)
 STAGE_TITLES = {
     "00_data_caching": "Data and feature caching",
     "01_train_moe_head": "Training the draft heads (dense, MoE, contrastive off)",
     "02_hybrid_decoding_ablations": "Benchmarks: main comparison and ablations",
     "03_result_figures": "Result figures and published numbers",
 }
-
-
-def _table_html(df: pd.DataFrame, float_format: str = "{:.3g}") -> str:
-    def fmt(v: Any) -> str:
-        if isinstance(v, float):
-            return "" if math.isnan(v) else float_format.format(v)
-        return html.escape(str(v))
-
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = "".join("<tr>" + "".join(f"<td>{fmt(v)}</td>" for v in row) + "</tr>"
-                   for row in df.itertuples(index=False))
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def write_index_html(report_dir: str | Path, *, title: str = "Jakiro reproduction report",
-                     summary: pd.DataFrame | None = None, notes: str | None = None,
-                     goals: pd.DataFrame | None = None, levers: pd.DataFrame | None = None) -> Path:
-    """Write ``report_dir/index.html`` linking every notebook (executed + HTML), table, figure and config.
-
-    ``summary``: a short table shown at the top (e.g. the headline speedup / tau per method); ``goals``:
-    the performance goals table (:func:`jakiro_lib.perf.performance_targets`); ``levers``: what each
-    speed lever bought (:func:`jakiro_lib.perf.lever_table`).
-    Run metadata is read from ``run_config.json`` and stage timings from ``pipeline.json`` when present.
-    """
-    report_dir = Path(report_dir)
-    files = sorted(p for p in report_dir.iterdir() if p.is_file() and not p.name.startswith("."))
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
-
-    config = _load_json(report_dir / "run_config.json")
-    pipeline = _load_json(report_dir / "pipeline.json")
-    meta = (config or {}).get("run_metadata", {})
-    if config:
-        target = config.get("config", {}).get("target", {})
-        parts.append(
-            "<p class='note'>Target <code>{}</code> ({}, {}) on {}; run {}; commit {}; overrides <code>{}</code>.</p>"
-            .format(html.escape(str(target.get("model"))), html.escape(str(target.get("dtype"))),
-                    html.escape(str(meta.get("device"))), html.escape(str(meta.get("device_name"))),
-                    html.escape(str(meta.get("date"))), html.escape(str(meta.get("git_commit"))),
-                    html.escape(json.dumps(config.get("overrides", {})))))
-    if notes:
-        parts.append(f"<p class='note'>{notes}</p>")
-
-    if summary is not None and not summary.empty:
-        parts.append("<h2>Summary</h2>")
-        parts.append("<p class='note'>Mean over benchmarks; speedup = tokens/s over the fastest vanilla loop "
-                     "of the same run; tau = generated tokens / draft-verify cycles (bonus token included, "
-                     "vanilla = 1). Measured here only; see <code>comparison_published.csv</code> for the "
-                     "paper's numbers on other hardware.</p>")
-        parts.append(_table_html(summary))
-    if goals is not None and not goals.empty:
-        parts.append("<h2>Performance goals</h2>")
-        parts.append("<p class='note'>Ratios of mean tokens/s (or tau) measured side by side in this run; "
-                     "see notebook 02 for the cost model behind them.</p>")
-        parts.append(_table_html(goals))
-    if levers is not None and not levers.empty:
-        parts.append("<h2>What each speed lever bought</h2>")
-        parts.append("<p class='note'>Each lever measured with and without it in this run (speedup = "
-                     "without / with for times, with / without for tokens/s).</p>")
-        parts.append(_table_html(levers))
-
-    names = {p.name for p in files}
-    parts.append("<h2>Notebooks</h2><table><thead><tr><th>stage</th><th>HTML</th><th>executed notebook</th>"
-                 "<th>last executed</th><th>seconds</th></tr></thead><tbody>")
-    stage_info = (pipeline or {}).get("stages", {})
-    stems = sorted({p.stem for p in files if p.suffix in (".ipynb",)} |
-                   {p.stem for p in files if p.suffix == ".html" and p.name != "index.html"})
-    for stem in stems:
-        info = stage_info.get(stem, {})
-        title_ = STAGE_TITLES.get(stem, "")
-        h = f"<a href='{stem}.html'>{stem}.html</a>" if f"{stem}.html" in names else ""
-        nb = f"<a href='{stem}.ipynb'>{stem}.ipynb</a>" if f"{stem}.ipynb" in names else ""
-        label = html.escape(stem + (f" — {title_}" if title_ else ""))
-        parts.append(f"<tr><td>{label}</td><td>{h}</td><td>{nb}</td><td>{html.escape(str(info.get('last_executed') or ''))}"
-                     f"</td><td>{info.get('seconds') or ''}</td></tr>")
-    parts.append("</tbody></table>")
-
-    tables = [p for p in files if p.suffix in (".csv", ".json")]
-    if tables:
-        parts.append("<h2>Tables and configuration</h2><ul>")
-        for p in tables:
-            parts.append(f"<li><a href='{html.escape(p.name)}'>{html.escape(p.name)}</a> "
-                         f"<span class='note'>({p.stat().st_size:,} bytes)</span></li>")
-        parts.append("</ul>")
-
-    figures = [p for p in files if p.suffix == ".png"]
-    if figures:
-        parts.append("<h2>Figures</h2><div class='figs'>")
-        for p in figures:
-            n = html.escape(p.name)
-            parts.append(f"<a href='{n}'><img src='{n}' alt='{n}'><br>{n}</a>")
-        parts.append("</div>")
-
-    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    parts.append(f"<p class='note'>Index written {stamp}. Regenerate with "
-                 f"<code>python -m jakiro_lib pipeline --profile {html.escape(report_dir.name)}</code>.</p>")
-    parts.append("</body></html>\n")
-    out = report_dir / "index.html"
-    write_text(out, "\n".join(parts))
-    return out
-
-
-def _load_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None

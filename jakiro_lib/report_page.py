@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from .plots import STAGE_TITLES
-from .utils import write_text
+from .utils import read_json, write_text
 
 SMOKE_BANNER = "smoke profile: a random tiny target; numbers for plumbing only"
 HEADLINE_FIGURE = "speedup.png"  # notebook 03: speedup per method and temperature, with intervals
@@ -248,13 +248,6 @@ def _links_html(report_dir: Path, files: list[Path], pipeline: dict[str, Any] | 
     return parts
 
 
-def _load_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
 def write_front_page(report_dir: str | Path, *, title: str, profile_name: str | None = None,
                      summary: pd.DataFrame | None = None, goals: pd.DataFrame | None = None,
                      levers: pd.DataFrame | None = None) -> Path:
@@ -262,7 +255,7 @@ def write_front_page(report_dir: str | Path, *, title: str, profile_name: str | 
     report_dir = Path(report_dir)
     files = sorted(p for p in report_dir.iterdir() if p.is_file() and not p.name.startswith(".")
                    and p.name != INDEX_NAME)
-    config = _load_json(report_dir / "run_config.json")
+    config = read_json(report_dir / "run_config.json")
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'>"
              f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
              f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
@@ -271,7 +264,7 @@ def write_front_page(report_dir: str | Path, *, title: str, profile_name: str | 
         parts.append(f"<div class='banner' id='smoke-banner'>{html.escape(SMOKE_BANNER)}</div>")
     parts += [_metadata_html(config), verdict_html(goals), _figure_html(report_dir)]
     parts += _tables_html(summary, goals, levers)
-    parts += _links_html(report_dir, files, _load_json(report_dir / "pipeline.json"))
+    parts += _links_html(report_dir, files, read_json(report_dir / "pipeline.json"))
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     parts.append(f"<p class='note'>Index written {stamp}. Regenerate with <code>python -m jakiro_lib pipeline "
                  f"--profile {html.escape(profile_name or report_dir.name)}</code>.</p></body></html>\n")

@@ -37,9 +37,9 @@ from torch.utils.data import DataLoader
 from .batching import LengthBucketSampler, dataset_lengths, padded_tokens
 from .config import DataConfig, DraftConfig, Profile, TargetConfig, TrainConfig
 from .data import load_conversations
+from .dataset import FeatureDataset, build_draft_vocab, collate, token_frequencies
 from .draft import DraftModel
-from .features import (FeatureDataset, build_draft_vocab, cache_features, collate, length_batches, shard_tensors,
-                       token_frequencies)
+from .features import cache_features, length_batches, shard_tensors
 from .target import load_target
 from .train import EpochSampler, draft_loss
 from .utils import run_metadata, seed_everything, write_json

@@ -25,9 +25,9 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .batching import LengthBucketSampler, dataset_lengths
 from .config import DraftConfig, TrainConfig
+from .dataset import build_draft_vocab, collate, token_frequencies
 from .draft import CONFIG_FILE, WEIGHTS_FILE, DraftModel, DraftOutput, Losses
-from .features import build_draft_vocab, collate, token_frequencies
-from .utils import atomic_path, run_metadata, seed_everything, write_json
+from .utils import atomic_path, read_json, run_metadata, seed_everything, write_json
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "training_state.pt"
@@ -352,13 +352,6 @@ def list_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
 def train_draft(
     target: Any,
     draft_cfg: DraftConfig,
@@ -398,7 +391,7 @@ def train_draft(
     fingerprint = _jsonable({"draft": dataclasses.asdict(draft_cfg), "train": dataclasses.asdict(train_cfg),
                              "data": stats, "target": getattr(target.config, "model", None)})
 
-    done = _read_json(out_dir / RESULTS)
+    done = read_json(out_dir / RESULTS)
     if done is not None and done.get("fingerprint") == fingerprint and (out_dir / "draft" / WEIGHTS_FILE).is_file():
         return done
 
@@ -437,7 +430,7 @@ def train_draft(
     elapsed_before = 0.0
     if checkpoints:
         step, ckpt = checkpoints[-1]
-        saved_cfg = (_read_json(ckpt / "draft" / CONFIG_FILE) or {}).get("draft")
+        saved_cfg = (read_json(ckpt / "draft" / CONFIG_FILE) or {}).get("draft")
         if saved_cfg != _jsonable(dataclasses.asdict(draft_cfg)):
             raise TrainError(f"{ckpt} holds a draft with another architecture ({saved_cfg}); use another "
                              f"out_dir or delete {out_dir / CHECKPOINTS}")
@@ -591,4 +584,4 @@ class _Running:
 
 def load_results(out_dir: str | Path) -> dict[str, Any] | None:
     """The saved ``results.json`` of a finished training, or None."""
-    return _read_json(Path(out_dir) / RESULTS)
+    return read_json(Path(out_dir) / RESULTS)

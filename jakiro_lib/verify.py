@@ -1,4 +1,4 @@
-"""Exact verification of a drafted tree against the target's logits (DESIGN.md section 6).
+"""Exact verification of a drafted tree against the target's logits (docs/DESIGN.md section 6).
 
 Greedy: follow children equal to the target's argmax. Sampling: candidates are deterministic, so at
 each node try the children in order, accepting child x with probability p(x) under the current residual

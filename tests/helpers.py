@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from jakiro_lib.config import DraftConfig, TargetConfig
+from jakiro_lib.dataset import collate
 from jakiro_lib.draft import DraftModel
-from jakiro_lib.features import collate
 from jakiro_lib.target import load_target
 from jakiro_lib.train import draft_loss
 from jakiro_lib.tree import Tree

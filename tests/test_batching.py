@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from jakiro_lib import dataset as D
 from jakiro_lib import features as F
 from jakiro_lib import train as T
 from jakiro_lib.batching import LengthBucketSampler, dataset_lengths, padded_tokens
@@ -92,7 +93,7 @@ def train_data(target, tmp_path_factory):
         convs.append(Conversation(f"c{i}", [{"role": "user", "content": q}, {"role": "assistant", "content": a}]))
     out = F.cache_features(target, convs, tmp_path_factory.mktemp("cache"), max_length=400, shard_size=8,
                            progress=False)
-    return F.FeatureDataset(out, "all", 0.0)
+    return D.FeatureDataset(out, "all", 0.0)
 
 
 def _served(monkeypatch):

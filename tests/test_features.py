@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from jakiro_lib import dataset as D
 from jakiro_lib import features as F
 from jakiro_lib.chat import format_conversation
 from jakiro_lib.config import TargetConfig
@@ -89,7 +90,7 @@ def test_manifest_counts(cache, target, convs):
 
 
 def test_dataset_returns_target_features(cache, target, convs):
-    ds = F.FeatureDataset(cache, split="all")
+    ds = D.FeatureDataset(cache, split="all")
     assert len(ds) == 12
     fmt = _formatted(target, convs)
     for item in ds:
@@ -105,13 +106,13 @@ def test_dataset_returns_target_features(cache, target, convs):
 
 
 def test_split_is_deterministic_and_disjoint(cache):
-    tr = F.FeatureDataset(cache, "train", 0.25)
-    he = F.FeatureDataset(cache, "heldout", 0.25)
+    tr = D.FeatureDataset(cache, "train", 0.25)
+    he = D.FeatureDataset(cache, "heldout", 0.25)
     assert len(he) == 3 and len(tr) == 9
     idx_tr, idx_he = {it[3] for it in tr.items}, {it[3] for it in he.items}
     assert not idx_tr & idx_he and len(idx_tr | idx_he) == 12
-    assert [it[3] for it in F.FeatureDataset(cache, "heldout", 0.25).items] == [it[3] for it in he.items]
-    assert len(F.FeatureDataset(cache, "heldout", 0.0)) == 0
+    assert [it[3] for it in D.FeatureDataset(cache, "heldout", 0.25).items] == [it[3] for it in he.items]
+    assert len(D.FeatureDataset(cache, "heldout", 0.0)) == 0
 
 
 def test_interrupted_caching_resumes(target, convs, cache, tmp_path, monkeypatch):
@@ -128,7 +129,7 @@ def test_interrupted_caching_resumes(target, convs, cache, tmp_path, monkeypatch
     assert not m["complete"] and [e["file"] for e in m["shards"]] == [F.shard_name(0), F.shard_name(1)]
     assert not (out / F.shard_name(2)).exists()
     with pytest.raises(F.CacheError, match="incomplete"):
-        F.FeatureDataset(out)
+        D.FeatureDataset(out)
     mtimes = {s: (out / F.shard_name(s)).stat().st_mtime_ns for s in (0, 1)}
 
     calls = []
@@ -159,7 +160,7 @@ def test_corrupt_shard_is_named_and_recomputed(target, convs, tmp_path, caplog):
     with pytest.raises(F.CacheError, match=r"shard_00002\.safetensors is corrupt.*rerun caching"):
         F.verify_cache(out)
     with pytest.raises(F.CacheError, match=r"shard_00002\.safetensors"):
-        F.FeatureDataset(out)
+        D.FeatureDataset(out)
     path.write_bytes(b"\xff" * len(good))  # same size, garbage header
     with pytest.raises(F.CacheError, match=r"shard_00002\.safetensors is corrupt"):
         F.verify_cache(out)
@@ -188,21 +189,21 @@ def test_other_settings_are_refused(target, convs, cache):
 def test_bfloat16_cache(target, convs, tmp_path):
     out = F.cache_features(target, convs[:3], tmp_path / "bf", max_length=MAX_LEN, shard_size=2,
                            feature_dtype="bfloat16", progress=False)
-    ds = F.FeatureDataset(out, "all", dtype=None)
+    ds = D.FeatureDataset(out, "all", dtype=None)
     assert ds[0]["hidden"].dtype == torch.bfloat16 and len(ds) == 3
 
 
 def test_online_dataset_equals_cached(target, convs, cache):
     for split in ("train", "heldout"):
-        cached = F.FeatureDataset(cache, split, 0.25)
-        online = F.OnlineFeatureDataset(target, convs, MAX_LEN, "auto", split=split, heldout_fraction=0.25)
+        cached = D.FeatureDataset(cache, split, 0.25)
+        online = D.OnlineFeatureDataset(target, convs, MAX_LEN, "auto", split=split, heldout_fraction=0.25)
         assert len(online) == len(cached) and online.lengths() == cached.lengths()
         for a, b in zip(online, cached):
             assert a["index"] == b["index"]
             for key in ("input_ids", "loss_mask", "target_top1"):
                 assert torch.equal(a[key], b[key]), key
             torch.testing.assert_close(a["hidden"], b["hidden"], atol=1e-2, rtol=1e-3)
-    assert F.OnlineFeatureDataset(target, convs, MAX_LEN).skipped_empty_mask == 2
+    assert D.OnlineFeatureDataset(target, convs, MAX_LEN).skipped_empty_mask == 2
 
 
 def test_draft_vocab_picks_most_frequent():
@@ -211,25 +212,25 @@ def test_draft_vocab_picks_most_frequent():
          "loss_mask": torch.tensor([1, 1, 1, 1, 1, 1, 0, 0, 0, 0])},
         {"input_ids": torch.tensor([3, 7, 2, 4]), "loss_mask": torch.tensor([1, 1, 1, 1])},
     ]
-    freqs = F.token_frequencies(items, vocab_size=12)
+    freqs = D.token_frequencies(items, vocab_size=12)
     assert freqs.shape == (12,)
     assert freqs[5] == 3 and freqs[7] == 3 and freqs[1] == pytest.approx(0.04) and freqs[11] == 0
     # 5 and 7 tie at 3 (both kept); then 2, 3, 4, 9 tie at 1: ids 2 and 3 win the tie
-    assert F.build_draft_vocab(freqs, 4).tolist() == [2, 3, 5, 7]
+    assert D.build_draft_vocab(freqs, 4).tolist() == [2, 3, 5, 7]
     # then 1 (prompt-only, weight 0.01 each) beats the unseen ids, and unseen id 0 wins their tie
-    assert F.build_draft_vocab(freqs, 8).tolist() == [0, 1, 2, 3, 4, 5, 7, 9]
-    assert F.build_draft_vocab(freqs, 4, always=[11]).tolist() == [2, 5, 7, 11]
-    assert F.vocab_coverage(freqs, F.build_draft_vocab(freqs, 12)) == pytest.approx(1.0)
+    assert D.build_draft_vocab(freqs, 8).tolist() == [0, 1, 2, 3, 4, 5, 7, 9]
+    assert D.build_draft_vocab(freqs, 4, always=[11]).tolist() == [2, 5, 7, 11]
+    assert D.vocab_coverage(freqs, D.build_draft_vocab(freqs, 12)) == pytest.approx(1.0)
 
 
 def test_token_frequencies_from_cache(cache):
-    ds = F.FeatureDataset(cache, "train", 0.25)
-    freqs = F.token_frequencies(ds)
+    ds = D.FeatureDataset(cache, "train", 0.25)
+    freqs = D.token_frequencies(ds)
     ref = torch.zeros(260, dtype=torch.float64)
     for item in ds:
         ref.index_add_(0, item["input_ids"], torch.where(item["loss_mask"] > 0, 1.0, 0.01).double())
     torch.testing.assert_close(freqs, ref)
-    d2t = F.build_draft_vocab(freqs, 32)
+    d2t = D.build_draft_vocab(freqs, 32)
     assert d2t.numel() == 32 and freqs[d2t].min() >= freqs[[i for i in range(260) if i not in d2t.tolist()]].max()
 
 
@@ -238,7 +239,7 @@ def test_collate_pads_right():
          "target_top1": torch.tensor([2, 3, 4]), "index": 7}
     b = {"input_ids": torch.tensor([5]), "hidden": 2 * torch.ones(1, 4), "loss_mask": torch.tensor([1]),
          "target_top1": torch.tensor([9]), "index": 8}
-    out = F.collate([a, b])
+    out = D.collate([a, b])
     assert out["input_ids"].tolist() == [[1, 2, 3], [5, 0, 0]]
     assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert out["loss_mask"].tolist() == [[0, 1, 1], [1, 0, 0]] and out["loss_mask"].dtype == torch.float32

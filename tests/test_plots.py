@@ -120,20 +120,6 @@ def test_tables(records, summary):
     assert "output_ids" not in records_frame(records).columns
 
 
-def test_index_html_links_everything(tmp_path, summary):
-    (tmp_path / "00_data_caching.ipynb").write_text("{}")
-    (tmp_path / "00_data_caching.html").write_text("<html></html>")
-    (tmp_path / "main_results.csv").write_text("a,b\n1,2\n")
-    (tmp_path / "run_config.json").write_text('{"overrides": {}, "config": {"target": {"model": "tiny:llama"}}}')
-    P.save_figure(P.plot_speedup(summary), tmp_path / "speedup.png")
-    index = P.write_index_html(tmp_path, title="t", summary=headline_table(study_table(_records())))
-    text = index.read_text()
-    for name in ("00_data_caching.ipynb", "00_data_caching.html", "main_results.csv", "run_config.json",
-                 "speedup.png"):
-        assert f"href='{name}'" in text, name
-    assert "<table>" in text and "tiny:llama" in text
-
-
 def test_speedup_error_bars_are_the_bootstrap_interval():
     rows = [{"method": m, "kind": "spec", "benchmark": "mt_bench", "temperature": 0.0, "speedup": 2.0,
              "speedup_std": 0.0, "speedup_ci_low": 1.5, "speedup_ci_high": 2.6} for m in ("eagle2", "jakiro")]

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import Dataset
 
+from jakiro_lib import dataset as D
 from jakiro_lib import features as F
 from jakiro_lib import train as T
 from jakiro_lib.config import DraftConfig, TargetConfig, TrainConfig, get_profile
@@ -47,7 +48,7 @@ def cache(target, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def data(cache):
-    return F.FeatureDataset(cache, "train", 0.2), F.FeatureDataset(cache, "heldout", 0.2)
+    return D.FeatureDataset(cache, "train", 0.2), D.FeatureDataset(cache, "heldout", 0.2)
 
 
 class Repeat(Dataset):
@@ -81,7 +82,7 @@ def test_draft_loss_masks_padding_and_noise(target, data):
     torch.manual_seed(0)
     draft = DraftModel.build(smoke_drafts()["moe2"], target.model).eval()
     item = train[0]
-    batch = F.collate([item])
+    batch = D.collate([item])
     loss, m = T.draft_loss(draft, batch, noise_amplitude=0.2)
     assert torch.isfinite(loss) and loss.requires_grad
     for key in ("loss", "loss_a", "vloss_a", "ploss_a", "acc_a", "loss_b", "acc_b"):
@@ -93,7 +94,7 @@ def test_draft_loss_masks_padding_and_noise(target, data):
     # right padding (and a longer neighbour) changes nothing for this sequence: causal + masked
     long_item = max(train, key=lambda it: len(it["input_ids"]))
     assert len(long_item["input_ids"]) > len(item["input_ids"])
-    padded = F.collate([item, long_item])
+    padded = D.collate([item, long_item])
     one = {k: v[:1] for k, v in padded.items()}
     _, m2 = T.draft_loss(draft, one, noise_amplitude=0.2)
     for key in ("loss_a", "loss_b", "acc_a", "acc_b", "count_a"):
@@ -133,7 +134,7 @@ def test_draft_loss_masks_padding_and_noise(target, data):
 def test_draft_vocab_accuracy_counts_outside_tokens_as_misses(target, data):
     train, _ = data
     item = train[0]
-    batch = F.collate([item])
+    batch = D.collate([item])
     ids_needed = torch.unique(item["target_top1"][1:][item["loss_mask"][1:] > 0])
     keep = ids_needed[: max(1, len(ids_needed) // 2)]
     filler = torch.tensor([i for i in range(260) if i not in ids_needed.tolist()][: 16])
@@ -192,7 +193,7 @@ def test_training_reduces_both_losses_and_reloads(target, data, tmp_path):
     assert ev["loss"] == pytest.approx(res["heldout_loss"], rel=1e-6)
     meta = json.loads((out / "draft" / "draft_config.json").read_text())["meta"]
     assert meta["train_config"]["epochs"] == 8 and meta["data"]["train_conversations"] == len(train) * 16
-    batch = F.collate([held[0]])
+    batch = D.collate([held[0]])
     o1 = loaded(batch["hidden"][:, :-1], batch["input_ids"][:, 1:], torch.arange(batch["hidden"].shape[1] - 1)[None])
     loaded.save(tmp_path / "again")
     again = DraftModel.load(tmp_path / "again", target.model)
@@ -278,8 +279,8 @@ def test_dense_draft_with_reduced_vocab_trains(target, data, tmp_path):
     draft = DraftModel.load(out / "draft", target.model)
     assert draft.d2t.numel() == 64 and torch.equal(draft.d2t, torch.sort(draft.d2t).values)
     assert set(target.eos_token_ids) <= set(draft.d2t.tolist())
-    freqs = F.token_frequencies(train)
-    assert torch.equal(draft.d2t, F.build_draft_vocab(freqs, 64, always=target.eos_token_ids))
+    freqs = D.token_frequencies(train)
+    assert torch.equal(draft.d2t, D.build_draft_vocab(freqs, 64, always=target.eos_token_ids))
 
 
 def test_lr_schedule():
@@ -299,8 +300,8 @@ def test_online_data_trains(target, tmp_path):
     convs = [Conversation(f"o{i}", [{"role": "user", "content": " ".join(WORDS[i:i + 3])},
                                     {"role": "assistant", "content": " ".join(WORDS[i + 1:i + 7])}])
              for i in range(6)]
-    train = F.OnlineFeatureDataset(target, convs, MAX_LEN, split="train", heldout_fraction=0.34)
-    held = F.OnlineFeatureDataset(target, convs, MAX_LEN, split="heldout", heldout_fraction=0.34)
+    train = D.OnlineFeatureDataset(target, convs, MAX_LEN, split="train", heldout_fraction=0.34)
+    held = D.OnlineFeatureDataset(target, convs, MAX_LEN, split="heldout", heldout_fraction=0.34)
     assert len(train) == 4 and len(held) == 2
     res = T.train_draft(target, smoke_drafts()["moe2"], train, held, tmp_path, cfg(epochs=2), progress=False)
     assert res["steps"] == 2 and res["acc_a"] is not None and res["data"]["train_conversations"] == 4

@@ -9,7 +9,7 @@ from ..methods import DRAFTED_METHODS
 from .tables import headline_table
 
 
-# DESIGN.md section 8, verbatim numbers (speedup over vanilla, tau where published).
+# docs/DESIGN.md section 8, verbatim numbers (speedup over vanilla, tau where published).
 PUBLISHED: list[dict[str, Any]] = [
     {"source": "Jakiro authors' A40 logs (recomputed)", "method": "jakiro", "target": "Vicuna-7B",
      "benchmarks": "mean of MT-bench, HumanEval, GSM8K, Alpaca, CNN/DM, NQ", "temperature": 0.0, "hardware": "A40",

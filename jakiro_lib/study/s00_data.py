@@ -26,7 +26,7 @@ from .context import StudyContext, _dirs, _layout, default_run_dir, get_target
 
 log = logging.getLogger(__name__)
 
-PAPER_CONVERSATIONS = 68_000  # ShareGPT conversations the paper trains on (DESIGN.md 4)
+PAPER_CONVERSATIONS = 68_000  # ShareGPT conversations the paper trains on (docs/DESIGN.md section 4)
 PAPER_TOKENS_PER_CONVERSATION = 1_330  # what 740 GB at 8 KB/token for 68k conversations implies
 
 
@@ -114,7 +114,7 @@ def disk_estimates(summary: dict[str, Any], profile: Profile) -> pd.DataFrame:
         {"setting": f"{PAPER_CONVERSATIONS:,} conversations at this run's {per_conv:.0f} tokens each",
          "conversations": PAPER_CONVERSATIONS, "tokens": int(per_conv * PAPER_CONVERSATIONS), "hidden_size": H,
          "dtype": dtype, "bytes": estimate_disk(int(per_conv * PAPER_CONVERSATIONS), H, dtype)},
-        {"setting": "paper: Vicuna-7B, 68k ShareGPT conversations (~1330 tokens each, DESIGN.md 4)",
+        {"setting": "paper: Vicuna-7B, 68k ShareGPT conversations (~1330 tokens each, docs/DESIGN.md section 4)",
          "conversations": PAPER_CONVERSATIONS, "tokens": PAPER_CONVERSATIONS * PAPER_TOKENS_PER_CONVERSATION,
          "hidden_size": 4096, "dtype": "bfloat16",
          "bytes": estimate_disk(PAPER_CONVERSATIONS * PAPER_TOKENS_PER_CONVERSATION, 4096, "bfloat16")},

@@ -20,8 +20,8 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..config import Profile
-from ..features import (FeatureDataset, OnlineFeatureDataset, build_draft_vocab, token_frequencies, verify_cache,
-                        vocab_coverage)
+from ..dataset import FeatureDataset, OnlineFeatureDataset, build_draft_vocab, token_frequencies, vocab_coverage
+from ..features import verify_cache
 from ..layout import TRAIN_STAMP, RunLayout
 from ..train import RESULTS, list_checkpoints, train_draft
 from ..utils import read_json, replace_dir_atomically, restore_replaced_dir, world_size, write_json
