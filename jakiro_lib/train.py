@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import random
 import shutil
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -33,6 +35,8 @@ CHECKPOINTS = "checkpoints"
 STATE_FILE = "training_state.pt"
 RESULTS = "results.json"
 HISTORY = "history.json"
+
+log = logging.getLogger(__name__)
 
 
 class TrainError(RuntimeError):
@@ -352,6 +356,35 @@ def list_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def _read_checkpoint_file(path: Path) -> Any:
+    """One checkpoint file's contents; a damaged file is a :class:`TrainError` naming it."""
+    try:
+        if path.suffix == ".safetensors":
+            return load_file(str(path))
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except (SafetensorError, OSError, RuntimeError, EOFError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TrainError(f"{path} cannot be read ({reason})") from exc
+
+
+def _readable_checkpoint(checkpoints: list[tuple[int, Path]]) -> tuple[Path, dict[str, torch.Tensor], dict[str, Any]]:
+    """The newest checkpoint whose weights and state read back: (directory, weights, state).
+
+    A damaged one (a file cut short by a crash or a full disk) is passed over, with a one-line warning,
+    for the one before it; none readable is a :class:`TrainError` naming the newest one's damaged file.
+    """
+    first = None
+    for _, ckpt in reversed(checkpoints):
+        try:
+            return (ckpt, _read_checkpoint_file(ckpt / "draft" / WEIGHTS_FILE),
+                    _read_checkpoint_file(ckpt / STATE_FILE))
+        except TrainError as exc:
+            first = first or exc
+            log.warning("%s; resuming from the checkpoint before it, if any", exc)
+    raise TrainError(f"{first}: no readable training checkpoint left; delete {checkpoints[-1][1].parent} "
+                     "to train from the start") from first
+
+
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
@@ -436,16 +469,14 @@ def train_draft(
     global_step = epoch = batches_in_epoch = 0
     elapsed_before = 0.0
     if checkpoints:
-        step, ckpt = checkpoints[-1]
+        ckpt, weights, state = _readable_checkpoint(checkpoints)
         saved_cfg = (_read_json(ckpt / "draft" / CONFIG_FILE) or {}).get("draft")
         if saved_cfg != _jsonable(dataclasses.asdict(draft_cfg)):
             raise TrainError(f"{ckpt} holds a draft with another architecture ({saved_cfg}); use another "
                              f"out_dir or delete {out_dir / CHECKPOINTS}")
-        weights = load_file(str(ckpt / "draft" / WEIGHTS_FILE))
         if d2t is not None and ("d2t" not in weights or not torch.equal(weights["d2t"].cpu(), d2t)):
             raise TrainError(f"{ckpt} was trained with another draft vocabulary (d2t); use another out_dir")
         core.load_state_dict(weights, strict=True)
-        state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         _set_rng_state(state["rng"])

@@ -327,9 +327,6 @@ def test_killed_benchmark_keeps_its_records_and_resumes(run, tmp_path, capsys, s
 # --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="train.py (helper 'drafts'): a corrupt newest checkpoint ends in a "
-                                       "safetensors traceback; it should raise TrainError naming it, or resume "
-                                       "from the previous checkpoint and say so")
 def test_corrupt_checkpoint_is_one_line_and_keeps_the_draft(run, tmp_path, capsys):
     before = drafts_hash(run)
     argv = ["train", "--profile", "smoke", "--run-dir", str(run), "--drafts", "dense", *sets(LONGER)]
