@@ -583,6 +583,7 @@ def train_draft(
         "steps": global_step, "epochs_completed": epoch, "wall_time_s": wall,
         "train_tokens_per_s": int(tokens_seen) / train_time if train_time > 0 else None,
         "n_params": core.n_params(), "unroll_steps": unroll,
+        "intermediate_size": core.mlp.experts[0].up_proj.out_features,  # each expert's MLP width, as built
         "acc_depth": last_eval.get("acc_depth"), "acc_experts": last_eval.get("acc_experts"),
         "draft_config": dataclasses.asdict(draft_cfg), "train_config": dataclasses.asdict(train_cfg),
         "data": stats, "fingerprint": fingerprint,
