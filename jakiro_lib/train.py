@@ -119,6 +119,14 @@ def _step_losses(core: DraftModel, out: DraftOutput, tg: _Targets, j: int, p_wei
     return parts
 
 
+def training_loss_options(draft_cfg: DraftConfig, train_cfg: TrainConfig) -> dict[str, Any]:
+    """The :func:`draft_loss` options a training step of ``draft_cfg`` uses (its per-expert loss,
+    ``DraftConfig.expert_loss``, is read from the draft itself); :mod:`jakiro_lib.throughput` times the same."""
+    return dict(noise_amplitude=train_cfg.noise_amplitude, p_weight=train_cfg.p_weight,
+                branch_b_weight=train_cfg.branch_b_weight,
+                unroll_steps=draft_cfg.unroll_steps or train_cfg.unroll_steps, sync=False)
+
+
 def draft_loss(draft: Any, batch: dict[str, torch.Tensor], *, noise_amplitude: float = 0.2,
                p_weight: float = 0.1, branch_b_weight: float = 0.5, unroll_steps: int = 1,
                depths: int = 1, sync: bool = True) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -489,7 +497,8 @@ def train_draft(
 
     eval_bs = eval_batch_size or train_cfg.batch_size
     loss_kw = dict(p_weight=train_cfg.p_weight, branch_b_weight=train_cfg.branch_b_weight)
-    unroll = draft_cfg.unroll_steps or train_cfg.unroll_steps
+    step_kw = training_loss_options(draft_cfg, train_cfg)
+    unroll = step_kw["unroll_steps"]
     bar = None
     if progress and accelerator.is_main_process:
         from tqdm.auto import tqdm
@@ -529,8 +538,7 @@ def train_draft(
             t_epoch = time.perf_counter()
             for batch in epoch_loader:
                 with accelerator.autocast():
-                    loss, m = draft_loss(model, batch, noise_amplitude=train_cfg.noise_amplitude,
-                                         unroll_steps=unroll, sync=False, **loss_kw)
+                    loss, m = draft_loss(model, batch, **step_kw)
                 accelerator.backward(loss)
                 accelerator.clip_grad_value_(model.parameters(), train_cfg.grad_clip_value)
                 optimizer.step()
