@@ -71,7 +71,7 @@ class FeatureDrafter:
             raise ValueError("CEPD (ar_steps) needs a draft trained with branch B")
         if tree.total_tokens == "auto":
             raise ValueError("tree.total_tokens='auto' must be resolved to a number first "
-                             "(jakiro_lib.study.resolve_tree_budgets or `python -m jakiro_lib costs --draft ...`)")
+                             "(jakiro_lib.budgets.resolve_tree_budgets or `python -m jakiro_lib costs --draft ...`)")
         if tree.decoupled and draft.cfg.num_experts < 2:
             raise ValueError("decoupled candidates need a draft with at least 2 experts")
         # A tree of n tokens is at most n - 1 deep (a kept node's ancestors are kept and outscore it), so
