@@ -107,7 +107,7 @@ class TreeConfig:
 
     ``depth`` drafted layers; ``top_k`` frontier width and children per node; ``total_tokens`` verified
     tokens including the root, or ``"auto"``: chosen per machine and draft from the measured cost model
-    before benchmarking (:func:`jakiro_lib.study.resolve_tree_budgets`). ``ar_steps``: ``None`` drafts
+    before benchmarking (:func:`jakiro_lib.budgets.resolve_tree_budgets`). ``ar_steps``: ``None`` drafts
     every layer autoregressively (EAGLE-2); an integer s < depth drafts layers 1..s with branch A, then
     each further draft forward yields two layers (A: next, B: the one after). ``decoupled``: children
     come from each selected expert's own distribution, scored by ``scoring`` ("mixture" or "best").

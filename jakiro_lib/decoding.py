@@ -20,6 +20,7 @@ from transformers.cache_utils import DynamicLayer
 
 from .compiled import MAX_TREE_ROOM, CompiledTargetRunner, inductor_settings, static_cache, static_cache_len
 from .drafting import Drafter, FeatureDrafter
+from .target import additive_mask
 from .tree import Tree
 from .verify import SamplingParams, sample, verify, warp_probs
 
@@ -149,8 +150,7 @@ class TargetRunner:
         m = len(tree)
         allowed = torch.ones(m, self.length + m, dtype=torch.bool, device=self.device)
         allowed[:, self.length:] = tree.ancestor_mask().to(self.device)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        mask = additive_mask(allowed, self.dtype)  # [m, length + m]
         pos = tree.depths.to(self.device) + self.length
         return self._forward(tree.tokens.to(self.device), pos, mask[None, None])
 

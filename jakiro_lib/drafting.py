@@ -4,7 +4,7 @@ Every drafter follows one small protocol so the decoding loop does not care whic
 ``begin`` sees the prompt (and the target's features of it), ``propose`` returns a :class:`Tree` rooted
 at the last generated token, ``accept`` is told what the target kept (features and new tokens).
 
-:class:`FeatureDrafter` is EAGLE-2 with Jakiro's two inference ideas (DESIGN.md section 3):
+:class:`FeatureDrafter` is EAGLE-2 with Jakiro's two inference ideas (docs/DESIGN.md section 3):
 decoupled candidates (each selected expert proposes children from its own distribution, carrying its
 own feature) and CEPD (after ``ar_steps`` autoregressive layers, each draft forward yields two layers:
 branch A the next one, branch B the one after, gathered by each node's real parent).
@@ -71,7 +71,7 @@ class FeatureDrafter:
             raise ValueError("CEPD (ar_steps) needs a draft trained with branch B")
         if tree.total_tokens == "auto":
             raise ValueError("tree.total_tokens='auto' must be resolved to a number first "
-                             "(jakiro_lib.study.resolve_tree_budgets or `python -m jakiro_lib costs --draft ...`)")
+                             "(jakiro_lib.budgets.resolve_tree_budgets or `python -m jakiro_lib costs --draft ...`)")
         if tree.decoupled and draft.cfg.num_experts < 2:
             raise ValueError("decoupled candidates need a draft with at least 2 experts")
         # A tree of n tokens is at most n - 1 deep (a kept node's ancestors are kept and outscore it), so

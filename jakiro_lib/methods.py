@@ -7,7 +7,7 @@ groups (:func:`group_names`) and the serialised form in stamps and ``bench_confi
 
 Kinds: ``vanilla`` (our cached loop), ``hf`` (HF ``generate``), ``pld`` (HF prompt lookup) and ``spec``
 (a feature draft with a tree config: EAGLE-2 with the dense draft, Jakiro with a MoE draft, Jakiro +
-CEPD with ``ar_steps``; DESIGN.md section 3).
+CEPD with ``ar_steps``; docs/DESIGN.md section 3).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 from .config import TreeConfig
 from .layout import draft_name, draft_path
@@ -107,7 +107,7 @@ def _resolve(value: Any, tree: TreeConfig, tuned: bool) -> Any:
 
 
 def cepd_steps(tree: TreeConfig) -> int:
-    """CEPD's autoregressive layers on ``tree``: all but the last two (DESIGN.md section 3)."""
+    """CEPD's autoregressive layers on ``tree``: all but the last two (docs/DESIGN.md section 3)."""
     return max(tree.depth - 2, 0)
 
 
@@ -137,6 +137,11 @@ ABLATIONS = (
     Method("experts=4", "spec", "moe4", _JAKIRO),
     Method("experts=2, coupled", "spec", "moe2", {"decoupled": False}),
     Method("experts=2, scoring=best", "spec", "moe2", {**_JAKIRO, "scoring": "best"}),
+    # EAGLE-2 trees on the H-wide dense draft: the equal-parameter control (one expert's width, not EAGLE-2)
+    Method("eagle2_h", "spec", "dense_h"),
+    # Jakiro decoupled on the 2-expert drafts whose experts' own outputs were trained too (DraftConfig.expert_loss)
+    Method("jakiro_xgate", "spec", "moe2_xgate", _JAKIRO),
+    Method("jakiro_xequal", "spec", "moe2_xequal", _JAKIRO),
 )
 # The Jakiro authors' released configuration: the coupled mixture (one candidate list from the mixed
 # expert output) with CEPD on the last layer, on the 2-expert draft.
@@ -170,7 +175,8 @@ DRAFTED_METHODS = tuple(m.name for m in MAIN if m.kind == "spec" and m.draft)  #
 
 
 def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "main",
-                  tuned: bool = True, compiled: bool = True, compiled_loops: bool = False) -> dict[str, MethodSpec]:
+                  tuned: bool = True, compiled: bool = True, compiled_loops: bool = False,
+                  drafts: Collection[str] | None = None) -> dict[str, MethodSpec]:
     """The method sets the notebooks compare; drafts are read from ``drafts_dir/<name>/draft``.
 
     ``main``: the baselines, EAGLE-2 (dense draft), Jakiro (2 experts, decoupled) and Jakiro + CEPD on
@@ -180,7 +186,10 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     off) with a prompt-lookup chain of ``LOOKUP_TOKENS`` grafted on (:class:`~jakiro_lib.drafting.LookupDrafter`),
     and its control ``lookup_only``: the same chain without a draft, through the same engine.
     ``ablations``: experts count, AR steps, contrastive on/off and decoupled on/off around Jakiro, and
-    the authors' released configuration (``jakiro_coupled_cepd``), all on ``tree``. ``compiled``: the
+    the authors' released configuration (``jakiro_coupled_cepd``), the equal-parameter control
+    ``eagle2_h`` (EAGLE-2 trees on the H-wide ``dense_h``) and Jakiro on the per-expert-loss drafts
+    (``jakiro_xgate``, ``jakiro_xequal``), all on ``tree``. ``drafts``: the draft names a profile trains;
+    a method on any other draft is left out (None: none left out). ``compiled``: the
     main study also times ``hf_compiled``. ``compiled_loops``: it also runs :data:`COMPILED_TWINS` (our
     plain loop and Jakiro's fastest settings) a second time, the target compiled over a static KV cache
     (:mod:`jakiro_lib.compiled`), as ``<name>_compiled``: the lever measured side by side.
@@ -190,7 +199,8 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     switches: dict[str, Callable[[], bool]] = {"compiled": lambda: compiled,
                                                "tuned": lambda: tuned and tree.total_tokens != "auto"}
     registered = MAIN if study == "main" else _ablation_methods(tree)
-    chosen = [m for m in registered if m.when is None or switches[m.when]()]
+    chosen = [m for m in registered if (m.when is None or switches[m.when]())
+              and (drafts is None or m.draft is None or m.draft in drafts)]
     methods = {m.name: m.spec(tree, drafts_dir, tuned=tuned) for m in chosen}
     if study == "main" and compiled_loops:
         methods.update({compiled_twin(m.name): dataclasses.replace(methods[m.name], static_compile=True)

@@ -1,4 +1,4 @@
-"""Tokens per second of the training pipeline on this machine, stage by stage (issue 22; DESIGN.md 4:
+"""Tokens per second of the training pipeline on this machine, stage by stage (issue 22; docs/DESIGN.md section 4:
 "measure tokens/s per stage before tuning anything else").
 
 ``python -m jakiro_lib throughput --profile default`` measures, side by side in one process on the same
@@ -41,7 +41,7 @@ from .dataset import FeatureDataset, build_draft_vocab, collate, token_frequenci
 from .draft import DraftModel
 from .features import cache_features, length_batches, shard_tensors
 from .target import load_target
-from .train import EpochSampler, draft_loss
+from .train import EpochSampler, draft_loss, training_loss_options
 from .utils import run_metadata, seed_everything, write_json
 
 CSV = "throughput.csv"
@@ -184,8 +184,7 @@ def _steps(core: DraftModel, optimizer: Any, batches: Iterator[dict[str, Any]], 
         batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
         clock.lap("data")
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-            loss, _ = draft_loss(core, batch, noise_amplitude=train_cfg.noise_amplitude, p_weight=train_cfg.p_weight,
-                                 branch_b_weight=train_cfg.branch_b_weight)
+            loss, _ = draft_loss(core, batch, **training_loss_options(core.cfg, train_cfg))
         clock.lap("forward")
         loss.backward()
         clock.lap("backward")

@@ -1,4 +1,4 @@
-"""Draft training (DESIGN.md section 4): EAGLE feature regression + soft cross-entropy, per branch.
+"""Draft training (docs/DESIGN.md section 4): EAGLE feature regression + soft cross-entropy, per branch.
 
 At position t the draft sees the (noised) target feature f_t and the token x_{t+1}; branch A predicts
 f_{t+1} (and through the frozen ``lm_head`` the target's next-token distribution), branch B predicts
@@ -10,29 +10,28 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
-import random
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from safetensors.torch import load_file
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .batching import LengthBucketSampler, dataset_lengths
+from .checkpoints import CHECKPOINTS, STATE_FILE, list_checkpoints, readable_checkpoint, rng_state, set_rng_state
 from .config import DraftConfig, TrainConfig
 from .dataset import build_draft_vocab, collate, token_frequencies
 from .draft import CONFIG_FILE, WEIGHTS_FILE, DraftModel, DraftOutput, Losses
 from .utils import atomic_path, read_json, run_metadata, seed_everything, write_json
 
-CHECKPOINTS = "checkpoints"
-STATE_FILE = "training_state.pt"
 RESULTS = "results.json"
 HISTORY = "history.json"
+
+log = logging.getLogger(__name__)
 
 
 class TrainError(RuntimeError):
@@ -115,10 +114,18 @@ def _step_losses(core: DraftModel, out: DraftOutput, tg: _Targets, j: int, p_wei
     return parts
 
 
+def training_loss_options(draft_cfg: DraftConfig, train_cfg: TrainConfig) -> dict[str, Any]:
+    """The :func:`draft_loss` options a training step of ``draft_cfg`` uses (its per-expert loss,
+    ``DraftConfig.expert_loss``, is read from the draft itself); :mod:`jakiro_lib.throughput` times the same."""
+    return dict(noise_amplitude=train_cfg.noise_amplitude, p_weight=train_cfg.p_weight,
+                branch_b_weight=train_cfg.branch_b_weight,
+                unroll_steps=draft_cfg.unroll_steps or train_cfg.unroll_steps, sync=False)
+
+
 def draft_loss(draft: Any, batch: dict[str, torch.Tensor], *, noise_amplitude: float = 0.2,
                p_weight: float = 0.1, branch_b_weight: float = 0.5, unroll_steps: int = 1,
                depths: int = 1, sync: bool = True) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Loss of one collated batch (see :func:`jakiro_lib.features.collate`) and its metrics.
+    """Loss of one collated batch (see :func:`jakiro_lib.dataset.collate`) and its metrics.
 
     Inputs f_0..f_{L-2} (+ centred uniform noise of amplitude ``noise_amplitude * 512 / L`` per
     sequence, in training mode only), ids x_1..x_{L-1}, positions 0..L-2. Branch A: SmoothL1(o_t, f_{t+1})
@@ -320,38 +327,6 @@ def _data_stats(train_data: Any, heldout_data: Any) -> dict[str, Any]:
             "heldout_conversations": he["conversations"], "heldout_tokens": he["tokens"]}
 
 
-def _rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def list_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
-    """(global step, directory) of every complete checkpoint, oldest first."""
-    root = Path(out_dir) / CHECKPOINTS
-    found = []
-    if root.is_dir():
-        for d in root.iterdir():
-            if d.is_dir() and not d.name.startswith(".") and (d / STATE_FILE).is_file() \
-                    and (d / "draft" / WEIGHTS_FILE).is_file():
-                meta = d / "step.json"
-                try:
-                    step = json.loads(meta.read_text())["step"]
-                except (OSError, json.JSONDecodeError, KeyError):
-                    continue
-                found.append((int(step), d))
-    return sorted(found)
-
-
 def train_draft(
     target: Any,
     draft_cfg: DraftConfig,
@@ -429,19 +404,17 @@ def train_draft(
     global_step = epoch = batches_in_epoch = 0
     elapsed_before = 0.0
     if checkpoints:
-        step, ckpt = checkpoints[-1]
+        ckpt, weights, state = readable_checkpoint(checkpoints)
         saved_cfg = (read_json(ckpt / "draft" / CONFIG_FILE) or {}).get("draft")
         if saved_cfg != _jsonable(dataclasses.asdict(draft_cfg)):
             raise TrainError(f"{ckpt} holds a draft with another architecture ({saved_cfg}); use another "
                              f"out_dir or delete {out_dir / CHECKPOINTS}")
-        weights = load_file(str(ckpt / "draft" / WEIGHTS_FILE))
         if d2t is not None and ("d2t" not in weights or not torch.equal(weights["d2t"].cpu(), d2t)):
             raise TrainError(f"{ckpt} was trained with another draft vocabulary (d2t); use another out_dir")
         core.load_state_dict(weights, strict=True)
-        state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         global_step, epoch, batches_in_epoch = state["step"], state["epoch"], state["batches_in_epoch"]
         history = state["history"]
         elapsed_before = state["elapsed_s"]
@@ -451,7 +424,8 @@ def train_draft(
 
     eval_bs = eval_batch_size or train_cfg.batch_size
     loss_kw = dict(p_weight=train_cfg.p_weight, branch_b_weight=train_cfg.branch_b_weight)
-    unroll = draft_cfg.unroll_steps or train_cfg.unroll_steps
+    step_kw = training_loss_options(draft_cfg, train_cfg)
+    unroll = step_kw["unroll_steps"]
     bar = None
     if progress and accelerator.is_main_process:
         from tqdm.auto import tqdm
@@ -465,7 +439,7 @@ def train_draft(
                 tmp.mkdir()
                 core.save(tmp / "draft", target_name=getattr(target.config, "model", ""), step=global_step)
                 torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                            "rng": _rng_state(), "step": global_step, "epoch": epoch,
+                            "rng": rng_state(), "step": global_step, "epoch": epoch,
                             "batches_in_epoch": batches_in_epoch, "steps_per_epoch": steps_per_epoch,
                             "history": history, "elapsed_s": elapsed_before + time.perf_counter() - t0,
                             "eval": last_eval}, tmp / STATE_FILE)
@@ -491,8 +465,7 @@ def train_draft(
             t_epoch = time.perf_counter()
             for batch in epoch_loader:
                 with accelerator.autocast():
-                    loss, m = draft_loss(model, batch, noise_amplitude=train_cfg.noise_amplitude,
-                                         unroll_steps=unroll, sync=False, **loss_kw)
+                    loss, m = draft_loss(model, batch, **step_kw)
                 accelerator.backward(loss)
                 accelerator.clip_grad_value_(model.parameters(), train_cfg.grad_clip_value)
                 optimizer.step()
@@ -545,6 +518,7 @@ def train_draft(
         "steps": global_step, "epochs_completed": epoch, "wall_time_s": wall,
         "train_tokens_per_s": int(tokens_seen) / train_time if train_time > 0 else None,
         "n_params": core.n_params(), "unroll_steps": unroll,
+        "intermediate_size": core.mlp.experts[0].up_proj.out_features,  # each expert's MLP width, as built
         "acc_depth": last_eval.get("acc_depth"), "acc_experts": last_eval.get("acc_experts"),
         "draft_config": dataclasses.asdict(draft_cfg), "train_config": dataclasses.asdict(train_cfg),
         "data": stats, "fingerprint": fingerprint,

@@ -280,6 +280,7 @@ def _command(proc: Path, pid: int, width: int = 80) -> str:
 KNOWN_ERRORS: dict[str, tuple[str, ...]] = {
     "jakiro_lib.config": ("ConfigError",), "jakiro_lib.draft": ("DraftLoadError",),
     "jakiro_lib.features": ("CacheError",), "jakiro_lib.data": ("DataError",), "jakiro_lib.train": ("TrainError",),
+    "jakiro_lib.checkpoints": ("CheckpointError",),
     "jakiro_lib.pipeline": ("PipelineError",), "jakiro_lib.target": ("TargetError",),
     "jakiro_lib.decoding": ("ContextLengthError",), "jakiro_lib.compiled": ("CompileError",),
 }

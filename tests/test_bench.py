@@ -191,6 +191,45 @@ def test_ablations_carry_the_authors_released_configuration(tmp_path):
         study_methods(tree, tmp_path, study="nope")
 
 
+def test_ablations_carry_the_equal_parameter_control_and_the_per_expert_loss_drafts(tmp_path):
+    """eagle2_h: EAGLE-2 trees on the H-wide dense_h; jakiro_xgate / jakiro_xequal: Jakiro decoupled on the
+    drafts trained with a per-expert loss; none of them in the main study."""
+    from jakiro_lib.layout import draft_path
+
+    tree = TreeConfig(depth=4, total_tokens=8)
+    abl = study_methods(tree, tmp_path, study="ablations")
+    assert abl["eagle2_h"] == MethodSpec("spec", draft=str(draft_path(tmp_path, "dense_h")), tree=tree)
+    assert abl["eagle2_h"].tree == abl["experts=1 (eagle2)"].tree
+    for name, draft in (("jakiro_xgate", "moe2_xgate"), ("jakiro_xequal", "moe2_xequal")):
+        assert abl[name] == MethodSpec("spec", draft=str(draft_path(tmp_path, draft)),
+                                       tree=dataclasses.replace(tree, decoupled=True))
+        assert abl[name].tree == abl["experts=2"].tree
+    main = study_methods(tree, tmp_path, study="main")
+    assert not {"eagle2_h", "jakiro_xgate", "jakiro_xequal"} & set(main)
+
+
+@pytest.mark.parametrize("study", ["main", "ablations"])
+def test_methods_on_drafts_a_profile_does_not_train_are_left_out(tmp_path, study):
+    from jakiro_lib.config import get_profile
+    from jakiro_lib.layout import draft_name
+    from jakiro_lib.study import profile_methods
+
+    tree = TreeConfig(depth=4, total_tokens=8)
+    every = study_methods(tree, tmp_path, study=study)
+    kept = study_methods(tree, tmp_path, study=study, drafts=["dense"])
+    left_out = {k for k, m in every.items() if m.draft and draft_name(m.draft) != "dense"}
+    assert left_out and set(every) - set(kept) == left_out
+    assert all(kept[k] == every[k] for k in kept)
+    assert "lookup_only" not in left_out and "vanilla" in kept  # no draft: never left out
+    for name in ("smoke", "default"):
+        prof = get_profile(name)
+        methods = profile_methods(prof, tmp_path, study)
+        assert {draft_name(m.draft) for m in methods.values() if m.draft} <= set(prof.drafts)
+        fewer = dataclasses.replace(prof, drafts={k: v for k, v in prof.drafts.items() if k != "moe2_xgate"})
+        assert set(methods) - set(profile_methods(fewer, tmp_path, study)) == (
+            {"jakiro_xgate"} if study == "ablations" else set())
+
+
 def test_one_serializer_names_a_draft_by_folder_or_relative_to_a_file(tmp_path):
     from jakiro_lib.methods import portable
 

@@ -30,7 +30,7 @@ from jakiro_lib.draft import DraftModel
 from jakiro_lib.features import MANIFEST
 from jakiro_lib.study import prepare_features, train_all
 from jakiro_lib.target import tiny_model
-from jakiro_lib.train import CHECKPOINTS, list_checkpoints
+from jakiro_lib.checkpoints import CHECKPOINTS, list_checkpoints
 
 from helpers import single_thread
 
@@ -327,9 +327,6 @@ def test_killed_benchmark_keeps_its_records_and_resumes(run, tmp_path, capsys, s
 # --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="train.py (helper 'drafts'): a corrupt newest checkpoint ends in a "
-                                       "safetensors traceback; it should raise TrainError naming it, or resume "
-                                       "from the previous checkpoint and say so")
 def test_corrupt_checkpoint_is_one_line_and_keeps_the_draft(run, tmp_path, capsys):
     before = drafts_hash(run)
     argv = ["train", "--profile", "smoke", "--run-dir", str(run), "--drafts", "dense", *sets(LONGER)]

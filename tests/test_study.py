@@ -2,6 +2,7 @@
 import json
 import shutil
 
+import pandas as pd
 import pytest
 
 import jakiro_lib.bench as bench
@@ -130,3 +131,33 @@ def test_a_method_added_to_a_study_reuses_the_records_already_there(tmp_path, mo
     stale = sorted(p.name for p in (tmp_path / "bench" / "main").glob("records.stale*.jsonl"))
     assert stale == ["records.stale.1.jsonl", "records.stale.jsonl"]
     assert (tmp_path / "bench" / "main" / "records.stale.1.stamp.json").is_file()
+
+
+def test_training_table_shows_size_options_and_accuracy_per_depth_and_expert(tmp_path):
+    """Per draft: n_params, the MLP width, expert_loss, unroll_steps, held-out acc_a / acc_b, acc_depth
+    as d = 1..4 columns (None past the depths evaluated) and each expert's own accuracy; the same in
+    training.csv."""
+    results = {
+        "dense": {"draft_config": {"mlp": "dense", "num_experts": 1, "intermediate_size": "target",
+                                   "expert_loss": "off"},
+                  "n_params": 1234, "intermediate_size": 1536, "unroll_steps": 1, "acc_a": 0.5, "acc_b": None,
+                  "acc_depth": [0.5, 0.4, 0.3], "acc_experts": None},
+        "moe2_xgate": {"draft_config": {"mlp": "moe", "num_experts": 2, "intermediate_size": None,
+                                        "expert_loss": "gate"},
+                       "n_params": 5678, "intermediate_size": 64, "unroll_steps": 3, "acc_a": 0.6, "acc_b": 0.25,
+                       "acc_depth": [0.6, 0.5, 0.45, 0.4, 0.35], "acc_experts": [0.5, 0.45]},
+    }
+    table = S.write_training_tables(tmp_path, results)
+    depth_cols = [f"acc_depth_{d}" for d in range(1, 5)]
+    for df in (table, pd.read_csv(tmp_path / "training.csv")):
+        rows = df.set_index("draft")
+        assert rows.loc["dense", "n_params"] == 1234 and rows.loc["moe2_xgate", "n_params"] == 5678
+        assert rows.loc["dense", "intermediate_size"] == 1536 and rows.loc["moe2_xgate", "intermediate_size"] == 64
+        assert rows.loc["dense", "expert_loss"] == "off" and rows.loc["moe2_xgate", "expert_loss"] == "gate"
+        assert rows.loc["dense", "unroll_steps"] == 1 and rows.loc["moe2_xgate", "unroll_steps"] == 3
+        assert rows.loc["moe2_xgate", "acc_a"] == 0.6 and rows.loc["moe2_xgate", "acc_b"] == 0.25
+        assert rows.loc["moe2_xgate", depth_cols].tolist() == [0.6, 0.5, 0.45, 0.4]
+        assert rows.loc["dense", depth_cols[:3]].tolist() == [0.5, 0.4, 0.3]
+        assert pd.isna(rows.loc["dense", "acc_depth_4"]) and pd.isna(rows.loc["dense", "acc_experts"])
+        assert rows.loc["moe2_xgate", "acc_experts"] == "0.50 / 0.45"
+        assert "acc_depth_5" not in df.columns

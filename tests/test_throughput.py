@@ -2,6 +2,7 @@
 assertions), hardware detection, and the gpu profile."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pandas as pd
@@ -111,3 +112,38 @@ def test_gpu_profile():
     assert (p.train.epochs, p.tree.depth, p.tree.top_k, p.tree.total_tokens) == (20, 5, 10, 60)  # DESIGN.md 4-5
     assert p.train.mixed_precision == "bf16" and p.train.batch_size >= 16
     assert set(p.drafts) == set(get_profile("default").drafts)
+
+
+def test_training_step_passes_the_loss_options_train_draft_uses(tmp_path, monkeypatch):
+    """The timed step runs draft_loss as train_draft's step does for that draft: its per-expert loss and
+    its unrolled steps (a draft's own unroll_steps over the training config's)."""
+    from jakiro_lib import features as F
+    from jakiro_lib import train as T
+    from jakiro_lib.config import TargetConfig, TrainConfig
+    from jakiro_lib.data import Conversation
+    from jakiro_lib.target import load_target
+
+    target = load_target(TargetConfig(model="tiny:llama"))
+    convs = [Conversation(f"c{i}", [{"role": "user", "content": " ".join(WORDS[i:i + 3])},
+                                    {"role": "assistant", "content": " ".join(WORDS[i:i + 6])}]) for i in range(8)]
+    cache = F.cache_features(target, convs, tmp_path / "cache", max_length=32, shard_size=4, progress=False)
+    train, held = F.FeatureDataset(cache, "train", 0.25), F.FeatureDataset(cache, "heldout", 0.25)
+    tc = TrainConfig(epochs=1, batch_size=3, max_steps=1, warmup_steps=0, unroll_steps=2)
+    base = get_profile("smoke").drafts["moe2_xgate"]
+    for draft_cfg in (base, dataclasses.replace(base, unroll_steps=3, expert_loss="equal")):
+        calls = {}
+        for module, where in ((T, "train"), (TP, "throughput")):
+            real = module.draft_loss
+
+            def spy(draft, batch, _real=real, _where=where, **kw):
+                if draft.training:  # train_draft's held-out evaluations call it too, in eval mode
+                    calls.setdefault(_where, []).append((T._core(draft).cfg.expert_loss, kw))
+                return _real(draft, batch, **kw)
+
+            monkeypatch.setattr(module, "draft_loss", spy)
+        T.train_draft(target, draft_cfg, train, held, tmp_path / f"t{draft_cfg.unroll_steps}", tc, progress=False)
+        TP.training_rows(target, {"d": draft_cfg}, train, tc, steps=1, warmup=0, precisions=["fp32"])
+        monkeypatch.undo()
+        assert calls["train"][0][0] == draft_cfg.expert_loss != "off"
+        assert calls["train"][0][1]["unroll_steps"] == (draft_cfg.unroll_steps or tc.unroll_steps)
+        assert all(c == calls["train"][0] for c in calls["train"] + calls["throughput"])

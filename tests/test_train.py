@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from torch.utils.data import Dataset
 from jakiro_lib import dataset as D
 from jakiro_lib import features as F
 from jakiro_lib import train as T
+from jakiro_lib.checkpoints import STATE_FILE, CheckpointError, list_checkpoints
 from jakiro_lib.config import DraftConfig, TargetConfig, TrainConfig, get_profile
 from jakiro_lib.data import Conversation
 from jakiro_lib.draft import DraftModel
@@ -266,6 +268,39 @@ def test_other_architecture_in_out_dir_is_refused(target, data, tmp_path):
     T.train_draft(target, smoke_drafts()["moe2"], train, held, tmp_path, cfg(epochs=1), progress=False)
     with pytest.raises(T.TrainError, match="another architecture"):
         T.train_draft(target, smoke_drafts()["moe4"], train, held, tmp_path, cfg(epochs=2), progress=False)
+
+
+def test_damaged_newest_checkpoint_falls_back_to_the_one_before(target, data, tmp_path, caplog, monkeypatch):
+    train, held = data
+    draft_cfg = smoke_drafts()["moe2"]
+    T.train_draft(target, draft_cfg, train, held, tmp_path, cfg(epochs=2), progress=False)
+    (_, older), (_, newest) = list_checkpoints(tmp_path)
+    older_weights = load_file(str(older / "draft" / "model.safetensors"))
+    weights = newest / "draft" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # cut short by a crash
+    loaded = []
+    real = T.DraftModel.load_state_dict
+    monkeypatch.setattr(T.DraftModel, "load_state_dict",
+                        lambda self, sd, *a, **k: loaded.append(dict(sd)) or real(self, sd, *a, **k))
+    with caplog.at_level("WARNING", logger="jakiro_lib.train"):
+        res = T.train_draft(target, draft_cfg, train, held, tmp_path, cfg(epochs=3), progress=False)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and str(weights) in warnings[0] and "\n" not in warnings[0]
+    assert len(loaded) == 1 and loaded[0].keys() == older_weights.keys()
+    assert all(torch.equal(loaded[0][k], older_weights[k]) for k in older_weights)
+    assert res["epochs_completed"] == 3 and len(json.loads((tmp_path / "history.json").read_text())["epochs"]) == 3
+
+
+def test_no_readable_checkpoint_is_a_train_error_naming_the_file(target, data, tmp_path):
+    train, held = data
+    draft_cfg = smoke_drafts()["moe2"]
+    T.train_draft(target, draft_cfg, train, held, tmp_path, cfg(epochs=2), progress=False)
+    for _, ckpt in list_checkpoints(tmp_path):
+        state = ckpt / STATE_FILE
+        state.write_bytes(state.read_bytes()[:50])
+    newest = list_checkpoints(tmp_path)[-1][1] / STATE_FILE
+    with pytest.raises(CheckpointError, match=f"^{re.escape(str(newest))} cannot be read"):
+        T.train_draft(target, draft_cfg, train, held, tmp_path, cfg(epochs=3), progress=False)
 
 
 def test_dense_draft_with_reduced_vocab_trains(target, data, tmp_path):

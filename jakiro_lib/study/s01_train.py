@@ -23,7 +23,8 @@ from ..config import Profile
 from ..dataset import FeatureDataset, OnlineFeatureDataset, build_draft_vocab, token_frequencies, vocab_coverage
 from ..features import verify_cache
 from ..layout import TRAIN_STAMP, RunLayout
-from ..train import RESULTS, list_checkpoints, train_draft
+from ..checkpoints import list_checkpoints
+from ..train import RESULTS, train_draft
 from ..utils import read_json, replace_dir_atomically, restore_replaced_dir, world_size, write_json
 from .context import StudyContext, _dirs, _layout, get_target
 from .s00_data import load_training_conversations
@@ -185,23 +186,37 @@ def load_training_results(profile: str | Profile | StudyContext, run_dir: str | 
     return out
 
 
+ACC_DEPTHS = 4  # acc_depth columns of the training table: d = 1..4 drafted steps
+
+
+def _joined(values: list[float | None] | None) -> str | None:
+    return " / ".join("–" if x is None else f"{x:.2f}" for x in values) if values else None
+
+
 def training_table(results: dict[str, dict[str, Any]]) -> pd.DataFrame:
-    """One row per draft: architecture, budget, held-out accuracy per branch, router load, time."""
+    """One row per draft: architecture (parameters, MLP width), training options (per-expert loss, unrolled
+    steps), budget, held-out accuracy per branch, per drafted depth (``acc_depth_1`` .. ``acc_depth_4``:
+    branch A after d steps on the draft's own features, None past the depths evaluated) and per expert
+    (``acc_experts``: each expert's own top-1, " / "-joined), router load, time."""
     rows = []
     for name, r in results.items():
         cfg = r.get("draft_config", {})
         data = r.get("data", {})
         load = r.get("router_load") or []
+        depth = r.get("acc_depth") or []
         rows.append({
             "draft": name, "mlp": cfg.get("mlp"), "experts": cfg.get("num_experts"),
             "top_k_experts": cfg.get("top_k_experts"), "branch_b": cfg.get("branch_b"),
-            "contrastive": cfg.get("contrastive"), "draft_vocab_size": cfg.get("draft_vocab_size"),
-            "vocab_coverage": r.get("vocab_coverage"),
+            "contrastive": cfg.get("contrastive"), "n_params": r.get("n_params"),
+            "intermediate_size": r.get("intermediate_size", cfg.get("intermediate_size")),
+            "expert_loss": cfg.get("expert_loss"), "unroll_steps": r.get("unroll_steps"),
+            "draft_vocab_size": cfg.get("draft_vocab_size"), "vocab_coverage": r.get("vocab_coverage"),
             "train_conversations": data.get("train_conversations"), "train_tokens": data.get("train_tokens"),
             "heldout_conversations": data.get("heldout_conversations"), "epochs": r.get("epochs_completed"),
             "steps": r.get("steps"), "acc_a": r.get("acc_a"), "acc_b": r.get("acc_b"),
-            "heldout_loss": r.get("heldout_loss"),
-            "router_load": " / ".join(f"{x:.2f}" for x in load) if load else None,
+            **{f"acc_depth_{d}": depth[d - 1] if d <= len(depth) else None for d in range(1, ACC_DEPTHS + 1)},
+            "acc_experts": _joined(r.get("acc_experts")), "heldout_loss": r.get("heldout_loss"),
+            "router_load": _joined(load),
             "router_load_max": max(load) if load else None,
             "wall_time_s": r.get("wall_time_s"), "train_tokens_per_s": r.get("train_tokens_per_s"),
         })
