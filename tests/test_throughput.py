@@ -9,9 +9,14 @@ import pandas as pd
 import pytest
 import torch
 
+from jakiro_lib import dataset as D
+from jakiro_lib import features as F
 from jakiro_lib import throughput as TP
+from jakiro_lib import train as T
 from jakiro_lib.cli import main
-from jakiro_lib.config import get_profile
+from jakiro_lib.config import TargetConfig, TrainConfig, get_profile
+from jakiro_lib.data import Conversation
+from jakiro_lib.target import load_target
 
 WORDS = "the cat sat on a mat while dogs ran far away and birds sang in tall green trees".split()
 
@@ -117,17 +122,11 @@ def test_gpu_profile():
 def test_training_step_passes_the_loss_options_train_draft_uses(tmp_path, monkeypatch):
     """The timed step runs draft_loss as train_draft's step does for that draft: its per-expert loss and
     its unrolled steps (a draft's own unroll_steps over the training config's)."""
-    from jakiro_lib import features as F
-    from jakiro_lib import train as T
-    from jakiro_lib.config import TargetConfig, TrainConfig
-    from jakiro_lib.data import Conversation
-    from jakiro_lib.target import load_target
-
     target = load_target(TargetConfig(model="tiny:llama"))
     convs = [Conversation(f"c{i}", [{"role": "user", "content": " ".join(WORDS[i:i + 3])},
                                     {"role": "assistant", "content": " ".join(WORDS[i:i + 6])}]) for i in range(8)]
     cache = F.cache_features(target, convs, tmp_path / "cache", max_length=32, shard_size=4, progress=False)
-    train, held = F.FeatureDataset(cache, "train", 0.25), F.FeatureDataset(cache, "heldout", 0.25)
+    train, held = D.FeatureDataset(cache, "train", 0.25), D.FeatureDataset(cache, "heldout", 0.25)
     tc = TrainConfig(epochs=1, batch_size=3, max_steps=1, warmup_steps=0, unroll_steps=2)
     base = get_profile("smoke").drafts["moe2_xgate"]
     for draft_cfg in (base, dataclasses.replace(base, unroll_steps=3, expert_loss="equal")):
