@@ -34,7 +34,7 @@ from .study import (category_table, default_run_dir, display_table, prepare_feat
                     train_all, training_table, write_table)
 from .target import load_target
 from .throughput import format_table, run_throughput
-from .utils import INTERRUPTED, busy_warning, close_progress_bars, error_line, known_error, run_metadata, write_json
+from .utils import busy_warning, exit_status, run_metadata, write_json
 
 # Sub-commands that run torch for a while: they check first whether another torch process is busy here.
 BUSY_COMMANDS = ("generate", "cache", "train", "bench", "costs", "divergences", "pipeline")
@@ -387,18 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _log_to_stderr()
     if args.command in BUSY_COMMANDS and (warning := busy_warning()):
         print(warning, file=sys.stderr)
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        close_progress_bars()
-        print(INTERRUPTED, file=sys.stderr)
-        return 130
-    except Exception as exc:
-        if not known_error(exc):
-            raise
-        close_progress_bars()
-        print(error_line(exc) + _hint(args), file=sys.stderr)
-        return 1
+    return exit_status(lambda: args.func(args), hint=lambda: _hint(args))
 
 
 def _hint(args: argparse.Namespace) -> str:

@@ -34,8 +34,7 @@ import pandas as pd
 from .config import PROFILE_NAMES, parse_overrides
 from .report_page import write_front_page
 from .study import default_report_dir, default_run_dir, headline_table, resolve_profile
-from .utils import (INTERRUPTED, REPO_ROOT, busy_warning, close_progress_bars, error_line, known_error,
-                    read_json, write_json, write_text)
+from .utils import REPO_ROOT, busy_warning, exit_status, read_json, write_json, write_text
 
 log = logging.getLogger(__name__)
 
@@ -375,23 +374,15 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
 
 def cli_handler(args: argparse.Namespace) -> int:
     """Run the pipeline; known errors (and Ctrl-C, status 130) end in one ``error:`` line."""
-    try:
+    def run() -> int:
         out = run_pipeline(args.profile, overrides=parse_overrides(args.set), force=args.force, stages=args.stages,
                            report_dir=args.report_dir, run_dir=args.run_dir,
                            kernel_name=getattr(args, "kernel", "python3"),
                            log_output=getattr(args, "log_output", False))
-    except KeyboardInterrupt:
-        close_progress_bars()
-        print(INTERRUPTED, file=sys.stderr)
-        return 130
-    except Exception as exc:
-        if not (known_error(exc) or isinstance(exc, ValueError)):
-            raise
-        close_progress_bars()
-        print(error_line(exc), file=sys.stderr)
-        return 1
-    print(f"reports written to {out} (open {out / 'index.html'})")
-    return 0
+        print(f"reports written to {out} (open {out / 'index.html'})")
+        return 0
+
+    return exit_status(run, also=(ValueError,))  # a bad --stages or --set value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

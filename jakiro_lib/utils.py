@@ -19,7 +19,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -297,6 +297,24 @@ def known_error(exc: BaseException) -> bool:
 def error_line(exc: BaseException) -> str:
     """``error: <message>`` on one line (a multi-line message is joined)."""
     return "error: " + " ".join(str(exc).split())
+
+
+def exit_status(call: Callable[[], int | None], *, hint: Callable[[], str] = lambda: "",
+                also: tuple[type[BaseException], ...] = ()) -> int:
+    """A command's exit status: ``call()``'s, or 130 after Ctrl-C and 1 after a known error (or one of
+    ``also``), each said in one line on stderr instead of a traceback. Other exceptions propagate."""
+    try:
+        return int(call() or 0)
+    except KeyboardInterrupt:
+        close_progress_bars()
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if not (known_error(exc) or isinstance(exc, also)):
+            raise
+        close_progress_bars()
+        print(error_line(exc) + hint(), file=sys.stderr)
+        return 1
 
 
 def close_progress_bars() -> None:
