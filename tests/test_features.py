@@ -115,16 +115,18 @@ def test_split_is_deterministic_and_disjoint(cache):
     assert len(D.FeatureDataset(cache, "heldout", 0.0)) == 0
 
 
+def _stop_after_second(index, entry):
+    """``on_shard`` callback: an interruption right after the second shard is written."""
+    if index == 1:
+        raise KeyboardInterrupt("simulated interruption")
+
+
 def test_interrupted_caching_resumes(target, convs, cache, tmp_path, monkeypatch):
     out = tmp_path / "c"
 
-    def stop_after_second(index, entry):
-        if index == 1:
-            raise KeyboardInterrupt("simulated interruption")
-
     with pytest.raises(KeyboardInterrupt):
         F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, progress=False,
-                         on_shard=stop_after_second)
+                         on_shard=_stop_after_second)
     m = json.loads((out / F.MANIFEST).read_text())
     assert not m["complete"] and [e["file"] for e in m["shards"]] == [F.shard_name(0), F.shard_name(1)]
     assert not (out / F.shard_name(2)).exists()
@@ -388,13 +390,9 @@ def test_length_batches_sort_within_the_list():
 def test_resume_with_another_batch_size_says_so(target, convs, fp32_cache, tmp_path, caplog):
     out = tmp_path / "r"
 
-    def stop_after_second(index, entry):
-        if index == 1:
-            raise KeyboardInterrupt("simulated interruption")
-
     with pytest.raises(KeyboardInterrupt):
         F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, feature_dtype="float32",
-                         progress=False, on_shard=stop_after_second)
+                         progress=False, on_shard=_stop_after_second)
     written = []
     with caplog.at_level("INFO", logger="jakiro_lib.features"):
         F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, feature_dtype="float32",

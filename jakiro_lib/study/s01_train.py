@@ -135,8 +135,8 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
         if main_process:
             if force or read_json(work / TRAIN_STAMP) != stamp:
                 shutil.rmtree(work, ignore_errors=True)
-            elif list_checkpoints(work):
-                step, ckpt = list_checkpoints(work)[-1]
+            elif checkpoints := list_checkpoints(work):
+                step, ckpt = checkpoints[-1]
                 log.warning("draft %s: resuming an interrupted training from %s (step %d)", name, ckpt, step)
             work.mkdir(parents=True, exist_ok=True)
             write_json(work / TRAIN_STAMP, stamp)
