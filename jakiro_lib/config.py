@@ -256,7 +256,18 @@ def _study_drafts(vocab: int | None) -> dict[str, DraftConfig]:
         "moe2_nocontrast": DraftConfig(num_experts=2, top_k_experts=2, contrastive=False,
                                        draft_vocab_size=vocab),
         "moe4": DraftConfig(num_experts=4, top_k_experts=2, draft_vocab_size=vocab),
+        # multi-step training (train.unroll_steps, docs/DESIGN.md section 4) on EAGLE-2 and on Jakiro's draft
+        "dense_u2": dataclasses.replace(dense, intermediate_size="target", unroll_steps=2),
+        "moe2_u2": DraftConfig(num_experts=2, top_k_experts=2, draft_vocab_size=vocab, unroll_steps=2),
     }
+
+
+# The drafts of the default (2-core CPU) main job: the faithful comparison of issue 23 (EAGLE-2 at its true
+# width, the equal-parameter control, moe2 for the coupled / decoupled / released methods, per-expert
+# training, multi-step training on both architectures). moe2_xequal, moe2_nocontrast and moe4 (the paper's
+# contrastive and expert-count ablations) are left to the smoke, gpu and paper profiles: with them the main
+# job overran 90 min on a 2-core AVX2 EPYC (caching 307 tokens/s, training 1.5-1.9k tokens/s, 2026-11-23).
+DEFAULT_DRAFTS = ("dense", "dense_h", "moe2", "moe2_xgate", "dense_u2", "moe2_u2")
 
 
 def _paper(model: str, template: str = "auto") -> Profile:
@@ -284,23 +295,26 @@ def _profiles() -> dict[str, Profile]:
         bench=BenchConfig(limit=2, max_new_tokens=16, temperatures=(0.0, 1.0)),
         drafts=_study_drafts(None),
     )
-    # Sized for a 2-core CPU and a <= 90 min main job (docs/DESIGN.md section 9): small trees (the target's T(n) grows
-    # fast on CPU; the "_auto" methods tune the budget on the machine), a reduced draft vocabulary, CPU
-    # fast paths for the target (MKL-packed GEMMs for 4..64 rows: every tuning candidate), and 2000 training
-    # conversations for 3 epochs (measured 2026-11-22, dense draft: held-out top-1 0.344 and tau 1.63 vs
-    # 0.313 and 1.54 with 400 conversations x 10 epochs; ~11 min of feature caching). 10 MT-bench questions
-    # (20 turns) per temperature: the first 5 alone repeat themselves more than the next 15 do, which
-    # flattered prompt lookup (measured with `bench --skip 5 --limit 15`). lr 2e-3: at these 609 steps the
-    # drafts are under-trained, and the dense draft's held-out top-1 was 0.344 / 0.382 / 0.401 / 0.363 at
-    # lr 5e-4 / 1e-3 / 2e-3 / 5e-3 (measured 2026-11-22; p_weight 1.0 instead of 0.1 at lr 2e-3: 0.404).
+    # Sized for a 2-core CPU and a <= 90 min main job (docs/DESIGN.md section 9) on the slower of the machines
+    # seen (a 2-core AVX2 EPYC: plain decoding 17.6 tokens/s, feature caching 307 tokens/s, draft training
+    # 1.5-1.9k tokens/s, 2026-11-23): small trees (the target's T(n) grows fast on CPU; the "_auto" methods
+    # tune the budget on the machine), a reduced draft vocabulary, CPU fast paths for the target
+    # (MKL-packed GEMMs for 4..64 rows: every tuning candidate), the six drafts of DEFAULT_DRAFTS at one
+    # training budget: 600 ShareGPT conversations (~490 kept, ~180k tokens, ~10 min of caching there) for
+    # 2 epochs at lr 2e-3 (the dense draft's held-out top-1 was 0.344 / 0.382 / 0.401 / 0.363 at lr 5e-4 /
+    # 1e-3 / 2e-3 / 5e-3 over 609 steps, 2026-11-22). Greedy decoding only (T = 0: 25 method runs of ~80 s
+    # there; `bench --temperature 1` adds sampling). 10 MT-bench questions (20 turns): the first 5 alone
+    # repeat themselves more than the next 15 do, which flattered prompt lookup (`bench --skip 5 --limit 15`).
+    # More data keeps paying (issue 22): the gpu profile, or `--set data.num_conversations=2000
+    # --set train.epochs=3` where there is time.
     default = Profile(
         name="default",
         target=TargetConfig(model="builtin:smollm2", max_context=2048, packed_gemm=64),
-        data=DataConfig(num_conversations=2000, max_length=384, shard_size=50),
-        train=TrainConfig(epochs=3, batch_size=8, lr=2e-3, warmup_steps=50),
+        data=DataConfig(num_conversations=600, max_length=384, shard_size=50),
+        train=TrainConfig(epochs=2, batch_size=8, lr=2e-3, warmup_steps=20),
         tree=TreeConfig(depth=4, top_k=3, total_tokens=8),
-        bench=BenchConfig(limit=10, max_new_tokens=64, temperatures=(0.0, 1.0)),
-        drafts=_study_drafts(8192),
+        bench=BenchConfig(limit=10, max_new_tokens=64, temperatures=(0.0,)),
+        drafts={k: v for k, v in _study_drafts(8192).items() if k in DEFAULT_DRAFTS},
     )
     # One GPU and no hub (issue 22): the built-in SmolLM2 in bf16 on cuda, all the packaged ShareGPT
     # conversations (17,671 records, ~17.3k kept by the cleaning; the limit takes them all), the paper's

@@ -142,10 +142,15 @@ ABLATIONS = (
     # Jakiro decoupled on the 2-expert drafts whose experts' own outputs were trained too (DraftConfig.expert_loss)
     Method("jakiro_xgate", "spec", "moe2_xgate", _JAKIRO),
     Method("jakiro_xequal", "spec", "moe2_xequal", _JAKIRO),
+    # the same trees on drafts trained with two unrolled steps (multi-step training, DraftConfig.unroll_steps)
+    Method("eagle2_u2", "spec", "dense_u2"),
+    Method("jakiro_u2", "spec", "moe2_u2", _JAKIRO),
 )
 # The Jakiro authors' released configuration: the coupled mixture (one candidate list from the mixed
-# expert output) with CEPD on the last layer, on the 2-expert draft.
-RELEASED = Method("jakiro_coupled_cepd", "spec", "moe2", {"decoupled": False, "ar_steps": CEPD})
+# expert output) with CEPD on the last layer, on the 2-expert draft (and on its multi-step-trained twin).
+_RELEASED_TREE = {"decoupled": False, "ar_steps": CEPD}
+RELEASED = Method("jakiro_coupled_cepd", "spec", "moe2", _RELEASED_TREE)
+RELEASED_U2 = Method("jakiro_coupled_cepd_u2", "spec", "moe2_u2", _RELEASED_TREE)
 
 
 def _ablation_methods(tree: TreeConfig) -> tuple[Method, ...]:
@@ -156,7 +161,7 @@ def _ablation_methods(tree: TreeConfig) -> tuple[Method, ...]:
                   for s in sorted({0, 1, cepd} - {tree.depth}))
     nocontrast = Method(f"cepd ar_steps={cepd}, contrastive off", "spec", "moe2_nocontrast",
                         {**_JAKIRO, "ar_steps": cepd})
-    return (*ABLATIONS, *sweep, nocontrast, RELEASED)
+    return (*ABLATIONS, *sweep, nocontrast, RELEASED, RELEASED_U2)
 
 
 def compiled_twin(name: str) -> str:
@@ -187,8 +192,9 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     and its control ``lookup_only``: the same chain without a draft, through the same engine.
     ``ablations``: experts count, AR steps, contrastive on/off and decoupled on/off around Jakiro, and
     the authors' released configuration (``jakiro_coupled_cepd``), the equal-parameter control
-    ``eagle2_h`` (EAGLE-2 trees on the H-wide ``dense_h``) and Jakiro on the per-expert-loss drafts
-    (``jakiro_xgate``, ``jakiro_xequal``), all on ``tree``. ``drafts``: the draft names a profile trains;
+    ``eagle2_h`` (EAGLE-2 trees on the H-wide ``dense_h``), Jakiro on the per-expert-loss drafts
+    (``jakiro_xgate``, ``jakiro_xequal``) and EAGLE-2, Jakiro and the released configuration on the drafts
+    trained with two unrolled steps (``eagle2_u2``, ``jakiro_u2``, ``jakiro_coupled_cepd_u2``), all on ``tree``. ``drafts``: the draft names a profile trains;
     a method on any other draft is left out (None: none left out). ``compiled``: the
     main study also times ``hf_compiled``. ``compiled_loops``: it also runs :data:`COMPILED_TWINS` (our
     plain loop and Jakiro's fastest settings) a second time, the target compiled over a static KV cache

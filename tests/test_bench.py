@@ -191,6 +191,24 @@ def test_ablations_carry_the_authors_released_configuration(tmp_path):
         study_methods(tree, tmp_path, study="nope")
 
 
+def test_ablations_carry_the_multi_step_trained_drafts_on_the_same_trees(tmp_path):
+    """eagle2_u2 / jakiro_u2 / jakiro_coupled_cepd_u2: the trees of eagle2, experts=2 and the released
+    configuration, on the drafts trained with two unrolled steps; the default profile trains both."""
+    from jakiro_lib.config import DEFAULT_DRAFTS, get_profile
+    from jakiro_lib.layout import draft_path
+
+    tree = TreeConfig(depth=4, total_tokens=8)
+    abl = study_methods(tree, tmp_path, study="ablations")
+    for name, twin, draft in (("eagle2_u2", "experts=1 (eagle2)", "dense_u2"), ("jakiro_u2", "experts=2", "moe2_u2"),
+                              ("jakiro_coupled_cepd_u2", "jakiro_coupled_cepd", "moe2_u2")):
+        assert abl[name] == dataclasses.replace(abl[twin], draft=str(draft_path(tmp_path, draft)))
+    default = get_profile("default")
+    assert tuple(default.drafts) == DEFAULT_DRAFTS
+    assert {k: v.unroll_steps for k, v in default.drafts.items() if v.unroll_steps} == {"dense_u2": 2, "moe2_u2": 2}
+    assert dataclasses.replace(default.drafts["dense_u2"], unroll_steps=None) == default.drafts["dense"]
+    assert dataclasses.replace(default.drafts["moe2_u2"], unroll_steps=None) == default.drafts["moe2"]
+
+
 def test_ablations_carry_the_equal_parameter_control_and_the_per_expert_loss_drafts(tmp_path):
     """eagle2_h: EAGLE-2 trees on the H-wide dense_h; jakiro_xgate / jakiro_xequal: Jakiro decoupled on the
     drafts trained with a per-expert loss; none of them in the main study."""
