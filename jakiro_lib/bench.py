@@ -204,18 +204,34 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
+MEASURES = ("tokens_per_s", "tau")  # what ratio_interval compares
+
+
+def _prompt_parts(recs: list[dict[str, Any]], measure: str) -> dict[tuple, tuple[float, float]]:
+    """Per prompt (benchmark, question, turn, repeat): the numerator and denominator of ``measure``.
+
+    tokens/s: (tokens/s, 1), averaged over prompts; tau: (tokens emitted, cycles), pooled over prompts as
+    :func:`summarize` pools them (tokens / cycles of all a method's prompts, not a mean of per-prompt taus).
+    """
+    def parts(r: dict[str, Any]) -> tuple[float, float]:
+        return (r["tokens_per_second"], 1.0) if measure == "tokens_per_s" else (float(sum(r["accepted"])), float(r["cycles"]))
+    return {(r["benchmark"], str(r["question_id"]), r["turn"], r["repeat"]): parts(r) for r in recs}
+
+
 def ratio_interval(method_records: list[dict[str, Any]], baseline_records: list[dict[str, Any]], *,
-                   level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of mean tokens/s (method) / mean tokens/s (baseline).
+                   measure: str = "tokens_per_s", level: float = 0.95, resamples: int = 2000,
+                   seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``measure`` (method) / ``measure`` (baseline): mean tokens/s, or
+    tau (tokens / cycles, pooled over prompts; both methods need cycles, i.e. kind "spec" or "vanilla").
 
     Prompts (benchmark, question, turn, repeat) that both ran are resampled in pairs within each
     benchmark, so the interval says how much the ratio depends on which prompts were drawn: with one
-    repeat per prompt, the spread that a std over repeats cannot show. NaNs when nothing pairs up.
+    repeat per prompt, the spread that a std over repeats cannot show. Benchmarks weigh equally, as in
+    the mean over benchmarks. NaNs when nothing pairs up.
     """
-    def by_prompt(recs: list[dict[str, Any]]) -> dict[tuple, float]:
-        return {(r["benchmark"], str(r["question_id"]), r["turn"], r["repeat"]): r["tokens_per_second"] for r in recs}
-
-    a, b = by_prompt(method_records), by_prompt(baseline_records)
+    if measure not in MEASURES:
+        raise ValueError(f"unknown measure {measure!r}: use {' or '.join(MEASURES)}")
+    a, b = _prompt_parts(method_records, measure), _prompt_parts(baseline_records, measure)
     common = sorted(set(a) & set(b))
     if not common:
         return math.nan, math.nan
@@ -223,12 +239,44 @@ def ratio_interval(method_records: list[dict[str, Any]], baseline_records: list[
     num, den = np.zeros(resamples), np.zeros(resamples)
     for bench in sorted({k[0] for k in common}):
         keys = [k for k in common if k[0] == bench]
-        x, y = np.array([a[k] for k in keys]), np.array([b[k] for k in keys])
-        idx = rng.integers(0, len(keys), size=(resamples, len(keys)))
-        num += x[idx].mean(1)  # benchmarks weigh equally, as in the mean over benchmarks
-        den += y[idx].mean(1)
+        x, y = np.array([a[k] for k in keys]), np.array([b[k] for k in keys])  # [P, 2] numerator, denominator
+        idx = rng.integers(0, len(keys), size=(resamples, len(keys)))  # [R, P]
+        num += x[idx, 0].sum(1) / x[idx, 1].sum(1)
+        den += y[idx, 0].sum(1) / y[idx, 1].sum(1)
     lo, hi = np.quantile(num / den, [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)
+
+
+def versus(records: list[dict[str, Any]], baseline: str, *, level: float = 0.95) -> list[dict[str, Any]]:
+    """Every drafted method against ``baseline`` (e.g. ``eagle2``) on the prompts both ran, per temperature:
+    the ratios of tokens/s and of tau with paired bootstrap intervals (:func:`ratio_interval`), and whether
+    each interval lies wholly above 1 ("better"), wholly below ("worse") or straddles it ("unresolved")."""
+    by: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in records:
+        by.setdefault((r["method"], r["temperature"]), []).append(r)
+    rows = []
+    for (method, temp), recs in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        base = by.get((baseline, temp))
+        if base is None or method == baseline or recs[0]["kind"] != "spec":
+            continue
+        row: dict[str, Any] = {"method": method, "baseline": baseline, "temperature": temp,
+                               "prompts": len(set(_prompt_parts(recs, "tau")) & set(_prompt_parts(base, "tau")))}
+        for measure in MEASURES:
+            a, b = summarize_measure(recs, measure), summarize_measure(base, measure)
+            lo, hi = ratio_interval(recs, base, measure=measure, level=level)
+            row.update({f"{measure}": a, f"baseline_{measure}": b, f"{measure}_ratio": a / b if b else math.nan,
+                        f"{measure}_ci_low": lo, f"{measure}_ci_high": hi,
+                        f"{measure}_verdict": "better" if lo > 1 else "worse" if hi < 1 else "unresolved"})
+        rows.append(row)
+    return rows
+
+
+def summarize_measure(recs: list[dict[str, Any]], measure: str) -> float:
+    """``measure`` of one method's records, benchmarks weighing equally (the point :func:`ratio_interval` brackets)."""
+    parts = _prompt_parts(recs, measure)
+    per_bench = [sum(v[0] for k, v in parts.items() if k[0] == b) / sum(v[1] for k, v in parts.items() if k[0] == b)
+                 for b in sorted({k[0] for k in parts})]
+    return statistics.fmean(per_bench) if per_bench else math.nan
 
 
 def _turn_key(r: dict[str, Any]) -> tuple:

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from .api import generate
-from .bench import common_prompts, format_prompt_ids, greedy_agreement, greedy_divergences, load_records
+from .bench import common_prompts, format_prompt_ids, greedy_agreement, greedy_divergences, load_records, versus
 from .budgets import resolve_tree_budgets
 from .config import PROFILE_NAMES, Profile, TargetConfig, get_profile, override, parse_overrides
 from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_costs, tune_total_tokens
@@ -227,12 +227,22 @@ def cmd_summary(args: argparse.Namespace) -> int:
         cols = ["goal", "temperature", "method", "baseline", "ratio", "ratio_ci_low", "ratio_ci_high", "met",
                 "resolved"]
         print(goals[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    against = pd.DataFrame(versus(records, args.versus)) if args.versus else pd.DataFrame()
+    if args.versus:
+        if against.empty:
+            raise SystemExit(f"error: no drafted method to compare with {args.versus!r} in these records")
+        cols = ["temperature", "method", "prompts", "tokens_per_s_ratio", "tokens_per_s_ci_low", "tokens_per_s_ci_high",
+                "tokens_per_s_verdict", "tau", "baseline_tau", "tau_ratio", "tau_ci_low", "tau_ci_high", "tau_verdict"]
+        print(f"against {args.versus} (paired bootstrap over prompts, 95%):")
+        print(against[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         write_table(args.out / "summary.csv", table)
         write_table(args.out / "performance_targets.csv", goals)
         if not by_category.empty:
             write_table(args.out / "summary_by_category.csv", by_category)
+        if not against.empty:
+            write_table(args.out / f"versus_{args.versus}.csv", against)
         print("summary and performance_targets (.csv, .json) in", args.out)
     return 0
 
@@ -375,6 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--records", type=Path, nargs="+", required=True, help="records.jsonl files of `bench` runs")
     p.add_argument("--common-prompts", action="store_true",
                    help="compare methods only on prompts all of them ran (an interrupted run)")
+    p.add_argument("--versus", metavar="METHOD",
+                   help="also compare every drafted method with METHOD (e.g. eagle2): tokens/s and tau ratios "
+                        "with paired bootstrap intervals (versus_METHOD.csv)")
     p.add_argument("--out", type=Path, help="directory for summary.csv and performance_targets.csv")
     p.set_defaults(func=cmd_summary)
 

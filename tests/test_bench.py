@@ -6,7 +6,7 @@ import math
 import pytest
 
 from jakiro_lib.bench import (MethodSpec, common_prompts, greedy_agreement, ratio_interval, study_methods,
-                              summarize)
+                              summarize, versus)
 from jakiro_lib.config import TreeConfig
 
 
@@ -36,6 +36,44 @@ def test_only_prompts_both_methods_ran_are_paired():
     assert all(math.isnan(x) for x in ratio_interval(_recs("m", [1.0]), _recs("v", [1.0], bench="gsm8k")))
     lo, hi = ratio_interval(_recs("m", [30.0, 30.0, 999.0]), _recs("v", [10.0, 10.0]))  # third has no pair
     assert lo == pytest.approx(3.0) and hi == pytest.approx(3.0)
+
+
+def _with_accepts(recs, accepts):
+    """Give each record its own accepted lengths per cycle (tau = sum / cycles)."""
+    return [{**r, "accepted": a, "cycles": len(a), "new_tokens": sum(a)} for r, a in zip(recs, accepts)]
+
+
+def test_tau_ratio_is_pooled_over_prompts_and_bracketed_by_its_interval():
+    """tau pools tokens / cycles over prompts (as summarize does); the interval pairs prompts."""
+    accepts_m = [[3, 3, 1], [1, 1, 1, 1], [4, 2], [2, 2, 2], [1, 3], [5, 1, 1]]
+    accepts_b = [[2, 1, 1], [1, 1, 1, 1], [2, 2, 1], [1, 2, 2], [1, 1, 1], [2, 2, 1]]
+    m = _with_accepts(_recs("m", [10.0] * 6), accepts_m)
+    b = _with_accepts(_recs("b", [10.0] * 6), accepts_b)
+    pooled = lambda acc: sum(map(sum, acc)) / sum(map(len, acc))  # noqa: E731
+    lo, hi = ratio_interval(m, b, measure="tau")
+    assert lo < pooled(accepts_m) / pooled(accepts_b) < hi and lo != hi
+    assert ratio_interval(m, m, measure="tau") == (1.0, 1.0)
+    assert ratio_interval(m, b) == (1.0, 1.0)  # tokens/s equal on every prompt
+    with pytest.raises(ValueError, match="unknown measure"):
+        ratio_interval(m, b, measure="speed")
+
+
+def test_versus_judges_each_drafted_method_against_the_baseline_with_paired_intervals():
+    base = [10.0, 12.0, 14.0, 16.0, 11.0, 13.0]
+    eagle = _with_accepts(_recs("eagle2", base), [[2, 1]] * 6)  # tau 1.5
+    fast = _with_accepts(_recs("jakiro", [2 * v for v in base]), [[3, 1]] * 6)  # 2x tokens/s, tau 2.0
+    slow = _with_accepts(_recs("jakiro_cepd", [0.5 * v for v in base]), [[2, 1], [1, 1], [3, 1], [1, 1], [3, 2], [1, 1]])
+    rows = {r["method"]: r for r in versus(eagle + fast + slow + _recs("vanilla", base, kind="vanilla"), "eagle2")}
+    assert set(rows) == {"jakiro", "jakiro_cepd"}  # only drafted methods; never the baseline itself
+    j = rows["jakiro"]
+    assert j["prompts"] == 6 and j["tokens_per_s_ratio"] == pytest.approx(2.0)
+    assert j["tau"] == pytest.approx(2.0) and j["baseline_tau"] == pytest.approx(1.5)
+    assert j["tau_ratio"] == pytest.approx(4 / 3) and j["tau_ci_low"] == pytest.approx(4 / 3)
+    assert (j["tokens_per_s_verdict"], j["tau_verdict"]) == ("better", "better")
+    c = rows["jakiro_cepd"]
+    assert c["tokens_per_s_verdict"] == "worse" and c["tau_ratio"] == pytest.approx(1.0)
+    assert c["tau_ci_low"] < 1 < c["tau_ci_high"] and c["tau_verdict"] == "unresolved"
+    assert versus(fast, "eagle2") == []  # no baseline records: nothing to compare
 
 
 def test_summarize_reports_the_interval_against_the_fastest_vanilla():

@@ -144,6 +144,14 @@ def test_summary_command_judges_the_speed_goals_of_pooled_records(tmp_path, caps
     summary = json.loads((tmp_path / "tables" / "summary.json").read_text())
     assert {r["questions"] for r in summary if r["temperature"] == 1.0} == {2}  # prompts all methods ran
     assert "Jakiro >= 1.3x HF sampling" in capsys.readouterr().out
+    # --versus: each drafted method against EAGLE-2 with paired intervals, one table per run
+    assert main(argv + ["--versus", "eagle2"]) == 0
+    assert "against eagle2" in capsys.readouterr().out
+    vs = json.loads((tmp_path / "tables" / "versus_eagle2.json").read_text())
+    assert {(r["method"], r["temperature"]) for r in vs} == {("jakiro", 0.0), ("jakiro", 1.0)}
+    assert all(r["tokens_per_s_ratio"] == pytest.approx(1.25) and r["tau_ratio"] == pytest.approx(1.0) for r in vs)
+    with pytest.raises(SystemExit, match="no drafted method to compare with 'nope'"):
+        main(argv + ["--versus", "nope"])
 
 
 def test_bench_help_shows_the_question_file_option():
