@@ -153,6 +153,10 @@ RELEASED = Method("jakiro_coupled_cepd", "spec", "moe2", _RELEASED_TREE)
 RELEASED_U2 = Method("jakiro_coupled_cepd_u2", "spec", "moe2_u2", _RELEASED_TREE)
 
 
+# EAGLE-2 (the dense draft on the study's tree) in each study: what the other drafted methods are judged against
+EAGLE2_BASELINE = {"main": "eagle2", "ablations": "experts=1 (eagle2)"}
+
+
 def _ablation_methods(tree: TreeConfig) -> tuple[Method, ...]:
     """The ablation set on ``tree``: the fixed rows, a CEPD sweep, CEPD without contrastive training and
     the authors' released configuration."""

@@ -186,6 +186,11 @@ def test_smoke_pipeline_end_to_end(tmp_path, monkeypatch):
     abl = pd.read_csv(report / "ablations.csv")
     assert set(abl["temperature"]) == {0.0} and len(abl["method"].unique()) >= 6
     assert (abl.loc[abl["kind"] == "spec", "tau"] >= 1.0).all() and (abl["tokens_per_s"] > 0).all()
+    vs = pd.read_csv(report / "versus_eagle2.csv")  # every drafted method against its study's EAGLE-2
+    assert {("main", "jakiro"), ("ablations", "eagle2_h"), ("ablations", "jakiro_u2")} <= set(zip(vs["study"], vs["method"]))
+    assert not {"eagle2", "experts=1 (eagle2)", "vanilla"} & set(vs["method"])
+    assert (vs["tau_ci_low"] <= vs["tau_ci_high"]).all() and (vs["tokens_per_s_ratio"] > 0).all()
+    assert ((vs["tau_verdict"] == "better") == (vs["tau_ci_low"] > 1)).all()
     training = pd.read_csv(report / "training.csv")
     assert list(training["draft"]) == ["dense", "dense_h", "moe2", "moe2_xgate", "moe2_xequal", "moe2_nocontrast", "moe4",
                                        "dense_u2", "moe2_u2"]

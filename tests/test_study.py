@@ -161,3 +161,21 @@ def test_training_table_shows_size_options_and_accuracy_per_depth_and_expert(tmp
         assert pd.isna(rows.loc["dense", "acc_depth_4"]) and pd.isna(rows.loc["dense", "acc_experts"])
         assert rows.loc["moe2_xgate", "acc_experts"] == "0.50 / 0.45"
         assert "acc_depth_5" not in df.columns
+
+
+def test_versus_eagle2_judges_each_study_against_its_own_eagle2():
+    """Main and ablation records each against their study's EAGLE-2 row (methods.EAGLE2_BASELINE), never across
+    studies: the ablations' eagle2_u2 is compared with the ablations' EAGLE-2, not the main study's."""
+    from test_bench import _recs, _with_accepts
+
+    base = [10.0, 12.0, 14.0, 16.0]
+    main = (_with_accepts(_recs("eagle2", base), [[2, 1]] * 4)
+            + _with_accepts(_recs("jakiro", [2 * v for v in base]), [[3, 1], [2, 2], [3, 1], [1, 1]]))
+    abl = (_with_accepts(_recs("experts=1 (eagle2)", [v / 2 for v in base]), [[1, 1]] * 4)
+           + _with_accepts(_recs("eagle2_u2", base), [[3, 1]] * 4))
+    vs = S.versus_eagle2_table({"main": main, "ablations": abl, "empty": []}).set_index("method")
+    assert list(vs.index) == ["jakiro", "eagle2_u2"] and list(vs["study"]) == ["main", "ablations"]
+    assert vs.loc["jakiro", "tokens_per_s_ratio"] == pytest.approx(2.0) and vs.loc["jakiro", "tau_ratio"] == pytest.approx(7 / 6)
+    assert vs.loc["eagle2_u2", "tokens_per_s_ratio"] == pytest.approx(2.0) and vs.loc["eagle2_u2", "tau_ratio"] == pytest.approx(2.0)
+    assert vs.loc["eagle2_u2", "tau_verdict"] == "better" and vs.loc["jakiro", "tau_verdict"] == "unresolved"
+    assert S.versus_eagle2_table({"main": []}).empty

@@ -28,7 +28,7 @@ from .s01_train import (load_training_results, router_load_table, train_all, tra
 from .s02_bench import (bench_environment, load_study_records, methods_table, profile_methods, run_study,
                         study_questions, study_temperatures, tree_budget_table)
 from .tables import (category_table, display_table, headline_table, method_setting, records_frame, study_table,
-                     write_study_tables, write_table)
+                     versus_eagle2_table, write_study_tables, write_table)
 
 __all__ = [
     "PAPER_CONVERSATIONS", "PAPER_TOKENS_PER_CONVERSATION", "PUBLISHED", "SMOKE_BANNER", "STUDIES", "StudyContext",
@@ -38,6 +38,6 @@ __all__ = [
     "methods_table", "notebook_setup", "prepare_features", "profile_methods", "records_frame", "reports_root",
     "resolve_profile", "resolve_tree_budgets", "router_load_table", "run_study", "runs_root",
     "sample_conversation_html", "setup", "study_questions", "study_table", "study_temperatures", "train_all",
-    "training_datasets", "training_history", "training_table", "tree_budget_table", "write_json",
+    "training_datasets", "training_history", "training_table", "tree_budget_table", "versus_eagle2_table", "write_json",
     "write_study_tables", "write_table", "write_training_tables",
 ]

@@ -9,9 +9,9 @@ from typing import Any
 
 import pandas as pd
 
-from ..bench import summarize, summarize_by_category
+from ..bench import summarize, summarize_by_category, versus
 from ..layout import draft_name
-from ..methods import MethodSpec
+from ..methods import EAGLE2_BASELINE, MethodSpec
 from ..utils import atomic_path, write_json
 
 SETTING_COLUMNS = ("draft", "total_tokens", "decoupled", "ar_steps", "scoring", "lookup_tokens")
@@ -91,6 +91,19 @@ def write_study_tables(report_dir: str | Path, study: str, table: pd.DataFrame,
         with atomic_path(report_dir / f"{study}_records.csv") as tmp:
             records_frame(records).to_csv(tmp, index=False)
     return path
+
+
+def versus_eagle2_table(records: dict[str, list[dict[str, Any]]]) -> pd.DataFrame:
+    """Every drafted method of each study (``{"main": records, "ablations": records}``) against that study's
+    EAGLE-2 (:data:`~jakiro_lib.methods.EAGLE2_BASELINE`) on the prompts both ran: tokens/s and tau ratios
+    with 95% paired bootstrap intervals and a verdict (:func:`jakiro_lib.bench.versus`)."""
+    frames = [pd.DataFrame(versus(recs, EAGLE2_BASELINE[study])).assign(study=study)
+              for study, recs in records.items() if recs]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame()
+    out = pd.concat(frames, ignore_index=True)
+    return out[["study", *[c for c in out.columns if c != "study"]]]
 
 
 def _interval(lo: float, hi: float) -> str:
