@@ -389,11 +389,25 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, str]:
     return out
 
 
+def _select_drafts(profile: Profile, value: Any) -> dict[str, DraftConfig]:
+    """``drafts=NAME,NAME,...``: those drafts of :func:`_study_drafts`, at the profile's draft vocabulary size."""
+    names = [n.strip() for n in (value.split(",") if isinstance(value, str) else value) if n.strip()]
+    sizes = {d.draft_vocab_size for d in profile.drafts.values()}
+    catalogue = _study_drafts(sizes.pop() if len(sizes) == 1 else None)
+    unknown = [n for n in names if n not in catalogue]
+    if not names or unknown or len(set(names)) < len(names):
+        raise ConfigError(f"drafts={value!r}: give distinct names out of {', '.join(catalogue)}")
+    return {n: catalogue[n] for n in names}
+
+
 def override(profile: Profile, **overrides: Any) -> Profile:
     """Return a validated copy of ``profile`` with ``section.field=value`` overrides (``train__lr`` also works)."""
     out = copy.deepcopy(profile)
     for key, value in overrides.items():
         path = key.replace("__", ".")
+        if path == "drafts":  # a selection from the study's catalogue of drafts, e.g. "dense,moe2,moe4"
+            out.drafts = _select_drafts(out, value)
+            continue
         parts = path.split(".")
         obj: Any = out
         for depth, part in enumerate(parts[:-1]):

@@ -119,3 +119,19 @@ def test_validation_is_generic_for_fields_added_later():
                           (dict(note=3), "a string or none")]:
         with pytest.raises(ConfigError, match=re.escape(fragment)):
             validate(Extra(**bad))
+
+
+def test_drafts_override_selects_from_the_catalogue_at_the_profiles_vocabulary():
+    """--set drafts=...: the default job's six drafts plus the paper's ablation drafts, or any subset, in the
+    order given, each at the profile's reduced draft vocabulary; unknown or repeated names are one clear error."""
+    from jakiro_lib.config import ConfigError
+
+    p = get_profile("default", drafts="dense,moe4,moe2_nocontrast")
+    assert list(p.drafts) == ["dense", "moe4", "moe2_nocontrast"]
+    assert {d.draft_vocab_size for d in p.drafts.values()} == {8192}
+    assert p.drafts["dense"] == get_profile("default").drafts["dense"]
+    assert (p.drafts["moe4"].num_experts, p.drafts["moe2_nocontrast"].contrastive) == (4, False)
+    assert get_profile("vicuna-7b", drafts="moe2").drafts["moe2"].draft_vocab_size is None
+    for bad in ("dense,nope", "dense,dense", ""):
+        with pytest.raises(ConfigError, match="give distinct names out of dense, dense_h, moe2"):
+            get_profile("default", drafts=bad)
