@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -242,7 +243,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
         if not by_category.empty:
             write_table(args.out / "summary_by_category.csv", by_category)
         if not against.empty:
-            write_table(args.out / f"versus_{args.versus}.csv", against)
+            write_table(args.out / f"versus_{re.sub(r'[^A-Za-z0-9_.-]+', '_', args.versus).strip('_')}.csv", against)
         print("summary and performance_targets (.csv, .json) in", args.out)
     return 0
 
@@ -387,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare methods only on prompts all of them ran (an interrupted run)")
     p.add_argument("--versus", metavar="METHOD",
                    help="also compare every drafted method with METHOD (e.g. eagle2): tokens/s and tau ratios "
-                        "with paired bootstrap intervals (versus_METHOD.csv)")
+                        "with paired bootstrap intervals (versus_METHOD.csv, the name's other characters as _)")
     p.add_argument("--out", type=Path, help="directory for summary.csv and performance_targets.csv")
     p.set_defaults(func=cmd_summary)
 

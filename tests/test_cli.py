@@ -150,6 +150,12 @@ def test_summary_command_judges_the_speed_goals_of_pooled_records(tmp_path, caps
     vs = json.loads((tmp_path / "tables" / "versus_eagle2.json").read_text())
     assert {(r["method"], r["temperature"]) for r in vs} == {("jakiro", 0.0), ("jakiro", 1.0)}
     assert all(r["tokens_per_s_ratio"] == pytest.approx(1.25) and r["tau_ratio"] == pytest.approx(1.0) for r in vs)
+    for r in rows:  # a baseline named like the ablations' EAGLE-2 row gets a plain file name
+        r["method"] = {"eagle2": "experts=1 (eagle2)"}.get(r["method"], r["method"])
+    (tmp_path / "abl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["summary", "--records", str(tmp_path / "abl.jsonl"), "--versus", "experts=1 (eagle2)",
+                 "--out", str(tmp_path / "abl")]) == 0
+    assert (tmp_path / "abl" / "versus_experts_1_eagle2.csv").is_file()
     with pytest.raises(SystemExit, match="no drafted method to compare with 'nope'"):
         main(argv + ["--versus", "nope"])
 

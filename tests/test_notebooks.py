@@ -191,6 +191,8 @@ def test_smoke_pipeline_end_to_end(tmp_path, monkeypatch):
     assert not {"eagle2", "experts=1 (eagle2)", "vanilla"} & set(vs["method"])
     assert (vs["tau_ci_low"] <= vs["tau_ci_high"]).all() and (vs["tokens_per_s_ratio"] > 0).all()
     assert ((vs["tau_verdict"] == "better") == (vs["tau_ci_low"] > 1)).all()
+    by_depth = pd.read_csv(report / "acceptance_by_depth.csv")
+    assert "jakiro_u2" in set(by_depth["method"]) and by_depth["p_ge_1"].between(0, 1).all()
     training = pd.read_csv(report / "training.csv")
     assert list(training["draft"]) == ["dense", "dense_h", "moe2", "moe2_xgate", "moe2_xequal", "moe2_nocontrast", "moe4",
                                        "dense_u2", "moe2_u2"]

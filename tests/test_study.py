@@ -179,3 +179,13 @@ def test_versus_eagle2_judges_each_study_against_its_own_eagle2():
     assert vs.loc["eagle2_u2", "tokens_per_s_ratio"] == pytest.approx(2.0) and vs.loc["eagle2_u2", "tau_ratio"] == pytest.approx(2.0)
     assert vs.loc["eagle2_u2", "tau_verdict"] == "better" and vs.loc["jakiro", "tau_verdict"] == "unresolved"
     assert S.versus_eagle2_table({"main": []}).empty
+
+
+def test_acceptance_by_depth_counts_drafted_tokens_without_the_bonus():
+    from test_bench import _recs, _with_accepts
+
+    recs = _with_accepts(_recs("eagle2", [10.0, 10.0]), [[1, 2, 3], [1, 4]]) + _recs("vanilla", [10.0], kind="vanilla")
+    t = S.acceptance_by_depth(recs, depths=3).set_index("method")
+    assert list(t.index) == ["eagle2"] and t.loc["eagle2", "cycles"] == 5  # drafted: 0, 1, 2, 0, 3
+    assert [t.loc["eagle2", f"p_ge_{d}"] for d in (1, 2, 3)] == pytest.approx([3 / 5, 2 / 5, 1 / 5])
+    assert [t.loc["eagle2", f"cond_{d}"] for d in (1, 2, 3)] == pytest.approx([3 / 5, 2 / 3, 1 / 2])

@@ -106,6 +106,27 @@ def versus_eagle2_table(records: dict[str, list[dict[str, Any]]]) -> pd.DataFram
     return out[["study", *[c for c in out.columns if c != "study"]]]
 
 
+def acceptance_by_depth(records: list[dict[str, Any]], depths: int = 4) -> pd.DataFrame:
+    """Per drafted method and temperature, from the cycles of its benchmark records: the fraction of cycles
+    that accepted at least d drafted tokens (``p_ge_d``) and the chance of reaching depth d once depth d - 1
+    was reached (``cond_d``), d = 1..``depths``: where in the tree a draft's tokens stop being accepted."""
+    drafted: dict[tuple[str, float], list[int]] = {}
+    for r in records:
+        if r["kind"] == "spec":
+            drafted.setdefault((r["method"], r["temperature"]), []).extend(a - 1 for a in r["accepted"])  # bonus excluded
+    rows = []
+    for (method, temp), xs in drafted.items():
+        row: dict[str, Any] = {"method": method, "temperature": temp, "cycles": len(xs)}
+        reached = len(xs)
+        for d in range(1, depths + 1):
+            n = sum(x >= d for x in xs)
+            row[f"p_ge_{d}"] = n / len(xs) if xs else math.nan
+            row[f"cond_{d}"] = n / reached if reached else math.nan
+            reached = n
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def _interval(lo: float, hi: float) -> str:
     return "–" if lo is None or hi is None or math.isnan(lo) or math.isnan(hi) else f"[{lo:.2f}, {hi:.2f}]"
 
