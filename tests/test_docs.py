@@ -135,7 +135,8 @@ def headline_rows(csv_path: Path) -> list[str]:
     rows = []
     with csv_path.open(newline="") as f:
         for r in csv.DictReader(f):
-            tree = "" if r["kind"] != "spec" else f"{int(float(r['total_tokens']))}" + (
+            # a lookup chain without a draft tree (lookup_only) has no total_tokens: "0+10"
+            tree = "" if r["kind"] != "spec" else f"{int(float(r['total_tokens'] or 0))}" + (
                 f"+{int(float(r['lookup_tokens']))}" if float(r["lookup_tokens"] or 0) else "")
             ci = (f"{_fmt(r['speedup_ci_low'], 2)}-{_fmt(r['speedup_ci_high'], 2)}"
                   if r["speedup_ci_low"] and float(r["speedup_ci_low"]) != float(r["speedup_ci_high"]) else "")
