@@ -45,9 +45,13 @@ LONGER = {"train.epochs": "4", "train.max_steps": "none"}  # several checkpoints
 # Runs the CLI in a subprocess with the slow steps (a cache shard, a training step, a benchmark answer)
 # paused for FAULT_PAUSE seconds each, so a signal sent at a fault point lands while work is under way.
 DRIVER = r"""
-import os, sys, time
+import os, signal, sys, time
 import jakiro_lib.bench as bench, jakiro_lib.features as features, jakiro_lib.train as train
 from jakiro_lib.cli import main
+
+# A job a shell starts in the background inherits SIGINT ignored (and Python then installs no handler); a
+# user's Ctrl-C in a terminal never is, so the driver restores what a terminal gives.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def slowed(fn):
     def wrapper(*args, **kwargs):
