@@ -260,7 +260,7 @@ def versus(records: list[dict[str, Any]], baseline: str, *, level: float = 0.95)
         if base is None or method == baseline or recs[0]["kind"] != "spec":
             continue
         row: dict[str, Any] = {"method": method, "baseline": baseline, "temperature": temp,
-                               "prompts": len(set(_prompt_parts(recs, "tau")) & set(_prompt_parts(base, "tau")))}
+                               "prompts": len({_turn_key(r) for r in recs} & {_turn_key(r) for r in base})}
         for measure in MEASURES:
             a, b = summarize_measure(recs, measure), summarize_measure(base, measure)
             lo, hi = ratio_interval(recs, base, measure=measure, level=level)
