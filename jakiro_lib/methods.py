@@ -142,9 +142,13 @@ ABLATIONS = (
     # Jakiro decoupled on the 2-expert drafts whose experts' own outputs were trained too (DraftConfig.expert_loss)
     Method("jakiro_xgate", "spec", "moe2_xgate", _JAKIRO),
     Method("jakiro_xequal", "spec", "moe2_xequal", _JAKIRO),
-    # the same trees on drafts trained with two unrolled steps (multi-step training, DraftConfig.unroll_steps)
+    # the same trees on the drafts trained with two unrolled steps (multi-step training, DraftConfig.unroll_steps):
+    # EAGLE-2, the equal-parameter control, Jakiro decoupled and coupled, Jakiro on the per-expert-trained draft
     Method("eagle2_u2", "spec", "dense_u2"),
+    Method("eagle2_h_u2", "spec", "dense_h_u2"),
     Method("jakiro_u2", "spec", "moe2_u2", _JAKIRO),
+    Method("jakiro_coupled_u2", "spec", "moe2_u2", {"decoupled": False}),  # "experts=2, coupled" on moe2_u2
+    Method("jakiro_xgate_u2", "spec", "moe2_xgate_u2", _JAKIRO),
 )
 # The Jakiro authors' released configuration: the coupled mixture (one candidate list from the mixed
 # expert output) with CEPD on the last layer, on the 2-expert draft (and on its multi-step-trained twin).
@@ -198,7 +202,8 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     the authors' released configuration (``jakiro_coupled_cepd``), the equal-parameter control
     ``eagle2_h`` (EAGLE-2 trees on the H-wide ``dense_h``), Jakiro on the per-expert-loss drafts
     (``jakiro_xgate``, ``jakiro_xequal``) and EAGLE-2, Jakiro and the released configuration on the drafts
-    trained with two unrolled steps (``eagle2_u2``, ``jakiro_u2``, ``jakiro_coupled_cepd_u2``), all on ``tree``. ``drafts``: the draft names a profile trains;
+    trained with two unrolled steps (``eagle2_u2``, ``eagle2_h_u2``, ``jakiro_u2``, ``jakiro_coupled_u2``,
+    ``jakiro_xgate_u2``, ``jakiro_coupled_cepd_u2``), all on ``tree``. ``drafts``: the draft names a profile trains;
     a method on any other draft is left out (None: none left out). ``compiled``: the
     main study also times ``hf_compiled``. ``compiled_loops``: it also runs :data:`COMPILED_TWINS` (our
     plain loop and Jakiro's fastest settings) a second time, the target compiled over a static KV cache

@@ -230,21 +230,30 @@ def test_ablations_carry_the_authors_released_configuration(tmp_path):
 
 
 def test_ablations_carry_the_multi_step_trained_drafts_on_the_same_trees(tmp_path):
-    """eagle2_u2 / jakiro_u2 / jakiro_coupled_cepd_u2: the trees of eagle2, experts=2 and the released
-    configuration, on the drafts trained with two unrolled steps; the default profile trains both."""
-    from jakiro_lib.config import DEFAULT_DRAFTS, get_profile
-    from jakiro_lib.layout import draft_path
+    """eagle2_u2 / eagle2_h_u2 / jakiro_u2 / jakiro_coupled_u2 / jakiro_xgate_u2 / jakiro_coupled_cepd_u2: the
+    trees of their one-step twins on the drafts trained with two unrolled steps; the default profile trains
+    dense_u2 and moe2_u2, and FAITHFUL_DRAFTS (opt-in) every u2 twin."""
+    from jakiro_lib.config import DEFAULT_DRAFTS, FAITHFUL_DRAFTS, get_profile
+    from jakiro_lib.layout import draft_name, draft_path
 
     tree = TreeConfig(depth=4, total_tokens=8)
     abl = study_methods(tree, tmp_path, study="ablations")
-    for name, twin, draft in (("eagle2_u2", "experts=1 (eagle2)", "dense_u2"), ("jakiro_u2", "experts=2", "moe2_u2"),
-                              ("jakiro_coupled_cepd_u2", "jakiro_coupled_cepd", "moe2_u2")):
+    twins = (("eagle2_u2", "experts=1 (eagle2)", "dense_u2"), ("eagle2_h_u2", "eagle2_h", "dense_h_u2"),
+             ("jakiro_u2", "experts=2", "moe2_u2"), ("jakiro_coupled_u2", "experts=2, coupled", "moe2_u2"),
+             ("jakiro_xgate_u2", "jakiro_xgate", "moe2_xgate_u2"), ("jakiro_coupled_cepd_u2", "jakiro_coupled_cepd", "moe2_u2"))
+    for name, twin, draft in twins:
         assert abl[name] == dataclasses.replace(abl[twin], draft=str(draft_path(tmp_path, draft)))
     default = get_profile("default")
     assert tuple(default.drafts) == DEFAULT_DRAFTS
     assert {k: v.unroll_steps for k, v in default.drafts.items() if v.unroll_steps} == {"dense_u2": 2, "moe2_u2": 2}
-    assert dataclasses.replace(default.drafts["dense_u2"], unroll_steps=None) == default.drafts["dense"]
-    assert dataclasses.replace(default.drafts["moe2_u2"], unroll_steps=None) == default.drafts["moe2"]
+    # the complete comparison: each u2 draft is its one-step twin but for the unrolled steps
+    faithful = get_profile("default", drafts=",".join(FAITHFUL_DRAFTS)).drafts
+    assert set(DEFAULT_DRAFTS) < set(faithful) and tuple(faithful) == FAITHFUL_DRAFTS
+    for u2 in (d for d in faithful if d.endswith("_u2")):
+        assert faithful[u2].unroll_steps == 2
+        assert dataclasses.replace(faithful[u2], unroll_steps=None) == faithful[u2.removesuffix("_u2")]
+    assert {m for m, spec in study_methods(tree, tmp_path, study="ablations", drafts=FAITHFUL_DRAFTS).items()
+            if spec.draft and draft_name(spec.draft).endswith("_u2")} == {t[0] for t in twins}
 
 
 def test_ablations_carry_the_equal_parameter_control_and_the_per_expert_loss_drafts(tmp_path):

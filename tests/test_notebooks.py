@@ -195,13 +195,14 @@ def test_smoke_pipeline_end_to_end(tmp_path, monkeypatch):
     assert "jakiro_u2" in set(by_depth["method"]) and by_depth["p_ge_1"].between(0, 1).all()
     training = pd.read_csv(report / "training.csv")
     assert list(training["draft"]) == ["dense", "dense_h", "moe2", "moe2_xgate", "moe2_xequal", "moe2_nocontrast", "moe4",
-                                       "dense_u2", "moe2_u2"]
+                                       "dense_u2", "dense_h_u2", "moe2_u2", "moe2_xgate_u2"]
     assert training["acc_a"].between(0, 1).all() and (training["steps"] > 0).all()
     assert training.set_index("draft").loc["dense", "draft_vocab_size"] == 128
     assert pd.isna(training.set_index("draft").loc["moe4", "draft_vocab_size"])
-    assert training["acc_b"].isna().tolist() == [True, True, False, False, False, False, False, True, False]
+    assert training["acc_b"].isna().tolist() == [True, True, False, False, False, False, False, True, True, False, False]
     assert training.set_index("draft")["unroll_steps"].to_dict() == {**dict.fromkeys(training["draft"], 1),
-                                                                     "dense_u2": 2, "moe2_u2": 2}
+                                                                     "dense_u2": 2, "dense_h_u2": 2, "moe2_u2": 2,
+                                                                     "moe2_xgate_u2": 2}
     # performance section: cost model, the tuned tree budget of the "_auto" methods, goals
     drafted = main[(main["kind"] == "spec") & (main["draft"] != "none")]
     assert drafted["total_tokens"].between(2, 32).all()
