@@ -44,11 +44,23 @@ class TargetConfig:
     seed: int = 0  # weights seed for tiny random targets
     # CPU fast paths (jakiro_lib.kernels), used by every method alike. gqa_attention: SDPA handles grouped
     # KV heads under tree masks (no per-layer KV copy). packed_gemm: the largest row count (tree size,
-    # lookup chain) served by one packed copy of the weights (CPU: MKL for fp32 from 4 rows, oneDNN for
-    # bf16 from 1 row; about the weights' memory once more); 0 = off. dtype "bfloat16" on a CPU with AMX
+    # lookup chain) served by one packed copy of the weights (CPU; about the weights' memory once more);
+    # 0 = off. dtype "bfloat16" on a CPU with AMX
     # is faster for every method but lossless only up to rounding (docs/results.md, "A bf16 target on AMX").
+    # gemm_backend: which packed copy, "mkl" or "onednn" (fp32; bf16 is always oneDNN), or "auto": timed
+    # against the plain kernel at load on this machine, which also picks the first row count it serves
+    # (kernels.probe_gemm; MKL won on a Sapphire Rapids, oneDNN from one row on an AVX2 EPYC).
     gqa_attention: bool = True
     packed_gemm: int = 0
+    gemm_backend: str = "auto"
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that decide the target's outputs (not the kernels that compute them): what trained
+        drafts and cached features depend on."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in KERNEL_FIELDS}
+
+
+KERNEL_FIELDS = ("gqa_attention", "packed_gemm", "gemm_backend")  # fast paths: same math, other timings
 
 
 @dataclass
@@ -307,7 +319,7 @@ def _profiles() -> dict[str, Profile]:
     # seen (a 2-core AVX2 EPYC: plain decoding 17.6 tokens/s, feature caching 307 tokens/s, draft training
     # 1.5-1.9k tokens/s, 2026-11-23): small trees (the target's T(n) grows fast on CPU; the "_auto" methods
     # tune the budget on the machine), a reduced draft vocabulary, CPU fast paths for the target
-    # (MKL-packed GEMMs for 4..64 rows: every tuning candidate), the six drafts of DEFAULT_DRAFTS at one
+    # (packed GEMMs up to 64 rows, every tuning candidate, the backend probed at load), the six drafts of DEFAULT_DRAFTS at one
     # training budget: 600 ShareGPT conversations (~490 kept, ~180k tokens, ~10 min of caching there) for
     # 2 epochs at lr 2e-3 (the dense draft's held-out top-1 was 0.344 / 0.382 / 0.401 / 0.363 at lr 5e-4 /
     # 1e-3 / 2e-3 / 5e-3 over 609 steps, 2026-11-22). Greedy decoding only (T = 0: 25 method runs of ~80 s
@@ -463,6 +475,7 @@ _DTYPE = _one_of("float32", "float16", "bfloat16")
 # Ranges by "Class.field"; fields not listed fall back to the name patterns of _PATTERN_RULES.
 RULES: dict[str, Rule] = {
     "TargetConfig.dtype": _DTYPE, "TargetConfig.max_context": _at_least(1), "TargetConfig.packed_gemm": _at_least(0),
+    "TargetConfig.gemm_backend": _one_of("auto", "mkl", "onednn"),
     "DataConfig.feature_dtype": _DTYPE, "DataConfig.cache_dtype": _DTYPE,
     "TrainConfig.epochs": _at_least(1), "TrainConfig.lr": _above(0), "TrainConfig.betas": _UNIT,
     "TrainConfig.grad_clip_value": _above(0), "TrainConfig.max_steps": _at_least(1),

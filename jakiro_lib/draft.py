@@ -31,7 +31,7 @@ from .utils import atomic_path
 
 CONFIG_FILE = "draft_config.json"
 WEIGHTS_FILE = "model.safetensors"
-HEAD_PACK_MAX_ROWS = 64  # a tree frontier's rows; the fewest worth packing: kernels.MIN_ROWS (per dtype)
+HEAD_PACK_MAX_ROWS = 64  # a tree frontier's rows; the fewest worth packing: the target's choice (kernels.follow)
 Losses = dict[str, torch.Tensor]
 
 
@@ -199,6 +199,7 @@ class DraftModel(nn.Module):
         self._head_weight: torch.Tensor | None = None
         self._head_key: tuple = ()
         self._head_packed: tuple[torch.Tensor, torch.Tensor | None] | None = None  # (rows it packs, copy)
+        self._head_gemm: tuple[str, int] | None = None  # (backend, min_rows) of the packed head: the target's
         self.packed_head = True  # False: plain GEMM for the head (to measure what packing buys)
         self.register_load_state_dict_post_hook(DraftModel._drop_head_cache)
 
@@ -239,11 +240,12 @@ class DraftModel(nn.Module):
             return head(features) if self.packed_head else F.linear(features, head.weight, head.bias)
         w = self.head_weight()
         if self._head_packed is None or self._head_packed[0] is not w:
-            self._head_packed = (w, kernels.pack_weight(w, HEAD_PACK_MAX_ROWS) if kernels.packed_gemm_available(w)
-                                 else None)
+            self._head_gemm = kernels.follow(self._shared[1], w)
+            self._head_packed = (w, kernels.pack_weight(w, HEAD_PACK_MAX_ROWS, self._head_gemm[0])
+                                 if self._head_gemm else None)
         packed = self._head_packed[1] if self.packed_head else None
-        return kernels.linear_maybe_packed(features, w, None, packed, kernels.MIN_ROWS.get(w.dtype, 1),
-                                           HEAD_PACK_MAX_ROWS)
+        backend, min_rows = self._head_gemm or ("mkl", 1)
+        return kernels.linear_maybe_packed(features, w, None, packed, min_rows, HEAD_PACK_MAX_ROWS, backend)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.d2t is None else self.d2t[draft_ids]
@@ -413,8 +415,12 @@ class DraftModel(nn.Module):
         if missing or unexpected:
             raise DraftLoadError(f"draft weights at {path} do not match the config: missing {missing}, "
                                  f"unexpected {unexpected}")
-        if next(draft.parameters()).dtype == torch.bfloat16:
-            # Plain bf16 GEMMs are slower than fp32 at a frontier's few rows; oneDNN's packed copy is not
-            # (jakiro_lib.kernels). fp32 drafts stay plain: their forwards are mostly under MKL's 4 rows.
-            kernels.enable_packed_gemm(draft, max_rows=HEAD_PACK_MAX_ROWS)
+        # A draft's forwards take a frontier's few rows. Its linears follow the target's packed GEMM (probed
+        # on this machine: oneDNN from one row on an AVX2 EPYC); without one, bf16 drafts pack through oneDNN
+        # (plain bf16 GEMMs are slower than fp32 at few rows) and fp32 drafts stay plain (mostly under
+        # MKL's 4 rows).
+        p = next(draft.parameters())
+        choice = kernels.follow(target_model, p)
+        if choice is not None and (kernels.packed_gemm(target_model) is not None or p.dtype == torch.bfloat16):
+            kernels.enable_packed_gemm(draft, max_rows=HEAD_PACK_MAX_ROWS, backend=choice[0], min_rows=choice[1])
         return draft.eval()

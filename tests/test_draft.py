@@ -150,3 +150,24 @@ def test_a_bf16_draft_loads_with_packed_gemms_and_unchanged_outputs(tmp_path):
         out_e, out_d = e(f.bfloat16(), x, pos), d(f.bfloat16(), x, pos)
         torch.testing.assert_close(out_e.a, out_d.a)
         torch.testing.assert_close(e.logits(out_e.a[0, :3]), d.logits(out_d.a[0, :3]))
+
+
+@pytest.mark.skipif(not kernels.packed_gemm_available(torch.zeros(1), "onednn"),
+                    reason="fp32 reordering needs torch with oneDNN")
+def test_an_fp32_draft_follows_its_targets_packed_gemm_choice(tmp_path):
+    """A loaded draft packs its linears and head like its target (oneDNN from one row here); beside a target
+    without a packed GEMM an fp32 draft stays plain; outputs equal the unpacked draft's up to rounding."""
+    target = load_target(TargetConfig(model="tiny:llama", packed_gemm=16, gemm_backend="onednn"))
+    d = DraftModel.build(DraftConfig(num_experts=2, draft_vocab_size=40), target.model).eval()
+    d.save(tmp_path / "d")
+    e = DraftModel.load(tmp_path / "d", target.model)
+    gemm = kernels.packed_gemm(e)
+    assert gemm is not None and (gemm.backend, gemm.min_rows) == ("onednn", 1)
+    f, x, pos = _inputs()
+    with torch.inference_mode():
+        out_e, out_d = e(f, x, pos), d(f, x, pos)
+        torch.testing.assert_close(out_e.a, out_d.a, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(e.logits(out_e.a[0, :3]), d.logits(out_d.a[0, :3]), atol=1e-5, rtol=1e-5)
+    assert e._head_gemm == ("onednn", 1)
+    plain = load_target(TargetConfig(model="tiny:llama"))
+    assert kernels.packed_gemm(DraftModel.load(tmp_path / "d", plain.model)) is None

@@ -49,6 +49,58 @@ def test_one_packed_copy_serves_its_row_range_and_nothing_else(monkeypatch):
     assert all("forward" not in m.__dict__ and not hasattr(m, "_jakiro_packed") for m in net.modules())
 
 
+needs_onednn_fp32 = pytest.mark.skipif(not kernels.packed_gemm_available(torch.zeros(1), "onednn"),
+                                       reason="fp32 reordering needs torch with oneDNN")
+
+
+@needs_onednn_fp32
+def test_an_fp32_copy_reordered_by_onednn_serves_its_rows_and_matches_plain(monkeypatch):
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, *a: calls.append(x.shape[-2]) or real(x, *a))
+    net = _net()
+    ref = copy.deepcopy(net)
+    gemm = kernels.enable_packed_gemm(net, max_rows=8, backend="onednn")
+    assert (gemm.backend, gemm.min_rows, gemm.max_rows) == ("onednn", 1, 8)  # oneDNN's default: from one row
+    for rows in (1, 3, 8, 9):
+        x = torch.randn(1, rows, 96)
+        with torch.inference_mode():
+            y, y_ref = net(x), ref(x)
+        assert y.dtype == torch.float32 and y.shape == (1, rows, 48)
+        torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+    assert calls == [1, 1, 3, 3, 8, 8]  # 9 rows: plain
+    assert kernels.enable_packed_gemm(net, max_rows=8, backend="mkl") is not gemm  # another backend: repacked
+
+
+def test_the_probe_picks_the_backend_and_first_row_count_that_beat_the_plain_kernel():
+    """kernels._choose on measured ratios (packed time / plain time): a backend serves from the first probed
+    row count from which every larger one beat the plain kernel by 3%; the lowest mean ratio wins."""
+    amd = {"mkl": {1: 0.94, 2: 0.84, 4: 0.97, 8: 1.04, 16: 0.97, 32: 1.05},  # measured shape on an AVX2 EPYC
+           "onednn": {1: 0.70, 2: 0.42, 4: 0.49, 8: 0.55, 16: 0.62, 32: 0.71}}
+    assert kernels._choose(amd) == ("onednn", 1)
+    spr = {"mkl": {1: 1.01, 2: 0.99, 4: 0.80, 8: 0.70, 16: 0.75, 32: 0.80}, "onednn": {1: 1.1, 2: 1.0, 4: 0.9, 8: 0.98}}
+    assert kernels._choose(spr) == ("mkl", 4)
+    assert kernels._choose({"mkl": {1: 0.9, 2: 1.0, 4: 0.9, 8: 0.9}}) == ("mkl", 4)  # not from a lone win at 1
+    assert kernels._choose({"mkl": {1: 0.5, 8: 0.98}, "onednn": {1: 1.2, 8: 1.0}}) == (None, 0)  # nothing paid
+
+
+@needs_mkl
+def test_auto_packs_what_the_probe_chose_and_a_draft_head_follows_it(monkeypatch):
+    net = _net()
+    probe = kernels.probe_gemm(net, max_rows=8, repeats=1)  # real timings: one ratio per backend and row count
+    assert probe.ratios and all(sorted(r) == [1, 2, 4, 8] and all(x > 0 for x in r.values()) for r in probe.ratios.values())
+    monkeypatch.setattr(kernels, "probe_gemm", lambda m, **k: kernels.GemmProbe("mkl", 2, {"mkl": {2: 0.5}}))
+    gemm = kernels.enable_packed_gemm(net, max_rows=8, backend="auto")
+    assert (gemm.backend, gemm.min_rows) == ("mkl", 2) and kernels.gemm_probe(net).ratios == {"mkl": {2: 0.5}}
+    assert kernels.follow(net[0], torch.zeros(3, 3)) == ("mkl", 2)  # a linear of the model: its choice
+    other = _net()
+    monkeypatch.setattr(kernels, "probe_gemm", lambda m, **k: kernels.GemmProbe(None, 0, {"mkl": {2: 1.5}}))
+    assert kernels.enable_packed_gemm(other, max_rows=8, backend="auto") is None
+    assert kernels.packed_gemm(other) is None and kernels.gemm_probe(other).backend is None
+    assert kernels.follow(other[2], torch.zeros(3, 3)) is None  # the probe said no packing pays here
+    assert kernels.follow(_net(), torch.zeros(3, 3)) == ("mkl", 4)  # nothing probed: the defaults
+
+
 @needs_mkl
 def test_packed_linear_falls_back_where_gradients_flow():
     net = _net()
@@ -87,11 +139,11 @@ def test_bf16_weights_pack_through_onednn_from_one_row_and_match_plain_bf16(monk
 
 @needs_mkl
 def test_load_target_wires_the_fast_paths_and_plain_kernels_switches_them_off():
-    target = load_target(TargetConfig(model="tiny:llama", packed_gemm=16))
+    target = load_target(TargetConfig(model="tiny:llama", packed_gemm=16, gemm_backend="mkl"))
     model = target.model
     assert model.config._attn_implementation == kernels.GQA_ATTENTION
     gemm = kernels.packed_gemm(model)
-    assert gemm is not None and (gemm.min_rows, gemm.max_rows) == (4, 16)
+    assert gemm is not None and (gemm.backend, gemm.min_rows, gemm.max_rows) == ("mkl", 4, 16)
     assert kernels.enable_packed_gemm(model, max_rows=16) is gemm  # idempotent
     prompt = torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(0))
     tree = Tree(torch.tensor([5, 6, 7, 8, 9]), [-1, 0, 0, 1, 1], torch.tensor([0, 1, 1, 2, 2]))

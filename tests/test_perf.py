@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from helpers import single_thread
-from jakiro_lib import costmodel, kernels
+from jakiro_lib import costmodel, kernels, perf
 from jakiro_lib.bench import study_methods
 from jakiro_lib.budgets import resolve_tree_budgets
 from jakiro_lib.config import DraftConfig, TargetConfig, TreeConfig, get_profile
@@ -286,9 +286,10 @@ def test_lever_table_compares_each_lever_with_and_without_it():
                           "ms_plain_head": [8.1]})
     levers = {(r.lever, r.measured): r for r in
               lever_table(target, draft, main, tree_tokens=8, draft_cycle=cycle).itertuples()}
-    head = levers[("MKL-packed draft head (4-64 rows)", "moe2 decoupled drafting ms per cycle (8-token tree)")]
+    head = levers[(perf.PACKED_HEAD_LEVER, "moe2 decoupled drafting ms per cycle (8-token tree)")]
     assert head.speedup == pytest.approx(8.1 / 7.5)
-    assert levers[("MKL-packed GEMM weights for the tree size", "target T(8) ms")].speedup == pytest.approx(62 / 45)
+    assert levers[(perf.PACKED_GEMM_LEVER, "target T(8) ms")].speedup == pytest.approx(62 / 45)
+    assert levers[(perf.PACKED_GEMM_LEVER, "target T(1) ms")].speedup == pytest.approx(30.5 / 30)
     assert levers[("SDPA's own GQA under tree masks", "target T(8) ms")].speedup == pytest.approx(66 / 62)
     assert levers[("draft vocabulary 8192 instead of 49152", "dense draft step ms (width 3)")].speedup == pytest.approx(5 / 1.2)
     assert levers[("tree budget tuned on this machine", "jakiro_auto vs jakiro tokens/s (T=0)")].speedup == pytest.approx(1.2)

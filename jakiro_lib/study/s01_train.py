@@ -57,7 +57,7 @@ def _features_fingerprint(profile: Profile, run_dir: Path) -> Any:
 def _train_stamp(profile: Profile, name: str, run_dir: Path) -> dict[str, Any]:
     return json.loads(json.dumps({
         "draft": dataclasses.asdict(profile.drafts[name]), "train": dataclasses.asdict(profile.train),
-        "target": dataclasses.asdict(profile.target), "features": _features_fingerprint(profile, run_dir),
+        "target": profile.target.identity(), "features": _features_fingerprint(profile, run_dir),
     }, default=str))
 
 
