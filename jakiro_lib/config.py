@@ -20,7 +20,7 @@ import re
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal, Union
+from typing import Any, Callable, ClassVar, Iterable, Literal, Union
 
 
 class ConfigError(ValueError):
@@ -45,22 +45,19 @@ class TargetConfig:
     # CPU fast paths (jakiro_lib.kernels), used by every method alike. gqa_attention: SDPA handles grouped
     # KV heads under tree masks (no per-layer KV copy). packed_gemm: the largest row count (tree size,
     # lookup chain) served by one packed copy of the weights (CPU; about the weights' memory once more);
-    # 0 = off. dtype "bfloat16" on a CPU with AMX
-    # is faster for every method but lossless only up to rounding (docs/results.md, "A bf16 target on AMX").
-    # gemm_backend: which packed copy, "mkl" or "onednn" (fp32; bf16 is always oneDNN), or "auto": timed
-    # against the plain kernel at load on this machine, which also picks the first row count it serves
-    # (kernels.probe_gemm; MKL won on a Sapphire Rapids, oneDNN from one row on an AVX2 EPYC).
+    # 0 = off. gemm_backend: that copy's "mkl" or "onednn" (fp32; bf16 is always oneDNN), or "auto": the one,
+    # and its first row count, that beat the plain kernel when timed at load (kernels.probe_gemm). dtype
+    # "bfloat16" on a CPU with AMX is faster for every method but lossless only up to rounding
+    # (docs/results.md, "A bf16 target on AMX").
     gqa_attention: bool = True
     packed_gemm: int = 0
     gemm_backend: str = "auto"
+    KERNEL_FIELDS: ClassVar[tuple[str, ...]] = ("gqa_attention", "packed_gemm", "gemm_backend")  # same math
 
     def identity(self) -> dict[str, Any]:
         """The fields that decide the target's outputs (not the kernels that compute them): what trained
         drafts and cached features depend on."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in KERNEL_FIELDS}
-
-
-KERNEL_FIELDS = ("gqa_attention", "packed_gemm", "gemm_backend")  # fast paths: same math, other timings
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in self.KERNEL_FIELDS}
 
 
 @dataclass
@@ -259,34 +256,29 @@ def _study_drafts(vocab: int | None) -> dict[str, DraftConfig]:
     """
     dense = DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False, contrastive=False,
                         draft_vocab_size=vocab)
-    return {
+    moe2 = DraftConfig(num_experts=2, top_k_experts=2, draft_vocab_size=vocab)
+    drafts = {
         "dense": dataclasses.replace(dense, intermediate_size="target"),
         "dense_h": dense,
-        "moe2": DraftConfig(num_experts=2, top_k_experts=2, draft_vocab_size=vocab),
-        "moe2_xgate": DraftConfig(num_experts=2, top_k_experts=2, draft_vocab_size=vocab, expert_loss="gate"),
-        "moe2_xequal": DraftConfig(num_experts=2, top_k_experts=2, draft_vocab_size=vocab, expert_loss="equal"),
-        "moe2_nocontrast": DraftConfig(num_experts=2, top_k_experts=2, contrastive=False,
-                                       draft_vocab_size=vocab),
-        "moe4": DraftConfig(num_experts=4, top_k_experts=2, draft_vocab_size=vocab),
-        # multi-step training (train.unroll_steps, docs/DESIGN.md section 4) on EAGLE-2, on the equal-parameter
-        # control, on Jakiro's draft and on the per-expert-trained one: each of those with and without it
-        "dense_u2": dataclasses.replace(dense, intermediate_size="target", unroll_steps=2),
-        "dense_h_u2": dataclasses.replace(dense, unroll_steps=2),
-        "moe2_u2": DraftConfig(num_experts=2, top_k_experts=2, draft_vocab_size=vocab, unroll_steps=2),
-        "moe2_xgate_u2": DraftConfig(num_experts=2, top_k_experts=2, draft_vocab_size=vocab, expert_loss="gate",
-                                     unroll_steps=2),
+        "moe2": moe2,
+        "moe2_xgate": dataclasses.replace(moe2, expert_loss="gate"),
+        "moe2_xequal": dataclasses.replace(moe2, expert_loss="equal"),
+        "moe2_nocontrast": dataclasses.replace(moe2, contrastive=False),
+        "moe4": dataclasses.replace(moe2, num_experts=4),
     }
+    # multi-step training (train.unroll_steps, docs/DESIGN.md section 4): a twin of EAGLE-2, of the control,
+    # of Jakiro's draft and of the per-expert-trained one, each different only in its unrolled steps
+    twins = ("dense", "dense_h", "moe2", "moe2_xgate")
+    return {**drafts, **{f"{k}_u2": dataclasses.replace(drafts[k], unroll_steps=2) for k in twins}}
 
 
 # The drafts of the default (2-core CPU) main job: the faithful comparison of issue 23 (EAGLE-2 at its true
-# width, the equal-parameter control, moe2 for the coupled / decoupled / released methods, per-expert
-# training, multi-step training on both architectures). moe2_xequal, moe2_nocontrast and moe4 (the paper's
-# contrastive and expert-count ablations) are left to the smoke, gpu and paper profiles: with them the main
-# job overran 90 min on a 2-core AVX2 EPYC (caching 307 tokens/s, training 1.5-1.9k tokens/s, 2026-11-23).
+# width, the equal-parameter control, moe2 for the coupled / decoupled / released methods, per-expert and
+# multi-step training). moe2_xequal, moe2_nocontrast and moe4 (the paper's contrastive and expert-count
+# ablations) are left to the smoke, gpu and paper profiles: with them the main job overran 90 min on a 2-core
+# AVX2 EPYC (2026-11-23). FAITHFUL_DRAFTS, every one with and without multi-step training, costs ~14 more
+# minutes of training and ~6 of benchmarks there, so it is opt-in: `--set drafts=...` (docs/usage.md).
 DEFAULT_DRAFTS = ("dense", "dense_h", "moe2", "moe2_xgate", "dense_u2", "moe2_u2")
-# The complete faithful comparison (issue 23): every DEFAULT_DRAFTS draft with and without multi-step training
-# where it applies. ~14 more minutes of training and ~6 of benchmarks on that EPYC, so opt-in there:
-# `--set drafts=` + ",".join(FAITHFUL_DRAFTS) (docs/usage.md).
 FAITHFUL_DRAFTS = ("dense", "dense_h", "moe2", "moe2_xgate", "dense_u2", "dense_h_u2", "moe2_u2", "moe2_xgate_u2")
 
 
@@ -315,18 +307,15 @@ def _profiles() -> dict[str, Profile]:
         bench=BenchConfig(limit=2, max_new_tokens=16, temperatures=(0.0, 1.0)),
         drafts=_study_drafts(None),
     )
-    # Sized for a 2-core CPU and a <= 90 min main job (docs/DESIGN.md section 9) on the slower of the machines
-    # seen (a 2-core AVX2 EPYC: plain decoding 17.6 tokens/s, feature caching 307 tokens/s, draft training
-    # 1.5-1.9k tokens/s, 2026-11-23): small trees (the target's T(n) grows fast on CPU; the "_auto" methods
-    # tune the budget on the machine), a reduced draft vocabulary, CPU fast paths for the target
-    # (packed GEMMs up to 64 rows, every tuning candidate, the backend probed at load), the six drafts of DEFAULT_DRAFTS at one
-    # training budget: 600 ShareGPT conversations (~490 kept, ~180k tokens, ~10 min of caching there) for
-    # 2 epochs at lr 2e-3 (the dense draft's held-out top-1 was 0.344 / 0.382 / 0.401 / 0.363 at lr 5e-4 /
-    # 1e-3 / 2e-3 / 5e-3 over 609 steps, 2026-11-22). Greedy decoding only (T = 0: 25 method runs of ~80 s
-    # there; `bench --temperature 1` adds sampling). 10 MT-bench questions (20 turns): the first 5 alone
-    # repeat themselves more than the next 15 do, which flattered prompt lookup (`bench --skip 5 --limit 15`).
-    # More data keeps paying (issue 22): the gpu profile, or `--set data.num_conversations=2000
-    # --set train.epochs=3` where there is time.
+    # Sized for a 2-core CPU and a <= 90 min main job (docs/DESIGN.md sections 9 and 11) on the slower of the
+    # machines seen (a 2-core AVX2 EPYC, 2026-11-23: feature caching 307-416 tokens/s, draft training
+    # 0.6-3.0k tokens/s by draft): small trees (T(n) grows fast on CPU; the "_auto" methods tune the budget on the
+    # machine), a reduced draft vocabulary, CPU fast paths for the target (packed GEMMs up to 64 rows, every
+    # tuning candidate, the backend probed at load), the six drafts of DEFAULT_DRAFTS at one training budget:
+    # 600 ShareGPT conversations (~490 kept, ~180k tokens) for 2 epochs at lr 2e-3 (the best of 5e-4..5e-3,
+    # docs/results.md). Greedy decoding only (`bench --temperature 1` adds sampling). 10 MT-bench questions
+    # (20 turns): the first 5 alone repeat themselves more than the next 15, which flattered prompt lookup.
+    # More data keeps paying (issue 22): the gpu profile, or `--set data.num_conversations=2000`.
     default = Profile(
         name="default",
         target=TargetConfig(model="builtin:smollm2", max_context=2048, packed_gemm=64),

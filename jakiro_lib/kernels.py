@@ -200,11 +200,11 @@ def probe_gemm(model: nn.Module, *, max_rows: int = 64, rows: Sequence[int] = PR
     counts = [r for r in rows if r <= max_rows]
     backends = [b for b in dict.fromkeys(backend_for(weight, b) for b in BACKENDS)
                 if packed_gemm_available(model, b)]
+    inputs = {r: {lin.in_features: torch.randn(r, lin.in_features, dtype=weight.dtype) for lin in linears}
+              for r in counts}
     ratios: dict[str, dict[int, float]] = {}
     for backend in backends:
         packed = [pack_weight(lin.weight, max_rows, backend) for lin in linears]
-        inputs = {r: {lin.in_features: torch.randn(r, lin.in_features, dtype=weight.dtype) for lin in linears}
-                  for r in counts}
 
         def run(r: int, through: bool) -> float:
             t0 = time.perf_counter()

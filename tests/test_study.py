@@ -194,13 +194,14 @@ def test_acceptance_by_depth_counts_drafted_tokens_without_the_bonus():
 def test_a_draft_is_not_retrained_for_a_kernel_setting_but_is_for_another_target():
     """The training stamp holds the target's identity (TargetConfig.identity): kernel fields change timings,
     not outputs, and stamps written while they were in it still match."""
-    from jakiro_lib.config import KERNEL_FIELDS, get_profile
+    from jakiro_lib.config import TargetConfig, get_profile
     from jakiro_lib.study.s01_train import _same_training
 
     prof = get_profile("smoke")
     new = {"draft": {}, "train": {}, "target": prof.target.identity(), "features": {}}
     old = {**new, "target": {**new["target"], "gqa_attention": True, "packed_gemm": 64}}  # a stamp of before
-    assert set(KERNEL_FIELDS) & set(old["target"]) and not set(KERNEL_FIELDS) & set(new["target"])
+    kernel = set(TargetConfig.KERNEL_FIELDS)
+    assert kernel & set(old["target"]) and not kernel & set(new["target"])
     assert _same_training(old, new) and _same_training(new, new)
     assert not _same_training({**old, "target": {**old["target"], "model": "tiny:qwen2"}}, new)
     assert not _same_training(None, new)

@@ -27,8 +27,8 @@ from .s01_train import (load_training_results, router_load_table, train_all, tra
                         training_table, write_training_tables)
 from .s02_bench import (bench_environment, load_study_records, methods_table, profile_methods, run_study,
                         study_questions, study_temperatures, tree_budget_table)
-from .tables import (acceptance_by_depth, category_table, display_table, headline_table, method_setting, records_frame, study_table,
-                     versus_eagle2_table, write_study_tables, write_table)
+from .tables import (acceptance_by_depth, category_table, display_table, headline_table, method_setting,
+                     records_frame, study_table, versus_eagle2_table, write_study_tables, write_table)
 
 __all__ = [
     "PAPER_CONVERSATIONS", "PAPER_TOKENS_PER_CONVERSATION", "PUBLISHED", "SMOKE_BANNER", "STUDIES", "StudyContext",

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ..config import KERNEL_FIELDS, Profile
+from ..config import Profile, TargetConfig
 from ..dataset import FeatureDataset, OnlineFeatureDataset, build_draft_vocab, token_frequencies, vocab_coverage
 from ..features import verify_cache
 from ..layout import TRAIN_STAMP, RunLayout
@@ -63,10 +63,10 @@ def _train_stamp(profile: Profile, name: str, run_dir: Path) -> dict[str, Any]:
 
 def _same_training(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
     """Whether a draft trained under stamp ``old`` is the one ``new`` asks for. Stamps written before the
-    target's kernel fields left them (KERNEL_FIELDS: same outputs, other timings) still match."""
+    target's kernel fields left them (TargetConfig.KERNEL_FIELDS: same outputs, other timings) still match."""
     if old is None:
         return False
-    target = {k: v for k, v in old.get("target", {}).items() if k not in KERNEL_FIELDS}
+    target = {k: v for k, v in old.get("target", {}).items() if k not in TargetConfig.KERNEL_FIELDS}
     return {**old, "target": target} == new
 
 
