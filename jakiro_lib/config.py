@@ -1,8 +1,7 @@
 """Dataclass configs and named profiles.
 
-A profile bundles everything one study needs (target, data, drafts, training, tree, benchmark). Profiles
-are plain dataclasses so papermill parameters and the CLI override them with dotted keys
-(``train.epochs=3``) through :func:`override`.
+A profile bundles everything one study needs (target, data, drafts, training, tree, benchmark). Profiles are
+plain dataclasses so papermill parameters and the CLI override them with dotted keys (``train.epochs=3``).
 
 Every value is checked when a profile is built or overridden (:func:`validate`): by the field's type
 annotation (so fields added later are checked too) and by a range (:data:`RULES`, then name patterns
@@ -210,18 +209,19 @@ class BenchConfig:
     repeats: int = 1
     warmup: int = 1
     seed: int = 0
-    # The main study also runs EAGLE-2 and Jakiro with tree.total_tokens="auto" (the budget tuned for this
-    # machine) next to the profile's fixed comparison tree: the paper's comparison and the best speed.
+    # The main study also runs EAGLE-2 and Jakiro with tree.total_tokens="auto" (the budget tuned for this machine)
+    # next to the profile's fixed comparison tree: the paper's comparison and the best speed.
     tuned: bool = True
-    # The main study also times HF generate with a static KV cache and torch.compile (hf_compiled), a plain
-    # decoder that can beat the eager ones; turn off where torch.compile cannot run (inductor on a CPU needs
-    # a C++ compiler).
+    # The main study also times HF generate with a static KV cache and torch.compile (hf_compiled), a plain decoder
+    # that can beat the eager ones; off where torch.compile cannot run (inductor on a CPU needs a C++ compiler).
     compiled_baseline: bool = True
     # The main study also runs our vanilla loop, jakiro_auto and jakiro_lookup with the target compiled over
-    # a static KV cache at a few padded tree sizes (jakiro_lib.compiled), as <name>_compiled. Off: on this
-    # CPU it bought 1-4% for about 25 s of compilation per size and process
-    # (docs/results.md, "What each speed lever bought").
+    # a static KV cache at a few padded tree sizes (jakiro_lib.compiled), as <name>_compiled. Off: on this CPU it
+    # bought 1-4% for about 25 s of compilation per size and process (docs/results.md, "What each speed lever bought").
     compiled_loops: bool = False
+    # The main study also runs eagle2, jakiro and their tuned twins on the static-shape engine (jakiro_lib.static,
+    # one host read per cycle, greedy only) as <name>_static, side by side with the loop engine.
+    static_engine: bool = False
 
     def __post_init__(self) -> None:
         if self.skip < 0 or (self.limit is not None and self.limit < 0):

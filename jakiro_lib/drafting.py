@@ -151,49 +151,13 @@ class FeatureDrafter:
             node.out = _row(out, 0, r)
 
     def _candidates(self, outs: list[DraftOutput]) -> list[list[tuple[int, float, torch.Tensor]]]:
-        """(target token, log-prob, feature it carries) for each node's children via branch A.
-
-        One draft-vocabulary logits call for the whole frontier (per node it was most of a draft step).
-        """
-        cfg = self.cfg
-        if not cfg.decoupled or outs[0].experts is None:
-            logp = self.draft.logits(torch.stack([o.a for o in outs])).float().log_softmax(-1)
-            top = logp.topk(cfg.top_k, dim=-1)
-            ids = self.draft.to_target_ids(top.indices).tolist()
-            return [[(t, s, o.a) for t, s in zip(ids[r], top.values[r].tolist())] for r, o in enumerate(outs)]
-        return self._decoupled_candidates(outs)
-
-    def _decoupled_candidates(self, outs: list[DraftOutput]) -> list[list[tuple[int, float, torch.Tensor]]]:
-        """Each selected expert proposes its top children; the union is scored by the gate-weighted
-        mixture (or the best expert) and each child carries the feature of the expert that backs it most.
-
-        The whole frontier at once: experts [N, S] selected by gate, one logits call, duplicates in the
-        union masked out (a per-node loop drafted 8-token trees 0.4 ms a cycle slower on this CPU, measured).
-        """
-        cfg = self.cfg
-        n_sel = min(self.draft.cfg.top_k_experts, self.draft.cfg.num_experts)
-        gates = torch.stack([o.gates for o in outs]).float()  # [N, E], zero outside each node's top-k
-        sel = gates.topk(n_sel, dim=-1)  # [N, S]
-        experts = torch.stack([o.experts for o in outs])  # [N, E, H]
-        feats = experts.gather(1, sel.indices[..., None].expand(-1, -1, experts.shape[-1]))  # [N, S, H]
-        logp = self.draft.logits(feats).float().log_softmax(-1)  # [N, S, V]
-        per_expert = cfg.children_per_expert or cfg.top_k
-        union, _ = logp.topk(per_expert, dim=-1).indices.flatten(1).sort(-1)  # [N, S * per_expert], sorted
-        weighted = logp.gather(2, union[:, None, :].expand(-1, n_sel, -1))  # [N, S, C]: each expert's log-prob
-        if cfg.scoring == "mixture":
-            weighted = weighted + (sel.values / sel.values.sum(-1, keepdim=True)).log()[..., None]
-            scores = weighted.logsumexp(1)
-        else:
-            scores = weighted.max(1).values
-        repeat = torch.zeros_like(union, dtype=torch.bool)
-        repeat[:, 1:] = union[:, 1:] == union[:, :-1]
-        scores = scores.masked_fill(repeat, float("-inf"))
-        best = scores.topk(min(cfg.top_k, union.shape[1]), dim=-1)  # [N, K]; -inf: fewer unique than K
-        owner = weighted.argmax(1).gather(1, best.indices)  # [N, K]: the expert that backs each child most
-        carried = feats.gather(1, owner[..., None].expand(-1, -1, feats.shape[-1]))  # [N, K, H]
-        ids = self.draft.to_target_ids(union.gather(1, best.indices)).tolist()
-        vals = best.values.tolist()
-        return [[(t, v, f) for t, v, f in zip(ids[r], vals[r], carried[r].unbind(0)) if v > float("-inf")]
+        """(target token, log-prob, feature it carries) for each node's children via branch A: one
+        draft-vocabulary logits call for the whole frontier (:func:`candidate_tensors`)."""
+        experts = None if outs[0].experts is None else torch.stack([o.experts for o in outs])
+        gates = None if outs[0].gates is None else torch.stack([o.gates for o in outs])
+        ids, vals, feats = candidate_tensors(self.draft, self.cfg, torch.stack([o.a for o in outs]), experts, gates)
+        ids, vals = ids.tolist(), vals.tolist()
+        return [[(t, v, f) for t, v, f in zip(ids[r], vals[r], feats[r].unbind(0)) if v > float("-inf")]
                 for r in range(len(outs))]
 
     def _expand_a(self, pool: CandidatePool, frontier: list[_Node]) -> list[_Node]:
@@ -307,6 +271,48 @@ class LookupDrafter:
         self.root = new_tokens[-1]
         if self.inner is not None:
             self.inner.accept(hidden, new_tokens)
+
+
+def candidate_tensors(draft: DraftModel, cfg: TreeConfig, a: torch.Tensor, experts: torch.Tensor | None,
+                      gates: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Children of N frontier nodes from their branch-A outputs, in tensors of fixed shape (no host sync):
+    target ids [N, K], log-probs [N, K] (-inf: no such child) and the feature each carries [N, K, H].
+
+    Coupled (EAGLE-2, or ``cfg.decoupled`` off): the top K of the mixture's distribution, each child
+    carrying the node's feature. Decoupled (Jakiro): each selected expert proposes its top children; the
+    union is scored by the gate-weighted mixture (or the best expert, ``cfg.scoring``), duplicates masked
+    out, and each child carries the feature of the expert that backs it most (a per-node loop drafted
+    8-token trees 0.4 ms a cycle slower on this CPU, measured).
+    """
+    K = cfg.top_k
+    if not cfg.decoupled or experts is None:
+        logp = draft.logits(a).float().log_softmax(-1)  # [N, V]
+        top = logp.topk(K, dim=-1)
+        return draft.to_target_ids(top.indices), top.values, a[:, None].expand(-1, K, -1)
+    n_sel = min(draft.cfg.top_k_experts, draft.cfg.num_experts)
+    sel = gates.float().topk(n_sel, dim=-1)  # [N, S]; gates are zero outside each node's top-k
+    feats = experts.gather(1, sel.indices[..., None].expand(-1, -1, experts.shape[-1]))  # [N, S, H]
+    logp = draft.logits(feats).float().log_softmax(-1)  # [N, S, V]
+    per_expert = cfg.children_per_expert or K
+    union, _ = logp.topk(per_expert, dim=-1).indices.flatten(1).sort(-1)  # [N, C = S * per_expert], sorted
+    weighted = logp.gather(2, union[:, None, :].expand(-1, n_sel, -1))  # [N, S, C]: each expert's log-prob
+    if cfg.scoring == "mixture":
+        weighted = weighted + (sel.values / sel.values.sum(-1, keepdim=True)).log()[..., None]
+        scores = weighted.logsumexp(1)
+    else:
+        scores = weighted.max(1).values
+    repeat = torch.zeros_like(union, dtype=torch.bool)
+    repeat[:, 1:] = union[:, 1:] == union[:, :-1]
+    scores = scores.masked_fill(repeat, float("-inf"))  # [N, C]
+    if scores.shape[1] < K:  # fewer candidates than children asked for: the missing ones score -inf
+        pad = K - scores.shape[1]
+        scores = torch.cat([scores, scores.new_full((scores.shape[0], pad), float("-inf"))], 1)
+        union = torch.cat([union, union[:, :1].expand(-1, pad)], 1)
+        weighted = torch.cat([weighted, weighted[..., :1].expand(-1, -1, pad)], 2)
+    best = scores.topk(K, dim=-1)  # [N, K]; -inf: fewer unique children than K
+    owner = weighted.argmax(1).gather(1, best.indices)  # [N, K]: the expert that backs each child most
+    carried = feats.gather(1, owner[..., None].expand(-1, -1, feats.shape[-1]))  # [N, K, H]
+    return draft.to_target_ids(union.gather(1, best.indices)), best.values, carried
 
 
 def make_drafter(draft: DraftModel | None, tree: TreeConfig) -> FeatureDrafter | LookupDrafter:

@@ -21,10 +21,12 @@ from .config import TreeConfig
 from .layout import draft_name, draft_path
 
 KINDS = ("vanilla", "hf", "pld", "spec")
+ENGINES = ("loop", "static")  # how a "spec" method runs: decoding.speculative_generate or static.static_generate
 VANILLA_KINDS = ("vanilla", "hf")  # the baselines a speedup is measured against
 STUDIES = ("main", "ablations")
 LOOKUP_TOKENS = 10  # chain length of the lookup-branch methods: HF prompt lookup's default
 COMPILED_SUFFIX = "_compiled"
+STATIC_SUFFIX = "_static"
 
 
 @dataclass
@@ -36,14 +38,25 @@ class MethodSpec:
     # A static KV cache and torch.compile: kind "hf" through HF generate (decoding.hf_generate); kinds
     # "vanilla" and "spec" through our loops' compiled target runner (jakiro_lib.compiled).
     static_compile: bool = False
+    # kind "spec": the loop engine, or the static-shape one (jakiro_lib.static: greedy only, no CEPD or lookup)
+    engine: str = "loop"
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}: use {' or '.join(ENGINES)}")
+        if self.engine == "static" and (self.kind != "spec" or self.static_compile):
+            raise ValueError("the static engine runs 'spec' methods, without static_compile")
         if self.kind not in KINDS:
             raise ValueError(f"unknown method kind {self.kind!r}: use {', '.join(KINDS[:-1])} or {KINDS[-1]}")
         if self.static_compile and self.kind == "pld":
             raise ValueError("static_compile does not apply to kind 'pld' (HF prompt lookup has no static-cache path)")
         if self.kind == "spec" and (self.tree is None or self.draft is None and not self.tree.lookup_tokens):
             raise ValueError("a 'spec' method needs a tree config and a draft path (or tree.lookup_tokens)")
+
+    @property
+    def samples(self) -> bool:
+        """Whether the method runs at T > 0 (the static engine verifies greedily only)."""
+        return self.engine != "static"
 
 
 def portable(spec: MethodSpec, relative_to: str | Path | None = None) -> dict[str, Any]:
@@ -77,7 +90,8 @@ class Method:
     ``group`` names the role the performance goals give it (see :func:`group_names`); ``when`` the study
     switch it needs (``"compiled"``: bench.compiled_baseline; ``"tuned"``: bench.tuned with a fixed tree
     budget); ``twin``: with bench.compiled_loops it also runs through the compiled target runner as
-    ``<name>_compiled``.
+    ``<name>_compiled``; ``static_twin``: with bench.static_engine it also runs on the static-shape engine
+    (:mod:`jakiro_lib.static`) as ``<name>_static``, at T=0.
     """
 
     name: str
@@ -88,6 +102,7 @@ class Method:
     group: str = ""
     when: str | None = None
     twin: bool = False
+    static_twin: bool = False
 
     def spec(self, tree: TreeConfig, drafts_dir: str | Path, *, tuned: bool) -> MethodSpec:
         """The runnable spec on the study's ``tree`` with drafts under ``drafts_dir``."""
@@ -119,12 +134,12 @@ MAIN = (
     Method("hf_generate", "hf", group="hf"),
     Method("hf_compiled", "hf", static_compile=True, group="hf", when="compiled"),
     Method("hf_prompt_lookup", "pld", group="pld"),
-    Method("eagle2", "spec", "dense", group="eagle2"),
-    Method("jakiro", "spec", "moe2", _JAKIRO, group="jakiro"),
+    Method("eagle2", "spec", "dense", group="eagle2", static_twin=True),
+    Method("jakiro", "spec", "moe2", _JAKIRO, group="jakiro", static_twin=True),
     Method("jakiro_cepd", "spec", "moe2", {**_JAKIRO, "ar_steps": CEPD}, group="jakiro"),
-    Method("eagle2_auto", "spec", "dense", {"total_tokens": "auto"}, group="eagle2", when="tuned"),
+    Method("eagle2_auto", "spec", "dense", {"total_tokens": "auto"}, group="eagle2", when="tuned", static_twin=True),
     Method("jakiro_auto", "spec", "moe2", {**_JAKIRO, "total_tokens": "auto"}, group="jakiro", when="tuned",
-           twin=True),
+           twin=True, static_twin=True),
     Method("lookup_only", "spec", None, {"lookup_tokens": LOOKUP_TOKENS}, group="lookup_only"),
     Method("eagle2_lookup", "spec", "dense", _LOOKUP, group="eagle2_lookup"),
     Method("jakiro_lookup", "spec", "moe2", {**_JAKIRO, **_LOOKUP}, group="jakiro_lookup", twin=True),
@@ -176,6 +191,10 @@ def compiled_twin(name: str) -> str:
     return f"{name}{COMPILED_SUFFIX}"
 
 
+def static_twin(name: str) -> str:
+    return f"{name}{STATIC_SUFFIX}"
+
+
 def group_names(group: str, *, twins: bool = False) -> tuple[str, ...]:
     """The main study's methods of a goals group (e.g. ``"jakiro"``), in registry order; with ``twins``
     followed by their compiled twins."""
@@ -189,7 +208,7 @@ DRAFTED_METHODS = tuple(m.name for m in MAIN if m.kind == "spec" and m.draft)  #
 
 def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "main",
                   tuned: bool = True, compiled: bool = True, compiled_loops: bool = False,
-                  drafts: Collection[str] | None = None) -> dict[str, MethodSpec]:
+                  static_engine: bool = False, drafts: Collection[str] | None = None) -> dict[str, MethodSpec]:
     """The method sets the notebooks compare; drafts are read from ``drafts_dir/<name>/draft``.
 
     ``main``: the baselines, EAGLE-2 (dense draft), Jakiro (2 experts, decoupled) and Jakiro + CEPD on
@@ -208,6 +227,8 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     main study also times ``hf_compiled``. ``compiled_loops``: it also runs :data:`COMPILED_TWINS` (our
     plain loop and Jakiro's fastest settings) a second time, the target compiled over a static KV cache
     (:mod:`jakiro_lib.compiled`), as ``<name>_compiled``: the lever measured side by side.
+    ``static_engine``: the main study also runs EAGLE-2 and Jakiro (fixed and tuned trees) on the
+    static-shape engine (:mod:`jakiro_lib.static`), as ``<name>_static``, at T=0 only.
     """
     if study not in STUDIES:
         raise ValueError(f"unknown study {study!r}: use {' or '.join(repr(s) for s in STUDIES)}")
@@ -220,4 +241,7 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     if study == "main" and compiled_loops:
         methods.update({compiled_twin(m.name): dataclasses.replace(methods[m.name], static_compile=True)
                         for m in chosen if m.twin})
+    if study == "main" and static_engine:
+        methods.update({static_twin(m.name): dataclasses.replace(methods[m.name], engine="static")
+                        for m in chosen if m.static_twin})
     return methods

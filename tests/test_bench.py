@@ -214,6 +214,40 @@ def test_compiled_loops_add_compiled_twins_side_by_side(tmp_path):
         tree, tmp_path, study="ablations")
 
 
+def test_static_engine_adds_static_twins_run_at_t0_only(tmp_path):
+    """bench.static_engine runs EAGLE-2 and Jakiro (fixed and tuned trees) a second time on the static-shape
+    engine, as <name>_static; a run at T=0 and T=1 records the static twin at T=0 only, with vanilla's
+    greedy output."""
+    from jakiro_lib.bench import load_records, run_benchmark
+    from jakiro_lib.config import DraftConfig, TargetConfig
+    from jakiro_lib.data import Question
+    from jakiro_lib.draft import DraftModel
+    from jakiro_lib.target import load_target
+
+    tree = TreeConfig(total_tokens=8)
+    plain = study_methods(tree, tmp_path, study="main")
+    both = study_methods(tree, tmp_path, study="main", static_engine=True)
+    twins = {"eagle2_static", "jakiro_static", "eagle2_auto_static", "jakiro_auto_static"}
+    assert set(both) - set(plain) == twins and all(m.engine == "loop" for m in plain.values())
+    for name in twins:
+        assert both[name] == dataclasses.replace(both[name.removesuffix("_static")], engine="static")
+        assert not both[name].samples
+    for bad in (dict(kind="vanilla", engine="static"), dict(kind="spec", engine="graph")):
+        with pytest.raises(ValueError, match="engine"):
+            MethodSpec(**bad, draft="d", tree=tree)
+    target = load_target(TargetConfig(model="tiny:llama"))
+    draft = tmp_path / "d" / "draft"
+    DraftModel.build(DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False, contrastive=False),
+                     target.model).save(draft)
+    spec = MethodSpec("spec", draft=str(draft), tree=TreeConfig(depth=3, top_k=2, total_tokens=4))
+    path = run_benchmark(target, {"vanilla": MethodSpec("vanilla"), "eagle2_static": dataclasses.replace(
+        spec, engine="static")}, [Question("q1", "writing", ["Say something."], "mt_bench")], temperatures=(0.0, 1.0),
+        max_new_tokens=8, warmup=1, out_dir=tmp_path / "bench", progress=False)
+    recs = {(r["method"], r["temperature"]): r for r in load_records(path)}
+    assert set(recs) == {("vanilla", 0.0), ("vanilla", 1.0), ("eagle2_static", 0.0)}
+    assert recs["eagle2_static", 0.0]["output_ids"] == recs["vanilla", 0.0]["output_ids"]
+
+
 def test_ablations_carry_the_authors_released_configuration(tmp_path):
     """jakiro_coupled_cepd: the coupled mixture with CEPD on the last layer, on the 2-expert draft."""
     from jakiro_lib.layout import draft_path

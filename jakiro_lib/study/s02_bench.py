@@ -57,6 +57,7 @@ def profile_methods(prof: Profile, drafts_dir: Path, study: str) -> dict[str, Me
     loops compiled); methods on a draft the profile does not train are left out."""
     return study_methods(prof.tree, drafts_dir, study=study, tuned=prof.bench.tuned,
                          compiled=prof.bench.compiled_baseline, compiled_loops=prof.bench.compiled_loops,
+                         static_engine=prof.bench.static_engine,
                          drafts=prof.drafts)
 
 

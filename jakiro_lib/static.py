@@ -1,0 +1,330 @@
+"""Static-shape speculative decoding: fixed shapes, tensors on the device, one host read per cycle.
+
+The loop of :mod:`jakiro_lib.decoding` builds each tree in Python (lists, dicts, a ``.tolist()`` per draft
+step), which costs little on a CPU but stalls a GPU once per call. Here every step of a cycle is a
+function of tensors whose shapes depend only on the tree settings (docs/DESIGN.md section 12):
+
+1. **draft** (:meth:`StaticTreeDrafter.propose`): EAGLE-2's tree, K = ``top_k`` frontier nodes per layer,
+   each forwarded into fixed slots of a preallocated draft cache, their K x K children scored
+   (:func:`~jakiro_lib.drafting.candidate_tensors`, coupled or decoupled), the best K kept by a stable
+   sort, and finally the best ``total_tokens - 1`` of the pool: the same tree as
+   :class:`~jakiro_lib.drafting.FeatureDrafter` builds (tested);
+2. **verify** (:meth:`StaticTarget.tree`): the target scores the tree over its static KV cache;
+3. **evaluate** (:func:`greedy_path`): the accepted path and the bonus token, as tensors;
+4. **update**: the target cache keeps the path's entries (moved inside the static buffers), the draft
+   encodes the accepted positions (padded to the deepest possible path) and takes its next root.
+
+The host then reads one small tensor (the accepted count and tokens): the only synchronisation of a cycle.
+Lengths and positions live in device tensors, so each step can be captured (CUDA graphs, through
+``torch.compile(mode="reduce-overhead")``) without re-recording. Greedy (T=0) only, without CEPD or a
+lookup chain: those stay on the loop engine. On a CPU the same code runs eagerly and must give vanilla's
+greedy output token for token (tests/test_static.py).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+from transformers import PreTrainedModel, StaticCache
+from transformers.cache_utils import StaticLayer
+
+from .compiled import MAX_TREE_ROOM, _state, static_cache, static_cache_len
+from .config import TreeConfig
+from .decoding import GenerationResult, _check_prompt, _finish, _sync
+from .draft import DraftModel, DraftOutput
+from .drafting import candidate_tensors, schedule
+from .target import additive_mask
+
+
+CPU_CACHE_STEP = 128  # off CUDA, cache lengths are rounded up to this (no graph binds to a length there)
+
+
+def engine_cache_len(needed: int, device: torch.device) -> int:
+    """Positions of the engine's caches. On CUDA a power of two >= 1024 (:func:`~jakiro_lib.compiled.static_cache_len`:
+    few lengths, so few captured graphs); elsewhere ``needed`` rounded up to :data:`CPU_CACHE_STEP`, because
+    every forward attends over the whole cache: on this project's 2-core EPYC an 8-token tree after 200
+    positions took 82 ms over 1024 cached positions and 67-75 over 256-384 (the loop engine's growing
+    cache: 65-69; SmolLM2-135M fp32, 2026-11-25)."""
+    if device.type == "cuda":
+        return static_cache_len(needed)
+    return -(-needed // CPU_CACHE_STEP) * CPU_CACHE_STEP
+
+
+class StaticEngineError(ValueError):
+    """A setting the static engine does not run (sampling, CEPD, a lookup chain, an 'auto' budget)."""
+
+
+class StaticKV:
+    """The draft's key/value cache as one preallocated buffer of ``capacity`` positions.
+
+    ``slots`` [L] (a device tensor, set before each forward) says where the forward's L rows are written;
+    attention reads the whole buffer under the caller's mask, so shapes never change.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.slots: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.capacity
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.k is None:
+            self.k = k.new_zeros(*k.shape[:2], self.capacity, k.shape[-1])  # [B, n_kv, capacity, hd]
+            self.v = v.new_zeros(*v.shape[:2], self.capacity, v.shape[-1])
+        self.k.index_copy_(2, self.slots, k)
+        self.v.index_copy_(2, self.slots, v)
+        return self.k, self.v
+
+
+def tree_rows(allowed_prefix: torch.Tensor, start: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+    """[n, S] rows that see the first ``start`` positions, plus ``block`` [n, b] placed at start..start+b."""
+    n, b = block.shape
+    rows = allowed_prefix.expand(n, -1).clone()
+    cols = start + torch.arange(b, device=block.device)  # [b]
+    return rows.scatter_(1, cols.expand(n, -1), block)
+
+
+def ancestor_mask(parents: torch.Tensor, depth: int) -> torch.Tensor:
+    """[m, m] bool: node i sees node j iff j is i or an ancestor of i (``parents`` [m], root's parent 0,
+    every node at most ``depth`` deep); ``depth`` rounds of ``mask[i] = eye[i] | mask[parent[i]]``."""
+    eye = torch.eye(parents.shape[0], dtype=torch.bool, device=parents.device)
+    mask = eye
+    for _ in range(depth):
+        mask = eye | mask[parents]
+    return mask
+
+
+def greedy_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
+                logits: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy verification in tensors: (path [max_depth + 1] node indices by depth, accepted count, bonus).
+
+    A node is accepted when it and every ancestor equal the target's argmax at their parent. Siblings
+    hold distinct tokens, so the accepted nodes form one root path; its deepest node gives the bonus
+    token. Path entries past the accepted count point at the root (padding the caller never emits).
+    """
+    pred = logits.argmax(-1)  # [m]
+    match = tokens == pred[parents]
+    match[0] = True
+    accepted = ~(anc & ~match[None, :]).any(-1)  # [m]
+    best = torch.where(accepted, depths, -1).argmax().reshape(1)
+    on_path = anc.index_select(0, best)[0]  # [m]: the best node and its ancestors
+    levels = torch.arange(max_depth + 1, device=tokens.device)
+    hit = on_path[None, :] & (depths[None, :] == levels[:, None])  # [D + 1, m]
+    path = hit.long().argmax(-1)  # [D + 1]; rows past the path find nothing: index 0
+    return path, depths.index_select(0, best)[0], pred.index_select(0, best)[0]
+
+
+class StaticTreeDrafter:
+    """EAGLE-2's dynamic tree (coupled or decoupled candidates) in fixed shapes over a :class:`StaticKV`."""
+
+    def __init__(self, draft: DraftModel, tree: TreeConfig, capacity: int) -> None:
+        if tree.total_tokens == "auto":
+            raise StaticEngineError("tree.total_tokens='auto' must be resolved to a number first")
+        if tree.lookup_tokens:
+            raise StaticEngineError("the static engine has no prompt-lookup chain; lookup methods run on the loop engine")
+        if tree.decoupled and draft.cfg.num_experts < 2:
+            raise StaticEngineError("decoupled candidates need a draft with at least 2 experts")
+        steps = schedule(min(tree.depth, tree.total_tokens - 1), tree.ar_steps, draft.cfg.branch_b)
+        if any(n != 1 for n in steps):
+            raise StaticEngineError("the static engine drafts one layer per forward; CEPD (ar_steps) runs on the "
+                                    "loop engine")
+        self.draft = draft
+        self.cfg = tree
+        self.K = tree.top_k
+        self.n_steps = len(steps)
+        self.n_slots = (self.n_steps - 1) * self.K  # tree rows forwarded per cycle
+        self.pool_size = 1 + self.K + (self.n_steps - 1) * self.K * self.K
+        self.m = min(tree.total_tokens, self.pool_size)
+        self.max_depth = min(self.n_steps, self.m - 1)
+        if max(self.n_slots, self.max_depth + 1) > MAX_TREE_ROOM:
+            raise StaticEngineError(f"a tree of {self.n_slots} drafted rows does not fit the {MAX_TREE_ROOM} "
+                                    "positions kept past the text")
+        self.cache = StaticKV(capacity)
+        self.dtype = next(draft.parameters()).dtype
+        self.forwards = 0
+        self.root: DraftOutput | None = None  # a [H], experts [E, H], gates [E] of the last position
+        self.root_token: torch.Tensor | None = None  # 0-dim
+
+    def _forward(self, feats: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+                 allowed: torch.Tensor) -> DraftOutput:
+        """Rows [L] written at ``slots``, attending where ``allowed`` [L, capacity]; outputs without batch."""
+        self.cache.slots = slots
+        out = self.draft(feats[None].to(self.dtype), tokens[None], pos[None], self.cache, allowed[None, None])
+        return DraftOutput(out.a[0], None if out.b is None else out.b[0],
+                           None if out.experts is None else out.experts[0],
+                           None if out.gates is None else out.gates[0])
+
+    def extend(self, hidden: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor, last: torch.Tensor) -> None:
+        """Encode positions start.. (features ``hidden`` [n, H], next tokens [n]); row ``last`` (0-dim)
+        is the newest real one: its output and token root the next tree. Rows after it are padding,
+        written past the text and overwritten later."""
+        n = tokens.shape[0]
+        pos = start + torch.arange(n, device=tokens.device)  # [n]
+        cols = torch.arange(self.cache.capacity, device=tokens.device)
+        out = self._forward(hidden, tokens, pos, pos, cols[None, :] <= pos[:, None])
+        at = last.reshape(1)  # index_select, not tensor[last]: a 0-dim index would be read on the host
+        self.root = DraftOutput(out.a.index_select(0, at)[0], None,
+                                None if out.experts is None else out.experts.index_select(0, at)[0],
+                                None if out.gates is None else out.gates.index_select(0, at)[0])
+        self.root_token = tokens.index_select(0, at)[0]
+
+    def _children(self, out: DraftOutput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return candidate_tensors(self.draft, self.cfg, out.a, out.experts, out.gates)
+
+    def propose(self, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The tree rooted at the last token, drafted after ``base`` (0-dim) cached positions:
+        tokens, parents (root's: 0), depths [m] and the ancestor mask [m, m], all on the device."""
+        K, dev = self.K, base.device
+        ids, vals, feats = self._children(_batch_of_one(self.root))
+        zero = torch.zeros(1, dtype=torch.long, device=dev)
+        tokens, parents = [self.root_token.reshape(1), ids[0]], [zero, zero.expand(K)]
+        scores = [torch.zeros(1, dtype=torch.float64, device=dev), vals[0].double().clamp(max=0.0)]
+        depths = [zero, zero.expand(K) + 1]
+        order = scores[1].sort(descending=True, stable=True).indices  # [K]: the frontier, best first
+        front_idx, front_feat, front_score = 1 + order, feats[0][order], scores[1][order]
+        front_anc = torch.zeros(K, self.n_slots, dtype=torch.bool, device=dev)  # forwarded ancestors' slots
+        cols = torch.arange(self.cache.capacity, device=dev)
+        prefix = cols[None, :] < base
+        eye = torch.eye(K, dtype=torch.bool, device=dev)
+        offset = 1 + K
+        for k in range(1, self.n_steps):
+            s0 = (k - 1) * K
+            own = front_anc.clone()
+            own[:, s0:s0 + K] = eye  # each row also sees itself
+            slots = base + s0 + torch.arange(K, device=dev)
+            out = self._forward(front_feat, torch.cat(tokens)[front_idx], (base - 1 + k).expand(K), slots,
+                                tree_rows(prefix, base, own))
+            self.forwards += 1
+            ids, vals, feats = self._children(out)  # [K, K], [K, K], [K, K, H]
+            child = torch.minimum(front_score[:, None] + vals.double(), front_score[:, None]).flatten()  # [K*K]
+            tokens.append(ids.flatten())
+            parents.append(front_idx.repeat_interleave(K))
+            scores.append(child)
+            depths.append(zero.expand(K * K) + k + 1)
+            order = child.sort(descending=True, stable=True).indices[:K]
+            front_idx, front_score = offset + order, child[order]
+            front_feat = feats.flatten(0, 1)[order]
+            front_anc = own.repeat_interleave(K, 0)[order]
+            offset += K * K
+        tokens, parents, scores, depths = (torch.cat(x) for x in (tokens, parents, scores, depths))
+        # EAGLE-2's selection: the best m - 1 candidates (ties: shallower, then earlier; pool index order
+        # is depth order), kept in index order so that every parent precedes its children
+        keep = scores[1:].sort(descending=True, stable=True).indices[:self.m - 1].sort().values + 1  # [m - 1]
+        nodes = torch.cat([zero, keep])
+        new_index = torch.zeros(self.pool_size, dtype=torch.long, device=dev)
+        new_index[nodes] = torch.arange(self.m, device=dev)
+        tree_parents = new_index[parents[nodes]]  # the root's parent maps to 0
+        return tokens[nodes], tree_parents, depths[nodes], ancestor_mask(tree_parents, self.max_depth)
+
+
+def _batch_of_one(out: DraftOutput) -> DraftOutput:
+    """A position's outputs as a batch of one row."""
+    return DraftOutput(out.a[None], None, None if out.experts is None else out.experts[None],
+                       None if out.gates is None else out.gates[None])
+
+
+class StaticTarget:
+    """The target over a static KV cache; positions and lengths come in as device tensors. On CUDA the
+    model's shared cache of that length (:func:`~jakiro_lib.compiled.static_cache`: what a captured graph
+    binds to), elsewhere a cache of its own, freed with the generation."""
+
+    def __init__(self, model: PreTrainedModel, cache_len: int) -> None:
+        self.model = model
+        self.device = model.device
+        self.dtype = model.dtype
+        self.cache_len = cache_len
+        self.cache = (static_cache(model, cache_len) if self.device.type == "cuda"
+                      else StaticCache(config=model.config, max_cache_len=cache_len))
+        if any(type(layer) is not StaticLayer for layer in self.cache.layers):
+            raise StaticEngineError("the static engine needs full attention in every layer; this target has "
+                                    "sliding-window layers (run it on the loop engine)")
+        self.forward: Callable[..., tuple[torch.Tensor, torch.Tensor]] = _state(model).eager
+        self.cols = torch.arange(cache_len, device=self.device)
+
+    def _rewind(self, length: torch.Tensor | int) -> None:
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                layer.cumulative_length.copy_(torch.as_tensor(length))
+
+    def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self._rewind(0)
+        n = ids.shape[0]
+        logits, hidden = self.forward(ids[None], torch.arange(n, device=self.device)[None], None, self.cache)
+        return logits[0], hidden[0]
+
+    def tree(self, tokens: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
+             start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and features [m] of a tree whose root sits at position ``start`` (0-dim)."""
+        self._rewind(start)
+        allowed = tree_rows(self.cols[None, :] < start, start, anc)  # [m, cache_len]
+        mask = additive_mask(allowed, self.dtype)
+        logits, hidden = self.forward(tokens[None], (start + depths)[None], mask[None, None], self.cache)
+        return logits[0], hidden[0]
+
+    def keep(self, start: torch.Tensor, path: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Move the entries of ``path`` (tree rows, padded) to start.., the write position after the
+        ``accepted`` tokens and the root."""
+        src = start + path
+        dst = start + torch.arange(path.shape[0], device=path.device)
+        for layer in self.cache.layers:
+            layer.keys.index_copy_(2, dst, layer.keys.index_select(2, src))
+            layer.values.index_copy_(2, dst, layer.values.index_select(2, src))
+        self._rewind(start + accepted + 1)
+
+
+@torch.inference_mode()
+def static_generate(model: PreTrainedModel, draft: DraftModel, tree: TreeConfig, prompt_ids: torch.Tensor, *,
+                    max_new_tokens: int = 128, eos_token_ids: list[int] = (), max_context: int = 2048,
+                    on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+    """Greedy speculative decoding on the static engine: draft, verify, evaluate, update; one host read."""
+    _check_prompt(prompt_ids, max_context, 1)
+    dev = model.device
+    cache_len = engine_cache_len(prompt_ids.numel() + max_new_tokens + MAX_TREE_ROOM, dev)
+    drafter = StaticTreeDrafter(draft, tree, cache_len)
+    target = StaticTarget(model, cache_len)
+    result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
+    eos = set(eos_token_ids)
+    D = drafter.max_depth
+    _sync(dev)
+    t0 = time.perf_counter()
+    ids = prompt_ids.to(dev)
+    logits, hidden = target.prefill(ids)
+    root = logits[-1].argmax()
+    n = ids.shape[0]
+    drafter.extend(hidden, torch.cat([ids[1:], root[None]]), torch.zeros((), dtype=torch.long, device=dev),
+                   torch.tensor(n - 1, device=dev))
+    length = n
+    start = torch.tensor(n, device=dev)
+    done = _finish(result, [int(root)], eos, max_new_tokens, on_tokens)
+    result.prefill_time = time.perf_counter() - t0
+    while not done:
+        if length + 1 > max_context:
+            result.stop_reason = "context"
+            break
+        start.fill_(length)
+        if length + D + 1 > max_context:  # no room for a whole tree near the end: the root alone
+            tokens, parents = drafter.root_token.reshape(1), torch.zeros(1, dtype=torch.long, device=dev)
+            depths, anc = parents, torch.ones(1, 1, dtype=torch.bool, device=dev)
+        else:
+            tokens, parents, depths, anc = drafter.propose(start)  # draft
+        logits, hidden = target.tree(tokens, depths, anc, start)  # verify
+        path, accepted, bonus = greedy_path(tokens, parents, depths, anc, logits, D)  # evaluate (padded to D)
+        target.keep(start, path, accepted)  # update
+        new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1]: accepted tokens, bonus at `accepted`
+        new.scatter_(0, accepted[None], bonus[None])
+        drafter.extend(hidden[path], new, start, accepted)
+        read = torch.cat([accepted[None], new]).tolist()  # the cycle's one host synchronisation
+        emitted = read[1:read[0] + 2]
+        length += len(emitted)
+        result.tree_sizes.append(tokens.shape[0])
+        before = len(result.output_ids)
+        done = _finish(result, emitted, eos, max_new_tokens, on_tokens)
+        result.accepted.append(len(result.output_ids) - before)
+    result.draft_forwards = drafter.forwards
+    _sync(dev)
+    result.wall_time = time.perf_counter() - t0
+    return result

@@ -1,0 +1,171 @@
+"""The static-shape engine (jakiro_lib.static): the same trees as the loop engine's drafter, vanilla's greedy
+output token for token, one host read per cycle."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from helpers import random_prompts, tiny_target, trained_draft
+from jakiro_lib.config import DraftConfig, TreeConfig
+from jakiro_lib.decoding import speculative_generate, vanilla_generate
+from jakiro_lib.draft import DraftModel
+from jakiro_lib.drafting import FeatureDrafter
+from jakiro_lib.static import (StaticEngineError, StaticTarget, StaticTreeDrafter, ancestor_mask, greedy_path,
+                               static_generate)
+from jakiro_lib.tree import Tree
+
+MAX_NEW = 40
+CASES = {  # name: (trained draft, tree options)
+    "dense": ("dense", {}),
+    "moe2-coupled": ("moe2", {}),
+    "moe2-decoupled": ("moe2", {"decoupled": True}),
+    "moe2-decoupled-best": ("moe2", {"decoupled": True, "scoring": "best"}),
+}
+SHAPES = [dict(depth=4, top_k=3, total_tokens=12), dict(depth=3, top_k=4, total_tokens=8),
+          dict(depth=5, top_k=2, total_tokens=40), dict(depth=1, top_k=3, total_tokens=2)]
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return random_prompts(8, seed=4321, min_len=1, max_len=48)
+
+
+@pytest.fixture(scope="module")
+def vanilla(prompts):
+    model = tiny_target("llama")
+    return [vanilla_generate(model, p, max_new_tokens=MAX_NEW).output_ids for p in prompts]
+
+
+@pytest.mark.parametrize("shape", range(len(SHAPES)))
+@pytest.mark.parametrize("case", list(CASES))
+def test_static_trees_equal_the_loop_drafters(prompts, case, shape):
+    """After the same context, the static drafter proposes the loop drafter's tree: same tokens, parents
+    and depths (node order included), hence the same verification."""
+    model = tiny_target("llama")
+    name, opts = CASES[case]
+    draft = trained_draft(model, name)
+    tree = TreeConfig(**SHAPES[shape], **opts)
+    loop = FeatureDrafter(draft, tree)
+    static = StaticTreeDrafter(draft, tree, capacity=256)
+    with torch.inference_mode():
+        for p in prompts[:4]:
+            hidden = model.model(input_ids=p[None]).last_hidden_state[0]
+            root = int(model.lm_head(hidden[-1]).argmax())
+            loop.begin(p, hidden, root)
+            n = p.numel()
+            static.extend(hidden, torch.cat([p[1:], torch.tensor([root])]), torch.tensor(0), torch.tensor(n - 1))
+            want = loop.propose()
+            tokens, parents, depths, anc = static.propose(torch.tensor(n))
+            assert tokens.tolist() == want.tokens.tolist(), (case, shape)
+            assert parents.tolist()[1:] == want.parents[1:] and depths.tolist() == want.depths.tolist()
+            assert torch.equal(anc, want.ancestor_mask())
+    assert static.forwards == 4 * (len(loop.steps) - 1)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_static_greedy_equals_vanilla(prompts, vanilla, case):
+    """fp32 on CPU: every prompt's output equals vanilla's, with drafted paths accepted (tau > 1.5, some
+    cycles keep 3+ drafted tokens), and the same accepted lengths as the loop engine's."""
+    model = tiny_target("llama")
+    name, opts = CASES[case]
+    draft = trained_draft(model, name)
+    tree = TreeConfig(depth=4, top_k=3, total_tokens=12, **opts)
+    emitted = cycles = longest = 0
+    for i, p in enumerate(prompts):
+        r = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW)
+        assert r.output_ids == vanilla[i], (case, i)
+        assert sum(r.accepted) == MAX_NEW - 1 and len(r.tree_sizes) == r.cycles
+        loop = speculative_generate(model, FeatureDrafter(draft, tree), p, max_new_tokens=MAX_NEW)
+        assert r.accepted == loop.accepted, (case, i)
+        emitted, cycles, longest = emitted + sum(r.accepted), cycles + r.cycles, max(longest, max(r.accepted))
+    assert emitted / cycles > 1.5 and longest >= 4, (emitted / cycles, longest)
+
+
+def test_static_eos_and_context_end(prompts):
+    """EOS stops where vanilla stops; near the end of the context the root alone is verified, so the
+    output runs to the last position as vanilla's does."""
+    model = tiny_target("llama")
+    draft = trained_draft(model, "dense")
+    tree = TreeConfig(depth=4, top_k=3, total_tokens=12)
+    p = prompts[1]
+    ref = vanilla_generate(model, p, max_new_tokens=MAX_NEW).output_ids
+    eos = ref[9]
+    r = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW, eos_token_ids=[eos])
+    assert r.output_ids == ref[:ref.index(eos) + 1] and r.stop_reason == "eos"
+    ctx = p.numel() + 15
+    want = vanilla_generate(model, p, max_new_tokens=MAX_NEW, max_context=ctx)
+    got = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW, max_context=ctx)
+    assert got.output_ids == want.output_ids and got.stop_reason == want.stop_reason == "context"
+
+
+class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts what copies a device value to the host: ``.item()`` / ``int()`` / ``float()`` / a 0-dim tensor
+    used as an index (the operators below) and ``.tolist()`` (not an operator: counted by a wrapper)."""
+
+    READS = ("aten.item.default", "aten._local_scalar_dense.default")
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        super().__init__()
+        self.scalars = self.lists = 0
+        tolist = torch.Tensor.tolist
+
+        def counted(t: torch.Tensor):
+            self.lists += 1
+            return tolist(t)
+
+        monkeypatch.setattr(torch.Tensor, "tolist", counted)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.scalars += str(func) in self.READS
+        return func(*args, **(kwargs or {}))
+
+
+def test_one_host_read_per_cycle(prompts, monkeypatch):
+    """Drafting, verification and the cache updates never read a value on the host: per cycle the host
+    reads one tensor (the accepted tokens), plus the first token after the prefill. The loop engine reads
+    many times per cycle (which shows that the counter sees reads)."""
+    model = tiny_target("llama")
+    draft = trained_draft(model, "moe2")
+    tree = TreeConfig(depth=4, top_k=3, total_tokens=12, decoupled=True)
+    p = prompts[0]
+    with _HostReads(monkeypatch) as static:
+        r = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW)
+    assert (static.scalars, static.lists) == (1, r.cycles)
+    with _HostReads(monkeypatch) as loop:
+        speculative_generate(model, FeatureDrafter(draft, tree), p, max_new_tokens=MAX_NEW)
+    assert loop.scalars + loop.lists > 3 * r.cycles, (loop.scalars, loop.lists)
+
+
+def test_greedy_path_on_a_hand_built_tree():
+    """Root 0 with children 1 (token 5), 2 (token 6); 1 has child 3 (token 7). The target's argmax at the
+    root is 5 and at node 1 is 7: path 0-1-3, 2 accepted, bonus = argmax at node 3."""
+    tree = Tree(torch.tensor([9, 5, 6, 7]), [-1, 0, 0, 1], torch.tensor([0, 1, 1, 2]))
+    logits = torch.full((4, 10), -1.0)
+    logits[0, 5] = logits[1, 7] = logits[2, 1] = logits[3, 8] = 1.0
+    parents = torch.tensor([0, 0, 0, 1])
+    anc = ancestor_mask(parents, 2)
+    assert torch.equal(anc, tree.ancestor_mask())
+    path, n, bonus = greedy_path(tree.tokens, parents, tree.depths, anc, logits, 3)
+    assert path.tolist()[:3] == [0, 1, 3] and int(n) == 2 and int(bonus) == 8
+    logits[0, 5], logits[0, 6] = -1.0, 2.0  # now the root's argmax is 6: node 2, then node 2's argmax 1
+    path, n, bonus = greedy_path(tree.tokens, parents, tree.depths, anc, logits, 3)
+    assert path.tolist()[:2] == [0, 2] and int(n) == 1 and int(bonus) == 1
+
+
+def test_settings_the_static_engine_does_not_run():
+    mistral = copy.deepcopy(tiny_target("mistral"))
+    mistral.config.sliding_window = 16
+    with pytest.raises(StaticEngineError, match="sliding-window"):
+        StaticTarget(mistral, 256)
+    model = tiny_target("llama")
+    torch.manual_seed(0)
+    moe = DraftModel.build(DraftConfig(num_experts=2), model).eval()
+    dense = DraftModel.build(DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False,
+                                         contrastive=False), model).eval()
+    for draft, tree, words in [(moe, TreeConfig(ar_steps=1), "CEPD"), (dense, TreeConfig(lookup_tokens=4), "lookup"),
+                               (dense, TreeConfig(total_tokens="auto"), "auto"),
+                               (dense, TreeConfig(decoupled=True), "2 experts")]:
+        with pytest.raises(StaticEngineError, match=words):
+            StaticTreeDrafter(draft, tree, 256)
