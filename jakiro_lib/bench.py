@@ -95,7 +95,8 @@ class MethodRunner:
                 raise StaticEngineError("the static engine verifies greedily only (T=0)")
             return static_generate(t.model, self.draft, self.spec.tree, prompt_ids,
                                    max_new_tokens=common["max_new_tokens"], eos_token_ids=common["eos_token_ids"],
-                                   max_context=t.config.max_context, on_tokens=on_tokens)
+                                   max_context=t.config.max_context, on_tokens=on_tokens,
+                                   compile=self.spec.static_compile)
         drafter = make_drafter(self.draft, self.spec.tree)
         return speculative_generate(t.model, drafter, prompt_ids, max_context=t.config.max_context,
                                     generator=self._gen(seed), on_tokens=on_tokens,

@@ -217,6 +217,8 @@ class DraftModel(nn.Module):
         w = self._shared[1].weight
         if self.d2t is None:
             return w
+        if torch.compiler.is_compiling() and self._head_weight is not None:
+            return self._head_weight  # prepared before compiling (jakiro_lib.static: StaticEngine)
         # Inference tensors (a draft loaded under torch.inference_mode) keep no version counter; the
         # load_state_dict hook in __init__ drops the cache whichever kind d2t is.
         version = None if self.d2t.is_inference() else self.d2t._version
@@ -239,6 +241,8 @@ class DraftModel(nn.Module):
             head = self._shared[1]
             return head(features) if self.packed_head else F.linear(features, head.weight, head.bias)
         w = self.head_weight()
+        if not self.packed_head:
+            return F.linear(features, w)
         if self._head_packed is None or self._head_packed[0] is not w:
             self._head_gemm = kernels.follow(self._shared[1], w)
             self._head_packed = (w, kernels.pack_weight(w, HEAD_PACK_MAX_ROWS, self._head_gemm[0])

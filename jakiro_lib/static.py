@@ -22,6 +22,8 @@ greedy output token for token (tests/test_static.py).
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from typing import Callable
 
@@ -29,7 +31,8 @@ import torch
 from transformers import PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
-from .compiled import MAX_TREE_ROOM, _state, static_cache, static_cache_len
+from . import kernels
+from .compiled import MAX_TREE_ROOM, _compile_settings, _state, static_cache, static_cache_len
 from .config import TreeConfig
 from .decoding import GenerationResult, _check_prompt, _finish, _sync
 from .draft import DraftModel, DraftOutput
@@ -49,6 +52,12 @@ def engine_cache_len(needed: int, device: torch.device) -> int:
     if device.type == "cuda":
         return static_cache_len(needed)
     return -(-needed // CPU_CACHE_STEP) * CPU_CACHE_STEP
+
+
+def _static(t: torch.Tensor) -> torch.Tensor:
+    """``t``, marked as a buffer whose address never changes: a captured CUDA graph reads and writes it in place."""
+    torch._dynamo.mark_static_address(t)
+    return t
 
 
 class StaticEngineError(ValueError):
@@ -73,8 +82,8 @@ class StaticKV:
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.k is None:
-            self.k = k.new_zeros(*k.shape[:2], self.capacity, k.shape[-1])  # [B, n_kv, capacity, hd]
-            self.v = v.new_zeros(*v.shape[:2], self.capacity, v.shape[-1])
+            self.k = _static(k.new_zeros(*k.shape[:2], self.capacity, k.shape[-1]))  # [B, n_kv, capacity, hd]
+            self.v = _static(v.new_zeros(*v.shape[:2], self.capacity, v.shape[-1]))
         self.k.index_copy_(2, self.slots, k)
         self.v.index_copy_(2, self.slots, v)
         return self.k, self.v
@@ -145,8 +154,10 @@ class StaticTreeDrafter:
                                     "positions kept past the text")
         self.cache = StaticKV(capacity)
         self.dtype = next(draft.parameters()).dtype
-        self.forwards = 0
-        self.root: DraftOutput | None = None  # a [H], experts [E, H], gates [E] of the last position
+        self.forwards = 0  # draft forwards inside trees, counted by the engine (no Python state inside a compiled step)
+        # The last position's outputs (a [H], experts [E, H], gates [E]) and token: buffers allocated by the
+        # first extend and then written in place, so a captured cycle reads and writes the same memory
+        self.root: DraftOutput | None = None
         self.root_token: torch.Tensor | None = None  # 0-dim
 
     def _forward(self, feats: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
@@ -167,10 +178,15 @@ class StaticTreeDrafter:
         cols = torch.arange(self.cache.capacity, device=tokens.device)
         out = self._forward(hidden, tokens, pos, pos, cols[None, :] <= pos[:, None])
         at = last.reshape(1)  # index_select, not tensor[last]: a 0-dim index would be read on the host
-        self.root = DraftOutput(out.a.index_select(0, at)[0], None,
-                                None if out.experts is None else out.experts.index_select(0, at)[0],
-                                None if out.gates is None else out.gates.index_select(0, at)[0])
-        self.root_token = tokens.index_select(0, at)[0]
+        new = [None if x is None else x.index_select(0, at)[0] for x in (out.a, out.experts, out.gates, tokens)]
+        if self.root is None:
+            self.root = DraftOutput(_static(new[0].clone()), None, None if new[1] is None else _static(new[1].clone()),
+                                    None if new[2] is None else _static(new[2].clone()))
+            self.root_token = _static(new[3].clone())
+            return
+        for buf, x in zip((self.root.a, self.root.experts, self.root.gates, self.root_token), new):
+            if buf is not None:
+                buf.copy_(x)
 
     def _children(self, out: DraftOutput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return candidate_tensors(self.draft, self.cfg, out.a, out.experts, out.gates)
@@ -198,7 +214,6 @@ class StaticTreeDrafter:
             slots = base + s0 + torch.arange(K, device=dev)
             out = self._forward(front_feat, torch.cat(tokens)[front_idx], (base - 1 + k).expand(K), slots,
                                 tree_rows(prefix, base, own))
-            self.forwards += 1
             ids, vals, feats = self._children(out)  # [K, K], [K, K], [K, K, H]
             child = torch.minimum(front_score[:, None] + vals.double(), front_score[:, None]).flatten()  # [K*K]
             tokens.append(ids.flatten())
@@ -228,16 +243,17 @@ def _batch_of_one(out: DraftOutput) -> DraftOutput:
 
 
 class StaticTarget:
-    """The target over a static KV cache; positions and lengths come in as device tensors. On CUDA the
-    model's shared cache of that length (:func:`~jakiro_lib.compiled.static_cache`: what a captured graph
-    binds to), elsewhere a cache of its own, freed with the generation."""
+    """The target over a static KV cache; positions and lengths come in as device tensors. On CUDA or
+    ``shared``, the model's one cache of that length (:func:`~jakiro_lib.compiled.static_cache`: what a
+    compiled step binds to), elsewhere a cache of its own, freed with the generation."""
 
-    def __init__(self, model: PreTrainedModel, cache_len: int) -> None:
+    def __init__(self, model: PreTrainedModel, cache_len: int, *, shared: bool = False) -> None:
         self.model = model
         self.device = model.device
         self.dtype = model.dtype
         self.cache_len = cache_len
-        self.cache = (static_cache(model, cache_len) if self.device.type == "cuda"
+        shared = shared or self.device.type == "cuda"
+        self.cache = (static_cache(model, cache_len) if shared
                       else StaticCache(config=model.config, max_cache_len=cache_len))
         if any(type(layer) is not StaticLayer for layer in self.cache.layers):
             raise StaticEngineError("the static engine needs full attention in every layer; this target has "
@@ -276,55 +292,123 @@ class StaticTarget:
         self._rewind(start + accepted + 1)
 
 
+class StaticEngine:
+    """A target, a draft and tree settings bound to static buffers of ``cache_len`` positions.
+
+    :meth:`cycle` is one draft-verify-evaluate-update step from ``start`` cached positions, a function of
+    device tensors with fixed shapes; it returns what the host reads. ``compile``: the cycle goes through
+    ``torch.compile`` (on CUDA ``mode="reduce-overhead"``, i.e. captured as CUDA graphs; elsewhere inductor),
+    the target's and the draft head's packed CPU GEMMs off inside it, as in :mod:`jakiro_lib.compiled`.
+    """
+
+    def __init__(self, model: PreTrainedModel, draft: DraftModel, tree: TreeConfig, cache_len: int, *,
+                 compile: bool = False) -> None:
+        self.model, self.draft = model, draft
+        self.drafter = StaticTreeDrafter(draft, tree, cache_len)
+        self.target = StaticTarget(model, cache_len, shared=compile)
+        self.compile = compile
+        self.compiled_cycles = 0  # cycles run through the compiled step (tests check that it was used)
+        self._step: Callable[[torch.Tensor], torch.Tensor] = self.cycle
+        if compile:
+            mode = "reduce-overhead" if model.device.type == "cuda" else "default"
+            self._step = torch.compile(self.cycle, mode=mode, fullgraph=True, dynamic=False)
+
+    def cycle(self, start: torch.Tensor) -> torch.Tensor:
+        """[D + 2]: the accepted count, then the accepted tokens with the bonus token after them (padded)."""
+        drafter, target = self.drafter, self.target
+        tokens, parents, depths, anc = drafter.propose(start)  # draft
+        logits, hidden = target.tree(tokens, depths, anc, start)  # verify
+        path, accepted, bonus = greedy_path(tokens, parents, depths, anc, logits, drafter.max_depth)  # evaluate
+        target.keep(start, path, accepted)  # update
+        new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1]: accepted tokens, bonus at `accepted`
+        new = new.scatter(0, accepted[None], bonus[None])
+        drafter.extend(hidden[path], new, start, accepted)
+        return torch.cat([accepted[None], new])
+
+    def _root_only(self, start: torch.Tensor) -> torch.Tensor:
+        """Near the end of the context, where a whole tree no longer fits: the root alone, verified."""
+        dev = start.device
+        tokens, parents = self.drafter.root_token.reshape(1), torch.zeros(1, dtype=torch.long, device=dev)
+        logits, _ = self.target.tree(tokens, parents, torch.ones(1, 1, dtype=torch.bool, device=dev), start)
+        bonus = logits[0].argmax()
+        self.target.keep(start, parents, bonus.new_zeros(()))
+        self.drafter.root_token.copy_(bonus)
+        return torch.stack([bonus.new_zeros(()), bonus])
+
+    def _run_step(self, start: torch.Tensor) -> torch.Tensor:
+        if not self.compile:
+            return self._step(start)
+        head = self.draft.packed_head
+        self.draft.packed_head = False  # inside the compiled step the plain GEMMs run (inductor packs them)
+        self.draft.head_weight()  # the draft vocabulary's rows, gathered outside the graph
+        try:
+            with _compile_settings(self.model.device), kernels.plain_kernels(self.model, gqa=False):
+                read = self._step(start)
+        finally:
+            self.draft.packed_head = head
+        self.compiled_cycles += 1
+        return read
+
+    def generate(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, eos_token_ids: list[int] = (),
+                 max_context: int, on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+        drafter, target = self.drafter, self.target
+        dev = self.model.device
+        result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
+        eos = set(eos_token_ids)
+        forwards0 = drafter.forwards
+        _sync(dev)
+        t0 = time.perf_counter()
+        ids = prompt_ids.to(dev)
+        logits, hidden = target.prefill(ids)
+        root = logits[-1].argmax()
+        n = ids.shape[0]
+        drafter.extend(hidden, torch.cat([ids[1:], root[None]]), torch.zeros((), dtype=torch.long, device=dev),
+                       torch.tensor(n - 1, device=dev))
+        length = n
+        start = torch.tensor(n, device=dev)
+        done = _finish(result, [int(root)], eos, max_new_tokens, on_tokens)
+        result.prefill_time = time.perf_counter() - t0
+        while not done:
+            if length + 1 > max_context:
+                result.stop_reason = "context"
+                break
+            start.fill_(length)
+            whole = length + drafter.max_depth + 1 <= max_context
+            read = (self._run_step(start) if whole else self._root_only(start)).tolist()  # the one host read
+            emitted = read[1:read[0] + 2]
+            length += len(emitted)
+            result.tree_sizes.append(drafter.m if whole else 1)
+            drafter.forwards += (drafter.n_steps - 1) if whole else 0
+            before = len(result.output_ids)
+            done = _finish(result, emitted, eos, max_new_tokens, on_tokens)
+            result.accepted.append(len(result.output_ids) - before)
+        result.draft_forwards = drafter.forwards - forwards0
+        _sync(dev)
+        result.wall_time = time.perf_counter() - t0
+        return result
+
+
+def _engine(model: PreTrainedModel, draft: DraftModel, tree: TreeConfig, cache_len: int, compile: bool) -> StaticEngine:
+    """A compiled engine is kept on the model, one per draft, tree and length: its step is specialised to its
+    buffers (as :func:`~jakiro_lib.compiled.static_cache` explains), so a new one would compile again."""
+    if not compile:
+        return StaticEngine(model, draft, tree, cache_len)
+    engines: dict = model.__dict__.setdefault("_jakiro_static_engines", {})
+    key = (id(draft), json.dumps(dataclasses.asdict(tree), sort_keys=True), cache_len)
+    if key not in engines:  # the engine holds the draft, so its id is not reused while the entry lives
+        engines[key] = StaticEngine(model, draft, tree, cache_len, compile=True)
+    return engines[key]
+
+
 @torch.inference_mode()
 def static_generate(model: PreTrainedModel, draft: DraftModel, tree: TreeConfig, prompt_ids: torch.Tensor, *,
                     max_new_tokens: int = 128, eos_token_ids: list[int] = (), max_context: int = 2048,
-                    on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
-    """Greedy speculative decoding on the static engine: draft, verify, evaluate, update; one host read."""
+                    on_tokens: Callable[[list[int]], None] | None = None, compile: bool = False) -> GenerationResult:
+    """Greedy speculative decoding on the static engine: draft, verify, evaluate, update; one host read per
+    cycle. ``compile``: the cycle compiled (CUDA graphs on CUDA; the first prompts of each length compile)."""
     _check_prompt(prompt_ids, max_context, 1)
-    dev = model.device
-    cache_len = engine_cache_len(prompt_ids.numel() + max_new_tokens + MAX_TREE_ROOM, dev)
-    drafter = StaticTreeDrafter(draft, tree, cache_len)
-    target = StaticTarget(model, cache_len)
-    result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
-    eos = set(eos_token_ids)
-    D = drafter.max_depth
-    _sync(dev)
-    t0 = time.perf_counter()
-    ids = prompt_ids.to(dev)
-    logits, hidden = target.prefill(ids)
-    root = logits[-1].argmax()
-    n = ids.shape[0]
-    drafter.extend(hidden, torch.cat([ids[1:], root[None]]), torch.zeros((), dtype=torch.long, device=dev),
-                   torch.tensor(n - 1, device=dev))
-    length = n
-    start = torch.tensor(n, device=dev)
-    done = _finish(result, [int(root)], eos, max_new_tokens, on_tokens)
-    result.prefill_time = time.perf_counter() - t0
-    while not done:
-        if length + 1 > max_context:
-            result.stop_reason = "context"
-            break
-        start.fill_(length)
-        if length + D + 1 > max_context:  # no room for a whole tree near the end: the root alone
-            tokens, parents = drafter.root_token.reshape(1), torch.zeros(1, dtype=torch.long, device=dev)
-            depths, anc = parents, torch.ones(1, 1, dtype=torch.bool, device=dev)
-        else:
-            tokens, parents, depths, anc = drafter.propose(start)  # draft
-        logits, hidden = target.tree(tokens, depths, anc, start)  # verify
-        path, accepted, bonus = greedy_path(tokens, parents, depths, anc, logits, D)  # evaluate (padded to D)
-        target.keep(start, path, accepted)  # update
-        new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1]: accepted tokens, bonus at `accepted`
-        new.scatter_(0, accepted[None], bonus[None])
-        drafter.extend(hidden[path], new, start, accepted)
-        read = torch.cat([accepted[None], new]).tolist()  # the cycle's one host synchronisation
-        emitted = read[1:read[0] + 2]
-        length += len(emitted)
-        result.tree_sizes.append(tokens.shape[0])
-        before = len(result.output_ids)
-        done = _finish(result, emitted, eos, max_new_tokens, on_tokens)
-        result.accepted.append(len(result.output_ids) - before)
-    result.draft_forwards = drafter.forwards
-    _sync(dev)
-    result.wall_time = time.perf_counter() - t0
-    return result
+    needed = prompt_ids.numel() + max_new_tokens + MAX_TREE_ROOM
+    cache_len = static_cache_len(needed) if compile else engine_cache_len(needed, model.device)
+    engine = _engine(model, draft, tree, cache_len, compile)
+    return engine.generate(prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
+                           max_context=max_context, on_tokens=on_tokens)

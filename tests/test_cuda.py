@@ -50,3 +50,30 @@ def test_sampling_runs_with_a_cuda_generator(cuda_setup):
     assert runs[0] == runs[1] and len(runs[0]) == 16
     gen = torch.Generator(device="cuda").manual_seed(0)
     assert len(vanilla_generate(target.model, ids, max_new_tokens=16, params=params, generator=gen).output_ids) == 16
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_static_engine_equals_vanilla_on_cuda_with_one_sync_per_cycle(cuda_setup, compile):
+    """The static engine on CUDA, eager and captured (torch.compile mode="reduce-overhead": CUDA graphs):
+    vanilla's greedy output, and no device-to-host synchronisation but the one read per cycle (and the
+    prompt's first token), counted by CUDA's sync debug mode."""
+    import warnings
+
+    from jakiro_lib.static import static_generate
+
+    target, draft = cuda_setup
+    tree = TreeConfig(depth=3, top_k=2, total_tokens=6, decoupled=True)
+    for p in random_prompts(3, seed=7):
+        ids = p.to("cuda")
+        ref = vanilla_generate(target.model, ids, max_new_tokens=24)
+        static_generate(target.model, draft, tree, ids, max_new_tokens=24, compile=compile)  # warm-up / capture
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                out = static_generate(target.model, draft, tree, ids, max_new_tokens=24, compile=compile)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert out.output_ids == ref.output_ids
+        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+        assert len(syncs) <= out.cycles + 3, [str(w.message) for w in syncs[:5]]

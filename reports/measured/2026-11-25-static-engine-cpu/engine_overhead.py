@@ -7,7 +7,10 @@ engine's cost. Random drafts accept little, so tokens/s here is not what trained
 
     python reports/measured/2026-11-25-static-engine-cpu/engine_overhead.py --out <dir> [--questions 10]
 
-Writes cycles.csv (one row per prompt, method and engine) and summary.csv.
+Engines: ``loop`` (decoding.speculative_generate), ``static`` (jakiro_lib.static, eager) and, for the
+8-token EAGLE-2 tree only, ``static_compiled`` (the whole cycle through torch.compile: inductor here; about
+3 minutes of compilation, in the warm-up). Writes cycles.csv (one row per prompt, method and engine) and
+summary.csv.
 """
 from __future__ import annotations
 
@@ -58,10 +61,13 @@ def main() -> None:
             return speculative_generate(target.model, FeatureDrafter(drafts[name], tree), ids, max_new_tokens=n,
                                         max_context=prof.target.max_context)
         return static_generate(target.model, drafts[name], tree, ids, max_new_tokens=n,
-                               max_context=prof.target.max_context)
+                               max_context=prof.target.max_context, compile=engine == "static_compiled")
 
-    for method in trees:  # warm-up: allocator, kernels, packed head copies
-        for engine in ("loop", "static"):
+    def engines(method: str) -> tuple[str, ...]:
+        return ("loop", "static", "static_compiled") if method == "eagle2 (8 tokens)" else ("loop", "static")
+
+    for method in trees:  # warm-up: allocator, kernels, packed head copies, the compilation
+        for engine in engines(method):
             run(engine, method, prompts[0][:32])
     rows = []
     for i, ids in enumerate(prompts):
@@ -70,7 +76,7 @@ def main() -> None:
                          wall_s=ref.wall_time, ms_per_cycle=1e3 * (ref.wall_time - ref.prefill_time) / ref.cycles,
                          tokens_per_s=ref.tokens_per_second, same_as_vanilla=True))
         for method in trees:
-            order = ("loop", "static") if i % 2 == 0 else ("static", "loop")  # alternate: drift cancels
+            order = engines(method) if i % 2 == 0 else engines(method)[::-1]  # alternate: drift cancels
             for engine in order:
                 r = run(engine, method, ids)
                 rows.append(dict(question=i + 1, method=method, engine=engine, cycles=r.cycles, tau=round(r.tau, 3),
@@ -83,7 +89,7 @@ def main() -> None:
         w.writerows(rows)
     summary = []
     for method in ["vanilla", *trees]:
-        for engine in ("loop", "static"):
+        for engine in ("loop", "static", "static_compiled"):
             rs = [r for r in rows if r["method"] == method and r["engine"] == engine]
             if not rs:
                 continue
