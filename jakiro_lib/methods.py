@@ -229,7 +229,8 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     plain loop and Jakiro's fastest settings) a second time, the target compiled over a static KV cache
     (:mod:`jakiro_lib.compiled`), as ``<name>_compiled``: the lever measured side by side.
     ``static_engine``: the main study also runs EAGLE-2 and Jakiro (fixed and tuned trees) on the
-    static-shape engine (:mod:`jakiro_lib.static`), as ``<name>_static``, at T=0 only.
+    static-shape engine (:mod:`jakiro_lib.static`), as ``<name>_static``, at T=0 only; with ``compiled_loops``
+    too also with its whole cycle compiled (CUDA graphs on a GPU), as ``<name>_static_compiled``.
     """
     if study not in STUDIES:
         raise ValueError(f"unknown study {study!r}: use {' or '.join(repr(s) for s in STUDIES)}")
@@ -243,6 +244,9 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
         methods.update({compiled_twin(m.name): dataclasses.replace(methods[m.name], static_compile=True)
                         for m in chosen if m.twin})
     if study == "main" and static_engine:
-        methods.update({static_twin(m.name): dataclasses.replace(methods[m.name], engine="static")
-                        for m in chosen if m.static_twin})
+        for m in (m for m in chosen if m.static_twin):
+            methods[static_twin(m.name)] = dataclasses.replace(methods[m.name], engine="static")
+            if compiled_loops:  # the captured cycle (CUDA graphs on a GPU)
+                methods[compiled_twin(static_twin(m.name))] = dataclasses.replace(methods[static_twin(m.name)],
+                                                                                  static_compile=True)
     return methods

@@ -44,8 +44,8 @@ CPU_CACHE_STEP = 128  # off CUDA, cache lengths are rounded up to this (no graph
 
 
 def engine_cache_len(needed: int, device: torch.device) -> int:
-    """Positions of the engine's caches. On CUDA a power of two >= 1024 (:func:`~jakiro_lib.compiled.static_cache_len`:
-    few lengths, so few captured graphs); elsewhere ``needed`` rounded up to :data:`CPU_CACHE_STEP`, because
+    """Positions of the eager engine's caches. On CUDA a power of two >= 1024 (few lengths, so few captured
+    graphs: :func:`~jakiro_lib.compiled.static_cache_len`); elsewhere ``needed`` rounded up to :data:`CPU_CACHE_STEP`, because
     every forward attends over the whole cache: on this project's 2-core EPYC an 8-token tree after 200
     positions took 82 ms over 1024 cached positions and 67-75 over 256-384 (the loop engine's growing
     cache: 65-69; SmolLM2-135M fp32, 2026-11-25)."""
@@ -134,7 +134,8 @@ class StaticTreeDrafter:
         if tree.total_tokens == "auto":
             raise StaticEngineError("tree.total_tokens='auto' must be resolved to a number first")
         if tree.lookup_tokens:
-            raise StaticEngineError("the static engine has no prompt-lookup chain; lookup methods run on the loop engine")
+            raise StaticEngineError("the static engine has no prompt-lookup chain; lookup methods run on the loop "
+                                    "engine")
         if tree.decoupled and draft.cfg.num_experts < 2:
             raise StaticEngineError("decoupled candidates need a draft with at least 2 experts")
         steps = schedule(min(tree.depth, tree.total_tokens - 1), tree.ar_steps, draft.cfg.branch_b)

@@ -232,6 +232,8 @@ def test_static_engine_adds_static_twins_run_at_t0_only(tmp_path):
     for name in twins:
         assert both[name] == dataclasses.replace(both[name.removesuffix("_static")], engine="static")
         assert not both[name].samples
+    captured = set(study_methods(tree, tmp_path, study="main", static_engine=True, compiled_loops=True)) - set(both)
+    assert {n for n in captured if "static" in n} == {f"{n}_compiled" for n in twins}
     for bad in (dict(kind="vanilla", engine="static"), dict(kind="spec", engine="graph")):
         with pytest.raises(ValueError, match="engine"):
             MethodSpec(**bad, draft="d", tree=tree)
