@@ -45,10 +45,10 @@ CPU_CACHE_STEP = 128  # off CUDA, cache lengths are rounded up to this (no graph
 
 def engine_cache_len(needed: int, device: torch.device) -> int:
     """Positions of the eager engine's caches. On CUDA a power of two >= 1024 (few lengths, so few captured
-    graphs: :func:`~jakiro_lib.compiled.static_cache_len`); elsewhere ``needed`` rounded up to :data:`CPU_CACHE_STEP`, because
-    every forward attends over the whole cache: on this project's 2-core EPYC an 8-token tree after 200
-    positions took 82 ms over 1024 cached positions and 67-75 over 256-384 (the loop engine's growing
-    cache: 65-69; SmolLM2-135M fp32, 2026-11-25)."""
+    graphs: :func:`~jakiro_lib.compiled.static_cache_len`); elsewhere ``needed`` rounded up to
+    :data:`CPU_CACHE_STEP`, because every forward attends over the whole cache: on this project's 2-core EPYC
+    an 8-token tree after 200 positions took 82 ms over 1024 cached positions and 67-75 over 256-384 (the
+    loop engine's growing cache: 65-69; SmolLM2-135M fp32, 2026-11-25)."""
     if device.type == "cuda":
         return static_cache_len(needed)
     return -(-needed // CPU_CACHE_STEP) * CPU_CACHE_STEP
@@ -181,9 +181,8 @@ class StaticTreeDrafter:
         at = last.reshape(1)  # index_select, not tensor[last]: a 0-dim index would be read on the host
         new = [None if x is None else x.index_select(0, at)[0] for x in (out.a, out.experts, out.gates, tokens)]
         if self.root is None:
-            self.root = DraftOutput(_static(new[0].clone()), None, None if new[1] is None else _static(new[1].clone()),
-                                    None if new[2] is None else _static(new[2].clone()))
-            self.root_token = _static(new[3].clone())
+            a, experts, gates, token = (None if x is None else _static(x.clone()) for x in new)
+            self.root, self.root_token = DraftOutput(a, None, experts, gates), token
             return
         for buf, x in zip((self.root.a, self.root.experts, self.root.gates, self.root_token), new):
             if buf is not None:
