@@ -40,18 +40,16 @@ from .drafting import candidate_tensors, schedule
 from .target import additive_mask
 
 
-CPU_CACHE_STEP = 128  # off CUDA, cache lengths are rounded up to this (no graph binds to a length there)
+CACHE_STEP = 128  # eager engines round their cache lengths up to this (no compiled step binds to a length)
 
 
-def engine_cache_len(needed: int, device: torch.device) -> int:
-    """Positions of the eager engine's caches. On CUDA a power of two >= 1024 (few lengths, so few captured
-    graphs: :func:`~jakiro_lib.compiled.static_cache_len`); elsewhere ``needed`` rounded up to
-    :data:`CPU_CACHE_STEP`, because every forward attends over the whole cache: on this project's 2-core EPYC
-    an 8-token tree after 200 positions took 82 ms over 1024 cached positions and 67-75 over 256-384 (the
-    loop engine's growing cache: 65-69; SmolLM2-135M fp32, 2026-11-25)."""
-    if device.type == "cuda":
-        return static_cache_len(needed)
-    return -(-needed // CPU_CACHE_STEP) * CPU_CACHE_STEP
+def engine_cache_len(needed: int) -> int:
+    """Positions of an eager engine's caches: ``needed`` rounded up to :data:`CACHE_STEP`, because every
+    forward attends over the whole cache: on this project's 2-core EPYC an 8-token tree after 200 positions
+    took 82 ms over 1024 cached positions and 67-75 over 256-384 (the loop engine's growing cache: 65-69;
+    SmolLM2-135M fp32, 2026-11-25). A compiled engine takes a power of two >= 1024 instead (few lengths, so
+    few compilations: :func:`~jakiro_lib.compiled.static_cache_len`)."""
+    return -(-needed // CACHE_STEP) * CACHE_STEP
 
 
 def _static(t: torch.Tensor) -> torch.Tensor:
@@ -243,16 +241,15 @@ def _batch_of_one(out: DraftOutput) -> DraftOutput:
 
 
 class StaticTarget:
-    """The target over a static KV cache; positions and lengths come in as device tensors. On CUDA or
-    ``shared``, the model's one cache of that length (:func:`~jakiro_lib.compiled.static_cache`: what a
-    compiled step binds to), elsewhere a cache of its own, freed with the generation."""
+    """The target over a static KV cache; positions and lengths come in as device tensors. ``shared``: the
+    model's one cache of that length (:func:`~jakiro_lib.compiled.static_cache`: what a compiled step binds
+    to), else a cache of its own, freed with the generation."""
 
     def __init__(self, model: PreTrainedModel, cache_len: int, *, shared: bool = False) -> None:
         self.model = model
         self.device = model.device
         self.dtype = model.dtype
         self.cache_len = cache_len
-        shared = shared or self.device.type == "cuda"
         self.cache = (static_cache(model, cache_len) if shared
                       else StaticCache(config=model.config, max_cache_len=cache_len))
         if any(type(layer) is not StaticLayer for layer in self.cache.layers):
@@ -327,13 +324,13 @@ class StaticEngine:
 
     def _root_only(self, start: torch.Tensor) -> torch.Tensor:
         """Near the end of the context, where a whole tree no longer fits: the root alone, verified."""
-        dev = start.device
-        tokens, parents = self.drafter.root_token.reshape(1), torch.zeros(1, dtype=torch.long, device=dev)
-        logits, _ = self.target.tree(tokens, parents, torch.ones(1, 1, dtype=torch.bool, device=dev), start)
-        bonus = logits[0].argmax()
-        self.target.keep(start, parents, bonus.new_zeros(()))
+        root = torch.zeros(1, dtype=torch.long, device=start.device)  # its index, parent and depth
+        tokens, anc = self.drafter.root_token.reshape(1), torch.ones(1, 1, dtype=torch.bool, device=start.device)
+        logits, _ = self.target.tree(tokens, root, anc, start)
+        path, accepted, bonus = greedy_path(tokens, root, root, anc, logits, 0)
+        self.target.keep(start, path, accepted)
         self.drafter.root_token.copy_(bonus)
-        return torch.stack([bonus.new_zeros(()), bonus])
+        return torch.stack([accepted, bonus])
 
     def _run_step(self, start: torch.Tensor) -> torch.Tensor:
         if not self.compile:
@@ -408,7 +405,7 @@ def static_generate(model: PreTrainedModel, draft: DraftModel, tree: TreeConfig,
     cycle. ``compile``: the cycle compiled (CUDA graphs on CUDA; the first prompts of each length compile)."""
     _check_prompt(prompt_ids, max_context, 1)
     needed = prompt_ids.numel() + max_new_tokens + MAX_TREE_ROOM
-    cache_len = static_cache_len(needed) if compile else engine_cache_len(needed, model.device)
+    cache_len = static_cache_len(needed) if compile else engine_cache_len(needed)
     engine = _engine(model, draft, tree, cache_len, compile)
     return engine.generate(prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
                            max_context=max_context, on_tokens=on_tokens)
