@@ -27,7 +27,7 @@ from .drafting import make_drafter
 from .layout import BENCH_CONFIG, RECORDS_FILE
 from .methods import (COMPILED_TWINS, LOOKUP_TOKENS, VANILLA_KINDS, MethodSpec, portable,  # noqa: F401 (re-exported)
                       study_methods)
-from .static import StaticEngineError, static_generate
+from .static import static_generate
 from .target import Target
 from .utils import end_last_line, read_jsonl, run_metadata, write_json
 from .verify import SamplingParams
@@ -91,12 +91,9 @@ class MethodRunner:
     def _spec(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
         t = self.target
         if self.spec.engine == "static":
-            if not common["params"].greedy:
-                raise StaticEngineError("the static engine verifies greedily only (T=0)")
-            return static_generate(t.model, self.draft, self.spec.tree, prompt_ids,
-                                   max_new_tokens=common["max_new_tokens"], eos_token_ids=common["eos_token_ids"],
-                                   max_context=t.config.max_context, on_tokens=on_tokens,
-                                   compile=self.spec.static_compile)
+            return static_generate(t.model, self.draft, self.spec.tree, prompt_ids, max_context=t.config.max_context,
+                                   generator=self._gen(seed), on_tokens=on_tokens, compile=self.spec.static_compile,
+                                   **common)
         drafter = make_drafter(self.draft, self.spec.tree)
         return speculative_generate(t.model, drafter, prompt_ids, max_context=t.config.max_context,
                                     generator=self._gen(seed), on_tokens=on_tokens,
@@ -160,9 +157,6 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
                 params = SamplingParams(temperature=temp, top_p=top_p if temp > 0 else 1.0)
                 for rep in range(repeats):
                     for name, runner in runners.items():
-                        if temp > 0 and not runner.spec.samples:  # a greedy-only engine: T=0 rows only
-                            bar.update(1)
-                            continue
                         keys = [(name, temp, q.benchmark, str(q.question_id), t, rep) for t in range(len(q.turns))]
                         if all(k in done for k in keys):
                             bar.update(1)

@@ -15,7 +15,7 @@ lever bought"). Each compiled size costs about 25 s of compilation, once per pro
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from transformers import PreTrainedModel, StaticCache
@@ -27,7 +27,7 @@ from .tree import Tree
 
 COMPILED_SIZES = (1, 2, 4, 8, 12, 16, 24, 32)  # row counts compiled; larger trees run eagerly
 MAX_TREE_ROOM = 128  # static-cache room kept past the generated tokens for a tree forward
-_STATE = "_jakiro_compiled_runner"
+_SCRATCH = "_jakiro_scratch"
 RECOMPILE_LIMIT = 64  # dynamo's default (8) is below the sizes x cache lengths one process may compile
 
 
@@ -67,7 +67,7 @@ def static_cache(model: PreTrainedModel, cache_len: int) -> StaticCache:
     under inductor freezing the step would go on reading the first cache's buffers (wrong tokens from the
     second prompt on; caught by a test). Reusing the cache is also what transformers advises.
     """
-    caches: dict[int, StaticCache] = model.__dict__.setdefault("_jakiro_static_caches", {})
+    caches: dict[int, StaticCache] = scratch(model).setdefault("static_caches", {})
     if cache_len not in caches:
         caches[cache_len] = StaticCache(config=model.config, max_cache_len=cache_len)
     return caches[cache_len]
@@ -89,11 +89,23 @@ class _ModelState:
         self.compiled = torch.compile(forward, fullgraph=True, dynamic=False)
 
 
-def _state(model: PreTrainedModel) -> _ModelState:
-    state = model.__dict__.get(_STATE)
-    if state is None:
-        state = model.__dict__[_STATE] = _ModelState(model)
+def scratch(model: PreTrainedModel) -> dict[str, Any]:
+    """What the compiled paths keep per model (its forward closure, static caches, static engines), stored on
+    the model and left behind by a copy of it: ``copy.deepcopy`` copies closures and compiled steps as they
+    are, so a copy's would still run the original model (a copy of the tiny target with a sharpened head
+    sampled from the original's distribution: tests/test_compiled.py)."""
+    owner, state = model.__dict__.get(_SCRATCH, (None, None))
+    if owner != id(model):
+        state = {}
+        model.__dict__[_SCRATCH] = (id(model), state)
     return state
+
+
+def _state(model: PreTrainedModel) -> _ModelState:
+    store = scratch(model)
+    if "runner" not in store:
+        store["runner"] = _ModelState(model)
+    return store["runner"]
 
 
 def _compile_settings(device: torch.device) -> contextlib.AbstractContextManager:

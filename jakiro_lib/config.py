@@ -220,7 +220,7 @@ class BenchConfig:
     # bought 1-4% for about 25 s of compilation per size and process (docs/results.md, "What each speed lever bought").
     compiled_loops: bool = False
     # The main study also runs eagle2, jakiro and their tuned twins on the static-shape engine (jakiro_lib.static,
-    # one host read per cycle, greedy only) as <name>_static, side by side with the loop engine.
+    # one host read per cycle) as <name>_static, side by side with the loop engine.
     static_engine: bool = False
 
     def __post_init__(self) -> None:

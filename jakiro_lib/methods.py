@@ -38,8 +38,8 @@ class MethodSpec:
     # A static KV cache and torch.compile: kind "hf" through HF generate (decoding.hf_generate); kinds
     # "vanilla" and "spec" through our loops' compiled target runner (jakiro_lib.compiled).
     static_compile: bool = False
-    # kind "spec": the loop engine, or the static-shape one (jakiro_lib.static: greedy only, no CEPD or lookup;
-    # with static_compile its whole cycle compiled, CUDA graphs on a GPU)
+    # kind "spec": the loop engine, or the static-shape one (jakiro_lib.static: no CEPD or lookup; with
+    # static_compile its whole cycle compiled, CUDA graphs on a GPU)
     engine: str = "loop"
 
     def __post_init__(self) -> None:
@@ -53,11 +53,6 @@ class MethodSpec:
             raise ValueError("static_compile does not apply to kind 'pld' (HF prompt lookup has no static-cache path)")
         if self.kind == "spec" and (self.tree is None or self.draft is None and not self.tree.lookup_tokens):
             raise ValueError("a 'spec' method needs a tree config and a draft path (or tree.lookup_tokens)")
-
-    @property
-    def samples(self) -> bool:
-        """Whether the method runs at T > 0 (the static engine verifies greedily only)."""
-        return self.engine != "static"
 
 
 def portable(spec: MethodSpec, relative_to: str | Path | None = None) -> dict[str, Any]:
@@ -92,7 +87,7 @@ class Method:
     switch it needs (``"compiled"``: bench.compiled_baseline; ``"tuned"``: bench.tuned with a fixed tree
     budget); ``twin``: with bench.compiled_loops it also runs through the compiled target runner as
     ``<name>_compiled``; ``static_twin``: with bench.static_engine it also runs on the static-shape engine
-    (:mod:`jakiro_lib.static`) as ``<name>_static``, at T=0.
+    (:mod:`jakiro_lib.static`) as ``<name>_static``.
     """
 
     name: str
@@ -229,7 +224,7 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     plain loop and Jakiro's fastest settings) a second time, the target compiled over a static KV cache
     (:mod:`jakiro_lib.compiled`), as ``<name>_compiled``: the lever measured side by side.
     ``static_engine``: the main study also runs EAGLE-2 and Jakiro (fixed and tuned trees) on the
-    static-shape engine (:mod:`jakiro_lib.static`), as ``<name>_static``, at T=0 only; with ``compiled_loops``
+    static-shape engine (:mod:`jakiro_lib.static`), as ``<name>_static``; with ``compiled_loops``
     too also with its whole cycle compiled (CUDA graphs on a GPU), as ``<name>_static_compiled``.
     """
     if study not in STUDIES:

@@ -10,15 +10,18 @@ function of tensors whose shapes depend only on the tree settings (docs/DESIGN.m
    sort, and finally the best ``total_tokens - 1`` of the pool: the same tree as
    :class:`~jakiro_lib.drafting.FeatureDrafter` builds (tested);
 2. **verify** (:meth:`StaticTarget.tree`): the target scores the tree over its static KV cache;
-3. **evaluate** (:func:`greedy_path`): the accepted path and the bonus token, as tensors;
+3. **evaluate** (:func:`greedy_path`, or :func:`sampling_path` at T > 0): the accepted path and the bonus token,
+   as tensors;
 4. **update**: the target cache keeps the path's entries (moved inside the static buffers), the draft
    encodes the accepted positions (padded to the deepest possible path) and takes its next root.
 
 The host then reads one small tensor (the accepted count and tokens): the only synchronisation of a cycle.
 Lengths and positions live in device tensors, so each step can be captured (CUDA graphs, through
-``torch.compile(mode="reduce-overhead")``) without re-recording. Greedy (T=0) only, without CEPD or a
-lookup chain: those stay on the loop engine. On a CPU the same code runs eagerly and must give vanilla's
-greedy output token for token (tests/test_static.py).
+``torch.compile(mode="reduce-overhead")``) without re-recording. At T > 0, step 3 is
+:func:`sampling_path`: the loop engine's lossless multi-candidate rule in a fixed number of iterations,
+on uniforms drawn before the step. No CEPD and no lookup chain: those stay on the loop engine. On a CPU
+the same code runs eagerly and must give vanilla's greedy output token for token (tests/test_static.py)
+and the target's distribution when sampling (tests/test_verify.py).
 """
 from __future__ import annotations
 
@@ -32,12 +35,13 @@ from transformers import PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
 from . import kernels
-from .compiled import MAX_TREE_ROOM, _compile_settings, _state, static_cache, static_cache_len
+from .compiled import MAX_TREE_ROOM, _compile_settings, _state, scratch, static_cache, static_cache_len
 from .config import TreeConfig
-from .decoding import GenerationResult, _check_prompt, _finish, _sync
+from .decoding import GenerationResult, _check_prompt, _choose, _finish, _sync
 from .draft import DraftModel, DraftOutput
 from .drafting import candidate_tensors, schedule
 from .target import additive_mask
+from .verify import SamplingParams, warp_probs
 
 
 CACHE_STEP = 128  # eager engines round their cache lengths up to this (no compiled step binds to a length)
@@ -59,7 +63,7 @@ def _static(t: torch.Tensor) -> torch.Tensor:
 
 
 class StaticEngineError(ValueError):
-    """A setting the static engine does not run (sampling, CEPD, a lookup chain, an 'auto' budget)."""
+    """A setting the static engine does not run (CEPD, a lookup chain, an 'auto' budget, sliding windows)."""
 
 
 class StaticKV:
@@ -123,6 +127,51 @@ def greedy_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     hit = on_path[None, :] & (depths[None, :] == levels[:, None])  # [D + 1, m]
     path = hit.long().argmax(-1)  # [D + 1]; rows past the path find nothing: index 0
     return path, depths.index_select(0, best)[0], pred.index_select(0, best)[0]
+
+
+def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, params: SamplingParams,
+                  uniforms: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sampling verification in tensors, the rule of :func:`jakiro_lib.verify.verify_sampling`: at each node
+    the children are tried in index order, child j accepted with probability p(x_j) / R_j, where R_j is the
+    node's mass left after zeroing the tokens of the children tried before it; when all are rejected, or at
+    a leaf, the bonus token is drawn from what is left. Returns (path [max_depth + 1], accepted count, bonus)
+    as :func:`greedy_path` does.
+
+    ``uniforms`` [max_depth * m + 1] float64: one draw per (depth, node), the walk taking the first child
+    whose draw falls under its acceptance probability (the same law as drawing child by child), and one for
+    the bonus (inverse CDF, as :func:`~jakiro_lib.verify.inverse_cdf`). R_j is the exact sum of the
+    residual (children's tokens zeroed) plus the untried children's mass, so the last child with any mass
+    left is accepted with probability exactly 1, as in the loop engine. A child repeating an earlier
+    sibling's token has no mass (its token was zeroed by that sibling's rejection).
+    """
+    m = tokens.shape[0]
+    idx = torch.arange(m, device=tokens.device)
+    children = (parents[None, :] == idx[:, None]) & (idx[None, :] > 0)  # [m, m]: j is a child of i
+    earlier_same = (tokens[:, None] == tokens[None, :]) & (idx[None, :] < idx[:, None])  # [m, m]: k < j, same token
+    repeated = (children.float() @ earlier_same.float().T) > 0  # [m, m]: an earlier sibling of j holds its token
+    probs = warp_probs(logits, params)  # [m, V]
+    cand = torch.where(children, tokens[None, :], 0)  # [m, m]: children's tokens (0 elsewhere: the root may be any id)
+    pc = probs.gather(1, cand).double() * (children & ~repeated)  # [m, m]: p_i(x_j) of i's children
+    zeroed = torch.zeros_like(probs).scatter_add_(1, cand, children.to(probs.dtype)) > 0
+    residual = probs.masked_fill(zeroed, 0.0)  # [m, V]: each node's children's tokens zeroed
+    left = residual.double().sum(-1, keepdim=True) + pc.flip(1).cumsum(1).flip(1)  # [m, m]: R_j
+    accept_p = torch.where(pc > 0, pc / left.clamp_min(torch.finfo(torch.float64).tiny), 0.0)  # [m, m]
+    u = uniforms[:max_depth * m].view(max_depth, m) if max_depth else uniforms[:0].view(0, m)
+    node = torch.zeros((), dtype=torch.long, device=tokens.device)
+    live = torch.ones((), dtype=torch.bool, device=tokens.device)
+    path = [node]
+    for d in range(max_depth):
+        hits = u[d] < accept_p.index_select(0, node[None])[0]  # [m]
+        live = live & hits.any()
+        node = torch.where(live, hits.long().argmax(), node)  # the first accepted child, if any
+        path.append(torch.where(live, node, 0))
+    row = residual.index_select(0, node[None])[0].double()  # [V]
+    cdf = row.cumsum(0)
+    bonus = torch.searchsorted(cdf, (uniforms[-1] * cdf[-1])[None], right=True)[0]
+    last = torch.where(row > 0, torch.arange(row.shape[0], device=row.device), -1).max()  # u * total rounded up
+    bonus = torch.where(bonus >= row.shape[0], last, bonus)
+    accepted = torch.stack(path[1:]).ne(0).sum() if max_depth else node
+    return torch.stack(path), accepted, bonus
 
 
 class StaticTreeDrafter:
@@ -293,61 +342,77 @@ class StaticEngine:
     """A target, a draft and tree settings bound to static buffers of ``cache_len`` positions.
 
     :meth:`cycle` is one draft-verify-evaluate-update step from ``start`` cached positions, a function of
-    device tensors with fixed shapes; it returns what the host reads. ``compile``: the cycle goes through
+    device tensors with fixed shapes; it returns what the host reads. ``params``: greedy (T=0) verification
+    or :func:`sampling_path` on uniforms that :meth:`generate` draws into a static buffer before each
+    cycle (from the caller's generator, outside any compiled step). ``compile``: the cycle goes through
     ``torch.compile`` (on CUDA ``mode="reduce-overhead"``, i.e. captured as CUDA graphs; elsewhere inductor),
     the target's and the draft head's packed CPU GEMMs off inside it, as in :mod:`jakiro_lib.compiled`.
     """
 
     def __init__(self, model: PreTrainedModel, draft: DraftModel, tree: TreeConfig, cache_len: int, *,
-                 compile: bool = False) -> None:
-        self.model, self.draft = model, draft
+                 params: SamplingParams = SamplingParams(), compile: bool = False) -> None:
+        self.model, self.draft, self.params = model, draft, params
         self.drafter = StaticTreeDrafter(draft, tree, cache_len)
         self.target = StaticTarget(model, cache_len, shared=compile)
+        draws = self.drafter.max_depth * self.drafter.m + 1
+        # the cycle's draws (sampling), passed to the step as an argument and not marked as a static address:
+        # CPU inductor's freezing turns the static tensors a graph only reads into constants (the compiled
+        # cycle reused the first draws for ever: tests/test_static.py)
+        self.uniforms = torch.zeros(draws, dtype=torch.float64, device=model.device)
         self.compile = compile
         self.compiled_cycles = 0  # cycles run through the compiled step (tests check that it was used)
-        self._step: Callable[[torch.Tensor], torch.Tensor] = self.cycle
+        self._step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self.cycle
         if compile:
             mode = "reduce-overhead" if model.device.type == "cuda" else "default"
             self._step = torch.compile(self.cycle, mode=mode, fullgraph=True, dynamic=False)
 
-    def cycle(self, start: torch.Tensor) -> torch.Tensor:
-        """[D + 2]: the accepted count, then the accepted tokens with the bonus token after them (padded)."""
+    def cycle(self, start: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+        """[D + 2]: the accepted count, then the accepted tokens with the bonus token after them (padded).
+        ``uniforms``: this cycle's draws (sampling; see ``__init__``)."""
         drafter, target = self.drafter, self.target
         tokens, parents, depths, anc = drafter.propose(start)  # draft
         logits, hidden = target.tree(tokens, depths, anc, start)  # verify
-        path, accepted, bonus = greedy_path(tokens, parents, depths, anc, logits, drafter.max_depth)  # evaluate
+        path, accepted, bonus = self._evaluate(tokens, parents, depths, anc, logits, uniforms, drafter.max_depth)
         target.keep(start, path, accepted)  # update
         new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1]: accepted tokens, bonus at `accepted`
         new = new.scatter(0, accepted[None], bonus[None])
         drafter.extend(hidden[path], new, start, accepted)
         return torch.cat([accepted[None], new])
 
+    def _evaluate(self, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
+                  logits: torch.Tensor, uniforms: torch.Tensor,
+                  max_depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.params.greedy:
+            return greedy_path(tokens, parents, depths, anc, logits, max_depth)
+        return sampling_path(tokens, parents, logits, self.params, uniforms, max_depth)
+
     def _root_only(self, start: torch.Tensor) -> torch.Tensor:
         """Near the end of the context, where a whole tree no longer fits: the root alone, verified."""
         root = torch.zeros(1, dtype=torch.long, device=start.device)  # its index, parent and depth
         tokens, anc = self.drafter.root_token.reshape(1), torch.ones(1, 1, dtype=torch.bool, device=start.device)
         logits, _ = self.target.tree(tokens, root, anc, start)
-        path, accepted, bonus = greedy_path(tokens, root, root, anc, logits, 0)
+        path, accepted, bonus = self._evaluate(tokens, root, root, anc, logits, self.uniforms, 0)
         self.target.keep(start, path, accepted)
         self.drafter.root_token.copy_(bonus)
         return torch.stack([accepted, bonus])
 
     def _run_step(self, start: torch.Tensor) -> torch.Tensor:
         if not self.compile:
-            return self._step(start)
+            return self._step(start, self.uniforms)
         head = self.draft.packed_head
         self.draft.packed_head = False  # inside the compiled step the plain GEMMs run (inductor packs them)
         self.draft.head_weight()  # the draft vocabulary's rows, gathered outside the graph
         try:
             with _compile_settings(self.model.device), kernels.plain_kernels(self.model, gqa=False):
-                read = self._step(start)
+                read = self._step(start, self.uniforms)
         finally:
             self.draft.packed_head = head
         self.compiled_cycles += 1
         return read
 
     def generate(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, eos_token_ids: list[int] = (),
-                 max_context: int, on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+                 max_context: int, generator: torch.Generator | None = None,
+                 on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
         drafter, target = self.drafter, self.target
         dev = self.model.device
         result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
@@ -357,19 +422,21 @@ class StaticEngine:
         t0 = time.perf_counter()
         ids = prompt_ids.to(dev)
         logits, hidden = target.prefill(ids)
-        root = logits[-1].argmax()
+        root = _choose(logits[-1], self.params, generator)
         n = ids.shape[0]
-        drafter.extend(hidden, torch.cat([ids[1:], root[None]]), torch.zeros((), dtype=torch.long, device=dev),
-                       torch.tensor(n - 1, device=dev))
+        drafter.extend(hidden, torch.cat([ids[1:], ids.new_tensor([root])]),
+                       torch.zeros((), dtype=torch.long, device=dev), torch.tensor(n - 1, device=dev))
         length = n
         start = torch.tensor(n, device=dev)
-        done = _finish(result, [int(root)], eos, max_new_tokens, on_tokens)
+        done = _finish(result, [root], eos, max_new_tokens, on_tokens)
         result.prefill_time = time.perf_counter() - t0
         while not done:
             if length + 1 > max_context:
                 result.stop_reason = "context"
                 break
             start.fill_(length)
+            if not self.params.greedy:
+                torch.rand(self.uniforms.shape, generator=generator, dtype=torch.float64, device=dev, out=self.uniforms)
             whole = length + drafter.max_depth + 1 <= max_context
             read = (self._run_step(start) if whole else self._root_only(start)).tolist()  # the one host read
             emitted = read[1:read[0] + 2]
@@ -385,27 +452,32 @@ class StaticEngine:
         return result
 
 
-def _engine(model: PreTrainedModel, draft: DraftModel, tree: TreeConfig, cache_len: int, compile: bool) -> StaticEngine:
-    """A compiled engine is kept on the model, one per draft, tree and length: its step is specialised to its
-    buffers (as :func:`~jakiro_lib.compiled.static_cache` explains), so a new one would compile again."""
+def _engine(model: PreTrainedModel, draft: DraftModel, tree: TreeConfig, cache_len: int, params: SamplingParams,
+            compile: bool) -> StaticEngine:
+    """A compiled engine is kept on the model, one per draft, tree, sampling settings and length: its step is
+    specialised to its buffers (as :func:`~jakiro_lib.compiled.static_cache` explains), so a new one would
+    compile again."""
     if not compile:
-        return StaticEngine(model, draft, tree, cache_len)
-    engines: dict = model.__dict__.setdefault("_jakiro_static_engines", {})
-    key = (id(draft), json.dumps(dataclasses.asdict(tree), sort_keys=True), cache_len)
+        return StaticEngine(model, draft, tree, cache_len, params=params)
+    engines: dict = scratch(model).setdefault("static_engines", {})
+    key = (id(draft), json.dumps(dataclasses.asdict(tree), sort_keys=True), params, cache_len)
     if key not in engines:  # the engine holds the draft, so its id is not reused while the entry lives
-        engines[key] = StaticEngine(model, draft, tree, cache_len, compile=True)
+        engines[key] = StaticEngine(model, draft, tree, cache_len, params=params, compile=True)
     return engines[key]
 
 
 @torch.inference_mode()
 def static_generate(model: PreTrainedModel, draft: DraftModel, tree: TreeConfig, prompt_ids: torch.Tensor, *,
-                    max_new_tokens: int = 128, eos_token_ids: list[int] = (), max_context: int = 2048,
+                    max_new_tokens: int = 128, params: SamplingParams = SamplingParams(),
+                    eos_token_ids: list[int] = (), max_context: int = 2048, generator: torch.Generator | None = None,
                     on_tokens: Callable[[list[int]], None] | None = None, compile: bool = False) -> GenerationResult:
-    """Greedy speculative decoding on the static engine: draft, verify, evaluate, update; one host read per
-    cycle. ``compile``: the cycle compiled (CUDA graphs on CUDA; the first prompts of each length compile)."""
+    """Speculative decoding on the static engine: draft, verify, evaluate, update; one host read per cycle.
+    ``params``/``generator`` as in :func:`~jakiro_lib.decoding.speculative_generate` (the generator on the
+    model's device). ``compile``: the cycle compiled (CUDA graphs on CUDA; the first prompts of each length
+    compile)."""
     _check_prompt(prompt_ids, max_context, 1)
     needed = prompt_ids.numel() + max_new_tokens + MAX_TREE_ROOM
     cache_len = static_cache_len(needed) if compile else engine_cache_len(needed)
-    engine = _engine(model, draft, tree, cache_len, compile)
+    engine = _engine(model, draft, tree, cache_len, params, compile)
     return engine.generate(prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
-                           max_context=max_context, on_tokens=on_tokens)
+                           max_context=max_context, generator=generator, on_tokens=on_tokens)

@@ -214,10 +214,10 @@ def test_compiled_loops_add_compiled_twins_side_by_side(tmp_path):
         tree, tmp_path, study="ablations")
 
 
-def test_static_engine_adds_static_twins_run_at_t0_only(tmp_path):
+def test_static_engine_adds_static_twins(tmp_path):
     """bench.static_engine runs EAGLE-2 and Jakiro (fixed and tuned trees) a second time on the static-shape
-    engine, as <name>_static; a run at T=0 and T=1 records the static twin at T=0 only, with vanilla's
-    greedy output."""
+    engine, as <name>_static; a run at T=0 and T=1 records the static twin at both, vanilla's greedy output
+    at T=0, and sampled text at T=1 reproducible from the record's seed."""
     from jakiro_lib.bench import load_records, run_benchmark
     from jakiro_lib.config import DraftConfig, TargetConfig
     from jakiro_lib.data import Question
@@ -231,7 +231,6 @@ def test_static_engine_adds_static_twins_run_at_t0_only(tmp_path):
     assert set(both) - set(plain) == twins and all(m.engine == "loop" for m in plain.values())
     for name in twins:
         assert both[name] == dataclasses.replace(both[name.removesuffix("_static")], engine="static")
-        assert not both[name].samples
     captured = set(study_methods(tree, tmp_path, study="main", static_engine=True, compiled_loops=True)) - set(both)
     assert {n for n in captured if "static" in n} == {f"{n}_compiled" for n in twins}
     for bad in (dict(kind="vanilla", engine="static"), dict(kind="spec", engine="graph")):
@@ -246,8 +245,12 @@ def test_static_engine_adds_static_twins_run_at_t0_only(tmp_path):
         spec, engine="static")}, [Question("q1", "writing", ["Say something."], "mt_bench")], temperatures=(0.0, 1.0),
         max_new_tokens=8, warmup=1, out_dir=tmp_path / "bench", progress=False)
     recs = {(r["method"], r["temperature"]): r for r in load_records(path)}
-    assert set(recs) == {("vanilla", 0.0), ("vanilla", 1.0), ("eagle2_static", 0.0)}
+    assert set(recs) == {(m, t) for m in ("vanilla", "eagle2_static") for t in (0.0, 1.0)}
     assert recs["eagle2_static", 0.0]["output_ids"] == recs["vanilla", 0.0]["output_ids"]
+    again = run_benchmark(target, {"eagle2_static": dataclasses.replace(spec, engine="static")},
+                          [Question("q1", "writing", ["Say something."], "mt_bench")], temperatures=(1.0,),
+                          max_new_tokens=8, warmup=0, out_dir=tmp_path / "again", progress=False)
+    assert load_records(again)[0]["output_ids"] == recs["eagle2_static", 1.0]["output_ids"]
 
 
 def test_ablations_carry_the_authors_released_configuration(tmp_path):

@@ -98,3 +98,20 @@ def test_a_failed_compile_names_itself(monkeypatch):
     runner.prefill(torch.tensor([1, 2, 3]))
     with pytest.raises(compiled.CompileError, match="without static_compile"):
         runner.step(4)
+
+
+@torch.inference_mode()
+def test_a_copy_of_a_model_does_not_run_the_original(model):
+    """The per-model state (forward closure, static caches) is left behind by ``copy.deepcopy``: a copy whose
+    head is then changed scores with its own head. Kept on the model as it was, the copied closure ran the
+    original model (the static engine's sampling test failed after another test had used the tiny target)."""
+    ids = torch.tensor([[5, 6, 7]])
+    runner = CompiledTargetRunner(model, static_cache_len(16))
+    runner.prefill(ids[0])  # the state exists on the original now
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin.lm_head.weight.mul_(3.0)
+    logits, _ = compiled._state(twin).eager(ids, torch.arange(3)[None], None, compiled.static_cache(twin, 16))
+    assert torch.allclose(logits, twin(input_ids=ids).logits, atol=1e-5)
+    assert compiled.scratch(twin) is not compiled.scratch(model)
+    assert compiled.static_cache(twin, 16) is not compiled.static_cache(model, 16)

@@ -77,3 +77,18 @@ def test_static_engine_equals_vanilla_on_cuda_with_one_sync_per_cycle(cuda_setup
         assert out.output_ids == ref.output_ids
         syncs = [w for w in caught if "synchroniz" in str(w.message)]
         assert len(syncs) <= out.cycles + 3, [str(w.message) for w in syncs[:5]]
+
+
+def test_static_engine_samples_the_same_text_captured_and_eager_on_cuda(cuda_setup):
+    """At T=1 the captured cycle (CUDA graphs) reads the same draws as the eager one: one seed, one text."""
+    from jakiro_lib.static import static_generate
+
+    target, draft = cuda_setup
+    tree = TreeConfig(depth=3, top_k=2, total_tokens=6, decoupled=True)
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    for i, p in enumerate(random_prompts(3, seed=8)):
+        ids = p.to("cuda")
+        runs = [static_generate(target.model, draft, tree, ids, max_new_tokens=24, params=params, compile=compile,
+                                generator=torch.Generator(device="cuda").manual_seed(i)).output_ids
+                for compile in (False, True, True)]  # the second captured run replays the graphs
+        assert runs[0] == runs[1] == runs[2] and len(runs[0]) == 24

@@ -1,5 +1,5 @@
 """The static-shape engine (jakiro_lib.static): the same trees as the loop engine's drafter, vanilla's greedy
-output token for token, one host read per cycle."""
+output token for token, one host read per cycle (sampling: tests/test_verify.py)."""
 from __future__ import annotations
 
 import copy
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from helpers import random_prompts, tiny_target, trained_draft
+from jakiro_lib.compiled import scratch
 from jakiro_lib.config import DraftConfig, TreeConfig
 from jakiro_lib.decoding import speculative_generate, vanilla_generate
 from jakiro_lib.draft import DraftModel
@@ -15,6 +16,7 @@ from jakiro_lib.drafting import FeatureDrafter
 from jakiro_lib.static import (StaticEngineError, StaticTarget, StaticTreeDrafter, ancestor_mask, greedy_path,
                                static_generate)
 from jakiro_lib.tree import Tree
+from jakiro_lib.verify import SamplingParams
 
 MAX_NEW = 40
 CASES = {  # name: (trained draft, tree options)
@@ -112,8 +114,26 @@ def test_compiled_cycle_equals_vanilla(prompts, vanilla):
             r = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW, compile=True)
         assert r.output_ids == vanilla[i]
         cycles += r.cycles
-    (engine,) = model.__dict__["_jakiro_static_engines"].values()
+    (engine,) = scratch(model)["static_engines"].values()
     assert engine.compiled_cycles == cycles and engine.draft.packed_head  # the head's packing is back on
+
+
+def test_compiled_sampling_cycle_equals_eager(prompts):
+    """At T > 0 the compiled cycle reads the same uniforms (drawn into the engine's buffer outside the step)
+    as the eager one, so one seed gives the same text both ways; compiled once, then reused."""
+    model = tiny_target("llama")
+    draft = trained_draft(model, "dense")
+    tree = TreeConfig(depth=3, top_k=3, total_tokens=8)
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    for i, p in enumerate(prompts[:3]):
+        eager = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW, params=params,
+                                generator=torch.Generator().manual_seed(i))
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            compiled = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW, params=params,
+                                       generator=torch.Generator().manual_seed(i), compile=True)
+        assert compiled.output_ids == eager.output_ids and compiled.accepted == eager.accepted
+    (engine,) = [e for e in scratch(model)["static_engines"].values() if e.params == params]
+    assert engine.compiled_cycles > 0
 
 
 class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
@@ -138,19 +158,24 @@ class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_one_host_read_per_cycle(prompts, monkeypatch):
+@pytest.mark.parametrize("params,first", [(SamplingParams(), 1), (SamplingParams(temperature=0.8), 3)],
+                         ids=["greedy", "sampling"])
+def test_one_host_read_per_cycle(prompts, monkeypatch, params, first):
     """Drafting, verification and the cache updates never read a value on the host: per cycle the host
-    reads one tensor (the accepted tokens), plus the first token after the prefill. The loop engine reads
-    many times per cycle (which shows that the counter sees reads)."""
+    reads one tensor (the accepted tokens), plus the first token after the prefill (greedy: its argmax;
+    sampling: a uniform, the distribution's total and the token). The loop engine reads many times per
+    cycle (which shows that the counter sees reads)."""
     model = tiny_target("llama")
     draft = trained_draft(model, "moe2")
     tree = TreeConfig(depth=4, top_k=3, total_tokens=12, decoupled=True)
     p = prompts[0]
     with _HostReads(monkeypatch) as static:
-        r = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW)
-    assert (static.scalars, static.lists) == (1, r.cycles)
+        r = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW, params=params,
+                            generator=torch.Generator().manual_seed(0))
+    assert (static.scalars, static.lists) == (first, r.cycles)
     with _HostReads(monkeypatch) as loop:
-        speculative_generate(model, FeatureDrafter(draft, tree), p, max_new_tokens=MAX_NEW)
+        speculative_generate(model, FeatureDrafter(draft, tree), p, max_new_tokens=MAX_NEW, params=params,
+                             generator=torch.Generator().manual_seed(0))
     assert loop.scalars + loop.lists > 3 * r.cycles, (loop.scalars, loop.lists)
 
 
