@@ -27,6 +27,7 @@ from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_
 from .data import DataError, Question, load_question_file, load_questions
 from .draft import DraftModel
 from .features import MANIFEST, CacheError, verify_cache
+from .gpucheck import CHECK_METHODS, gpu_check
 from .layout import RunLayout
 from .methods import KINDS, MAIN, STUDIES, MethodSpec
 from .perf import performance_targets
@@ -305,6 +306,26 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gpucheck(args: argparse.Namespace) -> int:
+    """Issue 24's goals in one run on the device (jakiro_lib.gpucheck): records, goals, cycle breakdown."""
+    try:
+        result = gpu_check(args.profile, run_dir=args.run_dir, out_dir=args.out, device=args.device,
+                           overrides=parse_overrides(args.set), profiled_prompts=args.profiled_prompts,
+                           methods=args.methods.split(",") if args.methods else CHECK_METHODS)
+    except (ValueError, FileNotFoundError, DataError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    summary = pd.DataFrame(result["summary"])
+    print(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    goals = pd.DataFrame(result["goals"])
+    if not goals.empty:
+        print(goals[["goal", "temperature", "method", "baseline", "ratio", "met", "resolved"]].to_string(index=False))
+    if result["cycles"]:
+        print(pd.DataFrame(result["cycles"]).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print(f"{result['minutes']:.1f} min; gpu_check.json, records.jsonl, summary.csv, performance_targets.csv and "
+          f"cycles.csv in {result['out_dir']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m jakiro_lib", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -373,6 +394,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-batch-sizes", default="1,4,8,16", help="conversations per target forward to compare")
     p.add_argument("--drafts", help="comma-separated drafts of the profile to train (default: the first)")
     p.set_defaults(func=cmd_throughput)
+
+    p = sub.add_parser("gpucheck", help="issue 24's decoding goals on this machine's GPU in one run: plain and "
+                                         "speculative decoders eager and compiled, T=0 and T=1, and the cycle's "
+                                         "breakdown from the profiler")
+    _common(p)
+    p.add_argument("--run-dir", type=Path, default=None, help="where the trained drafts are (default runs/<profile>)")
+    p.add_argument("--out", type=Path, help="output directory (default <run-dir>/gpucheck-<device>)")
+    p.add_argument("--device", help="default: cuda when there is one, else the profile's")
+    p.add_argument("--methods", help=f"comma-separated subset (default {','.join(CHECK_METHODS)})")
+    p.add_argument("--profiled-prompts", type=int, default=4, help="MT-bench first turns the profiler runs")
+    p.set_defaults(func=cmd_gpucheck)
 
     p = sub.add_parser("divergences", help="where greedy benchmark outputs leave vanilla's, and the target's "
                                            "top-2 logit gap there (checks low-precision runs)")

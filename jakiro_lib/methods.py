@@ -193,9 +193,13 @@ def static_twin(name: str) -> str:
 
 def group_names(group: str, *, twins: bool = False) -> tuple[str, ...]:
     """The main study's methods of a goals group (e.g. ``"jakiro"``), in registry order; with ``twins``
-    followed by their compiled twins."""
-    eager = tuple(m.name for m in MAIN if m.group == group)
-    return eager + (tuple(compiled_twin(m.name) for m in MAIN if m.group == group and m.twin) if twins else ())
+    followed by their compiled twins, then their static-engine twins and those captured."""
+    members = [m for m in MAIN if m.group == group]
+    if not twins:
+        return tuple(m.name for m in members)
+    static = [static_twin(m.name) for m in members if m.static_twin]
+    return (tuple(m.name for m in members) + tuple(compiled_twin(m.name) for m in members if m.twin)
+            + tuple(static) + tuple(compiled_twin(n) for n in static))
 
 
 COMPILED_TWINS = tuple(m.name for m in MAIN if m.twin)  # timed compiled too with bench.compiled_loops

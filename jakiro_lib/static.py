@@ -31,6 +31,7 @@ import time
 from typing import Callable
 
 import torch
+from torch.profiler import record_function
 from transformers import PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
@@ -44,6 +45,9 @@ from .target import additive_mask
 from .verify import SamplingParams, warp_probs
 
 
+# the ranges a cycle is profiled by (jakiro_lib.gpucheck.cycle_breakdown); inside a compiled cycle the four
+# steps vanish (record_function is a no-op there) and the captured cycle shows as "cycle"
+STEP_RANGES = {s: f"jakiro::{s}" for s in ("draft", "verify", "evaluate", "update", "cycle", "read")}
 CACHE_STEP = 128  # eager engines round their cache lengths up to this (no compiled step binds to a length)
 
 
@@ -370,13 +374,17 @@ class StaticEngine:
         """[D + 2]: the accepted count, then the accepted tokens with the bonus token after them (padded).
         ``uniforms``: this cycle's draws (sampling; see ``__init__``)."""
         drafter, target = self.drafter, self.target
-        tokens, parents, depths, anc = drafter.propose(start)  # draft
-        logits, hidden = target.tree(tokens, depths, anc, start)  # verify
-        path, accepted, bonus = self._evaluate(tokens, parents, depths, anc, logits, uniforms, drafter.max_depth)
-        target.keep(start, path, accepted)  # update
-        new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1]: accepted tokens, bonus at `accepted`
-        new = new.scatter(0, accepted[None], bonus[None])
-        drafter.extend(hidden[path], new, start, accepted)
+        with record_function(STEP_RANGES["draft"]):
+            tokens, parents, depths, anc = drafter.propose(start)
+        with record_function(STEP_RANGES["verify"]):
+            logits, hidden = target.tree(tokens, depths, anc, start)
+        with record_function(STEP_RANGES["evaluate"]):
+            path, accepted, bonus = self._evaluate(tokens, parents, depths, anc, logits, uniforms, drafter.max_depth)
+        with record_function(STEP_RANGES["update"]):
+            target.keep(start, path, accepted)
+            new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1]: accepted tokens, bonus at `accepted`
+            new = new.scatter(0, accepted[None], bonus[None])
+            drafter.extend(hidden[path], new, start, accepted)
         return torch.cat([accepted[None], new])
 
     def _evaluate(self, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
@@ -438,7 +446,10 @@ class StaticEngine:
             if not self.params.greedy:
                 torch.rand(self.uniforms.shape, generator=generator, dtype=torch.float64, device=dev, out=self.uniforms)
             whole = length + drafter.max_depth + 1 <= max_context
-            read = (self._run_step(start) if whole else self._root_only(start)).tolist()  # the one host read
+            with record_function(STEP_RANGES["cycle"]):
+                step = self._run_step(start) if whole else self._root_only(start)
+            with record_function(STEP_RANGES["read"]):
+                read = step.tolist()  # the one host read
             emitted = read[1:read[0] + 2]
             length += len(emitted)
             result.tree_sizes.append(drafter.m if whole else 1)

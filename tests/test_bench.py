@@ -350,7 +350,8 @@ def test_perf_goal_groups_come_from_the_registry():
     names = {m.name for m in MAIN}
     assert set(perf.JAKIRO_EAGER) <= names and set(perf.EAGLE_METHODS) <= names and set(perf.HF_METHODS) <= names
     assert perf.JAKIRO_EAGER == ("jakiro", "jakiro_cepd", "jakiro_auto")
-    assert perf.JAKIRO_METHODS == (*perf.JAKIRO_EAGER, "jakiro_auto_compiled")
+    assert perf.JAKIRO_METHODS == (*perf.JAKIRO_EAGER, "jakiro_auto_compiled", "jakiro_static", "jakiro_auto_static",
+                                   "jakiro_static_compiled", "jakiro_auto_static_compiled")
     assert perf.OUR_VANILLA == ("vanilla", "vanilla_compiled") and perf.HF_METHODS == ("hf_generate", "hf_compiled")
     assert perf.LOOKUP_METHODS == ("jakiro_lookup", "jakiro_lookup_compiled") and perf.LOOKUP_METHOD == "jakiro_lookup"
     assert COMPILED_TWINS == ("vanilla", "jakiro_auto", "jakiro_lookup")

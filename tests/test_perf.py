@@ -130,6 +130,12 @@ def test_compiled_twins_count_as_jakiro_and_as_our_vanilla_loop():
     assert math.isnan(row["ratio"]) and row["met"] is None  # no eager Jakiro ran: unknown, not compiled vs eager
     vanilla = g["our vanilla loop within 5% of HF generate"]
     assert vanilla.method == "vanilla_compiled" and vanilla.ratio == pytest.approx(20 / 21) and vanilla.met
+    static = performance_targets(_main({**tps, (0.0, "jakiro_auto_static_compiled"): 33.0,
+                                        (0.0, "eagle2_auto_static_compiled"): 34.0}, {}))
+    best = static[(static["temperature"] == 0) & (static["goal"] == "Jakiro >= 1.5x HF generate (greedy)")].iloc[0]
+    assert best.method == "jakiro_auto_static_compiled" and best.ratio == pytest.approx(33 / 21) and best.met
+    eagle_static = static[(static["temperature"] == 0) & (static["goal"] == "Jakiro >= EAGLE-2 (tokens/s)")].iloc[0]
+    assert eagle_static.method == "jakiro_auto"  # only eager loop-engine rows on both sides, as before
     ext = "Jakiro + lookup branch (extension)"
     assert g[f"{ext} >= 1.5x HF generate (greedy)"].method == "jakiro_lookup"  # the faster of the pair
     t1 = goals[(goals["temperature"] == 1.0) & (goals["goal"] == f"{ext} >= 1.3x HF sampling (T=1)")].iloc[0]

@@ -1,0 +1,59 @@
+"""The GPU check (jakiro_lib.gpucheck), run on this CPU with the smoke profile and untrained drafts: its files,
+both temperatures on both engines, greedy identity counted, and the cycle's breakdown by named step."""
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from jakiro_lib.cli import main
+from jakiro_lib.draft import DraftModel
+from jakiro_lib.gpucheck import CHECK_SETTINGS, check_profile, gpu_check
+from jakiro_lib.target import load_target
+
+from helpers import single_thread
+
+SMALL = {"bench.limit": "1", "bench.max_new_tokens": "8", "bench.warmup": "0", "bench.benchmarks": "mt_bench"}
+
+
+def test_check_profile_is_the_exact_setting_on_the_device():
+    prof = check_profile("smoke", "cpu", **{"bench.limit": "2"})
+    assert prof.target.dtype == "float32" and prof.target.device == "cpu" and prof.target.packed_gemm == 0
+    assert prof.bench.static_engine and prof.bench.compiled_loops and prof.bench.temperatures == (0.0, 1.0)
+    assert prof.bench.limit == 2 and CHECK_SETTINGS["bench.limit"] == "10"  # MT-bench q1-10, both turns: 20 prompts
+
+
+def test_gpu_check_writes_records_goals_and_the_cycle_breakdown(tmp_path):
+    prof = check_profile("smoke", "cpu", **SMALL)
+    target = load_target(prof.target)
+    for name in ("dense", "moe2"):
+        DraftModel.build(prof.drafts[name], target.model).eval().save(tmp_path / "drafts" / name / "draft")
+    methods = ("vanilla", "hf_generate", "jakiro_auto", "jakiro_auto_static")
+    with single_thread():
+        result = gpu_check("smoke", run_dir=tmp_path, device="cpu", overrides=SMALL, methods=methods,
+                           profiled_prompts=1, progress=False)
+    out = tmp_path / "gpucheck-cpu"
+    for name in ("records.jsonl", "summary.csv", "performance_targets.csv", "cycles.csv", "gpu_check.json"):
+        assert (out / name).is_file(), name
+    assert json.loads((out / "gpu_check.json").read_text())["methods"] == list(methods)
+    summary = pd.DataFrame(result["summary"])
+    assert set(zip(summary["method"], summary["temperature"])) == {(m, t) for m in methods for t in (0.0, 1.0)}
+    static = summary[(summary["method"] == "jakiro_auto_static") & (summary["temperature"] == 0.0)].iloc[0]
+    assert static["greedy_compared"] == 2 and static["greedy_same"] == 2
+    goals = pd.DataFrame(result["goals"])
+    assert {"Jakiro >= 1.5x HF generate (greedy)", "Jakiro >= 1.3x HF sampling (T=1)"} <= set(goals["goal"])
+    eager, compiled = result["cycles"]
+    assert not eager["compiled"] and compiled["compiled"] and eager["cycles"] > 0 and compiled["cycles"] > 0
+    for step in ("draft", "verify", "evaluate", "update", "cycle", "read"):
+        assert eager[f"{step}_cpu_ms"] > 0, step
+        assert math.isnan(eager[f"{step}_device_ms"])  # no device here
+    assert eager["cycle_cpu_ms"] >= eager["draft_cpu_ms"] + eager["verify_cpu_ms"]
+    assert math.isnan(compiled["draft_cpu_ms"]) and compiled["cycle_cpu_ms"] > 0  # inside the graph: no step ranges
+
+
+def test_gpucheck_without_drafts_says_so_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["gpucheck", "--profile", "smoke", "--device", "cpu", "--run-dir", str(tmp_path)])
+    assert "needs trained drafts" in str(exc.value) and "\n" not in str(exc.value)
