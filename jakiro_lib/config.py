@@ -164,10 +164,10 @@ class DataConfig:
     # machine, so a hint; `python -m jakiro_lib throughput` measures it). A GPU wants many (gpu profile).
     cache_batch_size: int = 1
     feature_dtype: str = "float16"
-    # The target's dtype while caching features (and self-distilling); None: target.dtype. "bfloat16" on a
-    # CPU with AMX caches 2000 conversations in 6.4 instead of 13.8 min, and drafts trained on those features
-    # scored as ones trained on fp32 ones (held-out top-1, MT-bench tau: dense 0.346, 1.55 vs 0.344, 1.55;
-    # moe2 0.335, 1.50 vs 0.333, 1.49).
+    # The target's dtype while caching features (and self-distilling); None: target.dtype; "auto": bfloat16
+    # where the device has bf16 matrix units. bf16 on a CPU with AMX cached 2000 conversations in 6.4 instead of
+    # 13.8 min, and drafts trained on those features scored as on fp32 ones (held-out top-1, MT-bench tau:
+    # dense 0.346, 1.55 vs 0.344, 1.55; moe2 0.335, 1.50 vs 0.333, 1.49).
     cache_dtype: str | None = None
     online: bool = False  # compute features on the fly instead of caching them
     # Train on the target's own greedy answers to the conversations' first user turns (jakiro_lib.distill)
@@ -188,7 +188,7 @@ class TrainConfig:
     noise_amplitude: float = 0.2  # the reference's 0.2 (scaled by 512/L as documented in docs/DESIGN.md)
     p_weight: float = 0.1
     branch_b_weight: float = 0.5
-    mixed_precision: str = "no"  # "bf16" on GPU
+    mixed_precision: str = "no"  # "bf16" on GPU; "auto": bf16 where the device has bf16 matrix units (AMX, GPUs)
     seed: int = 0
     max_steps: int | None = None
     # Batches of conversations of similar length (jakiro_lib.batching): less padding per step
@@ -314,13 +314,13 @@ def _profiles() -> dict[str, Profile]:
     # tuning candidate, the backend probed at load), the six drafts of DEFAULT_DRAFTS at one training budget:
     # 600 ShareGPT conversations (~490 kept, ~180k tokens) for 2 epochs at lr 2e-3 (the best of 5e-4..5e-3,
     # docs/results.md). Greedy decoding only (`bench --temperature 1` adds sampling). 10 MT-bench questions
-    # (20 turns): the first 5 alone repeat themselves more than the next 15, which flattered prompt lookup.
-    # More data keeps paying (issue 22): the gpu profile, or `--set data.num_conversations=2000`.
+    # (20 turns; the first 5 alone repeat themselves more, which flattered prompt lookup). bf16 caching and training
+    # where the CPU has bf16 units ("auto"; AMX: 2.2x, 1.39x), fp32 elsewhere. More data keeps paying (issue 22).
     default = Profile(
         name="default",
         target=TargetConfig(model="builtin:smollm2", max_context=2048, packed_gemm=64),
-        data=DataConfig(num_conversations=600, max_length=384, shard_size=50),
-        train=TrainConfig(epochs=2, batch_size=8, lr=2e-3, warmup_steps=20),
+        data=DataConfig(num_conversations=600, max_length=384, shard_size=50, cache_dtype="auto"),
+        train=TrainConfig(epochs=2, batch_size=8, lr=2e-3, warmup_steps=20, mixed_precision="auto"),
         tree=TreeConfig(depth=4, top_k=3, total_tokens=8),
         bench=BenchConfig(limit=10, max_new_tokens=64, temperatures=(0.0,)),
         drafts={k: v for k, v in _study_drafts(8192).items() if k in DEFAULT_DRAFTS},
@@ -465,10 +465,10 @@ _DTYPE = _one_of("float32", "float16", "bfloat16")
 RULES: dict[str, Rule] = {
     "TargetConfig.dtype": _DTYPE, "TargetConfig.max_context": _at_least(1), "TargetConfig.packed_gemm": _at_least(0),
     "TargetConfig.gemm_backend": _one_of("auto", "mkl", "onednn"),
-    "DataConfig.feature_dtype": _DTYPE, "DataConfig.cache_dtype": _DTYPE,
+    "DataConfig.feature_dtype": _DTYPE, "DataConfig.cache_dtype": _one_of("float32", "float16", "bfloat16", "auto"),
     "TrainConfig.epochs": _at_least(1), "TrainConfig.lr": _above(0), "TrainConfig.betas": _UNIT,
     "TrainConfig.grad_clip_value": _above(0), "TrainConfig.max_steps": _at_least(1),
-    "TrainConfig.mixed_precision": _one_of("no", "fp16", "bf16"),
+    "TrainConfig.mixed_precision": _one_of("no", "fp16", "bf16", "auto"),
     "TreeConfig.depth": _at_least(1), "TreeConfig.top_k": _at_least(1), "TreeConfig.ar_steps": _at_least(0),
     "TreeConfig.children_per_expert": _at_least(1), "TreeConfig.lookup_max_ngram": _at_least(1),
     "TreeConfig.lookup_min_ngram": _at_least(1),

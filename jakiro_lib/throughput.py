@@ -42,7 +42,7 @@ from .draft import DraftModel
 from .features import cache_features, length_batches, shard_tensors
 from .target import load_target
 from .train import EpochSampler, draft_loss, training_loss_options
-from .utils import run_metadata, seed_everything, write_json
+from .utils import cpu_flags, favoured_dtype, run_metadata, seed_everything, write_json
 
 CSV = "throughput.csv"
 CONFIG_JSON = "throughput_config.json"
@@ -50,32 +50,11 @@ ENV_JSON = "throughput_env.json"
 STAGES = ("data", "forward", "backward", "optimizer", "sync")
 COLUMNS = ("part", "variant", "device", "dtype", "batch_size", "bucketed", "items", "tokens", "padded_tokens",
            "padding", "seconds", "tokens_per_s", "speedup", *(f"{s}_ms" for s in STAGES), "step_ms")
-BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
-"""/proc/cpuinfo flags of CPU bf16 matrix / dot-product units (oneDNN uses them for bf16 GEMMs)."""
 
 
 # --------------------------------------------------------------------------------------------------
 # Hardware
 # --------------------------------------------------------------------------------------------------
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-def favoured_dtype(device: torch.device) -> str | None:
-    """``"bfloat16"`` where the device has bf16 matrix units, else None (fp32 only)."""
-    if device.type == "cuda":
-        return "bfloat16" if torch.cuda.is_bf16_supported() else None
-    return "bfloat16" if cpu_flags() & set(BF16_CPU_FLAGS) else None
 
 
 def environment(device: torch.device) -> dict[str, Any]:

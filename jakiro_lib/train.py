@@ -26,7 +26,7 @@ from .checkpoints import CHECKPOINTS, STATE_FILE, list_checkpoints, readable_che
 from .config import DraftConfig, TrainConfig
 from .dataset import build_draft_vocab, collate, token_frequencies
 from .draft import CONFIG_FILE, WEIGHTS_FILE, DraftModel, DraftOutput, Losses
-from .utils import atomic_path, read_json, run_metadata, seed_everything, write_json
+from .utils import atomic_path, read_json, resolve_precision, run_metadata, seed_everything, write_json
 
 RESULTS = "results.json"
 HISTORY = "history.json"
@@ -353,6 +353,7 @@ def train_draft(
     ``results.json``. ``on_epoch_end(epoch_record)`` runs after each epoch's checkpoint.
     """
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
 
     out_dir = Path(out_dir)
     if len(train_data) == 0:
@@ -370,7 +371,12 @@ def train_draft(
     if done is not None and done.get("fingerprint") == fingerprint and (out_dir / "draft" / WEIGHTS_FILE).is_file():
         return done
 
-    accelerator = Accelerator(mixed_precision=train_cfg.mixed_precision, cpu=target.device.type == "cpu")
+    precision = resolve_precision(train_cfg.mixed_precision, target.device)  # "auto": bf16 on bf16 matrix units
+    if AcceleratorState._shared_state.get("_mixed_precision", precision) != precision:
+        # accelerate keeps one precision per process and refuses another (a notebook training one draft in fp32,
+        # then one in bf16); the distributed state (PartialState) is kept
+        AcceleratorState._reset_state()
+    accelerator = Accelerator(mixed_precision=precision, cpu=target.device.type == "cpu")
     if target.device != accelerator.device:
         target.model.to(accelerator.device)
     target.model.requires_grad_(False)
@@ -523,7 +529,7 @@ def train_draft(
         "draft_config": dataclasses.asdict(draft_cfg), "train_config": dataclasses.asdict(train_cfg),
         "data": stats, "fingerprint": fingerprint,
         "run_metadata": run_metadata(accelerator.device, num_processes=accelerator.num_processes,
-                                     mixed_precision=train_cfg.mixed_precision),
+                                     mixed_precision=precision),
     }
     if accelerator.is_main_process:
         core.eval()

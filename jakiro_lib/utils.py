@@ -144,6 +144,37 @@ def device_name(device: str | torch.device = "cpu") -> str:
     return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
 
 
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+"""/proc/cpuinfo flags of CPU bf16 matrix / dot-product units (oneDNN uses them for bf16 GEMMs)."""
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def favoured_dtype(device: torch.device) -> str | None:
+    """``"bfloat16"`` where the device has bf16 matrix units, else None (fp32 only)."""
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else None
+    return "bfloat16" if cpu_flags() & set(BF16_CPU_FLAGS) else None
+
+
+def resolve_precision(setting: str, device: torch.device) -> str:
+    """``TrainConfig.mixed_precision`` with ``"auto"`` resolved: ``"bf16"`` where the device has bf16 matrix
+    units (:func:`favoured_dtype`), else ``"no"``."""
+    if setting != "auto":
+        return setting
+    return "bf16" if favoured_dtype(device) == "bfloat16" else "no"
+
+
 def run_metadata(device: str | torch.device = "cpu", **extra: Any) -> dict[str, Any]:
     """Versions, machine, device and commit: written next to every result."""
     return {

@@ -68,6 +68,27 @@ def test_features_can_be_cached_with_the_target_in_another_dtype(tmp_path):
         prepare_features(fp32, tmp_path / "bf16", progress=False)
 
 
+def test_cache_dtype_auto_follows_the_hardware_and_resumes_a_begun_cache(tmp_path, monkeypatch):
+    """data.cache_dtype="auto": bf16 where the device has bf16 matrix units, the target's dtype elsewhere; a cache
+    already begun keeps the dtype it was begun in (a run moved from an AMX machine is neither refused nor
+    rebuilt), unless it is to be rebuilt anyway (force)."""
+    from jakiro_lib.features import MANIFEST
+    from jakiro_lib.study import s00_data
+
+    auto = get_profile("smoke", **{"data.cache_dtype": "auto"})
+    assert get_profile("default").data.cache_dtype == "auto" and get_profile("default").train.mixed_precision == "auto"
+    monkeypatch.setattr(s00_data, "favoured_dtype", lambda device: "bfloat16")
+    assert s00_data.cache_dtype(auto, tmp_path) == "bfloat16"
+    (tmp_path / MANIFEST).write_text(json.dumps({"settings": {}}))  # begun in fp32 (the default is not recorded)
+    assert s00_data.cache_dtype(auto, tmp_path) == "float32"
+    assert s00_data.cache_dtype(auto, tmp_path, force=True) == "bfloat16"
+    monkeypatch.setattr(s00_data, "favoured_dtype", lambda device: None)
+    (tmp_path / MANIFEST).write_text(json.dumps({"target_dtype": "bfloat16"}))
+    assert s00_data.cache_dtype(auto, tmp_path) == "bfloat16"
+    assert s00_data.cache_dtype(auto, tmp_path / "none") == "float32"
+    assert s00_data.cache_dtype(get_profile("smoke"), tmp_path) == "float32"  # None: the target's dtype
+
+
 def test_notebook_setup_logs_to_stdout_and_flags_the_smoke_profile(tmp_path, monkeypatch, capsys):
     import logging
 

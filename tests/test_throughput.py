@@ -91,13 +91,16 @@ def test_bad_options_are_refused(tmp_path):
 
 
 def test_favoured_dtype_follows_the_cpu_flags(monkeypatch):
+    from jakiro_lib import utils
+
     cpu = torch.device("cpu")
-    monkeypatch.setattr(TP, "cpu_flags", lambda: {"avx2", "fma"})
-    assert TP.favoured_dtype(cpu) is None
-    monkeypatch.setattr(TP, "cpu_flags", lambda: {"avx2", "avx512f", "amx_tile", "amx_bf16"})
-    assert TP.favoured_dtype(cpu) == "bfloat16"
-    monkeypatch.setattr(TP, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
-    assert TP.favoured_dtype(cpu) == "bfloat16"
+    monkeypatch.setattr(utils, "cpu_flags", lambda: {"avx2", "fma"})
+    assert utils.favoured_dtype(cpu) is None and utils.resolve_precision("auto", cpu) == "no"
+    monkeypatch.setattr(utils, "cpu_flags", lambda: {"avx2", "avx512f", "amx_tile", "amx_bf16"})
+    assert utils.favoured_dtype(cpu) == "bfloat16" and utils.resolve_precision("auto", cpu) == "bf16"
+    assert utils.resolve_precision("no", cpu) == "no"  # a setting other than auto is kept
+    monkeypatch.setattr(utils, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    assert utils.favoured_dtype(cpu) == "bfloat16"
 
 
 def test_cpu_flags_read_this_machine():

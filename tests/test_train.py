@@ -502,3 +502,16 @@ def test_eagle2_draft_has_the_targets_mlp_width_and_the_control_does_not(target)
     assert eagle2.mlp.experts[0].up_proj.weight.shape == (inter, H) and inter != H
     assert control.mlp.experts[0].up_proj.weight.shape == (H, H)
     assert eagle2.n_params() - control.n_params() == 3 * H * (inter - H)
+
+
+@pytest.mark.parametrize("flags,precision", [({"avx2", "fma"}, "no"), ({"avx512f", "amx_tile", "amx_bf16"}, "bf16")])
+def test_mixed_precision_auto_follows_the_hardware(target, data, tmp_path, monkeypatch, flags, precision):
+    """train.mixed_precision="auto": bf16 autocast where the CPU has bf16 matrix units (here pretended), fp32
+    elsewhere; the precision used is recorded with the results."""
+    from jakiro_lib import utils
+
+    monkeypatch.setattr(utils, "cpu_flags", lambda: flags)
+    train, held = data
+    res = T.train_draft(target, smoke_drafts()["dense"], train, held, tmp_path / precision,
+                        cfg(epochs=1, mixed_precision="auto"), progress=False)
+    assert res["run_metadata"]["mixed_precision"] == precision and math.isfinite(res["heldout_loss"])

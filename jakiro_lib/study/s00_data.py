@@ -14,14 +14,16 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
+import torch
 
 from ..chat import format_conversation
 from ..config import Profile
 from ..data import load_conversations
 from ..distill import regenerate
-from ..features import CacheError, cache_features, estimate_cache, estimate_disk, human_bytes, verify_cache
+from ..features import (OPTIONAL_SETTINGS, CacheError, cache_features, estimate_cache, estimate_disk, human_bytes,
+                        read_manifest, verify_cache)
 from ..layout import RunLayout
-from ..utils import read_json, write_json
+from ..utils import favoured_dtype, read_json, write_json
 from .context import StudyContext, _dirs, _layout, default_run_dir, get_target
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,17 @@ def load_training_conversations(profile: Profile, run_dir: Path | None = None, t
                       batch_size=d.distill_batch_size, template=profile.target.template, progress=progress)
 
 
+def cache_dtype(prof: Profile, cache_dir: Path, *, force: bool = False) -> str:
+    """The target's dtype for caching: ``data.cache_dtype`` with "auto" resolved (see :func:`prepare_features`)."""
+    setting = prof.data.cache_dtype
+    if setting != "auto":
+        return setting or prof.target.dtype
+    begun = None if force else read_manifest(cache_dir)
+    if begun is not None:
+        return begun.get("target_dtype", OPTIONAL_SETTINGS["target_dtype"])
+    return favoured_dtype(torch.device(prof.target.device)) or prof.target.dtype
+
+
 def prepare_features(profile: str | Profile | StudyContext, run_dir: str | Path | None = None, *,
                      target: Any = None, force: bool = False, progress: bool = True) -> dict[str, Any]:
     """Cache target features for ``profile.data.num_conversations`` conversations in ``run_dir/features``.
@@ -52,13 +65,15 @@ def prepare_features(profile: str | Profile | StudyContext, run_dir: str | Path 
     Resumable and self-verifying (see :func:`jakiro_lib.features.cache_features`). A cache made with
     other settings raises :class:`~jakiro_lib.features.CacheError` unless ``force`` (then it is rebuilt).
     In online mode (``data.online``) nothing is written; the estimate says what caching would cost.
-    ``data.cache_dtype`` runs the target in another dtype for this step only (bf16 on an AMX CPU).
+    ``data.cache_dtype`` runs the target in another dtype for this step only (bf16 on an AMX CPU); "auto"
+    picks bf16 where the device has bf16 matrix units, except that a cache already begun resumes in the
+    dtype it was begun with (moved to another machine, it is neither rebuilt nor refused).
     Returns a summary dict (also written to ``run_dir/features_summary.json``).
     """
     prof, rdir = _dirs(profile, run_dir)
     layout = RunLayout(rdir)
     d = prof.data
-    cache_target = dataclasses.replace(prof.target, dtype=d.cache_dtype or prof.target.dtype)
+    cache_target = dataclasses.replace(prof.target, dtype=cache_dtype(prof, layout.features, force=force))
     if target is None or target.config != cache_target:
         target = get_target(dataclasses.replace(prof, target=cache_target))
     t0 = time.perf_counter()
