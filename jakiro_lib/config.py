@@ -158,10 +158,10 @@ class DataConfig:
     heldout_fraction: float = 0.05
     shard_size: int = 64  # conversations per cache shard
     # Conversations per target forward while caching, sorted by length within a shard and right-padded
-    # (jakiro_lib.features.batch_features); the cached tensors are the same whatever it is. 1 on a CPU: a
-    # 135M-parameter forward over one conversation already keeps a core's FMA units busy (2-core AVX2 EPYC,
-    # one thread, CPU time, 2026-11-23: 200, 200 and 180 tokens per CPU-second at 1, 4 and 8; a loaded
-    # machine, so a hint; `python -m jakiro_lib throughput` measures it). A GPU wants many (gpu profile).
+    # (jakiro_lib.features.batch_features); the cached tensors are the same whatever it is. On 2-core CPUs
+    # (`python -m jakiro_lib throughput`, 32 conversations): 4 against 1 gave fp32 1.05x (AVX2 EPYC, 2026-11-23)
+    # and 1.07x (Sapphire Rapids), bf16 on AMX 1.28x (2,597 against 2,019 tokens/s, 3.11x fp32 one by one,
+    # 2026-11-25); 16 was slower everywhere. The default profile takes 4; a GPU wants many (gpu profile).
     cache_batch_size: int = 1
     feature_dtype: str = "float16"
     # The target's dtype while caching features (and self-distilling); None: target.dtype; "auto": bfloat16
@@ -319,7 +319,7 @@ def _profiles() -> dict[str, Profile]:
     default = Profile(
         name="default",
         target=TargetConfig(model="builtin:smollm2", max_context=2048, packed_gemm=64),
-        data=DataConfig(num_conversations=600, max_length=384, shard_size=50, cache_dtype="auto"),
+        data=DataConfig(num_conversations=600, max_length=384, shard_size=50, cache_dtype="auto", cache_batch_size=4),
         train=TrainConfig(epochs=2, batch_size=8, lr=2e-3, warmup_steps=20, mixed_precision="auto"),
         tree=TreeConfig(depth=4, top_k=3, total_tokens=8),
         bench=BenchConfig(limit=10, max_new_tokens=64, temperatures=(0.0,)),

@@ -160,21 +160,21 @@ def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Ten
     residual = probs.masked_fill(zeroed, 0.0)  # [m, V]: each node's children's tokens zeroed
     left = residual.double().sum(-1, keepdim=True) + pc.flip(1).cumsum(1).flip(1)  # [m, m]: R_j
     accept_p = torch.where(pc > 0, pc / left.clamp_min(torch.finfo(torch.float64).tiny), 0.0)  # [m, m]
-    u = uniforms[:max_depth * m].view(max_depth, m) if max_depth else uniforms[:0].view(0, m)
-    node = torch.zeros((), dtype=torch.long, device=tokens.device)
+    u = uniforms[:max_depth * m].view(max_depth, m)
+    node = accepted = torch.zeros((), dtype=torch.long, device=tokens.device)
     live = torch.ones((), dtype=torch.bool, device=tokens.device)
     path = [node]
     for d in range(max_depth):
         hits = u[d] < accept_p.index_select(0, node[None])[0]  # [m]
         live = live & hits.any()
         node = torch.where(live, hits.long().argmax(), node)  # the first accepted child, if any
+        accepted = accepted + live
         path.append(torch.where(live, node, 0))
     row = residual.index_select(0, node[None])[0].double()  # [V]
     cdf = row.cumsum(0)
     bonus = torch.searchsorted(cdf, (uniforms[-1] * cdf[-1])[None], right=True)[0]
     last = torch.where(row > 0, torch.arange(row.shape[0], device=row.device), -1).max()  # u * total rounded up
     bonus = torch.where(bonus >= row.shape[0], last, bonus)
-    accepted = torch.stack(path[1:]).ne(0).sum() if max_depth else node
     return torch.stack(path), accepted, bonus
 
 
