@@ -270,6 +270,12 @@ class DraftModel(nn.Module):
         """
         if steps > 1:
             return self.unroll(features, input_ids, position_ids, steps)
+        return self._step(features, input_ids, position_ids, cache, mask)
+
+    def _step(self, features: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
+              cache: KVCache | None, mask: torch.Tensor | None) -> DraftOutput:
+        """One forward. :meth:`unroll` calls it rather than ``self(...)``: accelerate replaces ``forward`` with
+        an autocast-wrapped one, and re-entering that one autocast object left autocast on for the process."""
         with torch.no_grad():
             emb = self.embed(input_ids)
         z = self.fc(torch.cat([emb.to(features.dtype), features], dim=-1))
@@ -290,14 +296,14 @@ class DraftModel(nn.Module):
         """
         L = features.shape[1]
         cache = KVCache()
-        outs = [self(features, input_ids, position_ids, cache)]
+        outs = [self._step(features, input_ids, position_ids, cache, None)]
         self.mlp.count_load = False
         try:
             for j in range(1, steps):
                 prev = outs[-1].a  # [B, L, H]: step j-1's prediction of f_{t+1} at t
                 feats = torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], 1)  # position t gets it at t+1
                 mask = unroll_mask(L, j, prev.device)[None, None]  # [1, 1, L, (j + 1) L]
-                outs.append(self(feats, input_ids, position_ids, cache, mask))
+                outs.append(self._step(feats, input_ids, position_ids, cache, mask))
         finally:
             self.mlp.count_load = True
         return outs
