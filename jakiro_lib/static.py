@@ -347,8 +347,8 @@ class StaticEngine:
 
     :meth:`cycle` is one draft-verify-evaluate-update step from ``start`` cached positions, a function of
     device tensors with fixed shapes; it returns what the host reads. ``params``: greedy (T=0) verification
-    or :func:`sampling_path` on uniforms that :meth:`generate` draws into a static buffer before each
-    cycle (from the caller's generator, outside any compiled step). ``compile``: the cycle goes through
+    or :func:`sampling_path` on uniforms that :meth:`generate` draws into ``uniforms`` before each cycle
+    (from the caller's generator, outside any compiled step; a graph input, not a static address). ``compile``: the cycle goes through
     ``torch.compile`` (on CUDA ``mode="reduce-overhead"``, i.e. captured as CUDA graphs; elsewhere inductor),
     the target's and the draft head's packed CPU GEMMs off inside it, as in :mod:`jakiro_lib.compiled`.
     """
