@@ -41,7 +41,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .chat import format_conversation
-from .utils import atomic_path, file_sha256, read_json, run_metadata, world_size, write_json
+from .utils import atomic_path, file_sha256, keep_freed_memory, read_json, run_metadata, world_size, write_json
 
 log = logging.getLogger(__name__)
 
@@ -442,6 +442,8 @@ def cache_features(
         done[entry["file"]] = entry
         damaged.pop(entry["file"], None)
     world.wait()  # every process has read the old state before the main process rewrites the manifest
+    if target.device.type == "cpu":
+        keep_freed_memory()  # the [batch, tokens, vocabulary] logits are freshly page-faulted otherwise
     manifest: dict[str, Any] = {
         **settings, "settings": settings, "cache_batch_size": batch_size,
         "num_shards_expected": n_shards, "shards": [], "run_metadata": run_metadata(target.device),

@@ -16,6 +16,10 @@ conversations of the profile's data:
   the loop makes after a step), synchronising CUDA around every timer, and once free-running
   (``step_ms``, and the tokens/s of the row), as training runs.
 
+On a CPU with glibc, every row first runs with glibc's own allocator settings (``allocator="system"``),
+then the rows of the favoured dtype again with freed memory kept for reuse (``"kept"``,
+:func:`jakiro_lib.utils.keep_freed_memory`, which caching and training switch on for themselves).
+
 Tokens are real tokens (padding excluded); ``padding`` is the share of the computed positions that were
 padding. ``speedup`` compares a row with the first row of its part (one conversation per forward in fp32;
 fp32 unbucketed training). Writes ``throughput.csv``, ``throughput_config.json`` and
@@ -42,14 +46,14 @@ from .draft import DraftModel
 from .features import cache_features, length_batches, shard_tensors
 from .target import load_target
 from .train import EpochSampler, draft_loss, training_loss_options
-from .utils import cpu_flags, favoured_dtype, run_metadata, seed_everything, write_json
+from .utils import cpu_flags, favoured_dtype, keep_freed_memory, run_metadata, seed_everything, write_json
 
 CSV = "throughput.csv"
 CONFIG_JSON = "throughput_config.json"
 ENV_JSON = "throughput_env.json"
 STAGES = ("data", "forward", "backward", "optimizer", "sync")
-COLUMNS = ("part", "variant", "device", "dtype", "batch_size", "bucketed", "items", "tokens", "padded_tokens",
-           "padding", "seconds", "tokens_per_s", "speedup", *(f"{s}_ms" for s in STAGES), "step_ms")
+COLUMNS = ("part", "variant", "device", "dtype", "allocator", "batch_size", "bucketed", "items", "tokens",
+           "padded_tokens", "padding", "seconds", "tokens_per_s", "speedup", *(f"{s}_ms" for s in STAGES), "step_ms")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -117,15 +121,18 @@ def _cache_pass(target: Any, convs: Sequence[Any], data: DataConfig, template: s
 
 
 def caching_rows(target_cfg: TargetConfig, convs: Sequence[Any], data: DataConfig, *,
-                 batch_sizes: Sequence[int], dtypes: Sequence[str]) -> list[dict[str, Any]]:
-    """One row per (target dtype, conversations per forward); a warm-up pass per dtype is not timed."""
+                 batch_sizes: Sequence[int], dtypes: Sequence[str], allocator: str = "system") -> list[dict[str, Any]]:
+    """One row per (target dtype, conversations per forward); a warm-up pass per dtype is not timed.
+    ``allocator``: glibc's own settings ("system") or freed memory kept ("kept") while these rows run."""
+    _allocator(allocator)
     rows = []
     for dtype in dtypes:
         target = load_target(dataclasses.replace(target_cfg, dtype=dtype))
         _cache_pass(target, convs[:max(batch_sizes)], data, target_cfg.template, max(batch_sizes))
         for bs in batch_sizes:
-            rows.append({"part": "cache", "variant": "per conversation" if bs == 1 else f"batch {bs}",
-                         "device": str(target.device), "dtype": dtype, "batch_size": bs,
+            variant = ("per conversation" if bs == 1 else f"batch {bs}") + _SUFFIX[allocator]
+            rows.append({"part": "cache", "variant": variant,
+                         "device": str(target.device), "dtype": dtype, "allocator": allocator, "batch_size": bs,
                          **_cache_pass(target, convs, data, target_cfg.template, bs)})
         del target
     return rows
@@ -200,8 +207,11 @@ def _train_variant(target: Any, draft_cfg: DraftConfig, d2t: torch.Tensor | None
 
 
 def training_rows(target: Any, drafts: dict[str, DraftConfig], dataset: Any, train_cfg: TrainConfig, *,
-                  steps: int, warmup: int, precisions: Sequence[str]) -> list[dict[str, Any]]:
-    """One row per (draft, precision, bucketing); every variant starts from the same seed."""
+                  steps: int, warmup: int, precisions: Sequence[str], allocator: str = "system",
+                  bucketing: Sequence[bool] = (False, True)) -> list[dict[str, Any]]:
+    """One row per (draft, precision, bucketing); every variant starts from the same seed. ``allocator``: as
+    in :func:`caching_rows`."""
+    _allocator(allocator)
     freqs = None
     rows = []
     for name, cfg in drafts.items():
@@ -210,17 +220,26 @@ def training_rows(target: Any, drafts: dict[str, DraftConfig], dataset: Any, tra
             freqs = token_frequencies(dataset, target.model.config.vocab_size) if freqs is None else freqs
             d2t = build_draft_vocab(freqs, min(cfg.draft_vocab_size, freqs.numel()), always=target.eos_token_ids)
         for precision in precisions:
-            for bucketed in (False, True):
+            for bucketed in bucketing:
                 row = _train_variant(target, cfg, d2t, dataset, train_cfg, precision=precision, bucketed=bucketed,
                                      steps=steps, warmup=warmup)
-                rows.append({"part": "train", "variant": f"{name} {precision}" + (" bucketed" if bucketed else ""),
-                             **row})
+                rows.append({"part": "train", "variant": f"{name} {precision}" + (" bucketed" if bucketed else "")
+                             + _SUFFIX[allocator], "allocator": allocator, **row})
     return rows
 
 
 # --------------------------------------------------------------------------------------------------
 # The whole measurement
 # --------------------------------------------------------------------------------------------------
+
+
+_SUFFIX = {"system": "", "kept": ", freed memory kept"}
+
+
+def _allocator(name: str) -> None:
+    if name not in _SUFFIX:
+        raise ValueError(f"allocator must be 'system' or 'kept', got {name!r}")
+    keep_freed_memory(name == "kept")
 
 
 def _table(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -258,15 +277,25 @@ def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int 
     d = profile.data
     convs = load_conversations(d.source, path=d.path, limit=conversations)
     dtypes = ["float32"] + ([favoured] if favoured else [])
+    # glibc's allocator settings can be switched: "kept" rows (the favoured dtype) follow the "system" ones
+    kept = device.type == "cpu" and keep_freed_memory(True)
     rows = caching_rows(profile.target, convs, d, batch_sizes=cache_batch_sizes, dtypes=dtypes)
+    if kept:
+        rows += caching_rows(profile.target, convs, d, batch_sizes=cache_batch_sizes, dtypes=dtypes[-1:],
+                             allocator="kept")
     target = load_target(profile.target)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".features.") as tmp:
         cache_features(target, convs, tmp, max_length=d.max_length, shard_size=d.shard_size,
                        feature_dtype=d.feature_dtype, template=profile.target.template, progress=False,
                        batch_size=max(cache_batch_sizes))
         dataset = FeatureDataset(tmp, "all", 0.0)
-        rows += training_rows(target, {n: profile.drafts[n] for n in names}, dataset, profile.train, steps=steps,
-                              warmup=warmup, precisions=["fp32"] + (["bf16"] if favoured else []))
+        precisions = ["fp32"] + (["bf16"] if favoured else [])
+        drafts_cfg = {n: profile.drafts[n] for n in names}
+        rows += training_rows(target, drafts_cfg, dataset, profile.train, steps=steps, warmup=warmup,
+                              precisions=precisions)
+        if kept:
+            rows += training_rows(target, drafts_cfg, dataset, profile.train, steps=steps, warmup=warmup,
+                                  precisions=precisions[-1:], allocator="kept", bucketing=(False,))
     table = _table(rows)
     table.to_csv(out_dir / CSV, index=False)
     return table

@@ -3,7 +3,7 @@ import torch
 
 from jakiro_lib import kernels
 from jakiro_lib.config import DraftConfig, TargetConfig
-from jakiro_lib.draft import DraftLoadError, DraftModel, KVCache
+from jakiro_lib.draft import DraftLoadError, DraftModel, KVCache, soft_cross_entropy
 from jakiro_lib.target import load_target
 
 DENSE = DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False, contrastive=False)
@@ -173,3 +173,25 @@ def test_an_fp32_draft_follows_its_targets_packed_gemm_choice(tmp_path):
     assert e._head_gemm == ("onednn", 1)
     plain = load_target(TargetConfig(model="tiny:llama"))
     assert kernels.packed_gemm(DraftModel.load(tmp_path / "d", plain.model)) is None
+
+
+def test_soft_cross_entropy_matches_its_definition_and_gradient():
+    """The fused soft-CE (value and gradient softmax(z) - p) equals -(p * log_softmax(z)).sum(-1), also with
+    bf16 logits, broadcast targets ([N, E, V] logits against one p per row) and no gradient into p."""
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(6, 3, 50, generator=g, dtype=torch.float64, requires_grad=True)
+    p = torch.randn(6, 1, 50, generator=g, dtype=torch.float64).softmax(-1).expand(-1, 3, -1).requires_grad_()
+    w = torch.rand(6, 3, generator=g, dtype=torch.float64)
+    (soft_cross_entropy(z, p) * w).sum().backward()
+    assert p.grad is None  # the target is a constant
+    z2 = z.detach().clone().requires_grad_()
+    (-(p.detach() * z2.log_softmax(-1)).sum(-1) * w).sum().backward()
+    assert torch.allclose(z.grad, z2.grad) and torch.allclose(soft_cross_entropy(z, p), -(p * z.log_softmax(-1)).sum(-1))
+    assert torch.autograd.gradcheck(lambda x: soft_cross_entropy(x, p[:, 0]), (z[:, 0].detach().requires_grad_(),))
+    zb = z.detach().bfloat16().requires_grad_()
+    out = soft_cross_entropy(zb, p)
+    assert out.dtype == torch.float32
+    out.sum().backward()
+    assert zb.grad.dtype == torch.bfloat16
+    ref = (zb.detach().float().softmax(-1) - p.detach().float())
+    assert torch.allclose(zb.grad.float(), ref, atol=1e-2)

@@ -13,6 +13,7 @@ from jakiro_lib import dataset as D
 from jakiro_lib import features as F
 from jakiro_lib import throughput as TP
 from jakiro_lib import train as T
+from jakiro_lib import utils
 from jakiro_lib.cli import main
 from jakiro_lib.config import TargetConfig, TrainConfig, get_profile
 from jakiro_lib.data import Conversation
@@ -52,16 +53,20 @@ def test_throughput_command_writes_its_table(conversations_file, tmp_path, capsy
     table = pd.read_csv(out / TP.CSV)
     assert list(table.columns) == list(TP.COLUMNS)
     dtypes = ["float32"] + ([favoured] if favoured else [])
+    kept = utils.keep_freed_memory(True)  # glibc: the favoured dtype's rows again with freed memory kept
     cache = table[table["part"] == "cache"]
-    assert [(r.dtype, r.batch_size, r.variant) for r in cache.itertuples()] == \
-        [(d, b, v) for d in dtypes for b, v in ((1, "per conversation"), (3, "batch 3"))]
+    sizes = ((1, "per conversation"), (3, "batch 3"))
+    assert [(r.dtype, r.batch_size, r.variant, r.allocator) for r in cache.itertuples()] == \
+        [(d, b, v, "system") for d in dtypes for b, v in sizes] + \
+        [(d, b, f"{v}, freed memory kept", "kept") for d in dtypes[-1:] for b, v in sizes if kept]
     assert (cache["items"] == 7).all() and cache["tokens"].nunique() == 1  # the same conversations each time
     assert (cache.loc[cache["batch_size"] == 1, "padding"] == 0).all()
     assert (cache.loc[cache["batch_size"] == 3, "padding"] > 0).all()  # varied lengths share a forward
     train = table[table["part"] == "train"]
     precisions = ["fp32"] + (["bf16"] if favoured else [])
-    assert list(train["variant"]) == [f"dense {p}{b}" for p in precisions for b in ("", " bucketed")]
-    assert list(train["bucketed"]) == [False, True] * len(precisions)
+    assert list(train["variant"]) == [f"dense {p}{b}" for p in precisions for b in ("", " bucketed")] + \
+        [f"dense {precisions[-1]}, freed memory kept"] * kept
+    assert list(train["bucketed"]) == [False, True] * len(precisions) + [False] * kept
     assert (train["items"] == 2).all() and (train["batch_size"] == 3).all()
     stages = [f"{s}_ms" for s in TP.STAGES] + ["step_ms"]
     assert train[stages].notna().all().all() and (train[stages] >= 0).all().all()
@@ -76,7 +81,28 @@ def test_throughput_command_writes_its_table(conversations_file, tmp_path, capsy
     assert not list(out.glob(".features.*"))  # the temporary feature cache is gone
     printed = capsys.readouterr().out
     assert all(col in printed for col in ("tokens_per_s", "speedup", "forward_ms", "step_ms"))
-    assert printed.count("dense fp32") == 2
+    assert printed.count("dense fp32") == 2 + (kept and not favoured)
+
+
+class _FakeLibc:
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def mallopt(self, param: int, value: int) -> int:
+        self.calls.append((param, value))
+        return 1
+
+
+def test_keep_freed_memory_sets_and_restores_glibc_and_is_recorded(monkeypatch):
+    fake = _FakeLibc()
+    monkeypatch.setattr(utils, "_libc", lambda: fake)
+    assert utils.keep_freed_memory() is True and utils.run_metadata()["malloc_keeps_freed"] is True
+    assert fake.calls == [(utils.M_MMAP_MAX, 0), (utils.M_TRIM_THRESHOLD, 2**31 - 1)]  # no mmap, no trimming
+    fake.calls.clear()
+    assert utils.keep_freed_memory(False) is False and utils.run_metadata()["malloc_keeps_freed"] is False
+    assert (utils.M_MMAP_MAX, 65536) in fake.calls and (utils.M_MMAP_THRESHOLD, 32 * 2**20) in fake.calls
+    monkeypatch.setattr(utils, "_libc", lambda: object())  # a C library without mallopt (not glibc)
+    assert utils.keep_freed_memory() is False
 
 
 def test_bad_options_are_refused(tmp_path):
