@@ -230,14 +230,15 @@ def vocab_coverage(freqs: torch.Tensor, d2t: torch.Tensor) -> float:
 # --------------------------------------------------------------------------------------------------
 
 
-def collate(batch: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """Right-pad items to the batch's longest: ``input_ids`` [B, T] (pad 0), ``hidden`` [B, T, H] (pad 0),
-    ``loss_mask`` [B, T] float (0 on padding), ``attention_mask`` [B, T] long, ``target_top1`` [B, T]
-    (pad -1), ``lengths`` [B], ``index`` [B]."""
+def collate(batch: Sequence[dict[str, Any]], multiple: int = 1) -> dict[str, torch.Tensor]:
+    """Right-pad items to the batch's longest, rounded up to a multiple of ``multiple``: ``input_ids`` [B, T]
+    (pad 0), ``hidden`` [B, T, H] (pad 0), ``loss_mask`` [B, T] float (0 on padding), ``attention_mask``
+    [B, T] long, ``target_top1`` [B, T] (pad -1), ``lengths`` [B], ``index`` [B]."""
     if not batch:
         raise ValueError("empty batch")
     B = len(batch)
     T = max(int(item["input_ids"].shape[0]) for item in batch)
+    T += -T % multiple
     H = batch[0]["hidden"].shape[-1]
     out = {
         "input_ids": torch.zeros(B, T, dtype=torch.long),

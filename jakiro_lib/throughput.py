@@ -41,11 +41,11 @@ from torch.utils.data import DataLoader
 from .batching import LengthBucketSampler, dataset_lengths, padded_tokens
 from .config import DataConfig, DraftConfig, Profile, TargetConfig, TrainConfig
 from .data import load_conversations
-from .dataset import FeatureDataset, build_draft_vocab, collate, token_frequencies
+from .dataset import FeatureDataset, build_draft_vocab, token_frequencies
 from .draft import DraftModel
 from .features import cache_features, length_batches, shard_tensors
 from .target import load_target
-from .train import EpochSampler, draft_loss, training_loss_options
+from .train import EpochSampler, draft_loss, train_collate, training_loss_options
 from .utils import cpu_flags, favoured_dtype, keep_freed_memory, run_metadata, seed_everything, write_json
 
 CSV = "throughput.csv"
@@ -150,7 +150,7 @@ def _loader(dataset: Any, train_cfg: TrainConfig, bucketed: bool, device: torch.
     if bucketed:
         sampler = LengthBucketSampler(dataset_lengths(dataset), train_cfg.batch_size, train_cfg.seed)
         batching = dict(batch_sampler=sampler)
-    loader = DataLoader(dataset, **batching, collate_fn=collate, pin_memory=device.type == "cuda")
+    loader = DataLoader(dataset, **batching, collate_fn=train_collate, pin_memory=device.type == "cuda")
     epoch = 0
     while True:
         sampler.set_epoch(epoch)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .batching import LengthBucketSampler, dataset_lengths
@@ -64,53 +65,82 @@ UNROLL_DECAY = 0.8  # weight of unroll step j's loss: 0.8**j (the decay of EAGLE
 EVAL_DEPTHS = 4  # held-out top-1 per depth: the draft run 1..4 steps on its own features
 
 
+SHAPE_MULTIPLE = 128
+"""Loss rows are padded (with zero weight) to a multiple of this, so that a CPU's oneDNN sees a few GEMM shapes
+instead of a new one every step: it caches a primitive per shape (up to 1024), and with a new row count each step
+that cache grew by ~9 MB a step (14 GB of memory after 2,472 steps of the dense draft; 2026-11-25)."""
+TIME_MULTIPLE = 16  # training batches are right-padded to a multiple of this many positions, for the same reason
+
+
+def train_collate(batch: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """:func:`jakiro_lib.dataset.collate` with lengths rounded up to :data:`TIME_MULTIPLE` (training and
+    evaluation batches; padding never reaches a loss: the draft is causal and the mask zeroes it)."""
+    return collate(batch, TIME_MULTIPLE)
+
+
 @dataclasses.dataclass
 class _Targets:
     """Targets of every masked position j >= 1, computed once: branch A at t uses j = t + 1, branch B at
-    t uses j = t + 2, a subset of the same rows (the soft targets p are the costly part)."""
+    t uses j = t + 2, a subset of the same rows (the soft targets p are the costly part). Rows are padded
+    to a multiple of :data:`SHAPE_MULTIPLE` with weight 0."""
 
-    sel_a: torch.Tensor  # [B, T-1] rows with a target for branch A
-    w_a: torch.Tensor  # [N] loss-mask weights of those rows
+    idx_a: torch.Tensor  # [N] flat index into the [B * (T-1)] positions of each row with a branch-A target
+    w_a: torch.Tensor  # [N] loss-mask weights of those rows (0 on padding rows)
     t_pos: torch.Tensor  # [N] position t of each row
     t: torch.Tensor  # [N, H] f_{t+1}
     p: torch.Tensor  # [N, V'] softmax(lm_head(f_{t+1})) over the draft vocabulary
     ref: torch.Tensor  # [N] target argmax (full vocabulary)
-    sel_b: torch.Tensor | None  # [B, T-2] rows with a target for branch B
+    idx_b: torch.Tensor | None  # [N_b] flat index (as idx_a) of each row with a branch-B target
     w_b: torch.Tensor | None
     row_b: torch.Tensor | None  # [N_b] index into the branch-A rows of f_{t+2}
     t_pos_b: torch.Tensor | None
 
 
+def _padded_rows(sel: torch.Tensor, *values: torch.Tensor) -> list[torch.Tensor]:
+    """Flat indices of the true entries of ``sel`` and ``values`` at them, zero-padded to a multiple of
+    :data:`SHAPE_MULTIPLE` (a padding row points at position 0 with weight 0)."""
+    flat = sel.flatten().nonzero().squeeze(1)
+    pad = -flat.numel() % SHAPE_MULTIPLE
+    return [F.pad(flat, (0, pad))] + [F.pad(v.flatten()[flat], (0, pad)) for v in values]
+
+
 @torch.no_grad()
 def _targets(core: DraftModel, batch: dict[str, torch.Tensor], mask: torch.Tensor) -> _Targets:
     hidden = batch["hidden"]
-    B, T, _ = hidden.shape
-    sel_a = mask[:, 1:] > 0
+    B, T, H = hidden.shape
     pos = torch.arange(T - 1, device=hidden.device).expand(B, -1)
-    t_all = hidden[:, 1:][sel_a].float()
+    idx_a, w_a, t_pos = _padded_rows(mask[:, 1:] > 0, mask[:, 1:], pos)
+    t_all = hidden[:, 1:].reshape(-1, H)[idx_a].float()
     p_all = core.train_logits(t_all).float().softmax(-1)
     top1 = batch.get("target_top1")
-    ref_all = top1[:, 1:][sel_a] if top1 is not None else _full_top1(core, t_all)
-    sel_b = w_b = row_b = pos_b = None
+    ref_all = top1[:, 1:].flatten()[idx_a] if top1 is not None else _full_top1(core, t_all)
+    idx_b = w_b = row_b = pos_b = None
     if T >= 3:
-        row = torch.full(sel_a.shape, -1, dtype=torch.long, device=sel_a.device)
-        row[sel_a] = torch.arange(t_all.shape[0], device=sel_a.device)
-        sel_b = mask[:, 2:] > 0
-        row_b, w_b, pos_b = row[:, 1:][sel_b], mask[:, 2:][sel_b], pos[:, :T - 2][sel_b]
-    return _Targets(sel_a, mask[:, 1:][sel_a], pos[sel_a], t_all, p_all, ref_all, sel_b, w_b, row_b, pos_b)
+        n = int((mask[:, 1:] > 0).sum())  # the real rows come first in idx_a
+        row = torch.zeros(B * (T - 1), dtype=torch.long, device=hidden.device)
+        row[idx_a[:n]] = torch.arange(n, device=hidden.device)
+        grid = torch.arange(B * (T - 1), device=hidden.device).view(B, T - 1)
+        _, idx_b, w_b, row_b, pos_b = _padded_rows(mask[:, 2:] > 0, grid[:, :T - 2], mask[:, 2:],
+                                                   row.view(B, T - 1)[:, 1:], pos[:, :T - 2])
+    return _Targets(idx_a, w_a, t_pos, t_all, p_all, ref_all, idx_b, w_b, row_b, pos_b)
+
+
+def _rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Rows ``idx`` of the [B, T-1, ...] tensor ``x`` flattened over its first two dimensions."""
+    return x.flatten(0, 1)[idx]
 
 
 def _step_losses(core: DraftModel, out: DraftOutput, tg: _Targets, j: int, p_weight: float,
                  experts: bool) -> dict[str, Losses]:
     """Branch A, branch B and (``experts``) per-expert losses of unroll step ``j`` (rows with t >= j)."""
     w_a = tg.w_a * (tg.t_pos >= j)
-    parts = {"a": core.feature_loss(out.a[tg.sel_a], tg.t, tg.p, tg.ref, w_a, p_weight)}
-    if out.b is not None and tg.sel_b is not None:
-        T2 = tg.sel_b.shape[1]
+    parts = {"a": core.feature_loss(_rows(out.a, tg.idx_a), tg.t, tg.p, tg.ref, w_a, p_weight)}
+    if out.b is not None and tg.idx_b is not None:
         rb, w_b = tg.row_b, tg.w_b * (tg.t_pos_b >= j)
-        parts["b"] = core.feature_loss(out.b[:, :T2][tg.sel_b], tg.t[rb], tg.p[rb], tg.ref[rb], w_b, p_weight)
+        parts["b"] = core.feature_loss(_rows(out.b, tg.idx_b), tg.t[rb], tg.p[rb], tg.ref[rb], w_b, p_weight)
     if experts and out.experts is not None and out.experts.shape[-2] > 1:
-        parts["x"] = core.expert_loss(out.experts[tg.sel_a], out.gates[tg.sel_a], tg.t, tg.p, tg.ref, w_a, p_weight)
+        parts["x"] = core.expert_loss(_rows(out.experts, tg.idx_a), _rows(out.gates, tg.idx_a), tg.t, tg.p, tg.ref,
+                                      w_a, p_weight)
     return parts
 
 
@@ -210,7 +240,7 @@ def _step0_metrics(parts: dict[str, Losses], names: list[str], values: list[torc
 def _batches(data: Any, batch_size: int) -> Iterable[dict[str, torch.Tensor]]:
     if isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")
                                      and not isinstance(data, (list, tuple))):
-        return DataLoader(data, batch_size=batch_size, shuffle=False, collate_fn=collate)
+        return DataLoader(data, batch_size=batch_size, shuffle=False, collate_fn=train_collate)
     return data
 
 
@@ -398,7 +428,7 @@ def train_draft(
     if train_cfg.bucket_by_length:
         sampler = LengthBucketSampler(dataset_lengths(train_data), train_cfg.batch_size, train_cfg.seed)
         batching = dict(batch_sampler=sampler)
-    loader = DataLoader(train_data, **batching, collate_fn=collate,
+    loader = DataLoader(train_data, **batching, collate_fn=train_collate,
                         num_workers=num_workers, pin_memory=accelerator.device.type == "cuda")
     model, optimizer, loader = accelerator.prepare(core, optimizer, loader)
     steps_per_epoch = len(loader)

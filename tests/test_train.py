@@ -79,7 +79,7 @@ def cfg(**kw):
     return TrainConfig(**base)
 
 
-def test_draft_loss_masks_padding_and_noise(target, data):
+def test_draft_loss_masks_padding_and_noise(target, data, monkeypatch):
     train, _ = data
     torch.manual_seed(0)
     draft = DraftModel.build(smoke_drafts()["moe2"], target.model).eval()
@@ -101,6 +101,24 @@ def test_draft_loss_masks_padding_and_noise(target, data):
     _, m2 = T.draft_loss(draft, one, noise_amplitude=0.2)
     for key in ("loss_a", "loss_b", "acc_a", "acc_b", "count_a"):
         assert m2[key] == pytest.approx(m[key], rel=1e-4, abs=1e-6), key
+
+    # loss rows padded to SHAPE_MULTIPLE and lengths to TIME_MULTIPLE (few GEMM shapes for oneDNN): the loss,
+    # metrics and gradients are those of the unpadded batch; with unroll steps and per-expert losses too
+    both = D.collate([item, long_item])
+    assert T.train_collate([item, long_item])["input_ids"].shape[1] % T.TIME_MULTIPLE == 0
+    grads = {}
+    for rows, batch_ in ((1, both), (T.SHAPE_MULTIPLE, T.train_collate([item, long_item]))):
+        monkeypatch.setattr(T, "SHAPE_MULTIPLE", rows)
+        draft.zero_grad()
+        loss_, mm = T.draft_loss(draft, batch_, noise_amplitude=0.0, unroll_steps=2, depths=3)
+        loss_.backward()
+        grads[rows] = (mm, [q.grad.clone() for q in draft.parameters() if q.grad is not None])
+    (m_plain, g_plain), (m_pad, g_pad) = grads[1], grads[T.SHAPE_MULTIPLE]
+    assert m_plain.keys() == m_pad.keys() and len(g_plain) == len(g_pad) > 0
+    for key in m_plain:
+        assert m_pad[key] == pytest.approx(m_plain[key], rel=1e-5, abs=1e-6), key
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(g_plain, g_pad))
+    draft.zero_grad()
 
     # without the cached target argmax it is recomputed from the features (same up to fp16 near-ties)
     no_top1 = {k: v for k, v in batch.items() if k != "target_top1"}
