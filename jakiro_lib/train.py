@@ -116,9 +116,7 @@ def _targets(core: DraftModel, batch: dict[str, torch.Tensor], mask: torch.Tenso
     ref_all = top1[:, 1:].flatten()[idx_a] if top1 is not None else _full_top1(core, t_all)
     idx_b = w_b = row_b = pos_b = None
     if T >= 3:
-        n = int((mask[:, 1:] > 0).sum())  # the real rows come first in idx_a
-        row = torch.zeros(B * (T - 1), dtype=torch.long, device=hidden.device)
-        row[idx_a[:n]] = torch.arange(n, device=hidden.device)
+        row = (mask[:, 1:] > 0).flatten().cumsum(0) - 1  # [B * (T-1)] each selected position's row in idx_a
         grid = torch.arange(B * (T - 1), device=hidden.device).view(B, T - 1)
         _, idx_b, w_b, row_b, pos_b = _padded_rows(mask[:, 2:] > 0, grid[:, :T - 2], mask[:, 2:],
                                                    row.view(B, T - 1)[:, 1:], pos[:, :T - 2])
