@@ -5,7 +5,7 @@ random batch of ShareGPT conversations cut at ``max_length`` spends part of ever
 :class:`LengthBucketSampler` shuffles the data, sorts each window of ``window`` batches' worth of
 conversations by length, cuts it into batches and shuffles the batches: similar lengths share a batch,
 while which conversations meet still changes from epoch to epoch. The order depends only on
-(seed, epoch), like the unbucketed :class:`jakiro_lib.train.EpochSampler`, so a resumed training sees the
+(seed, epoch), like the unbucketed :class:`EpochSampler`, so a resumed training sees the
 same batches; and an epoch has ``ceil(n / batch_size)`` batches either way (only the last one short).
 """
 from __future__ import annotations
@@ -18,6 +18,25 @@ from torch.utils.data import Sampler
 
 WINDOW = 32
 """Batches' worth of conversations sorted together. Larger pads less but varies batches less."""
+
+
+class EpochSampler(Sampler[int]):
+    """A permutation that depends only on (seed, epoch): resumable data order without RNG state."""
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True) -> None:
+        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        if not self.shuffle:
+            return iter(range(self.n))
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return iter(torch.randperm(self.n, generator=g).tolist())
 
 
 def dataset_lengths(dataset: Any) -> list[int]:

@@ -112,7 +112,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     profile = _profile(args)
-    results = train_all(profile, run_dir=args.run_dir, only=args.drafts or None, force=args.force)
+    names = [n for arg in args.drafts or () for n in arg.split(",") if n]  # "a b" or "a,b"
+    results = train_all(profile, run_dir=args.run_dir, only=names or None, force=args.force)
     table = training_table(results)
     table.insert(1, "status", ["skipped" if r.get("skipped") else "trained" for r in results.values()])
     print(table[list(TRAIN_COLUMNS)].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
@@ -355,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
         _common(p)
         p.add_argument("--run-dir", type=Path, default=None, help="artifacts directory (default runs/<profile>)")
         if name == "train":
-            p.add_argument("--drafts", nargs="*", help="names of drafts to train (default: all of the profile's)")
+            p.add_argument("--drafts", nargs="*", help="drafts to train, space- or comma-separated (default: all of the profile's)")
             p.add_argument("--force", action="store_true")
         if name == "bench":
             p.add_argument("--study", default="main", choices=STUDIES)

@@ -197,6 +197,9 @@ class TrainConfig:
     # more steps on its own predicted features, with the losses at every step (step j weighted 0.8**j).
     # 1: single-step (EAGLE-2, the reference). A draft's DraftConfig.unroll_steps overrides it.
     unroll_steps: int = 1
+    # The training step's forward and loss through torch.compile (train.step_loss; inductor: a C++ compiler on a CPU,
+    # triton on a GPU). About 1.4x on a 2-core AMX CPU (docs/results.md); ~40 s of compilation per draft.
+    compile: bool = False
 
 
 @dataclass
@@ -308,29 +311,26 @@ def _profiles() -> dict[str, Profile]:
         drafts=_study_drafts(None),
     )
     # Sized for a 2-core CPU and a <= 90 min main job (docs/DESIGN.md sections 9 and 11) on the slower of the
-    # machines seen (a 2-core AVX2 EPYC, 2026-11-23: feature caching 307-416 tokens/s, draft training
-    # 0.6-3.0k tokens/s by draft): small trees (T(n) grows fast on CPU; the "_auto" methods tune the budget on the
-    # machine), a reduced draft vocabulary, CPU fast paths for the target (packed GEMMs up to 64 rows, every
-    # tuning candidate, the backend probed at load), the six drafts of DEFAULT_DRAFTS at one training budget:
-    # 600 ShareGPT conversations (~490 kept, ~180k tokens) for 2 epochs at lr 2e-3 (the best of 5e-4..5e-3,
-    # docs/results.md). Greedy decoding only (`bench --temperature 1` adds sampling). 10 MT-bench questions
-    # (20 turns; the first 5 alone repeat themselves more, which flattered prompt lookup). bf16 caching and training
-    # where the CPU has bf16 units ("auto"; AMX: 2.2x, 1.39x), fp32 elsewhere. More data keeps paying (issue 22).
+    # machines seen (a 2-core AVX2 EPYC, 2026-11-23): small trees (T(n) grows fast on CPU; "_auto" methods tune
+    # the budget on the machine), a reduced draft vocabulary, CPU fast paths for the target, the six drafts of
+    # DEFAULT_DRAFTS at one budget: 600 ShareGPT conversations (~490 kept, ~180k tokens), 2 epochs at lr 2e-3
+    # (the best of 5e-4..5e-3, docs/results.md). Greedy only (`bench --temperature 1` adds sampling); 10 MT-bench
+    # questions (20 turns). bf16 caching and training where the CPU has bf16 units ("auto"), a compiled
+    # training step. More data keeps paying (issue 22, docs/results.md).
     default = Profile(
         name="default",
         target=TargetConfig(model="builtin:smollm2", max_context=2048, packed_gemm=64),
         data=DataConfig(num_conversations=600, max_length=384, shard_size=50, cache_dtype="auto", cache_batch_size=4),
-        train=TrainConfig(epochs=2, batch_size=8, lr=2e-3, warmup_steps=20, mixed_precision="auto"),
+        train=TrainConfig(epochs=2, batch_size=8, lr=2e-3, warmup_steps=20, mixed_precision="auto", compile=True),
         tree=TreeConfig(depth=4, top_k=3, total_tokens=8),
         bench=BenchConfig(limit=10, max_new_tokens=64, temperatures=(0.0,)),
         drafts={k: v for k, v in _study_drafts(8192).items() if k in DEFAULT_DRAFTS},
     )
     # One GPU and no hub (issue 22): the built-in SmolLM2 in bf16 on cuda, all the packaged ShareGPT
-    # conversations (17,671 records, ~17.3k kept by the cleaning; the limit takes them all), the paper's
-    # 20 epochs and 60-token trees (docs/DESIGN.md sections 4-5). Batch 32 at lr 2e-3: the
-    # default profile's lr at batch 32 kept held-out top-1 rising over 4 epochs on an H100 (issue 22).
-    # The reduced draft vocabulary stays: SmolLM2's 49152-token lm_head dominates the draft's cost. Only the
-    # packaged (offline) benchmarks, 20 questions each.
+    # conversations (17,671 records, ~17.3k kept), the paper's 20 epochs and 60-token trees (docs/DESIGN.md
+    # sections 4-5). Batch 32 at lr 2e-3 kept held-out top-1 rising over 4 epochs on an H100 (issue 22). The
+    # reduced draft vocabulary stays (SmolLM2's 49152-token lm_head dominates the draft's cost); the training
+    # step is not compiled until measured on a GPU. Only the packaged benchmarks, 20 questions each.
     gpu = Profile(
         name="gpu",
         target=TargetConfig(model="builtin:smollm2", dtype="bfloat16", device="cuda", max_context=4096),

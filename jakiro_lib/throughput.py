@@ -18,7 +18,8 @@ conversations of the profile's data:
 
 On a CPU with glibc, every row first runs with glibc's own allocator settings (``allocator="system"``),
 then the rows of the favoured dtype again with freed memory kept for reuse (``"kept"``,
-:func:`jakiro_lib.utils.keep_freed_memory`, which caching and training switch on for themselves).
+:func:`jakiro_lib.utils.keep_freed_memory`, which caching and training switch on for themselves). Where the
+profile compiles its training step (``train.compile``), a last row per draft does so (``compiled``).
 
 Tokens are real tokens (padding excluded); ``padding`` is the share of the computed positions that were
 padding. ``speedup`` compares a row with the first row of its part (one conversation per forward in fp32;
@@ -38,22 +39,24 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader
 
-from .batching import LengthBucketSampler, dataset_lengths, padded_tokens
+from .batching import EpochSampler, LengthBucketSampler, dataset_lengths, padded_tokens
 from .config import DataConfig, DraftConfig, Profile, TargetConfig, TrainConfig
 from .data import load_conversations
 from .dataset import FeatureDataset, build_draft_vocab, token_frequencies
 from .draft import DraftModel
 from .features import cache_features, length_batches, shard_tensors
 from .target import load_target
-from .train import EpochSampler, draft_loss, train_collate, training_loss_options
+from .train import step_loss, train_collate, training_loss_options
 from .utils import cpu_flags, favoured_dtype, keep_freed_memory, run_metadata, seed_everything, write_json
 
 CSV = "throughput.csv"
 CONFIG_JSON = "throughput_config.json"
 ENV_JSON = "throughput_env.json"
+COMPILED_WARMUP = 8  # untimed steps before a compiled row (compilation: ~40 s per draft on a 2-core CPU)
 STAGES = ("data", "forward", "backward", "optimizer", "sync")
-COLUMNS = ("part", "variant", "device", "dtype", "allocator", "batch_size", "bucketed", "items", "tokens",
-           "padded_tokens", "padding", "seconds", "tokens_per_s", "speedup", *(f"{s}_ms" for s in STAGES), "step_ms")
+COLUMNS = ("part", "variant", "device", "dtype", "allocator", "batch_size", "bucketed", "compiled", "items",
+           "tokens", "padded_tokens", "padding", "seconds", "tokens_per_s", "speedup", *(f"{s}_ms" for s in STAGES),
+           "step_ms")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -158,8 +161,8 @@ def _loader(dataset: Any, train_cfg: TrainConfig, bucketed: bool, device: torch.
         epoch += 1
 
 
-def _steps(core: DraftModel, optimizer: Any, batches: Iterator[dict[str, Any]], n: int, train_cfg: TrainConfig,
-           precision: str, clock: _Clock) -> tuple[int, int]:
+def _steps(core: DraftModel, loss_of: Any, optimizer: Any, batches: Iterator[dict[str, Any]], n: int,
+           train_cfg: TrainConfig, precision: str, clock: _Clock) -> tuple[int, int]:
     """Run ``n`` training steps, lapping ``clock`` at every stage; returns (real, padded) tokens."""
     device = clock.device
     tokens = padded = 0
@@ -170,7 +173,7 @@ def _steps(core: DraftModel, optimizer: Any, batches: Iterator[dict[str, Any]], 
         batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
         clock.lap("data")
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-            loss, _ = draft_loss(core, batch, **training_loss_options(core.cfg, train_cfg))
+            loss, _ = loss_of(batch)
         clock.lap("forward")
         loss.backward()
         clock.lap("backward")
@@ -185,7 +188,7 @@ def _steps(core: DraftModel, optimizer: Any, batches: Iterator[dict[str, Any]], 
 
 
 def _train_variant(target: Any, draft_cfg: DraftConfig, d2t: torch.Tensor | None, dataset: Any, train_cfg: TrainConfig,
-                   *, precision: str, bucketed: bool, steps: int, warmup: int) -> dict[str, Any]:
+                   *, precision: str, bucketed: bool, steps: int, warmup: int, compiled: bool = False) -> dict[str, Any]:
     device = target.device
     seed_everything(train_cfg.seed)
     core = DraftModel.build(draft_cfg, target.model, d2t).float()
@@ -193,12 +196,16 @@ def _train_variant(target: Any, draft_cfg: DraftConfig, d2t: torch.Tensor | None
     optimizer = torch.optim.AdamW(core.parameters(), lr=train_cfg.lr, betas=tuple(train_cfg.betas),
                                   weight_decay=train_cfg.weight_decay)
     batches = _loader(dataset, train_cfg, bucketed, device)
-    _steps(core, optimizer, batches, warmup, train_cfg, precision, _Clock(device, sync=True))
+    loss_of = step_loss(core, training_loss_options(draft_cfg, train_cfg),
+                        compile_batch=train_cfg.batch_size if compiled else None)
+    # a compiled step compiles at its first call, again at the first new sizes, and maybe at a new length
+    _steps(core, loss_of, optimizer, batches, max(warmup, COMPILED_WARMUP if compiled else 0), train_cfg, precision,
+           _Clock(device, sync=True))
     staged = _Clock(device, sync=True)
-    _steps(core, optimizer, batches, steps, train_cfg, precision, staged)
+    _steps(core, loss_of, optimizer, batches, steps, train_cfg, precision, staged)
     free = _Clock(device, sync=False)
     t0 = time.perf_counter()
-    tokens, padded = _steps(core, optimizer, batches, steps, train_cfg, precision, free)
+    tokens, padded = _steps(core, loss_of, optimizer, batches, steps, train_cfg, precision, free)
     seconds = time.perf_counter() - t0
     return {"device": str(device), "dtype": "float32" if precision == "fp32" else "bf16 autocast",
             "batch_size": train_cfg.batch_size, "bucketed": bucketed, "items": steps, "tokens": tokens,
@@ -208,9 +215,9 @@ def _train_variant(target: Any, draft_cfg: DraftConfig, d2t: torch.Tensor | None
 
 def training_rows(target: Any, drafts: dict[str, DraftConfig], dataset: Any, train_cfg: TrainConfig, *,
                   steps: int, warmup: int, precisions: Sequence[str], allocator: str = "system",
-                  bucketing: Sequence[bool] = (False, True)) -> list[dict[str, Any]]:
+                  bucketing: Sequence[bool] = (False, True), compiled: bool = False) -> list[dict[str, Any]]:
     """One row per (draft, precision, bucketing); every variant starts from the same seed. ``allocator``: as
-    in :func:`caching_rows`."""
+    in :func:`caching_rows`; ``compiled``: the step through torch.compile (:func:`jakiro_lib.train.step_loss`)."""
     _allocator(allocator)
     freqs = None
     rows = []
@@ -222,9 +229,10 @@ def training_rows(target: Any, drafts: dict[str, DraftConfig], dataset: Any, tra
         for precision in precisions:
             for bucketed in bucketing:
                 row = _train_variant(target, cfg, d2t, dataset, train_cfg, precision=precision, bucketed=bucketed,
-                                     steps=steps, warmup=warmup)
+                                     steps=steps, warmup=warmup, compiled=compiled)
                 rows.append({"part": "train", "variant": f"{name} {precision}" + (" bucketed" if bucketed else "")
-                             + _SUFFIX[allocator], "allocator": allocator, **row})
+                             + _SUFFIX[allocator] + (", compiled" if compiled else ""), "allocator": allocator,
+                             "compiled": compiled, **row})
     return rows
 
 
@@ -296,6 +304,10 @@ def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int 
         if kept:
             rows += training_rows(target, drafts_cfg, dataset, profile.train, steps=steps, warmup=warmup,
                                   precisions=precisions[-1:], allocator="kept", bucketing=(False,))
+        if profile.train.compile:  # the profile's own training: its last rows
+            rows += training_rows(target, drafts_cfg, dataset, profile.train, steps=steps, warmup=warmup,
+                                  precisions=precisions[-1:], allocator="kept" if kept else "system",
+                                  bucketing=(False,), compiled=True)
     table = _table(rows)
     table.to_csv(out_dir / CSV, index=False)
     return table

@@ -14,15 +14,15 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset
 
-from .batching import LengthBucketSampler, dataset_lengths
+from .batching import EpochSampler, LengthBucketSampler, dataset_lengths
 from .checkpoints import CHECKPOINTS, STATE_FILE, list_checkpoints, readable_checkpoint, rng_state, set_rng_state
 from .config import DraftConfig, TrainConfig
 from .dataset import build_draft_vocab, collate, token_frequencies
@@ -148,6 +148,20 @@ def training_loss_options(draft_cfg: DraftConfig, train_cfg: TrainConfig) -> dic
     return dict(noise_amplitude=train_cfg.noise_amplitude, p_weight=train_cfg.p_weight,
                 branch_b_weight=train_cfg.branch_b_weight,
                 unroll_steps=draft_cfg.unroll_steps or train_cfg.unroll_steps, sync=False)
+
+
+def step_loss(draft: Any, options: dict[str, Any], *, compile_batch: int | None = None
+              ) -> Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, dict]]:
+    """``batch -> draft_loss(draft, batch, **options)``; batches of ``compile_batch`` conversations through
+    :func:`torch.compile` (``TrainConfig.compile``; it keeps the ambient autocast), others (an epoch's short last
+    batch) eagerly: dynamo would compile a batch of one apart, then dynamic batch sizes (slower kernels)."""
+    def step(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+        return draft_loss(draft, batch, **options)
+
+    if compile_batch is None:
+        return step
+    compiled = torch.compile(step)
+    return lambda batch: (compiled if batch["input_ids"].shape[0] == compile_batch else step)(batch)
 
 
 def draft_loss(draft: Any, batch: dict[str, torch.Tensor], *, noise_amplitude: float = 0.2,
@@ -310,25 +324,6 @@ def evaluate(draft: Any, data: Any, *, batch_size: int = 8, p_weight: float = 0.
 # --------------------------------------------------------------------------------------------------
 
 
-class EpochSampler(Sampler[int]):
-    """A permutation that depends only on (seed, epoch): resumable data order without RNG state."""
-
-    def __init__(self, n: int, seed: int, shuffle: bool = True) -> None:
-        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self) -> Iterator[int]:
-        if not self.shuffle:
-            return iter(range(self.n))
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return iter(torch.randperm(self.n, generator=g).tolist())
-
-
 def lr_lambda(step: int, warmup: int, total: int) -> float:
     """Linear warm-up to 1 over ``warmup`` steps, then cosine decay to 0 at ``total``."""
     if step < warmup:
@@ -392,7 +387,8 @@ def train_draft(
         d2t = torch.as_tensor(d2t, dtype=torch.long).cpu()
         draft_cfg = dataclasses.replace(draft_cfg, draft_vocab_size=int(d2t.numel()))
     stats = _data_stats(train_data, heldout_data)
-    fingerprint = _jsonable({"draft": dataclasses.asdict(draft_cfg), "train": dataclasses.asdict(train_cfg),
+    same_math = {k: v for k, v in dataclasses.asdict(train_cfg).items() if k != "compile"}  # compiled or not
+    fingerprint = _jsonable({"draft": dataclasses.asdict(draft_cfg), "train": same_math,
                              "data": stats, "target": getattr(target.config, "model", None)})
 
     done = read_json(out_dir / RESULTS)
@@ -462,6 +458,7 @@ def train_draft(
     loss_kw = dict(p_weight=train_cfg.p_weight, branch_b_weight=train_cfg.branch_b_weight)
     step_kw = training_loss_options(draft_cfg, train_cfg)
     unroll = step_kw["unroll_steps"]
+    loss_of, first_step = step_loss(model, step_kw, compile_batch=train_cfg.batch_size if train_cfg.compile else None), global_step
     bar = None
     if progress and accelerator.is_main_process:
         from tqdm.auto import tqdm
@@ -500,8 +497,14 @@ def train_draft(
             epoch_metrics = _Running()
             t_epoch = time.perf_counter()
             for batch in epoch_loader:
-                with accelerator.autocast():
-                    loss, m = draft_loss(model, batch, **step_kw)
+                try:
+                    with accelerator.autocast():
+                        loss, m = loss_of(batch)
+                except Exception as e:
+                    if not train_cfg.compile or global_step > first_step:
+                        raise
+                    raise TrainError(f"torch.compile of the training step failed ({type(e).__name__}; it needs a C++ "
+                                     "compiler on a CPU, triton on a GPU): --set train.compile=false") from e
                 accelerator.backward(loss)
                 accelerator.clip_grad_value_(model.parameters(), train_cfg.grad_clip_value)
                 optimizer.step()
@@ -559,7 +562,7 @@ def train_draft(
         "draft_config": dataclasses.asdict(draft_cfg), "train_config": dataclasses.asdict(train_cfg),
         "data": stats, "fingerprint": fingerprint,
         "run_metadata": run_metadata(accelerator.device, num_processes=accelerator.num_processes,
-                                     mixed_precision=precision),
+                                     mixed_precision=precision, compiled_step=train_cfg.compile),
     }
     if accelerator.is_main_process:
         core.eval()

@@ -242,6 +242,12 @@ def test_train_prints_a_short_table(tmp_path, monkeypatch, capsys):
     assert [line.split()[:2] for line in out[1:3]] == [["dense", "trained"], ["moe2", "trained"]]
     assert main(["train", *run, "--drafts", "dense"]) == 0
     assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["dense", "skipped"]
+    assert main(["train", *run, "--drafts", "moe2,dense"]) == 0  # comma-separated too
+    assert [line.split()[:2] for line in capsys.readouterr().out.splitlines()[1:3]] == [["moe2", "skipped"],
+                                                                                       ["dense", "skipped"]]
+    assert main(["train", *run, "--drafts", "dense,mo2"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: unknown draft(s) ['mo2']") and "\n" not in err and "Traceback" not in err
 
 
 def test_a_busy_torch_process_is_warned_about_once(tmp_path, monkeypatch, capsys):

@@ -159,17 +159,18 @@ def test_training_step_passes_the_loss_options_train_draft_uses(tmp_path, monkey
     tc = TrainConfig(epochs=1, batch_size=3, max_steps=1, warmup_steps=0, unroll_steps=2)
     base = get_profile("smoke").drafts["moe2_xgate"]
     for draft_cfg in (base, dataclasses.replace(base, unroll_steps=3, expert_loss="equal")):
-        calls = {}
-        for module, where in ((T, "train"), (TP, "throughput")):
-            real = module.draft_loss
+        calls: dict[str, list] = {}
+        where = ["train"]
+        real = T.draft_loss  # both reach it through T.step_loss
 
-            def spy(draft, batch, _real=real, _where=where, **kw):
-                if draft.training:  # train_draft's held-out evaluations call it too, in eval mode
-                    calls.setdefault(_where, []).append((T._core(draft).cfg.expert_loss, kw))
-                return _real(draft, batch, **kw)
+        def spy(draft, batch, **kw):
+            if draft.training:  # train_draft's held-out evaluations call it too, in eval mode
+                calls.setdefault(where[0], []).append((T._core(draft).cfg.expert_loss, kw))
+            return real(draft, batch, **kw)
 
-            monkeypatch.setattr(module, "draft_loss", spy)
+        monkeypatch.setattr(T, "draft_loss", spy)
         T.train_draft(target, draft_cfg, train, held, tmp_path / f"t{draft_cfg.unroll_steps}", tc, progress=False)
+        where[0] = "throughput"
         TP.training_rows(target, {"d": draft_cfg}, train, tc, steps=1, warmup=0, precisions=["fp32"])
         monkeypatch.undo()
         assert calls["train"][0][0] == draft_cfg.expert_loss != "off"

@@ -14,10 +14,11 @@ from torch.utils.data import Dataset
 from jakiro_lib import dataset as D
 from jakiro_lib import features as F
 from jakiro_lib import train as T
+from jakiro_lib.batching import EpochSampler
 from jakiro_lib.checkpoints import STATE_FILE, CheckpointError, list_checkpoints
 from jakiro_lib.config import DraftConfig, TargetConfig, TrainConfig, get_profile
 from jakiro_lib.data import Conversation
-from jakiro_lib.draft import DraftModel
+from jakiro_lib.draft import WEIGHTS_FILE, DraftModel
 from jakiro_lib.target import load_target
 
 MAX_LEN = 48
@@ -336,11 +337,47 @@ def test_dense_draft_with_reduced_vocab_trains(target, data, tmp_path):
     assert torch.equal(draft.d2t, D.build_draft_vocab(freqs, 64, always=target.eos_token_ids))
 
 
+def test_compiled_step_trains_the_same_draft_and_a_failure_is_one_line(target, data, tmp_path, monkeypatch):
+    """train.compile: the step through torch.compile (noise, branch B, experts, unrolled steps, a reduced
+    vocabulary and batches of several shapes) ends in the eager step's weights, is recorded, and resumes
+    a finished eager training (same math); a compile that fails is one TrainError line naming the switch."""
+    train, held = data
+    draft = dataclasses.replace(smoke_drafts()["moe2_xgate"], unroll_steps=2, draft_vocab_size=64)
+    eager = T.train_draft(target, draft, train, held, tmp_path / "eager", cfg(epochs=1), progress=False)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    import torch._inductor.config as inductor_config  # loads inductor: only this test needs it
+
+    monkeypatch.setattr(inductor_config, "fallback_random", True)  # the noise from eager's generator, not inductor's
+    comp = T.train_draft(target, draft, train, held, tmp_path / "comp", cfg(epochs=1, compile=True), progress=False)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it did compile
+    assert comp["run_metadata"]["compiled_step"] and not eager["run_metadata"]["compiled_step"]
+    assert comp["steps"] == eager["steps"] >= 2
+    w_e = load_file(tmp_path / "eager" / "draft" / WEIGHTS_FILE)
+    w_c = load_file(tmp_path / "comp" / "draft" / WEIGHTS_FILE)
+    assert w_e.keys() == w_c.keys()
+    for k in w_e:
+        assert torch.allclose(w_e[k], w_c[k], rtol=1e-4, atol=1e-5), k
+    assert comp["acc_a"] == pytest.approx(eager["acc_a"], abs=1e-6)
+    again = T.train_draft(target, draft, train, held, tmp_path / "eager", cfg(epochs=1, compile=True), progress=False)
+    assert again["wall_time_s"] == eager["wall_time_s"]  # finished: returned, not retrained
+
+    def broken(*args, **kwargs):
+        def fail(batch):
+            raise RuntimeError("no C++ compiler")
+        return fail
+
+    monkeypatch.undo()
+    monkeypatch.setattr(T.torch, "compile", broken)
+    with pytest.raises(T.TrainError, match="train.compile=false"):
+        T.train_draft(target, draft, train, held, tmp_path / "broken", cfg(epochs=1, compile=True), progress=False)
+
+
 def test_lr_schedule():
     lrs = [T.lr_lambda(s, 4, 20) for s in range(20)]
     assert lrs[:4] == [0.25, 0.5, 0.75, 1.0] and lrs[4] == 1.0
     assert all(x >= y for x, y in zip(lrs[4:], lrs[5:])) and lrs[-1] < 0.05
-    s = T.EpochSampler(10, seed=1)
+    s = EpochSampler(10, seed=1)
     s.set_epoch(0)
     e0 = list(s)
     s.set_epoch(1)

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ..config import Profile, TargetConfig
+from ..config import ConfigError, Profile, TargetConfig
 from ..dataset import FeatureDataset, OnlineFeatureDataset, build_draft_vocab, token_frequencies, vocab_coverage
 from ..features import verify_cache
 from ..layout import TRAIN_STAMP, RunLayout
@@ -97,7 +97,7 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     names = list(prof.drafts) if not only else list(only)
     unknown = [n for n in names if n not in prof.drafts]
     if unknown:
-        raise ValueError(f"unknown draft(s) {unknown}; the profile has {', '.join(prof.drafts)}")
+        raise ConfigError(f"unknown draft(s) {unknown}; the profile has {', '.join(prof.drafts)}")
     if not prof.data.online and layout.features_manifest.is_file():
         verify_cache(layout.features, allow_incomplete=True)  # the stamps below read it: CacheError if corrupt
     todo: list[str] = []
