@@ -197,9 +197,9 @@ class TrainConfig:
     # more steps on its own predicted features, with the losses at every step (step j weighted 0.8**j).
     # 1: single-step (EAGLE-2, the reference). A draft's DraftConfig.unroll_steps overrides it.
     unroll_steps: int = 1
-    # The training step's forward and loss through torch.compile (train.step_loss; inductor: a C++ compiler on a CPU,
-    # triton on a GPU). About 1.4x on a 2-core AMX CPU (docs/results.md); ~40 s of compilation per draft.
-    compile: bool = False
+    # The training step's forward and loss through torch.compile (train.step_loss; a C++ compiler on a CPU, triton on
+    # a GPU): "no", "yes", or "auto": where it trains in bf16 (1.5x on an AMX CPU; in fp32 there, no gain; DESIGN 11)
+    compile: str = "no"
 
 
 @dataclass
@@ -321,7 +321,7 @@ def _profiles() -> dict[str, Profile]:
         name="default",
         target=TargetConfig(model="builtin:smollm2", max_context=2048, packed_gemm=64),
         data=DataConfig(num_conversations=600, max_length=384, shard_size=50, cache_dtype="auto", cache_batch_size=4),
-        train=TrainConfig(epochs=2, batch_size=8, lr=2e-3, warmup_steps=20, mixed_precision="auto", compile=True),
+        train=TrainConfig(epochs=2, batch_size=8, lr=2e-3, warmup_steps=20, mixed_precision="auto", compile="auto"),
         tree=TreeConfig(depth=4, top_k=3, total_tokens=8),
         bench=BenchConfig(limit=10, max_new_tokens=64, temperatures=(0.0,)),
         drafts={k: v for k, v in _study_drafts(8192).items() if k in DEFAULT_DRAFTS},
@@ -468,10 +468,10 @@ RULES: dict[str, Rule] = {
     "DataConfig.feature_dtype": _DTYPE, "DataConfig.cache_dtype": _one_of("float32", "float16", "bfloat16", "auto"),
     "TrainConfig.epochs": _at_least(1), "TrainConfig.lr": _above(0), "TrainConfig.betas": _UNIT,
     "TrainConfig.grad_clip_value": _above(0), "TrainConfig.max_steps": _at_least(1),
-    "TrainConfig.mixed_precision": _one_of("no", "fp16", "bf16", "auto"),
+    "TrainConfig.mixed_precision": _one_of("no", "fp16", "bf16", "auto"), "TrainConfig.compile": _one_of("no", "yes", "auto"),
     "TreeConfig.depth": _at_least(1), "TreeConfig.top_k": _at_least(1), "TreeConfig.ar_steps": _at_least(0),
-    "TreeConfig.children_per_expert": _at_least(1), "TreeConfig.lookup_max_ngram": _at_least(1),
-    "TreeConfig.lookup_min_ngram": _at_least(1),
+    "TreeConfig.children_per_expert": _at_least(1),
+    "TreeConfig.lookup_max_ngram": _at_least(1), "TreeConfig.lookup_min_ngram": _at_least(1),
     "BenchConfig.repeats": _at_least(1), "BenchConfig.temperatures": _at_least(0),
 }
 _PATTERN_RULES: tuple[tuple[str, Rule], ...] = (

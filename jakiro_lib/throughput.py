@@ -304,7 +304,7 @@ def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int 
         if kept:
             rows += training_rows(target, drafts_cfg, dataset, profile.train, steps=steps, warmup=warmup,
                                   precisions=precisions[-1:], allocator="kept", bucketing=(False,))
-        if profile.train.compile:  # the profile's own training: its last rows
+        if profile.train.compile != "no":  # the profile's own training (in the favoured precision): its last rows
             rows += training_rows(target, drafts_cfg, dataset, profile.train, steps=steps, warmup=warmup,
                                   precisions=precisions[-1:], allocator="kept" if kept else "system",
                                   bucketing=(False,), compiled=True)

@@ -158,9 +158,7 @@ def step_loss(draft: Any, options: dict[str, Any], *, compile_batch: int | None 
     def step(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
         return draft_loss(draft, batch, **options)
 
-    if compile_batch is None:
-        return step
-    compiled = torch.compile(step)
+    compiled = torch.compile(step) if compile_batch is not None else step
     return lambda batch: (compiled if batch["input_ids"].shape[0] == compile_batch else step)(batch)
 
 
@@ -458,7 +456,8 @@ def train_draft(
     loss_kw = dict(p_weight=train_cfg.p_weight, branch_b_weight=train_cfg.branch_b_weight)
     step_kw = training_loss_options(draft_cfg, train_cfg)
     unroll = step_kw["unroll_steps"]
-    loss_of, first_step = step_loss(model, step_kw, compile_batch=train_cfg.batch_size if train_cfg.compile else None), global_step
+    compiled = train_cfg.compile == "yes" or train_cfg.compile == "auto" and precision == "bf16"  # fp32: no gain (DESIGN 11)
+    loss_of, first_step = step_loss(model, step_kw, compile_batch=train_cfg.batch_size if compiled else None), global_step
     bar = None
     if progress and accelerator.is_main_process:
         from tqdm.auto import tqdm
@@ -501,10 +500,10 @@ def train_draft(
                     with accelerator.autocast():
                         loss, m = loss_of(batch)
                 except Exception as e:
-                    if not train_cfg.compile or global_step > first_step:
+                    if not compiled or global_step > first_step:
                         raise
                     raise TrainError(f"torch.compile of the training step failed ({type(e).__name__}; it needs a C++ "
-                                     "compiler on a CPU, triton on a GPU): --set train.compile=false") from e
+                                     "compiler on a CPU, triton on a GPU): --set train.compile=no") from e
                 accelerator.backward(loss)
                 accelerator.clip_grad_value_(model.parameters(), train_cfg.grad_clip_value)
                 optimizer.step()
@@ -562,7 +561,7 @@ def train_draft(
         "draft_config": dataclasses.asdict(draft_cfg), "train_config": dataclasses.asdict(train_cfg),
         "data": stats, "fingerprint": fingerprint,
         "run_metadata": run_metadata(accelerator.device, num_processes=accelerator.num_processes,
-                                     mixed_precision=precision, compiled_step=train_cfg.compile),
+                                     mixed_precision=precision, compiled_step=compiled),
     }
     if accelerator.is_main_process:
         core.eval()

@@ -349,7 +349,7 @@ def test_compiled_step_trains_the_same_draft_and_a_failure_is_one_line(target, d
     import torch._inductor.config as inductor_config  # loads inductor: only this test needs it
 
     monkeypatch.setattr(inductor_config, "fallback_random", True)  # the noise from eager's generator, not inductor's
-    comp = T.train_draft(target, draft, train, held, tmp_path / "comp", cfg(epochs=1, compile=True), progress=False)
+    comp = T.train_draft(target, draft, train, held, tmp_path / "comp", cfg(epochs=1, compile="yes"), progress=False)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it did compile
     assert comp["run_metadata"]["compiled_step"] and not eager["run_metadata"]["compiled_step"]
     assert comp["steps"] == eager["steps"] >= 2
@@ -359,7 +359,7 @@ def test_compiled_step_trains_the_same_draft_and_a_failure_is_one_line(target, d
     for k in w_e:
         assert torch.allclose(w_e[k], w_c[k], rtol=1e-4, atol=1e-5), k
     assert comp["acc_a"] == pytest.approx(eager["acc_a"], abs=1e-6)
-    again = T.train_draft(target, draft, train, held, tmp_path / "eager", cfg(epochs=1, compile=True), progress=False)
+    again = T.train_draft(target, draft, train, held, tmp_path / "eager", cfg(epochs=1, compile="yes"), progress=False)
     assert again["wall_time_s"] == eager["wall_time_s"]  # finished: returned, not retrained
 
     def broken(*args, **kwargs):
@@ -369,8 +369,11 @@ def test_compiled_step_trains_the_same_draft_and_a_failure_is_one_line(target, d
 
     monkeypatch.undo()
     monkeypatch.setattr(T.torch, "compile", broken)
-    with pytest.raises(T.TrainError, match="train.compile=false"):
-        T.train_draft(target, draft, train, held, tmp_path / "broken", cfg(epochs=1, compile=True), progress=False)
+    with pytest.raises(T.TrainError, match="train.compile=no"):
+        T.train_draft(target, draft, train, held, tmp_path / "broken", cfg(epochs=1, compile="yes"), progress=False)
+    # "auto" compiles only where the step runs in bf16 (in fp32 it bought nothing): here fp32, so not even tried
+    fp32 = T.train_draft(target, draft, train, held, tmp_path / "auto", cfg(epochs=1, compile="auto"), progress=False)
+    assert fp32["run_metadata"]["compiled_step"] is False
 
 
 def test_lr_schedule():
