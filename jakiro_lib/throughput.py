@@ -19,7 +19,7 @@ conversations of the profile's data:
 On a CPU with glibc, every row first runs with glibc's own allocator settings (``allocator="system"``),
 then the rows of the favoured dtype again with freed memory kept for reuse (``"kept"``,
 :func:`jakiro_lib.utils.keep_freed_memory`, which caching and training switch on for themselves). Where the
-profile compiles its training step (``train.compile``), a last row per draft does so (``compiled``).
+profile's training compiles its step in that dtype (``train.compile``), a last row per draft does so (``compiled``).
 
 Tokens are real tokens (padding excluded); ``padding`` is the share of the computed positions that were
 padding. ``speedup`` compares a row with the first row of its part (one conversation per forward in fp32;
@@ -47,7 +47,7 @@ from .draft import DraftModel
 from .features import cache_features, length_batches, shard_tensors
 from .target import load_target
 from .train import step_loss, train_collate, training_loss_options
-from .utils import cpu_flags, favoured_dtype, keep_freed_memory, run_metadata, seed_everything, write_json
+from .utils import compiles_step, cpu_flags, favoured_dtype, keep_freed_memory, run_metadata, seed_everything, write_json
 
 CSV = "throughput.csv"
 CONFIG_JSON = "throughput_config.json"
@@ -304,7 +304,7 @@ def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int 
         if kept:
             rows += training_rows(target, drafts_cfg, dataset, profile.train, steps=steps, warmup=warmup,
                                   precisions=precisions[-1:], allocator="kept", bucketing=(False,))
-        if profile.train.compile != "no":  # the profile's own training (in the favoured precision): its last rows
+        if compiles_step(profile.train.compile, precisions[-1]):  # as the profile's own training would: last rows
             rows += training_rows(target, drafts_cfg, dataset, profile.train, steps=steps, warmup=warmup,
                                   precisions=precisions[-1:], allocator="kept" if kept else "system",
                                   bucketing=(False,), compiled=True)

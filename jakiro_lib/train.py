@@ -27,7 +27,7 @@ from .checkpoints import CHECKPOINTS, STATE_FILE, list_checkpoints, readable_che
 from .config import DraftConfig, TrainConfig
 from .dataset import build_draft_vocab, collate, token_frequencies
 from .draft import CONFIG_FILE, WEIGHTS_FILE, DraftModel, DraftOutput, Losses
-from .utils import atomic_path, keep_freed_memory, read_json, resolve_precision, run_metadata, seed_everything, write_json
+from .utils import atomic_path, compiles_step, keep_freed_memory, read_json, resolve_precision, run_metadata, seed_everything, write_json
 
 RESULTS = "results.json"
 HISTORY = "history.json"
@@ -456,7 +456,7 @@ def train_draft(
     loss_kw = dict(p_weight=train_cfg.p_weight, branch_b_weight=train_cfg.branch_b_weight)
     step_kw = training_loss_options(draft_cfg, train_cfg)
     unroll = step_kw["unroll_steps"]
-    compiled = train_cfg.compile == "yes" or train_cfg.compile == "auto" and precision == "bf16"  # fp32: no gain (DESIGN 11)
+    compiled = compiles_step(train_cfg.compile, precision)
     loss_of, first_step = step_loss(model, step_kw, compile_batch=train_cfg.batch_size if compiled else None), global_step
     bar = None
     if progress and accelerator.is_main_process:

@@ -175,6 +175,12 @@ def resolve_precision(setting: str, device: torch.device) -> str:
     return "bf16" if favoured_dtype(device) == "bfloat16" else "no"
 
 
+def compiles_step(setting: str, precision: str) -> bool:
+    """``TrainConfig.compile`` with ``"auto"`` resolved: compile the training step where it runs in bf16 (in fp32 the
+    GEMMs dominate and compiling bought nothing on an AMX CPU; docs/DESIGN.md section 11)."""
+    return setting == "yes" or setting == "auto" and precision == "bf16"
+
+
 def run_metadata(device: str | torch.device = "cpu", **extra: Any) -> dict[str, Any]:
     """Versions, machine, device and commit: written next to every result."""
     return {
