@@ -21,6 +21,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Literal, Union
 
+from .utils import cpu_flags
+
 
 class ConfigError(ValueError):
     """A profile name, override key or config value that is not allowed (the message says what is)."""
@@ -157,17 +159,13 @@ class DataConfig:
     max_length: int = 512
     heldout_fraction: float = 0.05
     shard_size: int = 64  # conversations per cache shard
-    # Conversations per target forward while caching, sorted by length within a shard and right-padded
-    # (jakiro_lib.features.batch_features); the cached tensors are the same whatever it is. On 2-core CPUs
-    # (`python -m jakiro_lib throughput`, 32 conversations): 4 against 1 gave fp32 1.05x (AVX2 EPYC, 2026-11-23)
-    # and 1.07x (Sapphire Rapids), bf16 on AMX 1.28x (2,597 against 2,019 tokens/s, 3.11x fp32 one by one,
-    # 2026-11-25); 16 was slower everywhere. The default profile takes 4; a GPU wants many (gpu profile).
+    # Conversations per target forward while caching, sorted by length in a shard and right-padded (features.
+    # batch_features; the cached tensors are the same). 2-core CPUs, `throughput`: 4 against 1 gave fp32 1.05-1.07x,
+    # bf16 on AMX 1.28x (3.11x fp32 one by one, 2026-11-25); 16 was slower. A GPU wants many (gpu profile).
     cache_batch_size: int = 1
     feature_dtype: str = "float16"
-    # The target's dtype while caching features (and self-distilling); None: target.dtype; "auto": bfloat16
-    # where the device has bf16 matrix units. bf16 on a CPU with AMX cached 2000 conversations in 6.4 instead of
-    # 13.8 min, and drafts trained on those features scored as on fp32 ones (held-out top-1, MT-bench tau:
-    # dense 0.346, 1.55 vs 0.344, 1.55; moe2 0.335, 1.50 vs 0.333, 1.49).
+    # The target's dtype while caching (and self-distilling); None: target.dtype; "auto": bfloat16 on bf16 matrix
+    # units. On AMX: 2000 conversations in 6.4 instead of 13.8 min, drafts as good (docs/results.md).
     cache_dtype: str | None = None
     online: bool = False  # compute features on the fly instead of caching them
     # Train on the target's own greedy answers to the conversations' first user turns (jakiro_lib.distill)
@@ -269,8 +267,7 @@ def _study_drafts(vocab: int | None) -> dict[str, DraftConfig]:
         "moe2_nocontrast": dataclasses.replace(moe2, contrastive=False),
         "moe4": dataclasses.replace(moe2, num_experts=4),
     }
-    # multi-step training (train.unroll_steps, docs/DESIGN.md section 4): a twin of EAGLE-2, of the control,
-    # of Jakiro's draft and of the per-expert-trained one, each different only in its unrolled steps
+    # multi-step training (train.unroll_steps, DESIGN section 4): twins of EAGLE-2, the control, moe2 and moe2_xgate
     twins = ("dense", "dense_h", "moe2", "moe2_xgate")
     return {**drafts, **{f"{k}_u2": dataclasses.replace(drafts[k], unroll_steps=2) for k in twins}}
 
@@ -281,6 +278,10 @@ def _study_drafts(vocab: int | None) -> dict[str, DraftConfig]:
 # ablations) are left to the smoke, gpu and paper profiles: with them the main job overran 90 min on a 2-core
 # AVX2 EPYC (2026-11-23). FAITHFUL_DRAFTS, every one with and without multi-step training, costs ~14 more
 # minutes of training and ~6 of benchmarks there, so it is opt-in: `--set drafts=...` (docs/usage.md).
+# The default's (ShareGPT conversations, epochs): 600 x 2 (~490 kept, ~180k tokens; the AVX2 EPYC's main job took
+# 82 min, 2026-11-23), and where the CPU has AMX, whose bf16 caching and compiled training step run 3.2-3.8x fp32,
+# 3000 x 3 (issue 22: more data keeps paying; docs/results.md). Other bf16 units (avx512_bf16 alone) are unmeasured.
+DEFAULT_SCALE = {"other": (600, 2), "amx": (3000, 3)}
 DEFAULT_DRAFTS = ("dense", "dense_h", "moe2", "moe2_xgate", "dense_u2", "moe2_u2")
 FAITHFUL_DRAFTS = ("dense", "dense_h", "moe2", "moe2_xgate", "dense_u2", "dense_h_u2", "moe2_u2", "moe2_xgate_u2")
 
@@ -310,18 +311,17 @@ def _profiles() -> dict[str, Profile]:
         bench=BenchConfig(limit=2, max_new_tokens=16, temperatures=(0.0, 1.0)),
         drafts=_study_drafts(None),
     )
-    # Sized for a 2-core CPU and a <= 90 min main job (docs/DESIGN.md sections 9 and 11) on the slower of the
-    # machines seen (a 2-core AVX2 EPYC, 2026-11-23): small trees (T(n) grows fast on CPU; "_auto" methods tune
-    # the budget on the machine), a reduced draft vocabulary, CPU fast paths for the target, the six drafts of
-    # DEFAULT_DRAFTS at one budget: 600 ShareGPT conversations (~490 kept, ~180k tokens), 2 epochs at lr 2e-3
-    # (the best of 5e-4..5e-3, docs/results.md). Greedy only (`bench --temperature 1` adds sampling); 10 MT-bench
-    # questions (20 turns). bf16 caching and training where the CPU has bf16 units ("auto"), a compiled
-    # training step. More data keeps paying (issue 22, docs/results.md).
+    # Sized for a 2-core CPU and a <= 90 min main job (docs/DESIGN.md sections 9 and 11): small trees (T(n) grows
+    # fast on CPU; "_auto" methods tune the budget on the machine), a reduced draft vocabulary, CPU fast paths for
+    # the target, the six drafts of DEFAULT_DRAFTS at one budget, lr 2e-3 (the best of 5e-4..5e-3, docs/results.md),
+    # data and epochs by DEFAULT_SCALE. Greedy only (`bench --temperature 1` adds sampling); 10 MT-bench questions
+    # (20 turns). bf16 caching and a compiled bf16 training step where the CPU has bf16 units ("auto").
+    conversations, epochs = DEFAULT_SCALE["amx" if "amx_bf16" in cpu_flags() else "other"]
     default = Profile(
         name="default",
         target=TargetConfig(model="builtin:smollm2", max_context=2048, packed_gemm=64),
-        data=DataConfig(num_conversations=600, max_length=384, shard_size=50, cache_dtype="auto", cache_batch_size=4),
-        train=TrainConfig(epochs=2, batch_size=8, lr=2e-3, warmup_steps=20, mixed_precision="auto", compile="auto"),
+        data=DataConfig(num_conversations=conversations, max_length=384, shard_size=50, cache_dtype="auto", cache_batch_size=4),
+        train=TrainConfig(epochs=epochs, batch_size=8, lr=2e-3, warmup_steps=20, mixed_precision="auto", compile="auto"),
         tree=TreeConfig(depth=4, top_k=3, total_tokens=8),
         bench=BenchConfig(limit=10, max_new_tokens=64, temperatures=(0.0,)),
         drafts={k: v for k, v in _study_drafts(8192).items() if k in DEFAULT_DRAFTS},

