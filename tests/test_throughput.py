@@ -131,7 +131,7 @@ def test_favoured_dtype_follows_the_cpu_flags(monkeypatch):
 
 def test_cpu_flags_read_this_machine():
     flags = TP.cpu_flags()
-    assert isinstance(flags, set)
+    assert isinstance(flags, frozenset)  # read once per process and shared: immutable
     try:
         text = open("/proc/cpuinfo").read()
     except OSError:
