@@ -160,8 +160,8 @@ class DataConfig:
     heldout_fraction: float = 0.05
     shard_size: int = 64  # conversations per cache shard
     # Conversations per target forward while caching, sorted by length in a shard and right-padded (features.
-    # batch_features; the cached tensors are the same). 2-core CPUs, `throughput`: 4 against 1 gave fp32 1.05-1.07x,
-    # bf16 on AMX 1.28x (3.11x fp32 one by one, 2026-11-25); 16 was slower. A GPU wants many (gpu profile).
+    # batch_features; the cached tensors are the same). 2-core AMX CPU, `throughput`, bf16, freed memory kept: 8 and
+    # 16 beat 4 in two runs (3.30x / 3.24x fp32 one by one against 2.72x; 2026-11-26); fp32: 1.03-1.07x. GPU: many.
     cache_batch_size: int = 1
     feature_dtype: str = "float16"
     # The target's dtype while caching (and self-distilling); None: target.dtype; "auto": bfloat16 on bf16 matrix
@@ -320,7 +320,7 @@ def _profiles() -> dict[str, Profile]:
     default = Profile(
         name="default",
         target=TargetConfig(model="builtin:smollm2", max_context=2048, packed_gemm=64),
-        data=DataConfig(num_conversations=conversations, max_length=384, shard_size=50, cache_dtype="auto", cache_batch_size=4),
+        data=DataConfig(num_conversations=conversations, max_length=384, shard_size=50, cache_dtype="auto", cache_batch_size=8),
         train=TrainConfig(epochs=epochs, batch_size=8, lr=2e-3, warmup_steps=20, mixed_precision="auto", compile="auto"),
         tree=TreeConfig(depth=4, top_k=3, total_tokens=8),
         bench=BenchConfig(limit=10, max_new_tokens=64, temperatures=(0.0,)),
