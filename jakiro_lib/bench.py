@@ -119,6 +119,10 @@ def format_prompt_ids(target: Target, history: list[dict[str, str]]) -> torch.Te
     return torch.tensor(format_prompt(target.tokenizer, history, template=target.config.template), dtype=torch.long)
 
 
+def _params(temperature: float, top_p: float) -> SamplingParams:
+    return SamplingParams(temperature=temperature, top_p=top_p if temperature > 0 else 1.0)
+
+
 def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Iterable[Any], *,
                   temperatures: Iterable[float] = (0.0,), max_new_tokens: int = 128, repeats: int = 1,
                   warmup: int = 1, top_p: float = 1.0, seed: int = 0, out_dir: str | Path,
@@ -146,15 +150,16 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
     if warmup and questions:  # first calls pay allocator and kernel set-up: keep them out of the timings
         ids = format_prompt_ids(target, [{"role": "user", "content": questions[0].turns[0]}])
         for runner in runners.values():
-            for _ in range(warmup):
-                runner(ids, max_new_tokens=min(16, max_new_tokens), params=SamplingParams(), seed=seed)
+            for temp in temperatures:  # at every temperature: a compiled engine samples through a step of its own
+                for _ in range(warmup):
+                    runner(ids, max_new_tokens=min(16, max_new_tokens), params=_params(temp, top_p), seed=seed)
     total = len(questions) * len(temperatures) * repeats * len(methods)
     bar = tqdm(total=total, desc="bench", disable=not progress)
     end_last_line(records_path)  # a crash may have cut the last record short
     with records_path.open("a") as fh:
         for q in questions:
             for temp in temperatures:
-                params = SamplingParams(temperature=temp, top_p=top_p if temp > 0 else 1.0)
+                params = _params(temp, top_p)
                 for rep in range(repeats):
                     for name, runner in runners.items():
                         keys = [(name, temp, q.benchmark, str(q.question_id), t, rep) for t in range(len(q.turns))]

@@ -122,8 +122,7 @@ def greedy_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     token. Path entries past the accepted count point at the root (padding the caller never emits).
     """
     pred = logits.argmax(-1)  # [m]
-    match = tokens == pred[parents]
-    match[0] = True
+    match = (tokens == pred[parents]) | (depths == 0)  # [m]; the root (depth 0) always matches
     accepted = ~(anc & ~match[None, :]).any(-1)  # [m]
     best = torch.where(accepted, depths, -1).argmax().reshape(1)
     on_path = anc.index_select(0, best)[0]  # [m]: the best node and its ancestors
@@ -312,9 +311,14 @@ class StaticTarget:
         self.cols = torch.arange(cache_len, device=self.device)
 
     def _rewind(self, length: torch.Tensor | int) -> None:
+        """Every layer's write position to ``length``: a device tensor copied, or an int filled in (a CPU
+        tensor copied to a GPU would synchronise)"""
         for layer in self.cache.layers:
             if layer.is_initialized:
-                layer.cumulative_length.copy_(torch.as_tensor(length))
+                if isinstance(length, torch.Tensor):
+                    layer.cumulative_length.copy_(length)
+                else:
+                    layer.cumulative_length.fill_(length)
 
     def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self._rewind(0)
@@ -432,10 +436,11 @@ class StaticEngine:
         logits, hidden = target.prefill(ids)
         root = _choose(logits[-1], self.params, generator)
         n = ids.shape[0]
-        drafter.extend(hidden, torch.cat([ids[1:], ids.new_tensor([root])]),
-                       torch.zeros((), dtype=torch.long, device=dev), torch.tensor(n - 1, device=dev))
+        # device scalars by torch.full, not torch.tensor: a CPU value copied to a GPU synchronises
+        drafter.extend(hidden, torch.cat([ids[1:], torch.full((1,), root, device=dev)]),
+                       torch.zeros((), dtype=torch.long, device=dev), torch.full((), n - 1, device=dev))
         length = n
-        start = torch.tensor(n, device=dev)
+        start = torch.full((), n, device=dev)
         done = _finish(result, [root], eos, max_new_tokens, on_tokens)
         result.prefill_time = time.perf_counter() - t0
         while not done:

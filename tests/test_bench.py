@@ -401,3 +401,22 @@ def test_every_kind_dispatches_to_its_generator_and_greedy_matches_vanilla(monke
     assert calls == [("vanilla_generate", None), ("hf_generate", None), ("hf_generate", 3),
                      ("speculative_generate", None)]
     assert len(outs["vanilla"]) == 12 and all(o == outs["vanilla"] for o in outs.values()), outs
+
+
+def test_warm_up_runs_at_every_temperature(tmp_path, monkeypatch):
+    """A compiled engine samples through a step of its own, compiled on its first sampling call: warming up
+    at T=0 only left that compilation in the first measured T=1 prompt (the H200 run of 2026-11-26)."""
+    from jakiro_lib import bench
+    from jakiro_lib.bench import run_benchmark
+    from jakiro_lib.config import TargetConfig
+    from jakiro_lib.data import Question
+    from jakiro_lib.target import load_target
+
+    seen: list[float] = []
+    call = bench.MethodRunner.__call__
+    monkeypatch.setattr(bench.MethodRunner, "__call__",
+                        lambda self, ids, **kw: seen.append(kw["params"].temperature) or call(self, ids, **kw))
+    target = load_target(TargetConfig(model="tiny:llama"))
+    run_benchmark(target, {"vanilla": MethodSpec("vanilla")}, [Question("q1", "writing", ["Hi."], "mt_bench")],
+                  temperatures=(0.0, 1.0), max_new_tokens=4, warmup=1, out_dir=tmp_path, progress=False)
+    assert seen == [0.0, 1.0, 0.0, 1.0]  # warm-up at both, then the measured prompt at both
