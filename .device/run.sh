@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine (.device/README.md). `stash PART`: keep a carried part in /tmp/kit for a later call;
 # `check`: unpack every part, install the wheels, run tests/test_cuda.py and gpucheck, results into $OUT;
-# `throughput`: issue 22's throughput command on the GPU (after `check`, same warm machine).
+# `again`: gpucheck once more where `check` stopped at its limit (it resumes from its records; inductor's cache
+# is warm by then); `throughput`: issue 22's throughput command on the GPU (after `check`, same warm machine).
 # OUT: where the results go (the device tool's $OUT); KIT: where parts are kept; PY: the Python with torch.
 set -uo pipefail
 K=${KIT:-/tmp/kit}
@@ -18,21 +19,24 @@ env_for_repo() {
   export PYTHONPATH="$K/site:$K/pylib:$PWD" PYTHONUNBUFFERED=1
   mkdir -p runs/default && cp -rn "$K/runs/default/drafts" runs/default/
 }
+gpucheck() {  # under a time limit that leaves the call (600 s) room to pack what exists ($OUT: 8 files at most)
+  timeout "${CHECK_S:-420}" "$PY" -m jakiro_lib gpucheck --out runs/default/gpucheck-out ${CHECK_ARGS:-} 2>&1 \
+    | tr '\r' '\n' | grep -v '^\s*$' | grep -v 'Warning\|forward_call\|warnings.warn' | tail -60 | tee "$OUT/$1.txt"
+  tar -C runs/default -czf "$OUT/$1.tgz" gpucheck-out
+}
 case "${1:-}" in
   stash) cp "${2:?part}" "$K/" && ls -l "$K" ;;
   check)
     unpack; env_for_repo
     { nvidia-smi -L; "$PY" -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; \
       echo "repo $(git rev-parse HEAD 2>/dev/null), drafts packed at $(cat "$K/commit")"; } 2>&1 | tee "$OUT/env.txt"
-    timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tail -15 | tee "$OUT/test_cuda.txt"
-    # under a time limit that leaves the call (600 s) room to pack what exists: $OUT takes 8 files at most
-    timeout "${CHECK_S:-420}" "$PY" -m jakiro_lib gpucheck --out runs/default/gpucheck-out ${CHECK_ARGS:-} 2>&1 \
-      | tr '\r' '\n' | grep -v '^\s*$' | tail -60 | tee "$OUT/gpucheck.txt"
-    tar -C runs/default -czf "$OUT/gpucheck.tgz" gpucheck-out ;;
+    timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tail -40 | tee "$OUT/test_cuda.txt"
+    gpucheck gpucheck ;;
+  again) unpack; env_for_repo; gpucheck gpucheck_again ;;  # the check stopped at its limit: it resumes
   throughput)
     unpack; env_for_repo
     "$PY" -m jakiro_lib throughput --profile gpu --conversations 256 --steps 50 --set train.compile=yes \
       --out runs/default/throughput-out ${TP_ARGS:-} 2>&1 | tr '\r' '\n' | tail -40 | tee "$OUT/throughput.txt"
     tar -C runs/default -czf "$OUT/throughput.tgz" throughput-out ;;
-  *) echo "usage: run.sh stash PART | check | throughput"; exit 2 ;;
+  *) echo "usage: run.sh stash PART | check | again | throughput"; exit 2 ;;
 esac

@@ -27,7 +27,7 @@ from .drafting import make_drafter
 from .layout import BENCH_CONFIG, RECORDS_FILE
 from .methods import (COMPILED_TWINS, LOOKUP_TOKENS, VANILLA_KINDS, MethodSpec, portable,  # noqa: F401 (re-exported)
                       study_methods)
-from .static import static_generate
+from .static import static_generate, static_vanilla_generate
 from .target import Target
 from .utils import end_last_line, read_jsonl, run_metadata, write_json
 from .verify import SamplingParams
@@ -74,6 +74,10 @@ class MethodRunner:
 
     def _vanilla(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
         t = self.target
+        if self.spec.engine == "static":
+            return static_vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context,
+                                           generator=self._gen(seed), on_tokens=on_tokens,
+                                           compile=self.spec.static_compile, **common)
         return vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context, generator=self._gen(seed),
                                 on_tokens=on_tokens, static_compile=self.spec.static_compile, **common)
 

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 TUNE_PROMPTS = 4  # MT-bench questions (from the end of the set) the tree budget is tuned on
 TUNE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # up to the paper's 60-token trees (GPU)
+# through the compiled runner each size is a compilation (22 s on a fresh H200, 2026-11-26): the sizes it
+# compiles anyway, up to 32 (jakiro_lib.compiled.COMPILED_SIZES; larger trees run eagerly there)
+COMPILED_TUNE_SIZES = (1, 2, 4, 8, 16, 32)
 
 
 def draft_fingerprint(path: str | Path | None) -> Any:
@@ -66,15 +69,21 @@ def _machine_key(machine: dict[str, Any], compiled: bool) -> dict[str, Any]:
     return json.loads(json.dumps({**machine, **({"compiled": True} if compiled else {})}, default=str))
 
 
+def tune_sizes(compiled: bool) -> tuple[int, ...]:
+    """The tree sizes T(n) is measured at, and the budgets tried (those from 2), for either runner."""
+    return COMPILED_TUNE_SIZES if compiled else TUNE_SIZES
+
+
 def _entry(entries: list[dict[str, Any]], key: dict[str, Any], target: Any, compiled: bool) -> dict[str, Any]:
     """The entry of ``key`` (created if missing), its T(n) measured."""
     found = next((e for e in entries if e.get("machine") == key), None)
     if found is None:
         found = {"machine": key, "target_costs_s": {}, "choices": {}}
         entries.append(found)
-    if not {str(n) for n in TUNE_SIZES} <= set(found["target_costs_s"]):
+    sizes = tune_sizes(compiled)
+    if not {str(n) for n in sizes} <= set(found["target_costs_s"]):
         t0 = time.perf_counter()
-        costs = costmodel.measure_target_costs(target.model, sizes=TUNE_SIZES, static_compile=compiled)
+        costs = costmodel.measure_target_costs(target.model, sizes=sizes, static_compile=compiled)
         found["target_costs_s"] = {str(n): t for n, t in costs.items()}
         log.info("tree budget: target T(n) measured in %.1f s%s", time.perf_counter() - t0,
                  " (compiled)" if compiled else "")
@@ -122,7 +131,7 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
             t0 = time.perf_counter()
             draft = DraftModel.load(spec.draft, target.model)
             tuned = costmodel.tune_total_tokens(target, draft, spec.tree, prompts, target_costs=costs,
-                                                candidates=[n for n in TUNE_SIZES if n >= 2])
+                                                candidates=[n for n in tune_sizes(spec.static_compile) if n >= 2])
             tuned["seconds"] = round(time.perf_counter() - t0, 1)
             cache["choices"][key] = tuned
             log.info("tree budget for %s: %d tokens (tuned in %.1f s)", name, tuned["best"], tuned["seconds"])

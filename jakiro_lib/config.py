@@ -220,8 +220,8 @@ class BenchConfig:
     # a static KV cache at a few padded tree sizes (jakiro_lib.compiled), as <name>_compiled. Off: on this CPU it
     # bought 1-4% for about 25 s of compilation per size and process (docs/results.md, "What each speed lever bought").
     compiled_loops: bool = False
-    # The main study also runs eagle2, jakiro and their tuned twins on the static-shape engine (jakiro_lib.static,
-    # one host read per cycle) as <name>_static, side by side with the loop engine.
+    # The main study also runs vanilla, eagle2, jakiro and the tuned twins on the static-shape engine
+    # (jakiro_lib.static, one host read per cycle) as <name>_static, side by side with the loop engine.
     static_engine: bool = False
 
     def __post_init__(self) -> None:

@@ -38,15 +38,15 @@ class MethodSpec:
     # A static KV cache and torch.compile: kind "hf" through HF generate (decoding.hf_generate); kinds
     # "vanilla" and "spec" through our loops' compiled target runner (jakiro_lib.compiled).
     static_compile: bool = False
-    # kind "spec": the loop engine, or the static-shape one (jakiro_lib.static: no CEPD or lookup; with
-    # static_compile its whole cycle compiled, CUDA graphs on a GPU)
+    # kinds "spec" and "vanilla": the loop engine, or the static-shape one (jakiro_lib.static: no CEPD or
+    # lookup; with static_compile its whole cycle, or plain decoding's step, compiled: CUDA graphs on a GPU)
     engine: str = "loop"
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}: use {' or '.join(ENGINES)}")
-        if self.engine == "static" and self.kind != "spec":
-            raise ValueError("the static engine runs 'spec' methods only")
+        if self.engine == "static" and self.kind not in ("spec", "vanilla"):
+            raise ValueError("the static engine runs 'spec' and 'vanilla' methods only")
         if self.kind not in KINDS:
             raise ValueError(f"unknown method kind {self.kind!r}: use {', '.join(KINDS[:-1])} or {KINDS[-1]}")
         if self.static_compile and self.kind == "pld":
@@ -126,7 +126,7 @@ _JAKIRO = {"decoupled": True}
 _LOOKUP = {"total_tokens": TUNED, "lookup_tokens": LOOKUP_TOKENS}
 
 MAIN = (
-    Method("vanilla", "vanilla", group="our_vanilla", twin=True),
+    Method("vanilla", "vanilla", group="our_vanilla", twin=True, static_twin=True),
     Method("hf_generate", "hf", group="hf"),
     Method("hf_compiled", "hf", static_compile=True, group="hf", when="compiled"),
     Method("hf_prompt_lookup", "pld", group="pld"),
@@ -227,7 +227,7 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     main study also times ``hf_compiled``. ``compiled_loops``: it also runs :data:`COMPILED_TWINS` (our
     plain loop and Jakiro's fastest settings) a second time, the target compiled over a static KV cache
     (:mod:`jakiro_lib.compiled`), as ``<name>_compiled``: the lever measured side by side.
-    ``static_engine``: the main study also runs EAGLE-2 and Jakiro (fixed and tuned trees) on the
+    ``static_engine``: the main study also runs vanilla, EAGLE-2 and Jakiro (fixed and tuned trees) on the
     static-shape engine (:mod:`jakiro_lib.static`), as ``<name>_static``; with ``compiled_loops``
     too also with its whole cycle compiled (CUDA graphs on a GPU), as ``<name>_static_compiled``.
     """

@@ -35,7 +35,7 @@ JAKIRO_EAGER = group_names("jakiro")  # the rows compared with EAGLE-2 (no compi
 JAKIRO_METHODS = group_names("jakiro", twins=True)
 EAGLE_METHODS = group_names("eagle2")
 HF_METHODS = group_names("hf")  # HF generate eager, and with a static cache + torch.compile
-OUR_VANILLA = group_names("our_vanilla", twins=True)  # our plain loop, eager and with the compiled target runner
+OUR_VANILLA = group_names("our_vanilla", twins=True)  # our plain decoders: loop and static engines, eager, compiled
 LOOKUP_METHODS = group_names("jakiro_lookup", twins=True)  # Jakiro's tuned tree + a prompt-lookup chain (extension)
 LOOKUP_METHOD = LOOKUP_METHODS[0]
 PAPER_TREE_TOKENS = 8  # the fixed tree timed where a profile's total_tokens is "auto"
@@ -129,7 +129,8 @@ def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | 
     or ``eagle2_auto``, which have no compiled twins) only the eager Jakiro rows count, so that both sides
     run the same target runner. Tau compares ``jakiro`` with ``eagle2`` on the same tree. "HF generate"
     is the faster of ``hf_generate`` and ``hf_compiled`` at each temperature (goals against a weaker
-    baseline would flatter); "our vanilla loop" the faster of ``vanilla`` and ``vanilla_compiled``.
+    baseline would flatter); "our vanilla loop" the fastest of our plain decoders (``vanilla``, its compiled
+    and static-engine twins).
     ``jakiro_lookup`` (an extension, not the paper's method; or its compiled twin where faster) gets its
     own rows against the same baselines, and the eager one against ``eagle2_lookup``. Ratios of means
     of tokens/s, as in the main table.

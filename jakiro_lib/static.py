@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch.profiler import record_function
@@ -346,6 +346,19 @@ class StaticTarget:
         self._rewind(start + accepted + 1)
 
 
+def _next_cycle(result: GenerationResult, start: torch.Tensor, length: int, max_context: int,
+                uniforms: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> bool:
+    """Before a cycle from ``length`` tokens: ``start`` set and (sampling) this cycle's draws drawn into
+    ``uniforms``; False, with the stop reason, where the context has no room left."""
+    if length + 1 > max_context:
+        result.stop_reason = "context"
+        return False
+    start.fill_(length)
+    if not params.greedy:
+        torch.rand(uniforms.shape, generator=generator, dtype=torch.float64, device=uniforms.device, out=uniforms)
+    return True
+
+
 class StaticEngine:
     """A target, a draft and tree settings bound to static buffers of ``cache_len`` positions.
 
@@ -415,8 +428,7 @@ class StaticEngine:
         self.draft.packed_head = False  # inside the compiled step the plain GEMMs run (inductor packs them)
         self.draft.head_weight()  # the draft vocabulary's rows, gathered outside the graph
         try:
-            with _compile_settings(self.model.device), kernels.plain_kernels(self.model, gqa=False):
-                read = self._step(start, self.uniforms)
+            read = _call_compiled(self.model, self._step, start, self.uniforms)
         finally:
             self.draft.packed_head = head
         self.compiled_cycles += 1
@@ -443,13 +455,7 @@ class StaticEngine:
         start = torch.full((), n, device=dev)
         done = _finish(result, [root], eos, max_new_tokens, on_tokens)
         result.prefill_time = time.perf_counter() - t0
-        while not done:
-            if length + 1 > max_context:
-                result.stop_reason = "context"
-                break
-            start.fill_(length)
-            if not self.params.greedy:
-                torch.rand(self.uniforms.shape, generator=generator, dtype=torch.float64, device=dev, out=self.uniforms)
+        while not done and _next_cycle(result, start, length, max_context, self.uniforms, self.params, generator):
             whole = length + drafter.max_depth + 1 <= max_context
             with record_function(STEP_RANGES["cycle"]):
                 step = self._run_step(start) if whole else self._root_only(start)
@@ -468,32 +474,110 @@ class StaticEngine:
         return result
 
 
-def _engine(model: PreTrainedModel, draft: DraftModel, tree: TreeConfig, cache_len: int, params: SamplingParams,
-            compile: bool) -> StaticEngine:
-    """A compiled engine is kept on the model, one per draft, tree, sampling settings and length: its step is
-    specialised to its buffers (as :func:`~jakiro_lib.compiled.static_cache` explains), so a new one would
-    compile again."""
+def _call_compiled(model: PreTrainedModel, step: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
+    """A compiled step, with the compile settings and the target's plain GEMMs (inductor packs its own)."""
+    with _compile_settings(model.device), kernels.plain_kernels(model, gqa=False):
+        return step(*args)
+
+
+class StaticDecoder:
+    """Plain decoding on the static target: each step scores the last token at ``start`` and chooses the next
+    (argmax, or :func:`sampling_path`'s inverse-CDF draw from the warped distribution at T > 0) in device
+    tensors; the host reads one token per step. ``compile``: the step captured as a CUDA graph on CUDA (as
+    :class:`StaticEngine`'s cycle), which HF's compiled ``generate`` does too: our loop's plain baseline on
+    a GPU, where the loop engine's eager step was 0.72x HF's (the H200 run of 2026-11-26)."""
+
+    def __init__(self, model: PreTrainedModel, cache_len: int, *, params: SamplingParams = SamplingParams(),
+                 compile: bool = False) -> None:
+        self.model, self.params, self.compile = model, params, compile
+        self.target = StaticTarget(model, cache_len, shared=compile)
+        self.token = _static(torch.zeros((), dtype=torch.long, device=model.device))  # the last token, in place
+        self.uniforms = torch.zeros(1, dtype=torch.float64, device=model.device)  # a graph input (StaticEngine)
+        self._step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self.step
+        if compile:
+            mode = "reduce-overhead" if model.device.type == "cuda" else "default"
+            self._step = torch.compile(self.step, mode=mode, fullgraph=True, dynamic=False)
+
+    def step(self, start: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+        """[1]: the token after the one at position ``start`` (0-dim), which becomes the last token."""
+        zero = torch.zeros(1, dtype=torch.long, device=start.device)  # a one-node tree: index, parent, depth
+        tokens, anc = self.token.reshape(1), torch.ones(1, 1, dtype=torch.bool, device=start.device)
+        logits, _ = self.target.tree(tokens, zero, anc, start)  # [1, V]; the cache now holds start + 1
+        if self.params.greedy:
+            nxt = logits[0].argmax()
+        else:
+            nxt = sampling_path(tokens, zero, logits, self.params, uniforms, 0)[2]
+        self.token.copy_(nxt)
+        return nxt.reshape(1)
+
+    def generate(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, eos_token_ids: list[int] = (),
+                 max_context: int, generator: torch.Generator | None = None,
+                 on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+        dev = self.model.device
+        result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
+        eos = set(eos_token_ids)
+        _sync(dev)
+        t0 = time.perf_counter()
+        ids = prompt_ids.to(dev)
+        logits, _ = self.target.prefill(ids)
+        token = _choose(logits[-1], self.params, generator)
+        self.token.fill_(token)
+        length = ids.shape[0]
+        start = torch.full((), length, device=dev)
+        done = _finish(result, [token], eos, max_new_tokens, on_tokens)
+        result.prefill_time = time.perf_counter() - t0
+        while not done and _next_cycle(result, start, length, max_context, self.uniforms, self.params, generator):
+            with record_function(STEP_RANGES["cycle"]):
+                step = _call_compiled(self.model, self._step, start, self.uniforms) if self.compile \
+                    else self._step(start, self.uniforms)
+            with record_function(STEP_RANGES["read"]):
+                token = step.tolist()[0]  # the one host read
+            length += 1
+            result.accepted.append(1)
+            done = _finish(result, [token], eos, max_new_tokens, on_tokens)
+        _sync(dev)
+        result.wall_time = time.perf_counter() - t0
+        return result
+
+
+def _engine(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None, cache_len: int,
+            params: SamplingParams, compile: bool) -> StaticEngine | StaticDecoder:
+    """The engine for ``draft`` (None: plain decoding). A compiled one is kept on the model, one per draft,
+    tree, sampling settings and length: its step is specialised to its buffers (as
+    :func:`~jakiro_lib.compiled.static_cache` explains), so a new one would compile again."""
+    def build() -> StaticEngine | StaticDecoder:
+        if draft is None:
+            return StaticDecoder(model, cache_len, params=params, compile=compile)
+        return StaticEngine(model, draft, tree, cache_len, params=params, compile=compile)
+
     if not compile:
-        return StaticEngine(model, draft, tree, cache_len, params=params)
+        return build()
     engines: dict = scratch(model).setdefault("static_engines", {})
-    key = (id(draft), json.dumps(dataclasses.asdict(tree), sort_keys=True), params, cache_len)
+    tree_key = None if tree is None else json.dumps(dataclasses.asdict(tree), sort_keys=True)
+    key = (id(draft), tree_key, params, cache_len)
     if key not in engines:  # the engine holds the draft, so its id is not reused while the entry lives
-        engines[key] = StaticEngine(model, draft, tree, cache_len, params=params, compile=True)
+        engines[key] = build()
     return engines[key]
 
 
 @torch.inference_mode()
-def static_generate(model: PreTrainedModel, draft: DraftModel, tree: TreeConfig, prompt_ids: torch.Tensor, *,
+def static_generate(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None,
+                    prompt_ids: torch.Tensor, *,
                     max_new_tokens: int = 128, params: SamplingParams = SamplingParams(),
                     eos_token_ids: list[int] = (), max_context: int = 2048, generator: torch.Generator | None = None,
                     on_tokens: Callable[[list[int]], None] | None = None, compile: bool = False) -> GenerationResult:
-    """Speculative decoding on the static engine: draft, verify, evaluate, update; one host read per cycle.
-    ``params``/``generator`` as in :func:`~jakiro_lib.decoding.speculative_generate` (the generator on the
-    model's device). ``compile``: the cycle compiled (CUDA graphs on CUDA; the first prompts of each length
-    compile)."""
+    """Speculative decoding on the static engine: draft, verify, evaluate, update; one host read per cycle
+    (``draft`` None: plain decoding, :class:`StaticDecoder`). ``params``/``generator`` as in
+    :func:`~jakiro_lib.decoding.speculative_generate` (the generator on the model's device). ``compile``: the
+    cycle compiled (CUDA graphs on CUDA; the first prompts of each length compile)."""
     _check_prompt(prompt_ids, max_context, 1)
-    needed = prompt_ids.numel() + max_new_tokens + MAX_TREE_ROOM
+    needed = prompt_ids.numel() + max_new_tokens + MAX_TREE_ROOM  # as the spec engines: one shared cache
     cache_len = static_cache_len(needed) if compile else engine_cache_len(needed)
     engine = _engine(model, draft, tree, cache_len, params, compile)
     return engine.generate(prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
                            max_context=max_context, generator=generator, on_tokens=on_tokens)
+
+
+def static_vanilla_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, **kwargs: Any) -> GenerationResult:
+    """Plain decoding on the static engine (:class:`StaticDecoder`); the keywords of :func:`static_generate`."""
+    return static_generate(model, None, None, prompt_ids, **kwargs)

@@ -227,13 +227,13 @@ def test_static_engine_adds_static_twins(tmp_path):
     tree = TreeConfig(total_tokens=8)
     plain = study_methods(tree, tmp_path, study="main")
     both = study_methods(tree, tmp_path, study="main", static_engine=True)
-    twins = {"eagle2_static", "jakiro_static", "eagle2_auto_static", "jakiro_auto_static"}
+    twins = {"vanilla_static", "eagle2_static", "jakiro_static", "eagle2_auto_static", "jakiro_auto_static"}
     assert set(both) - set(plain) == twins and all(m.engine == "loop" for m in plain.values())
     for name in twins:
         assert both[name] == dataclasses.replace(both[name.removesuffix("_static")], engine="static")
     captured = set(study_methods(tree, tmp_path, study="main", static_engine=True, compiled_loops=True)) - set(both)
     assert {n for n in captured if "static" in n} == {f"{n}_compiled" for n in twins}
-    for bad in (dict(kind="vanilla", engine="static"), dict(kind="spec", engine="graph")):
+    for bad in (dict(kind="hf", engine="static"), dict(kind="spec", engine="graph")):
         with pytest.raises(ValueError, match="engine"):
             MethodSpec(**bad, draft="d", tree=tree)
     target = load_target(TargetConfig(model="tiny:llama"))
@@ -352,7 +352,7 @@ def test_perf_goal_groups_come_from_the_registry():
     assert perf.JAKIRO_EAGER == ("jakiro", "jakiro_cepd", "jakiro_auto")
     assert perf.JAKIRO_METHODS == (*perf.JAKIRO_EAGER, "jakiro_auto_compiled", "jakiro_static", "jakiro_auto_static",
                                    "jakiro_static_compiled", "jakiro_auto_static_compiled")
-    assert perf.OUR_VANILLA == ("vanilla", "vanilla_compiled") and perf.HF_METHODS == ("hf_generate", "hf_compiled")
+    assert perf.OUR_VANILLA == ("vanilla", "vanilla_compiled", "vanilla_static", "vanilla_static_compiled") and perf.HF_METHODS == ("hf_generate", "hf_compiled")
     assert perf.LOOKUP_METHODS == ("jakiro_lookup", "jakiro_lookup_compiled") and perf.LOOKUP_METHOD == "jakiro_lookup"
     assert COMPILED_TWINS == ("vanilla", "jakiro_auto", "jakiro_lookup")
 

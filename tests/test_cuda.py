@@ -105,3 +105,21 @@ def test_static_engine_samples_the_same_text_captured_and_eager_on_cuda(cuda_set
                                 generator=torch.Generator(device="cuda").manual_seed(i)).output_ids
                 for compile in (False, True, True)]  # the second captured run replays the graphs
         assert runs[0] == runs[1] == runs[2] and len(runs[0]) == 24
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_static_decoder_equals_vanilla_on_cuda(cuda_setup, compile):
+    """Plain decoding on the static engine, eager and captured: vanilla's greedy output on the GPU, and at
+    T=1 one seed gives one text whether the step is captured or not."""
+    from jakiro_lib.static import static_vanilla_generate
+
+    target, _ = cuda_setup
+    for i, p in enumerate(random_prompts(3, seed=9)):
+        ids = p.to("cuda")
+        ref = vanilla_generate(target.model, ids, max_new_tokens=24).output_ids
+        assert static_vanilla_generate(target.model, ids, max_new_tokens=24, compile=compile).output_ids == ref
+        params = SamplingParams(temperature=1.0)
+        runs = [static_vanilla_generate(target.model, ids, max_new_tokens=24, params=params, compile=c,
+                                        generator=torch.Generator(device="cuda").manual_seed(i)).output_ids
+                for c in (False, compile, compile)]
+        assert runs[0] == runs[1] == runs[2] and len(runs[0]) == 24

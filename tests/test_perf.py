@@ -304,3 +304,13 @@ def test_lever_table_compares_each_lever_with_and_without_it():
     tree = levers[("draft tree under the lookup chain (extension)", "jakiro_lookup vs lookup_only tokens/s (T=0)")]
     assert tree.speedup == pytest.approx(36 / 32)
     assert not any("eagle2" in m for _, m in levers)  # nothing invented for methods that did not run
+
+
+def test_compiled_budgets_are_tuned_at_compiled_sizes_only():
+    """Through the compiled runner every measured size is a compilation, and a size it does not compile runs
+    eagerly (a T(n) that is not the compiled step's): the compiled runner's tuning sizes are its own."""
+    from jakiro_lib.budgets import TUNE_SIZES, tune_sizes
+    from jakiro_lib.compiled import COMPILED_SIZES
+
+    assert set(tune_sizes(True)) <= set(COMPILED_SIZES) and len(tune_sizes(True)) < len(TUNE_SIZES)
+    assert tune_sizes(False) == TUNE_SIZES

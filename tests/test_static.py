@@ -14,7 +14,7 @@ from jakiro_lib.decoding import speculative_generate, vanilla_generate
 from jakiro_lib.draft import DraftModel
 from jakiro_lib.drafting import FeatureDrafter
 from jakiro_lib.static import (StaticEngineError, StaticTarget, StaticTreeDrafter, ancestor_mask, greedy_path,
-                               static_generate)
+                               static_generate, static_vanilla_generate)
 from jakiro_lib.tree import Tree
 from jakiro_lib.verify import SamplingParams
 
@@ -210,3 +210,17 @@ def test_settings_the_static_engine_does_not_run():
                                (dense, TreeConfig(decoupled=True), "2 experts")]:
         with pytest.raises(StaticEngineError, match=words):
             StaticTreeDrafter(draft, tree, 256)
+
+
+def test_static_decoder_equals_vanilla_with_one_read_per_token(prompts, vanilla, monkeypatch):
+    """Plain decoding on the static engine (StaticDecoder: the baseline a GPU captures as one graph per token):
+    vanilla's greedy output, eagerly and compiled (compiled once, by the first prompt), and the host reads one
+    tensor per token after the first (the prefill's argmax)."""
+    model = tiny_target("llama")
+    for i, p in enumerate(prompts[:3]):
+        assert static_vanilla_generate(model, p, max_new_tokens=MAX_NEW).output_ids == vanilla[i]
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            assert static_vanilla_generate(model, p, max_new_tokens=MAX_NEW, compile=True).output_ids == vanilla[i]
+    with _HostReads(monkeypatch) as reads:
+        r = static_vanilla_generate(model, prompts[0], max_new_tokens=MAX_NEW)
+    assert (reads.scalars, reads.lists) == (1, len(r.output_ids) - 1)
