@@ -177,6 +177,27 @@ def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Ten
     return torch.stack(path), accepted, bonus
 
 
+def evaluate(params: SamplingParams, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+             anc: torch.Tensor, logits: torch.Tensor, uniforms: torch.Tensor,
+             max_depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step 3 of a cycle: :func:`greedy_path` at T=0, else :func:`sampling_path` (path, accepted count, bonus)."""
+    if params.greedy:
+        return greedy_path(tokens, parents, depths, anc, logits, max_depth)
+    return sampling_path(tokens, parents, logits, params, uniforms, max_depth)
+
+
+def root_step(target: "StaticTarget", token: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor,
+              start: torch.Tensor) -> torch.Tensor:
+    """The last token (``token``, 0-dim, at position ``start``) alone, verified as a one-node tree: the next
+    token (0-dim, greedy or sampled), written into ``token``; the target's cache then holds start + 1."""
+    zero = torch.zeros(1, dtype=torch.long, device=start.device)  # the node's index, parent and depth
+    tokens, anc = token.reshape(1), torch.ones(1, 1, dtype=torch.bool, device=start.device)
+    logits, _ = target.tree(tokens, zero, anc, start)  # [1, V]
+    bonus = evaluate(params, tokens, zero, zero, anc, logits, uniforms, 0)[2]
+    token.copy_(bonus)
+    return bonus
+
+
 class StaticTreeDrafter:
     """EAGLE-2's dynamic tree (coupled or decoupled candidates) in fixed shapes over a :class:`StaticKV`."""
 
@@ -396,7 +417,8 @@ class StaticEngine:
         with record_function(STEP_RANGES["verify"]):
             logits, hidden = target.tree(tokens, depths, anc, start)
         with record_function(STEP_RANGES["evaluate"]):
-            path, accepted, bonus = self._evaluate(tokens, parents, depths, anc, logits, uniforms, drafter.max_depth)
+            path, accepted, bonus = evaluate(self.params, tokens, parents, depths, anc, logits, uniforms,
+                                             drafter.max_depth)
         with record_function(STEP_RANGES["update"]):
             target.keep(start, path, accepted)
             new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1]: accepted tokens, bonus at `accepted`
@@ -404,22 +426,10 @@ class StaticEngine:
             drafter.extend(hidden[path], new, start, accepted)
         return torch.cat([accepted[None], new])
 
-    def _evaluate(self, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
-                  logits: torch.Tensor, uniforms: torch.Tensor,
-                  max_depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.params.greedy:
-            return greedy_path(tokens, parents, depths, anc, logits, max_depth)
-        return sampling_path(tokens, parents, logits, self.params, uniforms, max_depth)
-
     def _root_only(self, start: torch.Tensor) -> torch.Tensor:
         """Near the end of the context, where a whole tree no longer fits: the root alone, verified."""
-        root = torch.zeros(1, dtype=torch.long, device=start.device)  # its index, parent and depth
-        tokens, anc = self.drafter.root_token.reshape(1), torch.ones(1, 1, dtype=torch.bool, device=start.device)
-        logits, _ = self.target.tree(tokens, root, anc, start)
-        path, accepted, bonus = self._evaluate(tokens, root, root, anc, logits, self.uniforms, 0)
-        self.target.keep(start, path, accepted)
-        self.drafter.root_token.copy_(bonus)
-        return torch.stack([accepted, bonus])
+        bonus = root_step(self.target, self.drafter.root_token, self.params, self.uniforms, start)
+        return torch.stack([torch.zeros_like(bonus), bonus])
 
     def _run_step(self, start: torch.Tensor) -> torch.Tensor:
         if not self.compile:
@@ -500,15 +510,7 @@ class StaticDecoder:
 
     def step(self, start: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
         """[1]: the token after the one at position ``start`` (0-dim), which becomes the last token."""
-        zero = torch.zeros(1, dtype=torch.long, device=start.device)  # a one-node tree: index, parent, depth
-        tokens, anc = self.token.reshape(1), torch.ones(1, 1, dtype=torch.bool, device=start.device)
-        logits, _ = self.target.tree(tokens, zero, anc, start)  # [1, V]; the cache now holds start + 1
-        if self.params.greedy:
-            nxt = logits[0].argmax()
-        else:
-            nxt = sampling_path(tokens, zero, logits, self.params, uniforms, 0)[2]
-        self.token.copy_(nxt)
-        return nxt.reshape(1)
+        return root_step(self.target, self.token, self.params, uniforms, start).reshape(1)
 
     def generate(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, eos_token_ids: list[int] = (),
                  max_context: int, generator: torch.Generator | None = None,
