@@ -397,8 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_throughput)
 
     p = sub.add_parser("gpucheck", help="issue 24's decoding goals on this machine's GPU in one run: plain and "
-                                         "speculative decoders eager and compiled, T=0 and T=1, and the cycle's "
-                                         "breakdown from the profiler")
+                                         "speculative decoding captured against HF's compiled generate, T=0 and "
+                                         "T=1, and the cycle's breakdown from the profiler")
     _common(p)
     p.add_argument("--run-dir", type=Path, default=None, help="where the trained drafts are (default runs/<profile>)")
     p.add_argument("--out", type=Path, help="output directory (default <run-dir>/gpucheck-<device>)")

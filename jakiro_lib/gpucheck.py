@@ -3,8 +3,9 @@
 ``python -m jakiro_lib gpucheck`` runs, on the default profile's trained drafts (copied to ``runs/default``
 as reports/measured/h100-bf16-2026-11-22/README.md tells), in fp32 on the device:
 
-1. the main study's plain decoders and Jakiro's tuned tree on both engines, eager and compiled
-   (:data:`CHECK_METHODS`), MT-bench q1-10 both turns, 64 new tokens, T=0 and T=1: ``records.jsonl``,
+1. the greedy reference (our eager loop), ``hf_compiled``, and plain decoding, Jakiro's and EAGLE-2's tuned
+   trees on the static engine, captured (:data:`CHECK_METHODS`), MT-bench q1-10 both turns, 64 new tokens,
+   T=0 and T=1: ``records.jsonl``,
    ``summary.csv`` and ``performance_targets.csv`` (the goals against ``hf_compiled``, greedy identity);
 2. :func:`cycle_breakdown`: the static engine's cycle under ``torch.profiler``, eager (time per named step:
    draft, verify, evaluate, update) and compiled (the captured cycle, the host read): ``cycles.csv``;
