@@ -35,7 +35,7 @@ from .pipeline import add_cli
 from .study import (category_table, default_run_dir, display_table, prepare_features, run_study, study_table,
                     train_all, training_table, write_table)
 from .target import load_target
-from .throughput import format_table, run_throughput
+from .throughput import PLAN_CSV, format_plan, format_table, run_throughput
 from .utils import busy_warning, exit_status, run_metadata, write_json
 
 # Sub-commands that run torch for a while: they check first whether another torch process is busy here.
@@ -303,7 +303,9 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     print(format_table(table))
-    print("throughput.csv, throughput_config.json and throughput_env.json in", out)
+    print(f"\nexpected minutes of the {profile.name} profile's stages here (compilation, evaluation, benchmarks not"
+          f" counted):\n{format_plan(pd.read_csv(Path(out) / PLAN_CSV))}")
+    print("throughput.csv, plan.csv, throughput_config.json and throughput_env.json in", out)
     return 0
 
 

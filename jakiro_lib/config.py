@@ -272,15 +272,12 @@ def _study_drafts(vocab: int | None) -> dict[str, DraftConfig]:
     return {**drafts, **{f"{k}_u2": dataclasses.replace(drafts[k], unroll_steps=2) for k in twins}}
 
 
-# The drafts of the default (2-core CPU) main job: the faithful comparison of issue 23 (EAGLE-2 at its true
-# width, the equal-parameter control, moe2 for the coupled / decoupled / released methods, per-expert and
-# multi-step training). moe2_xequal, moe2_nocontrast and moe4 (the paper's contrastive and expert-count
-# ablations) are left to the smoke, gpu and paper profiles: with them the main job overran 90 min on a 2-core
-# AVX2 EPYC (2026-11-23). FAITHFUL_DRAFTS, every one with and without multi-step training, costs ~14 more
-# minutes of training and ~6 of benchmarks there, so it is opt-in: `--set drafts=...` (docs/usage.md).
-# The default's (ShareGPT conversations, epochs): 600 x 2 (~490 kept, ~180k tokens; the AVX2 EPYC's main job took
-# 82 min, 2026-11-23), and where the CPU has AMX, whose bf16 caching and compiled training step run 3.2-3.8x fp32,
-# 3000 x 3 (issue 22: more data keeps paying; docs/results.md). Other bf16 units (avx512_bf16 alone) are unmeasured.
+# The default (2-core CPU) main job's drafts: issue 23's faithful comparison (EAGLE-2 at its true width, the
+# equal-parameter control, moe2 for the coupled / decoupled / released methods, per-expert and multi-step
+# training). moe2_xequal, moe2_nocontrast and moe4 (the paper's ablations) are left to the smoke, gpu and paper
+# profiles: with them the main job overran 90 min on a 2-core AVX2 EPYC (2026-11-23). FAITHFUL_DRAFTS (~20 more
+# minutes there) is opt-in: `--set drafts=...`. (conversations, epochs): 600 x 2 (the EPYC: 82 min), 3000 x 3
+# where AMX runs caching and training 3.2-3.8x fp32 (issue 22; docs/results.md); avx512_bf16 alone is unmeasured.
 DEFAULT_SCALE = {"other": (600, 2), "amx": (3000, 3)}
 DEFAULT_DRAFTS = ("dense", "dense_h", "moe2", "moe2_xgate", "dense_u2", "moe2_u2")
 FAITHFUL_DRAFTS = ("dense", "dense_h", "moe2", "moe2_xgate", "dense_u2", "dense_h_u2", "moe2_u2", "moe2_xgate_u2")
@@ -432,7 +429,9 @@ def override(profile: Profile, **overrides: Any) -> Profile:
         current = getattr(obj, leaf)
         if dataclasses.is_dataclass(current) or isinstance(current, dict):
             raise ConfigError(f"unknown config key {key!r}: {leaf!r} is a section; set one of its fields")
-        setattr(obj, leaf, _coerce(value, current))
+        new = _coerce(value, current)  # a str field that takes numbers too: intermediate_size "target" -> 3072
+        numeric = isinstance(new, str) and new.strip().isdigit() and "int" in str(obj.__dataclass_fields__[leaf].type)
+        setattr(obj, leaf, int(new) if numeric else new)
         _check_field(obj, leaf, path, given=repr(value))
         _post_init(obj, path, value)
     validate(out)

@@ -24,7 +24,9 @@ profile's training compiles its step in that dtype (``train.compile``), a last r
 Tokens are real tokens (padding excluded); ``padding`` is the share of the computed positions that were
 padding. ``speedup`` compares a row with the first row of its part (one conversation per forward in fp32;
 fp32 unbucketed training). Writes ``throughput.csv``, ``throughput_config.json`` and
-``throughput_env.json`` (hardware, versions, threads) to the output directory.
+``throughput_env.json`` (hardware, versions, threads) to the output directory, and ``plan.csv``: the
+throughput model, the profile's caching and training stages in expected minutes on this machine
+(:func:`stage_plan`).
 """
 from __future__ import annotations
 
@@ -44,17 +46,19 @@ from .config import DataConfig, DraftConfig, Profile, TargetConfig, TrainConfig
 from .data import load_conversations
 from .dataset import FeatureDataset, build_draft_vocab, token_frequencies
 from .draft import DraftModel
-from .features import cache_features, length_batches, shard_tensors
+from .features import cache_features, estimate_cache, length_batches, shard_tensors
 from .target import load_target
 from .train import step_loss, train_collate, training_loss_options
-from .utils import compiles_step, cpu_flags, favoured_dtype, keep_freed_memory, run_metadata, seed_everything, write_json
+from .utils import (compiles_step, cpu_flags, favoured_dtype, keep_freed_memory, resolve_precision, run_metadata,
+                    seed_everything, write_json)
 
 CSV = "throughput.csv"
+PLAN_CSV = "plan.csv"
 CONFIG_JSON = "throughput_config.json"
 ENV_JSON = "throughput_env.json"
 COMPILED_WARMUP = 8  # untimed steps before a compiled row (compilation: ~40 s per draft on a 2-core CPU)
 STAGES = ("data", "forward", "backward", "optimizer", "sync")
-COLUMNS = ("part", "variant", "device", "dtype", "allocator", "batch_size", "bucketed", "compiled", "items",
+COLUMNS = ("part", "variant", "draft", "device", "dtype", "allocator", "batch_size", "bucketed", "compiled", "items",
            "tokens", "padded_tokens", "padding", "seconds", "tokens_per_s", "speedup", *(f"{s}_ms" for s in STAGES),
            "step_ms")
 
@@ -230,7 +234,7 @@ def training_rows(target: Any, drafts: dict[str, DraftConfig], dataset: Any, tra
             for bucketed in bucketing:
                 row = _train_variant(target, cfg, d2t, dataset, train_cfg, precision=precision, bucketed=bucketed,
                                      steps=steps, warmup=warmup, compiled=compiled)
-                rows.append({"part": "train", "variant": f"{name} {precision}" + (" bucketed" if bucketed else "")
+                rows.append({"part": "train", "draft": name, "variant": f"{name} {precision}" + (" bucketed" if bucketed else "")
                              + _SUFFIX[allocator] + (", compiled" if compiled else ""), "allocator": allocator,
                              "compiled": compiled, **row})
     return rows
@@ -266,7 +270,8 @@ def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int 
 
     ``conversations`` of the profile's training data are cached and trained on; ``steps`` training steps
     per variant (after ``warmup`` untimed ones); ``drafts``: names from ``profile.drafts`` (default: the
-    first). Returns the table (also ``out_dir/throughput.csv``).
+    first). Returns the table (also ``out_dir/throughput.csv``); ``out_dir/plan.csv`` is :func:`stage_plan` for
+    the profile's whole data (``data.num_conversations``, tokenized).
     """
     if conversations < 1 or steps < 1 or warmup < 0 or not cache_batch_sizes or min(cache_batch_sizes) < 1:
         raise ValueError("need conversations >= 1, steps >= 1, warmup >= 0 and cache batch sizes >= 1")
@@ -310,7 +315,81 @@ def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int 
                                   bucketing=(False,), compiled=True)
     table = _table(rows)
     table.to_csv(out_dir / CSV, index=False)
+    everything = load_conversations(d.source, path=d.path, limit=d.num_conversations)  # the profile's whole data
+    tokens = estimate_cache(target, everything, max_length=d.max_length, template=profile.target.template)["tokens"]
+    stage_plan(profile, table, tokens=tokens, device=device).to_csv(out_dir / PLAN_CSV, index=False)
     return table
+
+
+# --------------------------------------------------------------------------------------------------
+# The throughput model: the profile's stages on this machine
+# --------------------------------------------------------------------------------------------------
+
+
+PLAN_COLUMNS = ("stage", "draft", "basis", "tokens", "tokens_per_s", "seconds", "minutes")
+
+
+def _prefer(rows: pd.DataFrame, column: str, value: Any) -> pd.DataFrame:
+    """The rows where ``column`` equals ``value`` if there are any, else all of them."""
+    match = rows[rows[column] == value]
+    return match if not match.empty else rows
+
+
+def stage_plan(profile: Profile, table: pd.DataFrame, *, tokens: int, device: torch.device) -> pd.DataFrame:
+    """Expected seconds of ``profile``'s caching and training stages on this machine, from the measured ``table``.
+
+    Caching: ``tokens`` (the profile's conversations, tokenized: :func:`jakiro_lib.features.estimate_cache`) at
+    the rate of the cache row in the dtype caching would use (``data.cache_dtype``) and the measured batch nearest
+    ``data.cache_batch_size``. Training, per draft: ``train.epochs`` x the training split's tokens at the rate of
+    that draft's row in the profile's precision, compilation and bucketing (freed memory kept where measured); a
+    draft not measured takes the rate of a measured one with the same MLP kind, scaled by their unroll steps (each
+    unroll step is a forward more; ``basis`` says so). Not counted: compilation, held-out evaluation, disk writes
+    and the benchmarks, so a whole stage takes longer (docs/results.md compares a main job with its plan).
+    """
+    rows: list[dict[str, Any]] = []
+    favoured = favoured_dtype(device)
+    setting = profile.data.cache_dtype
+    dtype = (favoured or profile.target.dtype) if setting == "auto" else setting or profile.target.dtype
+    cache = table[(table["part"] == "cache") & (table["dtype"] == dtype)]
+    if not cache.empty:
+        cache = _prefer(cache, "allocator", "kept")
+        best = cache.loc[(cache["batch_size"] - profile.data.cache_batch_size).abs().idxmin()]
+        rows.append({"stage": "cache", "draft": "", "basis": f"{best['variant']} ({dtype})", "tokens": tokens,
+                     "tokens_per_s": best["tokens_per_s"]})
+    precision = resolve_precision(profile.train.mixed_precision, device)
+    train = table[(table["part"] == "train") & (table["dtype"] == ("bf16 autocast" if precision == "bf16" else "float32"))]
+    train = _prefer(_prefer(_prefer(train, "compiled", compiles_step(profile.train.compile, precision)),
+                            "allocator", "kept"), "bucketed", profile.train.bucket_by_length)
+    measured = {r["draft"]: r for _, r in train.iterrows()}
+    train_tokens = round(tokens * (1.0 - profile.data.heldout_fraction))
+    unroll = {n: c.unroll_steps or profile.train.unroll_steps for n, c in profile.drafts.items()}
+    for name, cfg in profile.drafts.items():
+        if name in measured:
+            basis, rate = measured[name]["variant"], measured[name]["tokens_per_s"]
+        else:
+            same = [m for m in measured if profile.drafts[m].mlp == cfg.mlp] or list(measured)
+            if not same:
+                continue
+            ref = same[0]
+            rate = measured[ref]["tokens_per_s"] * unroll[ref] / unroll[name]
+            basis = f"as {measured[ref]['variant']}" + (f" x {unroll[ref]}/{unroll[name]} unroll steps"
+                                                        if unroll[ref] != unroll[name] else "")
+        rows.append({"stage": "train", "draft": name, "basis": basis, "tokens": profile.train.epochs * train_tokens,
+                     "tokens_per_s": rate})
+    plan = pd.DataFrame(rows).reindex(columns=list(PLAN_COLUMNS))
+    plan["seconds"] = plan["tokens"] / plan["tokens_per_s"]
+    total = {"stage": "total", "draft": "", "basis": "caching + training", "tokens": None,
+             "tokens_per_s": None, "seconds": plan["seconds"].sum()}
+    plan = pd.concat([plan, pd.DataFrame([total])], ignore_index=True) if rows else plan
+    plan["minutes"] = plan["seconds"] / 60.0
+    return plan
+
+
+def format_plan(plan: pd.DataFrame) -> str:
+    """The plan as the command prints it: expected minutes per stage and the measured rate behind each."""
+    formats = {"tokens": "{:,.0f}".format, "tokens_per_s": "{:,.0f}".format, "minutes": "{:.1f}".format}
+    return plan[["stage", "draft", "tokens", "tokens_per_s", "minutes", "basis"]].to_string(
+        index=False, na_rep="", formatters=formats)
 
 
 def format_table(table: pd.DataFrame) -> str:

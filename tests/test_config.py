@@ -36,6 +36,9 @@ def test_overrides_parse_strings_like_the_cli():
     assert p.train.epochs == 7 and p.tree.ar_steps is None and p.train.lr == 1e-4
     assert p.bench.temperatures == (0, 1) and p.bench.benchmarks == ("mt_bench", "gsm8k")
     assert get_profile("smoke").train.epochs != 7  # profiles are fresh copies
+    # a number where the field now holds a string but takes integers too ("target" -> 3072), not for str fields
+    wide = get_profile("default", **{"drafts.dense.intermediate_size": "3072", "target.model": "123"})
+    assert wide.drafts["dense"].intermediate_size == 3072 and wide.target.model == "123"
 
 
 @pytest.mark.parametrize("key", ["train.nope", "nope.epochs", "tree"])

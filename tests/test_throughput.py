@@ -79,9 +79,13 @@ def test_throughput_command_writes_its_table(conversations_file, tmp_path, capsy
     env = json.loads((out / TP.ENV_JSON).read_text())
     assert {"cpu_capability", "cpu_flags", "favoured_dtype", "threads", "torch", "device"} <= set(env)
     assert not list(out.glob(".features.*"))  # the temporary feature cache is gone
+    plan = pd.read_csv(out / TP.PLAN_CSV)  # the smoke profile's whole data (8 conversations) and every draft
+    assert list(plan.columns) == list(TP.PLAN_COLUMNS) and list(plan["stage"]).count("train") == len(get_profile("smoke").drafts)
+    assert plan["tokens"].iloc[0] > cache["tokens"].iloc[0] and list(plan["stage"])[::len(plan) - 1] == ["cache", "total"]
     printed = capsys.readouterr().out
     assert all(col in printed for col in ("tokens_per_s", "speedup", "forward_ms", "step_ms"))
-    assert printed.count("dense fp32") == 2 + (kept and not favoured)
+    measured, planned = printed.split("expected minutes")
+    assert measured.count("dense fp32") == 2 + (kept and not favoured) and "caching + training" in planned
 
 
 class _FakeLibc:
@@ -137,6 +141,45 @@ def test_cpu_flags_read_this_machine():
     except OSError:
         return
     assert all(f in text for f in flags)
+
+
+def _measured(favoured: bool) -> pd.DataFrame:
+    """A throughput table as run_throughput writes it (rates chosen so that each row is told apart)."""
+    rows = [dict(part="cache", variant=f"batch {b}", dtype=d, allocator=a, batch_size=b, tokens_per_s=r)
+            for d, r0 in (("float32", 100), ("bfloat16", 200)) if favoured or d == "float32"
+            for a, r1 in (("system", 0), ("kept", 10)) for b, r2 in ((1, 0), (4, 1), (16, 2))
+            for r in [r0 + r1 + r2]]
+    rows += [dict(part="train", draft=n, variant=f"{n} {p} {a} {c}", dtype=dt, allocator=a, bucketed=False,
+                  compiled=c, batch_size=8, tokens_per_s=r0 * (3 if p == "bf16" else 1) * (2 if c else 1) + (a == "kept"))
+             for n, r0 in (("dense", 1000), ("moe2", 500))
+             for p, dt in (("fp32", "float32"), ("bf16", "bf16 autocast")) if favoured or p == "fp32"
+             for a in ("system", "kept") for c in (False, True)]
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("favoured", [None, "bfloat16"])
+def test_stage_plan_takes_the_rows_the_profile_would_run_at(monkeypatch, favoured):
+    """Caching at the dtype caching uses and the nearest measured batch; each draft at its own row in the
+    profile's precision and compilation (freed memory kept); an unmeasured draft at its MLP kind's rate over
+    its unroll steps; seconds = tokens / rate; the total adds them up."""
+    monkeypatch.setattr(utils, "cpu_flags", lambda: {"amx_bf16"} if favoured else set())
+    monkeypatch.setattr(TP, "favoured_dtype", lambda device: favoured)
+    p = get_profile("default", **{"data.cache_batch_size": "8", "drafts": "dense,moe2,dense_u2", "train.epochs": "3"})
+    plan = TP.stage_plan(p, _measured(bool(favoured)), tokens=10_000, device=torch.device("cpu")).set_index("draft")
+    cache, total = plan.iloc[0], plan.iloc[-1]
+    assert cache["stage"] == "cache" and cache["tokens"] == 10_000
+    assert cache["tokens_per_s"] == (211 if favoured else 111)  # freed memory kept; of 1, 4 and 16, 4 is nearest to 8
+    bf16 = 3 if favoured else 1
+    compiled = 2 if favoured else 1  # compile "auto": where training runs in bf16
+    rates = {"dense": 1000 * bf16 * compiled + 1, "moe2": 500 * bf16 * compiled + 1}
+    rates["dense_u2"] = rates["dense"] / 2
+    train_tokens = 3 * round(10_000 * (1 - p.data.heldout_fraction))
+    for name, rate in rates.items():
+        assert plan.loc[name, "tokens_per_s"] == pytest.approx(rate) and plan.loc[name, "tokens"] == train_tokens
+        assert plan.loc[name, "seconds"] == pytest.approx(train_tokens / rate)
+    assert "unroll" in plan.loc["dense_u2", "basis"] and "unroll" not in plan.loc["dense", "basis"]
+    assert total["stage"] == "total" and total["seconds"] == pytest.approx(plan["seconds"].iloc[:-1].sum())
+    assert total["minutes"] == pytest.approx(total["seconds"] / 60)
 
 
 def test_gpu_profile():
