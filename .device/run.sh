@@ -2,7 +2,8 @@
 # On the GPU machine (.device/README.md). `stash PART`: keep a carried part in /tmp/kit for a later call;
 # `check`: unpack every part, install the wheels, run tests/test_cuda.py and gpucheck, results into $OUT;
 # `again`: gpucheck once more where `check` stopped at its limit (it resumes from its records; inductor's cache
-# is warm by then); `throughput`: issue 22's throughput command on the GPU (after `check`, same warm machine).
+# is warm by then); `throughput`: issue 22's throughput command on the GPU (after `check`, same warm machine); its
+# plan.csv counts only the kit's 1000 conversations: `throughput --profile gpu --plan-from <its throughput.csv>` here.
 # OUT: where the results go (the device tool's $OUT); KIT: where parts are kept; PY: the Python with torch.
 set -uo pipefail
 K=${KIT:-/tmp/kit}
@@ -35,7 +36,7 @@ case "${1:-}" in
   again) unpack; env_for_repo; gpucheck gpucheck_again ;;  # the check stopped at its limit: it resumes
   throughput)
     unpack; env_for_repo
-    "$PY" -m jakiro_lib throughput --profile gpu --conversations 256 --steps 50 --set train.compile=yes \
+    "$PY" -m jakiro_lib throughput --profile gpu --conversations 256 --steps 50 --set train.compile=yes --drafts dense,moe2 \
       --out runs/default/throughput-out ${TP_ARGS:-} 2>&1 | tr '\r' '\n' | tail -40 | tee "$OUT/throughput.txt"
     tar -C runs/default -czf "$OUT/throughput.tgz" throughput-out ;;
   *) echo "usage: run.sh stash PART | check | again | throughput"; exit 2 ;;

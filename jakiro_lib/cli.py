@@ -35,7 +35,7 @@ from .pipeline import add_cli
 from .study import (category_table, default_run_dir, display_table, prepare_features, run_study, study_table,
                     train_all, training_table, write_table)
 from .target import load_target
-from .throughput import PLAN_CSV, format_plan, format_table, run_throughput
+from .throughput import PLAN_CSV, format_plan, format_table, plan_from, run_throughput
 from .utils import busy_warning, exit_status, run_metadata, write_json
 
 # Sub-commands that run torch for a while: they check first whether another torch process is busy here.
@@ -296,6 +296,14 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     """Tokens/s of feature caching and draft training on this machine (jakiro_lib.throughput)."""
     profile = _profile(args)
     out = args.out or default_run_dir(profile.name) / "throughput"
+    if args.plan_from:  # no measuring: the profile's stages on the machine that wrote that table
+        try:
+            plan = plan_from(profile, args.plan_from, out)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"error: {exc}") from None
+        print(f"expected minutes of the {profile.name} profile's stages on the machine of {args.plan_from}:\n"
+              f"{format_plan(plan)}\nplan.csv in {out}")
+        return 0
     try:
         table = run_throughput(profile, out, conversations=args.conversations, steps=args.steps,
                                cache_batch_sizes=[int(x) for x in args.cache_batch_sizes.split(",")],
@@ -396,6 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20, help="timed training steps per variant")
     p.add_argument("--cache-batch-sizes", default="1,4,8,16", help="conversations per target forward to compare")
     p.add_argument("--drafts", help="comma-separated drafts of the profile to train (default: the first)")
+    p.add_argument("--plan-from", type=Path, help="measure nothing: the profile's expected stages from this "
+                   "throughput.csv (another machine's), the data tokenized here")
     p.set_defaults(func=cmd_throughput)
 
     p = sub.add_parser("gpucheck", help="issue 24's decoding goals on this machine's GPU in one run: plain and "

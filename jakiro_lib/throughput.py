@@ -49,8 +49,7 @@ from .draft import DraftModel
 from .features import cache_features, estimate_cache, length_batches, shard_tensors
 from .target import load_target
 from .train import step_loss, train_collate, training_loss_options
-from .utils import (compiles_step, cpu_flags, favoured_dtype, keep_freed_memory, resolve_precision, run_metadata,
-                    seed_everything, write_json)
+from .utils import compiles_step, cpu_flags, favoured_dtype, keep_freed_memory, run_metadata, seed_everything, write_json
 
 CSV = "throughput.csv"
 PLAN_CSV = "plan.csv"
@@ -315,10 +314,28 @@ def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int 
                                   bucketing=(False,), compiled=True)
     table = _table(rows)
     table.to_csv(out_dir / CSV, index=False)
-    everything = load_conversations(d.source, path=d.path, limit=d.num_conversations)  # the profile's whole data
-    tokens = estimate_cache(target, everything, max_length=d.max_length, template=profile.target.template)["tokens"]
-    stage_plan(profile, table, tokens=tokens, device=device).to_csv(out_dir / PLAN_CSV, index=False)
+    stage_plan(profile, table, tokens=profile_tokens(profile, target)).to_csv(out_dir / PLAN_CSV, index=False)
     return table
+
+
+def profile_tokens(profile: Profile, target: Any) -> int:
+    """Tokens of the profile's whole data (``data.num_conversations``, tokenized as caching does; no forward)."""
+    d = profile.data
+    convs = load_conversations(d.source, path=d.path, limit=d.num_conversations)
+    return estimate_cache(target, convs, max_length=d.max_length, template=profile.target.template)["tokens"]
+
+
+def plan_from(profile: Profile, table_csv: str | Path, out_dir: str | Path) -> pd.DataFrame:
+    """:func:`stage_plan` of ``profile`` from a ``throughput.csv`` measured elsewhere (a GPU's, say), with the
+    profile's data tokenized here (the target loaded on the CPU for its tokenizer); writes ``out_dir/plan.csv``."""
+    table = pd.read_csv(table_csv)
+    if "draft" not in table.columns or not {"part", "dtype", "tokens_per_s"} <= set(table.columns):
+        raise ValueError(f"{table_csv} is not a throughput.csv with a draft column (written since 2026-11-26)")
+    target = load_target(dataclasses.replace(profile.target, device="cpu", dtype="float32"))
+    plan = stage_plan(profile, table, tokens=profile_tokens(profile, target))
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    plan.to_csv(Path(out_dir) / PLAN_CSV, index=False)
+    return plan
 
 
 # --------------------------------------------------------------------------------------------------
@@ -335,8 +352,8 @@ def _prefer(rows: pd.DataFrame, column: str, value: Any) -> pd.DataFrame:
     return match if not match.empty else rows
 
 
-def stage_plan(profile: Profile, table: pd.DataFrame, *, tokens: int, device: torch.device) -> pd.DataFrame:
-    """Expected seconds of ``profile``'s caching and training stages on this machine, from the measured ``table``.
+def stage_plan(profile: Profile, table: pd.DataFrame, *, tokens: int) -> pd.DataFrame:
+    """Expected seconds of ``profile``'s caching and training stages on the machine that measured ``table``.
 
     Caching: ``tokens`` (the profile's conversations, tokenized: :func:`jakiro_lib.features.estimate_cache`) at
     the rate of the cache row in the dtype caching would use (``data.cache_dtype``) and the measured batch nearest
@@ -347,7 +364,8 @@ def stage_plan(profile: Profile, table: pd.DataFrame, *, tokens: int, device: to
     and the benchmarks, so a whole stage takes longer (docs/results.md compares a main job with its plan).
     """
     rows: list[dict[str, Any]] = []
-    favoured = favoured_dtype(device)
+    # the dtype that machine favours: the one its rows measured besides fp32 (run_throughput measures both)
+    favoured = next((d for d in table.loc[table["part"] == "cache", "dtype"] if d != "float32"), None)
     setting = profile.data.cache_dtype
     dtype = (favoured or profile.target.dtype) if setting == "auto" else setting or profile.target.dtype
     cache = table[(table["part"] == "cache") & (table["dtype"] == dtype)]
@@ -356,7 +374,8 @@ def stage_plan(profile: Profile, table: pd.DataFrame, *, tokens: int, device: to
         best = cache.loc[(cache["batch_size"] - profile.data.cache_batch_size).abs().idxmin()]
         rows.append({"stage": "cache", "draft": "", "basis": f"{best['variant']} ({dtype})", "tokens": tokens,
                      "tokens_per_s": best["tokens_per_s"]})
-    precision = resolve_precision(profile.train.mixed_precision, device)
+    precision = profile.train.mixed_precision
+    precision = ("bf16" if favoured else "no") if precision == "auto" else precision
     train = table[(table["part"] == "train") & (table["dtype"] == ("bf16 autocast" if precision == "bf16" else "float32"))]
     train = _prefer(_prefer(_prefer(train, "compiled", compiles_step(profile.train.compile, precision)),
                             "allocator", "kept"), "bucketed", profile.train.bucket_by_length)
@@ -378,8 +397,8 @@ def stage_plan(profile: Profile, table: pd.DataFrame, *, tokens: int, device: to
                      "tokens_per_s": rate})
     plan = pd.DataFrame(rows).reindex(columns=list(PLAN_COLUMNS))
     plan["seconds"] = plan["tokens"] / plan["tokens_per_s"]
-    total = {"stage": "total", "draft": "", "basis": "caching + training", "tokens": None,
-             "tokens_per_s": None, "seconds": plan["seconds"].sum()}
+    total = {"stage": "total", "draft": "", "basis": "caching + training", "tokens": float("nan"),
+             "tokens_per_s": float("nan"), "seconds": plan["seconds"].sum()}
     plan = pd.concat([plan, pd.DataFrame([total])], ignore_index=True) if rows else plan
     plan["minutes"] = plan["seconds"] / 60.0
     return plan

@@ -86,6 +86,12 @@ def test_throughput_command_writes_its_table(conversations_file, tmp_path, capsy
     assert all(col in printed for col in ("tokens_per_s", "speedup", "forward_ms", "step_ms"))
     measured, planned = printed.split("expected minutes")
     assert measured.count("dense fp32") == 2 + (kept and not favoured) and "caching + training" in planned
+    # the same plan from the table alone, as for a table measured on another machine
+    assert main(["throughput", "--profile", "smoke", "--set", f"data.path={conversations_file}",
+                 "--plan-from", str(out / TP.CSV), "--out", str(tmp_path / "again")]) == 0
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "again" / TP.PLAN_CSV), plan)
+    with pytest.raises(SystemExit, match="not a throughput.csv"):
+        main(["throughput", "--profile", "smoke", "--plan-from", str(out / TP.PLAN_CSV), "--out", str(tmp_path)])
 
 
 class _FakeLibc:
@@ -159,13 +165,12 @@ def _measured(favoured: bool) -> pd.DataFrame:
 
 @pytest.mark.parametrize("favoured", [None, "bfloat16"])
 def test_stage_plan_takes_the_rows_the_profile_would_run_at(monkeypatch, favoured):
-    """Caching at the dtype caching uses and the nearest measured batch; each draft at its own row in the
+    """From the table alone (the machine that measured it favours the dtype it measured besides fp32): caching
+    at the dtype caching uses and the nearest measured batch; each draft at its own row in the
     profile's precision and compilation (freed memory kept); an unmeasured draft at its MLP kind's rate over
     its unroll steps; seconds = tokens / rate; the total adds them up."""
-    monkeypatch.setattr(utils, "cpu_flags", lambda: {"amx_bf16"} if favoured else set())
-    monkeypatch.setattr(TP, "favoured_dtype", lambda device: favoured)
     p = get_profile("default", **{"data.cache_batch_size": "8", "drafts": "dense,moe2,dense_u2", "train.epochs": "3"})
-    plan = TP.stage_plan(p, _measured(bool(favoured)), tokens=10_000, device=torch.device("cpu")).set_index("draft")
+    plan = TP.stage_plan(p, _measured(bool(favoured)), tokens=10_000).set_index("draft")
     cache, total = plan.iloc[0], plan.iloc[-1]
     assert cache["stage"] == "cache" and cache["tokens"] == 10_000
     assert cache["tokens_per_s"] == (211 if favoured else 111)  # freed memory kept; of 1, 4 and 16, 4 is nearest to 8
