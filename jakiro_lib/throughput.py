@@ -49,7 +49,8 @@ from .draft import DraftModel
 from .features import cache_features, estimate_cache, length_batches, shard_tensors
 from .target import load_target
 from .train import step_loss, train_collate, training_loss_options
-from .utils import compiles_step, cpu_flags, favoured_dtype, keep_freed_memory, run_metadata, seed_everything, write_json
+from .utils import (compiles_step, cpu_flags, favoured_dtype, keep_freed_memory, resolve_precision, run_metadata,
+                    seed_everything, write_json)
 
 CSV = "throughput.csv"
 PLAN_CSV = "plan.csv"
@@ -374,8 +375,7 @@ def stage_plan(profile: Profile, table: pd.DataFrame, *, tokens: int) -> pd.Data
         best = cache.loc[(cache["batch_size"] - profile.data.cache_batch_size).abs().idxmin()]
         rows.append({"stage": "cache", "draft": "", "basis": f"{best['variant']} ({dtype})", "tokens": tokens,
                      "tokens_per_s": best["tokens_per_s"]})
-    precision = profile.train.mixed_precision
-    precision = ("bf16" if favoured else "no") if precision == "auto" else precision
+    precision = resolve_precision(profile.train.mixed_precision, favoured)
     train = table[(table["part"] == "train") & (table["dtype"] == ("bf16 autocast" if precision == "bf16" else "float32"))]
     train = _prefer(_prefer(_prefer(train, "compiled", compiles_step(profile.train.compile, precision)),
                             "allocator", "kept"), "bucketed", profile.train.bucket_by_length)

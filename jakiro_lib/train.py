@@ -27,7 +27,8 @@ from .checkpoints import CHECKPOINTS, STATE_FILE, list_checkpoints, readable_che
 from .config import DraftConfig, TrainConfig
 from .dataset import build_draft_vocab, collate, token_frequencies
 from .draft import CONFIG_FILE, WEIGHTS_FILE, DraftModel, DraftOutput, Losses
-from .utils import atomic_path, compiles_step, keep_freed_memory, read_json, resolve_precision, run_metadata, seed_everything, write_json
+from .utils import (atomic_path, compiles_step, favoured_dtype, keep_freed_memory, read_json, resolve_precision, run_metadata,
+                    seed_everything, write_json)
 
 RESULTS = "results.json"
 HISTORY = "history.json"
@@ -393,7 +394,7 @@ def train_draft(
     if done is not None and done.get("fingerprint") == fingerprint and (out_dir / "draft" / WEIGHTS_FILE).is_file():
         return done
 
-    precision = resolve_precision(train_cfg.mixed_precision, target.device)  # "auto": bf16 on bf16 matrix units
+    precision = resolve_precision(train_cfg.mixed_precision, favoured_dtype(target.device))  # "auto": bf16 on bf16 units
     if AcceleratorState._shared_state.get("_mixed_precision", precision) != precision:
         # accelerate keeps one precision per process and refuses another (a notebook training one draft in fp32,
         # then one in bf16); the distributed state (PartialState) is kept

@@ -169,12 +169,12 @@ def favoured_dtype(device: torch.device) -> str | None:
     return "bfloat16" if cpu_flags() & set(BF16_CPU_FLAGS) else None
 
 
-def resolve_precision(setting: str, device: torch.device) -> str:
-    """``TrainConfig.mixed_precision`` with ``"auto"`` resolved: ``"bf16"`` where the device has bf16 matrix
-    units (:func:`favoured_dtype`), else ``"no"``."""
+def resolve_precision(setting: str, favoured: str | None) -> str:
+    """``TrainConfig.mixed_precision`` with ``"auto"`` resolved: ``"bf16"`` where the device favours bfloat16
+    (``favoured``: :func:`favoured_dtype` of it, or what a throughput table measured), else ``"no"``."""
     if setting != "auto":
         return setting
-    return "bf16" if favoured_dtype(device) == "bfloat16" else "no"
+    return "bf16" if favoured == "bfloat16" else "no"
 
 
 def compiles_step(setting: str, precision: str) -> bool:

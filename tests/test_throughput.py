@@ -131,10 +131,10 @@ def test_favoured_dtype_follows_the_cpu_flags(monkeypatch):
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(utils, "cpu_flags", lambda: {"avx2", "fma"})
-    assert utils.favoured_dtype(cpu) is None and utils.resolve_precision("auto", cpu) == "no"
+    assert utils.favoured_dtype(cpu) is None and utils.resolve_precision("auto", utils.favoured_dtype(cpu)) == "no"
     monkeypatch.setattr(utils, "cpu_flags", lambda: {"avx2", "avx512f", "amx_tile", "amx_bf16"})
-    assert utils.favoured_dtype(cpu) == "bfloat16" and utils.resolve_precision("auto", cpu) == "bf16"
-    assert utils.resolve_precision("no", cpu) == "no"  # a setting other than auto is kept
+    assert utils.favoured_dtype(cpu) == "bfloat16" and utils.resolve_precision("auto", utils.favoured_dtype(cpu)) == "bf16"
+    assert utils.resolve_precision("no", "bfloat16") == "no"  # a setting other than auto is kept
     monkeypatch.setattr(utils, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
     assert utils.favoured_dtype(cpu) == "bfloat16"
 
