@@ -35,7 +35,7 @@ from .pipeline import add_cli
 from .study import (category_table, default_run_dir, display_table, prepare_features, run_study, study_table,
                     train_all, training_table, write_table)
 from .target import load_target
-from .throughput import PLAN_CSV, format_plan, format_table, plan_from, run_throughput
+from .throughput import format_plan, format_table, plan_from, run_throughput
 from .utils import busy_warning, exit_status, run_metadata, write_json
 
 # Sub-commands that run torch for a while: they check first whether another torch process is busy here.
@@ -305,14 +305,14 @@ def cmd_throughput(args: argparse.Namespace) -> int:
               f"{format_plan(plan)}\nplan.csv in {out}")
         return 0
     try:
-        table = run_throughput(profile, out, conversations=args.conversations, steps=args.steps,
+        table, plan = run_throughput(profile, out, conversations=args.conversations, steps=args.steps,
                                cache_batch_sizes=[int(x) for x in args.cache_batch_sizes.split(",")],
                                drafts=args.drafts.split(",") if args.drafts else None)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     print(format_table(table))
     print(f"\nexpected minutes of the {profile.name} profile's stages here (compilation, evaluation, benchmarks not"
-          f" counted):\n{format_plan(pd.read_csv(Path(out) / PLAN_CSV))}")
+          f" counted):\n{format_plan(plan)}")
     print("throughput.csv, plan.csv, throughput_config.json and throughput_env.json in", out)
     return 0
 

@@ -265,13 +265,13 @@ def _table(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int = 64, steps: int = 20,
                    warmup: int = 2, cache_batch_sizes: Sequence[int] = (1, 4, 8, 16),
-                   drafts: Sequence[str] | None = None) -> pd.DataFrame:
+                   drafts: Sequence[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Measure caching and training throughput for ``profile`` on this machine; write the CSV and JSONs.
 
     ``conversations`` of the profile's training data are cached and trained on; ``steps`` training steps
     per variant (after ``warmup`` untimed ones); ``drafts``: names from ``profile.drafts`` (default: the
-    first). Returns the table (also ``out_dir/throughput.csv``); ``out_dir/plan.csv`` is :func:`stage_plan` for
-    the profile's whole data (``data.num_conversations``, tokenized).
+    first). Returns the table (also ``out_dir/throughput.csv``) and :func:`stage_plan` for the profile's whole
+    data (``data.num_conversations``, tokenized; also ``out_dir/plan.csv``).
     """
     if conversations < 1 or steps < 1 or warmup < 0 or not cache_batch_sizes or min(cache_batch_sizes) < 1:
         raise ValueError("need conversations >= 1, steps >= 1, warmup >= 0 and cache batch sizes >= 1")
@@ -315,8 +315,9 @@ def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int 
                                   bucketing=(False,), compiled=True)
     table = _table(rows)
     table.to_csv(out_dir / CSV, index=False)
-    stage_plan(profile, table, tokens=profile_tokens(profile, target)).to_csv(out_dir / PLAN_CSV, index=False)
-    return table
+    plan = stage_plan(profile, table, tokens=profile_tokens(profile, target))
+    plan.to_csv(out_dir / PLAN_CSV, index=False)
+    return table, plan
 
 
 def profile_tokens(profile: Profile, target: Any) -> int:
