@@ -380,37 +380,94 @@ def _next_cycle(result: GenerationResult, start: torch.Tensor, length: int, max_
     return True
 
 
-class StaticEngine:
+class _StaticLoop:
+    """What both static engines share: a :class:`StaticTarget` of ``cache_len`` positions, the step (compiled
+    on request: on CUDA ``mode="reduce-overhead"``, i.e. captured as CUDA graphs; elsewhere inductor, with the
+    packed CPU GEMMs off inside it, as in :mod:`jakiro_lib.compiled`), and :meth:`generate`: the prefill,
+    then one step per cycle with one host read. ``uniforms``: a cycle's ``draws`` (sampling), drawn before
+    each cycle from the caller's generator, outside any compiled step, and passed to the step as an argument
+    rather than marked as a static address: CPU inductor's freezing turns the static tensors a graph only
+    reads into constants (the compiled cycle reused the first draws for ever: tests/test_static.py)."""
+
+    def __init__(self, model: PreTrainedModel, cache_len: int, step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                 *, params: SamplingParams, compile: bool, draws: int) -> None:
+        self.model, self.params, self.compile = model, params, compile
+        self.target = StaticTarget(model, cache_len, shared=compile)
+        self.uniforms = torch.zeros(draws, dtype=torch.float64, device=model.device)
+        self.compiled_cycles = 0  # cycles run through the compiled step (tests check that it was used)
+        self._step = step
+        if compile:
+            mode = "reduce-overhead" if model.device.type == "cuda" else "default"
+            self._step = torch.compile(step, mode=mode, fullgraph=True, dynamic=False)
+
+    def _run_step(self, start: torch.Tensor) -> torch.Tensor:
+        if not self.compile:
+            return self._step(start, self.uniforms)
+        read = _call_compiled(self.model, self._step, start, self.uniforms)
+        self.compiled_cycles += 1
+        return read
+
+    def _begin(self, ids: torch.Tensor, hidden: torch.Tensor, first: int) -> None:
+        """After the prefill of ``ids`` [n], whose last position chose ``first``."""
+        raise NotImplementedError
+
+    def _advance(self, start: torch.Tensor, room: int) -> tuple[list[int], int | None]:
+        """One cycle from ``start`` with ``room`` positions left: (the tokens it emits, its tree size or None)."""
+        raise NotImplementedError
+
+    def _forwards(self) -> int:
+        return 0  # draft forwards so far (none without a draft)
+
+    def generate(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, eos_token_ids: list[int] = (),
+                 max_context: int, generator: torch.Generator | None = None,
+                 on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+        dev = self.model.device
+        result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
+        eos = set(eos_token_ids)
+        forwards0 = self._forwards()
+        _sync(dev)
+        t0 = time.perf_counter()
+        ids = prompt_ids.to(dev)
+        logits, hidden = self.target.prefill(ids)
+        first = _choose(logits[-1], self.params, generator)
+        self._begin(ids, hidden, first)
+        length = ids.shape[0]
+        start = torch.full((), length, device=dev)  # torch.full, not torch.tensor: a CPU value copied to a GPU syncs
+        done = _finish(result, [first], eos, max_new_tokens, on_tokens)
+        result.prefill_time = time.perf_counter() - t0
+        while not done and _next_cycle(result, start, length, max_context, self.uniforms, self.params, generator):
+            emitted, tree_size = self._advance(start, max_context - length)
+            length += len(emitted)
+            if tree_size is not None:
+                result.tree_sizes.append(tree_size)
+            before = len(result.output_ids)
+            done = _finish(result, emitted, eos, max_new_tokens, on_tokens)
+            result.accepted.append(len(result.output_ids) - before)
+        result.draft_forwards = self._forwards() - forwards0
+        _sync(dev)
+        result.wall_time = time.perf_counter() - t0
+        return result
+
+
+class StaticEngine(_StaticLoop):
     """A target, a draft and tree settings bound to static buffers of ``cache_len`` positions.
 
     :meth:`cycle` is one draft-verify-evaluate-update step from ``start`` cached positions, a function of
     device tensors with fixed shapes; it returns what the host reads. ``params``: greedy (T=0) verification
-    or :func:`sampling_path` on uniforms that :meth:`generate` draws into ``uniforms`` before each cycle
-    (from the caller's generator, outside any compiled step; a graph input, not a static address). ``compile``: the cycle goes through
-    ``torch.compile`` (on CUDA ``mode="reduce-overhead"``, i.e. captured as CUDA graphs; elsewhere inductor),
-    the target's and the draft head's packed CPU GEMMs off inside it, as in :mod:`jakiro_lib.compiled`.
+    or :func:`sampling_path` on the cycle's uniforms. ``compile``: the cycle goes through ``torch.compile``
+    (:class:`_StaticLoop`), the draft head's packed GEMM off inside it too.
     """
 
     def __init__(self, model: PreTrainedModel, draft: DraftModel, tree: TreeConfig, cache_len: int, *,
                  params: SamplingParams = SamplingParams(), compile: bool = False) -> None:
-        self.model, self.draft, self.params = model, draft, params
+        self.draft = draft
         self.drafter = StaticTreeDrafter(draft, tree, cache_len)
-        self.target = StaticTarget(model, cache_len, shared=compile)
-        draws = self.drafter.max_depth * self.drafter.m + 1
-        # the cycle's draws (sampling), passed to the step as an argument and not marked as a static address:
-        # CPU inductor's freezing turns the static tensors a graph only reads into constants (the compiled
-        # cycle reused the first draws for ever: tests/test_static.py)
-        self.uniforms = torch.zeros(draws, dtype=torch.float64, device=model.device)
-        self.compile = compile
-        self.compiled_cycles = 0  # cycles run through the compiled step (tests check that it was used)
-        self._step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self.cycle
-        if compile:
-            mode = "reduce-overhead" if model.device.type == "cuda" else "default"
-            self._step = torch.compile(self.cycle, mode=mode, fullgraph=True, dynamic=False)
+        super().__init__(model, cache_len, self.cycle, params=params, compile=compile,
+                         draws=self.drafter.max_depth * self.drafter.m + 1)
 
     def cycle(self, start: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
         """[D + 2]: the accepted count, then the accepted tokens with the bonus token after them (padded).
-        ``uniforms``: this cycle's draws (sampling; see ``__init__``)."""
+        ``uniforms``: this cycle's draws (sampling; see :class:`_StaticLoop`)."""
         drafter, target = self.drafter, self.target
         with record_function(STEP_RANGES["draft"]):
             tokens, parents, depths, anc = drafter.propose(start)
@@ -432,56 +489,32 @@ class StaticEngine:
         return torch.stack([torch.zeros_like(bonus), bonus])
 
     def _run_step(self, start: torch.Tensor) -> torch.Tensor:
-        if not self.compile:
-            return self._step(start, self.uniforms)
         head = self.draft.packed_head
-        self.draft.packed_head = False  # inside the compiled step the plain GEMMs run (inductor packs them)
-        self.draft.head_weight()  # the draft vocabulary's rows, gathered outside the graph
+        if self.compile:
+            self.draft.packed_head = False  # inside the compiled step the plain GEMMs run (inductor packs them)
+            self.draft.head_weight()  # the draft vocabulary's rows, gathered outside the graph
         try:
-            read = _call_compiled(self.model, self._step, start, self.uniforms)
+            return super()._run_step(start)
         finally:
             self.draft.packed_head = head
-        self.compiled_cycles += 1
-        return read
 
-    def generate(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, eos_token_ids: list[int] = (),
-                 max_context: int, generator: torch.Generator | None = None,
-                 on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
-        drafter, target = self.drafter, self.target
-        dev = self.model.device
-        result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
-        eos = set(eos_token_ids)
-        forwards0 = drafter.forwards
-        _sync(dev)
-        t0 = time.perf_counter()
-        ids = prompt_ids.to(dev)
-        logits, hidden = target.prefill(ids)
-        root = _choose(logits[-1], self.params, generator)
-        n = ids.shape[0]
-        # device scalars by torch.full, not torch.tensor: a CPU value copied to a GPU synchronises
-        drafter.extend(hidden, torch.cat([ids[1:], torch.full((1,), root, device=dev)]),
-                       torch.zeros((), dtype=torch.long, device=dev), torch.full((), n - 1, device=dev))
-        length = n
-        start = torch.full((), n, device=dev)
-        done = _finish(result, [root], eos, max_new_tokens, on_tokens)
-        result.prefill_time = time.perf_counter() - t0
-        while not done and _next_cycle(result, start, length, max_context, self.uniforms, self.params, generator):
-            whole = length + drafter.max_depth + 1 <= max_context
-            with record_function(STEP_RANGES["cycle"]):
-                step = self._run_step(start) if whole else self._root_only(start)
-            with record_function(STEP_RANGES["read"]):
-                read = step.tolist()  # the one host read
-            emitted = read[1:read[0] + 2]
-            length += len(emitted)
-            result.tree_sizes.append(drafter.m if whole else 1)
-            drafter.forwards += (drafter.n_steps - 1) if whole else 0
-            before = len(result.output_ids)
-            done = _finish(result, emitted, eos, max_new_tokens, on_tokens)
-            result.accepted.append(len(result.output_ids) - before)
-        result.draft_forwards = drafter.forwards - forwards0
-        _sync(dev)
-        result.wall_time = time.perf_counter() - t0
-        return result
+    def _begin(self, ids: torch.Tensor, hidden: torch.Tensor, first: int) -> None:
+        dev, n = ids.device, ids.shape[0]
+        self.drafter.extend(hidden, torch.cat([ids[1:], torch.full((1,), first, device=dev)]),
+                            torch.zeros((), dtype=torch.long, device=dev), torch.full((), n - 1, device=dev))
+
+    def _advance(self, start: torch.Tensor, room: int) -> tuple[list[int], int | None]:
+        drafter = self.drafter
+        whole = drafter.max_depth + 1 <= room
+        with record_function(STEP_RANGES["cycle"]):
+            step = self._run_step(start) if whole else self._root_only(start)
+        with record_function(STEP_RANGES["read"]):
+            read = step.tolist()  # the one host read
+        drafter.forwards += (drafter.n_steps - 1) if whole else 0
+        return read[1:read[0] + 2], drafter.m if whole else 1
+
+    def _forwards(self) -> int:
+        return self.drafter.forwards
 
 
 def _call_compiled(model: PreTrainedModel, step: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
@@ -490,7 +523,7 @@ def _call_compiled(model: PreTrainedModel, step: Callable[..., torch.Tensor], *a
         return step(*args)
 
 
-class StaticDecoder:
+class StaticDecoder(_StaticLoop):
     """Plain decoding on the static target: each step scores the last token at ``start`` and chooses the next
     (argmax, or :func:`sampling_path`'s inverse-CDF draw from the warped distribution at T > 0) in device
     tensors; the host reads one token per step. ``compile``: the step captured as a CUDA graph on CUDA (as
@@ -499,47 +532,21 @@ class StaticDecoder:
 
     def __init__(self, model: PreTrainedModel, cache_len: int, *, params: SamplingParams = SamplingParams(),
                  compile: bool = False) -> None:
-        self.model, self.params, self.compile = model, params, compile
-        self.target = StaticTarget(model, cache_len, shared=compile)
         self.token = _static(torch.zeros((), dtype=torch.long, device=model.device))  # the last token, in place
-        self.uniforms = torch.zeros(1, dtype=torch.float64, device=model.device)  # a graph input (StaticEngine)
-        self._step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self.step
-        if compile:
-            mode = "reduce-overhead" if model.device.type == "cuda" else "default"
-            self._step = torch.compile(self.step, mode=mode, fullgraph=True, dynamic=False)
+        super().__init__(model, cache_len, self.step, params=params, compile=compile, draws=1)
 
     def step(self, start: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
         """[1]: the token after the one at position ``start`` (0-dim), which becomes the last token."""
         return root_step(self.target, self.token, self.params, uniforms, start).reshape(1)
 
-    def generate(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, eos_token_ids: list[int] = (),
-                 max_context: int, generator: torch.Generator | None = None,
-                 on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
-        dev = self.model.device
-        result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
-        eos = set(eos_token_ids)
-        _sync(dev)
-        t0 = time.perf_counter()
-        ids = prompt_ids.to(dev)
-        logits, _ = self.target.prefill(ids)
-        token = _choose(logits[-1], self.params, generator)
-        self.token.fill_(token)
-        length = ids.shape[0]
-        start = torch.full((), length, device=dev)
-        done = _finish(result, [token], eos, max_new_tokens, on_tokens)
-        result.prefill_time = time.perf_counter() - t0
-        while not done and _next_cycle(result, start, length, max_context, self.uniforms, self.params, generator):
-            with record_function(STEP_RANGES["cycle"]):
-                step = _call_compiled(self.model, self._step, start, self.uniforms) if self.compile \
-                    else self._step(start, self.uniforms)
-            with record_function(STEP_RANGES["read"]):
-                token = step.tolist()[0]  # the one host read
-            length += 1
-            result.accepted.append(1)
-            done = _finish(result, [token], eos, max_new_tokens, on_tokens)
-        _sync(dev)
-        result.wall_time = time.perf_counter() - t0
-        return result
+    def _begin(self, ids: torch.Tensor, hidden: torch.Tensor, first: int) -> None:
+        self.token.fill_(first)
+
+    def _advance(self, start: torch.Tensor, room: int) -> tuple[list[int], int | None]:
+        with record_function(STEP_RANGES["cycle"]):
+            step = self._run_step(start)
+        with record_function(STEP_RANGES["read"]):
+            return step.tolist(), None  # the one host read
 
 
 def _engine(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None, cache_len: int,
