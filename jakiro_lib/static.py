@@ -389,8 +389,8 @@ class _StaticLoop:
     rather than marked as a static address: CPU inductor's freezing turns the static tensors a graph only
     reads into constants (the compiled cycle reused the first draws for ever: tests/test_static.py)."""
 
-    def __init__(self, model: PreTrainedModel, cache_len: int, step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 *, params: SamplingParams, compile: bool, draws: int) -> None:
+    def __init__(self, model: PreTrainedModel, cache_len: int, step: Callable[..., torch.Tensor], *,
+                 params: SamplingParams, compile: bool, draws: int) -> None:
         self.model, self.params, self.compile = model, params, compile
         self.target = StaticTarget(model, cache_len, shared=compile)
         self.uniforms = torch.zeros(draws, dtype=torch.float64, device=model.device)
