@@ -306,8 +306,8 @@ def cmd_throughput(args: argparse.Namespace) -> int:
         return 0
     try:
         table, plan = run_throughput(profile, out, conversations=args.conversations, steps=args.steps,
-                               cache_batch_sizes=[int(x) for x in args.cache_batch_sizes.split(",")],
-                               drafts=args.drafts.split(",") if args.drafts else None)
+                                     cache_batch_sizes=[int(x) for x in args.cache_batch_sizes.split(",")],
+                                     drafts=args.drafts.split(",") if args.drafts else None)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     print(format_table(table))
