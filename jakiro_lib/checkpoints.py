@@ -84,3 +84,17 @@ def readable_checkpoint(checkpoints: list[tuple[int, Path]]) -> tuple[Path, dict
             log.warning("%s; resuming from the checkpoint before it, if any", exc)
     raise CheckpointError(f"{first}: no readable training checkpoint left; delete {checkpoints[-1][1].parent} "
                      "to train from the start") from first
+
+
+def warm_start(core: torch.nn.Module, saved_draft: Path) -> None:
+    """Start a training from a saved draft's weights (``train.init_from``): every key and shape must fit
+    (strict), and a draft vocabulary must be the one this training built; else a :class:`CheckpointError`."""
+    weights = read_checkpoint_file(saved_draft / WEIGHTS_FILE)
+    own = core.state_dict().get("d2t")
+    if own is not None and ("d2t" not in weights or not torch.equal(weights["d2t"].cpu(), own.cpu())):
+        raise CheckpointError(f"{saved_draft} was trained with another draft vocabulary (d2t): it cannot start this one")
+    try:
+        core.load_state_dict(weights, strict=True)
+    except RuntimeError as exc:
+        raise CheckpointError(f"{saved_draft} holds another architecture than this draft's: "
+                              f"{str(exc).strip().splitlines()[0]}") from exc

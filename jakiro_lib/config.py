@@ -189,8 +189,7 @@ class TrainConfig:
     mixed_precision: str = "no"  # "bf16" on GPU; "auto": bf16 where the device has bf16 matrix units (AMX, GPUs)
     seed: int = 0
     max_steps: int | None = None
-    # Batches of conversations of similar length (jakiro_lib.batching): less padding per step
-    bucket_by_length: bool = False
+    bucket_by_length: bool = False  # batches of conversations of similar length (jakiro_lib.batching): less padding
     # Multi-step training ("training-time test", docs/DESIGN.md section 4): the draft also runs unroll_steps - 1
     # more steps on its own predicted features, with the losses at every step (step j weighted 0.8**j).
     # 1: single-step (EAGLE-2, the reference). A draft's DraftConfig.unroll_steps overrides it.
@@ -198,6 +197,7 @@ class TrainConfig:
     # The training step's forward and loss through torch.compile (train.step_loss; a C++ compiler on a CPU, triton on
     # a GPU): "no", "yes", or "auto": where it trains in bf16 (1.5x on an AMX CPU; in fp32 there, no gain; DESIGN 11)
     compile: str = "no"
+    init_from: str | None = None  # a run directory whose trained drafts of the same names start these (None: fresh)
 
 
 @dataclass

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from .batching import EpochSampler, LengthBucketSampler, dataset_lengths
-from .checkpoints import CHECKPOINTS, STATE_FILE, list_checkpoints, readable_checkpoint, rng_state, set_rng_state
+from .checkpoints import (CHECKPOINTS, STATE_FILE, list_checkpoints, readable_checkpoint, rng_state, set_rng_state,
+                          warm_start)
 from .config import DraftConfig, TrainConfig
 from .dataset import build_draft_vocab, collate, token_frequencies
 from .draft import CONFIG_FILE, WEIGHTS_FILE, DraftModel, DraftOutput, Losses
@@ -64,8 +65,6 @@ def _full_top1(core: DraftModel, feats: torch.Tensor, chunk: int = 1024) -> torc
 
 UNROLL_DECAY = 0.8  # weight of unroll step j's loss: 0.8**j (the decay of EAGLE-3's released trainer; not tuned here)
 EVAL_DEPTHS = 4  # held-out top-1 per depth: the draft run 1..4 steps on its own features
-
-
 SHAPE_MULTIPLE = 128
 """Loss rows are padded (with zero weight) to a multiple of this, so that a CPU's oneDNN sees a few GEMM shapes
 instead of a new one every step: it caches a primitive per shape (up to 1024), and with a new row count each step
@@ -323,6 +322,11 @@ def evaluate(draft: Any, data: Any, *, batch_size: int = 8, p_weight: float = 0.
 # --------------------------------------------------------------------------------------------------
 
 
+def train_identity(train_cfg: TrainConfig) -> dict[str, Any]:
+    """The training settings as stamped; a fresh start (``init_from`` None) is left out, as in stamps older than it."""
+    return {k: v for k, v in dataclasses.asdict(train_cfg).items() if k != "init_from" or v is not None}
+
+
 def lr_lambda(step: int, warmup: int, total: int) -> float:
     """Linear warm-up to 1 over ``warmup`` steps, then cosine decay to 0 at ``total``."""
     if step < warmup:
@@ -364,15 +368,16 @@ def train_draft(
     keep_checkpoints: int = 2,
     num_workers: int = 0,
     on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
+    init_from: str | Path | None = None,
 ) -> dict[str, Any]:
     """Train one draft head; returns the results dict (also written to ``out_dir/results.json``).
 
     ``train_data`` / ``heldout_data``: datasets of per-conversation items (:class:`FeatureDataset` or
     :class:`OnlineFeatureDataset`). With ``draft_cfg.draft_vocab_size`` set and no ``d2t``, the draft
-    vocabulary is built from the training data (most frequent assistant tokens, EOS ids forced in).
-    Output: ``checkpoints/epoch_{n}`` (draft + optimizer/scheduler/RNG state; the newest
-    ``keep_checkpoints`` kept), ``history.json``, ``draft/`` (final, :meth:`DraftModel.save`) and
-    ``results.json``. ``on_epoch_end(epoch_record)`` runs after each epoch's checkpoint.
+    vocabulary is built from the training data (most frequent assistant tokens, EOS ids forced in). ``init_from``: a
+    saved draft whose weights a fresh training starts from. Output: ``checkpoints/epoch_{n}`` (draft + optimizer/
+    scheduler/RNG state; the newest ``keep_checkpoints`` kept), ``history.json``, ``draft/`` (final,
+    :meth:`DraftModel.save`) and ``results.json``. ``on_epoch_end(epoch_record)`` runs after each epoch's checkpoint.
     """
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
@@ -386,7 +391,7 @@ def train_draft(
         d2t = torch.as_tensor(d2t, dtype=torch.long).cpu()
         draft_cfg = dataclasses.replace(draft_cfg, draft_vocab_size=int(d2t.numel()))
     stats = _data_stats(train_data, heldout_data)
-    same_math = {k: v for k, v in dataclasses.asdict(train_cfg).items() if k != "compile"}  # compiled or not
+    same_math = {k: v for k, v in train_identity(train_cfg).items() if k != "compile"}  # compiled or not
     fingerprint = _jsonable({"draft": dataclasses.asdict(draft_cfg), "train": same_math,
                              "data": stats, "target": getattr(target.config, "model", None)})
 
@@ -413,6 +418,8 @@ def train_draft(
 
     seed_everything(train_cfg.seed)
     core = DraftModel.build(draft_cfg, target.model, d2t).float()
+    if init_from is not None and not checkpoints:
+        warm_start(core, Path(init_from))
     core.train()
     optimizer = torch.optim.AdamW(core.parameters(), lr=train_cfg.lr, betas=tuple(train_cfg.betas),
                                   weight_decay=train_cfg.weight_decay)
@@ -482,6 +489,10 @@ def train_draft(
             write_json(out_dir / HISTORY, history)
         accelerator.wait_for_everyone()
 
+    def held_out() -> dict[str, Any]:
+        none = heldout_data is None or not len(heldout_data)
+        return {} if none else evaluate(core, heldout_data, batch_size=eval_bs, **loss_kw)
+
     t0 = time.perf_counter()
     tokens_seen: Any = 0  # a device tensor once counting: read at the end (no per-step host sync)
     train_time = 0.0
@@ -528,8 +539,7 @@ def train_draft(
                     break
             train_time += time.perf_counter() - t_epoch
             complete = batches_in_epoch >= steps_per_epoch
-            last_eval = evaluate(core, heldout_data, batch_size=eval_bs, **loss_kw) if heldout_data is not None \
-                and len(heldout_data) else {}
+            last_eval = held_out()
             model.train()
             record = {"epoch": epoch + 1 if complete else epoch + batches_in_epoch / steps_per_epoch,
                       "step": global_step, "train": epoch_metrics.mean(), "heldout": last_eval,
@@ -537,19 +547,14 @@ def train_draft(
             history["epochs"].append(record)
             if complete:
                 epoch, batches_in_epoch = epoch + 1, 0
-                name = f"epoch_{epoch}"
-            else:
-                name = f"step_{global_step}"
-            save_checkpoint(name, last_eval)
+            save_checkpoint(f"epoch_{epoch}" if complete else f"step_{global_step}", last_eval)
             if on_epoch_end is not None:
                 on_epoch_end(record)
     finally:
         if bar is not None:
             bar.close()
 
-    if not last_eval:
-        last_eval = (evaluate(core, heldout_data, batch_size=eval_bs, **loss_kw)
-                     if heldout_data is not None and len(heldout_data) else {})
+    last_eval = last_eval or held_out()
     wall = elapsed_before + time.perf_counter() - t0
     results = {
         "acc_a": last_eval.get("acc_a"), "acc_b": last_eval.get("acc_b"), "heldout_loss": last_eval.get("loss"),
@@ -593,8 +598,3 @@ class _Running:
         tensors = [k for k in keys if torch.is_tensor(self.sums[k])]
         read = dict(zip(tensors, torch.stack([self.sums[k].float() for k in tensors]).tolist())) if tensors else {}
         return {k: read.get(k, self.sums[k]) / self.counts[k] for k in keys}
-
-
-def load_results(out_dir: str | Path) -> dict[str, Any] | None:
-    """The saved ``results.json`` of a finished training, or None."""
-    return read_json(Path(out_dir) / RESULTS)

@@ -143,12 +143,24 @@ def shard(run: Path, index: int = 0) -> Path:
     ("drafts.moe2.num_experts=x", ("drafts.moe2.num_experts", "'x'", "an integer")),
     ("train.mixed_precision=bf8", ("train.mixed_precision", "'no', 'fp16', 'bf16'")),
     ("train.lr", ("--set expects key=value",)),
+    ("train.init_from=nowhere", ("train.init_from=nowhere", "no trained draft at nowhere")),
 ])
 def test_bad_set_value_is_one_line_and_keeps_the_drafts(run, capsys, pair, fragments):
     before = drafts_hash(run)
     rc, err = cli(capsys, "train", "--profile", "smoke", "--run-dir", str(run), "--force", *sets(), "--set", pair)
     assert_one_error(rc, err, *fragments)
     assert drafts_hash(run) == before
+
+
+def test_a_warm_start_trains_from_another_runs_drafts_and_is_stamped(base, run, capsys):
+    argv = ["train", "--profile", "smoke", "--run-dir", str(run), "--drafts", "dense", *sets(),
+            "--set", f"train.init_from={base}"]
+    rc, err = cli(capsys, *argv)
+    assert rc == 0 and "retraining" in err, err
+    stamp = json.loads((run / "drafts" / "dense" / "train_stamp.json").read_text())
+    assert stamp["train"]["init_from"] == str(base)
+    rc, err = cli(capsys, *argv)
+    assert rc == 0 and "already trained" in err, err
 
 
 def test_bad_tree_budget_for_bench_keeps_the_records(run, capsys):

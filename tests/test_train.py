@@ -576,3 +576,20 @@ def test_mixed_precision_auto_follows_the_hardware(target, data, tmp_path, monke
     # nothing stays in bf16 afterwards: accelerate's autocast-wrapped forward, re-entered by the draft's unrolled
     # evaluation, left CPU autocast on for the rest of the process (later tests' drafts then accepted nothing)
     assert not torch.is_autocast_enabled("cpu")
+
+
+def test_a_warm_start_begins_from_the_saved_drafts_weights(target, data, tmp_path):
+    train, held = data
+    first = T.train_draft(target, smoke_drafts()["moe2"], train, held, tmp_path / "first", cfg(epochs=1), progress=False)
+    saved = tmp_path / "first" / "draft"
+    # no step taken: the draft written is the one it started from, not a fresh draft of the same seed
+    res = T.train_draft(target, smoke_drafts()["moe2"], train, held, tmp_path / "warm", cfg(max_steps=0),
+                        progress=False, init_from=saved)
+    a, b = load_file(str(saved / WEIGHTS_FILE)), load_file(str(tmp_path / "warm" / "draft" / WEIGHTS_FILE))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert res["acc_a"] == first["acc_a"] and res["steps"] == 0
+    with pytest.raises(CheckpointError, match="another architecture"):
+        T.train_draft(target, smoke_drafts()["moe4"], train, held, tmp_path / "other", cfg(max_steps=0),
+                      progress=False, init_from=saved)
+    # stamps leave a fresh start out (those written before the option still match) and name a warm one
+    assert "init_from" not in T.train_identity(cfg()) and T.train_identity(cfg(init_from="r"))["init_from"] == "r"

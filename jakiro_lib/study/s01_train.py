@@ -22,9 +22,9 @@ import pandas as pd
 from ..config import ConfigError, Profile, TargetConfig
 from ..dataset import FeatureDataset, OnlineFeatureDataset, build_draft_vocab, token_frequencies, vocab_coverage
 from ..features import verify_cache
-from ..layout import TRAIN_STAMP, RunLayout
+from ..layout import TRAIN_STAMP, RunLayout, has_weights
 from ..checkpoints import list_checkpoints
-from ..train import RESULTS, train_draft
+from ..train import RESULTS, train_draft, train_identity
 from ..utils import read_json, replace_dir_atomically, restore_replaced_dir, world_size, write_json
 from .context import StudyContext, _dirs, _layout, get_target
 from .s00_data import load_training_conversations
@@ -56,7 +56,7 @@ def _features_fingerprint(profile: Profile, run_dir: Path) -> Any:
 
 def _train_stamp(profile: Profile, name: str, run_dir: Path) -> dict[str, Any]:
     return json.loads(json.dumps({
-        "draft": dataclasses.asdict(profile.drafts[name]), "train": dataclasses.asdict(profile.train),
+        "draft": dataclasses.asdict(profile.drafts[name]), "train": train_identity(profile.train),
         "target": profile.target.identity(), "features": _features_fingerprint(profile, run_dir),
     }, default=str))
 
@@ -120,6 +120,9 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
                          "forced" if force else "configuration changed" if old else "no training stamp")
     if not todo:
         return {n: out[n] for n in names}
+    starts = {n: RunLayout(Path(prof.train.init_from)).draft(n) if prof.train.init_from else None for n in todo}
+    if missing := [str(d) for d in starts.values() if d is not None and not has_weights(d)]:
+        raise ConfigError(f"train.init_from={prof.train.init_from}: no trained draft at {', '.join(missing)}")
     if not prof.data.online:
         verify_cache(layout.features, full=True)  # a CacheError now (sha256 too: seconds), not after hours
     target = target or get_target(prof)
@@ -153,7 +156,7 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
         wait()
         t0 = time.perf_counter()
         res = train_draft(target, cfg, train_ds, held_ds, work, prof.train, d2t=d2t, progress=progress,
-                          log_every=_log_every(len(train_ds), prof.train))
+                          log_every=_log_every(len(train_ds), prof.train), init_from=starts[name])
         res = dict(res)
         res["skipped"] = False
         res["vocab_coverage"] = coverage
