@@ -98,3 +98,8 @@ def warm_start(core: torch.nn.Module, saved_draft: Path) -> None:
     except RuntimeError as exc:
         raise CheckpointError(f"{saved_draft} holds another architecture than this draft's: "
                               f"{str(exc).strip().splitlines()[0]}") from exc
+
+
+def saved_vocab(saved_draft: Path) -> torch.Tensor | None:
+    """A saved draft's vocabulary (``d2t``: draft index -> target token id), or None (the full vocabulary)."""
+    return read_checkpoint_file(saved_draft / WEIGHTS_FILE).get("d2t")

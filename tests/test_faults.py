@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from jakiro_lib import pipeline, utils
 from jakiro_lib.cli import main
@@ -152,13 +154,20 @@ def test_bad_set_value_is_one_line_and_keeps_the_drafts(run, capsys, pair, fragm
     assert drafts_hash(run) == before
 
 
-def test_a_warm_start_trains_from_another_runs_drafts_and_is_stamped(base, run, capsys):
-    argv = ["train", "--profile", "smoke", "--run-dir", str(run), "--drafts", "dense", *sets(),
-            "--set", f"train.init_from={base}"]
+def test_a_warm_start_trains_from_another_runs_drafts_keeps_their_vocabulary_and_is_stamped(base, run, tmp_path,
+                                                                                             capsys):
+    vocab = ["--set", "drafts.dense.draft_vocab_size=64"]
+    argv = ["train", "--profile", "smoke", "--drafts", "dense", *sets(), *vocab]
+    assert cli(capsys, *argv, "--run-dir", str(run), "--force")[0] == 0  # the draft to start from
+    warm = Path(shutil.copytree(base, tmp_path / "warm"))
+    # another training split: a vocabulary built from it would differ from the saved draft's
+    argv = [*argv, "--run-dir", str(warm), "--set", "data.heldout_fraction=0.5", "--set", f"train.init_from={run}"]
     rc, err = cli(capsys, *argv)
     assert rc == 0 and "retraining" in err, err
-    stamp = json.loads((run / "drafts" / "dense" / "train_stamp.json").read_text())
-    assert stamp["train"]["init_from"] == str(base)
+    stamp = json.loads((warm / "drafts" / "dense" / "train_stamp.json").read_text())
+    assert stamp["train"]["init_from"] == str(run)
+    d2t = [load_file(str(r / "drafts" / "dense" / "draft" / "model.safetensors"))["d2t"] for r in (run, warm)]
+    assert torch.equal(*d2t)
     rc, err = cli(capsys, *argv)
     assert rc == 0 and "already trained" in err, err
 

@@ -23,7 +23,7 @@ from ..config import ConfigError, Profile, TargetConfig
 from ..dataset import FeatureDataset, OnlineFeatureDataset, build_draft_vocab, token_frequencies, vocab_coverage
 from ..features import verify_cache
 from ..layout import TRAIN_STAMP, RunLayout, has_weights
-from ..checkpoints import list_checkpoints
+from ..checkpoints import list_checkpoints, saved_vocab
 from ..train import RESULTS, train_draft, train_identity
 from ..utils import read_json, replace_dir_atomically, restore_replaced_dir, world_size, write_json
 from .context import StudyContext, _dirs, _layout, get_target
@@ -133,16 +133,19 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     freqs = None
     for name in todo:
         cfg = prof.drafts[name]
-        d2t = None
-        coverage = None
+        d2t = coverage = None
         if cfg.draft_vocab_size is not None:
             size = int(cfg.draft_vocab_size)
-            if size not in vocabs:
-                if freqs is None:
-                    freqs = token_frequencies(train_ds, target.model.config.vocab_size)
-                voc = build_draft_vocab(freqs, min(size, freqs.numel()), always=target.eos_token_ids)
-                vocabs[size] = (voc, vocab_coverage(freqs, voc))
-            d2t, coverage = vocabs[size]
+            if freqs is None:
+                freqs = token_frequencies(train_ds, target.model.config.vocab_size)
+            if starts[name] is not None:  # a warm start keeps its draft's vocabulary, its coverage of this data
+                d2t = saved_vocab(starts[name])
+                coverage = None if d2t is None else vocab_coverage(freqs, d2t)
+            else:
+                if size not in vocabs:
+                    voc = build_draft_vocab(freqs, min(size, freqs.numel()), always=target.eos_token_ids)
+                    vocabs[size] = (voc, vocab_coverage(freqs, voc))
+                d2t, coverage = vocabs[size]
         work = layout.draft_training(name)  # replaces drafts/<name> once complete
         stamp = _train_stamp(prof, name, rdir)
         if main_process:
