@@ -140,7 +140,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 run_dir = args.run_dir if args.run_dir is not None else default_run_dir(profile.name)
                 out = RunLayout(Path(run_dir)).bench(f"{args.study}-{questions[0].benchmark}")
         table = run_study(profile, run_dir=args.run_dir, study=args.study, out_dir=out, questions=questions,
-                          only=[m.strip() for m in args.methods.split(",")] if args.methods else None)
+                          only=args.methods or None)
     except (ValueError, FileNotFoundError, DataError) as exc:
         raise SystemExit(f"error: {exc}") from None
     print(display_table(table).to_string())

@@ -183,6 +183,17 @@ def _ablation_methods(tree: TreeConfig) -> tuple[Method, ...]:
     return (*ABLATIONS, *sweep, nocontrast, RELEASED, RELEASED_U2)
 
 
+def parse_names(text: str, known: Collection[str]) -> list[str]:
+    """A comma-separated list of method names, where a name may hold a comma itself ("experts=2, coupled"):
+    at each place the longest run of parts that names a known method, else one part (an unknown name)."""
+    parts, names, i = text.split(","), [], 0
+    while i < len(parts):
+        j = next((j for j in range(len(parts), i + 1, -1) if ",".join(parts[i:j]).strip() in known), i + 1)
+        names.append(",".join(parts[i:j]).strip())
+        i = j
+    return [n for n in names if n]
+
+
 def compiled_twin(name: str) -> str:
     return f"{name}{COMPILED_SUFFIX}"
 

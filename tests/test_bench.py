@@ -420,3 +420,13 @@ def test_warm_up_runs_at_every_temperature(tmp_path, monkeypatch):
     run_benchmark(target, {"vanilla": MethodSpec("vanilla")}, [Question("q1", "writing", ["Hi."], "mt_bench")],
                   temperatures=(0.0, 1.0), max_new_tokens=4, warmup=1, out_dir=tmp_path, progress=False)
     assert seen == [0.0, 1.0, 0.0, 1.0]  # warm-up at both, then the measured prompt at both
+
+
+def test_method_lists_split_on_commas_but_keep_names_that_hold_one():
+    from jakiro_lib.methods import parse_names
+
+    known = ["vanilla", "experts=2", "experts=2, coupled", "experts=2, scoring=best", "eagle2"]
+    assert parse_names("vanilla,experts=2, coupled, eagle2", known) == ["vanilla", "experts=2, coupled", "eagle2"]
+    assert parse_names("experts=2,eagle2,experts=2, scoring=best", known) == [
+        "experts=2", "eagle2", "experts=2, scoring=best"]
+    assert parse_names(" vanilla,, nope ,", known) == ["vanilla", "nope"]

@@ -118,6 +118,10 @@ def test_bench_command_unknown_method_is_a_clear_error(tmp_path):
         assert "medusa" in str(exc) and "jakiro_cepd" in str(exc)
     else:
         raise AssertionError("expected SystemExit")
+    # an ablation's name may hold a comma: it is one name in the list, and only the unknown one is named
+    with pytest.raises(SystemExit, match=r"unknown method\(s\) \['nope'\]"):
+        main(["bench", "--profile", "smoke", "--study", "ablations", "--methods", "vanilla,experts=2, coupled,nope",
+              "--run-dir", str(tmp_path)])
 
 
 def test_summary_command_judges_the_speed_goals_of_pooled_records(tmp_path, capsys):

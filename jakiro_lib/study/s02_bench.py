@@ -22,7 +22,7 @@ from ..config import Profile
 from ..data import DataError, Question, load_questions
 from ..layout import (BENCH_CONFIG, RECORDS_FILE, SKIPPED_FILE, STALE_RECORDS_FILE, STUDY_STAMP, STUDY_TREE_BUDGET,
                       RunLayout, draft_name, has_weights)
-from ..methods import STUDIES, MethodSpec, portable, study_methods
+from ..methods import STUDIES, MethodSpec, parse_names, portable, study_methods
 from ..utils import read_json, write_json
 from .context import StudyContext, _dirs, get_target
 from .tables import method_setting, study_table
@@ -74,9 +74,11 @@ def methods_table(profile: str | Profile | StudyContext, study: str = "main",
     return pd.DataFrame(rows)
 
 
-def _select(methods: dict[str, MethodSpec], only: Sequence[str] | None, study: str) -> dict[str, MethodSpec]:
+def _select(methods: dict[str, MethodSpec], only: str | Sequence[str] | None, study: str) -> dict[str, MethodSpec]:
+    """The methods named in ``only``: names, or one comma-separated string of them (:func:`parse_names`)."""
     if not only:
         return methods
+    only = parse_names(only, methods) if isinstance(only, str) else only
     unknown = sorted(set(only) - set(methods))
     if unknown:
         raise ValueError(f"unknown method(s) {unknown} for study {study!r}; choose from {', '.join(methods)}")
@@ -95,12 +97,14 @@ def _stamp(study: str, methods: dict[str, MethodSpec], prof: Profile, temps: Seq
 
 
 def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None = None, study: str = "main", *,
-              target: Any = None, force: bool = False, progress: bool = True, only: Sequence[str] | None = None,
-              out_dir: str | Path | None = None, questions: Sequence[Question] | None = None) -> pd.DataFrame:
+              target: Any = None, force: bool = False, progress: bool = True,
+              only: str | Sequence[str] | None = None, out_dir: str | Path | None = None,
+              questions: Sequence[Question] | None = None) -> pd.DataFrame:
     """Benchmark the methods of ``study`` (see :func:`jakiro_lib.methods.study_methods`) on the profile's
     benchmarks, or on ``questions`` (e.g. a Spec-Bench ``question.jsonl`` read with
     :func:`jakiro_lib.data.load_question_file`); records go to ``out_dir`` (default
-    ``run_dir/bench/<study>``) as ``records.jsonl``. ``only``: a subset of the study's method names.
+    ``run_dir/bench/<study>``) as ``records.jsonl``. ``only``: a subset of the study's method names (or one
+    comma-separated string of them).
     Returns the summary table.
 
     Records are reused (the benchmark resumes) while the methods, drafts and settings are unchanged;
