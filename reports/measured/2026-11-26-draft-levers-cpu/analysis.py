@@ -56,6 +56,7 @@ benches = [  # tokens, records dir, draft tag per method
     (8, "<scratch>/ftm/u2/bench8", {"jakiro": "moe2_5ep+u2", "jakiro_cepd": "moe2_5ep+u2"}),
     (60, "<scratch>/pt/both", {"eagle2": "dense_5ep", "jakiro": "moe2_5ep", "jakiro_cepd": "moe2_5ep"}),
     (60, "<scratch>/pt/released", {"jakiro_coupled_cepd": "moe2_5ep"}),
+    (60, "<scratch>/pt/coupled", {"experts=2, coupled": "moe2_5ep", "experts=2, scoring=best": "moe2_5ep"}),
     (60, "<scratch>/pt/e10", {"eagle2": "dense_10ep"}),
     (60, "<scratch>/pt/u2", {"eagle2": "dense_10ep+u2"}),
     (60, "<scratch>/ftm/u2/bench60", {"jakiro": "moe2_5ep+u2", "jakiro_cepd": "moe2_5ep+u2"}),

@@ -32,6 +32,8 @@ $PY -m jakiro_lib bench --profile default --run-dir <scratch>/big17 $S5 $T --met
 $PY -m jakiro_lib bench --profile default --run-dir <scratch>/e10 $S10 $T --methods vanilla,eagle2 --temperature 0 --out <scratch>/pt/e10
 $PY -m jakiro_lib bench --profile default --run-dir <scratch>/ft/u2 $F --set train.unroll_steps=2 $T --methods vanilla,eagle2 --temperature 0 --out <scratch>/pt/u2
 $PY -m jakiro_lib bench --profile default --study ablations --run-dir <scratch>/big17 $S5 $T --methods vanilla,jakiro_coupled_cepd --temperature 0 --out <scratch>/pt/released
+# (after `9b2af9a` made names with a comma selectable) coupled candidates without CEPD, and decoupled with "best" scoring
+$PY -m jakiro_lib bench --profile default --study ablations --run-dir <scratch>/big17 $S5 $T --methods "vanilla,experts=2, coupled,experts=2, scoring=best" --temperature 0 --out <scratch>/pt/coupled
 
 # 5. Jakiro's draft warm-started with two unrolled steps, at both tree sizes
 M="--set data.num_conversations=17671 --set train.epochs=1 --set train.lr=5e-4 --set train.init_from=<scratch>/big17 --set train.unroll_steps=2"
