@@ -322,7 +322,7 @@ def cmd_gpucheck(args: argparse.Namespace) -> int:
     try:
         result = gpu_check(args.profile, run_dir=args.run_dir, out_dir=args.out, device=args.device,
                            overrides=parse_overrides(args.set), profiled_prompts=args.profiled_prompts,
-                           methods=args.methods.split(",") if args.methods else CHECK_METHODS)
+                           methods=args.methods or CHECK_METHODS)
     except (ValueError, FileNotFoundError, DataError) as exc:
         raise SystemExit(f"error: {exc}") from None
     summary = pd.DataFrame(result["summary"])

@@ -29,6 +29,7 @@ from .budgets import resolve_tree_budgets
 from .config import Profile, TreeConfig, get_profile
 from .draft import DraftModel
 from .layout import RECORDS_FILE, RunLayout
+from .methods import parse_names
 from .perf import performance_targets
 from .static import STEP_RANGES, static_generate
 from .study import default_run_dir, get_target, profile_methods, run_study, study_questions, write_table
@@ -92,7 +93,7 @@ def cycle_breakdown(model: Any, draft: DraftModel, tree: TreeConfig, prompts: Se
 
 def gpu_check(profile: str = "default", *, run_dir: str | Path | None = None, out_dir: str | Path | None = None,
               device: str | None = None, overrides: dict[str, str] | None = None, profiled_prompts: int = 4,
-              methods: Sequence[str] = CHECK_METHODS, progress: bool = True) -> dict[str, Any]:
+              methods: str | Sequence[str] = CHECK_METHODS, progress: bool = True) -> dict[str, Any]:
     """Run the check (module docstring) and write its files to ``out_dir`` (default
     ``<run_dir>/gpucheck-<device>``); returns what ``gpu_check.json`` holds."""
     t0 = time.perf_counter()
@@ -101,7 +102,8 @@ def gpu_check(profile: str = "default", *, run_dir: str | Path | None = None, ou
     out = Path(out_dir) if out_dir is not None else rdir / f"gpucheck-{prof.target.device}"
     target = get_target(prof)
     available = profile_methods(prof, RunLayout(rdir).drafts, "main")
-    chosen = [m for m in methods if m in available]
+    names = parse_names(methods, available) if isinstance(methods, str) else methods  # as `bench --methods`
+    chosen = [m for m in names if m in available]
     table = run_study(prof, rdir, "main", target=target, out_dir=out, only=chosen, progress=progress)
     records = load_records(out / RECORDS_FILE)
     goals = performance_targets(table, records)
