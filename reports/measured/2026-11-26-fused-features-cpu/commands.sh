@@ -11,4 +11,10 @@ $PY $R/fused.py train --profile default --run-dir <scratch>/base --drafts dense 
 SIDE=<scratch>/side $PY $R/fused.py train --profile default --run-dir <scratch>/fused --drafts dense $S
 $PY $R/fused.py train --profile default --run-dir <scratch>/base_u2 --drafts dense_u2 $S
 SIDE=<scratch>/side $PY $R/fused.py train --profile default --run-dir <scratch>/fused_u2 --drafts dense_u2 $S
+# the loss on user turns too, one warm-started epoch from the 10-epoch dense draft of ../2026-11-26-data17k-dense10-cpu/
+# (<scratch>/e10; <scratch>/ft/u1, its control on the answers only, is step 2 of ../2026-11-26-draft-levers-cpu/commands.sh)
+mkdir -p <scratch>/ft/all1 && ln -sfn <scratch>/big17/features <scratch>/ft/all1/features
+LEVER=allmask $PY reports/measured/2026-11-26-training-levers2-cpu/levers.py train --profile default --run-dir <scratch>/ft/all1 \
+    --drafts dense --set data.num_conversations=17671 --set train.epochs=1 --set train.lr=5e-4 --set train.init_from=<scratch>/e10 \
+    --set train.unroll_steps=1
 $PY $R/table.py <scratch>

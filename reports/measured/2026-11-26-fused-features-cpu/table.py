@@ -1,5 +1,6 @@
-"""levers.csv of this record from the four run directories (README.md beside this file):
-`python table.py <scratch>` with <scratch>/{base,fused,base_u2,fused_u2}/drafts/<draft>/results.json."""
+"""levers.csv and warm.csv of this record from its run directories (README.md beside this file): `python table.py
+<scratch>` with <scratch>/{base,fused,base_u2,fused_u2}/drafts/<draft>/results.json and <scratch>/ft/{u1,all1}/drafts/dense/
+(u1: the control of ../2026-11-26-draft-levers-cpu/)."""
 import csv, json, sys
 from pathlib import Path
 
@@ -17,4 +18,13 @@ with open(Path(__file__).with_name("levers.csv"), "w", newline="") as f:
         d = r["acc_depth"]
         w.writerow([name, draft, how, r["steps"], *(f"{x:.4f}" for x in d[:4]), round(r["wall_time_s"]),
                     round(r["train_tokens_per_s"]), r["n_params"]])
-print(open(Path(__file__).with_name("levers.csv")).read())
+warm = [("u1", "one more epoch on the answers (the draft levers' control)"),
+        ("all1", "one more epoch with the loss on every token, user turns too (LEVER=allmask)")]
+with open(Path(__file__).with_name("warm.csv"), "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["variant", "how", "steps", "heldout_top1", "top1_depth2", "top1_depth3", "top1_depth4", "train_s"])
+    for name, how in warm:
+        r = json.loads((root / "ft" / name / "drafts" / "dense" / "results.json").read_text())
+        w.writerow([name, how, r["steps"], *(f"{x:.4f}" for x in r["acc_depth"][:4]), round(r["wall_time_s"])])
+for name in ("levers.csv", "warm.csv"):
+    print(open(Path(__file__).with_name(name)).read())
