@@ -36,7 +36,7 @@ from .study import (category_table, default_run_dir, display_table, prepare_feat
                     train_all, training_table, write_table)
 from .target import load_target
 from .throughput import format_plan, format_table, plan_from, run_throughput
-from .utils import busy_warning, exit_status, run_metadata, write_json
+from .utils import busy_warning, check_paths, exit_status, run_metadata, write_json
 
 # Sub-commands that run torch for a while: they check first whether another torch process is busy here.
 BUSY_COMMANDS = ("generate", "cache", "train", "bench", "costs", "divergences", "pipeline")
@@ -441,12 +441,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+FILE_OUT = ("costs", "divergences")  # the commands whose --out is a file; the others' is a directory
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _log_to_stderr()
     if args.command in BUSY_COMMANDS and (warning := busy_warning()):
         print(warning, file=sys.stderr)
-    return exit_status(lambda: args.func(args), hint=lambda: _hint(args))
+    def run() -> int | None:
+        out, file_out = {"--out": getattr(args, "out", None)}, args.command in FILE_OUT
+        check_paths(dirs={"--run-dir": getattr(args, "run_dir", None), **({} if file_out else out)},
+                    files=out if file_out else None)
+        return args.func(args)
+
+    return exit_status(run, hint=lambda: _hint(args))
 
 
 def _hint(args: argparse.Namespace) -> str:

@@ -34,7 +34,7 @@ import pandas as pd
 from .config import PROFILE_NAMES, parse_overrides
 from .report_page import write_front_page
 from .study import default_report_dir, default_run_dir, headline_table, resolve_profile
-from .utils import REPO_ROOT, busy_warning, exit_status, read_json, write_json, write_text
+from .utils import REPO_ROOT, busy_warning, check_paths, exit_status, read_json, write_json, write_text
 
 log = logging.getLogger(__name__)
 
@@ -375,6 +375,7 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
 def cli_handler(args: argparse.Namespace) -> int:
     """Run the pipeline; known errors (and Ctrl-C, status 130) end in one ``error:`` line."""
     def run() -> int:
+        check_paths(dirs={"--run-dir": args.run_dir, "--report-dir": args.report_dir})
         out = run_pipeline(args.profile, overrides=parse_overrides(args.set), force=args.force, stages=args.stages,
                            report_dir=args.report_dir, run_dir=args.run_dir,
                            kernel_name=getattr(args, "kernel", "python3"),

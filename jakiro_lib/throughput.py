@@ -330,7 +330,10 @@ def profile_tokens(profile: Profile, target: Any) -> int:
 def plan_from(profile: Profile, table_csv: str | Path, out_dir: str | Path) -> pd.DataFrame:
     """:func:`stage_plan` of ``profile`` from a ``throughput.csv`` measured elsewhere (a GPU's, say), with the
     profile's data tokenized here (the target loaded on the CPU for its tokenizer); writes ``out_dir/plan.csv``."""
-    table = pd.read_csv(table_csv)
+    try:
+        table = pd.read_csv(table_csv)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{table_csv} is not a throughput.csv ({type(exc).__name__})") from None
     if "draft" not in table.columns or not {"part", "dtype", "tokens_per_s"} <= set(table.columns):
         raise ValueError(f"{table_csv} is not a throughput.csv with a draft column (written since 2026-11-26)")
     target = load_target(dataclasses.replace(profile.target, device="cpu", dtype="float32"))

@@ -346,12 +346,31 @@ def _command(proc: Path, pid: int, width: int = 80) -> str:
 
 # The errors a command line reports as one line (no traceback): module -> class. A class is looked up only
 # when its module is loaded (it cannot have been raised otherwise), so classifying imports nothing heavy.
+class PathError(ValueError):
+    """A path given on the command line that cannot serve as what it is for (a file where a directory must be)."""
+
+
+def check_paths(*, dirs: dict[str, Path | None] | None = None, files: dict[str, Path | None] | None = None) -> None:
+    """Refuse, before anything runs, output paths that could only fail later: a directory option (``dirs``,
+    option name -> path) that names a file or lies below one, a file option (``files``) that names a directory."""
+    dirs, files = dirs or {}, files or {}
+    for option, path in [*dirs.items(), *files.items()]:
+        if path is None:
+            continue
+        if option in files and Path(path).is_dir():
+            raise PathError(f"{option} {path} is a directory; give a file name")
+        above = [p for p in (Path(path) if option in dirs else Path(path).parent, *Path(path).parents) if p.exists()]
+        if above and not above[0].is_dir():
+            raise PathError(f"{option} {path}: {above[0]} is a file, not a directory")
+
+
 KNOWN_ERRORS: dict[str, tuple[str, ...]] = {
     "jakiro_lib.config": ("ConfigError",), "jakiro_lib.draft": ("DraftLoadError",),
     "jakiro_lib.features": ("CacheError",), "jakiro_lib.data": ("DataError",), "jakiro_lib.train": ("TrainError",),
     "jakiro_lib.checkpoints": ("CheckpointError",),
     "jakiro_lib.pipeline": ("PipelineError",), "jakiro_lib.target": ("TargetError",),
     "jakiro_lib.decoding": ("ContextLengthError",), "jakiro_lib.compiled": ("CompileError",),
+    "jakiro_lib.utils": ("PathError",),
 }
 INTERRUPTED = "error: interrupted; finished work is kept (rerun the same command to resume)"
 

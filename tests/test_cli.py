@@ -45,6 +45,27 @@ def test_bad_override_is_reported_without_traceback():
         raise AssertionError("expected SystemExit")
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["cache", "--run-dir", "{f}"], "--run-dir {f}: {f} is a file, not a directory"),
+    (["train", "--run-dir", "{f}/sub"], "--run-dir {f}/sub: {f} is a file, not a directory"),
+    (["bench", "--out", "{f}"], "--out {f}: {f} is a file, not a directory"),
+    (["throughput", "--out", "{f}/x"], "--out {f}/x: {f} is a file, not a directory"),
+    (["costs", "--out", "{d}"], "--out {d} is a directory; give a file name"),
+    (["costs", "--out", "{f}/costs.json"], "--out {f}/costs.json: {f} is a file, not a directory"),
+    (["pipeline", "--report-dir", "{f}"], "--report-dir {f}: {f} is a file, not a directory"),
+])
+def test_an_output_path_that_cannot_be_used_is_refused_before_anything_runs(tmp_path, capsys, argv, message):
+    blocker, folder = tmp_path / "notes.txt", tmp_path / "out"
+    blocker.write_text("a user's file")
+    folder.mkdir()
+    fill = lambda a: a.format(f=blocker, d=folder)  # noqa: E731
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert main([argv[0], "--profile", "smoke", *map(fill, argv[1:])]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "error: " + fill(message) and not any("Traceback" in line for line in err)
+    assert blocker.read_text() == "a user's file" and sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
 def test_costs_command_writes_a_results_file(tmp_path):
     out = tmp_path / "costs.json"
     assert main(["costs", "--profile", "smoke", "--sizes", "1,2,4", "--context", "16", "--out", str(out)]) == 0

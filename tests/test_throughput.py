@@ -92,6 +92,9 @@ def test_throughput_command_writes_its_table(conversations_file, tmp_path, capsy
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "again" / TP.PLAN_CSV), plan)
     with pytest.raises(SystemExit, match="not a throughput.csv"):
         main(["throughput", "--profile", "smoke", "--plan-from", str(out / TP.PLAN_CSV), "--out", str(tmp_path)])
+    (tmp_path / "notes.txt").write_text("name\nx\ny,z,w\n")  # not even a table
+    with pytest.raises(SystemExit, match=r"notes.txt is not a throughput.csv \(ParserError\)"):
+        main(["throughput", "--profile", "smoke", "--plan-from", str(tmp_path / "notes.txt"), "--out", str(tmp_path)])
 
 
 class _FakeLibc:
