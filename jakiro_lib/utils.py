@@ -344,8 +344,6 @@ def _command(proc: Path, pid: int, width: int = 80) -> str:
     return cmd if len(cmd) <= width else cmd[:width - 3] + "..."
 
 
-# The errors a command line reports as one line (no traceback): module -> class. A class is looked up only
-# when its module is loaded (it cannot have been raised otherwise), so classifying imports nothing heavy.
 class PathError(ValueError):
     """A path given on the command line that cannot serve as what it is for (a file where a directory must be)."""
 
@@ -359,11 +357,14 @@ def check_paths(*, dirs: dict[str, Path | None] | None = None, files: dict[str, 
             continue
         if option in files and Path(path).is_dir():
             raise PathError(f"{option} {path} is a directory; give a file name")
-        above = [p for p in (Path(path) if option in dirs else Path(path).parent, *Path(path).parents) if p.exists()]
-        if above and not above[0].is_dir():
-            raise PathError(f"{option} {path}: {above[0]} is a file, not a directory")
+        start = Path(path) if option in dirs else Path(path).parent
+        there = next((p for p in (start, *start.parents) if p.exists()), None)  # the nearest that exists
+        if there is not None and not there.is_dir():
+            raise PathError(f"{option} {path}: {there} is a file, not a directory")
 
 
+# The errors a command line reports as one line (no traceback): module -> class. A class is looked up only
+# when its module is loaded (it cannot have been raised otherwise), so classifying imports nothing heavy.
 KNOWN_ERRORS: dict[str, tuple[str, ...]] = {
     "jakiro_lib.config": ("ConfigError",), "jakiro_lib.draft": ("DraftLoadError",),
     "jakiro_lib.features": ("CacheError",), "jakiro_lib.data": ("DataError",), "jakiro_lib.train": ("TrainError",),
