@@ -50,6 +50,25 @@ def _profile(args: argparse.Namespace) -> Profile:
         raise SystemExit(f"error: {exc}") from None
 
 
+def _positive_int(value: str) -> int:
+    """argparse ``type``: an integer >= 1 (a bad one ends in argparse's one ``error:`` line, before anything runs)."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value!r}")
+    return n
+
+
+def _positive_ints(value: str) -> tuple[int, ...]:
+    """argparse ``type``: a comma-separated list of integers >= 1."""
+    try:
+        return tuple(_positive_int(x) for x in value.split(","))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {value!r}") from None
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="default", choices=PROFILE_NAMES, help="named configuration")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -254,7 +273,7 @@ def cmd_costs(args: argparse.Namespace) -> int:
     """Per-cycle cost breakdown on this machine (and, with a draft, the tree budget it implies)."""
     profile = _profile(args)
     target = load_target(profile.target)
-    sizes = tuple(int(x) for x in args.sizes.split(","))
+    sizes = args.sizes
     result: dict = {"profile": profile.name, "target": profile.target.model, "context": args.context,
                     "environment": run_metadata(target.device, threads=torch.get_num_threads())}
     costs = measure_target_costs(target.model, sizes, context=args.context)
@@ -306,7 +325,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
         return 0
     try:
         table, plan = run_throughput(profile, out, conversations=args.conversations, steps=args.steps,
-                                     cache_batch_sizes=[int(x) for x in args.cache_batch_sizes.split(",")],
+                                     cache_batch_sizes=list(args.cache_batch_sizes),
                                      drafts=args.drafts.split(",") if args.drafts else None)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
@@ -353,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", help="directory of a saved draft (method spec)")
     p.add_argument("--decoupled", action="store_true", help="Jakiro decoupled expert candidates")
     p.add_argument("--ar-steps", type=int, default=None, help="CEPD: autoregressive layers before parallel ones")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=_positive_int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
@@ -380,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
                                           "folder's for question.jsonl)")
             p.add_argument("--temperature", type=float, action="append",
                            help="sampling temperature (repeatable; default: the profile's)")
-            p.add_argument("--limit", type=int, help="first N questions of each benchmark (or of --questions)")
+            p.add_argument("--limit", type=_positive_int, help="first N questions of each benchmark (or of --questions)")
             p.add_argument("--skip", type=int, default=0,
                            help="pass over the first N questions of each benchmark (held-out checks)")
             p.add_argument("--out", type=Path, help="directory for records.jsonl and summary.csv (default "
@@ -390,19 +409,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("costs", help="measure target tree / draft step costs; with --draft, tune the tree budget")
     _common(p)
-    p.add_argument("--sizes", default="1,2,4,6,8,12,16,24,32", help="tree sizes n to time")
-    p.add_argument("--context", type=int, default=256)
+    p.add_argument("--sizes", type=_positive_ints, default=(1, 2, 4, 6, 8, 12, 16, 24, 32), help="tree sizes n to time")
+    p.add_argument("--context", type=_positive_int, default=256)
     p.add_argument("--draft", help="a saved draft: also time its steps and choose total_tokens")
-    p.add_argument("--tune-prompts", type=int, default=4, help="MT-bench prompts for the budget choice")
+    p.add_argument("--tune-prompts", type=_positive_int, default=4, help="MT-bench prompts for the budget choice")
     p.add_argument("--out", type=Path, help="write the numbers to this JSON file")
     p.set_defaults(func=cmd_costs)
 
     p = sub.add_parser("throughput", help="tokens/s of feature caching and draft training steps on this machine")
     _common(p)
     p.add_argument("--out", type=Path, help="directory for throughput.csv (default runs/<profile>/throughput)")
-    p.add_argument("--conversations", type=int, default=64, help="conversations to cache and train on")
-    p.add_argument("--steps", type=int, default=20, help="timed training steps per variant")
-    p.add_argument("--cache-batch-sizes", default="1,4,8,16", help="conversations per target forward to compare")
+    p.add_argument("--conversations", type=_positive_int, default=64, help="conversations to cache and train on")
+    p.add_argument("--steps", type=_positive_int, default=20, help="timed training steps per variant")
+    p.add_argument("--cache-batch-sizes", type=_positive_ints, default=(1, 4, 8, 16), help="conversations per target forward to compare")
     p.add_argument("--drafts", help="comma-separated drafts of the profile to train (default: the first)")
     p.add_argument("--plan-from", type=Path, help="measure nothing: the profile's expected stages from this "
                    "throughput.csv (another machine's), the data tokenized here")
@@ -416,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="output directory (default <run-dir>/gpucheck-<device>)")
     p.add_argument("--device", help="default: cuda when there is one, else the profile's")
     p.add_argument("--methods", help=f"comma-separated subset (default {','.join(CHECK_METHODS)})")
-    p.add_argument("--profiled-prompts", type=int, default=4, help="MT-bench first turns the profiler runs")
+    p.add_argument("--profiled-prompts", type=_positive_int, default=4, help="MT-bench first turns the profiler runs")
     p.set_defaults(func=cmd_gpucheck)
 
     p = sub.add_parser("divergences", help="where greedy benchmark outputs leave vanilla's, and the target's "

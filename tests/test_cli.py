@@ -66,6 +66,24 @@ def test_an_output_path_that_cannot_be_used_is_refused_before_anything_runs(tmp_
     assert blocker.read_text() == "a user's file" and sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
+@pytest.mark.parametrize("argv", [
+    ["generate", "--max-new-tokens", "0", "hi"], ["generate", "--max-new-tokens", "-3", "hi"],
+    ["bench", "--limit", "0"], ["costs", "--sizes", "0,1"], ["costs", "--sizes", "a"], ["costs", "--context", "0"],
+    ["throughput", "--steps", "0"], ["gpucheck", "--profiled-prompts", "-1"],
+])
+def test_a_count_below_one_is_refused_by_the_parser(tmp_path, capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        main([argv[0], "--profile", "smoke", *argv[1:]])
+    option = next(a for a in argv if a.startswith("--"))
+    assert exc.value.code == 2 and f"argument {option}: expected" in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_no_questions_left_is_one_error_line(tmp_path):
+    with pytest.raises(SystemExit, match=r"^error: no benchmark questions to run for mt_bench \(bench.skip=0, "
+                                         r"bench.limit=0; not loaded: none\)$"):
+        main(["bench", "--profile", "smoke", "--run-dir", str(tmp_path), "--methods", "vanilla", "--set", "bench.limit=0"])
+
+
 def test_costs_command_writes_a_results_file(tmp_path):
     out = tmp_path / "costs.json"
     assert main(["costs", "--profile", "smoke", "--sizes", "1,2,4", "--context", "16", "--out", str(out)]) == 0

@@ -123,7 +123,8 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     if questions is None:
         questions, skipped = study_questions(prof)
     if not questions:
-        raise RuntimeError(f"no benchmark questions could be loaded for {prof.bench.benchmarks}: {skipped}")
+        raise DataError(f"no benchmark questions to run for {', '.join(prof.bench.benchmarks)} (bench.skip="
+                        f"{prof.bench.skip}, bench.limit={prof.bench.limit}; not loaded: {skipped or 'none'})")
     temps = study_temperatures(prof, study)
     out_dir = Path(out_dir).expanduser().resolve() if out_dir is not None else layout.bench(study)
     target = target or get_target(prof)
