@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import re
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 import torch
@@ -50,15 +51,23 @@ def _profile(args: argparse.Namespace) -> Profile:
         raise SystemExit(f"error: {exc}") from None
 
 
-def _positive_int(value: str) -> int:
-    """argparse ``type``: an integer >= 1 (a bad one ends in argparse's one ``error:`` line, before anything runs)."""
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value!r}")
-    return n
+def _bounded(kind: type, low: float, high: float | None = None, *, open_low: bool = False) -> Callable[[str], Any]:
+    """argparse ``type``: a ``kind`` number >= ``low`` (> with ``open_low``) and <= ``high``."""
+    shown = f"{'>' if open_low else '>='} {low}" + (f" and <= {high}" if high is not None else "")
+
+    def parse(value: str) -> Any:
+        try:
+            x = kind(value)
+        except ValueError:
+            x = None
+        if x is None or not math.isfinite(x) or (x <= low if open_low else x < low) or (high is not None and x > high):
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'} {shown}, "
+                                             f"got {value!r}")
+        return x
+    return parse
+
+
+_positive_int = _bounded(int, 1)
 
 
 def _positive_ints(value: str) -> tuple[int, ...]:
@@ -371,10 +380,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="spec", choices=KINDS, help="method kind (jakiro_lib.methods)")
     p.add_argument("--draft", help="directory of a saved draft (method spec)")
     p.add_argument("--decoupled", action="store_true", help="Jakiro decoupled expert candidates")
-    p.add_argument("--ar-steps", type=int, default=None, help="CEPD: autoregressive layers before parallel ones")
+    p.add_argument("--ar-steps", type=_bounded(int, 0), default=None, help="CEPD: autoregressive layers before parallel ones")
     p.add_argument("--max-new-tokens", type=_positive_int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--temperature", type=_bounded(float, 0), default=0.0)
+    p.add_argument("--top-p", type=_bounded(float, 0, 1, open_low=True), default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_generate)
 

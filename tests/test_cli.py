@@ -70,8 +70,10 @@ def test_an_output_path_that_cannot_be_used_is_refused_before_anything_runs(tmp_
     ["generate", "--max-new-tokens", "0", "hi"], ["generate", "--max-new-tokens", "-3", "hi"],
     ["bench", "--limit", "0"], ["costs", "--sizes", "0,1"], ["costs", "--sizes", "a"], ["costs", "--context", "0"],
     ["throughput", "--steps", "0"], ["gpucheck", "--profiled-prompts", "-1"],
+    ["generate", "--temperature", "-1", "hi"], ["generate", "--temperature", "nan", "hi"],
+    ["generate", "--top-p", "0", "hi"], ["generate", "--top-p", "1.5", "hi"], ["generate", "--ar-steps", "-2", "hi"],
 ])
-def test_a_count_below_one_is_refused_by_the_parser(tmp_path, capsys, argv):
+def test_a_number_out_of_range_is_refused_by_the_parser(tmp_path, capsys, argv):
     with pytest.raises(SystemExit) as exc:
         main([argv[0], "--profile", "smoke", *argv[1:]])
     option = next(a for a in argv if a.startswith("--"))
