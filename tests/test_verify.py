@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from functools import partial
 
 import numpy as np
 import pytest
@@ -26,11 +27,11 @@ from jakiro_lib.tree import Tree
 from jakiro_lib.verify import (SamplingParams, inverse_cdf, sample, uniform, verify, verify_greedy, verify_sampling,
                                warp_probs)
 
-from helpers import (TargetTopKDrafter, chi2_test, exact_prefix_distribution, full_logits, peaked_target,
-                     random_prompts, reference_warp, single_thread, trained_draft)
+from helpers import (ALPHA_FIRST, TargetTopKDrafter, exact_prefix_distribution, full_logits, peaked_target,
+                     random_prompts, reference_warp, single_thread, trained_draft, two_stage_chi2)
 
-P_OK = 1e-3  # a correct sampler fails a single test with probability 1e-3 (seeds are fixed: never flaky)
-P_BROKEN = 1e-6
+# Every chi-square below goes through helpers.two_stage_chi2: a correct sampler fails a test with
+# probability at most 1e-7 on any machine, and each power check must reject through the same rule.
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -126,13 +127,46 @@ def test_sample_matches_distribution_and_power():
     probs = torch.softmax(torch.randn(40, generator=g) * 2, -1)
     probs[[0, 7, 39]] = 0.0  # zero mass must never be drawn
     exact = {(i,): float(p) / float(probs.sum()) for i, p in enumerate(probs)}
-    draws = [sample(probs, g) for _ in range(20000)]
-    assert not {0, 7, 39} & set(draws)
-    _, p, _ = chi2_test([(d,) for d in draws], exact)
-    assert p > P_OK
-    # power: the same test rejects a sampler that shifts each draw to the next id
-    _, p_broken, _ = chi2_test([((d + 1) % 40,) for d in draws], exact)
-    assert p_broken < P_BROKEN
+
+    def draw(n: int, seed: int, shift: int = 0) -> list[tuple]:
+        g = torch.Generator().manual_seed(seed)
+        draws = [sample(probs, g) for _ in range(n)]
+        assert not {0, 7, 39} & set(draws)
+        return [((d + shift) % 40,) for d in draws]
+
+    verdict = two_stage_chi2(draw, exact, 20000, seed=3)
+    assert verdict.passed, verdict
+    # power: the same rule rejects a sampler that shifts each draw to the next id
+    verdict = two_stage_chi2(lambda n, seed: draw(n, seed, shift=1), exact, 20000, seed=3)
+    assert not verdict.passed, verdict
+
+
+def test_two_stage_rule_second_stage_decides():
+    """The rule itself: a first stage forced to fail (a biased first sample, or alpha_first = 1) is
+    overruled by a correct second sample, and a sampler broken in both stages is rejected."""
+    probs = torch.softmax(torch.linspace(-2, 2, 12), -1)
+    exact = {(i,): float(p) for i, p in enumerate(probs)}
+    calls: list[int] = []
+
+    def draw(n: int, seed: int, broken_until: int = 1) -> list[tuple]:
+        calls.append(n)
+        g = torch.Generator().manual_seed(seed)
+        draws = torch.multinomial(probs, n, replacement=True, generator=g).tolist()
+        return [((d + 1) % 12,) if len(calls) <= broken_until else (d,) for d in draws]
+
+    verdict = two_stage_chi2(draw, exact, 3000, seed=1)  # the first sample is broken, the second is not
+    print(verdict)
+    assert len(verdict.stages) == 2 and verdict.first.p < ALPHA_FIRST and verdict.passed, verdict
+    assert calls == [3000, 6000]
+    calls.clear()
+    verdict = two_stage_chi2(lambda n, s: draw(n, s, broken_until=2), exact, 3000, seed=1)
+    assert len(verdict.stages) == 2 and not verdict.passed, verdict
+    calls.clear()
+    verdict = two_stage_chi2(lambda n, s: draw(n, s, broken_until=0), exact, 3000, seed=1)
+    assert len(verdict.stages) == 1 and verdict.passed, verdict  # a passing first stage decides alone
+    calls.clear()
+    verdict = two_stage_chi2(lambda n, s: draw(n, s, broken_until=0), exact, 3000, seed=1, alpha_first=1.0)
+    assert len(verdict.stages) == 2 and verdict.passed, verdict
 
 
 # -- greedy verification ---------------------------------------------------------------------------------
@@ -307,11 +341,17 @@ def test_verify_sampling_exact_distribution(params, verifier):
     tree, logits = _hand_sampling_tree(), _hand_logits()
     exact = _exact_emitted(tree, logits, params, 3)
     assert abs(sum(exact.values()) - 1) < 1e-9
-    samples = _verifier_samples(verifier, params, 8000, seed=11)
-    stat, p, cells = chi2_test(samples, exact)
-    print(f"verifier {verifier.__name__} {params}: chi2 {stat:.1f}, {cells} cells, p {p:.3g}")
-    assert cells >= 6, cells
-    assert p > P_OK, (stat, p, cells)
+    drawn: list[list[tuple]] = []
+
+    def draw(n: int, seed: int) -> list[tuple]:
+        drawn.append(_verifier_samples(verifier, params, n, seed))
+        return drawn[-1]
+
+    verdict = two_stage_chi2(draw, exact, 8000, seed=11)
+    print(f"verifier {verifier.__name__} {params}: {verdict}")
+    assert verdict.first.cells >= 6, verdict
+    assert verdict.passed, verdict
+    samples = drawn[0]
     # every emitted sequence is possible
     assert set(samples) <= set(exact)
     # the root's children were accepted in a good share of the samples AND rejected in a good share
@@ -323,9 +363,9 @@ def test_verify_sampling_exact_distribution(params, verifier):
 def test_verify_sampling_power(broken):
     params = SamplingParams(1.0)
     exact = _exact_emitted(_hand_sampling_tree(), _hand_logits(), params, 3)
-    stat, p, cells = chi2_test(_verifier_samples(broken, params, 8000, seed=11), exact)
-    print(f"broken verifier {broken.__name__}: chi2 {stat:.1f}, {cells} cells, p {p:.3g}")
-    assert p < P_BROKEN, (broken.__name__, stat, p)
+    verdict = two_stage_chi2(partial(_verifier_samples, broken, params), exact, 8000, seed=11)
+    print(f"broken verifier {broken.__name__}: {verdict}")
+    assert not verdict.passed, (broken.__name__, verdict)
 
 
 @pytest.mark.parametrize("verifier", [verify_sampling, _static_verify], ids=["loop", "static"])
@@ -450,11 +490,11 @@ def _random_feature_drafter(model, name: str = "moe2-decoupled"):
 def test_speculative_sampling_matches_target_topk_drafts(e2e_setup, monkeypatch, setting):
     model, params, prompt, exact = e2e_setup[setting]
     record = _spy_verify(monkeypatch)
-    samples = _e2e_samples(model, TargetTopKDrafter(model, params, k=3, depth=2), prompt, params, N_E2E, seed=1)
-    stat, p, cells = chi2_test(samples, exact)
-    print(f"e2e top-3 drafts {setting}: chi2 {stat:.1f}, {cells} cells, p {p:.3g}, accepted {sorted(Counter(record).items())}")
-    assert cells >= 15, cells
-    assert p > P_OK, (stat, p, cells)
+    drafter = TargetTopKDrafter(model, params, k=3, depth=2)
+    verdict = two_stage_chi2(partial(_e2e_samples, model, drafter, prompt, params), exact, N_E2E, seed=1)
+    print(f"e2e top-3 drafts {setting}: {verdict}, accepted {sorted(Counter(record).items())}")
+    assert verdict.first.cells >= 15, verdict
+    assert verdict.passed, verdict
     # Both verifier paths are exercised heavily: whole 2-token acceptances AND full rejections (residual).
     acc = Counter(record)
     assert acc[2] > 0.2 * len(record) and acc[0] > 0.08 * len(record), acc
@@ -465,11 +505,11 @@ def test_speculative_sampling_matches_target_random_draft(e2e_setup, name):
     model, params, prompt, _ = e2e_setup["T1"]
     n = 400
     exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / n)
-    samples = _e2e_samples(model, _random_feature_drafter(model, name), prompt, params, n, seed=2)
-    stat, p, cells = chi2_test(samples, exact)
-    print(f"e2e random draft: chi2 {stat:.1f}, {cells} cells, p {p:.3g}")
-    assert cells >= 10, cells
-    assert p > P_OK, (stat, p, cells)
+    drafter = _random_feature_drafter(model, name)
+    verdict = two_stage_chi2(partial(_e2e_samples, model, drafter, prompt, params), exact, n, seed=2)
+    print(f"e2e random draft: {verdict}")
+    assert verdict.first.cells >= 10, verdict
+    assert verdict.passed, verdict
 
 
 # Drafts trained on the tiny target's text (tests/helpers.py), on the T=1 target: unlike the random drafts
@@ -491,13 +531,13 @@ def test_speculative_sampling_matches_target_trained_draft(e2e_setup, monkeypatc
     n = 400
     exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / n)
     record = _spy_verify(monkeypatch)
-    samples = _e2e_samples(model, make_drafter(trained_draft(model, draft_name), tree), prompt, params, n, seed=4)
-    stat, p, cells = chi2_test(samples, exact)
+    drafter = make_drafter(trained_draft(model, draft_name), tree)
+    verdict = two_stage_chi2(partial(_e2e_samples, model, drafter, prompt, params), exact, n, seed=4)
     rate = sum(record) / len(record)
-    print(f"e2e trained draft {name}: chi2 {stat:.1f}, {cells} cells, p {p:.3g}, drafted accepted per cycle "
-          f"{rate:.3f}, {sorted(Counter(record).items())}")
-    assert cells >= 10, cells
-    assert p > P_OK, (stat, p, cells)
+    print(f"e2e trained draft {name}: {verdict}, drafted accepted per cycle {rate:.3f}, "
+          f"{sorted(Counter(record).items())}")
+    assert verdict.first.cells >= 10, verdict
+    assert verdict.passed, verdict
     assert rate >= floor, (name, rate)
     assert Counter(record)[0] > 0.05 * len(record)  # rejections too: the residual path runs
 
@@ -516,20 +556,25 @@ def test_static_engine_sampling_matches_target(e2e_setup, name):
     draft = trained_draft(model, draft_name)
     n = 400
     exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / n)
-    g = torch.Generator().manual_seed(4)
-    samples, accepted = [], []
-    for _ in range(n):
-        # tokens past the first N_TOKENS do not change their law; the budget then never cuts the first cycle
-        r = static_generate(model, draft, tree, prompt, max_new_tokens=N_TOKENS + tree.depth, params=params,
-                            generator=g)
-        samples.append(tuple(r.output_ids[:N_TOKENS]))
-        accepted.append(r.accepted[0] - 1)  # drafted tokens the first cycle accepted
-    stat, p, cells = chi2_test(samples, exact)
+    accepted: list[int] = []
+
+    def draw(size: int, seed: int) -> list[tuple]:
+        g = torch.Generator().manual_seed(seed)
+        samples = []
+        for _ in range(size):
+            # tokens past the first N_TOKENS do not change their law; the budget then never cuts the first cycle
+            r = static_generate(model, draft, tree, prompt, max_new_tokens=N_TOKENS + tree.depth, params=params,
+                                generator=g)
+            samples.append(tuple(r.output_ids[:N_TOKENS]))
+            accepted.append(r.accepted[0] - 1)  # drafted tokens the first cycle accepted
+        return samples
+
+    verdict = two_stage_chi2(draw, exact, n, seed=4)
     rate = sum(accepted) / len(accepted)
-    print(f"e2e static engine {name}: chi2 {stat:.1f}, {cells} cells, p {p:.3g}, drafted accepted in the first "
-          f"cycle {rate:.3f}, {sorted(Counter(accepted).items())}")
-    assert cells >= 10, cells
-    assert p > P_OK, (stat, p, cells)
+    print(f"e2e static engine {name}: {verdict}, drafted accepted in the first cycle {rate:.3f}, "
+          f"{sorted(Counter(accepted).items())}")
+    assert verdict.first.cells >= 10, verdict
+    assert verdict.passed, verdict
     assert rate >= floor, (name, rate)
     assert Counter(accepted)[0] > 0.05 * len(accepted)  # rejections too: the residual path runs
 
@@ -543,12 +588,11 @@ def test_speculative_sampling_with_lookup_chains_matches_target(e2e_setup):
     n = 400
     exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / n)
     drafter = _random_feature_drafter(model, "lookup")
-    samples = _e2e_samples(model, drafter, prompt, params, n, seed=3)
-    stat, p, cells = chi2_test(samples, exact)
-    print(f"e2e lookup chains: chi2 {stat:.1f}, {cells} cells, p {p:.3g}, grafted {drafter.grafted}")
+    verdict = two_stage_chi2(partial(_e2e_samples, model, drafter, prompt, params), exact, n, seed=3)
+    print(f"e2e lookup chains: {verdict}, grafted {drafter.grafted}")
     assert drafter.grafted >= n  # at least one chain token per generation on average
-    assert cells >= 10, cells
-    assert p > P_OK, (stat, p, cells)
+    assert verdict.first.cells >= 10, verdict
+    assert verdict.passed, verdict
 
 
 @pytest.mark.parametrize("broken,n", [(_verify_no_zeroing, N_E2E // 4), (_verify_accept_first, N_E2E // 4)])
@@ -557,10 +601,10 @@ def test_speculative_sampling_power(e2e_setup, monkeypatch, broken, n):
     model, params, prompt, _ = e2e_setup["T1"]
     exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / n)
     _spy_verify(monkeypatch, broken)
-    samples = _e2e_samples(model, TargetTopKDrafter(model, params, k=3, depth=2), prompt, params, n, seed=1)
-    stat, p, cells = chi2_test(samples, exact)
-    print(f"e2e broken {broken.__name__} (n={n}): chi2 {stat:.1f}, {cells} cells, p {p:.3g}")
-    assert p < P_BROKEN, (stat, p)
+    drafter = TargetTopKDrafter(model, params, k=3, depth=2)
+    verdict = two_stage_chi2(partial(_e2e_samples, model, drafter, prompt, params), exact, n, seed=1)
+    print(f"e2e broken {broken.__name__} (n={n}): {verdict}")
+    assert not verdict.passed, verdict
 
 
 def test_vanilla_sampling_matches_target(e2e_setup):
@@ -568,12 +612,15 @@ def test_vanilla_sampling_matches_target(e2e_setup):
     model, params, prompt, _ = e2e_setup["T0.7-p0.9"]
     n = 400
     exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / n)
-    g = torch.Generator().manual_seed(3)
-    samples = [tuple(vanilla_generate(model, prompt, max_new_tokens=N_TOKENS, params=params,
-                                      generator=g).output_ids) for _ in range(n)]
-    stat, p, cells = chi2_test(samples, exact)
-    print(f"vanilla: chi2 {stat:.1f}, {cells} cells, p {p:.3g}")
-    assert p > P_OK, (stat, p)
+
+    def draw(size: int, seed: int) -> list[tuple]:
+        g = torch.Generator().manual_seed(seed)
+        return [tuple(vanilla_generate(model, prompt, max_new_tokens=N_TOKENS, params=params,
+                                       generator=g).output_ids) for _ in range(size)]
+
+    verdict = two_stage_chi2(draw, exact, n, seed=3)
+    print(f"vanilla: {verdict}")
+    assert verdict.passed, verdict
 
 
 @pytest.mark.parametrize("setting", list(E2E_SETTINGS))
@@ -581,10 +628,13 @@ def test_static_decoder_sampling_matches_target(e2e_setup, setting):
     """Plain decoding on the static engine draws each token by inverse CDF from a uniform drawn outside the
     step (what a captured graph needs): the first tokens follow the target's warped law."""
     model, params, prompt, exact = e2e_setup[setting]
-    g = torch.Generator().manual_seed(5)
-    samples = [tuple(static_vanilla_generate(model, prompt, max_new_tokens=N_TOKENS, params=params,
-                                             generator=g).output_ids) for _ in range(N_E2E)]
-    stat, p, cells = chi2_test(samples, exact)
-    print(f"e2e static decoder {setting}: chi2 {stat:.1f}, {cells} cells, p {p:.3g}")
-    assert cells >= 15, cells
-    assert p > P_OK, (stat, p, cells)
+
+    def draw(size: int, seed: int) -> list[tuple]:
+        g = torch.Generator().manual_seed(seed)
+        return [tuple(static_vanilla_generate(model, prompt, max_new_tokens=N_TOKENS, params=params,
+                                              generator=g).output_ids) for _ in range(size)]
+
+    verdict = two_stage_chi2(draw, exact, N_E2E, seed=5)
+    print(f"e2e static decoder {setting}: {verdict}")
+    assert verdict.first.cells >= 15, verdict
+    assert verdict.passed, verdict
