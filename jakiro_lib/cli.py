@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import re
+import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -37,7 +38,7 @@ from .study import (category_table, default_run_dir, display_table, prepare_feat
                     train_all, training_table, write_table)
 from .target import load_target
 from .throughput import format_plan, format_table, plan_from, run_throughput
-from .utils import busy_warning, check_paths, exit_status, run_metadata, write_json
+from .utils import busy_warning, check_paths, exit_status, run_lock, run_metadata, write_json
 
 # Sub-commands that run torch for a while: they check first whether another torch process is busy here.
 BUSY_COMMANDS = ("generate", "cache", "train", "bench", "costs", "divergences", "pipeline")
@@ -470,9 +471,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 FILE_OUT = ("costs", "divergences")  # the commands whose --out is a file; the others' is a directory
+LOCKING_COMMANDS = ("cache", "train", "bench")  # one at a time per run directory (and bench's --out); pipeline too
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     _log_to_stderr()
     if args.command in BUSY_COMMANDS and (warning := busy_warning()):
@@ -481,9 +484,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         out, file_out = {"--out": getattr(args, "out", None)}, args.command in FILE_OUT
         check_paths(dirs={"--run-dir": getattr(args, "run_dir", None), **({} if file_out else out)},
                     files=out if file_out else None)
-        return args.func(args)
+        if args.command not in LOCKING_COMMANDS:
+            return args.func(args)
+        with run_lock(*_written_dirs(args), command=f"python -m jakiro_lib {shlex.join(argv)}"):
+            return args.func(args)
 
     return exit_status(run, hint=lambda: _hint(args))
+
+
+def _written_dirs(args: argparse.Namespace) -> list[Path]:
+    """The directories a cache / train / bench run writes: its run directory, and bench's ``--out``."""
+    run_dir = args.run_dir if args.run_dir is not None else default_run_dir(args.profile)
+    return [run_dir, *([args.out] if getattr(args, "out", None) is not None else [])]
 
 
 def _hint(args: argparse.Namespace) -> str:

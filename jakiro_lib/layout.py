@@ -3,6 +3,7 @@
 ::
 
     run_dir/
+      .lock                         held by the one cache / train / bench / pipeline run writing here (utils.run_lock)
       features/                     the target-feature cache (manifest.json + shards), notebook 00
       features_summary.json
       distill/conversations.jsonl   self-distilled answers (data.self_distill)

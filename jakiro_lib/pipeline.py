@@ -34,7 +34,7 @@ import pandas as pd
 from .config import PROFILE_NAMES, parse_overrides
 from .report_page import write_front_page
 from .study import default_report_dir, default_run_dir, headline_table, resolve_profile
-from .utils import REPO_ROOT, busy_warning, check_paths, exit_status, read_json, write_json, write_text
+from .utils import REPO_ROOT, busy_warning, check_paths, exit_status, read_json, run_lock, write_json, write_text
 
 log = logging.getLogger(__name__)
 
@@ -207,9 +207,10 @@ def run_pipeline(
     try:
         log.info("pipeline %s: stages %s; runs in %s, reports in %s", prof.name, ", ".join(selected), run_dir,
                  report_dir)
-        return _run_stages(pm, prof.name, selected, parameters, fingerprint, nb_dir, run_dir, report_dir,
-                           force=force, kernel_name=kernel_name, log_output=log_output,
-                           execution_timeout=execution_timeout)
+        with run_lock(run_dir, report_dir):  # one run per run directory (the notebooks' kernels take none)
+            return _run_stages(pm, prof.name, selected, parameters, fingerprint, nb_dir, run_dir, report_dir,
+                               force=force, kernel_name=kernel_name, log_output=log_output,
+                               execution_timeout=execution_timeout)
     finally:
         pm_log.setLevel(pm_level)
         if handler is not None:

@@ -460,3 +460,74 @@ def test_the_swap_replaces_a_whole_directory(tmp_path):
     (new / "weights").write_text("new")
     utils.replace_dir_atomically(new, old)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["moe2"] and [p.name for p in old.iterdir()] == ["weights"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Two runs at once (issue 43): one run per run directory, the second refused in one line naming the first
+# --------------------------------------------------------------------------------------------------
+
+HOLDER = r"""
+import sys, time
+from jakiro_lib.utils import run_lock
+with run_lock(*sys.argv[1:], command="holder --of the lock"):
+    print("locked", flush=True)
+    time.sleep(300)
+"""
+
+
+def hold_lock(*dirs: Path) -> subprocess.Popen:
+    """Another process holding the run lock of ``dirs``; returns once it holds it."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, *map(str, dirs)], cwd=REPO, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+@pytest.mark.parametrize("command, locked", [
+    (["cache"], "run"), (["train", "--force", "--drafts", "dense"], "run"),
+    (["bench", "--methods", "vanilla"], "run"), (["bench", "--methods", "vanilla", "--out", "{out}"], "out"),
+], ids=["cache", "train", "bench", "bench-out"])
+def test_a_second_run_on_a_locked_directory_is_one_line_naming_the_holder_and_the_lock_dies_with_it(
+        run, tmp_path, capsys, command, locked):
+    out = tmp_path / "out"
+    argv = [c.format(out=out) for c in command] + ["--profile", "smoke", "--run-dir", str(run), *sets()]
+    before, records = drafts_hash(run), records_lines(run)
+    holder = hold_lock(run if locked == "run" else out)
+    try:
+        rc, err = cli(capsys, *argv)
+        assert_one_error(rc, err, "in use by another run", f"pid {holder.pid}", "holder --of the lock")
+        assert drafts_hash(run) == before and records_lines(run) == records
+        assert not list((run / "drafts").glob(".*.training"))
+    finally:
+        holder.kill()  # SIGKILL: no chance to clean up, and still no stale lock
+        holder.wait()
+    rc, err = cli(capsys, *argv)
+    assert rc == 0, err
+
+
+def test_two_trainings_at_once_the_second_is_refused_and_the_first_completes_stamped(run, tmp_path, capsys):
+    argv = ["train", "--profile", "smoke", "--run-dir", str(run), "--drafts", "dense", "--force", *sets()]
+    env = {**os.environ, "FAULT_PAUSE": "0.2", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    first = subprocess.Popen([sys.executable, "-c", DRIVER, *argv], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    lock = run / utils.LOCK_FILE
+    deadline = time.monotonic() + 60
+    while (utils.read_json(lock) or {}).get("pid") != first.pid:
+        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+        time.sleep(0.05)
+    rc, err = cli(capsys, *argv)  # the same command again, while the first runs
+    assert_one_error(rc, err, "in use by another run", f"pid {first.pid}", "python -m jakiro_lib train")
+    assert first.wait(timeout=120) == 0, first.stderr.read()
+    assert (run / "drafts" / "dense" / "train_stamp.json").is_file()
+    rc, err = cli(capsys, *[a for a in argv if a != "--force"])
+    assert rc == 0 and "already trained" in err, err  # the stamp matches: no retraining from scratch
+
+
+def test_a_pipeline_on_a_locked_run_directory_is_one_line(tmp_path, capsys):
+    holder = hold_lock(tmp_path / "r")
+    try:
+        rc = pipeline.main(["--profile", "smoke", "--run-dir", str(tmp_path / "r"), "--report-dir", str(tmp_path / "rep")])
+        assert_one_error(rc, capsys.readouterr().err, "in use by another run", f"pid {holder.pid}")
+    finally:
+        holder.kill()
+        holder.wait()
