@@ -139,6 +139,11 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     questions = list(questions)
+    seen: set[tuple[str, str]] = set()
+    for key in ((q.benchmark, str(q.question_id)) for q in questions):  # records are keyed by the id
+        if key in seen:
+            raise ValueError(f"question_id {key[1]!r} of {key[0]!r} is given twice: each question needs an id of its own")
+        seen.add(key)
     temperatures = list(temperatures)
     records_path = out_dir / RECORDS_FILE
     # a line cut by an interruption is skipped: that record is simply redone

@@ -350,14 +350,20 @@ def _turns_or_error(value: Any, where: str) -> list[str]:
 
 
 def _iter_question_file(path: Path, benchmark: str) -> Iterator[Question]:
+    seen: dict[str, int] = {}  # question_id -> line: records are keyed by it, so two questions must not share one
     for lineno, rec in _iter_jsonl(path):
         where = f"corrupt line {lineno} in {path}"
         if not isinstance(rec, dict):
             raise DataError(f"{where}: expected an object, got {type(rec).__name__}")
         if "turns" not in rec:
             raise DataError(f"{where}: missing 'turns' (EAGLE format: question_id, category, turns)")
+        qid = str(rec.get("question_id", f"{benchmark}_{lineno}"))
+        if qid in seen:
+            raise DataError(f"question_id {qid!r} is on lines {seen[qid]} and {lineno} of {path}: each question "
+                            f"needs an id of its own (benchmark records are keyed by it)")
+        seen[qid] = lineno
         yield Question(
-            question_id=str(rec.get("question_id", f"{benchmark}_{lineno}")),
+            question_id=qid,
             category=str(rec.get("category", benchmark)),
             turns=_turns_or_error(rec["turns"], where),
             benchmark=benchmark,
@@ -368,7 +374,8 @@ def load_question_file(path: str | Path, benchmark: str, *, limit: int | None = 
     """Questions from an EAGLE / FastChat ``question.jsonl`` (``question_id``, ``category``, ``turns``).
 
     ``benchmark`` is only a label stored on each record; a missing ``question_id`` becomes
-    ``"{benchmark}_{line}"`` and a missing ``category`` the benchmark name.
+    ``"{benchmark}_{line}"`` and a missing ``category`` the benchmark name. A ``question_id`` used twice is a
+    :class:`DataError`.
     """
     _check_limit(limit)
     return _take(_iter_question_file(Path(path), benchmark), limit)

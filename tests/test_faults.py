@@ -531,3 +531,18 @@ def test_a_pipeline_on_a_locked_run_directory_is_one_line(tmp_path, capsys):
     finally:
         holder.kill()
         holder.wait()
+
+
+# --------------------------------------------------------------------------------------------------
+# Inputs nobody tried yet (issue 43)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_question_file_with_a_repeated_question_id_is_one_line(run, tmp_path, capsys):
+    questions = tmp_path / "question.jsonl"
+    questions.write_text("".join(json.dumps({"question_id": qid, "category": "x", "turns": [text]}) + "\n"
+                                 for qid, text in [(1, "Hi there."), (2, "Name a colour."), (1, "Count to three.")]))
+    rc, err = cli(capsys, "bench", "--profile", "smoke", "--methods", "vanilla", "--run-dir", str(run),
+                  "--questions", str(questions), *sets())
+    assert_one_error(rc, err, "question_id '1'", "lines 1 and 3", str(questions))
+    assert not list((run / "bench").glob("main-*"))  # nothing benchmarked
