@@ -396,7 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--run-dir", type=Path, default=None, help="artifacts directory (default runs/<profile>)")
         if name == "train":
             p.add_argument("--drafts", nargs="*", help="drafts to train, space- or comma-separated (default: all of the profile's)")
-            p.add_argument("--force", action="store_true")
+            p.add_argument("--force", action="store_true",
+                           help="retrain drafts that are already trained; an interrupted training of the same "
+                                "settings still resumes from its checkpoint (delete drafts/.<name>.training "
+                                "to start it over)")
         if name == "bench":
             p.add_argument("--study", default="main", choices=STUDIES)
             p.add_argument("--methods", help="comma-separated subset of the study's methods (jakiro_lib.methods), "

@@ -312,7 +312,7 @@ def test_killed_training_keeps_the_old_draft_and_resumes_out_loud(run, tmp_path,
     else:
         assert rc == -signal.SIGKILL
     assert drafts_hash(run) == before  # the old draft is whole while the new one trains
-    rc, err = cli(capsys, *argv)
+    rc, err = cli(capsys, *argv, *["--force"] * force)  # the same command: --force too resumes (issue 43)
     assert rc == 0 and "draft dense: resuming an interrupted training from" in err, err
     assert drafts_hash(run)["moe2"] == before["moe2"] and drafts_hash(run)["dense"] != before["dense"]
     assert json.loads((run / "drafts" / "dense" / "results.json").read_text())["epochs_completed"] == 4

@@ -85,7 +85,9 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     Output per draft: ``run_dir/drafts/<name>/`` with ``draft/``, ``results.json``, ``history.json`` and
     ``train_stamp.json`` (the configuration it was trained with). A draft whose ``results.json`` exists
     and whose stamp matches is skipped unless ``force``; a changed configuration retrains it from
-    scratch. With ``draft_vocab_size`` set, the reduced draft vocabulary (most frequent tokens of the
+    scratch. An interrupted training of the same configuration resumes from its newest checkpoint, with
+    ``force`` too (``force`` retrains a finished draft; it never throws away an unfinished one's epochs:
+    delete ``drafts/.<name>.training`` to start that over). With ``draft_vocab_size`` set, the reduced draft vocabulary (most frequent tokens of the
     training split, EOS forced in) is built once and shared by all drafts of that size.
     Returns ``{name: results}`` (each results dict also gets ``skipped`` and ``vocab_coverage``).
     Nothing that exists is lost: the feature cache is verified before anything starts, each draft trains
@@ -149,7 +151,7 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
         work = layout.draft_training(name)  # replaces drafts/<name> once complete
         stamp = _train_stamp(prof, name, rdir)
         if main_process:
-            if force or read_json(work / TRAIN_STAMP) != stamp:
+            if read_json(work / TRAIN_STAMP) != stamp:  # another configuration's (or none): start afresh
                 shutil.rmtree(work, ignore_errors=True)
             elif checkpoints := list_checkpoints(work):
                 step, ckpt = checkpoints[-1]
