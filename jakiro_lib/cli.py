@@ -8,6 +8,7 @@ Ctrl-C); anything else keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -22,7 +23,8 @@ import pandas as pd
 import torch
 
 from .api import generate
-from .bench import common_prompts, format_prompt_ids, greedy_agreement, greedy_divergences, load_records, versus
+from .bench import (Record, common_prompts, format_prompt_ids, greedy_agreement, greedy_divergences, load_records,
+                    versus)
 from .budgets import resolve_tree_budgets
 from .config import PROFILE_NAMES, Profile, TargetConfig, get_profile, override, parse_overrides
 from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_costs, tune_total_tokens
@@ -208,7 +210,7 @@ def _print_categories(records: list[dict]) -> pd.DataFrame:
 def cmd_divergences(args: argparse.Namespace) -> int:
     """Check a benchmark's greedy records position by position against vanilla's (low-precision runs)."""
     try:
-        records = load_records(args.records)
+        records = _load_records(args.records)
         greedy = [r for r in records if r["temperature"] == 0]
         vanilla = [r for r in greedy if r["method"] == "vanilla"]
         if not vanilla:
@@ -238,13 +240,31 @@ def cmd_divergences(args: argparse.Namespace) -> int:
     return 0
 
 
+RECORD_KEYS = tuple(f.name for f in dataclasses.fields(Record) if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING)  # what every benchmark record has
+
+
+def _load_records(path: Path) -> list[dict]:
+    """:func:`load_records`, with a ValueError naming the file when what it holds are not benchmark records."""
+    records = load_records(path)
+    for i, r in enumerate(records, 1):
+        missing = [k for k in RECORD_KEYS if k not in r] if isinstance(r, dict) else list(RECORD_KEYS)
+        if missing:
+            raise ValueError(f"{path} is not benchmark records: entry {i} has no {', '.join(map(repr, missing[:3]))}"
+                             f"{' ...' if len(missing) > 3 else ''} (give a records.jsonl that `bench` wrote)")
+    return records
+
+
 def cmd_summary(args: argparse.Namespace) -> int:
     """The main table and the speed goals of benchmark records (several files are pooled: e.g. a T=0 and a
     T=1 run, or records copied back from a GPU machine)."""
     missing = [str(p) for p in args.records if not p.is_file()]
     if missing:
         raise SystemExit(f"error: no records file {', '.join(missing)}")
-    records = [r for path in args.records for r in load_records(path)]
+    try:
+        records = [r for path in args.records for r in _load_records(path)]
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     if not records:
         raise SystemExit(f"error: no records in {', '.join(map(str, args.records))}")
     if args.common_prompts:

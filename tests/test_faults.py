@@ -546,3 +546,16 @@ def test_a_question_file_with_a_repeated_question_id_is_one_line(run, tmp_path, 
                   "--questions", str(questions), *sets())
     assert_one_error(rc, err, "question_id '1'", "lines 1 and 3", str(questions))
     assert not list((run / "bench").glob("main-*"))  # nothing benchmarked
+
+
+@pytest.mark.parametrize("command", ["summary", "divergences"])
+@pytest.mark.parametrize("lines", [
+    [{"question_id": 1, "category": "x", "turns": ["Hi."]}],  # a question file
+    [{"method": "vanilla", "benchmark": "mt_bench"}],  # records of something else
+    [["not", "an", "object"]],
+], ids=["questions", "other-objects", "lists"])
+def test_summary_and_divergences_of_a_file_that_is_not_records_is_one_line(tmp_path, capsys, command, lines):
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    extra = ["--profile", "smoke"] if command == "divergences" else []
+    assert_one_error(*cli(capsys, command, *extra, "--records", str(path)), str(path), "not benchmark records")
