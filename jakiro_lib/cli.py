@@ -8,7 +8,6 @@ Ctrl-C); anything else keeps its traceback.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import math
@@ -23,8 +22,7 @@ import pandas as pd
 import torch
 
 from .api import generate
-from .bench import (Record, common_prompts, format_prompt_ids, greedy_agreement, greedy_divergences, load_records,
-                    versus)
+from .bench import common_prompts, format_prompt_ids, greedy_agreement, greedy_divergences, load_records, versus
 from .budgets import resolve_tree_budgets
 from .config import PROFILE_NAMES, Profile, TargetConfig, get_profile, override, parse_overrides
 from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_costs, tune_total_tokens
@@ -240,8 +238,8 @@ def cmd_divergences(args: argparse.Namespace) -> int:
     return 0
 
 
-RECORD_KEYS = tuple(f.name for f in dataclasses.fields(Record) if f.default is dataclasses.MISSING
-                    and f.default_factory is dataclasses.MISSING)  # what every benchmark record has
+# what names a benchmark record (bench.Record): a JSON-lines file whose objects lack them is something else
+RECORD_KEYS = ("method", "kind", "benchmark", "question_id", "turn", "repeat", "temperature")
 
 
 def _load_records(path: Path) -> list[dict]:
