@@ -1,8 +1,10 @@
 """The documentation holds together: design-doc citations, relative links, README size and headline
-table, and the environment files agreeing with pyproject.toml. Text only: no model, no kernel."""
+table, the numbers of README prose that cites a record, and the environment files agreeing with
+pyproject.toml. Text only: no model, no kernel."""
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import re
 import tomllib
@@ -156,6 +158,142 @@ def test_readme_headline_table_is_the_committed_csv():
     lines = [ln for ln in match.group(2).strip().splitlines() if ln.startswith("|")]
     assert lines[0] == "| " + " | ".join(HEADLINE_COLUMNS) + " |"
     assert lines[2:] == headline_rows(source)
+
+
+# ---- a number in the README's prose that cites a record is in that record's tables ---------------
+#
+# A sentence of README prose that links a record (reports/measured/<run>/...) speaks for that record:
+# every number in it must be one of the values of the record's committed tables (its *.csv and *.json,
+# subfolders included; raw records.jsonl and prose READMEs are not tables), to within the rounding it
+# is written with. The rule reads clauses: a sentence is cut at "; ", and a clause without a link
+# speaks for the nearest linked clause of its sentence (the one before it, else the one after).
+# Names are not numbers (top-1, EAGLE-2, 2-core, 384-token, fp32, q1-10, T=0), nor are dates, clock
+# times, link texts and `code`. A unit scales the table's value: 2.4k, 5.51M, 21%, 34.1 min (of
+# seconds or minutes); 1.10x is a ratio as its table holds it.
+
+MEASURED = "reports/measured/"
+_N = r"\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?"
+PROSE_NUMBER = re.compile(rf"(?<![\w.\-/=])({_N})(?:(?:-|–| to )({_N}))?([kMx%]|\s+min(?:utes)?\b)?(?![\w\-])")
+UNIT_SCALES = {"": (1.0,), "k": (1e-3,), "M": (1e-6,), "x": (1.0,), "%": (100.0, 1.0), "min": (1.0, 1 / 60)}
+
+
+def _prose_paragraphs(text: str) -> list[str]:
+    """The README without code blocks, the headline table, tables and headings; list items apart."""
+    text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+    text = HEADLINE.sub("", text)
+    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith(("|", "#"))]
+    paragraphs = re.split(r"\n\s*\n|\n(?=\s*[-*] )", "\n".join(lines))
+    return [" ".join(p.split()) for p in paragraphs if p.strip()]
+
+
+def _linked_records(text: str) -> list[str]:
+    return sorted({target.split(MEASURED, 1)[1].split("/", 1)[0] for target in LINK.findall(text)
+                   if MEASURED in target} - {""})
+
+
+def record_claims(text: str) -> list[tuple[str, list[str]]]:
+    """(clause, the records it speaks for) for every clause of prose that a linked record covers."""
+    claims = []
+    for paragraph in _prose_paragraphs(text):
+        for sentence in re.split(r"(?<=\.)\s+(?=[A-Z(\[`])", paragraph):
+            clauses = re.split(r";\s+", sentence)
+            linked = [_linked_records(c) for c in clauses]
+            for i, clause in enumerate(clauses):
+                order = [i, *range(i - 1, -1, -1), *range(i + 1, len(clauses))]
+                nearest = [linked[j] for j in order if linked[j]]
+                if nearest:
+                    claims.append((clause, nearest[0]))
+    return claims
+
+
+def prose_numbers(clause: str) -> list[tuple[str, str]]:
+    """(number as written, unit) for each number of ``clause``; a range gives both ends the unit."""
+    text = re.sub(r"`[^`]*`", " ", LINK.sub(" ", clause))
+    text = re.sub(r"\d{4}-\d\d-\d\d|\d\d?:\d\d", " ", text)
+    return [(n, (m.group(3) or "").strip()[:3]) for m in PROSE_NUMBER.finditer(text) for n in m.group(1, 2) if n]
+
+
+@functools.cache
+def record_values(record: str) -> tuple[float, ...]:
+    """Every number of the record's committed tables (csv cells, json leaves)."""
+    values: list[float] = []
+
+    def leaves(node):
+        if isinstance(node, dict):
+            for v in node.values():
+                leaves(v)
+        elif isinstance(node, list):
+            for v in node:
+                leaves(v)
+        elif isinstance(node, (int, float)) and not isinstance(node, bool):
+            values.append(float(node))
+
+    for path in sorted((ROOT / MEASURED / record).rglob("*")):
+        if path.suffix == ".csv":
+            with path.open(newline="", encoding="utf-8") as f:
+                for row in csv.reader(f):
+                    for cell in row:
+                        try:
+                            values.append(float(cell))
+                        except ValueError:
+                            pass
+        elif path.suffix == ".json":
+            leaves(json.loads(path.read_text(encoding="utf-8")))
+    return tuple(values)
+
+
+def shown_by(written: str, unit: str, values: tuple[float, ...]) -> bool:
+    """Whether ``written`` (in ``unit``) is one of ``values`` rounded to the digits it is written with."""
+    number = float(written.replace(",", ""))
+    half = 0.5 * 10.0 ** -(len(written.split(".")[1]) if "." in written else 0)
+    return any(abs(v * scale - number) <= half * (1 + 1e-9) for v in values for scale in UNIT_SCALES[unit])
+
+
+def unsupported_numbers(text: str) -> tuple[list[str], int]:
+    """The numbers of record-citing prose that the cited records' tables do not hold, and how many were read."""
+    missing, read = [], 0
+    for clause, records in record_claims(text):
+        values = tuple(v for r in records for v in record_values(r))
+        for written, unit in prose_numbers(clause):
+            read += 1
+            if not shown_by(written, unit, values):
+                missing.append(f"{written}{unit} not in {', '.join(records)}: {clause[:120]}")
+    return missing, read
+
+
+# The sentence that issue 43 found: two records' numbers behind a link to the one that holds neither.
+_MIXED = ("On a 2-core AVX2 EPYC (no bf16 units, 2026-11-23), caching ran at 307-416 tokens/s and dense "
+          "training at 2.4-2.6k ([table](reports/measured/2026-11-23-amd-epyc-2core/README.md)).")
+
+
+def test_prose_number_check_reads_every_form():
+    assert prose_numbers("top-1 0.566, EAGLE-2's 1.12x, 2-core, q1-10, T=0, x86-64, fp32, 20/20") == [
+        ("0.566", ""), ("1.12", "x"), ("20", "")]
+    assert prose_numbers("307-416 tokens/s, 2.4-2.6k, 3,740 to 15,072, 21%, 34.1 min, at `c3f9a69`, "
+                         "2026-11-23 12:30 UTC, [2](x)") == [
+        ("307", ""), ("416", ""), ("2.4", "k"), ("2.6", "k"), ("3,740", ""), ("15,072", ""), ("21", "%"),
+        ("34.1", "min")]
+    assert shown_by("1,943", "", (1943.3763882542348,)) and shown_by("2.6", "k", (2601.69,))
+    assert shown_by("0.58", "", (0.5849,)) and shown_by("34.1", "min", (2046.0,))
+    assert shown_by("21", "%", (0.214,)) and shown_by("5.51", "M", (5509982,))
+    assert not shown_by("2.4", "k", (2560.6,)) and not shown_by("0.58", "", (0.5851,))
+    claims = record_claims("Held-out 0.5 ([a](reports/measured/a/README.md)); then 0.6; "
+                           "and 0.7 ([b](reports/measured/b/README.md)). Unlinked 0.8.")
+    assert [(c.split()[0], r) for c, r in claims] == [("Held-out", ["a"]), ("then", ["a"]), ("and", ["b"])]
+
+
+def test_prose_number_check_fails_on_a_number_from_another_record():
+    missing, read = unsupported_numbers(_MIXED)
+    assert read == 4
+    assert [m.split(" ", 1)[0] for m in missing] == ["416", "2.4k", "2.6k"], missing
+    fixed = _MIXED.replace("307-416", "307-323").replace("2.4-2.6k", "1,943-1,974")
+    assert unsupported_numbers(fixed) == ([], 4)
+
+
+def test_readme_prose_numbers_are_in_the_cited_records():
+    missing, read = unsupported_numbers(README.read_text(encoding="utf-8"))
+    assert read >= 25, f"only {read} numbers read next to record links: is the scanner reading the README?"
+    assert not missing, missing
 
 
 # ---- the environment the project names ---------------------------------------------------------
