@@ -155,6 +155,10 @@ def _check_family(config) -> None:
         )
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def load_target(config: TargetConfig | None = None) -> Target:
     """Load the target model and tokenizer described by ``config``, frozen and in eval mode."""
     config = config or TargetConfig()
@@ -177,9 +181,14 @@ def load_target(config: TargetConfig | None = None) -> Target:
                 f"cannot load target {name!r}: {exc.__class__.__name__}. Give a local path, or check that "
                 "the Hugging Face hub is reachable and the model id is right."
             ) from exc
+        except ValueError as exc:  # a folder that is not a model: transformers' "Unrecognized model in ..."
+            raise TargetError(f"cannot load target {name!r} (target.model): {_first_line(exc)}") from exc
         _check_family(hf_config)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as exc:  # a config without weights or tokenizer files
+            raise TargetError(f"cannot load target {name!r} (target.model): {_first_line(exc)}") from exc
     model = model.to(device=config.device, dtype=dtype).eval()
     model.requires_grad_(False)
     if config.gqa_attention:

@@ -559,3 +559,22 @@ def test_summary_and_divergences_of_a_file_that_is_not_records_is_one_line(tmp_p
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     extra = ["--profile", "smoke"] if command == "divergences" else []
     assert_one_error(*cli(capsys, command, *extra, "--records", str(path)), str(path), "not benchmark records")
+
+
+def not_a_model(tmp: Path, config: bool) -> Path:
+    """A folder that is not a model: notes only, or a llama config.json without weights or tokenizer."""
+    (tmp / "m").mkdir()
+    (tmp / "m" / "notes.txt").write_text("not a model")
+    if config:
+        (tmp / "m" / "config.json").write_text(tiny_model("llama").config.to_json_string())
+    return tmp / "m"
+
+
+@pytest.mark.parametrize("config", [False, True], ids=["no-config", "config-only"])
+@pytest.mark.parametrize("command", [["generate", "--max-new-tokens", "2", "hi"], ["cache"], ["costs", "--sizes", "1"],
+                                     ["bench", "--methods", "vanilla"]], ids=lambda c: c[0])
+def test_a_target_folder_that_is_not_a_model_is_one_line(run, tmp_path, capsys, command, config):
+    model = not_a_model(tmp_path, config)
+    where = ["--run-dir", str(run)] if command[0] in ("cache", "bench") else []
+    rc, err = cli(capsys, *command, "--profile", "smoke", *where, *sets({"target.model": str(model)}))
+    assert_one_error(rc, err, "cannot load target", str(model))
