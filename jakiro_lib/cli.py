@@ -499,9 +499,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     _log_to_stderr()
-    if args.command in BUSY_COMMANDS and (warning := busy_warning()):
-        print(warning, file=sys.stderr)
+
     def run() -> int | None:
+        if args.command in BUSY_COMMANDS and (warning := busy_warning()):  # a 0.2 s sample: Ctrl-C is one line
+            print(warning, file=sys.stderr)
         out, file_out = {"--out": getattr(args, "out", None)}, args.command in FILE_OUT
         check_paths(dirs={"--run-dir": getattr(args, "run_dir", None), **({} if file_out else out)},
                     files=out if file_out else None)

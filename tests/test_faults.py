@@ -578,3 +578,18 @@ def test_a_target_folder_that_is_not_a_model_is_one_line(run, tmp_path, capsys, 
     where = ["--run-dir", str(run)] if command[0] in ("cache", "bench") else []
     rc, err = cli(capsys, *command, "--profile", "smoke", *where, *sets({"target.model": str(model)}))
     assert_one_error(rc, err, "cannot load target", str(model))
+
+
+def test_ctrl_c_while_the_cli_is_still_importing_is_one_line_and_status_130():
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "jakiro_lib", "profiles"], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:  # -X importtime: one line per module imported, torch's long before the CLI's
+        seen.append(line)
+        if line.split("|")[-1].strip() == "torch":
+            proc.send_signal(signal.SIGINT)
+            break
+    err = "".join(seen) + proc.stderr.read()
+    rc = proc.wait(timeout=60)
+    assert_one_error(rc, "\n".join(x for x in err.splitlines() if not x.startswith("import time:")), "interrupted",
+                     status=130)
