@@ -97,6 +97,27 @@ def _choice_key(spec: MethodSpec) -> str:
     return json.dumps({"weights": draft_fingerprint(spec.draft), "tree": tree}, sort_keys=True, default=str)
 
 
+def _saved_entries(path: Path) -> list[dict[str, Any]]:
+    """The entries of a ``tree_budgets.json``; [] when there is none, or (with a warning) when what is there is
+    not this cache's shape: it is measured again and rewritten."""
+    saved = read_json(path)
+    if saved is None:
+        return []
+    entries = saved.get("machines", [saved] if "machine" in saved else None) if isinstance(saved, dict) else None
+    if isinstance(entries, list) and all(_valid_entry(e) for e in entries):  # older files: one entry
+        return entries
+    log.warning("%s is not a tree-budget cache (another shape); measuring again and rewriting it", path)
+    return []
+
+
+def _valid_entry(e: Any) -> bool:
+    return (isinstance(e, dict) and isinstance(e.get("machine"), dict)
+            and isinstance(costs := e.get("target_costs_s"), dict)
+            and all(str(n).isdigit() and isinstance(t, (int, float)) for n, t in costs.items())
+            and isinstance(choices := e.get("choices"), dict)
+            and all(isinstance(c, dict) and isinstance(c.get("best"), int) for c in choices.values()))
+
+
 def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any], target: Any, *,
                          force: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """Methods with ``tree.total_tokens="auto"`` get the budget that maximises estimated tokens/s here.
@@ -113,8 +134,7 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
         return methods, {}
     path = RunLayout(Path(run_dir)).tree_budgets
     machine = _machine(profile, target)
-    saved = read_json(path) or {}
-    entries = saved.get("machines", [saved] if "machine" in saved else [])  # older files: one entry
+    entries = _saved_entries(path)
     if force:
         keys = [_machine_key(machine, False), _machine_key(machine, True)]
         entries = [e for e in entries if e.get("machine") not in keys]

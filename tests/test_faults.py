@@ -593,3 +593,17 @@ def test_ctrl_c_while_the_cli_is_still_importing_is_one_line_and_status_130():
     rc = proc.wait(timeout=60)
     assert_one_error(rc, "\n".join(x for x in err.splitlines() if not x.startswith("import time:")), "interrupted",
                      status=130)
+
+
+@pytest.mark.parametrize("content", ['[{"machine": {}}]', '{"machines": "none"}', '{"machines": [1, 2]}',
+                                     '{"machines": [{"machine": {}, "target_costs_s": [], "choices": {}}]}',
+                                     '{"machines": [{"machine": {}, "target_costs_s": {"1": "x"}, "choices": 3}]}'],
+                         ids=["list", "string", "numbers", "costs-list", "bad-values"])
+def test_a_tree_budgets_file_of_the_wrong_shape_is_measured_again_out_loud(run, capsys, content):
+    budgets = run / "bench" / "tree_budgets.json"
+    budgets.write_text(content)
+    argv = ["bench", "--profile", "smoke", "--methods", "eagle2_auto", "--run-dir", str(run), "--out",
+            str(run / "bench" / "auto"), *sets({"bench.tuned": "true"})]
+    rc, err = cli(capsys, *argv)
+    assert rc == 0 and "Traceback" not in err and "not a tree-budget cache" in err and str(budgets) in err, err
+    assert json.loads(budgets.read_text())["machines"][0]["choices"]  # rewritten, whole
