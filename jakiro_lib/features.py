@@ -513,7 +513,9 @@ def cache_features(
                 manifest["shards"].append(entry)
         manifest["shards"].sort(key=lambda e: e["file"])
         _summarise(manifest)
-        write_json(out_dir / MANIFEST, manifest)
+        if not (set(reuse) == set(range(n_shards)) and old is not None and old.get("complete")
+                and manifest["shards"] == old.get("shards")):
+            write_json(out_dir / MANIFEST, manifest)  # else nothing was computed: the manifest stays as it was
         for path in out_dir.glob("shard_*.json"):  # merged (or stale) sidecars
             path.unlink(missing_ok=True)
     world.wait()  # every process returns with the final manifest written

@@ -435,8 +435,15 @@ KNOWN_ERRORS: dict[str, tuple[str, ...]] = {
 INTERRUPTED = "error: interrupted; finished work is kept (rerun the same command to resume)"
 
 
+# Refusals of the file system that the user fixes, not the code: said in one line like the known errors
+UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+
+
 def known_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is one of :data:`KNOWN_ERRORS` (its message is meant for the user as it is)."""
+    """Whether ``exc`` is one of :data:`KNOWN_ERRORS` (its message is meant for the user as it is), or the file
+    system refusing a path (:data:`UNWRITABLE`: no permission, read-only, full)."""
+    if isinstance(exc, OSError) and exc.errno in UNWRITABLE and exc.filename is not None:
+        return True
     classes = [getattr(sys.modules[m], n, None) for m, names in KNOWN_ERRORS.items() if m in sys.modules
                for n in names]
     return any(isinstance(exc, c) for c in classes if isinstance(c, type))
@@ -444,6 +451,8 @@ def known_error(exc: BaseException) -> bool:
 
 def error_line(exc: BaseException) -> str:
     """``error: <message>`` on one line (a multi-line message is joined)."""
+    if isinstance(exc, OSError) and exc.errno in UNWRITABLE and exc.filename is not None:
+        return f"error: {exc.strerror}: {exc.filename}"
     return "error: " + " ".join(str(exc).split())
 
 

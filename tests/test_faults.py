@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -607,3 +607,56 @@ def test_a_tree_budgets_file_of_the_wrong_shape_is_measured_again_out_loud(run, 
     rc, err = cli(capsys, *argv)
     assert rc == 0 and "Traceback" not in err and "not a tree-budget cache" in err and str(budgets) in err, err
     assert json.loads(budgets.read_text())["machines"][0]["choices"]  # rewritten, whole
+
+
+def read_only(path: Path, monkeypatch) -> None:
+    """Make ``path`` unwritable: chmod where that binds; as root (it does not), every os.open for writing and
+    every mkdir under it fails as the kernel would refuse them (the CLI's own writes all start with one)."""
+    for p in [path, *path.rglob("*")]:
+        p.chmod(p.stat().st_mode & ~0o222)
+    if os.geteuid() != 0:
+        return
+    real_open, real_mkdir = os.open, os.mkdir
+
+    def refused(p: Any) -> bool:
+        return Path(os.path.abspath(p)).is_relative_to(path)
+
+    def open_(p, flags, *args, **kwargs):
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT) and refused(p):
+            raise PermissionError(13, "Permission denied", str(p))
+        return real_open(p, flags, *args, **kwargs)
+
+    def mkdir(p, *args, **kwargs):
+        if refused(p):
+            raise PermissionError(13, "Permission denied", str(p))
+        return real_mkdir(p, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+
+
+@pytest.mark.parametrize("command", [["cache"], ["train", "--force", "--drafts", "dense"], ["bench", "--methods", "vanilla"],
+                                     ["costs", "--sizes", "1", "--out", "{run}/costs.json"],
+                                     ["summary", "--records", "{run}/bench/main/records.jsonl", "--out", "{run}/t"]],
+                         ids=lambda c: c[0])
+def test_a_run_directory_that_cannot_be_written_is_one_line(run, capsys, monkeypatch, command):
+    before = tree_hash(run)
+    read_only(run, monkeypatch)
+    try:
+        argv = [c.format(run=run) for c in command]
+        where = ["--run-dir", str(run)] if command[0] in ("cache", "train", "bench") else []
+        smoke = [] if command[0] == "summary" else ["--profile", "smoke", *sets()]
+        assert_one_error(*cli(capsys, *argv, *where, *smoke), "Permission denied", str(run))
+    finally:
+        monkeypatch.undo()
+        for p in [run, *run.rglob("*")]:
+            p.chmod(p.stat().st_mode | 0o200)
+    assert tree_hash(run) == before
+
+
+def test_cache_on_a_complete_cache_leaves_its_manifest_alone(run, capsys):
+    manifest = run / "features" / MANIFEST
+    before = manifest.read_bytes(), manifest.stat().st_mtime_ns
+    rc, err = cli(capsys, "cache", "--profile", "smoke", "--run-dir", str(run), *sets())
+    assert rc == 0, err
+    assert (manifest.read_bytes(), manifest.stat().st_mtime_ns) == before
