@@ -38,8 +38,8 @@ class MethodSpec:
     # A static KV cache and torch.compile: kind "hf" through HF generate (decoding.hf_generate); kinds
     # "vanilla" and "spec" through our loops' compiled target runner (jakiro_lib.compiled).
     static_compile: bool = False
-    # kinds "spec" and "vanilla": the loop engine, or the static-shape one (jakiro_lib.static: no CEPD or
-    # lookup; with static_compile its whole cycle, or plain decoding's step, compiled: CUDA graphs on a GPU)
+    # kinds "spec" and "vanilla": the loop engine, or the static-shape one (jakiro_lib.static: every tree
+    # option; with static_compile its whole cycle, or plain decoding's step, compiled: CUDA graphs on a GPU)
     engine: str = "loop"
 
     def __post_init__(self) -> None:
@@ -132,13 +132,14 @@ MAIN = (
     Method("hf_prompt_lookup", "pld", group="pld"),
     Method("eagle2", "spec", "dense", group="eagle2", static_twin=True),
     Method("jakiro", "spec", "moe2", _JAKIRO, group="jakiro", static_twin=True),
-    Method("jakiro_cepd", "spec", "moe2", {**_JAKIRO, "ar_steps": CEPD}, group="jakiro"),
+    Method("jakiro_cepd", "spec", "moe2", {**_JAKIRO, "ar_steps": CEPD}, group="jakiro", static_twin=True),
     Method("eagle2_auto", "spec", "dense", {"total_tokens": "auto"}, group="eagle2", when="tuned", static_twin=True),
     Method("jakiro_auto", "spec", "moe2", {**_JAKIRO, "total_tokens": "auto"}, group="jakiro", when="tuned",
            twin=True, static_twin=True),
-    Method("lookup_only", "spec", None, {"lookup_tokens": LOOKUP_TOKENS}, group="lookup_only"),
-    Method("eagle2_lookup", "spec", "dense", _LOOKUP, group="eagle2_lookup"),
-    Method("jakiro_lookup", "spec", "moe2", {**_JAKIRO, **_LOOKUP}, group="jakiro_lookup", twin=True),
+    Method("lookup_only", "spec", None, {"lookup_tokens": LOOKUP_TOKENS}, group="lookup_only", static_twin=True),
+    Method("eagle2_lookup", "spec", "dense", _LOOKUP, group="eagle2_lookup", static_twin=True),
+    Method("jakiro_lookup", "spec", "moe2", {**_JAKIRO, **_LOOKUP}, group="jakiro_lookup", twin=True,
+           static_twin=True),
 )
 
 ABLATIONS = (

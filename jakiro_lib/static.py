@@ -6,9 +6,10 @@ function of tensors whose shapes depend only on the tree settings (docs/DESIGN.m
 
 1. **draft** (:meth:`StaticTreeDrafter.propose`): EAGLE-2's tree, K = ``top_k`` frontier nodes per layer,
    each forwarded into fixed slots of a preallocated draft cache, their K x K children scored
-   (:func:`~jakiro_lib.drafting.candidate_tensors`, coupled or decoupled), the best K kept by a stable
-   sort, and finally the best ``total_tokens - 1`` of the pool: the same tree as
-   :class:`~jakiro_lib.drafting.FeatureDrafter` builds (tested);
+   (:func:`~jakiro_lib.drafting.candidate_tensors`, coupled or decoupled; under CEPD a forward also yields
+   the layer after, from branch B), the best K kept by a stable sort, and finally the best
+   ``total_tokens - 1`` of the pool: the same tree as :class:`~jakiro_lib.drafting.FeatureDrafter` builds
+   (tested); a prompt-lookup chain, found by the host, grafted on it (:func:`graft_chain`);
 2. **verify** (:meth:`StaticTarget.tree`): the target scores the tree over its static KV cache;
 3. **evaluate** (:func:`greedy_path`, or :func:`sampling_path` at T > 0): the accepted path and the bonus token,
    as tensors;
@@ -19,7 +20,7 @@ The host then reads one small tensor (the accepted count and tokens): the only s
 Lengths and positions live in device tensors, so each step can be captured (CUDA graphs, through
 ``torch.compile(mode="reduce-overhead")``) without re-recording. At T > 0, step 3 is
 :func:`sampling_path`: the loop engine's lossless multi-candidate rule in a fixed number of iterations,
-on uniforms drawn before the step. No CEPD and no lookup chain: those stay on the loop engine. On a CPU
+on uniforms drawn before the step. Every drafting option of the loop engine runs here. On a CPU
 the same code runs eagerly and must give vanilla's greedy output token for token (tests/test_static.py)
 and the target's distribution when sampling (tests/test_verify.py).
 """
@@ -40,7 +41,7 @@ from .compiled import MAX_TREE_ROOM, _compile_settings, _state, scratch, static_
 from .config import TreeConfig
 from .decoding import GenerationResult, _check_prompt, _choose, _finish, _sync
 from .draft import DraftModel, DraftOutput
-from .drafting import candidate_tensors, schedule
+from .drafting import PromptLookup, candidate_tensors, schedule
 from .target import additive_mask
 from .verify import SamplingParams, warp_probs
 
@@ -67,7 +68,8 @@ def _static(t: torch.Tensor) -> torch.Tensor:
 
 
 class StaticEngineError(ValueError):
-    """A setting the static engine does not run (CEPD, a lookup chain, an 'auto' budget, sliding windows)."""
+    """A setting the static engine does not run (an unresolved 'auto' budget, sliding windows, a tree larger
+    than the room kept past the text)."""
 
 
 class StaticKV:
@@ -114,15 +116,19 @@ def ancestor_mask(parents: torch.Tensor, depth: int) -> torch.Tensor:
 
 
 def greedy_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
-                logits: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                logits: torch.Tensor, max_depth: int,
+                valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Greedy verification in tensors: (path [max_depth + 1] node indices by depth, accepted count, bonus).
 
     A node is accepted when it and every ancestor equal the target's argmax at their parent. Siblings
     hold distinct tokens, so the accepted nodes form one root path; its deepest node gives the bonus
     token. Path entries past the accepted count point at the root (padding the caller never emits).
+    ``valid`` [m] bool: nodes that may be accepted (None: all; :func:`graft_chain`'s unused rows may not).
     """
     pred = logits.argmax(-1)  # [m]
     match = (tokens == pred[parents]) | (depths == 0)  # [m]; the root (depth 0) always matches
+    if valid is not None:
+        match = match & valid
     accepted = ~(anc & ~match[None, :]).any(-1)  # [m]
     best = torch.where(accepted, depths, -1).argmax().reshape(1)
     on_path = anc.index_select(0, best)[0]  # [m]: the best node and its ancestors
@@ -133,7 +139,8 @@ def greedy_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
 
 
 def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, params: SamplingParams,
-                  uniforms: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  uniforms: torch.Tensor, max_depth: int,
+                  valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sampling verification in tensors, the rule of :func:`jakiro_lib.verify.verify_sampling`: at each node
     the children are tried in index order, child j accepted with probability p(x_j) / R_j, where R_j is the
     node's mass left after zeroing the tokens of the children tried before it; when all are rejected, or at
@@ -145,11 +152,14 @@ def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Ten
     the bonus (inverse CDF, as :func:`~jakiro_lib.verify.inverse_cdf`). R_j is the exact sum of the
     residual (children's tokens zeroed) plus the untried children's mass, so the last child with any mass
     left is accepted with probability exactly 1, as in the loop engine. A child repeating an earlier
-    sibling's token has no mass (its token was zeroed by that sibling's rejection).
+    sibling's token has no mass (its token was zeroed by that sibling's rejection). ``valid``: as in
+    :func:`greedy_path`; an invalid node is nobody's child.
     """
     m = tokens.shape[0]
     idx = torch.arange(m, device=tokens.device)
     children = (parents[None, :] == idx[:, None]) & (idx[None, :] > 0)  # [m, m]: j is a child of i
+    if valid is not None:
+        children = children & valid[None, :]
     earlier_same = (tokens[:, None] == tokens[None, :]) & (idx[None, :] < idx[:, None])  # [m, m]: k < j, same token
     repeated = (children.float() @ earlier_same.float().T) > 0  # [m, m]: an earlier sibling of j holds its token
     probs = warp_probs(logits, params)  # [m, V]
@@ -178,12 +188,44 @@ def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Ten
 
 
 def evaluate(params: SamplingParams, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
-             anc: torch.Tensor, logits: torch.Tensor, uniforms: torch.Tensor,
-             max_depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             anc: torch.Tensor, logits: torch.Tensor, uniforms: torch.Tensor, max_depth: int,
+             valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Step 3 of a cycle: :func:`greedy_path` at T=0, else :func:`sampling_path` (path, accepted count, bonus)."""
     if params.greedy:
-        return greedy_path(tokens, parents, depths, anc, logits, max_depth)
-    return sampling_path(tokens, parents, logits, params, uniforms, max_depth)
+        return greedy_path(tokens, parents, depths, anc, logits, max_depth, valid)
+    return sampling_path(tokens, parents, logits, params, uniforms, max_depth, valid)
+
+
+def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+                chain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A tree of m nodes with a prompt-lookup chain merged in, in fixed shapes: :meth:`Tree.graft
+    <jakiro_lib.tree.Tree.graft>`'s rule (the chain follows existing nodes while their tokens agree, then
+    continues as new nodes, last among their siblings) on device tensors.
+
+    ``chain`` [L + 1] long: the number of chain tokens c, then the tokens (padded). Returns tokens,
+    parents, depths and ``valid`` [m + L]: rows m.. hold the new nodes; a row the chain did not need
+    (followed an existing node, or past c) is invalid: parent the root, never accepted (verified by the
+    target all the same, as padding)."""
+    m, L, dev = tokens.shape[0], chain.shape[0] - 1, tokens.device
+    idx = torch.arange(m, device=dev)
+    zero = torch.zeros((), dtype=torch.long, device=dev)
+    node, depth, following = zero, zero, torch.ones((), dtype=torch.bool, device=dev)
+    new: list[tuple[torch.Tensor, ...]] = []
+    for i in range(L):
+        token, live = chain[i + 1], chain[0] > i
+        hit = (parents == node) & (tokens == token) & (idx > 0)  # [m]: node's child holding the token
+        found = following & live & hit.any()
+        real = live & ~found  # a new node, child of `node`
+        new.append((torch.where(real, token, 0), torch.where(real, node, 0), torch.where(real, depth + 1, 1), real))
+        at = hit.long().argmax()
+        depth = torch.where(found, depths.index_select(0, at[None])[0], torch.where(real, depth + 1, depth))
+        node = torch.where(found, at, torch.where(real, m + i, node))
+        following = following & found
+    if not new:
+        return tokens, parents, depths, torch.ones(m, dtype=torch.bool, device=dev)
+    t, p, d, v = (torch.stack(x) for x in zip(*new))
+    return (torch.cat([tokens, t]), torch.cat([parents, p]), torch.cat([depths, d]),
+            torch.cat([torch.ones(m, dtype=torch.bool, device=dev), v]))
 
 
 def root_step(target: "StaticTarget", token: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor,
@@ -204,26 +246,24 @@ class StaticTreeDrafter:
     def __init__(self, draft: DraftModel, tree: TreeConfig, capacity: int) -> None:
         if tree.total_tokens == "auto":
             raise StaticEngineError("tree.total_tokens='auto' must be resolved to a number first")
-        if tree.lookup_tokens:
-            raise StaticEngineError("the static engine has no prompt-lookup chain; lookup methods run on the loop "
-                                    "engine")
         if tree.decoupled and draft.cfg.num_experts < 2:
             raise StaticEngineError("decoupled candidates need a draft with at least 2 experts")
-        steps = schedule(min(tree.depth, tree.total_tokens - 1), tree.ar_steps, draft.cfg.branch_b)
-        if any(n != 1 for n in steps):
-            raise StaticEngineError("the static engine drafts one layer per forward; CEPD (ar_steps) runs on the "
-                                    "loop engine")
+        if tree.ar_steps is not None and not draft.cfg.branch_b:
+            raise StaticEngineError("CEPD (ar_steps) needs a draft trained with branch B")
+        # layers per draft step, as the loop drafter: 1 (branch A), or 2 under CEPD (A, then B's grandchildren)
+        self.steps = schedule(min(tree.depth, tree.total_tokens - 1), tree.ar_steps, draft.cfg.branch_b)
         self.draft = draft
         self.cfg = tree
-        self.K = tree.top_k
-        self.n_steps = len(steps)
-        self.n_slots = (self.n_steps - 1) * self.K  # tree rows forwarded per cycle
-        self.pool_size = 1 + self.K + (self.n_steps - 1) * self.K * self.K
+        self.K = K = tree.top_k
+        self.n_steps = len(self.steps)
+        self.n_slots = (self.n_steps - 1) * K  # tree rows forwarded per cycle
+        # candidates per cycle: the root's K children, K x K per later step, K x K grandchildren per CEPD step
+        self.pool_size = 1 + K + (self.n_steps - 1) * K * K + sum(n == 2 for n in self.steps) * K * K
         self.m = min(tree.total_tokens, self.pool_size)
-        self.max_depth = min(self.n_steps, self.m - 1)
-        if max(self.n_slots, self.max_depth + 1) > MAX_TREE_ROOM:
-            raise StaticEngineError(f"a tree of {self.n_slots} drafted rows does not fit the {MAX_TREE_ROOM} "
-                                    "positions kept past the text")
+        self.max_depth = min(sum(self.steps), self.m - 1)
+        if max(self.n_slots, self.m) > MAX_TREE_ROOM:
+            raise StaticEngineError(f"a tree of {self.m} tokens and {self.n_slots} drafted rows does not fit the "
+                                    f"{MAX_TREE_ROOM} positions kept past the text")
         self.cache = StaticKV(capacity)
         self.dtype = next(draft.parameters()).dtype
         self.forwards = 0  # draft forwards inside trees, counted by the engine (no Python state inside a compiled step)
@@ -250,12 +290,12 @@ class StaticTreeDrafter:
         cols = torch.arange(self.cache.capacity, device=tokens.device)
         out = self._forward(hidden, tokens, pos, pos, cols[None, :] <= pos[:, None])
         at = last.reshape(1)  # index_select, not tensor[last]: a 0-dim index would be read on the host
-        new = [None if x is None else x.index_select(0, at)[0] for x in (out.a, out.experts, out.gates, tokens)]
+        new = [None if x is None else x.index_select(0, at)[0] for x in (out.a, out.b, out.experts, out.gates, tokens)]
         if self.root is None:
-            a, experts, gates, token = (None if x is None else _static(x.clone()) for x in new)
-            self.root, self.root_token = DraftOutput(a, None, experts, gates), token
+            a, b, experts, gates, token = (None if x is None else _static(x.clone()) for x in new)
+            self.root, self.root_token = DraftOutput(a, b, experts, gates), token
             return
-        for buf, x in zip((self.root.a, self.root.experts, self.root.gates, self.root_token), new):
+        for buf, x in zip((self.root.a, self.root.b, self.root.experts, self.root.gates, self.root_token), new):
             if buf is not None:
                 buf.copy_(x)
 
@@ -264,38 +304,61 @@ class StaticTreeDrafter:
 
     def propose(self, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The tree rooted at the last token, drafted after ``base`` (0-dim) cached positions:
-        tokens, parents (root's: 0), depths [m] and the ancestor mask [m, m], all on the device."""
+        tokens, parents (root's: 0), depths [m] and the ancestor mask [m, m], all on the device.
+
+        Each step expands the frontier (the root, then the K rows forwarded in one draft call) by branch A;
+        a CEPD step (``steps`` entry 2) keeps the best K of those children and gives each the top K of its
+        real parent's branch-B distribution as children (the grandparent's prediction two ahead: the
+        skipped node is never forwarded), from which the next frontier is chosen; docs/DESIGN.md section 3.
+        """
         K, dev = self.K, base.device
-        ids, vals, feats = self._children(_batch_of_one(self.root))
         zero = torch.zeros(1, dtype=torch.long, device=dev)
-        tokens, parents = [self.root_token.reshape(1), ids[0]], [zero, zero.expand(K)]
-        scores = [torch.zeros(1, dtype=torch.float64, device=dev), vals[0].double().clamp(max=0.0)]
-        depths = [zero, zero.expand(K) + 1]
-        order = scores[1].sort(descending=True, stable=True).indices  # [K]: the frontier, best first
-        front_idx, front_feat, front_score = 1 + order, feats[0][order], scores[1][order]
-        front_anc = torch.zeros(K, self.n_slots, dtype=torch.bool, device=dev)  # forwarded ancestors' slots
-        cols = torch.arange(self.cache.capacity, device=dev)
-        prefix = cols[None, :] < base
+        tokens, parents, depths = [self.root_token.reshape(1)], [zero], [zero]
+        scores = [torch.zeros(1, dtype=torch.float64, device=dev)]
+        out = _batch_of_one(self.root)  # the frontier's outputs: the root's, then each forward's
+        front_idx, front_score, front_feat = zero, scores[0], None
+        front_anc = torch.zeros(1, self.n_slots, dtype=torch.bool, device=dev)  # forwarded ancestors' slots
+        prefix = torch.arange(self.cache.capacity, device=dev)[None, :] < base
         eye = torch.eye(K, dtype=torch.bool, device=dev)
-        offset = 1 + K
-        for k in range(1, self.n_steps):
-            s0 = (k - 1) * K
-            own = front_anc.clone()
-            own[:, s0:s0 + K] = eye  # each row also sees itself
-            slots = base + s0 + torch.arange(K, device=dev)
-            out = self._forward(front_feat, torch.cat(tokens)[front_idx], (base - 1 + k).expand(K), slots,
-                                tree_rows(prefix, base, own))
-            ids, vals, feats = self._children(out)  # [K, K], [K, K], [K, K, H]
-            child = torch.minimum(front_score[:, None] + vals.double(), front_score[:, None]).flatten()  # [K*K]
+        size, depth = 1, 0  # pool nodes so far; the frontier's depth
+
+        def add(ids: torch.Tensor, owner: torch.Tensor, owner_score: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+            """K children per owner ([N] pool indices): pooled; returns their scores [N * K] (a child never
+            outscores its parent, as in CandidatePool.add)."""
+            nonlocal size
+            child = torch.minimum(owner_score[:, None] + vals.double(), owner_score[:, None]).flatten()  # [N*K]
             tokens.append(ids.flatten())
-            parents.append(front_idx.repeat_interleave(K))
+            parents.append(owner.repeat_interleave(K))
             scores.append(child)
-            depths.append(zero.expand(K * K) + k + 1)
-            order = child.sort(descending=True, stable=True).indices[:K]
-            front_idx, front_score = offset + order, child[order]
-            front_feat = feats.flatten(0, 1)[order]
-            front_anc = own.repeat_interleave(K, 0)[order]
-            offset += K * K
+            depths.append(zero.expand(child.shape[0]) + depth + 1)
+            size += child.shape[0]
+            return child
+
+        for k, n_layers in enumerate(self.steps):
+            own = front_anc
+            if k > 0:  # one draft forward for the whole frontier, into slots s0.. of the draft cache
+                s0 = (k - 1) * K
+                own = front_anc.clone()
+                own[:, s0:s0 + K] = eye  # each row also sees itself
+                slots = base + s0 + torch.arange(K, device=dev)
+                out = self._forward(front_feat, torch.cat(tokens)[front_idx], (base - 1 + depth).expand(K), slots,
+                                    tree_rows(prefix, base, own))
+            ids, vals, feats = self._children(out)  # [N, K], [N, K], [N, K, H]
+            first = size
+            child = add(ids, front_idx, front_score, vals)
+            order = child.sort(descending=True, stable=True).indices[:K]  # the best K, best first
+            front_idx, front_score = first + order, child[order]
+            front_feat, front_anc = feats.flatten(0, 1)[order], own.repeat_interleave(K, 0)[order]
+            depth += 1
+            if n_layers == 2:  # CEPD: the survivors' children from their parents' branch B
+                rows = order // K  # [K]: each survivor's parent, a row of `out`
+                top = self.draft.logits(out.b).float().log_softmax(-1).topk(K, dim=-1)  # [N, K]
+                first = size
+                grand = add(self.draft.to_target_ids(top.indices)[rows], front_idx, front_score, top.values[rows])
+                order = grand.sort(descending=True, stable=True).indices[:K]
+                front_idx, front_score = first + order, grand[order]
+                front_feat, front_anc = out.b[rows][order // K], front_anc[order // K]
+                depth += 1
         tokens, parents, scores, depths = (torch.cat(x) for x in (tokens, parents, scores, depths))
         # EAGLE-2's selection: the best m - 1 candidates (ties: shallower, then earlier; pool index order
         # is depth order), kept in index order so that every parent precedes its children
@@ -309,7 +372,8 @@ class StaticTreeDrafter:
 
 def _batch_of_one(out: DraftOutput) -> DraftOutput:
     """A position's outputs as a batch of one row."""
-    return DraftOutput(out.a[None], None, None if out.experts is None else out.experts[None],
+    return DraftOutput(out.a[None], None if out.b is None else out.b[None],
+                       None if out.experts is None else out.experts[None],
                        None if out.gates is None else out.gates[None])
 
 
@@ -395,6 +459,7 @@ class _StaticLoop:
         self.target = StaticTarget(model, cache_len, shared=compile)
         self.uniforms = torch.zeros(draws, dtype=torch.float64, device=model.device)
         self.compiled_cycles = 0  # cycles run through the compiled step (tests check that it was used)
+        self.inputs: tuple[torch.Tensor, ...] = ()  # the step's inputs after the uniforms, set by the host per cycle
         self._step = step
         if compile:
             mode = "reduce-overhead" if model.device.type == "cuda" else "default"
@@ -402,8 +467,8 @@ class _StaticLoop:
 
     def _run_step(self, start: torch.Tensor) -> torch.Tensor:
         if not self.compile:
-            return self._step(start, self.uniforms)
-        read = _call_compiled(self.model, self._step, start, self.uniforms)
+            return self._step(start, self.uniforms, *self.inputs)
+        read = _call_compiled(self.model, self._step, start, self.uniforms, *self.inputs)
         self.compiled_cycles += 1
         return read
 
@@ -455,40 +520,75 @@ class StaticEngine(_StaticLoop):
     :meth:`cycle` is one draft-verify-evaluate-update step from ``start`` cached positions, a function of
     device tensors with fixed shapes; it returns what the host reads. ``params``: greedy (T=0) verification
     or :func:`sampling_path` on the cycle's uniforms. ``compile``: the cycle goes through ``torch.compile``
-    (:class:`_StaticLoop`), the draft head's packed GEMM off inside it too.
+    (:class:`_StaticLoop`), the draft head's packed GEMM off inside it too. With ``tree.lookup_tokens`` the
+    host looks the context's last n-gram up (:class:`~jakiro_lib.drafting.PromptLookup`, over the tokens it
+    reads anyway) and hands the chain to the cycle, which grafts it on the tree (:func:`graft_chain`);
+    ``draft`` None: the tree is the root and the chain alone.
     """
 
-    def __init__(self, model: PreTrainedModel, draft: DraftModel, tree: TreeConfig, cache_len: int, *,
+    def __init__(self, model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig, cache_len: int, *,
                  params: SamplingParams = SamplingParams(), compile: bool = False) -> None:
+        if draft is None and not tree.lookup_tokens:
+            raise StaticEngineError("without a draft, only a prompt-lookup chain proposes tokens: set "
+                                    "tree.lookup_tokens")
         self.draft = draft
-        self.drafter = StaticTreeDrafter(draft, tree, cache_len)
+        self.drafter = None if draft is None else StaticTreeDrafter(draft, tree, cache_len)
+        L = tree.lookup_tokens
+        self.lookup = PromptLookup(L, max_ngram=tree.lookup_max_ngram, min_ngram=tree.lookup_min_ngram) if L else None
+        drafted_m, drafted_depth = (1, 0) if self.drafter is None else (self.drafter.m, self.drafter.max_depth)
+        self.m, self.max_depth = drafted_m + L, max(drafted_depth, L)  # the verified tree: drafted rows, then chain
+        if self.m > MAX_TREE_ROOM:
+            raise StaticEngineError(f"a tree of {self.m} tokens does not fit the {MAX_TREE_ROOM} positions kept past "
+                                    "the text")
+        # the root when there is no draft (the last token, written in place); the chain's count and tokens
+        self.token = _static(torch.zeros((), dtype=torch.long, device=model.device))
+        self.chain = torch.zeros(L + 1, dtype=torch.long, device=model.device)
         super().__init__(model, cache_len, self.cycle, params=params, compile=compile,
-                         draws=self.drafter.max_depth * self.drafter.m + 1)
+                         draws=self.max_depth * self.m + 1)
+        if L:
+            self.inputs = (self.chain,)  # an input, not a static address (see _StaticLoop on CPU freezing)
 
-    def cycle(self, start: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    def cycle(self, start: torch.Tensor, uniforms: torch.Tensor, chain: torch.Tensor | None = None) -> torch.Tensor:
         """[D + 2]: the accepted count, then the accepted tokens with the bonus token after them (padded).
-        ``uniforms``: this cycle's draws (sampling; see :class:`_StaticLoop`)."""
+        ``uniforms``: this cycle's draws (sampling; see :class:`_StaticLoop`); ``chain``: the lookup chain
+        (:func:`graft_chain`)."""
         drafter, target = self.drafter, self.target
         with record_function(STEP_RANGES["draft"]):
-            tokens, parents, depths, anc = drafter.propose(start)
+            if drafter is not None:
+                tokens, parents, depths, anc = drafter.propose(start)
+            else:
+                tokens = self.token.reshape(1)
+                parents = depths = torch.zeros(1, dtype=torch.long, device=start.device)
+            valid = None
+            if chain is not None:
+                tokens, parents, depths, valid = graft_chain(tokens, parents, depths, chain)
+                anc = ancestor_mask(parents, self.max_depth)
         with record_function(STEP_RANGES["verify"]):
             logits, hidden = target.tree(tokens, depths, anc, start)
         with record_function(STEP_RANGES["evaluate"]):
             path, accepted, bonus = evaluate(self.params, tokens, parents, depths, anc, logits, uniforms,
-                                             drafter.max_depth)
+                                             self.max_depth, valid)
         with record_function(STEP_RANGES["update"]):
             target.keep(start, path, accepted)
             new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1]: accepted tokens, bonus at `accepted`
             new = new.scatter(0, accepted[None], bonus[None])
-            drafter.extend(hidden[path], new, start, accepted)
+            if drafter is not None:
+                drafter.extend(hidden[path], new, start, accepted)
+            else:
+                self.token.copy_(bonus)
         return torch.cat([accepted[None], new])
+
+    def _root(self) -> torch.Tensor:
+        return self.token if self.drafter is None else self.drafter.root_token
 
     def _root_only(self, start: torch.Tensor) -> torch.Tensor:
         """Near the end of the context, where a whole tree no longer fits: the root alone, verified."""
-        bonus = root_step(self.target, self.drafter.root_token, self.params, self.uniforms, start)
+        bonus = root_step(self.target, self._root(), self.params, self.uniforms, start)
         return torch.stack([torch.zeros_like(bonus), bonus])
 
     def _run_step(self, start: torch.Tensor) -> torch.Tensor:
+        if self.draft is None:
+            return super()._run_step(start)
         head = self.draft.packed_head
         if self.compile:
             self.draft.packed_head = False  # inside the compiled step the plain GEMMs run (inductor packs them)
@@ -500,21 +600,33 @@ class StaticEngine(_StaticLoop):
 
     def _begin(self, ids: torch.Tensor, hidden: torch.Tensor, first: int) -> None:
         dev, n = ids.device, ids.shape[0]
-        self.drafter.extend(hidden, torch.cat([ids[1:], torch.full((1,), first, device=dev)]),
-                            torch.zeros((), dtype=torch.long, device=dev), torch.full((), n - 1, device=dev))
+        if self.drafter is not None:
+            self.drafter.extend(hidden, torch.cat([ids[1:], torch.full((1,), first, device=dev)]),
+                                torch.zeros((), dtype=torch.long, device=dev), torch.full((), n - 1, device=dev))
+        else:
+            self.token.fill_(first)
+        if self.lookup is not None:
+            self.lookup.reset(ids.tolist() + [first])  # once per prompt (a host read of the prompt)
 
     def _advance(self, start: torch.Tensor, room: int) -> tuple[list[int], int | None]:
-        drafter = self.drafter
-        whole = drafter.max_depth + 1 <= room
+        whole = self.max_depth + 1 <= room
+        if whole and self.lookup is not None:
+            chain = self.lookup.propose()
+            L = self.lookup.num_tokens
+            self.chain.copy_(torch.tensor([len(chain), *chain, *[0] * (L - len(chain))]))
         with record_function(STEP_RANGES["cycle"]):
             step = self._run_step(start) if whole else self._root_only(start)
         with record_function(STEP_RANGES["read"]):
             read = step.tolist()  # the one host read
-        drafter.forwards += (drafter.n_steps - 1) if whole else 0
-        return read[1:read[0] + 2], drafter.m if whole else 1
+        emitted = read[1:read[0] + 2]
+        if self.lookup is not None:
+            self.lookup.extend(emitted)
+        if self.drafter is not None and whole:
+            self.drafter.forwards += self.drafter.n_steps - 1
+        return emitted, self.m if whole else 1
 
     def _forwards(self) -> int:
-        return self.drafter.forwards
+        return 0 if self.drafter is None else self.drafter.forwards
 
 
 def _call_compiled(model: PreTrainedModel, step: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
@@ -555,7 +667,7 @@ def _engine(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig |
     tree, sampling settings and length: its step is specialised to its buffers (as
     :func:`~jakiro_lib.compiled.static_cache` explains), so a new one would compile again."""
     def build() -> StaticEngine | StaticDecoder:
-        if draft is None:
+        if draft is None and (tree is None or not tree.lookup_tokens):
             return StaticDecoder(model, cache_len, params=params, compile=compile)
         return StaticEngine(model, draft, tree, cache_len, params=params, compile=compile)
 

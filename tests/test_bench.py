@@ -215,8 +215,8 @@ def test_compiled_loops_add_compiled_twins_side_by_side(tmp_path):
 
 
 def test_static_engine_adds_static_twins(tmp_path):
-    """bench.static_engine runs EAGLE-2 and Jakiro (fixed and tuned trees) a second time on the static-shape
-    engine, as <name>_static; a run at T=0 and T=1 records the static twin at both, vanilla's greedy output
+    """bench.static_engine runs vanilla, EAGLE-2 and Jakiro (fixed and tuned trees, CEPD) and the lookup
+    methods a second time on the static-shape engine, as <name>_static; a run at T=0 and T=1 records the static twin at both, vanilla's greedy output
     at T=0, and sampled text at T=1 reproducible from the record's seed."""
     from jakiro_lib.bench import load_records, run_benchmark
     from jakiro_lib.config import DraftConfig, TargetConfig
@@ -227,7 +227,8 @@ def test_static_engine_adds_static_twins(tmp_path):
     tree = TreeConfig(total_tokens=8)
     plain = study_methods(tree, tmp_path, study="main")
     both = study_methods(tree, tmp_path, study="main", static_engine=True)
-    twins = {"vanilla_static", "eagle2_static", "jakiro_static", "eagle2_auto_static", "jakiro_auto_static"}
+    twins = {"vanilla_static", "eagle2_static", "jakiro_static", "jakiro_cepd_static", "eagle2_auto_static",
+             "jakiro_auto_static", "lookup_only_static", "eagle2_lookup_static", "jakiro_lookup_static"}
     assert set(both) - set(plain) == twins and all(m.engine == "loop" for m in plain.values())
     for name in twins:
         assert both[name] == dataclasses.replace(both[name.removesuffix("_static")], engine="static")
@@ -240,13 +241,20 @@ def test_static_engine_adds_static_twins(tmp_path):
     draft = tmp_path / "d" / "draft"
     DraftModel.build(DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False, contrastive=False),
                      target.model).save(draft)
+    moe = tmp_path / "m" / "draft"
+    DraftModel.build(DraftConfig(num_experts=2), target.model).save(moe)
     spec = MethodSpec("spec", draft=str(draft), tree=TreeConfig(depth=3, top_k=2, total_tokens=4))
-    path = run_benchmark(target, {"vanilla": MethodSpec("vanilla"), "eagle2_static": dataclasses.replace(
-        spec, engine="static")}, [Question("q1", "writing", ["Say something."], "mt_bench")], temperatures=(0.0, 1.0),
-        max_new_tokens=8, warmup=1, out_dir=tmp_path / "bench", progress=False)
+    static = {"eagle2_static": dataclasses.replace(spec, engine="static"),
+              "jakiro_cepd_static": MethodSpec("spec", draft=str(moe), engine="static", tree=TreeConfig(
+                  depth=3, top_k=2, total_tokens=6, decoupled=True, ar_steps=1)),
+              "lookup_only_static": MethodSpec("spec", engine="static", tree=TreeConfig(lookup_tokens=4))}
+    path = run_benchmark(target, {"vanilla": MethodSpec("vanilla"), **static},
+                         [Question("q1", "writing", ["Say something."], "mt_bench")], temperatures=(0.0, 1.0),
+                         max_new_tokens=8, warmup=1, out_dir=tmp_path / "bench", progress=False)
     recs = {(r["method"], r["temperature"]): r for r in load_records(path)}
-    assert set(recs) == {(m, t) for m in ("vanilla", "eagle2_static") for t in (0.0, 1.0)}
-    assert recs["eagle2_static", 0.0]["output_ids"] == recs["vanilla", 0.0]["output_ids"]
+    assert set(recs) == {(m, t) for m in ("vanilla", *static) for t in (0.0, 1.0)}
+    for name in static:
+        assert recs[name, 0.0]["output_ids"] == recs["vanilla", 0.0]["output_ids"], name
     again = run_benchmark(target, {"eagle2_static": dataclasses.replace(spec, engine="static")},
                           [Question("q1", "writing", ["Say something."], "mt_bench")], temperatures=(1.0,),
                           max_new_tokens=8, warmup=0, out_dir=tmp_path / "again", progress=False)
@@ -350,10 +358,12 @@ def test_perf_goal_groups_come_from_the_registry():
     names = {m.name for m in MAIN}
     assert set(perf.JAKIRO_EAGER) <= names and set(perf.EAGLE_METHODS) <= names and set(perf.HF_METHODS) <= names
     assert perf.JAKIRO_EAGER == ("jakiro", "jakiro_cepd", "jakiro_auto")
-    assert perf.JAKIRO_METHODS == (*perf.JAKIRO_EAGER, "jakiro_auto_compiled", "jakiro_static", "jakiro_auto_static",
-                                   "jakiro_static_compiled", "jakiro_auto_static_compiled")
+    assert perf.JAKIRO_METHODS == (*perf.JAKIRO_EAGER, "jakiro_auto_compiled", "jakiro_static", "jakiro_cepd_static",
+                                   "jakiro_auto_static", "jakiro_static_compiled", "jakiro_cepd_static_compiled",
+                                   "jakiro_auto_static_compiled")
     assert perf.OUR_VANILLA == ("vanilla", "vanilla_compiled", "vanilla_static", "vanilla_static_compiled") and perf.HF_METHODS == ("hf_generate", "hf_compiled")
-    assert perf.LOOKUP_METHODS == ("jakiro_lookup", "jakiro_lookup_compiled") and perf.LOOKUP_METHOD == "jakiro_lookup"
+    assert perf.LOOKUP_METHODS == ("jakiro_lookup", "jakiro_lookup_compiled", "jakiro_lookup_static",
+                                   "jakiro_lookup_static_compiled") and perf.LOOKUP_METHOD == "jakiro_lookup"
     assert COMPILED_TWINS == ("vanilla", "jakiro_auto", "jakiro_lookup")
 
 

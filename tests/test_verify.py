@@ -542,11 +542,14 @@ def test_speculative_sampling_matches_target_trained_draft(e2e_setup, monkeypatc
     assert Counter(record)[0] > 0.05 * len(record)  # rejections too: the residual path runs
 
 
-# The static engine (jakiro_lib.static) samples with the same trained drafts and trees; no CEPD there. Floors:
+# The static engine (jakiro_lib.static) samples with the same trained drafts and trees, CEPD included. Floors:
 # about 0.8 of the drafted tokens its first cycle accepted, measured over the same 400 generations
-# (2026-11-25: dense 0.575, moe2 decoupled 0.21; the loop engine's first cycles 0.655 and 0.145).
+# (2026-11-25: dense 0.575, moe2 decoupled 0.21; the loop engine's first cycles 0.655 and 0.145; 2026-11-27:
+# CEPD with the loop's trees above, decoupled ar0 0.10, coupled ar1 0.155).
 STATIC_SAMPLING = {"dense": ("dense", TreeConfig(depth=2, top_k=3, total_tokens=10), 0.45),
-                   "moe2-decoupled": ("moe2", TreeConfig(depth=2, top_k=3, total_tokens=10, decoupled=True), 0.15)}
+                   "moe2-decoupled": ("moe2", TreeConfig(depth=2, top_k=3, total_tokens=10, decoupled=True), 0.15),
+                   "moe2-decoupled-cepd0": (*TRAINED_SAMPLING["moe2-decoupled-cepd0"][:2], 0.08),
+                   "moe2-coupled-cepd1": (*TRAINED_SAMPLING["moe2-coupled-cepd1"][:2], 0.12)}
 
 
 @pytest.mark.parametrize("name", list(STATIC_SAMPLING))
@@ -593,6 +596,39 @@ def test_speculative_sampling_with_lookup_chains_matches_target(e2e_setup):
     assert drafter.grafted >= n  # at least one chain token per generation on average
     assert verdict.first.cells >= 10, verdict
     assert verdict.passed, verdict
+
+
+@pytest.mark.parametrize("with_draft", [True, False], ids=["tree+chain", "chain-only"])
+def test_static_engine_sampling_with_lookup_chains_matches_target(e2e_setup, with_draft):
+    """The same chains on the static engine (grafted in fixed shapes, jakiro_lib.static.graft_chain), on the
+    trained moe2 draft's decoupled tree or alone. Drafted tokens are accepted: in the first cycle 0.86 a
+    generation with the tree, 0.72 with the chain alone (2026-11-27): floor 0.5."""
+    model, params, prompt, _ = e2e_setup["T1"]
+    likely = vanilla_generate(model, prompt, max_new_tokens=N_TOKENS + 1).output_ids
+    prompt = torch.cat([prompt, torch.tensor(likely), prompt])
+    n = 400
+    exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / n)
+    draft = trained_draft(model, "moe2") if with_draft else None
+    tree = LOOKUP_DRAFT[1]
+    accepted: list[int] = []
+
+    def draw(size: int, seed: int) -> list[tuple]:
+        g = torch.Generator().manual_seed(seed)
+        samples = []
+        for _ in range(size):
+            r = static_generate(model, draft, tree, prompt, max_new_tokens=N_TOKENS + tree.lookup_tokens,
+                                params=params, generator=g)
+            samples.append(tuple(r.output_ids[:N_TOKENS]))
+            accepted.append(r.accepted[0] - 1)
+        return samples
+
+    verdict = two_stage_chi2(draw, exact, n, seed=6)
+    rate = sum(accepted) / len(accepted)
+    print(f"e2e static lookup chains (draft: {with_draft}): {verdict}, drafted accepted in the first cycle "
+          f"{rate:.3f}, {sorted(Counter(accepted).items())}")
+    assert verdict.first.cells >= 10, verdict
+    assert verdict.passed, verdict
+    assert rate >= 0.5 and Counter(accepted)[0] > 0.05 * len(accepted), rate
 
 
 @pytest.mark.parametrize("broken,n", [(_verify_no_zeroing, N_E2E // 4), (_verify_accept_first, N_E2E // 4)])
