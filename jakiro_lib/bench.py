@@ -130,11 +130,13 @@ def _params(temperature: float, top_p: float) -> SamplingParams:
 def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Iterable[Any], *,
                   temperatures: Iterable[float] = (0.0,), max_new_tokens: int = 128, repeats: int = 1,
                   warmup: int = 1, top_p: float = 1.0, seed: int = 0, out_dir: str | Path,
-                  progress: bool = True) -> Path:
+                  progress: bool = True, tuning: dict[str, Any] | None = None) -> Path:
     """Run every method on every question turn; append records to ``out_dir/records.jsonl``.
 
     Resumable: records already in the file (same method, temperature, question, turn, repeat) are
     skipped. Multi-turn questions feed each method its own previous answer, as Spec-Bench does.
+    ``tuning``: what the tuned tree budgets were tuned on (:func:`jakiro_lib.budgets.tuning_prompts`), written
+    to ``bench_config.json`` as ``tree_budget_tuning`` beside the prompts this run scores (None: no budget tuned).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -153,7 +155,7 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
         "methods": {k: portable(v, relative_to=out_dir) for k, v in methods.items()},
         "temperatures": temperatures, "max_new_tokens": max_new_tokens, "repeats": repeats, "warmup": warmup,
         "top_p": top_p, "seed": seed, "num_questions": len(questions), "target": dataclasses.asdict(target.config),
-        "environment": run_metadata(target.device),
+        "environment": run_metadata(target.device), "tree_budget_tuning": tuning,
     })
     runners = {name: MethodRunner(target, spec) for name, spec in methods.items()}
     if warmup and questions:  # first calls pay allocator and kernel set-up: keep them out of the timings

@@ -1,9 +1,23 @@
 """Turning ``tree.total_tokens="auto"`` into a number: the tree budget tuned on this machine, cached.
 
 The cost model (:mod:`jakiro_lib.costmodel`) measures T(n) and picks the budget that maximises estimated
-tokens/s; this module decides when to measure and keeps the results in ``run_dir/bench/tree_budgets.json``
-(one entry per machine, target settings and runner; choices keyed by the draft weights' digest and the
-tree settings), so that reruns, copied drafts and other target settings do not retune for nothing.
+tokens/s; this module decides when to measure, on what, and keeps the results in
+``run_dir/bench/tree_budgets.json`` (one entry per machine, target settings and runner; choices keyed by the
+draft weights' digest, the tree settings and the tuning prompts), so that reruns, copied drafts and other
+target settings do not retune for nothing.
+
+Issue 43 made three choices here, each because of a measurement or a flaw:
+
+* The prompts are first user turns of ShareGPT conversations the drafts were not trained on
+  (:func:`tuning_prompts`), never benchmark prompts: the last 4 MT-bench questions were used before, and with
+  ``bench.limit`` unset those are scored too, so the budget was selected on the test set.
+* T(n) is each size's fastest of its rounds (``stat="min"``), not the median: load only adds time.
+* The estimate's choice must beat the fixed tree in a measured run on the tuning prompts, or the fixed tree
+  is kept (:func:`jakiro_lib.costmodel.tune_total_tokens`, ``reference``): on a clean clone on a 2-core EPYC
+  (2026-11-26) the estimate gave ``jakiro_auto`` 16 tokens and it ran at 0.99x ``hf_compiled``, where the
+  fixed 8-token ``jakiro_cepd`` ran at 1.15x; a second process was using one of the two cores while it tuned.
+  The other processes' CPU use while the tuner times is recorded with every entry and choice, and a busy
+  machine is named in a warning (:data:`BUSY_CORES`).
 """
 from __future__ import annotations
 
@@ -11,16 +25,18 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
 from . import costmodel
 from .bench import format_prompt_ids
-from .config import Profile
-from .data import load_questions
+from .config import Profile, TreeConfig
+from .data import DataError, load_conversations
+from .dataset import _stable_hash, split_indices
 from .draft import WEIGHTS_FILE, DraftModel
 from .layout import RunLayout
 from .methods import MethodSpec
@@ -28,7 +44,18 @@ from .utils import device_name, file_sha256, read_json, write_json
 
 log = logging.getLogger(__name__)
 
-TUNE_PROMPTS = 4  # MT-bench questions (from the end of the set) the tree budget is tuned on
+TUNE_PROMPTS = 4  # held-out ShareGPT first turns the tree budget is tuned on (tuning_prompts)
+# A first turn's text is cut to this many tokens (at most a quarter of target.max_context): ShareGPT's first
+# turns run from a line to pasted documents, and the benchmark's prompts are questions of a few lines.
+TUNE_PROMPT_TOKENS = 256
+PAPER_TREE_TOKENS = 8  # the fixed tree where a profile's own total_tokens is "auto" (EAGLE-2's CPU-sized tree here)
+# What a choice's key records of how it was made: 2 since issue 43 (held-out prompts, minimum timings, the
+# check against the fixed tree); choices made by an earlier tuner are not reused.
+TUNER_VERSION = 2
+# Other processes' CPU use, in cores beyond those this process leaves idle, above which the tuner's timings
+# are named unreliable in a warning (the busy-machine check of the CLI samples only torch processes).
+BUSY_CORES = 0.25
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 TUNE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # up to the paper's 60-token trees (GPU)
 # through the compiled runner each size is a compilation (22 s on a fresh H200, 2026-11-26): the sizes it
 # compiles anyway, up to 32 (jakiro_lib.compiled.COMPILED_SIZES; larger trees run eagerly there)
@@ -53,10 +80,95 @@ def _file_digest(path: str, size: int, mtime_ns: int) -> str:
     return file_sha256(path)[:16]
 
 
-def _tune_prompts(target: Any, n: int | None = None) -> list[Any]:
-    """First turns of the LAST ``n`` MT-bench questions: small benchmark limits never include them."""
-    questions = load_questions("mt_bench")[-(n or TUNE_PROMPTS):]
-    return [format_prompt_ids(target, [{"role": "user", "content": q.turns[0]}]) for q in questions]
+def tuning_prompts(profile: Profile, target: Any, exclude: Iterable[str] = ()) -> tuple[list[Any], dict[str, Any]]:
+    """The prompts the tree budget is tuned on, and what they are (recorded with every choice and in
+    ``bench_config.json``).
+
+    First user turns of :data:`TUNE_PROMPTS` conversations of the profile's training source
+    (``data.source``, ``data.path``) that its drafts never train on: the held-out split of the first
+    ``data.num_conversations`` (:func:`jakiro_lib.dataset.split_indices`), taken in the split's own hash order
+    so that they stay held out when caching drops some conversations; with ``data.heldout_fraction`` 0, the
+    conversations after those. Tuning on prompts the drafts learned would overrate large trees; tuning on
+    benchmark prompts selects the budget on the prompts it is scored on. ``exclude``: the benchmark's prompt
+    texts; a conversation whose first turn is one of them is passed over. Texts longer than
+    :data:`TUNE_PROMPT_TOKENS` tokens (a quarter of ``target.config.max_context`` at most) are cut there.
+    """
+    d = profile.data
+    n = d.num_conversations
+    skip = {t.strip() for t in exclude}
+    try:
+        if d.heldout_fraction > 0:  # split as training splits: over the conversations there are
+            convs = load_conversations(d.source, path=d.path, limit=n)
+            held = split_indices(range(len(convs)), "heldout", d.heldout_fraction)
+            order, split = sorted(held, key=_stable_hash), "heldout"
+        else:
+            convs = load_conversations(d.source, path=d.path, limit=n + TUNE_PROMPTS + len(skip))
+            order, split = list(range(n, len(convs))), "after the training range"
+    except DataError as exc:
+        raise DataError(f"the tree budget is tuned on conversations of data.source={d.source!r} the drafts did not "
+                        f"train on, and those cannot be loaded: {exc}") from exc
+    cap = min(TUNE_PROMPT_TOKENS, target.config.max_context // 4)
+    prompts, picked = [], []
+    for i in order:
+        text = convs[i].messages[0]["content"]
+        if text.strip() in skip:
+            continue
+        ids = target.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > cap:
+            text = target.tokenizer.decode(ids[:cap], skip_special_tokens=True)
+        prompt = format_prompt_ids(target, [{"role": "user", "content": text}])
+        prompts.append(prompt)
+        picked.append({"index": i, "id": convs[i].id, "text_tokens": min(len(ids), cap), "cut": len(ids) > cap,
+                       "prompt_tokens": prompt.numel()})
+        if len(prompts) == TUNE_PROMPTS:
+            break
+    if not prompts:
+        raise DataError(f"no conversation of data.source={d.source!r} is left to tune the tree budget on: the drafts "
+                        f"train on all {len(convs)} (data.heldout_fraction={d.heldout_fraction:g}) or the benchmark "
+                        "holds the others")
+    return prompts, {"source": d.source, "path": d.path, "split": split, "heldout_fraction": d.heldout_fraction,
+                     "num_conversations": n, "conversations": picked, "max_text_tokens": cap,
+                     "excluded_benchmark_prompts": len(skip)}
+
+
+def fixed_tree_tokens(tree: TreeConfig) -> int:
+    """The fixed tree's budget on ``tree``: its own ``total_tokens``, or :data:`PAPER_TREE_TOKENS` where "auto"."""
+    return tree.total_tokens if isinstance(tree.total_tokens, int) else PAPER_TREE_TOKENS
+
+
+def _cpu_snapshot() -> tuple[float, int, int] | None:
+    """(seconds, CPU ticks of the whole machine, CPU ticks of this process) from ``/proc``; None elsewhere."""
+    try:
+        machine = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        # user, nice, system, irq, softirq, steal; this process's utime + stime (fields 14 and 15 of stat)
+        return (time.perf_counter(), sum(int(machine[i]) for i in (0, 1, 2, 5, 6, 7)), int(own[11]) + int(own[12]))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class _OthersLoad:
+    """Other processes' mean CPU use, in cores, over a ``with`` block (``cores``; None where unknown)."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.cores = what, None
+
+    def __enter__(self) -> "_OthersLoad":
+        self.before = _cpu_snapshot()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        after = _cpu_snapshot()
+        if self.before is None or after is None or after[0] <= self.before[0]:
+            return
+        others = (after[1] - self.before[1]) - (after[2] - self.before[2])
+        self.cores = round(max(others, 0) / CLOCK_TICKS / (after[0] - self.before[0]), 2)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        spare = max(cpus - torch.get_num_threads(), 0)
+        if exc[0] is None and self.cores > spare + BUSY_CORES:
+            log.warning("tree budget: other processes used %.1f cores of %d while %s was timed; the timings, and "
+                        "the budget chosen from them, may be off: retune on a quiet machine (force)",
+                        self.cores, cpus, self.what)
 
 
 def _machine(profile: Profile, target: Any) -> dict[str, Any]:
@@ -65,8 +177,10 @@ def _machine(profile: Profile, target: Any) -> dict[str, Any]:
 
 
 def _machine_key(machine: dict[str, Any], compiled: bool) -> dict[str, Any]:
-    """This machine's key for the eager or the compiled target runner, as it reads back from JSON."""
-    return json.loads(json.dumps({**machine, **({"compiled": True} if compiled else {})}, default=str))
+    """This machine's key for the eager or the compiled target runner, as it reads back from JSON; ``timing``:
+    T(n) is each size's fastest round (entries of median timings, made before issue 43, are not reused)."""
+    return json.loads(json.dumps({**machine, **({"compiled": True} if compiled else {}), "timing": "min"},
+                                 default=str))
 
 
 def tune_sizes(compiled: bool) -> tuple[int, ...]:
@@ -83,18 +197,23 @@ def _entry(entries: list[dict[str, Any]], key: dict[str, Any], target: Any, comp
     sizes = tune_sizes(compiled)
     if not {str(n) for n in sizes} <= set(found["target_costs_s"]):
         t0 = time.perf_counter()
-        costs = costmodel.measure_target_costs(target.model, sizes=sizes, static_compile=compiled)
+        with _OthersLoad("the target's T(n)") as load:
+            costs = costmodel.measure_target_costs(target.model, sizes=sizes, static_compile=compiled, stat="min")
         found["target_costs_s"] = {str(n): t for n, t in costs.items()}
+        found["others_cpu_cores"] = load.cores
         log.info("tree budget: target T(n) measured in %.1f s%s", time.perf_counter() - t0,
                  " (compiled)" if compiled else "")
     return found
 
 
-def _choice_key(spec: MethodSpec) -> str:
-    """What a tuned budget depends on besides the machine: the draft's weights and the tree settings."""
+def _choice_key(spec: MethodSpec, prompts: dict[str, Any], fixed: int) -> str:
+    """What a tuned budget depends on besides the machine: the draft's weights, the tree settings, the
+    conversations it is tuned on, the fixed tree it must beat and the tuner's version."""
     tree = {k: v for k, v in dataclasses.asdict(spec.tree).items()
             if k != "total_tokens" and not k.startswith("lookup_")}
-    return json.dumps({"weights": draft_fingerprint(spec.draft), "tree": tree}, sort_keys=True, default=str)
+    tuned_on = [prompts["source"], prompts["path"], [c["id"] for c in prompts["conversations"]]]
+    return json.dumps({"weights": draft_fingerprint(spec.draft), "tree": tree, "prompts": tuned_on, "fixed": fixed,
+                       "tuner": TUNER_VERSION}, sort_keys=True, default=str)
 
 
 def _saved_entries(path: Path) -> list[dict[str, Any]]:
@@ -119,15 +238,17 @@ def _valid_entry(e: Any) -> bool:
 
 
 def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any], target: Any, *,
-                         force: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Methods with ``tree.total_tokens="auto"`` get the budget that maximises estimated tokens/s here.
+                         force: bool = False, exclude: Iterable[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Methods with ``tree.total_tokens="auto"`` get the budget that maximises estimated tokens/s here, unless
+    the fixed tree (:func:`fixed_tree_tokens` of the profile's tree) is measured as fast (module docstring).
 
     The target's T(n) is measured once per machine and target settings (dtype, fast paths) and cached
     with every choice in ``run_dir/bench/tree_budgets.json`` (one entry per machine, target settings and
-    runner: eager, or compiled for methods with ``static_compile``; choices keyed by draft weights and tree
-    settings), so reruns, also after a run with other target settings, do not retune. ``force`` remeasures
-    and retunes this machine's entries.
-    Returns (methods with numeric budgets, the measurements and choices).
+    runner: eager, or compiled for methods with ``static_compile``; choices keyed by draft weights, tree
+    settings and tuning prompts), so reruns, also after a run with other target settings, do not retune.
+    ``force`` remeasures and retunes this machine's entries. ``exclude``: the benchmark's prompt texts, which
+    are never tuned on (:func:`tuning_prompts`).
+    Returns (methods with numeric budgets, the measurements, choices and ``tuning_prompts``).
     """
     auto = [k for k, m in methods.items() if m.kind == "spec" and m.draft and m.tree.total_tokens == "auto"]
     if not auto:
@@ -138,23 +259,26 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
     if force:
         keys = [_machine_key(machine, False), _machine_key(machine, True)]
         entries = [e for e in entries if e.get("machine") not in keys]
-    prompts = None
+    prompts, tuned_on = tuning_prompts(profile, target, exclude)
+    fixed = fixed_tree_tokens(profile.tree)
     choices: dict[str, Any] = {}
     costs_by_runner: dict[bool, dict[int, float]] = {}
     for name in auto:
         spec = methods[name]
         cache = _entry(entries, _machine_key(machine, spec.static_compile), target, spec.static_compile)
         costs = costs_by_runner[spec.static_compile] = {int(n): t for n, t in cache["target_costs_s"].items()}
-        key = _choice_key(spec)
+        key = _choice_key(spec, tuned_on, fixed)
         if key not in cache["choices"]:
-            prompts = prompts if prompts is not None else _tune_prompts(target)
             t0 = time.perf_counter()
             draft = DraftModel.load(spec.draft, target.model)
-            tuned = costmodel.tune_total_tokens(target, draft, spec.tree, prompts, target_costs=costs,
-                                                candidates=[n for n in tune_sizes(spec.static_compile) if n >= 2])
-            tuned["seconds"] = round(time.perf_counter() - t0, 1)
+            with _OthersLoad(f"the tree budget of {name}") as load:
+                tuned = costmodel.tune_total_tokens(target, draft, spec.tree, prompts, target_costs=costs,
+                                                    candidates=[n for n in tune_sizes(spec.static_compile) if n >= 2],
+                                                    reference=fixed, static_compile=spec.static_compile)
+            tuned.update(seconds=round(time.perf_counter() - t0, 1), others_cpu_cores=load.cores, prompts=tuned_on)
             cache["choices"][key] = tuned
-            log.info("tree budget for %s: %d tokens (tuned in %.1f s)", name, tuned["best"], tuned["seconds"])
+            log.info("tree budget for %s: %d tokens (estimate %s, fixed tree %d; tuned in %.1f s)", name,
+                     tuned["best"], tuned.get("estimated_best", tuned["best"]), fixed, tuned["seconds"])
         choices[name] = cache["choices"][key]
     write_json(path, {"machines": entries})
     out = dict(methods)
@@ -162,4 +286,4 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
         m = methods[name]
         out[name] = dataclasses.replace(m, tree=dataclasses.replace(m.tree, total_tokens=choices[name]["best"]))
     info = {f"{'compiled_' if compiled else ''}target_costs_s": c for compiled, c in costs_by_runner.items()}
-    return out, {**info, "choices": choices}
+    return out, {**info, "choices": choices, "tuning_prompts": tuned_on}

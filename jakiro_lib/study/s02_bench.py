@@ -128,7 +128,8 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     temps = study_temperatures(prof, study)
     out_dir = Path(out_dir).expanduser().resolve() if out_dir is not None else layout.bench(study)
     target = target or get_target(prof)
-    methods, budgets = resolve_tree_budgets(prof, rdir, methods, target, force=force)
+    methods, budgets = resolve_tree_budgets(prof, rdir, methods, target, force=force,
+                                            exclude=[t for q in questions for t in q.turns])
     out_dir.mkdir(parents=True, exist_ok=True)
     if budgets:
         write_json(out_dir / STUDY_TREE_BUDGET, budgets)
@@ -136,7 +137,8 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     b = prof.bench
     t0 = time.perf_counter()
     run_benchmark(target, methods, questions, temperatures=temps, max_new_tokens=b.max_new_tokens,
-                  repeats=b.repeats, warmup=b.warmup, seed=b.seed, out_dir=out_dir, progress=progress)
+                  repeats=b.repeats, warmup=b.warmup, seed=b.seed, out_dir=out_dir, progress=progress,
+                  tuning=budgets.get("tuning_prompts"))
     log.info("study %s: %d methods x %d questions x %d temperatures in %.1f s", study, len(methods),
              len(questions), len(temps), time.perf_counter() - t0)
     table = study_table(load_records(out_dir / RECORDS_FILE), methods)

@@ -1,0 +1,145 @@
+"""The tree budget's tuning (issue 43): prompts the benchmark never scores, recorded; timings that load moves
+least; the choice checked against the fixed tree; a busy machine named."""
+import dataclasses
+import json
+import logging
+
+import pytest
+
+from helpers import single_thread
+from jakiro_lib import budgets, costmodel
+from jakiro_lib.budgets import TUNE_PROMPTS, resolve_tree_budgets, tuning_prompts
+from jakiro_lib.config import TargetConfig, get_profile
+from jakiro_lib.data import Question, load_conversations, load_questions
+from jakiro_lib.dataset import split_indices
+from jakiro_lib.draft import DraftModel
+from jakiro_lib.methods import study_methods
+from jakiro_lib.study import run_study
+from jakiro_lib.target import load_target
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target(TargetConfig(model="tiny:llama", max_context=512))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, target):
+    root = tmp_path_factory.mktemp("budgets")
+    profile = get_profile("smoke")  # a fixed 8-token tree; the main study adds the "_auto" methods
+    for name in ("dense", "moe2"):
+        DraftModel.build(profile.drafts[name], target.model).eval().save(root / "drafts" / name / "draft")
+    return profile, root
+
+
+def test_tuning_prompts_are_held_out_sharegpt_turns_that_no_benchmark_scores(target):
+    profile = get_profile("smoke")  # 24 conversations, 20% held out of training
+    prompts, info = tuning_prompts(profile, target)
+    convs = load_conversations(limit=profile.data.num_conversations)
+    held = set(split_indices(range(len(convs)), "heldout", profile.data.heldout_fraction))
+    picked = [c["index"] for c in info["conversations"]]
+    assert len(prompts) == len(picked) == TUNE_PROMPTS and set(picked) <= held  # never trained on
+    assert info["source"] == "sharegpt" and info["split"] == "heldout"
+    assert [c["id"] for c in info["conversations"]] == [convs[i].id for i in picked]
+    mt_bench = {t.strip() for q in load_questions("mt_bench") for t in q.turns}
+    assert not {convs[i].messages[0]["content"].strip() for i in picked} & mt_bench
+    assert all(c["text_tokens"] <= info["max_text_tokens"] for c in info["conversations"])
+    assert [len(p) for p in prompts] == [c["prompt_tokens"] for c in info["conversations"]]
+    # a benchmark that holds one of them (a question file cut from ShareGPT, say): that one is passed over
+    again, other = tuning_prompts(profile, target, exclude=[convs[picked[0]].messages[0]["content"]])
+    assert picked[0] not in [c["index"] for c in other["conversations"]] and len(again) == TUNE_PROMPTS
+    assert other["excluded_benchmark_prompts"] == 1
+
+
+def test_without_a_held_out_split_the_prompts_come_after_the_training_range(target):
+    profile = get_profile("smoke", **{"data.heldout_fraction": 0.0})
+    _, info = tuning_prompts(profile, target)
+    assert info["split"] == "after the training range"
+    assert all(c["index"] >= profile.data.num_conversations for c in info["conversations"])
+
+
+def test_tuner_gets_held_out_prompts_minimum_timings_and_the_fixed_tree(tiny_run, target, monkeypatch):
+    profile, root = tiny_run
+    methods = {k: v for k, v in study_methods(profile.tree, root / "drafts").items()
+               if k in ("eagle2_auto", "jakiro_auto")}
+    seen: dict[str, list] = {"costs": [], "tune": []}
+
+    def costs(model, sizes, **kw):
+        seen["costs"].append(kw)
+        return {n: 0.01 * n for n in sizes}
+
+    def tune(target, draft, tree, prompts, **kw):
+        seen["tune"].append((prompts, kw))
+        return {"best": 4, "table": [], "estimated_best": 4, "fixed_tokens": kw["reference"]}
+
+    monkeypatch.setattr(costmodel, "measure_target_costs", costs)
+    monkeypatch.setattr(costmodel, "tune_total_tokens", tune)
+    old = {"machines": [{"machine": {**budgets._machine(profile, target)}, "target_costs_s": {"1": 1.0},
+                         "choices": {}}]}  # a cache from before: median timings, MT-bench prompts
+    (root / "bench").mkdir(parents=True, exist_ok=True)
+    (root / "bench" / "tree_budgets.json").write_text(json.dumps(old))
+    with single_thread():
+        resolved, info = resolve_tree_budgets(profile, root, methods, target)
+    assert [kw["stat"] for kw in seen["costs"]] == ["min"]  # measured anew, each size's fastest round
+    expected, tuned_on = tuning_prompts(profile, target)
+    assert len(seen["tune"]) == 2
+    for prompts, kw in seen["tune"]:
+        assert [p.tolist() for p in prompts] == [p.tolist() for p in expected]
+        assert kw["reference"] == 8 and kw["static_compile"] is False  # the profile's fixed tree
+    assert info["tuning_prompts"] == tuned_on and {m.tree.total_tokens for m in resolved.values()} == {4}
+    saved = json.loads((root / "bench" / "tree_budgets.json").read_text())["machines"]
+    fresh = [e for e in saved if e["machine"].get("timing") == "min"]
+    assert len(saved) == 2 and len(fresh) == 1  # the old entry is left as it was, not reused
+    assert all(c["prompts"] == tuned_on for c in fresh[0]["choices"].values())
+    # the same prompts next time: nothing is measured again
+    monkeypatch.setattr(costmodel, "tune_total_tokens", lambda *a, **kw: pytest.fail("retuned"))
+    with single_thread():
+        resolve_tree_budgets(profile, root, methods, target)
+
+
+def test_a_busy_machine_is_recorded_and_named_while_the_tuner_times(tiny_run, target, monkeypatch, caplog):
+    profile, root = tiny_run
+    methods = {"eagle2_auto": study_methods(profile.tree, root / "drafts")["eagle2_auto"]}
+    monkeypatch.setattr(costmodel, "measure_target_costs", lambda model, sizes, **kw: {n: 0.01 * n for n in sizes})
+    monkeypatch.setattr(costmodel, "tune_total_tokens", lambda *a, **kw: {"best": 4, "table": []})
+    clock = iter([(0.0, 0, 0), (2.0, 100 * budgets.CLOCK_TICKS, 0)] * 2)  # others: 50 cores' worth for 2 s
+    monkeypatch.setattr(budgets, "_cpu_snapshot", lambda: next(clock))
+    with caplog.at_level(logging.WARNING, logger="jakiro_lib.budgets"), single_thread():
+        _, info = resolve_tree_budgets(profile, root, methods, target, force=True)
+    assert info["choices"]["eagle2_auto"]["others_cpu_cores"] == pytest.approx(50.0)
+    assert "other processes used 50.0 cores" in caplog.text
+    entry = json.loads((root / "bench" / "tree_budgets.json").read_text())["machines"][-1]
+    assert entry["others_cpu_cores"] == pytest.approx(50.0)
+
+
+def test_bench_config_records_the_tuning_prompts_apart_from_the_benchmarks(tiny_run, target, monkeypatch):
+    """What the issue asks to see: the prompts the budget was tuned on, in bench_config.json, none of them a
+    prompt the benchmark scores."""
+    profile, root = tiny_run
+    monkeypatch.setattr(costmodel, "measure_target_costs", lambda model, sizes, **kw: {n: 0.01 * n for n in sizes})
+    monkeypatch.setattr(costmodel, "tune_total_tokens", lambda *a, **kw: {"best": 4, "table": []})
+    questions = [Question("q1", "writing", ["Say something.", "Say more."], "mt_bench")]
+    with single_thread():
+        run_study(profile, root, "main", target=target, only="vanilla,eagle2_auto", questions=questions,
+                  progress=False, force=True)
+    config = json.loads((root / "bench" / "main" / "bench_config.json").read_text())
+    tuning = config["tree_budget_tuning"]
+    assert tuning["source"] == "sharegpt" and len(tuning["conversations"]) == TUNE_PROMPTS
+    assert tuning["excluded_benchmark_prompts"] == 2
+    convs = load_conversations(limit=max(c["index"] for c in tuning["conversations"]) + 1)
+    texts = {convs[c["index"]].messages[0]["content"] for c in tuning["conversations"]}
+    assert not texts & {t for q in questions for t in q.turns}
+    assert config["methods"]["eagle2_auto"]["tree"]["total_tokens"] == 4
+
+
+def test_a_source_shorter_than_num_conversations_is_split_as_training_splits_it(target, tmp_path):
+    """The drafts' held-out split is taken over the conversations there are (10 here), not over
+    ``data.num_conversations``: the tuning conversation must be the one training held out."""
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps({"id": f"c{i}", "conversations": [
+        {"from": "human", "value": f"Question number {i}?"}, {"from": "gpt", "value": "An answer."}]}) + "\n"
+        for i in range(10)))
+    profile = get_profile("smoke", **{"data.path": str(path), "data.num_conversations": 600,
+                                      "data.heldout_fraction": 0.1})
+    _, info = tuning_prompts(profile, target)
+    assert [c["index"] for c in info["conversations"]] == split_indices(range(10), "heldout", 0.1)
