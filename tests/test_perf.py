@@ -276,6 +276,24 @@ def test_tree_budget_table_reads_the_study_file(tmp_path):
     assert list(tree_budget_table(tmp_path).columns)[:2] == ["method", "total_tokens"]  # empty but typed
 
 
+def test_tree_budget_table_shows_the_measured_check_against_the_fixed_tree(tmp_path):
+    """The report shows the tuned tree at least as fast as the fixed one where it was measured (issue 43): the
+    estimate's 16 tokens lost to the fixed 8 on the tuning prompts, so 8 was kept."""
+    from jakiro_lib.layout import STUDY_TREE_BUDGET, RunLayout
+
+    row = {"expected_tokens_per_cycle": 2.0, "verify_s": 0.05, "draft_s": 0.01, "tokens_per_s": 30.0}
+    choice = {"best": 8, "estimated_best": 16, "fixed_tokens": 8, "measured_tokens_per_s": {"16": 28.0, "8": 31.0},
+              "table": [{"total_tokens": n, **row} for n in (4, 16)]}  # 8 is not a candidate here: a row of its own
+    out = RunLayout(tmp_path).bench("main")
+    out.mkdir(parents=True)
+    (out / STUDY_TREE_BUDGET).write_text(json.dumps({"choices": {"jakiro_auto": choice}}))
+    table = tree_budget_table(tmp_path).set_index("total_tokens")
+    assert table.loc[8, "chosen"] and table.loc[8, "fixed"] and table.loc[16, "estimated_best"]
+    assert not table.loc[16, "chosen"] and table["chosen"].sum() == 1
+    assert table.loc[8, "measured_tokens_per_s"] == 31.0 and table.loc[16, "measured_tokens_per_s"] == 28.0
+    assert math.isnan(table.loc[4, "measured_tokens_per_s"]) and math.isnan(table.loc[8, "tokens_per_s"])
+
+
 def test_cost_model_times_sizes_round_robin_with_and_without_fast_paths_back_to_back(tiny_run, monkeypatch):
     """Every round times each size once, its kernel variants back to back: drift hits all alike."""
     target, _, root = tiny_run
