@@ -250,7 +250,7 @@ def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts:
     ``reference``: the fixed tree's budget the tuned one must beat. The estimate is a model (T(n) timed on a
     synthetic tree, draft time scaled from the largest budget), and its timings move with the machine's load:
     on a 2-core EPYC (2026-11-26, issue 43) it chose 16 tokens, which then ran at 0.99x ``hf_compiled`` where
-    the fixed 8-token tree ran at 1.15x. So where the estimate's choice is not the reference, both run on
+    the fixed 8-token ``jakiro_cepd`` ran at 1.15x. So where the estimate's choice is not the reference, both run on
     ``prompts`` through the method's runner (``static_compile``), interleaved, each the fastest of
     ``check_rounds`` (:func:`measure_budget_speeds`), and the reference is kept unless the tuned budget is
     strictly faster. Recorded: ``estimated_best``, ``fixed_tokens`` and ``measured_tokens_per_s`` (by budget).
