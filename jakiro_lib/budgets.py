@@ -86,8 +86,10 @@ def tuning_prompts(profile: Profile, target: Any, exclude: Iterable[str] = ()) -
 
     First user turns of :data:`TUNE_PROMPTS` conversations of the profile's training source
     (``data.source``, ``data.path``) that its drafts never train on: the held-out split of the first
-    ``data.num_conversations`` (:func:`jakiro_lib.dataset.split_indices`), taken in the split's own hash order
-    so that they stay held out when caching drops some conversations; with ``data.heldout_fraction`` 0, the
+    ``data.num_conversations`` (:func:`jakiro_lib.dataset.split_indices`), taken in the split's own hash order:
+    a conversation's hash does not depend on the others, so the first ones stay held out when caching drops
+    some conversations, or where fewer are loaded here than training had (a GPU kit packs the first 1000
+    ShareGPT records; ``conversations_loaded`` says how many); with ``data.heldout_fraction`` 0, the
     conversations after those. Tuning on prompts the drafts learned would overrate large trees; tuning on
     benchmark prompts selects the budget on the prompts it is scored on. ``exclude``: the benchmark's prompt
     texts; a conversation whose first turn is one of them is passed over. Texts longer than
@@ -127,7 +129,8 @@ def tuning_prompts(profile: Profile, target: Any, exclude: Iterable[str] = ()) -
                         f"train on all {len(convs)} (data.heldout_fraction={d.heldout_fraction:g}) or the benchmark "
                         "holds the others")
     return prompts, {"source": d.source, "path": d.path, "split": split, "heldout_fraction": d.heldout_fraction,
-                     "num_conversations": n, "conversations": picked, "max_text_tokens": cap,
+                     "num_conversations": n, "conversations_loaded": len(convs), "conversations": picked,
+                     "max_text_tokens": cap,
                      "excluded_benchmark_prompts": len(skip)}
 
 

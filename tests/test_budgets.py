@@ -143,3 +143,4 @@ def test_a_source_shorter_than_num_conversations_is_split_as_training_splits_it(
                                       "data.heldout_fraction": 0.1})
     _, info = tuning_prompts(profile, target)
     assert [c["index"] for c in info["conversations"]] == split_indices(range(10), "heldout", 0.1)
+    assert info["conversations_loaded"] == 10 and info["num_conversations"] == 600  # a short source shows
