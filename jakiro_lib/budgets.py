@@ -151,7 +151,9 @@ def _cpu_snapshot() -> tuple[float, int, int] | None:
 
 
 class _OthersLoad:
-    """Other processes' mean CPU use, in cores, over a ``with`` block (``cores``; None where unknown)."""
+    """Other processes' mean CPU use, in cores, over a ``with`` block (``cores``; None where unknown), and a
+    warning where it exceeds the cores this process leaves idle by :data:`BUSY_CORES` (``JAKIRO_NO_BUSY_CHECK``,
+    the CLI's switch for a machine known to be shared, silences it; the record stays)."""
 
     def __init__(self, what: str) -> None:
         self.what, self.cores = what, None
@@ -168,7 +170,7 @@ class _OthersLoad:
         self.cores = round(max(others, 0) / CLOCK_TICKS / (after[0] - self.before[0]), 2)
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         spare = max(cpus - torch.get_num_threads(), 0)
-        if exc[0] is None and self.cores > spare + BUSY_CORES:
+        if exc[0] is None and self.cores > spare + BUSY_CORES and not os.environ.get("JAKIRO_NO_BUSY_CHECK"):
             log.warning("tree budget: other processes used %.1f cores of %d while %s was timed; the timings, and "
                         "the budget chosen from them, may be off: retune on a quiet machine (force)",
                         self.cores, cpus, self.what)
