@@ -1,6 +1,7 @@
 """The user-facing generation call: one function for every decoding method."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -10,12 +11,13 @@ import torch
 from .bench import MethodRunner
 from .chat import format_prompt
 from .config import TreeConfig
-from .decoding import GenerationResult
+from .decoding import ContextLengthError, GenerationResult
 from .methods import KINDS, MethodSpec
 from .target import Target
 from .verify import SamplingParams
 
 METHODS = KINDS  # generate() takes a method kind (jakiro_lib.methods)
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -33,12 +35,15 @@ def generate(target: Target, prompt: str | list[dict[str, str]], *, method: str 
     ``method``: ``vanilla`` (our cached loop), ``hf`` (HF generate), ``pld`` (HF prompt lookup), or
     ``spec`` (speculative decoding with the saved ``draft`` and ``tree`` config: EAGLE-2 for a dense
     draft, Jakiro for a MoE draft, CEPD when ``tree.ar_steps`` is set). ``on_text`` receives the
-    decoded text as tokens are accepted (streaming).
+    decoded text as tokens are accepted (streaming). Every method generates at most what the target's
+    context (``target.max_context``) leaves after the prompt: a larger ``max_new_tokens`` is lowered to
+    that, with one warning.
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     ids = torch.tensor(format_prompt(target.tokenizer, messages, template=target.config.template), dtype=torch.long)
+    max_new_tokens = _within_context(target, ids.numel(), max_new_tokens)
     spec = MethodSpec(method, draft=None if draft is None else str(draft),
                       tree=(tree or TreeConfig()) if method == "spec" else None)
     runner = MethodRunner(target, spec)
@@ -54,3 +59,19 @@ def generate(target: Target, prompt: str | list[dict[str, str]], *, method: str 
 
     result = runner(ids, max_new_tokens=max_new_tokens, params=params, seed=seed, on_tokens=stream)
     return Generation(text=target.tokenizer.decode(result.output_ids, skip_special_tokens=True), result=result)
+
+
+def _within_context(target: Target, prompt_len: int, max_new_tokens: int) -> int:
+    """``max_new_tokens``, or the room the context leaves after the prompt when that is less (said once): one
+    rule for every method (HF's generate would otherwise run past the model's positions, ours stop there)."""
+    limit = target.config.max_context
+    room = limit - prompt_len
+    if room < 1:
+        raise ContextLengthError(f"prompt of {prompt_len} tokens leaves no room to generate in a context of {limit} "
+                                 "(target.max_context)")
+    if max_new_tokens > room:
+        log.warning("max new tokens %d is more than the context leaves: room for %d new tokens after the "
+                    "%d-token prompt in target.max_context=%d; generating at most %d", max_new_tokens, room,
+                    prompt_len, limit, room)
+        return room
+    return max_new_tokens

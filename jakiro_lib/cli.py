@@ -117,7 +117,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                    seed=args.seed, on_text=show)
     r = out.result
     print(f"\n\n[{r.new_tokens} tokens in {r.wall_time:.2f} s = {r.tokens_per_second:.1f} tok/s"
-          + (f", tau {r.tau:.2f} over {r.cycles} cycles" if args.method == "spec" else "") + "]", file=sys.stderr)
+          + (f", tau {r.tau:.2f} over {r.cycles} cycles" if args.method == "spec" else "")
+          + (", stopped at the end of the context" if r.stop_reason == "context" else "") + "]", file=sys.stderr)
     return 0
 
 

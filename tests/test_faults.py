@@ -660,3 +660,15 @@ def test_cache_on_a_complete_cache_leaves_its_manifest_alone(run, capsys):
     rc, err = cli(capsys, "cache", "--profile", "smoke", "--run-dir", str(run), *sets())
     assert rc == 0, err
     assert (manifest.read_bytes(), manifest.stat().st_mtime_ns) == before
+
+
+@pytest.mark.parametrize("method", ["vanilla", "hf", "pld", "spec"])
+def test_max_new_tokens_past_the_context_is_one_rule_said_once(run, capsys, method):
+    draft = ["--draft", str(run / "drafts" / "dense" / "draft")] if method == "spec" else []
+    rc, err = cli(capsys, "generate", "--profile", "smoke", "--method", method, *draft, "--max-new-tokens", "100000",
+                  "--set", "target.max_context=64", "hi")
+    said = [line for line in err.splitlines() if "100000" in line]
+    assert rc == 0 and len(said) == 1 and "context" in said[0] and "friendly reminder" not in err, err
+    room = int(said[0].split("room for ")[1].split()[0])
+    tokens = int(err.split("\n[")[-1].split()[0])
+    assert 0 < room < 64 and tokens <= room
