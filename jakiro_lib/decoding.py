@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-from transformers import CompileConfig, DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
+from transformers import CompileConfig, PreTrainedModel
 
 from .compiled import MAX_TREE_ROOM, CompiledTargetRunner, inductor_settings, static_cache, static_cache_len
 from .drafting import Drafter, FeatureDrafter
-from .target import additive_mask
+from .runner import TargetRunner
 from .tree import Tree
 from .verify import SamplingParams, sample, verify, warp_probs
 
@@ -67,114 +66,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class GrowingLayer(DynamicLayer):
-    """A KV cache layer whose keys/values are views into a buffer with spare room.
-
-    transformers' ``DynamicLayer`` concatenates the whole cache with the new entries on every forward;
-    here they are written in place (the buffer doubles when full), and keeping an accepted tree path
-    moves only the path's entries.
-    """
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        super().lazy_initialization(key_states, value_states)
-        self._k = self._v = None
-        self._len = 0
-
-    def _view(self, end: int) -> None:
-        self._len = end
-        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        end = self._len + key_states.shape[-2]
-        if self._k is None or end > self._k.shape[-2]:
-            room = max(256, 2 * end)
-            k = key_states.new_empty(*key_states.shape[:2], room, key_states.shape[-1])
-            v = value_states.new_empty(*value_states.shape[:2], room, value_states.shape[-1])
-            if self._len:
-                k[:, :, :self._len], v[:, :, :self._len] = self.keys, self.values
-            self._k, self._v = k, v
-        self._k[:, :, self._len:end] = key_states
-        self._v[:, :, self._len:end] = value_states
-        self._view(end)
-        return self.keys, self.values
-
-    def crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove < 0 and self.is_initialized:
-            self._view(max(self._len + tokens_to_remove, 0))
-
-    def keep(self, start: int, idx: torch.Tensor) -> None:
-        """Keep entries ``start + idx`` (ascending), moved to ``start..``; drop everything after them."""
-        end = start + idx.numel()
-        self._k[:, :, start:end] = self._k[:, :, idx]
-        self._v[:, :, start:end] = self._v[:, :, idx]
-        self._view(end)
-
-
-class TargetRunner:
-    """The target behind a KV cache: prefill, one token, a tree, and keeping an accepted path."""
-
-    def __init__(self, model: PreTrainedModel) -> None:
-        self.model = model
-        self.device = model.device
-        self.dtype = model.dtype
-        self.reset()
-
-    def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
-        # full-attention layers grow in place; sliding-window ones (Mistral) keep transformers' own logic
-        self.cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in self.cache.layers]
-        self.length = 0
-
-    def _forward(self, ids: torch.Tensor, position_ids: torch.Tensor,
-                 mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.model.model(input_ids=ids[None], position_ids=position_ids[None], attention_mask=mask,
-                               past_key_values=self.cache, use_cache=True)
-        hidden = out.last_hidden_state[0]
-        self.length += ids.shape[0]
-        return self.model.lm_head(hidden), hidden
-
-    def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits and last hidden states (the lm_head input: the draft's features) of the prompt."""
-        self.reset()
-        return self._forward(ids, torch.arange(ids.shape[0], device=self.device), None)
-
-    def step(self, token: int) -> torch.Tensor:
-        ids = torch.tensor([token], device=self.device)
-        logits, _ = self._forward(ids, torch.tensor([self.length], device=self.device), None)
-        return logits[0]
-
-    def tree(self, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
-        """Score every node of ``tree`` in one forward; each node sees the prefix and its ancestors."""
-        m = len(tree)
-        allowed = torch.ones(m, self.length + m, dtype=torch.bool, device=self.device)
-        allowed[:, self.length:] = tree.ancestor_mask().to(self.device)
-        mask = additive_mask(allowed, self.dtype)  # [m, length + m]
-        pos = tree.depths.to(self.device) + self.length
-        return self._forward(tree.tokens.to(self.device), pos, mask[None, None])
-
-    def keep(self, start: int, nodes: list[int]) -> None:
-        """After a tree forward from ``start``: keep only ``nodes``' cache entries, moved to ``start..``."""
-        idx = torch.tensor(nodes, dtype=torch.long, device=self.device) + start
-        end = start + len(nodes)
-        for layer in self.cache.layers:
-            if isinstance(layer, GrowingLayer):
-                layer.keep(start, idx)
-                continue
-            layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys[:, :, idx]], dim=2)
-            layer.values = torch.cat([layer.values[:, :, :start], layer.values[:, :, idx]], dim=2)
-            if hasattr(layer, "cumulative_length"):  # sliding-window layers (Mistral) count their length apart
-                layer.cumulative_length = end
-        self.length = end
-
-
 def make_runner(model: PreTrainedModel, *, static_compile: bool = False,
                 positions: int = 0) -> TargetRunner | CompiledTargetRunner:
-    """Our loops' target runner: eager over a growing cache, or (``static_compile``) compiled over a static
-    cache holding ``positions`` (:mod:`jakiro_lib.compiled`)."""
+    """Our loops' target runner: eager over a cache of ``positions`` (:class:`~jakiro_lib.runner.TargetRunner`),
+    or (``static_compile``) compiled over a static cache holding them (:mod:`jakiro_lib.compiled`)."""
     if not static_compile:
-        return TargetRunner(model)
+        return TargetRunner(model, max(positions, 1))
     return CompiledTargetRunner(model, static_cache_len(positions))
 
 
@@ -202,6 +99,11 @@ def _finish(result: GenerationResult, new: list[int], eos: set[int], max_new_tok
     return done
 
 
+def text_positions(prompt_ids: torch.Tensor, max_new_tokens: int, max_context: int) -> int:
+    """Positions a generation's text can fill: the prompt and the new tokens, never past the context."""
+    return min(prompt_ids.numel() + max_new_tokens, max_context)
+
+
 def _check_prompt(prompt_ids: torch.Tensor, max_context: int, margin: int) -> None:
     if prompt_ids.ndim != 1 or prompt_ids.numel() == 0:
         raise ValueError("prompt_ids must be a non-empty 1-D tensor of token ids")
@@ -220,7 +122,8 @@ def vanilla_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_ne
     """Plain autoregressive decoding with the KV cache: the reference every method must match.
     ``static_compile``: the target compiled over a static cache (:mod:`jakiro_lib.compiled`)."""
     _check_prompt(prompt_ids, max_context, 1)
-    runner = make_runner(model, static_compile=static_compile, positions=prompt_ids.numel() + max_new_tokens)
+    runner = make_runner(model, static_compile=static_compile,
+                         positions=text_positions(prompt_ids, max_new_tokens, max_context))
     result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
     _sync(runner.device)
     t0 = time.perf_counter()
@@ -252,7 +155,7 @@ def speculative_generate(model: PreTrainedModel, drafter: Drafter, prompt_ids: t
     ``static_compile``: the target compiled over a static cache (:mod:`jakiro_lib.compiled`)."""
     _check_prompt(prompt_ids, max_context, 1)
     runner = make_runner(model, static_compile=static_compile,
-                         positions=prompt_ids.numel() + max_new_tokens + MAX_TREE_ROOM)
+                         positions=text_positions(prompt_ids, max_new_tokens, max_context) + MAX_TREE_ROOM)
     result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
     eos = set(eos_token_ids)
     dev = runner.device

@@ -10,7 +10,8 @@ function of tensors whose shapes depend only on the tree settings (docs/DESIGN.m
    the layer after, from branch B), the best K kept by a stable sort, and finally the best
    ``total_tokens - 1`` of the pool: the same tree as :class:`~jakiro_lib.drafting.FeatureDrafter` builds
    (tested); a prompt-lookup chain, found by the host, grafted on it (:func:`graft_chain`);
-2. **verify** (:meth:`StaticTarget.tree`): the target scores the tree over its static KV cache;
+2. **verify** (:meth:`TargetRunner.score <jakiro_lib.runner.TargetRunner.score>`): the target scores the
+   tree over its preallocated KV cache, positions given as device tensors;
 3. **evaluate** (:func:`greedy_path`, or :func:`sampling_path` at T > 0): the accepted path and the bonus token,
    as tensors;
 4. **update**: the target cache keeps the path's entries (moved inside the static buffers), the draft
@@ -33,16 +34,15 @@ from typing import Any, Callable
 
 import torch
 from torch.profiler import record_function
-from transformers import PreTrainedModel, StaticCache
-from transformers.cache_utils import StaticLayer
+from transformers import PreTrainedModel
 
 from . import kernels
-from .compiled import MAX_TREE_ROOM, _compile_settings, _state, scratch, static_cache, static_cache_len
+from .compiled import MAX_TREE_ROOM, _compile_settings, scratch, static_cache_len
 from .config import TreeConfig
-from .decoding import GenerationResult, _check_prompt, _choose, _finish, _sync
+from .decoding import GenerationResult, _check_prompt, _choose, _finish, _sync, text_positions
 from .draft import DraftModel, DraftOutput
 from .drafting import PromptLookup, candidate_tensors, schedule
-from .target import additive_mask
+from .runner import TargetRunner, tree_rows
 from .verify import SamplingParams, warp_probs
 
 
@@ -95,14 +95,6 @@ class StaticKV:
         self.k.index_copy_(2, self.slots, k)
         self.v.index_copy_(2, self.slots, v)
         return self.k, self.v
-
-
-def tree_rows(allowed_prefix: torch.Tensor, start: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
-    """[n, S] rows that see the first ``start`` positions, plus ``block`` [n, b] placed at start..start+b."""
-    n, b = block.shape
-    rows = allowed_prefix.expand(n, -1).clone()
-    cols = start + torch.arange(b, device=block.device)  # [b]
-    return rows.scatter_(1, cols.expand(n, -1), block)
 
 
 def ancestor_mask(parents: torch.Tensor, depth: int) -> torch.Tensor:
@@ -228,13 +220,13 @@ def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
             torch.cat([torch.ones(m, dtype=torch.bool, device=dev), v]))
 
 
-def root_step(target: "StaticTarget", token: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor,
+def root_step(target: TargetRunner, token: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor,
               start: torch.Tensor) -> torch.Tensor:
     """The last token (``token``, 0-dim, at position ``start``) alone, verified as a one-node tree: the next
     token (0-dim, greedy or sampled), written into ``token``; the target's cache then holds start + 1."""
     zero = torch.zeros(1, dtype=torch.long, device=start.device)  # the node's index, parent and depth
     tokens, anc = token.reshape(1), torch.ones(1, 1, dtype=torch.bool, device=start.device)
-    logits, _ = target.tree(tokens, zero, anc, start)  # [1, V]
+    logits, _ = target.score(tokens, zero, anc, start)  # [1, V]
     bonus = evaluate(params, tokens, zero, zero, anc, logits, uniforms, 0)[2]
     token.copy_(bonus)
     return bonus
@@ -377,58 +369,15 @@ def _batch_of_one(out: DraftOutput) -> DraftOutput:
                        None if out.gates is None else out.gates[None])
 
 
-class StaticTarget:
-    """The target over a static KV cache; positions and lengths come in as device tensors. ``shared``: the
-    model's one cache of that length (:func:`~jakiro_lib.compiled.static_cache`: what a compiled step binds
-    to), else a cache of its own, freed with the generation."""
-
-    def __init__(self, model: PreTrainedModel, cache_len: int, *, shared: bool = False) -> None:
-        self.model = model
-        self.device = model.device
-        self.dtype = model.dtype
-        self.cache_len = cache_len
-        self.cache = (static_cache(model, cache_len) if shared
-                      else StaticCache(config=model.config, max_cache_len=cache_len))
-        if any(type(layer) is not StaticLayer for layer in self.cache.layers):
-            raise StaticEngineError("the static engine needs full attention in every layer; this target has "
-                                    "sliding-window layers (run it on the loop engine)")
-        self.forward: Callable[..., tuple[torch.Tensor, torch.Tensor]] = _state(model).eager
-        self.cols = torch.arange(cache_len, device=self.device)
-
-    def _rewind(self, length: torch.Tensor | int) -> None:
-        """Every layer's write position to ``length``: a device tensor copied, or an int filled in (a CPU
-        tensor copied to a GPU would synchronise)"""
-        for layer in self.cache.layers:
-            if layer.is_initialized:
-                if isinstance(length, torch.Tensor):
-                    layer.cumulative_length.copy_(length)
-                else:
-                    layer.cumulative_length.fill_(length)
-
-    def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self._rewind(0)
-        n = ids.shape[0]
-        logits, hidden = self.forward(ids[None], torch.arange(n, device=self.device)[None], None, self.cache)
-        return logits[0], hidden[0]
-
-    def tree(self, tokens: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
-             start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits and features [m] of a tree whose root sits at position ``start`` (0-dim)."""
-        self._rewind(start)
-        allowed = tree_rows(self.cols[None, :] < start, start, anc)  # [m, cache_len]
-        mask = additive_mask(allowed, self.dtype)
-        logits, hidden = self.forward(tokens[None], (start + depths)[None], mask[None, None], self.cache)
-        return logits[0], hidden[0]
-
-    def keep(self, start: torch.Tensor, path: torch.Tensor, accepted: torch.Tensor) -> None:
-        """Move the entries of ``path`` (tree rows, padded) to start.., the write position after the
-        ``accepted`` tokens and the root."""
-        src = start + path
-        dst = start + torch.arange(path.shape[0], device=path.device)
-        for layer in self.cache.layers:
-            layer.keys.index_copy_(2, dst, layer.keys.index_select(2, src))
-            layer.values.index_copy_(2, dst, layer.values.index_select(2, src))
-        self._rewind(start + accepted + 1)
+def _runner(model: PreTrainedModel, cache_len: int, *, shared: bool) -> TargetRunner:
+    """A runner of ``cache_len`` positions given on the device; ``shared``: over the model's one cache of that
+    length (what compiled steps bind to: a new cache would compile again, and a 7B target's is large)."""
+    if not shared:
+        return TargetRunner(model, cache_len, positions_on_device=True)
+    runners: dict[int, TargetRunner] = scratch(model).setdefault("static_runners", {})
+    if cache_len not in runners:
+        runners[cache_len] = TargetRunner(model, cache_len, positions_on_device=True)
+    return TargetRunner(model, cache_len, positions_on_device=True, share=runners[cache_len])
 
 
 def _next_cycle(result: GenerationResult, start: torch.Tensor, length: int, max_context: int,
@@ -445,7 +394,8 @@ def _next_cycle(result: GenerationResult, start: torch.Tensor, length: int, max_
 
 
 class _StaticLoop:
-    """What both static engines share: a :class:`StaticTarget` of ``cache_len`` positions, the step (compiled
+    """What both static engines share: a :class:`~jakiro_lib.runner.TargetRunner` of ``cache_len`` positions,
+    given as device tensors, the step (compiled
     on request: on CUDA ``mode="reduce-overhead"``, i.e. captured as CUDA graphs; elsewhere inductor, with the
     packed CPU GEMMs off inside it, as in :mod:`jakiro_lib.compiled`), and :meth:`generate`: the prefill,
     then one step per cycle with one host read. ``uniforms``: a cycle's ``draws`` (sampling), drawn before
@@ -456,7 +406,7 @@ class _StaticLoop:
     def __init__(self, model: PreTrainedModel, cache_len: int, step: Callable[..., torch.Tensor], *,
                  params: SamplingParams, compile: bool, draws: int) -> None:
         self.model, self.params, self.compile = model, params, compile
-        self.target = StaticTarget(model, cache_len, shared=compile)
+        self.target = _runner(model, cache_len, shared=compile)
         self.uniforms = torch.zeros(draws, dtype=torch.float64, device=model.device)
         self.compiled_cycles = 0  # cycles run through the compiled step (tests check that it was used)
         self.inputs: tuple[torch.Tensor, ...] = ()  # the step's inputs after the uniforms, set by the host per cycle
@@ -564,12 +514,12 @@ class StaticEngine(_StaticLoop):
                 tokens, parents, depths, valid = graft_chain(tokens, parents, depths, chain)
                 anc = ancestor_mask(parents, self.max_depth)
         with record_function(STEP_RANGES["verify"]):
-            logits, hidden = target.tree(tokens, depths, anc, start)
+            logits, hidden = target.score(tokens, depths, anc, start)
         with record_function(STEP_RANGES["evaluate"]):
             path, accepted, bonus = evaluate(self.params, tokens, parents, depths, anc, logits, uniforms,
                                              self.max_depth, valid)
         with record_function(STEP_RANGES["update"]):
-            target.keep(start, path, accepted)
+            target.move(start, path)  # the path's entries to start..; the next cycle writes after the accepted ones
             new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1]: accepted tokens, bonus at `accepted`
             new = new.scatter(0, accepted[None], bonus[None])
             if drafter is not None:
@@ -692,7 +642,7 @@ def static_generate(model: PreTrainedModel, draft: DraftModel | None, tree: Tree
     :func:`~jakiro_lib.decoding.speculative_generate` (the generator on the model's device). ``compile``: the
     cycle compiled (CUDA graphs on CUDA; the first prompts of each length compile)."""
     _check_prompt(prompt_ids, max_context, 1)
-    needed = prompt_ids.numel() + max_new_tokens + MAX_TREE_ROOM  # as the spec engines: one shared cache
+    needed = text_positions(prompt_ids, max_new_tokens, max_context) + MAX_TREE_ROOM  # room for a tree past the text
     cache_len = static_cache_len(needed) if compile else engine_cache_len(needed)
     engine = _engine(model, draft, tree, cache_len, params, compile)
     return engine.generate(prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,

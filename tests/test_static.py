@@ -13,7 +13,8 @@ from jakiro_lib.config import DraftConfig, TreeConfig
 from jakiro_lib.decoding import speculative_generate, vanilla_generate
 from jakiro_lib.draft import DraftModel
 from jakiro_lib.drafting import FeatureDrafter, make_drafter
-from jakiro_lib.static import (StaticEngine, StaticEngineError, StaticTarget, StaticTreeDrafter, ancestor_mask, graft_chain,
+from jakiro_lib.runner import SlidingWindowError, TargetRunner
+from jakiro_lib.static import (StaticEngine, StaticEngineError, StaticTreeDrafter, ancestor_mask, graft_chain,
                                greedy_path, static_generate, static_vanilla_generate)
 from jakiro_lib.tree import Tree
 from jakiro_lib.verify import SamplingParams
@@ -207,8 +208,10 @@ def test_greedy_path_on_a_hand_built_tree():
 def test_settings_the_static_engine_does_not_run():
     mistral = copy.deepcopy(tiny_target("mistral"))
     mistral.config.sliding_window = 16
-    with pytest.raises(StaticEngineError, match="sliding-window"):
-        StaticTarget(mistral, 256)
+    with pytest.raises(SlidingWindowError, match="sliding-window"):
+        TargetRunner(mistral, 256, positions_on_device=True)
+    with pytest.raises(SlidingWindowError, match="sliding-window"):
+        static_vanilla_generate(mistral, torch.tensor([1, 2, 3]), max_new_tokens=4)
     model = tiny_target("llama")
     torch.manual_seed(0)
     moe = DraftModel.build(DraftConfig(num_experts=2), model).eval()
