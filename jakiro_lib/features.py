@@ -535,7 +535,8 @@ def verify_cache(cache_dir: str | Path, *, full: bool = False, allow_incomplete:
     cache_dir = Path(cache_dir)
     manifest = read_manifest(cache_dir)
     if manifest is None:
-        raise CacheError(f"no feature cache at {cache_dir} ({MANIFEST} missing); run cache_features first")
+        raise CacheError(f"no feature cache at {cache_dir} ({MANIFEST} missing); make it first with "
+                         "`python -m jakiro_lib cache` (notebook 00) with the same --profile, --set and --run-dir")
     if not allow_incomplete and not manifest.get("complete", False):
         raise CacheError(f"feature cache {cache_dir} is incomplete ({len(manifest.get('shards', []))} of "
                          f"{manifest.get('num_shards_expected')} shards); rerun caching to finish it")

@@ -672,3 +672,17 @@ def test_max_new_tokens_past_the_context_is_one_rule_said_once(run, capsys, meth
     room = int(said[0].split("room for ")[1].split()[0])
     tokens = int(err.split("\n[")[-1].split()[0])
     assert 0 < room < 64 and tokens <= room
+
+
+def test_training_with_other_data_settings_than_the_cache_is_one_line(run, capsys):
+    before = drafts_hash(run)
+    rc, err = cli(capsys, "train", "--profile", "smoke", "--run-dir", str(run), "--force", *sets({"data.max_length": "80"}))
+    assert_one_error(rc, err, "max_length", "96", "80", "cache")
+    assert drafts_hash(run) == before
+
+
+def test_training_without_a_cache_names_the_cache_command(run, capsys):
+    shutil.rmtree(run / "features")
+    rc, err = cli(capsys, "train", "--profile", "smoke", "--run-dir", str(run), "--force", *sets())
+    line = assert_one_error(rc, err, "no feature cache", "python -m jakiro_lib cache")
+    assert "cache_features" not in line

@@ -21,7 +21,7 @@ import pandas as pd
 
 from ..config import ConfigError, Profile, TargetConfig
 from ..dataset import FeatureDataset, OnlineFeatureDataset, build_draft_vocab, token_frequencies, vocab_coverage
-from ..features import verify_cache
+from ..features import CacheError, verify_cache
 from ..layout import TRAIN_STAMP, RunLayout, has_weights
 from ..checkpoints import list_checkpoints, saved_vocab
 from ..train import RESULTS, train_draft, train_identity
@@ -101,7 +101,8 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     if unknown:
         raise ConfigError(f"unknown draft(s) {unknown}; the profile has {', '.join(prof.drafts)}")
     if not prof.data.online and layout.features_manifest.is_file():
-        verify_cache(layout.features, allow_incomplete=True)  # the stamps below read it: CacheError if corrupt
+        manifest = verify_cache(layout.features, allow_incomplete=True)  # the stamps read it: CacheError if corrupt
+        _check_cache_settings(prof, layout, manifest)
     todo: list[str] = []
     out: dict[str, dict[str, Any]] = {}
     main_process, wait = _process_state()  # under `accelerate launch`: one process manages the files
@@ -176,6 +177,22 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
         log.info("draft %s: trained in %.1f s, held-out acc_a %s acc_b %s", name, time.perf_counter() - t0,
                  _fmt(res.get("acc_a")), _fmt(res.get("acc_b")))
     return {n: out[n] for n in names}
+
+
+def _check_cache_settings(prof: Profile, layout: RunLayout, manifest: dict[str, Any]) -> None:
+    """A :class:`CacheError` when the feature cache was made with other data settings than ``prof`` asks for
+    (``--set data.max_length=80`` on a cache made at 96): training would silently use the cache as it is."""
+    made = manifest.get("settings") or {}
+    wanted = {("max_length", "data.max_length"): prof.data.max_length,
+              ("shard_size", "data.shard_size"): prof.data.shard_size,
+              ("template", "target.template"): prof.target.template, ("target", "target.model"): prof.target.model}
+    clash = {key: (made[key], v) for (key, _), v in wanted.items() if key in made and made[key] != v}
+    if clash:
+        shown = dict(wanted.keys())  # manifest key -> the profile's key
+        detail = ", ".join(f"{shown[k]}: cached {a!r}, now {b!r}" for k, (a, b) in clash.items())
+        raise CacheError(f"the feature cache in {layout.features} was made with other settings ({detail}); training "
+                         "would use it as it is: cache with these settings first (`python -m jakiro_lib cache` "
+                         "with the same --set, into another --run-dir) or train with the cache's settings")
 
 
 def _process_state() -> tuple[bool, Any]:
