@@ -25,7 +25,7 @@ from .decoding import GenerationResult, TargetRunner, hf_generate, speculative_g
 from .draft import DraftModel
 from .drafting import make_drafter
 from .layout import BENCH_CONFIG, RECORDS_FILE
-from .methods import (COMPILED_TWINS, LOOKUP_TOKENS, VANILLA_KINDS, MethodSpec, portable,  # noqa: F401 (re-exported)
+from .methods import (LOOKUP_TOKENS, VANILLA_KINDS, MethodSpec, portable,  # noqa: F401 (re-exported)
                       study_methods)
 from .static import static_generate, static_vanilla_generate
 from .target import Target
@@ -77,14 +77,14 @@ class MethodRunner:
         if self.spec.engine == "static":
             return static_vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context,
                                            generator=self._gen(seed), on_tokens=on_tokens,
-                                           compile=self.spec.static_compile, **common)
+                                           compile=self.spec.compile, **common)
         return vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context, generator=self._gen(seed),
-                                on_tokens=on_tokens, static_compile=self.spec.static_compile, **common)
+                                on_tokens=on_tokens, **common)
 
     def _hf(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any],
             prompt_lookup: int | None = None) -> GenerationResult:
         result = hf_generate(self.target.model, prompt_ids, prompt_lookup_num_tokens=prompt_lookup, seed=seed,
-                             static_compile=self.spec.static_compile, **common)
+                             compile=self.spec.compile, **common)
         if on_tokens is not None:
             on_tokens(result.output_ids)
         return result
@@ -96,12 +96,11 @@ class MethodRunner:
         t = self.target
         if self.spec.engine == "static":
             return static_generate(t.model, self.draft, self.spec.tree, prompt_ids, max_context=t.config.max_context,
-                                   generator=self._gen(seed), on_tokens=on_tokens, compile=self.spec.static_compile,
+                                   generator=self._gen(seed), on_tokens=on_tokens, compile=self.spec.compile,
                                    **common)
         drafter = make_drafter(self.draft, self.spec.tree)
         return speculative_generate(t.model, drafter, prompt_ids, max_context=t.config.max_context,
-                                    generator=self._gen(seed), on_tokens=on_tokens,
-                                    static_compile=self.spec.static_compile, **common)
+                                    generator=self._gen(seed), on_tokens=on_tokens, **common)
 
     def _gen(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.target.device).manual_seed(seed)

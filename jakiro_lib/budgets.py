@@ -57,9 +57,6 @@ TUNER_VERSION = 2
 BUSY_CORES = 0.25
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 TUNE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # up to the paper's 60-token trees (GPU)
-# through the compiled runner each size is a compilation (22 s on a fresh H200, 2026-11-26): the sizes it
-# compiles anyway, up to 32 (jakiro_lib.compiled.COMPILED_SIZES; larger trees run eagerly there)
-COMPILED_TUNE_SIZES = (1, 2, 4, 8, 16, 32)
 
 
 def draft_fingerprint(path: str | Path | None) -> Any:
@@ -181,44 +178,39 @@ def _machine(profile: Profile, target: Any) -> dict[str, Any]:
             "threads": torch.get_num_threads(), "target": dataclasses.asdict(profile.target)}
 
 
-def _machine_key(machine: dict[str, Any], compiled: bool) -> dict[str, Any]:
-    """This machine's key for the eager or the compiled target runner, as it reads back from JSON; ``timing``:
-    T(n) is each size's fastest round (entries of median timings, made before issue 43, are not reused)."""
-    return json.loads(json.dumps({**machine, **({"compiled": True} if compiled else {}), "timing": "min"},
-                                 default=str))
+def _machine_key(machine: dict[str, Any]) -> dict[str, Any]:
+    """This machine's key, as it reads back from JSON; ``timing``: T(n) is each size's fastest round (entries
+    of median timings, made before issue 43, are not reused). T(n) is the loop engine's, eager: the estimate
+    only proposes a budget, which the measured check then runs on the method's own engine."""
+    return json.loads(json.dumps({**machine, "timing": "min"}, default=str))
 
 
-def tune_sizes(compiled: bool) -> tuple[int, ...]:
-    """The tree sizes T(n) is measured at, and the budgets tried (those from 2), for either runner."""
-    return COMPILED_TUNE_SIZES if compiled else TUNE_SIZES
-
-
-def _entry(entries: list[dict[str, Any]], key: dict[str, Any], target: Any, compiled: bool) -> dict[str, Any]:
+def _entry(entries: list[dict[str, Any]], key: dict[str, Any], target: Any) -> dict[str, Any]:
     """The entry of ``key`` (created if missing), its T(n) measured."""
     found = next((e for e in entries if e.get("machine") == key), None)
     if found is None:
         found = {"machine": key, "target_costs_s": {}, "choices": {}}
         entries.append(found)
-    sizes = tune_sizes(compiled)
-    if not {str(n) for n in sizes} <= set(found["target_costs_s"]):
+    if not {str(n) for n in TUNE_SIZES} <= set(found["target_costs_s"]):
         t0 = time.perf_counter()
         with _OthersLoad("the target's T(n)") as load:
-            costs = costmodel.measure_target_costs(target.model, sizes=sizes, static_compile=compiled, stat="min")
+            costs = costmodel.measure_target_costs(target.model, sizes=TUNE_SIZES, stat="min")
         found["target_costs_s"] = {str(n): t for n, t in costs.items()}
         found["others_cpu_cores"] = load.cores
-        log.info("tree budget: target T(n) measured in %.1f s%s", time.perf_counter() - t0,
-                 " (compiled)" if compiled else "")
+        log.info("tree budget: target T(n) measured in %.1f s", time.perf_counter() - t0)
     return found
 
 
 def _choice_key(spec: MethodSpec, prompts: dict[str, Any], fixed: int) -> str:
-    """What a tuned budget depends on besides the machine: the draft's weights, the tree settings, the
-    conversations it is tuned on, the fixed tree it must beat and the tuner's version."""
+    """What a tuned budget depends on besides the machine: the draft's weights, the tree settings, the engine
+    that runs the measured check (and whether it compiles), the conversations it is tuned on, the fixed tree it
+    must beat and the tuner's version."""
     tree = {k: v for k, v in dataclasses.asdict(spec.tree).items()
             if k != "total_tokens" and not k.startswith("lookup_")}
     tuned_on = [prompts["source"], prompts["path"], [c["id"] for c in prompts["conversations"]]]
-    return json.dumps({"weights": draft_fingerprint(spec.draft), "tree": tree, "prompts": tuned_on, "fixed": fixed,
-                       "tuner": TUNER_VERSION}, sort_keys=True, default=str)
+    return json.dumps({"weights": draft_fingerprint(spec.draft), "tree": tree, "engine": spec.engine,
+                       "compile": spec.compile, "prompts": tuned_on, "fixed": fixed, "tuner": TUNER_VERSION},
+                      sort_keys=True, default=str)
 
 
 def _saved_entries(path: Path) -> list[dict[str, Any]]:
@@ -249,8 +241,7 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
 
     The target's T(n) is measured once per machine and target settings (dtype, fast paths) and cached
     with every choice in ``run_dir/bench/tree_budgets.json`` (one entry per machine, target settings and
-    runner: eager, or compiled for methods with ``static_compile``; choices keyed by draft weights, tree
-    settings and tuning prompts), so reruns, also after a run with other target settings, do not retune.
+    choices keyed by draft weights, tree settings, engine and tuning prompts), so reruns, also after a run with other target settings, do not retune.
     ``force`` remeasures and retunes this machine's entries. ``exclude``: the benchmark's prompt texts, which
     are never tuned on (:func:`tuning_prompts`).
     Returns (methods with numeric budgets, the measurements, choices and ``tuning_prompts``).
@@ -262,24 +253,22 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
     machine = _machine(profile, target)
     entries = _saved_entries(path)
     if force:
-        keys = [_machine_key(machine, False), _machine_key(machine, True)]
-        entries = [e for e in entries if e.get("machine") not in keys]
+        entries = [e for e in entries if e.get("machine") != _machine_key(machine)]
     prompts, tuned_on = tuning_prompts(profile, target, exclude)
     fixed = fixed_tree_tokens(profile.tree)
     choices: dict[str, Any] = {}
-    costs_by_runner: dict[bool, dict[int, float]] = {}
+    cache = _entry(entries, _machine_key(machine), target)
+    costs = {int(n): t for n, t in cache["target_costs_s"].items()}
     for name in auto:
         spec = methods[name]
-        cache = _entry(entries, _machine_key(machine, spec.static_compile), target, spec.static_compile)
-        costs = costs_by_runner[spec.static_compile] = {int(n): t for n, t in cache["target_costs_s"].items()}
         key = _choice_key(spec, tuned_on, fixed)
         if key not in cache["choices"]:
             t0 = time.perf_counter()
             draft = DraftModel.load(spec.draft, target.model)
             with _OthersLoad(f"the tree budget of {name}") as load:
                 tuned = costmodel.tune_total_tokens(target, draft, spec.tree, prompts, target_costs=costs,
-                                                    candidates=[n for n in tune_sizes(spec.static_compile) if n >= 2],
-                                                    reference=fixed, static_compile=spec.static_compile)
+                                                    candidates=[n for n in TUNE_SIZES if n >= 2], reference=fixed,
+                                                    engine=spec.engine, compile=spec.compile)
             tuned.update(seconds=round(time.perf_counter() - t0, 1), others_cpu_cores=load.cores, prompts=tuned_on)
             cache["choices"][key] = tuned
             log.info("tree budget for %s: %d tokens (estimate %s, fixed tree %d; tuned in %.1f s)", name,
@@ -290,5 +279,4 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
     for name in auto:
         m = methods[name]
         out[name] = dataclasses.replace(m, tree=dataclasses.replace(m.tree, total_tokens=choices[name]["best"]))
-    info = {f"{'compiled_' if compiled else ''}target_costs_s": c for compiled, c in costs_by_runner.items()}
-    return out, {**info, "choices": choices, "tuning_prompts": tuned_on}
+    return out, {"target_costs_s": costs, "choices": choices, "tuning_prompts": tuned_on}

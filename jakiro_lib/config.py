@@ -216,12 +216,12 @@ class BenchConfig:
     # The main study also times HF generate with a static KV cache and torch.compile (hf_compiled), a plain decoder
     # that can beat the eager ones; off where torch.compile cannot run (inductor on a CPU needs a C++ compiler).
     compiled_baseline: bool = True
-    # The main study also runs our vanilla loop, jakiro_auto and jakiro_lookup with the target compiled over
-    # a static KV cache at a few padded tree sizes (jakiro_lib.compiled), as <name>_compiled. Off: on this CPU it
-    # bought 1-4% for about 25 s of compilation per size and process (docs/results.md, "What each speed lever bought").
-    compiled_loops: bool = False
-    # The main study also runs vanilla, eagle2, jakiro and the tuned twins on the static-shape engine
-    # (jakiro_lib.static, one host read per cycle) as <name>_static, side by side with the loop engine.
+    # With static_engine: the static engine's methods also with their whole cycle compiled (CUDA graphs on a GPU),
+    # as <name>_static_compiled. Off by default: each method compiles once per cache length and sampling setting
+    # (about a minute each on a 2-core CPU).
+    compiled_engine: bool = False
+    # The main study also runs every method of ours (vanilla and each drafted or lookup method) on the static-shape
+    # engine (jakiro_lib.static, one host read per cycle) as <name>_static, side by side with the loop engine.
     static_engine: bool = False
 
     def __post_init__(self) -> None:

@@ -19,9 +19,11 @@ from typing import Any, Callable, ContextManager, Mapping, Sequence
 import torch
 
 from .config import TreeConfig
-from .decoding import _sync, make_runner, speculative_generate
+from .decoding import GenerationResult, _sync, speculative_generate
 from .draft import DraftModel, KVCache
 from .drafting import FeatureDrafter, schedule
+from .runner import TargetRunner
+from .static import static_generate
 from .tree import Tree
 
 
@@ -58,23 +60,21 @@ def _bushy_tree(n: int, width: int = 4) -> Tree:
 
 
 def measure_target_costs(model: torch.nn.Module, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 32), *,
-                         context: int = 256, repeats: int = 7, static_compile: bool = False,
-                         stat: str = "median") -> dict[int, float]:
+                         context: int = 256, repeats: int = 7, stat: str = "median") -> dict[int, float]:
     """Seconds for the target to score an n-token tree on top of a ``context``-token cache.
 
-    Each size is timed as decoding runs it (with the model's :mod:`~jakiro_lib.kernels` fast paths;
-    ``static_compile``: through the compiled runner, padded as it pads). ``stat``: how the ``repeats`` rounds
-    become one number (:data:`STATISTICS`; the tuner takes the minimum).
+    Each size is timed as the loop engine runs it (with the model's :mod:`~jakiro_lib.kernels` fast paths).
+    ``stat``: how the ``repeats`` rounds become one number (:data:`STATISTICS`; the tuner takes the minimum).
     """
     table = measure_target_cost_variants(model, sizes, {"s": nullcontext}, context=context, repeats=repeats,
-                                         static_compile=static_compile, stat=stat)
+                                         stat=stat)
     return {n: times["s"] for n, times in table.items()}
 
 
 @torch.inference_mode()
 def measure_target_cost_variants(model: torch.nn.Module, sizes: Sequence[int],
                                  variants: Mapping[str, Callable[[], ContextManager[Any]]], *,
-                                 context: int = 256, repeats: int = 7, static_compile: bool = False,
+                                 context: int = 256, repeats: int = 7,
                                  stat: str = "median") -> dict[int, dict[str, float]]:
     """``{n: {variant: seconds}}``: T(n) under each variant (a context manager that switches kernels),
     the median (or ``stat``, one of :data:`STATISTICS`) over ``repeats`` rounds.
@@ -86,7 +86,7 @@ def measure_target_cost_variants(model: torch.nn.Module, sizes: Sequence[int],
     """
     if stat not in STATISTICS:
         raise ValueError(f"unknown stat {stat!r}: use {' or '.join(STATISTICS)}")
-    runner = make_runner(model, static_compile=static_compile, positions=context + max(sizes))
+    runner = TargetRunner(model, context + max(sizes))
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0)).to(runner.device)
     runner.prefill(prompt)
@@ -211,13 +211,13 @@ def draft_time_per_budget(measured: float, tree: TreeConfig, has_branch_b: bool,
 @torch.inference_mode()
 def measure_budget_speeds(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequence[torch.Tensor],
                           budgets: Sequence[int], *, max_new_tokens: int = 64, rounds: int = CHECK_ROUNDS,
-                          static_compile: bool = False) -> dict[int, float]:
+                          engine: str = "loop", compile: bool = False) -> dict[int, float]:
     """Greedy tokens/s of ``draft`` on ``tree`` at each of ``budgets`` on ``prompts``, counted as the benchmark
     counts them: new tokens over the wall time of whole generations.
 
     Each round runs every prompt at every budget back to back, so drift and load hit all budgets alike, and
     each (prompt, budget) keeps its fastest of ``rounds`` runs (at least 2): load only adds time, and the first
-    run of a new tree shape pays for its set-up (a compilation through the compiled runner, ``static_compile``).
+    run of a new tree shape pays for its set-up (a compilation, for a method on the static engine with ``compile``).
     Greedy decoding is lossless, so every budget writes the same tokens: the comparison is one of time alone.
     """
     if rounds < 2:
@@ -227,19 +227,30 @@ def measure_budget_speeds(target: Any, draft: DraftModel, tree: TreeConfig, prom
     for _ in range(rounds):
         for i, ids in enumerate(prompts):
             for n in budgets:
-                res = speculative_generate(target.model, FeatureDrafter(draft, dataclasses.replace(tree, total_tokens=n)),
-                                           ids, max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids,
-                                           max_context=target.config.max_context, static_compile=static_compile)
+                res = _generate(target, draft, dataclasses.replace(tree, total_tokens=n), ids, max_new_tokens,
+                                engine=engine, compile=compile)
                 fastest[i, n] = min(fastest.get((i, n), math.inf), res.wall_time)
                 tokens[i, n] = res.new_tokens
     return {n: sum(tokens[i, n] for i in range(len(prompts))) / sum(fastest[i, n] for i in range(len(prompts)))
             for n in budgets}
 
 
+def _generate(target: Any, draft: DraftModel, tree: TreeConfig, ids: torch.Tensor, max_new_tokens: int, *,
+              engine: str, compile: bool) -> GenerationResult:
+    """Greedy decoding of ``ids`` with ``draft`` on ``tree`` (its drafted part: a lookup chain is not what the
+    budget sizes), on the loop engine or the static one."""
+    common = dict(max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids,
+                  max_context=target.config.max_context)
+    if engine == "static":
+        return static_generate(target.model, draft, dataclasses.replace(tree, lookup_tokens=0), ids, compile=compile,
+                               **common)
+    return speculative_generate(target.model, FeatureDrafter(draft, tree), ids, **common)
+
+
 def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequence[torch.Tensor], *,
                       candidates: Sequence[int] = (2, 3, 4, 6, 8, 12, 16, 24, 32), max_new_tokens: int = 64,
                       context: int = 256, target_costs: dict[int, float] | None = None,
-                      reference: int | None = None, static_compile: bool = False,
+                      reference: int | None = None, engine: str = "loop", compile: bool = False,
                       check_rounds: int = CHECK_ROUNDS) -> dict[str, Any]:
     """Pick ``tree.total_tokens`` for this machine: measured T(n) + one greedy run at the largest budget.
 
@@ -251,7 +262,7 @@ def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts:
     synthetic tree, draft time scaled from the largest budget), and its timings move with the machine's load:
     on a 2-core EPYC (2026-11-26, issue 43) it chose 16 tokens, which then ran at 0.99x ``hf_compiled`` where
     the fixed 8-token ``jakiro_cepd`` ran at 1.15x. So where the estimate's choice is not the reference, both run on
-    ``prompts`` through the method's runner (``static_compile``), interleaved, each the fastest of
+    ``prompts`` on the method's engine (``engine``, ``compile``), interleaved, each the fastest of
     ``check_rounds`` (:func:`measure_budget_speeds`), and the reference is kept unless the tuned budget is
     strictly faster. Recorded: ``estimated_best``, ``fixed_tokens`` and ``measured_tokens_per_s`` (by budget).
     """
@@ -286,8 +297,8 @@ def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts:
         choice["estimated_best"], choice["fixed_tokens"] = choice["best"], reference
         if reference != choice["best"]:
             speeds = measure_budget_speeds(target, draft, tree, prompts, (choice["best"], reference),
-                                           max_new_tokens=max_new_tokens, rounds=check_rounds,
-                                           static_compile=static_compile)
+                                           max_new_tokens=max_new_tokens, rounds=check_rounds, engine=engine,
+                                           compile=compile)
             choice["measured_tokens_per_s"] = {str(n): v for n, v in speeds.items()}
             if speeds[choice["best"]] <= speeds[reference]:
                 choice["best"] = reference

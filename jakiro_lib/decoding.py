@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from transformers import CompileConfig, PreTrainedModel
 
-from .compiled import MAX_TREE_ROOM, CompiledTargetRunner, inductor_settings, static_cache, static_cache_len
+from .compiled import MAX_TREE_ROOM, inductor_settings, static_cache, static_cache_len
 from .drafting import Drafter, FeatureDrafter
 from .runner import TargetRunner
 from .tree import Tree
@@ -66,13 +66,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def make_runner(model: PreTrainedModel, *, static_compile: bool = False,
-                positions: int = 0) -> TargetRunner | CompiledTargetRunner:
-    """Our loops' target runner: eager over a cache of ``positions`` (:class:`~jakiro_lib.runner.TargetRunner`),
-    or (``static_compile``) compiled over a static cache holding them (:mod:`jakiro_lib.compiled`)."""
-    if not static_compile:
-        return TargetRunner(model, max(positions, 1))
-    return CompiledTargetRunner(model, static_cache_len(positions))
 
 
 def _choose(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
@@ -117,13 +110,10 @@ def _check_prompt(prompt_ids: torch.Tensor, max_context: int, margin: int) -> No
 def vanilla_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tokens: int = 128,
                      params: SamplingParams = SamplingParams(), eos_token_ids: list[int] = (),
                      max_context: int = 2048, generator: torch.Generator | None = None,
-                     on_tokens: Callable[[list[int]], None] | None = None,
-                     static_compile: bool = False) -> GenerationResult:
-    """Plain autoregressive decoding with the KV cache: the reference every method must match.
-    ``static_compile``: the target compiled over a static cache (:mod:`jakiro_lib.compiled`)."""
+                     on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+    """Plain autoregressive decoding with the KV cache: the reference every method must match."""
     _check_prompt(prompt_ids, max_context, 1)
-    runner = make_runner(model, static_compile=static_compile,
-                         positions=text_positions(prompt_ids, max_new_tokens, max_context))
+    runner = TargetRunner(model, text_positions(prompt_ids, max_new_tokens, max_context))
     result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
     _sync(runner.device)
     t0 = time.perf_counter()
@@ -149,13 +139,10 @@ def speculative_generate(model: PreTrainedModel, drafter: Drafter, prompt_ids: t
                          max_new_tokens: int = 128, params: SamplingParams = SamplingParams(),
                          eos_token_ids: list[int] = (), max_context: int = 2048,
                          generator: torch.Generator | None = None,
-                         on_tokens: Callable[[list[int]], None] | None = None,
-                         static_compile: bool = False) -> GenerationResult:
-    """Draft a tree, verify it in one target forward, keep the accepted path; repeat.
-    ``static_compile``: the target compiled over a static cache (:mod:`jakiro_lib.compiled`)."""
+                         on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+    """Draft a tree, verify it in one target forward, keep the accepted path; repeat."""
     _check_prompt(prompt_ids, max_context, 1)
-    runner = make_runner(model, static_compile=static_compile,
-                         positions=text_positions(prompt_ids, max_new_tokens, max_context) + MAX_TREE_ROOM)
+    runner = TargetRunner(model, text_positions(prompt_ids, max_new_tokens, max_context) + MAX_TREE_ROOM)
     result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
     eos = set(eos_token_ids)
     dev = runner.device
@@ -221,10 +208,10 @@ def _compile_config(device: torch.device) -> CompileConfig:
 def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tokens: int = 128,
                 params: SamplingParams = SamplingParams(), eos_token_ids: list[int] = (),
                 prompt_lookup_num_tokens: int | None = None, seed: int | None = None,
-                static_compile: bool = False) -> GenerationResult:
+                compile: bool = False) -> GenerationResult:
     """Hugging Face ``generate`` (optionally with prompt-lookup decoding) timed like our loops.
 
-    ``static_compile``: a static KV cache and ``torch.compile`` of the decoding step (transformers' own
+    ``compile``: a static KV cache and ``torch.compile`` of the decoding step (transformers' own
     fast path; the first calls compile, so warm up before timing). It is plain decoding too, and on some
     machines the fastest one, so benchmarks carry it as a baseline.
     """
@@ -234,7 +221,7 @@ def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tok
         kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None)
     if prompt_lookup_num_tokens:
         kwargs["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
-    if static_compile:
+    if compile:
         cache_len = static_cache_len(prompt_ids.numel() + max_new_tokens)
         cache = static_cache(model, cache_len)
         cache.reset()
@@ -243,14 +230,14 @@ def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tok
     if seed is not None:
         torch.manual_seed(seed)
     ids = prompt_ids.to(model.device)[None]
-    settings = inductor_settings(model.device) if static_compile else contextlib.nullcontext()
+    settings = inductor_settings(model.device) if compile else contextlib.nullcontext()
     _sync(model.device)
     t0 = time.perf_counter()
     try:
         with settings:
             out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
     except Exception as e:
-        if not static_compile:
+        if not compile:
             raise
         raise RuntimeError("HF generate with a static cache and torch.compile failed (inductor needs a C++ "
                            "compiler on CPU, triton on CUDA); leave the hf_compiled baseline out with "

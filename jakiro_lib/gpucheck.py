@@ -43,7 +43,7 @@ from .verify import SamplingParams
 CHECK_METHODS = ("vanilla", "hf_compiled", "vanilla_static_compiled", "jakiro_auto_static_compiled",
                  "eagle2_auto_static_compiled")
 PROFILED = "jakiro_auto_static"  # the method whose cycle the profiler takes apart (eager, then captured)
-CHECK_SETTINGS = {"bench.static_engine": "true", "bench.compiled_loops": "true", "bench.compiled_baseline": "true",
+CHECK_SETTINGS = {"bench.static_engine": "true", "bench.compiled_engine": "true", "bench.compiled_baseline": "true",
                   "bench.benchmarks": "mt_bench", "bench.limit": "10", "bench.max_new_tokens": "64",
                   "bench.temperatures": "0,1", "target.dtype": "float32", "target.packed_gemm": "0"}
 

@@ -35,11 +35,11 @@ class MethodSpec:
     draft: str | None = None  # path of a saved draft (kind "spec"; None: the lookup chain alone)
     tree: TreeConfig | None = None  # kind "spec"
     prompt_lookup_tokens: int = 10  # kind "pld" (HF's default)
-    # A static KV cache and torch.compile: kind "hf" through HF generate (decoding.hf_generate); kinds
-    # "vanilla" and "spec" through our loops' compiled target runner (jakiro_lib.compiled).
-    static_compile: bool = False
-    # kinds "spec" and "vanilla": the loop engine, or the static-shape one (jakiro_lib.static: every tree
-    # option; with static_compile its whole cycle, or plain decoding's step, compiled: CUDA graphs on a GPU)
+    # The decoding step compiled: kind "hf", HF generate over a static KV cache (decoding.hf_generate);
+    # kinds "vanilla" and "spec" on the static engine, its whole cycle (CUDA graphs on a GPU)
+    compile: bool = False
+    # kinds "spec" and "vanilla": the loop engine (the eager reference) or the static-shape one
+    # (jakiro_lib.static: every tree option, one host read per cycle)
     engine: str = "loop"
 
     def __post_init__(self) -> None:
@@ -49,8 +49,11 @@ class MethodSpec:
             raise ValueError("the static engine runs 'spec' and 'vanilla' methods only")
         if self.kind not in KINDS:
             raise ValueError(f"unknown method kind {self.kind!r}: use {', '.join(KINDS[:-1])} or {KINDS[-1]}")
-        if self.static_compile and self.kind == "pld":
-            raise ValueError("static_compile does not apply to kind 'pld' (HF prompt lookup has no static-cache path)")
+        if self.compile and self.kind == "pld":
+            raise ValueError("compile does not apply to kind 'pld' (HF prompt lookup has no static-cache path)")
+        if self.compile and self.kind in ("spec", "vanilla") and self.engine == "loop":
+            raise ValueError("the loop engine is the eager reference: compile runs on the static engine "
+                             "(engine='static')")
         if self.kind == "spec" and (self.tree is None or self.draft is None and not self.tree.lookup_tokens):
             raise ValueError("a 'spec' method needs a tree config and a draft path (or tree.lookup_tokens)")
 
@@ -85,28 +88,25 @@ class Method:
 
     ``group`` names the role the performance goals give it (see :func:`group_names`); ``when`` the study
     switch it needs (``"compiled"``: bench.compiled_baseline; ``"tuned"``: bench.tuned with a fixed tree
-    budget); ``twin``: with bench.compiled_loops it also runs through the compiled target runner as
-    ``<name>_compiled``; ``static_twin``: with bench.static_engine it also runs on the static-shape engine
-    (:mod:`jakiro_lib.static`) as ``<name>_static``.
+    budget). With bench.static_engine every main method of kind "spec" or "vanilla" also runs on the
+    static-shape engine (:mod:`jakiro_lib.static`) as ``<name>_static``.
     """
 
     name: str
     kind: str
     draft: str | None = None
     tree: dict[str, Any] = field(default_factory=dict)
-    static_compile: bool = False
+    compile: bool = False
     group: str = ""
     when: str | None = None
-    twin: bool = False
-    static_twin: bool = False
 
     def spec(self, tree: TreeConfig, drafts_dir: str | Path, *, tuned: bool) -> MethodSpec:
         """The runnable spec on the study's ``tree`` with drafts under ``drafts_dir``."""
         if self.kind != "spec":
-            return MethodSpec(self.kind, static_compile=self.static_compile)
+            return MethodSpec(self.kind, compile=self.compile)
         values = {k: _resolve(v, tree, tuned) for k, v in self.tree.items()}
         return MethodSpec("spec", draft=str(draft_path(drafts_dir, self.draft)) if self.draft else None,
-                          tree=dataclasses.replace(tree, **values), static_compile=self.static_compile)
+                          tree=dataclasses.replace(tree, **values), compile=self.compile)
 
 
 def _resolve(value: Any, tree: TreeConfig, tuned: bool) -> Any:
@@ -126,20 +126,18 @@ _JAKIRO = {"decoupled": True}
 _LOOKUP = {"total_tokens": TUNED, "lookup_tokens": LOOKUP_TOKENS}
 
 MAIN = (
-    Method("vanilla", "vanilla", group="our_vanilla", twin=True, static_twin=True),
+    Method("vanilla", "vanilla", group="our_vanilla"),
     Method("hf_generate", "hf", group="hf"),
-    Method("hf_compiled", "hf", static_compile=True, group="hf", when="compiled"),
+    Method("hf_compiled", "hf", compile=True, group="hf", when="compiled"),
     Method("hf_prompt_lookup", "pld", group="pld"),
-    Method("eagle2", "spec", "dense", group="eagle2", static_twin=True),
-    Method("jakiro", "spec", "moe2", _JAKIRO, group="jakiro", static_twin=True),
-    Method("jakiro_cepd", "spec", "moe2", {**_JAKIRO, "ar_steps": CEPD}, group="jakiro", static_twin=True),
-    Method("eagle2_auto", "spec", "dense", {"total_tokens": "auto"}, group="eagle2", when="tuned", static_twin=True),
-    Method("jakiro_auto", "spec", "moe2", {**_JAKIRO, "total_tokens": "auto"}, group="jakiro", when="tuned",
-           twin=True, static_twin=True),
-    Method("lookup_only", "spec", None, {"lookup_tokens": LOOKUP_TOKENS}, group="lookup_only", static_twin=True),
-    Method("eagle2_lookup", "spec", "dense", _LOOKUP, group="eagle2_lookup", static_twin=True),
-    Method("jakiro_lookup", "spec", "moe2", {**_JAKIRO, **_LOOKUP}, group="jakiro_lookup", twin=True,
-           static_twin=True),
+    Method("eagle2", "spec", "dense", group="eagle2"),
+    Method("jakiro", "spec", "moe2", _JAKIRO, group="jakiro"),
+    Method("jakiro_cepd", "spec", "moe2", {**_JAKIRO, "ar_steps": CEPD}, group="jakiro"),
+    Method("eagle2_auto", "spec", "dense", {"total_tokens": "auto"}, group="eagle2", when="tuned"),
+    Method("jakiro_auto", "spec", "moe2", {**_JAKIRO, "total_tokens": "auto"}, group="jakiro", when="tuned"),
+    Method("lookup_only", "spec", None, {"lookup_tokens": LOOKUP_TOKENS}, group="lookup_only"),
+    Method("eagle2_lookup", "spec", "dense", _LOOKUP, group="eagle2_lookup"),
+    Method("jakiro_lookup", "spec", "moe2", {**_JAKIRO, **_LOOKUP}, group="jakiro_lookup"),
 )
 
 ABLATIONS = (
@@ -203,23 +201,25 @@ def static_twin(name: str) -> str:
     return f"{name}{STATIC_SUFFIX}"
 
 
+def has_static_twin(m: Method) -> bool:
+    """A main method that runs on either engine: our plain decoding and every drafted or lookup method."""
+    return m.kind in ("spec", "vanilla")
+
+
 def group_names(group: str, *, twins: bool = False) -> tuple[str, ...]:
     """The main study's methods of a goals group (e.g. ``"jakiro"``), in registry order; with ``twins``
-    followed by their compiled twins, then their static-engine twins and those captured."""
+    followed by their static-engine twins, then those compiled."""
     members = [m for m in MAIN if m.group == group]
     if not twins:
         return tuple(m.name for m in members)
-    static = [static_twin(m.name) for m in members if m.static_twin]
-    return (tuple(m.name for m in members) + tuple(compiled_twin(m.name) for m in members if m.twin)
-            + tuple(static) + tuple(compiled_twin(n) for n in static))
+    static = [static_twin(m.name) for m in members if has_static_twin(m)]
+    return tuple(m.name for m in members) + tuple(static) + tuple(compiled_twin(n) for n in static)
 
-
-COMPILED_TWINS = tuple(m.name for m in MAIN if m.twin)  # timed compiled too with bench.compiled_loops
 DRAFTED_METHODS = tuple(m.name for m in MAIN if m.kind == "spec" and m.draft)  # compared with published numbers
 
 
 def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "main",
-                  tuned: bool = True, compiled: bool = True, compiled_loops: bool = False,
+                  tuned: bool = True, compiled: bool = True, compiled_engine: bool = False,
                   static_engine: bool = False, drafts: Collection[str] | None = None) -> dict[str, MethodSpec]:
     """The method sets the notebooks compare; drafts are read from ``drafts_dir/<name>/draft``.
 
@@ -236,12 +236,10 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     trained with two unrolled steps (``eagle2_u2``, ``eagle2_h_u2``, ``jakiro_u2``, ``jakiro_coupled_u2``,
     ``jakiro_xgate_u2``, ``jakiro_coupled_cepd_u2``), all on ``tree``. ``drafts``: the draft names a profile trains;
     a method on any other draft is left out (None: none left out). ``compiled``: the
-    main study also times ``hf_compiled``. ``compiled_loops``: it also runs :data:`COMPILED_TWINS` (our
-    plain loop and Jakiro's fastest settings) a second time, the target compiled over a static KV cache
-    (:mod:`jakiro_lib.compiled`), as ``<name>_compiled``: the lever measured side by side.
-    ``static_engine``: the main study also runs vanilla, EAGLE-2 and Jakiro (fixed and tuned trees) on the
-    static-shape engine (:mod:`jakiro_lib.static`), as ``<name>_static``; with ``compiled_loops``
-    too also with its whole cycle compiled (CUDA graphs on a GPU), as ``<name>_static_compiled``.
+    main study also times ``hf_compiled``. ``static_engine``: the main study also runs every method of
+    kind "vanilla" or "spec" on the static-shape engine (:mod:`jakiro_lib.static`), as ``<name>_static``;
+    with ``compiled_engine`` too also with its whole cycle compiled (CUDA graphs on a GPU), as
+    ``<name>_static_compiled``.
     """
     if study not in STUDIES:
         raise ValueError(f"unknown study {study!r}: use {' or '.join(repr(s) for s in STUDIES)}")
@@ -251,13 +249,10 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     chosen = [m for m in registered if (m.when is None or switches[m.when]())
               and (drafts is None or m.draft is None or m.draft in drafts)]
     methods = {m.name: m.spec(tree, drafts_dir, tuned=tuned) for m in chosen}
-    if study == "main" and compiled_loops:
-        methods.update({compiled_twin(m.name): dataclasses.replace(methods[m.name], static_compile=True)
-                        for m in chosen if m.twin})
     if study == "main" and static_engine:
-        for m in (m for m in chosen if m.static_twin):
+        for m in (m for m in chosen if has_static_twin(m)):
             methods[static_twin(m.name)] = dataclasses.replace(methods[m.name], engine="static")
-            if compiled_loops:  # the captured cycle (CUDA graphs on a GPU)
+            if compiled_engine:  # the captured cycle (CUDA graphs on a GPU)
                 methods[compiled_twin(static_twin(m.name))] = dataclasses.replace(methods[static_twin(m.name)],
-                                                                                  static_compile=True)
+                                                                                  compile=True)
     return methods

@@ -25,14 +25,14 @@ from . import kernels
 from .bench import ratio_interval
 from .budgets import PAPER_TREE_TOKENS, fixed_tree_tokens
 from .config import TreeConfig
-from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_cost_variants, measure_target_costs
+from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_cost_variants
 from .draft import DraftModel
 from .layout import draft_path, has_weights
-from .methods import COMPILED_TWINS, compiled_twin, group_names
+from .methods import group_names
 from .study import get_target, headline_table, load_study_records, tree_budget_table, write_table
 
 # the goals' method groups, from the registry (jakiro_lib.methods.MAIN)
-JAKIRO_EAGER = group_names("jakiro")  # the rows compared with EAGLE-2 (no compiled twins)
+JAKIRO_EAGER = group_names("jakiro")  # the rows compared with EAGLE-2 (the loop engine's, as EAGLE-2's)
 JAKIRO_METHODS = group_names("jakiro", twins=True)
 EAGLE_METHODS = group_names("eagle2")
 HF_METHODS = group_names("hf")  # HF generate eager, and with a static cache + torch.compile
@@ -48,16 +48,14 @@ def _primary_order(group: tuple[str, ...], *first: str) -> tuple[str, ...]:
 # Each goal's own method: the first of these that the run has (which methods a run has is the profile's
 # choice, made before it; their speeds never enter). Picking the fastest of several rows instead, with an
 # interval that treats the pick as if named in advance, flatters the goal (issue 43). The order puts each
-# method's most optimised runner first (captured static engine, compiled loop, eager loop: a profile switches
+# method's most optimised runner first (the static engine compiled, then the loop engine: a profile switches
 # the faster runners on where it expects them to pay), then the tuned tree before the paper's fixed one; the
 # other rows of a group follow in registry order, only for runs that have none of those.
 PRIMARY = {
-    "jakiro": _primary_order(JAKIRO_METHODS, "jakiro_auto_static_compiled", "jakiro_auto_compiled", "jakiro_auto",
-                             "jakiro"),
+    "jakiro": _primary_order(JAKIRO_METHODS, "jakiro_auto_static_compiled", "jakiro_auto", "jakiro"),
     "jakiro_eager": _primary_order(JAKIRO_EAGER, "jakiro_auto", "jakiro"),  # against EAGLE-2: the same runner
-    "our_vanilla": _primary_order(OUR_VANILLA, "vanilla_static_compiled", "vanilla_compiled", "vanilla"),
-    "jakiro_lookup": _primary_order(LOOKUP_METHODS, "jakiro_lookup_static_compiled", "jakiro_lookup_compiled",
-                                    "jakiro_lookup"),
+    "our_vanilla": _primary_order(OUR_VANILLA, "vanilla_static_compiled", "vanilla"),
+    "jakiro_lookup": _primary_order(LOOKUP_METHODS, "jakiro_lookup_static_compiled", "jakiro_lookup"),
 }
 PACKED_GEMM_LEVER = "packed GEMM weights (MKL or oneDNN, chosen at load)"
 PACKED_HEAD_LEVER = "packed draft head (the target's packed GEMM)"
@@ -65,18 +63,15 @@ PACKED_HEAD_LEVER = "packed draft head (the target's packed GEMM)"
 
 def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = ("dense", "moe2"),
                sizes: Sequence[int] = (1, 2, 4, 6, 8, 12, 16, 24, 32), widths: Sequence[int] = (1, 3),
-               tree: TreeConfig | None = None, context: int = 256, repeats: int = 7,
-               compiled: bool = False) -> dict[str, pd.DataFrame]:
+               tree: TreeConfig | None = None, context: int = 256, repeats: int = 7) -> dict[str, pd.DataFrame]:
     """Measured T(n) of the target, draft-step times (trained vocabulary vs the full one) and, given the
     profile's ``tree``, drafting time per cycle.
 
-    Returns ``{"target": [n, ms, x_one_step, ms_library_defaults, ms_without_packed_gemm, ms_compiled], "draft":
+    Returns ``{"target": [n, ms, x_one_step, ms_library_defaults, ms_without_packed_gemm], "draft":
     [draft, vocab, width, ms, x_target_step], "draft_cycle": [draft, decoupled, total_tokens, ms,
     ms_plain_head]}`` (``ms`` as decoding runs; the last two target columns only where
     :mod:`~jakiro_lib.kernels` fast paths are on, timed back to back with ``ms`` for each n so that drift
-    hits all variants alike; ``ms_compiled``, with ``compiled``, through the compiled runner of
-    :mod:`~jakiro_lib.compiled`, timed after the others; ``ms_plain_head`` likewise without the packed
-    draft head). The full-vocabulary rows time an untrained copy of the same architecture (timing only). A
+    hits all variants alike; ``ms_plain_head`` likewise without the packed draft head). The full-vocabulary rows time an untrained copy of the same architecture (timing only). A
     drafting cycle is one tree proposal plus encoding 2 accepted tokens, coupled and (with experts)
     decoupled candidates.
     """
@@ -90,9 +85,6 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
     target_table = pd.DataFrame([{"n": n, **{col: 1000 * s for col, s in row.items()}} for n, row in times.items()])
     one = float(target_table["ms"].iloc[0])
     target_table.insert(2, "x_one_step", target_table["ms"] / one)
-    if compiled:
-        fast = measure_target_costs(model, sorted({1, *sizes}), context=context, repeats=repeats, static_compile=True)
-        target_table["ms_compiled"] = [1000 * fast[n] for n in target_table["n"]]
     vocab = target.model.config.vocab_size
     draft_rows, cycle_rows = [], []
     for name in drafts:
@@ -141,10 +133,10 @@ def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | 
     these prompts either way.
 
     Each goal's method is named before the run, never picked by speed (:data:`PRIMARY`; issue 43): Jakiro is
-    the first that ran of ``jakiro_auto_static_compiled``, ``jakiro_auto_compiled``, ``jakiro_auto`` and
-    ``jakiro`` against HF; against EAGLE-2 (whose rows have no compiled twins) the first of the eager loop's
+    the first that ran of ``jakiro_auto_static_compiled``, ``jakiro_auto`` and
+    ``jakiro`` against HF; against EAGLE-2 (whose primary rows run on the loop engine) the first of the loop's
     ``jakiro_auto`` and ``jakiro``, so that both sides run the same target runner; "our vanilla loop" the
-    first of ``vanilla_static_compiled``, ``vanilla_compiled`` and ``vanilla``. Baselines are the fastest of
+    first of ``vanilla_static_compiled`` and ``vanilla``. Baselines are the fastest of
     theirs at each temperature: "HF generate" the faster of ``hf_generate`` and ``hf_compiled``, EAGLE-2 the
     faster of ``eagle2`` and ``eagle2_auto`` (a goal against a weaker baseline would flatter; picking the
     fastest baseline can only lower the ratio, so its interval, which ignores that pick, errs against us).
@@ -256,10 +248,6 @@ def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.
             if "ms_library_defaults" in t.columns:
                 add("SDPA's own GQA under tree masks", f"target T({tree_tokens}) ms",
                     float(row["ms_library_defaults"]), float(row["ms_without_packed_gemm"]))
-        if "ms_compiled" in t.columns:
-            for n in sorted({1, tree_tokens} & set(t.index)):
-                add("target compiled over a static KV cache (our loops)", f"target T({n}) ms",
-                    float(t.loc[n, "ms"]), float(t.loc[n, "ms_compiled"]))
         if "ms_library_defaults" in t.columns:
             add("all kernel fast paths", f"target T({tree_tokens}) ms", float(row["ms_library_defaults"]), fast)
             one = t.loc[1] if 1 in t.index else None
@@ -282,8 +270,11 @@ def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.
     h = headline_table(main) if len(main) else pd.DataFrame()
     if len(h):
         greedy = h[h["temperature"] == 0].set_index("method")
-        for lever, pairs in (("target compiled over a static KV cache (our loops)",
-                              tuple((k, compiled_twin(k)) for k in COMPILED_TWINS)),
+        for lever, pairs in (("static engine (one host read per cycle) instead of the loop engine",
+                              tuple((k, f"{k}_static") for k in ("vanilla", "jakiro_auto", "jakiro_lookup"))),
+                             ("the static engine's cycle compiled (CUDA graphs on a GPU)",
+                              tuple((f"{k}_static", f"{k}_static_compiled") for k in ("vanilla", "jakiro_auto",
+                                                                                      "jakiro_lookup"))),
                              ("tree budget tuned on this machine", (("eagle2", "eagle2_auto"), ("jakiro", "jakiro_auto"))),
                              ("prompt-lookup chain grafted on the tuned tree (extension)",
                               (("eagle2_auto", "eagle2_lookup"), ("jakiro_auto", "jakiro_lookup"))),
@@ -301,8 +292,7 @@ def write_performance_report(ctx: Any, main: pd.DataFrame, *, target: Any = None
     ``cost_model_target.csv``, ``cost_model_draft.csv``, ``cost_model_draft_cycle.csv``, ``tree_budget.csv``,
     ``performance_targets.csv`` and ``levers.csv`` in the report directory. Returns the six tables."""
     target = target or get_target(ctx)
-    costs = cost_model(target, ctx.drafts_dir, widths=sorted({1, ctx.profile.tree.top_k}), tree=ctx.profile.tree,
-                       compiled=ctx.profile.bench.compiled_loops)
+    costs = cost_model(target, ctx.drafts_dir, widths=sorted({1, ctx.profile.tree.top_k}), tree=ctx.profile.tree)
     levers = lever_table(costs["target"], costs["draft"], main, tree_tokens=fixed_tree_tokens(ctx.profile.tree),
                          draft_cycle=costs["draft_cycle"])
     tables = {"cost_model_target": costs["target"], "cost_model_draft": costs["draft"],

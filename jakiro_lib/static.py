@@ -37,7 +37,7 @@ from torch.profiler import record_function
 from transformers import PreTrainedModel
 
 from . import kernels
-from .compiled import MAX_TREE_ROOM, _compile_settings, scratch, static_cache_len
+from .compiled import MAX_TREE_ROOM, call_compiled, scratch, static_cache_len
 from .config import TreeConfig
 from .decoding import GenerationResult, _check_prompt, _choose, _finish, _sync, text_positions
 from .draft import DraftModel, DraftOutput
@@ -397,7 +397,7 @@ class _StaticLoop:
     """What both static engines share: a :class:`~jakiro_lib.runner.TargetRunner` of ``cache_len`` positions,
     given as device tensors, the step (compiled
     on request: on CUDA ``mode="reduce-overhead"``, i.e. captured as CUDA graphs; elsewhere inductor, with the
-    packed CPU GEMMs off inside it, as in :mod:`jakiro_lib.compiled`), and :meth:`generate`: the prefill,
+    packed CPU GEMMs off inside it), and :meth:`generate`: the prefill,
     then one step per cycle with one host read. ``uniforms``: a cycle's ``draws`` (sampling), drawn before
     each cycle from the caller's generator, outside any compiled step, and passed to the step as an argument
     rather than marked as a static address: CPU inductor's freezing turns the static tensors a graph only
@@ -418,7 +418,8 @@ class _StaticLoop:
     def _run_step(self, start: torch.Tensor) -> torch.Tensor:
         if not self.compile:
             return self._step(start, self.uniforms, *self.inputs)
-        read = _call_compiled(self.model, self._step, start, self.uniforms, *self.inputs)
+        read = _call_compiled(self.model, self._step, start, self.uniforms, *self.inputs,
+                              first=self.compiled_cycles == 0)
         self.compiled_cycles += 1
         return read
 
@@ -579,10 +580,12 @@ class StaticEngine(_StaticLoop):
         return 0 if self.drafter is None else self.drafter.forwards
 
 
-def _call_compiled(model: PreTrainedModel, step: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
-    """A compiled step, with the compile settings and the target's plain GEMMs (inductor packs its own)."""
-    with _compile_settings(model.device), kernels.plain_kernels(model, gqa=False):
-        return step(*args)
+def _call_compiled(model: PreTrainedModel, step: Callable[..., torch.Tensor], *args: torch.Tensor,
+                   first: bool) -> torch.Tensor:
+    """A compiled step, with the compile settings and the target's plain GEMMs (inductor packs its own); a
+    failure of the ``first`` call (the compilation) is one :class:`~jakiro_lib.compiled.CompileError`."""
+    with kernels.plain_kernels(model, gqa=False):
+        return call_compiled(step, *args, device=model.device, first=first)
 
 
 class StaticDecoder(_StaticLoop):
@@ -615,7 +618,7 @@ def _engine(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig |
             params: SamplingParams, compile: bool) -> StaticEngine | StaticDecoder:
     """The engine for ``draft`` (None: plain decoding). A compiled one is kept on the model, one per draft,
     tree, sampling settings and length: its step is specialised to its buffers (as
-    :func:`~jakiro_lib.compiled.static_cache` explains), so a new one would compile again."""
+    :func:`_runner` explains), so a new one would compile again."""
     def build() -> StaticEngine | StaticDecoder:
         if draft is None and (tree is None or not tree.lookup_tokens):
             return StaticDecoder(model, cache_len, params=params, compile=compile)

@@ -85,7 +85,7 @@ def test_tuner_gets_held_out_prompts_minimum_timings_and_the_fixed_tree(tiny_run
     assert len(seen["tune"]) == 2
     for prompts, kw in seen["tune"]:
         assert [p.tolist() for p in prompts] == [p.tolist() for p in expected]
-        assert kw["reference"] == 8 and kw["static_compile"] is False  # the profile's fixed tree
+        assert kw["reference"] == 8 and kw["engine"] == "loop" and kw["compile"] is False  # the profile's fixed tree
     assert info["tuning_prompts"] == tuned_on and {m.tree.total_tokens for m in resolved.values()} == {4}
     saved = json.loads((root / "bench" / "tree_budgets.json").read_text())["machines"]
     fresh = [e for e in saved if e["machine"].get("timing") == "min"]

@@ -178,6 +178,16 @@ def test_budget_speeds_interleave_budgets_and_keep_each_runs_fastest_round(monke
                                    rounds=2, max_new_tokens=10)
     assert order == [4, 8, 4, 8, 4, 8, 4, 8]  # budgets back to back per prompt, every round
     assert speeds == pytest.approx({4: 20 / 2.0, 8: 20 / 2.5})
+
+    def fake_static(model, draft, tree, ids, *, compile, **kw):  # a method on the static engine is checked there
+        order.append(("static", tree.total_tokens, tree.lookup_tokens, compile))
+        return GenerationResult(prompt_len=len(ids), output_ids=[1] * 10, wall_time=1.0)
+
+    monkeypatch.setattr(costmodel, "static_generate", fake_static)
+    order.clear()
+    measure_budget_speeds(target, draft, TreeConfig(depth=3, top_k=2, lookup_tokens=4), random_prompts(1, seed=1),
+                          (4, 8), rounds=2, engine="static", compile=True)
+    assert order == [("static", 4, 0, True), ("static", 8, 0, True)] * 2  # the drafted tree, not the chain
     with pytest.raises(ValueError, match="rounds"):
         measure_budget_speeds(target, draft, TreeConfig(), random_prompts(1, seed=1), (4, 8), rounds=1)
 
@@ -203,9 +213,9 @@ def test_tuned_budget_is_kept_only_where_it_beats_the_fixed_tree_measured(monkey
     steep = {1: 0.01, 2: 0.01, 4: 0.05, 8: 0.5}  # the estimate: 2 tokens
     out = tune_total_tokens(target, draft, TreeConfig(depth=3, top_k=2), random_prompts(2, seed=1),
                             candidates=(2, 4, 8), max_new_tokens=8, context=16, target_costs=steep, reference=8,
-                            static_compile=False)
+                            engine="static", compile=False)
     assert out["estimated_best"] == 2 and out["fixed_tokens"] == 8 and seen["budgets"] == (2, 8)
-    assert seen["static_compile"] is False and seen["rounds"] >= 2
+    assert seen["engine"] == "static" and seen["compile"] is False and seen["rounds"] >= 2  # the method's engine
     assert out["best"] == (2 if tuned_faster else 8)
     assert out["measured_tokens_per_s"] == {"2": 30.0 if tuned_faster else 25.0, "8": 27.0}
     same = tune_total_tokens(target, draft, TreeConfig(depth=3, top_k=2), random_prompts(2, seed=1),

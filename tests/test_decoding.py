@@ -379,7 +379,7 @@ def test_hf_generate_static_compiled_greedy_equals_vanilla(prompts, vanilla):
     compiles on CPU and decodes like our loop."""
     model = copy.deepcopy(tiny_target("llama"))  # the compiled call is cached on the model: not the shared one
     for i in (0, 1, 2, 1):  # later prompts too: a frozen step once kept reading the first prompt's KV buffers
-        h = hf_generate(model, prompts[i], max_new_tokens=24, static_compile=True)
+        h = hf_generate(model, prompts[i], max_new_tokens=24, compile=True)
         assert h.output_ids == vanilla[i][:24], i
     assert hasattr(model, "_compiled_call")
     assert decoding.static_cache_len(100) == 1024 and decoding.static_cache_len(1025) == 2048
@@ -393,7 +393,7 @@ def test_hf_generate_names_a_failed_compile_and_how_to_skip_it(prompts, monkeypa
 
     monkeypatch.setattr(model, "generate", broken)
     with pytest.raises(RuntimeError, match="bench.compiled_baseline=false"):
-        hf_generate(model, prompts[0], max_new_tokens=4, static_compile=True)
+        hf_generate(model, prompts[0], max_new_tokens=4, compile=True)
     with pytest.raises(OSError):  # the eager path's errors pass through unchanged
         hf_generate(model, prompts[0], max_new_tokens=4)
 
@@ -576,6 +576,6 @@ def test_hf_compiled_compiles_with_inductor_freezing_on_cpu(prompts, monkeypatch
         return real(*args, **kwargs)
 
     monkeypatch.setattr(model, "generate", spy)
-    hf_generate(model, prompts[0], max_new_tokens=4, static_compile=True)
+    hf_generate(model, prompts[0], max_new_tokens=4, compile=True)
     hf_generate(model, prompts[0], max_new_tokens=4)
     assert seen == [True, False] and inductor_config.freezing is False

@@ -21,7 +21,7 @@ SMALL = {"bench.limit": "1", "bench.max_new_tokens": "8", "bench.warmup": "0", "
 def test_check_profile_is_the_exact_setting_on_the_device():
     prof = check_profile("smoke", "cpu", **{"bench.limit": "2"})
     assert prof.target.dtype == "float32" and prof.target.device == "cpu" and prof.target.packed_gemm == 0
-    assert prof.bench.static_engine and prof.bench.compiled_loops and prof.bench.temperatures == (0.0, 1.0)
+    assert prof.bench.static_engine and prof.bench.compiled_engine and prof.bench.temperatures == (0.0, 1.0)
     assert prof.bench.limit == 2 and CHECK_SETTINGS["bench.limit"] == "10"  # MT-bench q1-10, both turns: 20 prompts
 
 

@@ -12,7 +12,7 @@ from helpers import single_thread
 from jakiro_lib import costmodel, kernels, perf
 from jakiro_lib.bench import study_methods
 from jakiro_lib.budgets import resolve_tree_budgets
-from jakiro_lib.config import DraftConfig, TargetConfig, TreeConfig, get_profile
+from jakiro_lib.config import TargetConfig, TreeConfig, get_profile
 from jakiro_lib.decoding import TargetRunner
 from jakiro_lib.draft import DraftModel
 from jakiro_lib.drafting import FeatureDrafter
@@ -110,42 +110,42 @@ def test_lookup_extension_is_held_to_the_goals_apart_from_paper_jakiro():
     assert math.isnan(g[(f"{ext} >= EAGLE-2 + lookup branch (tokens/s)", 1.0)].ratio)  # not measured: unknown
 
 
-def test_compiled_twins_count_as_jakiro_and_as_our_vanilla_loop():
-    """With bench.compiled_loops the goals take the compiled twin where the run has it (faster or not: the
-    primary method is named before the run), and the lever table shows what compiling bought, pair by pair."""
-    tps = {(0.0, "vanilla"): 19.0, (0.0, "vanilla_compiled"): 20.0, (0.0, "hf_generate"): 20.0,
-           (0.0, "hf_compiled"): 21.0, (0.0, "jakiro_auto"): 23.0, (0.0, "jakiro_auto_compiled"): 24.0,
+def test_static_twins_count_as_jakiro_and_as_our_vanilla_loop():
+    """With bench.static_engine and bench.compiled_engine the goals take the compiled static twin where the run
+    has it (faster or not: the primary method is named before the run), EAGLE-2 is compared with the loop's
+    Jakiro only, and the lever table shows what each engine step bought, pair by pair."""
+    tps = {(0.0, "vanilla"): 19.0, (0.0, "vanilla_static"): 19.5, (0.0, "vanilla_static_compiled"): 20.0,
+           (0.0, "hf_generate"): 20.0, (0.0, "hf_compiled"): 21.0, (0.0, "jakiro_auto"): 23.0,
+           (0.0, "jakiro_auto_static"): 23.2, (0.0, "jakiro_auto_static_compiled"): 24.0,
            (0.0, "eagle2_auto"): 23.5, (0.0, "eagle2_lookup"): 29.5,
-           (0.0, "jakiro_lookup"): 30.0, (0.0, "jakiro_lookup_compiled"): 29.0,
+           (0.0, "jakiro_lookup"): 30.0, (0.0, "jakiro_lookup_static"): 29.5,
+           (0.0, "jakiro_lookup_static_compiled"): 29.0,
            (1.0, "hf_generate"): 20.0, (1.0, "jakiro_auto"): 21.0,
-           (1.0, "jakiro_lookup"): 22.0, (1.0, "jakiro_lookup_compiled"): 23.0}
+           (1.0, "jakiro_lookup"): 22.0, (1.0, "jakiro_lookup_static_compiled"): 23.0}
     main = _main(tps, {})
     goals = performance_targets(main)
     g = {r.goal: r for r in goals.itertuples() if r.temperature == 0}
-    assert g["Jakiro >= 1.5x HF generate (greedy)"].method == "jakiro_auto_compiled"
-    # no EAGLE-2 twin is compiled: only eager Jakiro is compared with it (24 vs 23.5 would flatter)
+    assert g["Jakiro >= 1.5x HF generate (greedy)"].method == "jakiro_auto_static_compiled"
+    # EAGLE-2's rows run on the loop engine: only the loop's Jakiro is compared with them (24 vs 23.5 would flatter)
     eagle = g["Jakiro >= EAGLE-2 (tokens/s)"]
     assert eagle.method == "jakiro_auto" and eagle.ratio == pytest.approx(23 / 23.5) and not eagle.met
-    only_compiled = performance_targets(_main({(0.0, "jakiro_auto_compiled"): 24.0, (0.0, "eagle2_auto"): 23.5}, {}))
+    only_compiled = performance_targets(_main({(0.0, "jakiro_auto_static_compiled"): 24.0,
+                                               (0.0, "eagle2_auto"): 23.5}, {}))
     row = only_compiled[only_compiled["goal"] == "Jakiro >= EAGLE-2 (tokens/s)"].iloc[0]
-    assert math.isnan(row["ratio"]) and row["met"] is None  # no eager Jakiro ran: unknown, not compiled vs eager
+    assert math.isnan(row["ratio"]) and row["met"] is None  # no loop Jakiro ran: unknown, not static vs loop
     vanilla = g["our vanilla loop within 5% of HF generate"]
-    assert vanilla.method == "vanilla_compiled" and vanilla.ratio == pytest.approx(20 / 21) and vanilla.met
-    static = performance_targets(_main({**tps, (0.0, "jakiro_auto_static_compiled"): 33.0,
-                                        (0.0, "eagle2_auto_static_compiled"): 34.0}, {}))
-    best = static[(static["temperature"] == 0) & (static["goal"] == "Jakiro >= 1.5x HF generate (greedy)")].iloc[0]
-    assert best.method == "jakiro_auto_static_compiled" and best.ratio == pytest.approx(33 / 21) and best.met
-    eagle_static = static[(static["temperature"] == 0) & (static["goal"] == "Jakiro >= EAGLE-2 (tokens/s)")].iloc[0]
-    assert eagle_static.method == "jakiro_auto"  # only eager loop-engine rows on both sides, as before
+    assert vanilla.method == "vanilla_static_compiled" and vanilla.ratio == pytest.approx(20 / 21) and vanilla.met
     ext = "Jakiro + lookup branch (extension)"
     lookup = g[f"{ext} >= 1.5x HF generate (greedy)"]
-    assert lookup.method == "jakiro_lookup_compiled" and lookup.ratio == pytest.approx(29 / 21)  # the slower one
+    assert lookup.method == "jakiro_lookup_static_compiled" and lookup.ratio == pytest.approx(29 / 21)  # the slowest
     t1 = goals[(goals["temperature"] == 1.0) & (goals["goal"] == f"{ext} >= 1.3x HF sampling (T=1)")].iloc[0]
-    assert t1["method"] == "jakiro_lookup_compiled" and t1["ratio"] == pytest.approx(23 / 20)
-    assert g[f"{ext} >= EAGLE-2 + lookup branch (tokens/s)"].method == "jakiro_lookup"  # eager vs eager
+    assert t1["method"] == "jakiro_lookup_static_compiled" and t1["ratio"] == pytest.approx(23 / 20)
+    assert g[f"{ext} >= EAGLE-2 + lookup branch (tokens/s)"].method == "jakiro_lookup"  # loop vs loop
     levers = lever_table(pd.DataFrame(), pd.DataFrame(), main)
-    rows = levers[levers["lever"].str.startswith("target compiled")]
-    assert rows["speedup"].tolist() == pytest.approx([20 / 19, 24 / 23, 29 / 30])
+    engine = levers[levers["lever"].str.startswith("static engine")]
+    assert engine["speedup"].tolist() == pytest.approx([19.5 / 19, 23.2 / 23, 29.5 / 30])
+    captured = levers[levers["lever"].str.startswith("the static engine's cycle compiled")]
+    assert captured["speedup"].tolist() == pytest.approx([20 / 19.5, 24 / 23.2, 29 / 29.5])
 
 
 def test_goals_compare_a_primary_method_named_before_the_run_not_the_fastest_row():
@@ -167,8 +167,7 @@ def test_goals_compare_a_primary_method_named_before_the_run_not_the_fastest_row
     assert "primary" in hf.selection and "fastest of hf_generate, hf_compiled" in hf.selection
     assert g["Jakiro >= EAGLE-2 (tokens/s)"].method == "jakiro_auto"
     assert g["our vanilla loop within 5% of HF generate"].method == "vanilla"  # not the faster static row
-    assert perf.PRIMARY["jakiro"][:4] == ("jakiro_auto_static_compiled", "jakiro_auto_compiled", "jakiro_auto",
-                                           "jakiro")
+    assert perf.PRIMARY["jakiro"][:3] == ("jakiro_auto_static_compiled", "jakiro_auto", "jakiro")
     assert set(perf.PRIMARY["jakiro"]) == set(perf.JAKIRO_METHODS)  # every row has its place, fixed in advance
     without_tuned = performance_targets(_main({k: v for k, v in tps.items() if "auto" not in k[1]}, {}))
     assert set(without_tuned.loc[without_tuned["goal"].str.startswith("Jakiro >="), "method"]) == {"jakiro"}
@@ -352,11 +351,3 @@ def test_lever_table_compares_each_lever_with_and_without_it():
     assert not any("eagle2" in m for _, m in levers)  # nothing invented for methods that did not run
 
 
-def test_compiled_budgets_are_tuned_at_compiled_sizes_only():
-    """Through the compiled runner every measured size is a compilation, and a size it does not compile runs
-    eagerly (a T(n) that is not the compiled step's): the compiled runner's tuning sizes are its own."""
-    from jakiro_lib.budgets import TUNE_SIZES, tune_sizes
-    from jakiro_lib.compiled import COMPILED_SIZES
-
-    assert set(tune_sizes(True)) <= set(COMPILED_SIZES) and len(tune_sizes(True)) < len(TUNE_SIZES)
-    assert tune_sizes(False) == TUNE_SIZES

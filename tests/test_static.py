@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import random_prompts, tiny_target, trained_draft
-from jakiro_lib.compiled import scratch
+from jakiro_lib.compiled import CompileError, call_compiled, scratch, static_cache, static_cache_len
 from jakiro_lib.config import DraftConfig, TreeConfig
 from jakiro_lib.decoding import speculative_generate, vanilla_generate
 from jakiro_lib.draft import DraftModel
@@ -214,7 +214,6 @@ def test_settings_the_static_engine_does_not_run():
         static_vanilla_generate(mistral, torch.tensor([1, 2, 3]), max_new_tokens=4)
     model = tiny_target("llama")
     torch.manual_seed(0)
-    moe = DraftModel.build(DraftConfig(num_experts=2), model).eval()
     dense = DraftModel.build(DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False,
                                          contrastive=False), model).eval()
     for draft, tree, words in [(dense, TreeConfig(ar_steps=1), "branch B"),
@@ -311,3 +310,35 @@ def test_static_decoder_equals_vanilla_with_one_read_per_token(prompts, vanilla,
     with _HostReads(monkeypatch) as reads:
         r = static_vanilla_generate(model, prompts[0], max_new_tokens=MAX_NEW)
     assert (reads.scalars, reads.lists) == (1, len(r.output_ids) - 1)
+
+
+def test_compiled_cache_lengths_and_a_failed_compile_names_itself():
+    """Compiled steps see few cache shapes (powers of two from 1024); a first compiled call that fails (no C++
+    compiler on a CPU, no triton on CUDA) is one CompileError saying what compiling needs."""
+    assert static_cache_len(100) == 1024 and static_cache_len(1025) == 2048
+
+    def broken(*args):
+        raise OSError("no C++ compiler")
+
+    with pytest.raises(CompileError, match="without compile"):
+        call_compiled(broken, torch.zeros(1), device=torch.device("cpu"), first=True)
+    with pytest.raises(OSError):  # later calls: whatever went wrong, as it is
+        call_compiled(broken, torch.zeros(1), device=torch.device("cpu"), first=False)
+
+
+@torch.inference_mode()
+def test_a_copy_of_a_model_does_not_share_its_compiled_state():
+    """What compiled paths keep per model (HF's static caches, the static engine's shared runners and engines)
+    is left behind by ``copy.deepcopy``: a copy whose head is then changed scores with its own head. Kept on the
+    model as it was, a copied closure ran the original model (the static engine's sampling test failed after
+    another test had used the tiny target)."""
+    model = copy.deepcopy(tiny_target("llama"))
+    p = torch.tensor([5, 6, 7])
+    static_vanilla_generate(model, p, max_new_tokens=2, compile=True)  # the state exists on the original now
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin.lm_head.weight.mul_(-1.0)
+    assert scratch(twin) is not scratch(model) and static_cache(twin, 16) is not static_cache(model, 16)
+    want = vanilla_generate(twin, p, max_new_tokens=4).output_ids
+    assert want != vanilla_generate(model, p, max_new_tokens=4).output_ids
+    assert static_vanilla_generate(twin, p, max_new_tokens=4, compile=True).output_ids == want

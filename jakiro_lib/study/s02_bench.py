@@ -53,10 +53,10 @@ def study_temperatures(profile: Profile, study: str) -> tuple[float, ...]:
 
 
 def profile_methods(prof: Profile, drafts_dir: Path, study: str) -> dict[str, MethodSpec]:
-    """The methods of ``study`` under the profile's switches (tuned budgets, the compiled HF baseline, our
-    loops compiled); methods on a draft the profile does not train are left out."""
+    """The methods of ``study`` under the profile's switches (tuned budgets, the compiled HF baseline, the
+    static engine eager and compiled); methods on a draft the profile does not train are left out."""
     return study_methods(prof.tree, drafts_dir, study=study, tuned=prof.bench.tuned,
-                         compiled=prof.bench.compiled_baseline, compiled_loops=prof.bench.compiled_loops,
+                         compiled=prof.bench.compiled_baseline, compiled_engine=prof.bench.compiled_engine,
                          static_engine=prof.bench.static_engine,
                          drafts=prof.drafts)
 
