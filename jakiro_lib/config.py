@@ -21,8 +21,6 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Literal, Union
 
-from .utils import cpu_flags
-
 
 class ConfigError(ValueError):
     """A profile name, override key or config value that is not allowed (the message says what is)."""
@@ -168,6 +166,10 @@ class DataConfig:
     # units. On AMX: 2000 conversations in 6.4 instead of 13.8 min, drafts as good (docs/results.md).
     cache_dtype: str | None = None
     online: bool = False  # compute features on the fly instead of caching them
+    # "fixed": num_conversations and train.epochs as set. "auto" (the default profile): the pipeline sizes both
+    # to fit the 90-minute main job on the machine it runs on, from a short throughput measurement before stage 00,
+    # recorded in <run_dir>/scale.json and reused by a rerun (jakiro_lib.scale); a --set of either key wins.
+    scale: str = "fixed"
     # Train on the target's own greedy answers to the conversations' first user turns (jakiro_lib.distill)
     self_distill: bool = False
     distill_max_new_tokens: int = 256
@@ -276,9 +278,11 @@ def _study_drafts(vocab: int | None) -> dict[str, DraftConfig]:
 # equal-parameter control, moe2 for the coupled / decoupled / released methods, per-expert and multi-step
 # training). moe2_xequal, moe2_nocontrast and moe4 (the paper's ablations) are left to the smoke, gpu and paper
 # profiles: with them the main job overran 90 min on a 2-core AVX2 EPYC (2026-11-23). FAITHFUL_DRAFTS (~20 more
-# minutes there) is opt-in: `--set drafts=...`. (conversations, epochs): 600 x 2 (the EPYC: 82 min), 3000 x 3
-# where AMX runs caching and training 3.2-3.8x fp32 (issue 22; docs/results.md); avx512_bf16 alone is unmeasured.
-DEFAULT_SCALE = {"other": (600, 2), "amx": (3000, 3)}
+# minutes there) is opt-in: `--set drafts=...`. DEFAULT_SCALE (conversations, epochs) is the floor of the
+# default's data.scale="auto" (jakiro_lib.scale) and its values wherever nothing was measured (a stage run alone
+# before any pipeline): 600 x 2 took 82 min on the AVX2 EPYC. A CPU flag does not size the job any more (issue 43):
+# the 2-core EPYC with avx512_bf16 ran bf16 caching 1.74x and the compiled bf16 step 1.98x fp32, AMX 3.2-3.8x.
+DEFAULT_SCALE = (600, 2)
 DEFAULT_DRAFTS = ("dense", "dense_h", "moe2", "moe2_xgate", "dense_u2", "moe2_u2")
 FAITHFUL_DRAFTS = ("dense", "dense_h", "moe2", "moe2_xgate", "dense_u2", "dense_h_u2", "moe2_u2", "moe2_xgate_u2")
 
@@ -311,13 +315,15 @@ def _profiles() -> dict[str, Profile]:
     # Sized for a 2-core CPU and a <= 90 min main job (docs/DESIGN.md sections 9 and 11): small trees (T(n) grows
     # fast on CPU; "_auto" methods tune the budget on the machine), a reduced draft vocabulary, CPU fast paths for
     # the target, the six drafts of DEFAULT_DRAFTS at one budget, lr 2e-3 (the best of 5e-4..5e-3, docs/results.md),
-    # data and epochs by DEFAULT_SCALE. Greedy only (`bench --temperature 1` adds sampling); 10 MT-bench questions
-    # (20 turns). bf16 caching and a compiled bf16 training step where the CPU has bf16 units ("auto").
-    conversations, epochs = DEFAULT_SCALE["amx" if "amx_bf16" in cpu_flags() else "other"]
+    # data and epochs sized by measurement on the machine (data.scale="auto", at least DEFAULT_SCALE). Greedy only
+    # (`bench --temperature 1` adds sampling); 10 MT-bench questions (20 turns). bf16 caching and a compiled bf16
+    # training step where the CPU has bf16 units ("auto").
+    conversations, epochs = DEFAULT_SCALE
     default = Profile(
         name="default",
         target=TargetConfig(model="builtin:smollm2", max_context=2048, packed_gemm=64),
-        data=DataConfig(num_conversations=conversations, max_length=384, shard_size=50, cache_dtype="auto", cache_batch_size=8),
+        data=DataConfig(num_conversations=conversations, max_length=384, shard_size=50, cache_dtype="auto",
+                        cache_batch_size=8, scale="auto"),
         train=TrainConfig(epochs=epochs, batch_size=8, lr=2e-3, warmup_steps=20, mixed_precision="auto", compile="auto"),
         tree=TreeConfig(depth=4, top_k=3, total_tokens=8),
         bench=BenchConfig(limit=10, max_new_tokens=64, temperatures=(0.0,)),
@@ -464,7 +470,7 @@ _DTYPE = _one_of("float32", "float16", "bfloat16")
 RULES: dict[str, Rule] = {
     "TargetConfig.dtype": _DTYPE, "TargetConfig.max_context": _at_least(1), "TargetConfig.packed_gemm": _at_least(0),
     "TargetConfig.gemm_backend": _one_of("auto", "mkl", "onednn"),
-    "DataConfig.feature_dtype": _DTYPE, "DataConfig.cache_dtype": _one_of("float32", "float16", "bfloat16", "auto"),
+    "DataConfig.feature_dtype": _DTYPE, "DataConfig.scale": _one_of("fixed", "auto"), "DataConfig.cache_dtype": _one_of("float32", "float16", "bfloat16", "auto"),
     "TrainConfig.epochs": _at_least(1), "TrainConfig.lr": _above(0), "TrainConfig.betas": _UNIT,
     "TrainConfig.grad_clip_value": _above(0), "TrainConfig.max_steps": _at_least(1),
     "TrainConfig.mixed_precision": _one_of("no", "fp16", "bf16", "auto"), "TrainConfig.compile": _one_of("no", "yes", "auto"),

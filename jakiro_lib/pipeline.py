@@ -5,6 +5,11 @@ in order, each with the papermill parameters ``profile``, ``overrides``, ``run_d
 ``force``; the executed copies land in ``reports/<profile>/`` next to their HTML (code kept visible), the
 CSV/JSON tables and PNG figures the notebooks write, and an ``index.html`` that links everything.
 
+Scale: where the profile sets ``data.scale="auto"`` (the default profile), the number of conversations and epochs is
+chosen before stage 00 from a short measurement of this machine, to fit the 90-minute main job, recorded in
+``<run_dir>/scale.json`` (copied to the report, and a line on its front page), reused by a rerun, and passed to the
+notebooks as overrides; ``--set data.num_conversations=...`` / ``train.epochs=...`` win (:mod:`jakiro_lib.scale`).
+
 Staleness: a stage is skipped when its executed notebook exists, is newer than the notebook source, was
 executed with the same resolved configuration (a stamp in ``<report_dir>/.stamps/``), and no earlier
 stage was executed after it. ``force=True`` re-executes every selected stage and passes ``force=True``
@@ -33,6 +38,8 @@ import pandas as pd
 
 from .config import PROFILE_NAMES, parse_overrides
 from .report_page import write_front_page
+from .scale import SCALE_JSON, resolve_scale
+from .scale import log as scale_log
 from .study import default_report_dir, default_run_dir, headline_table, resolve_profile
 from .utils import REPO_ROOT, busy_warning, check_paths, exit_status, read_json, run_lock, write_json, write_text
 
@@ -189,33 +196,43 @@ def run_pipeline(
     run_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / STAMP_DIR).mkdir(exist_ok=True)
 
-    parameters = {"profile": prof.name, "overrides": overrides, "run_dir": str(run_dir),
-                  "report_dir": str(report_dir), "force": bool(force)}
-    fingerprint = _fingerprint(json.loads(prof.to_json()), run_dir, report_dir)
-
     pm_log = logging.getLogger("papermill")
     pm_level = pm_log.level
     if not log_output:  # papermill logs every cell at INFO; keep our per-stage lines only
         pm_log.setLevel(logging.WARNING)
-    handler, level = None, log.level
+    handler = None
+    loggers = {lg: lg.level for lg in (log, scale_log)}
     if not log.hasHandlers():  # progress must show even when the caller configured no logging
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
-        log.addHandler(handler)
-        if log.getEffectiveLevel() > logging.INFO:
-            log.setLevel(logging.INFO)
+        for lg in loggers:
+            lg.addHandler(handler)
+            if lg.getEffectiveLevel() > logging.INFO:
+                lg.setLevel(logging.INFO)
     try:
         log.info("pipeline %s: stages %s; runs in %s, reports in %s", prof.name, ", ".join(selected), run_dir,
                  report_dir)
         with run_lock(run_dir, report_dir):  # one run per run directory (the notebooks' kernels take none)
+            # data.scale="auto": the conversations and epochs that fit this machine, measured once before stage 00
+            # and recorded in the run directory; the notebooks get them as overrides like any --set
+            overrides, record = resolve_scale(prof, overrides, run_dir)
+            if record is None:
+                (report_dir / SCALE_JSON).unlink(missing_ok=True)  # an earlier run's choice no longer applies
+            else:
+                write_json(report_dir / SCALE_JSON, record)
+                prof = resolve_profile(profile, overrides)
+            parameters = {"profile": prof.name, "overrides": overrides, "run_dir": str(run_dir),
+                          "report_dir": str(report_dir), "force": bool(force)}
+            fingerprint = _fingerprint(json.loads(prof.to_json()), run_dir, report_dir)
             return _run_stages(pm, prof.name, selected, parameters, fingerprint, nb_dir, run_dir, report_dir,
                                force=force, kernel_name=kernel_name, log_output=log_output,
                                execution_timeout=execution_timeout)
     finally:
         pm_log.setLevel(pm_level)
         if handler is not None:
-            log.removeHandler(handler)
-            log.setLevel(level)
+            for lg, level in loggers.items():
+                lg.removeHandler(handler)
+                lg.setLevel(level)
 
 
 def _run_stages(pm: Any, profile_name: str, selected: list[str], parameters: dict[str, Any], fingerprint: str,

@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from .plots import STAGE_TITLES
+from .scale import SCALE_JSON
 from .utils import read_json, write_text
 
 SMOKE_BANNER = "smoke profile: a random tiny target; numbers for plumbing only"
@@ -191,6 +192,23 @@ def _metadata_html(config: dict[str, Any] | None) -> str:
             f"<code>{esc(json.dumps(config.get('overrides', {})))}</code>.</p>")
 
 
+def scale_note(record: dict[str, Any]) -> str:
+    """The report's line on the job's scale, from ``scale.json`` (:mod:`jakiro_lib.scale`): what was chosen and why."""
+    c, b = record["chosen"], record["budget"]
+    return (f"Scale: {c['num_conversations']:,} conversations x {c['epochs']} epochs, chosen by measurement "
+            f"(data.scale=auto, {record.get('date', '?')}): caching and training expected {c['expected_minutes']:.1f} "
+            f"min of the {b['caching_training_minutes']:.1f} left in the {b['main_job_minutes']}-minute main job after "
+            f"the benchmark (about {b['benchmark_minutes']:.1f} min) and the measurement; {c['reason']}.")
+
+
+def _scale_html(report_dir: Path) -> str:
+    record = read_json(report_dir / SCALE_JSON)
+    try:
+        return f"<p class='note' id='scale'>{html.escape(scale_note(record))} <a href='{SCALE_JSON}'>{SCALE_JSON}</a></p>"
+    except (KeyError, TypeError, ValueError):  # no record (a fixed scale) or one from another version
+        return ""
+
+
 def _figure_html(report_dir: Path) -> str:
     if not (report_dir / HEADLINE_FIGURE).is_file():
         return "<p class='note'>No headline figure yet (notebook 03 writes <code>speedup.png</code>).</p>"
@@ -262,7 +280,7 @@ def write_front_page(report_dir: str | Path, *, title: str, profile_name: str | 
              f"<h1>{html.escape(title)}</h1>"]
     if is_smoke(profile_name, config):
         parts.append(f"<div class='banner' id='smoke-banner'>{html.escape(SMOKE_BANNER)}</div>")
-    parts += [_metadata_html(config), verdict_html(goals), _figure_html(report_dir)]
+    parts += [_metadata_html(config), _scale_html(report_dir), verdict_html(goals), _figure_html(report_dir)]
     parts += _tables_html(summary, goals, levers)
     parts += _links_html(report_dir, files, read_json(report_dir / "pipeline.json"))
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
