@@ -37,6 +37,8 @@ from .pipeline import add_cli
 from .study import (category_table, default_run_dir, display_table, prepare_features, run_study, study_table,
                     train_all, training_table, write_table)
 from .target import load_target
+from .scale import SCALE_JSON, recorded_scale
+from .scale import set_keys as scale_keys
 from .throughput import format_plan, format_table, plan_from, run_throughput
 from .utils import busy_warning, check_paths, exit_status, run_lock, run_metadata, write_json
 
@@ -46,8 +48,25 @@ TRAIN_COLUMNS = ("draft", "status", "steps", "acc_a", "acc_b", "heldout_loss", "
 
 
 def _profile(args: argparse.Namespace) -> Profile:
+    """The profile with ``--set`` applied; for a command with ``--run-dir`` (cache, train, bench) and a profile whose
+    ``data.scale`` is "auto", the conversations and epochs the pipeline chose there (scale.json; never measured here)."""
     try:
-        return get_profile(args.profile, **parse_overrides(args.set))
+        overrides = parse_overrides(args.set)
+        profile = get_profile(args.profile, **overrides)
+        if not hasattr(args, "run_dir") or profile.data.scale != "auto":
+            return profile
+        run_dir = args.run_dir or default_run_dir(profile.name)
+        overrides, record = recorded_scale(profile, overrides, run_dir)
+        if record is None:
+            if len(scale_keys(overrides)) < 2:
+                print(f"[data.scale=auto: no scale recorded for these settings in {run_dir / SCALE_JSON} (the pipeline "
+                      f"measures and records one): {profile.data.num_conversations} conversations x "
+                      f"{profile.train.epochs} epochs]", file=sys.stderr)
+            return profile
+        profile = get_profile(args.profile, **overrides)
+        print(f"[scale: {profile.data.num_conversations} conversations x {profile.train.epochs} epochs, chosen by the "
+              f"pipeline on {record.get('date', '?')} ({run_dir / SCALE_JSON})]", file=sys.stderr)
+        return profile
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
 

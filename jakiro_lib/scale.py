@@ -272,7 +272,7 @@ def measure(profile: Profile, *, conversations: int = 16, steps: int = 6, warmup
 # --------------------------------------------------------------------------------------------------
 
 
-def _set_keys(overrides: dict[str, Any]) -> dict[str, Any]:
+def set_keys(overrides: dict[str, Any]) -> dict[str, Any]:
     """The scale keys the user set, in dotted spelling (papermill's ``train__epochs`` too)."""
     return {k.replace("__", "."): v for k, v in overrides.items() if k.replace("__", ".") in KEYS}
 
@@ -303,6 +303,26 @@ def _valid(record: Any) -> bool:
             and all(isinstance(record["chosen"].get(k), int) for k in ("num_conversations", "epochs")))
 
 
+def _with_choice(overrides: dict[str, Any], record: dict[str, Any], fixed: dict[str, Any]) -> dict[str, Any]:
+    c = record["chosen"]
+    chosen = {"data.num_conversations": c["num_conversations"], "train.epochs": c["epochs"]}
+    return {**overrides, **{k: v for k, v in chosen.items() if k not in fixed}}
+
+
+def recorded_scale(profile: Profile, overrides: dict[str, Any],
+                   run_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The overrides with the scale recorded in ``<run_dir>/scale.json`` filled in, where ``profile`` is "auto" and
+    the record was made with the same :func:`basis`; else ``(overrides, None)``. Never measures: for a stage run on
+    its own (``python -m jakiro_lib cache|train|bench``) after a pipeline chose the scale."""
+    fixed = set_keys(overrides)
+    if profile.data.scale != "auto" or len(fixed) == len(KEYS):
+        return overrides, None
+    record = read_json(Path(run_dir) / SCALE_JSON)
+    if not _valid(record) or record.get("basis") != basis(profile, fixed):
+        return overrides, None
+    return _with_choice(overrides, record, fixed), record
+
+
 def resolve_scale(profile: Profile, overrides: dict[str, Any], run_dir: str | Path, *,
                   measure: Callable[[Profile], Measurement] | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The pipeline's overrides with the scale keys filled in where ``profile.data.scale`` is "auto", and the record
@@ -310,7 +330,7 @@ def resolve_scale(profile: Profile, overrides: dict[str, Any], run_dir: str | Pa
     else measures (``measure``: default :func:`measure`), chooses and writes it."""
     if profile.data.scale != "auto":
         return overrides, None
-    fixed = _set_keys(overrides)
+    fixed = set_keys(overrides)
     if len(fixed) == len(KEYS):
         log.info("scale: %s set: auto scale not used", " and ".join(f"{k}={fixed[k]}" for k in KEYS))
         return overrides, None
@@ -337,11 +357,9 @@ def resolve_scale(profile: Profile, overrides: dict[str, Any], run_dir: str | Pa
                  "(%.1f min) and a %d%% margin; %s. Recorded in %s", c["num_conversations"], c["epochs"],
                  c["expected_minutes"], b["caching_training_minutes"], MAIN_JOB_MINUTES, b["benchmark_minutes"],
                  record["measured"]["t1_ms"], b["measurement_minutes"], round(100 * MARGIN), c["reason"], path)
-    c = record["chosen"]
     for key, value in fixed.items():
         log.info("scale: %s=%s set: it wins over auto", key, value)
-    chosen = {"data.num_conversations": c["num_conversations"], "train.epochs": c["epochs"]}
-    return {**overrides, **{k: v for k, v in chosen.items() if k not in fixed}}, record
+    return _with_choice(overrides, record, fixed), record
 
 
 def _measure_and_choose(profile: Profile, fixed: dict[str, Any], basis_now: dict[str, Any],
@@ -383,4 +401,5 @@ def _measure_and_choose(profile: Profile, fixed: dict[str, Any], basis_now: dict
 
 
 __all__ = ["SCALE_JSON", "Measurement", "Rates", "Choice", "ScaleError", "caching_training_budget", "planned_seconds",
-           "most_conversations", "choose_scale", "rates", "plan_at", "measure", "basis", "resolve_scale"]
+           "most_conversations", "choose_scale", "rates", "plan_at", "measure", "basis", "set_keys", "recorded_scale",
+           "resolve_scale"]

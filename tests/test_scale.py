@@ -219,3 +219,23 @@ def test_pipeline_sizes_the_job_before_stage_00_and_reports_it(tmp_path, monkeyp
     run_pipeline("default", overrides={"data.num_conversations": 700, "train.epochs": 2}, **kw)
     assert fake.calls[-1]["overrides"] == {"data.num_conversations": 700, "train.epochs": 2}
     assert not (tmp_path / "report" / S.SCALE_JSON).exists() and len(calls) == 1
+
+
+def test_a_stage_run_alone_takes_the_scale_the_pipeline_recorded(tmp_path, capsys):
+    """``python -m jakiro_lib cache|train|bench --profile default`` after a pipeline: the recorded scale, not the
+    floor (a train at 600 x 2 on a cache of thousands would retrain the drafts at another scale); never a measurement."""
+    from argparse import Namespace
+
+    from jakiro_lib import cli
+
+    args = Namespace(profile="default", set=[], run_dir=tmp_path)
+    assert (cli._profile(args).data.num_conversations, cli._profile(args).train.epochs) == DEFAULT_SCALE
+    assert "no scale recorded" in capsys.readouterr().err
+    calls: list = []
+    overrides, record = S.resolve_scale(get_profile("default"), {}, tmp_path, measure=_fake_measure(calls))
+    p = cli._profile(args)
+    assert (p.data.num_conversations, p.train.epochs) == (overrides["data.num_conversations"], overrides["train.epochs"])
+    assert f"{p.data.num_conversations} conversations x {p.train.epochs} epochs" in capsys.readouterr().err
+    epochs = cli._profile(Namespace(profile="default", set=["train.epochs=7"], run_dir=tmp_path))
+    assert epochs.train.epochs == 7 and epochs.data.num_conversations == DEFAULT_SCALE[0]  # another basis: not it
+    assert S.recorded_scale(get_profile("smoke"), {}, tmp_path) == ({}, None) and len(calls) == 1
