@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .chat import format_prompt
+from .compiled import graphs_compiled
 from .decoding import GenerationResult, TargetRunner, hf_generate, speculative_generate, vanilla_generate
 from .draft import DraftModel
 from .drafting import make_drafter
@@ -31,6 +33,8 @@ from .static import static_generate, static_vanilla_generate
 from .target import Target
 from .utils import end_last_line, read_jsonl, run_metadata, write_json
 from .verify import SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,6 +59,8 @@ class Record:
     stop_reason: str
     output_ids: list[int] = field(default_factory=list)
     category: str | None = None  # the question's category (Spec-Bench's 13, MT-bench's 8); absent in older records
+    # graphs torch.compile compiled during this timed prompt: 0 when the warm-up covered what it runs (issue 45)
+    compiled_graphs: int = 0
 
 
 class MethodRunner:
@@ -84,7 +90,7 @@ class MethodRunner:
     def _hf(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any],
             prompt_lookup: int | None = None) -> GenerationResult:
         result = hf_generate(self.target.model, prompt_ids, prompt_lookup_num_tokens=prompt_lookup, seed=seed,
-                             compile=self.spec.compile, **common)
+                             compile=self.spec.compile, max_context=self.target.config.max_context, **common)
         if on_tokens is not None:
             on_tokens(result.output_ids)
         return result
@@ -164,6 +170,7 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
                 for _ in range(warmup):
                     runner(ids, max_new_tokens=min(16, max_new_tokens), params=_params(temp, top_p), seed=seed)
     total = len(questions) * len(temperatures) * repeats * len(methods)
+    late_compiles = 0
     bar = tqdm(total=total, desc="bench", disable=not progress)
     end_last_line(records_path)  # a crash may have cut the last record short
     with records_path.open("a") as fh:
@@ -180,8 +187,11 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
                         for turn, (text, key) in enumerate(zip(q.turns, keys)):
                             history.append({"role": "user", "content": text})
                             ids = format_prompt_ids(target, history)
+                            graphs = graphs_compiled()
                             res = runner(ids, max_new_tokens=max_new_tokens, params=params,
                                          seed=seed + 1000 * rep + turn)
+                            graphs = graphs_compiled() - graphs
+                            late_compiles += graphs > 0
                             history.append(answer_message(target, res.output_ids))
                             if key in done:
                                 continue
@@ -192,12 +202,15 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
                                 draft_time=res.draft_time, verify_time=res.verify_time,
                                 draft_forwards=res.draft_forwards, tokens_per_second=res.tokens_per_second,
                                 tau=res.tau if runner.spec.kind == "spec" else 1.0, stop_reason=res.stop_reason,
-                                output_ids=res.output_ids, category=q.category,
+                                output_ids=res.output_ids, category=q.category, compiled_graphs=graphs,
                             )
                             fh.write(json.dumps(dataclasses.asdict(rec)) + "\n")
                             fh.flush()
                         bar.update(1)
     bar.close()
+    if late_compiles:
+        log.warning("%d timed prompts compiled graphs (their times include compilation): the warm-up did not "
+                    "cover every shape they ran (records' compiled_graphs)", late_compiles)
     return records_path
 
 

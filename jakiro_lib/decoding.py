@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from transformers import CompileConfig, PreTrainedModel
 
-from .compiled import MAX_TREE_ROOM, inductor_settings, static_cache, static_cache_len
+from .compiled import MAX_TREE_ROOM, compiled_cache_len, inductor_settings, static_cache
 from .drafting import Drafter, FeatureDrafter
 from .runner import TargetRunner
 from .tree import Tree
@@ -208,12 +208,14 @@ def _compile_config(device: torch.device) -> CompileConfig:
 def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tokens: int = 128,
                 params: SamplingParams = SamplingParams(), eos_token_ids: list[int] = (),
                 prompt_lookup_num_tokens: int | None = None, seed: int | None = None,
-                compile: bool = False) -> GenerationResult:
+                compile: bool = False, max_context: int | None = None) -> GenerationResult:
     """Hugging Face ``generate`` (optionally with prompt-lookup decoding) timed like our loops.
 
     ``compile``: a static KV cache and ``torch.compile`` of the decoding step (transformers' own
     fast path; the first calls compile, so warm up before timing). It is plain decoding too, and on some
-    machines the fastest one, so benchmarks carry it as a baseline.
+    machines the fastest one, so benchmarks carry it as a baseline. ``max_context``: the cache then holds the
+    whole context, one length for every prompt (:func:`~jakiro_lib.compiled.compiled_cache_len`), so a warm-up
+    on a short prompt compiles what every timed one runs.
     """
     kwargs: dict = {"max_new_tokens": max_new_tokens, "do_sample": not params.greedy,
                     "eos_token_id": list(eos_token_ids) or None, "pad_token_id": (list(eos_token_ids) or [0])[0]}
@@ -222,7 +224,7 @@ def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tok
     if prompt_lookup_num_tokens:
         kwargs["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
     if compile:
-        cache_len = static_cache_len(prompt_ids.numel() + max_new_tokens)
+        cache_len = compiled_cache_len(max_context or prompt_ids.numel() + max_new_tokens)
         cache = static_cache(model, cache_len)
         cache.reset()
         kwargs.update(past_key_values=cache,

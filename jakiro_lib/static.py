@@ -37,7 +37,7 @@ from torch.profiler import record_function
 from transformers import PreTrainedModel
 
 from . import kernels
-from .compiled import MAX_TREE_ROOM, call_compiled, scratch, static_cache_len
+from .compiled import MAX_TREE_ROOM, call_compiled, compiled_cache_len, scratch
 from .config import TreeConfig
 from .decoding import GenerationResult, _check_prompt, _choose, _finish, _sync, text_positions
 from .draft import DraftModel, DraftOutput
@@ -56,8 +56,8 @@ def engine_cache_len(needed: int) -> int:
     """Positions of an eager engine's caches: ``needed`` rounded up to :data:`CACHE_STEP`, because every
     forward attends over the whole cache: on this project's 2-core EPYC an 8-token tree after 200 positions
     took 82 ms over 1024 cached positions and 67-75 over 256-384 (the loop engine's growing cache: 65-69;
-    SmolLM2-135M fp32, 2026-11-25). A compiled engine takes a power of two >= 1024 instead (few lengths, so
-    few compilations: :func:`~jakiro_lib.compiled.static_cache_len`)."""
+    SmolLM2-135M fp32, 2026-11-25). A compiled engine takes one length per context instead (one compilation:
+    :func:`~jakiro_lib.compiled.compiled_cache_len`)."""
     return -(-needed // CACHE_STEP) * CACHE_STEP
 
 
@@ -646,7 +646,7 @@ def static_generate(model: PreTrainedModel, draft: DraftModel | None, tree: Tree
     cycle compiled (CUDA graphs on CUDA; the first prompts of each length compile)."""
     _check_prompt(prompt_ids, max_context, 1)
     needed = text_positions(prompt_ids, max_new_tokens, max_context) + MAX_TREE_ROOM  # room for a tree past the text
-    cache_len = static_cache_len(needed) if compile else engine_cache_len(needed)
+    cache_len = compiled_cache_len(max_context) if compile else engine_cache_len(needed)
     engine = _engine(model, draft, tree, cache_len, params, compile)
     return engine.generate(prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
                            max_context=max_context, generator=generator, on_tokens=on_tokens)

@@ -442,3 +442,30 @@ def test_method_lists_split_on_commas_but_keep_names_that_hold_one():
     assert parse_names("experts=2,eagle2,experts=2, scoring=best", known) == [
         "experts=2", "eagle2", "experts=2, scoring=best"]
     assert parse_names(" vanilla,, nope ,", known) == ["vanilla", "nope"]
+
+
+def test_no_compilation_inside_a_timed_prompt(tmp_path):
+    """The warm-up compiles what the timed prompts run: every compiled path's cache is one length per context
+    (compiled.compiled_cache_len), so a 16-token warm-up covers a prompt allowed 1000 new tokens. With caches
+    sized to prompt + max_new_tokens (before 2026-11-27) the static engine's captured step compiled again in
+    the timed prompt (its record's compiled_graphs was 1), as HF's compiled generate did. The answer ends at an EOS chosen from its own greedy
+    text, so the long budget costs no decoding."""
+    from jakiro_lib.bench import format_prompt_ids, load_records, run_benchmark
+    from jakiro_lib.config import TargetConfig
+    from jakiro_lib.data import Question
+    from jakiro_lib.decoding import vanilla_generate
+    from jakiro_lib.target import load_target
+
+    target = load_target(TargetConfig(model="tiny:llama", max_context=2048))
+    text = "Say something about the sea."
+    ids = format_prompt_ids(target, [{"role": "user", "content": text}])
+    target.model.generation_config.eos_token_id = vanilla_generate(target.model, ids, max_new_tokens=4).output_ids[3]
+    methods = {"vanilla_static_compiled": MethodSpec("vanilla", engine="static", compile=True),
+               "hf_compiled": MethodSpec("hf", compile=True)}
+    path = run_benchmark(target, methods, [Question("q1", "writing", [text], "mt_bench")], temperatures=(0.0,),
+                         max_new_tokens=1000, warmup=1, out_dir=tmp_path / "bench", progress=False)
+    records = load_records(path)
+    assert [r["method"] for r in records] == list(methods)
+    for r in records:
+        assert r["stop_reason"] == "eos" and r["new_tokens"] <= 4, r
+        assert r["compiled_graphs"] == 0, r

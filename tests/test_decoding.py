@@ -382,7 +382,7 @@ def test_hf_generate_static_compiled_greedy_equals_vanilla(prompts, vanilla):
         h = hf_generate(model, prompts[i], max_new_tokens=24, compile=True)
         assert h.output_ids == vanilla[i][:24], i
     assert hasattr(model, "_compiled_call")
-    assert decoding.static_cache_len(100) == 1024 and decoding.static_cache_len(1025) == 2048
+    assert decoding.compiled_cache_len(2048) == 2304 and decoding.compiled_cache_len(100) == 256
 
 
 def test_hf_generate_names_a_failed_compile_and_how_to_skip_it(prompts, monkeypatch):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import random_prompts, tiny_target, trained_draft
-from jakiro_lib.compiled import CompileError, call_compiled, scratch, static_cache, static_cache_len
+from jakiro_lib.compiled import CompileError, call_compiled, compiled_cache_len, scratch, static_cache
 from jakiro_lib.config import DraftConfig, TreeConfig
 from jakiro_lib.decoding import speculative_generate, vanilla_generate
 from jakiro_lib.draft import DraftModel
@@ -313,9 +313,10 @@ def test_static_decoder_equals_vanilla_with_one_read_per_token(prompts, vanilla,
 
 
 def test_compiled_cache_lengths_and_a_failed_compile_names_itself():
-    """Compiled steps see few cache shapes (powers of two from 1024); a first compiled call that fails (no C++
-    compiler on a CPU, no triton on CUDA) is one CompileError saying what compiling needs."""
-    assert static_cache_len(100) == 1024 and static_cache_len(1025) == 2048
+    """Compiled steps see one cache shape per context (the context and a tree's room, rounded up to 256); a
+    first compiled call that fails (no C++ compiler on a CPU, no triton on CUDA) is one CompileError saying
+    what compiling needs."""
+    assert compiled_cache_len(2048) == 2304 and compiled_cache_len(512) == 768
 
     def broken(*args):
         raise OSError("no C++ compiler")
