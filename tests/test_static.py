@@ -3,6 +3,8 @@ output token for token, one host read per cycle (sampling: tests/test_verify.py)
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 
 import pytest
 import torch
@@ -343,3 +345,34 @@ def test_a_copy_of_a_model_does_not_share_its_compiled_state():
     want = vanilla_generate(twin, p, max_new_tokens=4).output_ids
     assert want != vanilla_generate(model, p, max_new_tokens=4).output_ids
     assert static_vanilla_generate(twin, p, max_new_tokens=4, compile=True).output_ids == want
+
+
+def test_every_registered_method_runs_on_both_engines(prompts, vanilla, tmp_path):
+    """Each main and ablation method's tree settings (the profile's default tree; 'auto' budgets as 8 tokens),
+    on a tiny draft of its kind (trained dense or moe2; moe4 random), on the loop and the static engine: vanilla's
+    greedy tokens, and the same tokens per cycle on both engines. Settings shared by several methods run once."""
+    from jakiro_lib.config import get_profile
+    from jakiro_lib.methods import study_methods
+
+    model = tiny_target("llama")
+    tree = get_profile("default").tree
+    specs = {**study_methods(tree, tmp_path, study="main"), **study_methods(tree, tmp_path, study="ablations")}
+    moe4 = DraftModel.build(DraftConfig(num_experts=4, top_k_experts=2), model).eval()
+    seen = set()
+    for name, spec in specs.items():
+        if spec.kind != "spec":
+            continue
+        kind = None if spec.draft is None else spec.draft.split("/")[-2]
+        kind = kind and ("moe4" if kind == "moe4" else "dense" if kind.startswith("dense") else "moe2")
+        t = dataclasses.replace(spec.tree, total_tokens=8 if spec.tree.total_tokens == "auto" else spec.tree.total_tokens)
+        key = (kind, json.dumps(dataclasses.asdict(t), sort_keys=True))
+        if key in seen:
+            continue
+        seen.add(key)
+        draft = None if kind is None else moe4 if kind == "moe4" else trained_draft(model, kind)
+        for i, p in enumerate(prompts[:2]):
+            r = static_generate(model, draft, t, p, max_new_tokens=24)
+            loop = speculative_generate(model, make_drafter(draft, t), p, max_new_tokens=24)
+            assert r.output_ids == loop.output_ids == vanilla[i][:24], (name, i)
+            assert r.accepted == loop.accepted, (name, i)
+    assert len(seen) >= 10, len(seen)
