@@ -41,7 +41,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .chat import format_conversation
-from .utils import atomic_path, file_sha256, keep_freed_memory, read_json, run_metadata, world_size, write_json
+from .utils import (atomic_path, distributed_state, file_sha256, keep_freed_memory, read_json, run_metadata, world_size,
+                    write_json)
 
 log = logging.getLogger(__name__)
 
@@ -337,9 +338,7 @@ def _world() -> World:
     """One process, unless launched by ``accelerate launch`` with several (then accelerate's state)."""
     if world_size() <= 1:
         return World()  # never initialise a distributed state when not launched by accelerate
-    from accelerate import PartialState  # only under `accelerate launch`: optional, heavy
-
-    state = PartialState()
+    state = distributed_state()
     if state.num_processes <= 1:
         return World()
     return World(state.process_index, state.num_processes, state.wait_for_everyone, state.device)

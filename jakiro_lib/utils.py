@@ -116,6 +116,29 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+class LaunchError(RuntimeError):
+    """The processes of a multi-process launch did not join one group (each would redo, and rewrite, all the work)."""
+
+
+def distributed_state() -> Any:
+    """accelerate's ``PartialState`` of a run launched in several processes (``world_size() > 1``), joined into one
+    group: NCCL where CUDA is, else gloo on the CPU.
+
+    ``PartialState()`` alone joins no group on a machine without CUDA: under ``accelerate launch --multi_gpu
+    --num_processes 2`` (torchrun) on a 2-core CPU each process reported 1 process and rank 0, and both cached every
+    shard and wrote the same manifest (issue 43; tests/test_multiprocess.py). ``cpu=True`` there makes it a gloo
+    group. A :class:`LaunchError` when the group still does not hold ``WORLD_SIZE`` processes.
+    """
+    from accelerate import PartialState  # only under a multi-process launch: optional, heavy
+
+    state = PartialState(cpu=not torch.cuda.is_available())
+    if state.num_processes != world_size():
+        raise LaunchError(f"launched as {world_size()} processes (WORLD_SIZE), but accelerate sees "
+                          f"{state.num_processes} ({state.distributed_type}); launch with `accelerate launch "
+                          "--multi_gpu --num_processes N -m jakiro_lib ...` (docs/usage.md)")
+    return state
+
+
 def write_text(path: str | Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
@@ -430,7 +453,7 @@ KNOWN_ERRORS: dict[str, tuple[str, ...]] = {
     "jakiro_lib.checkpoints": ("CheckpointError",),
     "jakiro_lib.pipeline": ("PipelineError",), "jakiro_lib.target": ("TargetError",),
     "jakiro_lib.decoding": ("ContextLengthError",), "jakiro_lib.compiled": ("CompileError",),
-    "jakiro_lib.utils": ("PathError", "RunLockError"),
+    "jakiro_lib.utils": ("PathError", "RunLockError", "LaunchError"),
 }
 INTERRUPTED = "error: interrupted; finished work is kept (rerun the same command to resume)"
 

@@ -25,7 +25,8 @@ from ..features import CacheError, verify_cache
 from ..layout import TRAIN_STAMP, RunLayout, has_weights
 from ..checkpoints import list_checkpoints, saved_vocab
 from ..train import RESULTS, train_draft, train_identity
-from ..utils import read_json, replace_dir_atomically, restore_replaced_dir, world_size, write_json
+from ..utils import (distributed_state, read_json, replace_dir_atomically, restore_replaced_dir, world_size,
+                     write_json)
 from .context import StudyContext, _dirs, _layout, get_target
 from .s00_data import load_training_conversations
 from .tables import write_table
@@ -199,9 +200,7 @@ def _process_state() -> tuple[bool, Any]:
     """(is main process, barrier): trivial in one process, accelerate's state under ``accelerate launch``."""
     if world_size() <= 1:
         return True, lambda: None
-    from accelerate import PartialState  # only under `accelerate launch`: optional, heavy
-
-    state = PartialState()
+    state = distributed_state()
     return state.is_main_process, state.wait_for_everyone
 
 
