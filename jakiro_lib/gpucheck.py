@@ -37,11 +37,12 @@ from .utils import run_metadata, write_json
 from .verify import SamplingParams
 
 # vanilla: the greedy reference; hf_compiled: the baseline (HF's eager generate, 0.22x it on an H100, would
-# only cost time); plain decoding and Jakiro's and EAGLE-2's tuned trees on the static engine, captured. The
+# only cost time); plain decoding, Jakiro's and EAGLE-2's tuned trees, Jakiro + CEPD (the paper's hybrid step)
+# and Jakiro + a lookup chain on the static engine, captured (CEPD and chains run there since 2026-11-27). The
 # eager loop-engine and static rows (0.29-0.31x hf_compiled on the H200, 2026-11-26) cost two minutes of the
 # nine a fresh machine has; the eager static cycle is still taken apart by the profiler.
 CHECK_METHODS = ("vanilla", "hf_compiled", "vanilla_static_compiled", "jakiro_auto_static_compiled",
-                 "eagle2_auto_static_compiled")
+                 "eagle2_auto_static_compiled", "jakiro_cepd_static_compiled", "jakiro_lookup_static_compiled")
 PROFILED = "jakiro_auto_static"  # the method whose cycle the profiler takes apart (eager, then captured)
 CHECK_SETTINGS = {"bench.static_engine": "true", "bench.compiled_engine": "true", "bench.compiled_baseline": "true",
                   "bench.benchmarks": "mt_bench", "bench.limit": "10", "bench.max_new_tokens": "64",
