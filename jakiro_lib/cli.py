@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import re
 import shlex
 import sys
@@ -40,7 +41,7 @@ from .target import load_target
 from .scale import SCALE_JSON, recorded_scale
 from .scale import set_keys as scale_keys
 from .throughput import format_plan, format_table, plan_from, run_throughput
-from .utils import busy_warning, check_paths, exit_status, run_lock, run_metadata, write_json
+from .utils import busy_warning, check_paths, exit_status, run_lock, run_metadata, world_size, write_json
 
 # Sub-commands that run torch for a while: they check first whether another torch process is busy here.
 BUSY_COMMANDS = ("generate", "cache", "train", "bench", "costs", "divergences", "pipeline")
@@ -513,6 +514,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 FILE_OUT = ("costs", "divergences")  # the commands whose --out is a file; the others' is a directory
 LOCKING_COMMANDS = ("cache", "train", "bench")  # one at a time per run directory (and bench's --out); pipeline too
+# Timing is what a benchmark measures: several processes on one machine would share its cores (and the speedups
+# would mix them) and each would run every prompt; so it runs in one process, and says so in one line.
+BENCH_REFUSAL = ("error: the benchmark runs in one process (it times decoding, and processes side by side would "
+                 "share the machine and each run every prompt); run `python -m jakiro_lib bench` without "
+                 "`accelerate launch`")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -521,6 +527,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _log_to_stderr()
 
     def run() -> int | None:
+        if args.command == "bench" and world_size() > 1:  # before anything loads or writes
+            if int(os.environ.get("RANK", "0") or 0) == 0:  # one line, not one per process
+                print(BENCH_REFUSAL, file=sys.stderr)
+            return 1
         if args.command in BUSY_COMMANDS and (warning := busy_warning()):  # a 0.2 s sample: Ctrl-C is one line
             print(warning, file=sys.stderr)
         out, file_out = {"--out": getattr(args, "out", None)}, args.command in FILE_OUT

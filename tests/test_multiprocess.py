@@ -24,6 +24,8 @@ ACCELERATE = Path(sys.executable).with_name("accelerate")
 # 24 conversations keep 16 (the others have no assistant tokens), in 6 shards of 4: each process computes 3
 SMOKE = ["--profile", "smoke", "--set", "data.num_conversations=24", "--set", "data.shard_size=4"]
 
+from jakiro_lib.cli import BENCH_REFUSAL
+
 pytestmark = pytest.mark.skipif(not ACCELERATE.is_file(), reason="accelerate's launcher is not installed")
 
 
@@ -75,3 +77,13 @@ def test_two_process_caching_writes_the_single_process_shards(caches):
     assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())  # no sidecar left over
     for entry in m1["shards"]:
         assert (one / entry["file"]).read_bytes() == (two / entry["file"]).read_bytes(), entry["file"]
+
+
+def test_benchmark_refuses_several_processes(tmp_path):
+    r = run(launch_cmd("bench", "--profile", "smoke", "--run-dir", str(tmp_path / "run"), "--methods", "vanilla"))
+    assert r.returncode != 0
+    lines = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("error:")]
+    assert lines == [BENCH_REFUSAL], (r.stdout + r.stderr)[-3000:]  # once, by the main process
+    # no traceback of ours (the launcher then reports its failed child with a traceback of its own)
+    assert f'File "{ROOT / "jakiro_lib"}' not in r.stderr
+    assert not (tmp_path / "run" / "bench").exists()  # refused before anything ran
