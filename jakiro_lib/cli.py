@@ -11,7 +11,6 @@ import argparse
 import json
 import logging
 import math
-import os
 import re
 import shlex
 import sys
@@ -41,7 +40,8 @@ from .target import load_target
 from .scale import SCALE_JSON, recorded_scale
 from .scale import set_keys as scale_keys
 from .throughput import format_plan, format_table, plan_from, run_throughput
-from .utils import busy_warning, check_paths, exit_status, run_lock, run_metadata, world_size, write_json
+from .utils import (busy_warning, check_paths, exit_status, main_rank, run_lock, run_metadata, world_size,
+                    write_json)
 
 # Sub-commands that run torch for a while: they check first whether another torch process is busy here.
 BUSY_COMMANDS = ("generate", "cache", "train", "bench", "costs", "divergences", "pipeline")
@@ -164,6 +164,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     profile = _profile(args)
     names = [n for arg in args.drafts or () for n in arg.split(",") if n]  # "a b" or "a,b"
     results = train_all(profile, run_dir=args.run_dir, only=names or None, force=args.force)
+    if not main_rank():  # under `accelerate launch`: the main process prints the table
+        return 0
     table = training_table(results)
     table.insert(1, "status", ["skipped" if r.get("skipped") else "trained" for r in results.values()])
     print(table[list(TRAIN_COLUMNS)].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
@@ -528,7 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def run() -> int | None:
         if args.command == "bench" and world_size() > 1:  # before anything loads or writes
-            if int(os.environ.get("RANK", "0") or 0) == 0:  # one line, not one per process
+            if main_rank():  # one line, not one per process
                 print(BENCH_REFUSAL, file=sys.stderr)
             return 1
         if args.command in BUSY_COMMANDS and (warning := busy_warning()):  # a 0.2 s sample: Ctrl-C is one line
@@ -578,3 +580,5 @@ def _log_to_stderr() -> None:
         handler.setFormatter(logging.Formatter("%(message)s"))
         lib.addHandler(handler)
         lib.setLevel(min(lib.getEffectiveLevel(), logging.INFO))
+        if not main_rank():  # under `accelerate launch` the other processes say only what goes wrong (each their own)
+            handler.setLevel(logging.WARNING)

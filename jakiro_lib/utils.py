@@ -116,6 +116,11 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def main_rank() -> bool:
+    """Whether this is the main process (``RANK`` 0, or no launcher): the one that speaks and takes locks."""
+    return int(os.environ.get("RANK", "0") or 0) == 0
+
+
 class LaunchError(RuntimeError):
     """The processes of a multi-process launch did not join one group (each would redo, and rewrite, all the work)."""
 
@@ -383,7 +388,7 @@ def run_lock(*dirs: str | Path, command: str | None = None) -> Iterator[None]:
     lock when its holder exits, however it ends (SIGKILL included), so a lock is never stale. Under
     ``accelerate launch`` only the main process (``RANK`` 0) locks: the others are the same run.
     """
-    if int(os.environ.get("RANK", "0") or 0) != 0:
+    if not main_rank():
         yield
         return
     paths = list(dict.fromkeys(Path(d).expanduser().resolve() for d in dirs))  # one lock per directory
