@@ -22,8 +22,8 @@ import pandas as pd
 import torch
 
 from .api import generate
-from .bench import common_prompts, format_prompt_ids, greedy_agreement, greedy_divergences, load_records, versus
-from .budgets import resolve_tree_budgets
+from .bench import common_prompts, greedy_agreement, greedy_divergences, load_records, versus
+from .budgets import fixed_tree_tokens, resolve_tree_budgets, tuning_prompts
 from .config import PROFILE_NAMES, Profile, TargetConfig, get_profile, override, parse_overrides
 from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_costs, tune_total_tokens
 from .data import DataError, Question, load_question_file, load_questions
@@ -337,11 +337,14 @@ def cmd_costs(args: argparse.Namespace) -> int:
         dcost = measure_draft_costs(draft, widths=(1, profile.tree.top_k), context=args.context)
         result["draft_step_ms"] = {w: round(t * 1000, 2) for w, t in dcost.items()}
         print("draft step (frontier width: ms):", result["draft_step_ms"])
-        qs = load_questions("mt_bench", limit=args.tune_prompts)
-        prompts = [format_prompt_ids(target, [{"role": "user", "content": q.turns[0]}]) for q in qs]
+        # as the benchmark tunes (jakiro_lib.budgets): held-out training conversations, never benchmark
+        # prompts, and the estimate's pick kept only where it measures faster than the profile's fixed tree
+        prompts, tuned_on = tuning_prompts(profile, target)
+        prompts = prompts[:args.tune_prompts]
+        tuned_on = {**tuned_on, "conversations": tuned_on["conversations"][:args.tune_prompts]}
         tuned = tune_total_tokens(target, draft, profile.tree, prompts, candidates=[n for n in sizes if n >= 2],
-                                  max_new_tokens=64, context=args.context)
-        result["tuning"] = tuned
+                                  max_new_tokens=64, context=args.context, reference=fixed_tree_tokens(profile.tree))
+        result["tuning"], result["tuning_prompts"] = tuned, tuned_on
         print(f"best total_tokens on this machine: {tuned['best']}")
         for row in tuned["table"]:
             print(f"  n={row['total_tokens']:3d}  E[tokens/cycle]={row['expected_tokens_per_cycle']:.2f}  "
@@ -466,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", type=_positive_ints, default=(1, 2, 4, 6, 8, 12, 16, 24, 32), help="tree sizes n to time")
     p.add_argument("--context", type=_positive_int, default=256)
     p.add_argument("--draft", help="a saved draft: also time its steps and choose total_tokens")
-    p.add_argument("--tune-prompts", type=_positive_int, default=4, help="MT-bench prompts for the budget choice")
+    p.add_argument("--tune-prompts", type=_positive_int, default=4, help="held-out training conversations (first user turns) for the budget choice, at most 4")
     p.add_argument("--out", type=Path, help="write the numbers to this JSON file")
     p.set_defaults(func=cmd_costs)
 

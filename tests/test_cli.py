@@ -111,6 +111,9 @@ def test_costs_command_with_a_draft_tunes_and_times_drafting_per_cycle(tmp_path)
     data = json.loads(out.read_text())
     best, fixed = data["tuning"]["best"], get_profile("smoke").tree.total_tokens
     assert set(data["draft_cycle_ms"]) == {str(best), str(fixed)}  # the tuned budget and the profile's tree
+    # tuned as the benchmark tunes: one held-out training conversation, checked against the fixed tree
+    assert data["tuning"]["fixed_tokens"] == fixed and len(data["tuning_prompts"]["conversations"]) == 1
+    assert data["tuning_prompts"]["split"] and data["tuning_prompts"]["source"] == get_profile("smoke").data.source
     assert all(ms > 0 for ms in data["draft_cycle_ms"].values())
 
 
