@@ -269,8 +269,7 @@ def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts:
     big = dataclasses.replace(tree, total_tokens=max(candidates))
 
     def run(ids: torch.Tensor, new_tokens: int) -> Any:
-        return speculative_generate(target.model, FeatureDrafter(draft, big), ids, max_new_tokens=new_tokens,
-                                    eos_token_ids=target.eos_token_ids, max_context=target.config.max_context)
+        return _generate(target, draft, big, ids, new_tokens, engine="loop", compile=False)
 
     # Not counted: first calls pay for kernel loading and library handles. On an H100 (2026-11-22, no warm-up
     # yet) the draft tuned first in a process was charged 55-75 ms of drafting per cycle, the second 13-17 ms.

@@ -28,7 +28,7 @@ from .config import TreeConfig
 from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_cost_variants
 from .draft import DraftModel
 from .layout import draft_path, has_weights
-from .methods import group_names
+from .methods import compiled_twin, group_names, static_twin
 from .study import get_target, headline_table, load_study_records, tree_budget_table, write_table
 
 # the goals' method groups, from the registry (jakiro_lib.methods.MAIN)
@@ -59,6 +59,7 @@ PRIMARY = {
 }
 PACKED_GEMM_LEVER = "packed GEMM weights (MKL or oneDNN, chosen at load)"
 PACKED_HEAD_LEVER = "packed draft head (the target's packed GEMM)"
+ENGINE_LEVER_METHODS = ("vanilla", "jakiro_auto", "jakiro_lookup")  # the levers table's pairs across engines
 
 
 def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = ("dense", "moe2"),
@@ -271,10 +272,9 @@ def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.
     if len(h):
         greedy = h[h["temperature"] == 0].set_index("method")
         for lever, pairs in (("static engine (one host read per cycle) instead of the loop engine",
-                              tuple((k, f"{k}_static") for k in ("vanilla", "jakiro_auto", "jakiro_lookup"))),
+                              tuple((k, static_twin(k)) for k in ENGINE_LEVER_METHODS)),
                              ("the static engine's cycle compiled (CUDA graphs on a GPU)",
-                              tuple((f"{k}_static", f"{k}_static_compiled") for k in ("vanilla", "jakiro_auto",
-                                                                                      "jakiro_lookup"))),
+                              tuple((static_twin(k), compiled_twin(static_twin(k))) for k in ENGINE_LEVER_METHODS)),
                              ("tree budget tuned on this machine", (("eagle2", "eagle2_auto"), ("jakiro", "jakiro_auto"))),
                              ("prompt-lookup chain grafted on the tuned tree (extension)",
                               (("eagle2_auto", "eagle2_lookup"), ("jakiro_auto", "jakiro_lookup"))),

@@ -294,9 +294,10 @@ class StaticTreeDrafter:
     def _children(self, out: DraftOutput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return candidate_tensors(self.draft, self.cfg, out.a, out.experts, out.gates)
 
-    def propose(self, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def propose(self, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The tree rooted at the last token, drafted after ``base`` (0-dim) cached positions:
-        tokens, parents (root's: 0), depths [m] and the ancestor mask [m, m], all on the device.
+        tokens, parents (root's: 0) and depths [m], all on the device (the engine builds the ancestor mask
+        once, after any lookup chain is grafted: :func:`ancestor_mask`).
 
         Each step expands the frontier (the root, then the K rows forwarded in one draft call) by branch A;
         a CEPD step (``steps`` entry 2) keeps the best K of those children and gives each the top K of its
@@ -359,7 +360,7 @@ class StaticTreeDrafter:
         new_index = torch.zeros(self.pool_size, dtype=torch.long, device=dev)
         new_index[nodes] = torch.arange(self.m, device=dev)
         tree_parents = new_index[parents[nodes]]  # the root's parent maps to 0
-        return tokens[nodes], tree_parents, depths[nodes], ancestor_mask(tree_parents, self.max_depth)
+        return tokens[nodes], tree_parents, depths[nodes]
 
 
 def _batch_of_one(out: DraftOutput) -> DraftOutput:
@@ -506,14 +507,14 @@ class StaticEngine(_StaticLoop):
         drafter, target = self.drafter, self.target
         with record_function(STEP_RANGES["draft"]):
             if drafter is not None:
-                tokens, parents, depths, anc = drafter.propose(start)
+                tokens, parents, depths = drafter.propose(start)
             else:
                 tokens = self.token.reshape(1)
                 parents = depths = torch.zeros(1, dtype=torch.long, device=start.device)
             valid = None
             if chain is not None:
                 tokens, parents, depths, valid = graft_chain(tokens, parents, depths, chain)
-                anc = ancestor_mask(parents, self.max_depth)
+            anc = ancestor_mask(parents, self.max_depth)  # [m, m], the chain's rows included
         with record_function(STEP_RANGES["verify"]):
             logits, hidden = target.score(tokens, depths, anc, start)
         with record_function(STEP_RANGES["evaluate"]):

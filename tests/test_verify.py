@@ -542,6 +542,20 @@ def test_speculative_sampling_matches_target_trained_draft(e2e_setup, monkeypatc
     assert Counter(record)[0] > 0.05 * len(record)  # rejections too: the residual path runs
 
 
+def _static_samples(model, draft, tree, prompt, params, accepted: list[int], n: int, seed: int) -> list[tuple]:
+    """The first N_TOKENS of ``n`` static-engine generations; ``accepted`` gets the drafted tokens each one's
+    first cycle accepted. Tokens past the first N_TOKENS do not change their law, and a budget of the deepest
+    path past them never cuts the first cycle."""
+    g = torch.Generator().manual_seed(seed)
+    samples = []
+    for _ in range(n):
+        r = static_generate(model, draft, tree, prompt, max_new_tokens=N_TOKENS + max(tree.depth, tree.lookup_tokens),
+                            params=params, generator=g)
+        samples.append(tuple(r.output_ids[:N_TOKENS]))
+        accepted.append(r.accepted[0] - 1)
+    return samples
+
+
 # The static engine (jakiro_lib.static) samples with the same trained drafts and trees, CEPD included. Floors:
 # about 0.8 of the drafted tokens its first cycle accepted, measured over the same 400 generations
 # (2026-11-25: dense 0.575, moe2 decoupled 0.21; the loop engine's first cycles 0.655 and 0.145; 2026-11-27:
@@ -560,19 +574,7 @@ def test_static_engine_sampling_matches_target(e2e_setup, name):
     n = 400
     exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / n)
     accepted: list[int] = []
-
-    def draw(size: int, seed: int) -> list[tuple]:
-        g = torch.Generator().manual_seed(seed)
-        samples = []
-        for _ in range(size):
-            # tokens past the first N_TOKENS do not change their law; the budget then never cuts the first cycle
-            r = static_generate(model, draft, tree, prompt, max_new_tokens=N_TOKENS + tree.depth, params=params,
-                                generator=g)
-            samples.append(tuple(r.output_ids[:N_TOKENS]))
-            accepted.append(r.accepted[0] - 1)  # drafted tokens the first cycle accepted
-        return samples
-
-    verdict = two_stage_chi2(draw, exact, n, seed=4)
+    verdict = two_stage_chi2(partial(_static_samples, model, draft, tree, prompt, params, accepted), exact, n, seed=4)
     rate = sum(accepted) / len(accepted)
     print(f"e2e static engine {name}: {verdict}, drafted accepted in the first cycle {rate:.3f}, "
           f"{sorted(Counter(accepted).items())}")
@@ -582,12 +584,16 @@ def test_static_engine_sampling_matches_target(e2e_setup, name):
     assert Counter(accepted)[0] > 0.05 * len(accepted)  # rejections too: the residual path runs
 
 
+def _lookup_prompt(model, prompt: torch.Tensor) -> torch.Tensor:
+    """The prompt, its likeliest continuation, then the prompt again: sampled tokens recur in the context."""
+    likely = vanilla_generate(model, prompt, max_new_tokens=N_TOKENS + 1).output_ids
+    return torch.cat([prompt, torch.tensor(likely), prompt])
+
+
 def test_speculative_sampling_with_lookup_chains_matches_target(e2e_setup):
     """A prompt-lookup chain grafted on every tree: deterministic candidates that are often unlikely."""
     model, params, prompt, _ = e2e_setup["T1"]
-    # the context holds the prompt's likeliest continuation, then the prompt again: sampled tokens recur
-    likely = vanilla_generate(model, prompt, max_new_tokens=N_TOKENS + 1).output_ids
-    prompt = torch.cat([prompt, torch.tensor(likely), prompt])
+    prompt = _lookup_prompt(model, prompt)
     n = 400
     exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / n)
     drafter = _random_feature_drafter(model, "lookup")
@@ -604,25 +610,13 @@ def test_static_engine_sampling_with_lookup_chains_matches_target(e2e_setup, wit
     trained moe2 draft's decoupled tree or alone. Drafted tokens are accepted: in the first cycle 0.86 a
     generation with the tree, 0.72 with the chain alone (2026-11-27): floor 0.5."""
     model, params, prompt, _ = e2e_setup["T1"]
-    likely = vanilla_generate(model, prompt, max_new_tokens=N_TOKENS + 1).output_ids
-    prompt = torch.cat([prompt, torch.tensor(likely), prompt])
+    prompt = _lookup_prompt(model, prompt)
     n = 400
     exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / n)
     draft = trained_draft(model, "moe2") if with_draft else None
-    tree = LOOKUP_DRAFT[1]
     accepted: list[int] = []
-
-    def draw(size: int, seed: int) -> list[tuple]:
-        g = torch.Generator().manual_seed(seed)
-        samples = []
-        for _ in range(size):
-            r = static_generate(model, draft, tree, prompt, max_new_tokens=N_TOKENS + tree.lookup_tokens,
-                                params=params, generator=g)
-            samples.append(tuple(r.output_ids[:N_TOKENS]))
-            accepted.append(r.accepted[0] - 1)
-        return samples
-
-    verdict = two_stage_chi2(draw, exact, n, seed=6)
+    verdict = two_stage_chi2(partial(_static_samples, model, draft, LOOKUP_DRAFT[1], prompt, params, accepted), exact,
+                             n, seed=6)
     rate = sum(accepted) / len(accepted)
     print(f"e2e static lookup chains (draft: {with_draft}): {verdict}, drafted accepted in the first cycle "
           f"{rate:.3f}, {sorted(Counter(accepted).items())}")
@@ -643,18 +637,19 @@ def test_speculative_sampling_power(e2e_setup, monkeypatch, broken, n):
     assert not verdict.passed, verdict
 
 
+def _plain_samples(generate, model, prompt, params, n: int, seed: int) -> list[tuple]:
+    """``n`` plain-decoding samples of the first N_TOKENS (``generate``: either engine's vanilla)."""
+    g = torch.Generator().manual_seed(seed)
+    return [tuple(generate(model, prompt, max_new_tokens=N_TOKENS, params=params, generator=g).output_ids)
+            for _ in range(n)]
+
+
 def test_vanilla_sampling_matches_target(e2e_setup):
     """The reference loop itself samples from the target (same statistic)."""
     model, params, prompt, _ = e2e_setup["T0.7-p0.9"]
     n = 400
     exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / n)
-
-    def draw(size: int, seed: int) -> list[tuple]:
-        g = torch.Generator().manual_seed(seed)
-        return [tuple(vanilla_generate(model, prompt, max_new_tokens=N_TOKENS, params=params,
-                                       generator=g).output_ids) for _ in range(size)]
-
-    verdict = two_stage_chi2(draw, exact, n, seed=3)
+    verdict = two_stage_chi2(partial(_plain_samples, vanilla_generate, model, prompt, params), exact, n, seed=3)
     print(f"vanilla: {verdict}")
     assert verdict.passed, verdict
 
@@ -664,13 +659,8 @@ def test_static_decoder_sampling_matches_target(e2e_setup, setting):
     """Plain decoding on the static engine draws each token by inverse CDF from a uniform drawn outside the
     step (what a captured graph needs): the first tokens follow the target's warped law."""
     model, params, prompt, exact = e2e_setup[setting]
-
-    def draw(size: int, seed: int) -> list[tuple]:
-        g = torch.Generator().manual_seed(seed)
-        return [tuple(static_vanilla_generate(model, prompt, max_new_tokens=N_TOKENS, params=params,
-                                              generator=g).output_ids) for _ in range(size)]
-
-    verdict = two_stage_chi2(draw, exact, N_E2E, seed=5)
+    verdict = two_stage_chi2(partial(_plain_samples, static_vanilla_generate, model, prompt, params), exact, N_E2E,
+                             seed=5)
     print(f"e2e static decoder {setting}: {verdict}")
     assert verdict.first.cells >= 15, verdict
     assert verdict.passed, verdict
