@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine (.device/README.md). `stash PART`: keep a carried part in /tmp/kit for a later call;
 # `check`: unpack every part, install the wheels, run tests/test_cuda.py and gpucheck, results into $OUT;
-# `again`: gpucheck once more where `check` stopped at its limit (it resumes from its records; inductor's cache
-# is warm by then); `throughput`: issue 22's throughput command on the GPU (after `check`, same warm machine); its
+# `again`: gpucheck once more where `check` stopped at its limit (it resumes from its records);
+# `inductor`: the captured methods again with target.capture=inductor (T=0), beside hf_compiled; `throughput`: issue 22's throughput command on the GPU (after `check`, same warm machine); its
 # plan.csv counts only the kit's 1000 conversations: `throughput --profile gpu --plan-from <its throughput.csv>` here;
 # `gpuprofile`: the gpu profile's caching and training stages, each under a time limit, on the packaged conversations
 # (4000 of them for 2 epochs unless GP_SET says otherwise; GP_DRAFTS, GP_CACHE_S, GP_TRAIN_S; needs the stashed
@@ -36,10 +36,11 @@ env_for_repo() {
   export PYTHONPATH="$K/site:$K/pylib:$PWD" PYTHONUNBUFFERED=1
   mkdir -p runs/default && cp -rn "$K/runs/default/drafts" runs/default/
 }
-gpucheck() {  # under a time limit that leaves the call (600 s) room to pack what exists ($OUT: 8 files at most)
-  timeout "${CHECK_S:-420}" "$PY" -m jakiro_lib gpucheck --out runs/default/gpucheck-out ${CHECK_ARGS:-} 2>&1 \
+gpucheck() {  # NAME [FOLDER]: under a time limit that leaves the call (600 s) room to pack what exists ($OUT: 8 files)
+  local dir=${2:-gpucheck-out}
+  timeout "${CHECK_S:-420}" "$PY" -m jakiro_lib gpucheck --out "runs/default/$dir" ${CHECK_ARGS:-} 2>&1 \
     | tr '\r' '\n' | grep -v '^\s*$' | grep -v 'Warning\|forward_call\|warnings.warn' | tail -60 | tee "$OUT/$1.txt"
-  tar -C runs/default -czf "$OUT/$1.tgz" gpucheck-out
+  tar -C runs/default -czf "$OUT/$1.tgz" "$dir"
 }
 case "${1:-}" in
   stash) cp "${2:?part}" "$K/" && ls -l "$K" ;;
@@ -50,6 +51,11 @@ case "${1:-}" in
     timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tail -40 | tee "$OUT/test_cuda.txt"
     gpucheck gpucheck ;;
   again) unpack; env_for_repo; gpucheck gpucheck_again ;;  # the check stopped at its limit: it resumes
+  inductor)  # plain decoding and Jakiro captured through inductor instead (T=0), beside hf_compiled: which capture wins
+    unpack; env_for_repo
+    CHECK_ARGS="--set target.capture=inductor --set bench.temperatures=0 --profiled-prompts 1 \
+      --methods hf_compiled,vanilla_static_compiled,jakiro_auto_static_compiled ${CHECK_ARGS:-}" \
+      gpucheck inductor gpucheck-inductor ;;
   throughput)
     unpack; env_for_repo
     "$PY" -m jakiro_lib throughput --profile gpu --conversations 256 --steps 50 --set train.compile=yes --drafts dense,moe2 \
@@ -63,5 +69,5 @@ case "${1:-}" in
     stage gpu_cache "${GP_CACHE_S:-240}" cache
     stage gpu_train "${GP_TRAIN_S:-240}" train --drafts "${GP_DRAFTS:-dense}"
     find runs/gpu -name '*.json' -size -1000k | tar -czf "$OUT/gpuprofile.tgz" -T - ;;
-  *) echo "usage: run.sh stash PART | check | again | throughput | gpuprofile"; exit 2 ;;
+  *) echo "usage: run.sh stash PART | check | again | inductor | throughput | gpuprofile"; exit 2 ;;
 esac

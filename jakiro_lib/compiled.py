@@ -1,7 +1,11 @@
 """What the compiled decoding paths share: cache lengths, inductor settings, per-model state, the error.
 
 Two paths compile: HF's ``generate`` with a static cache (``hf_compiled``, :func:`~jakiro_lib.decoding.hf_generate`)
-and the static engine's step (:mod:`jakiro_lib.static`: the whole cycle, captured as CUDA graphs on a GPU).
+and the static engine's step (:mod:`jakiro_lib.static`: the whole cycle, captured as CUDA graphs on a GPU). On
+a GPU the step is captured one of two ways (``target.capture``, :data:`CAPTURES`): "inductor",
+``torch.compile(mode="reduce-overhead")`` (fused kernels, then CUDA graphs; about 40 s of compilation per
+step on the H200, 2026-11-26), or "graphs", :class:`CapturedStep` (the eager kernels recorded as one CUDA
+graph: no compilation). On a CPU a compiled step is always inductor's.
 Our loop engine used to compile the target alone over a static cache (a runner with padded tree sizes);
 it bought 1.04x for vanilla and 1.01x for Jakiro on this project's 2-core CPU (SmolLM2-135M fp32,
 2026-11-23) and ran at 0.72x ``hf_compiled`` on an H200 (2026-11-26): removed, the loop engine is the eager
@@ -18,6 +22,7 @@ from transformers import PreTrainedModel, StaticCache
 MAX_TREE_ROOM = 128  # cache positions kept past the text for a tree forward (a larger tree is refused)
 _SCRATCH = "_jakiro_scratch"
 RECOMPILE_LIMIT = 64  # dynamo's default (8) is below the cache lengths x sampling settings one process may compile
+CAPTURES = ("inductor", "graphs")  # how a compiled static step is built on CUDA (module docstring)
 
 
 class CompileError(RuntimeError):
@@ -74,6 +79,79 @@ def call_compiled(step: Callable[..., Any], *args: Any, device: torch.device, fi
             raise
         raise CompileError("torch.compile failed (inductor needs a C++ compiler on CPU, triton on CUDA); run the "
                            "method without compile") from e
+
+
+def set_capture(model: PreTrainedModel, how: str) -> None:
+    """How ``model``'s compiled static steps are built on CUDA (:data:`CAPTURES`; ``target.capture``)."""
+    if how not in CAPTURES:
+        raise ValueError(f"capture must be one of {', '.join(CAPTURES)}, got {how!r}")
+    scratch(model)["capture"] = how
+
+
+def capture_of(model: PreTrainedModel) -> str:
+    """:func:`set_capture`'s choice for ``model`` ("inductor" where none was made)."""
+    return scratch(model).get("capture", "inductor")
+
+
+Capture = Callable[[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]], Callable[[], torch.Tensor]]
+
+
+def cuda_graph(step: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...]) -> Callable[[], torch.Tensor]:
+    """``step(*args)`` recorded as one CUDA graph (nothing runs while it records); the replay runs it over
+    ``args``' current values and returns the recorded output tensor, overwritten by the next replay."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(*args)
+
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return out
+    return replay
+
+
+class CapturedStep:
+    """``step`` replayed as one CUDA graph of its eager kernels, compiled by nobody.
+
+    The first call runs ``step`` eagerly (on a side stream, as CUDA asks before a capture: cuBLAS's
+    workspaces and the allocator's blocks exist by then); the second records it over copies of its
+    arguments and replays it; each later call copies its arguments into those copies and replays. So the
+    step must keep its shapes, read whatever changes from its arguments or from buffers it updates in place
+    (never from a tensor attribute set anew), and never wait on the host: a capture that meets a host read
+    fails, as one :class:`CompileError`. ``capture``: how to record (:func:`cuda_graph`; the CPU tests pass
+    one that checks the replays touch the recorded buffers). The output of a replay lives until the next."""
+
+    def __init__(self, step: Callable[..., torch.Tensor], capture: Capture = cuda_graph) -> None:
+        self.step, self.capture = step, capture
+        self.calls = 0
+        self.args: tuple[torch.Tensor, ...] = ()
+        self.replay: Callable[[], torch.Tensor] | None = None
+
+    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 1:
+            return _warm_up(self.step, args)
+        if self.replay is None:
+            self.args = tuple(a.clone() for a in args)
+            try:
+                self.replay = self.capture(self.step, self.args)
+            except Exception as e:
+                raise CompileError(f"recording the step as a CUDA graph failed ({type(e).__name__}: "
+                                   f"{str(e).splitlines()[0] if str(e) else ''}); set target.capture=inductor") from e
+        else:
+            for mine, new in zip(self.args, args, strict=True):
+                mine.copy_(new)
+        return self.replay()
+
+
+def _warm_up(step: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    if not (args and args[0].is_cuda):
+        return step(*args)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = step(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    return out
 
 
 def static_cache(model: PreTrainedModel, cache_len: int) -> StaticCache:

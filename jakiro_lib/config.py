@@ -51,7 +51,11 @@ class TargetConfig:
     gqa_attention: bool = True
     packed_gemm: int = 0
     gemm_backend: str = "auto"
-    KERNEL_FIELDS: ClassVar[tuple[str, ...]] = ("gqa_attention", "packed_gemm", "gemm_backend")  # same math
+    # capture: how the static engine's compiled step is captured on CUDA (jakiro_lib.compiled): "inductor"
+    # (torch.compile, fused kernels, ~40 s of compilation per step) or "graphs" (the eager kernels recorded
+    # as one CUDA graph, no compilation); the drafts and caches do not depend on it. A CPU compiles with inductor.
+    capture: str = "inductor"
+    KERNEL_FIELDS: ClassVar[tuple[str, ...]] = ("gqa_attention", "packed_gemm", "gemm_backend", "capture")
 
     def identity(self) -> dict[str, Any]:
         """The fields that decide the target's outputs (not the kernels that compute them): what trained
@@ -469,7 +473,7 @@ _DTYPE = _one_of("float32", "float16", "bfloat16")
 # Ranges by "Class.field"; fields not listed fall back to the name patterns of _PATTERN_RULES.
 RULES: dict[str, Rule] = {
     "TargetConfig.dtype": _DTYPE, "TargetConfig.max_context": _at_least(1), "TargetConfig.packed_gemm": _at_least(0),
-    "TargetConfig.gemm_backend": _one_of("auto", "mkl", "onednn"),
+    "TargetConfig.gemm_backend": _one_of("auto", "mkl", "onednn"), "TargetConfig.capture": _one_of("inductor", "graphs"),
     "DataConfig.feature_dtype": _DTYPE, "DataConfig.scale": _one_of("fixed", "auto"), "DataConfig.cache_dtype": _one_of("float32", "float16", "bfloat16", "auto"),
     "TrainConfig.epochs": _at_least(1), "TrainConfig.lr": _above(0), "TrainConfig.betas": _UNIT,
     "TrainConfig.grad_clip_value": _above(0), "TrainConfig.max_steps": _at_least(1),

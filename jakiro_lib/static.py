@@ -18,8 +18,8 @@ function of tensors whose shapes depend only on the tree settings (docs/DESIGN.m
    encodes the accepted positions (padded to the deepest possible path) and takes its next root.
 
 The host then reads one small tensor (the accepted count and tokens): the only synchronisation of a cycle.
-Lengths and positions live in device tensors, so each step can be captured (CUDA graphs, through
-``torch.compile(mode="reduce-overhead")``) without re-recording. At T > 0, step 3 is
+Lengths and positions live in device tensors, so each step can be captured as CUDA graphs (its eager
+kernels, or inductor's: ``target.capture``) without re-recording. At T > 0, step 3 is
 :func:`sampling_path`: the loop engine's lossless multi-candidate rule in a fixed number of iterations,
 on uniforms drawn before the step. Every drafting option of the loop engine runs here. On a CPU
 the same code runs eagerly and must give vanilla's greedy output token for token (tests/test_static.py)
@@ -37,7 +37,7 @@ from torch.profiler import record_function
 from transformers import PreTrainedModel
 
 from . import kernels
-from .compiled import MAX_TREE_ROOM, call_compiled, compiled_cache_len, scratch
+from .compiled import MAX_TREE_ROOM, CapturedStep, call_compiled, capture_of, compiled_cache_len, scratch
 from .config import TreeConfig
 from .decoding import GenerationResult, _check_prompt, _choose, _finish, _sync, text_positions
 from .draft import DraftModel, DraftOutput
@@ -394,10 +394,20 @@ def _next_cycle(result: GenerationResult, start: torch.Tensor, length: int, max_
     return True
 
 
+def _compiled_step(model: PreTrainedModel, step: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``step`` compiled for ``model``'s device: on CUDA captured as CUDA graphs, by inductor or by
+    :class:`~jakiro_lib.compiled.CapturedStep` (:func:`~jakiro_lib.compiled.capture_of`); elsewhere inductor."""
+    if model.device.type != "cuda":
+        return torch.compile(step, mode="default", fullgraph=True, dynamic=False)
+    if capture_of(model) == "graphs":
+        return CapturedStep(step)
+    return torch.compile(step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+
+
 class _StaticLoop:
     """What both static engines share: a :class:`~jakiro_lib.runner.TargetRunner` of ``cache_len`` positions,
     given as device tensors, the step (compiled
-    on request: on CUDA ``mode="reduce-overhead"``, i.e. captured as CUDA graphs; elsewhere inductor, with the
+    on request, :func:`_compiled_step`: on CUDA captured as CUDA graphs; elsewhere inductor, with the
     packed CPU GEMMs off inside it), and :meth:`generate`: the prefill,
     then one step per cycle with one host read. ``uniforms``: a cycle's ``draws`` (sampling), drawn before
     each cycle from the caller's generator, outside any compiled step, and passed to the step as an argument
@@ -411,10 +421,7 @@ class _StaticLoop:
         self.uniforms = torch.zeros(draws, dtype=torch.float64, device=model.device)
         self.compiled_cycles = 0  # cycles run through the compiled step (tests check that it was used)
         self.inputs: tuple[torch.Tensor, ...] = ()  # the step's inputs after the uniforms, set by the host per cycle
-        self._step = step
-        if compile:
-            mode = "reduce-overhead" if model.device.type == "cuda" else "default"
-            self._step = torch.compile(step, mode=mode, fullgraph=True, dynamic=False)
+        self._step = _compiled_step(model, step) if compile else step
 
     def _run_step(self, start: torch.Tensor) -> torch.Tensor:
         if not self.compile:
@@ -629,7 +636,7 @@ def _engine(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig |
         return build()
     engines: dict = scratch(model).setdefault("static_engines", {})
     tree_key = None if tree is None else json.dumps(dataclasses.asdict(tree), sort_keys=True)
-    key = (id(draft), tree_key, params, cache_len)
+    key = (id(draft), tree_key, params, cache_len, capture_of(model))
     if key not in engines:  # the engine holds the draft, so its id is not reused while the entry lives
         engines[key] = build()
     return engines[key]

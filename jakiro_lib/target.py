@@ -19,6 +19,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Llama
 from transformers.utils import SAFE_WEIGHTS_NAME
 
 from . import kernels
+from .compiled import set_capture
 from .config import TargetConfig
 from .utils import atomic_path, cache_dir
 
@@ -191,6 +192,7 @@ def load_target(config: TargetConfig | None = None) -> Target:
             raise TargetError(f"cannot load target {name!r} (target.model): {_first_line(exc)}") from exc
     model = model.to(device=config.device, dtype=dtype).eval()
     model.requires_grad_(False)
+    set_capture(model, config.capture)
     if config.gqa_attention:
         kernels.use_gqa_attention(model)
     if config.packed_gemm:

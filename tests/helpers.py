@@ -444,3 +444,53 @@ def trained_draft(model, name: str):
 def drafted_per_cycle(result) -> float:
     """Mean drafted tokens accepted per verification cycle (the bonus token not counted)."""
     return (sum(result.accepted) - len(result.accepted)) / max(len(result.accepted), 1)
+
+
+class _Storages(torch.utils._python_dispatch.TorchDispatchMode):
+    """The storages a function's operators read or write that it did not make itself (its buffers and
+    arguments, as a CUDA graph sees them), and its host reads (a CUDA graph's capture fails on one)."""
+
+    HOST_READS = ("aten.item.default", "aten._local_scalar_dense.default")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: set[int] = set()
+        self.outside: set[int] = set()
+        self.host_reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.host_reads += str(func) in self.HOST_READS
+        for t in torch.utils._pytree.tree_leaves((args, kwargs or {})):
+            if isinstance(t, torch.Tensor) and t.numel():
+                ptr = t.untyped_storage().data_ptr()
+                if ptr not in self.made:
+                    self.outside.add(ptr)
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.numel():
+                self.made.add(t.untyped_storage().data_ptr())
+        return out
+
+
+class RecordingGraph:
+    """A stand-in for :func:`jakiro_lib.compiled.cuda_graph` on a CPU. Recording runs nothing (as CUDA's);
+    each replay runs the step over the recorded arguments and fails where it reads the host (a capture would
+    fail) or touches other outside storages than the first replay did (a tensor attribute set anew between
+    cycles: a real graph would go on reading the old one). ``replays`` counts them."""
+
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def __call__(self, step: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...]) -> Callable[[], torch.Tensor]:
+        recorded: list[set[int]] = []
+
+        def replay() -> torch.Tensor:
+            with _Storages() as seen:
+                out = step(*args)
+            assert seen.host_reads == 0, "the step reads the host"
+            if not recorded:
+                recorded.append(seen.outside)
+            assert seen.outside == recorded[0], "the replayed step touched buffers the first replay did not"
+            self.replays += 1
+            return out
+        return replay

@@ -6,6 +6,7 @@ CPU-side draw. These run the same tiny models as the CPU tests, moved to the GPU
 import pytest
 import torch
 
+from jakiro_lib.compiled import set_capture
 from jakiro_lib.config import DraftConfig, TargetConfig, TreeConfig
 from jakiro_lib.decoding import speculative_generate, vanilla_generate
 from jakiro_lib.draft import DraftModel
@@ -52,9 +53,19 @@ def test_sampling_runs_with_a_cuda_generator(cuda_setup):
     assert len(vanilla_generate(target.model, ids, max_new_tokens=16, params=params, generator=gen).output_ids) == 16
 
 
-@pytest.mark.parametrize("compile", [False, True])
-def test_static_engine_equals_vanilla_on_cuda_with_one_sync_per_cycle(cuda_setup, compile):
-    """The static engine on CUDA, eager and captured (torch.compile mode="reduce-overhead": CUDA graphs):
+CAPTURES = [False, "inductor", "graphs"]  # eager, and compiled: torch.compile's CUDA graphs, or the eager kernels'
+
+
+def _capture(model, how) -> bool:
+    """``compile`` for the engines, the model's capture set first."""
+    if how:
+        set_capture(model, how)
+    return bool(how)
+
+
+@pytest.mark.parametrize("how", CAPTURES)
+def test_static_engine_equals_vanilla_on_cuda_with_one_sync_per_cycle(cuda_setup, how):
+    """The static engine on CUDA, eager and captured (target.capture: inductor's or the eager kernels' graphs):
     vanilla's greedy output, and no device-to-host synchronisation per cycle but the one read, counted by
     CUDA's sync debug mode and placed by the line that caused it: the read's count is the cycles', and the
     others (the prompt's: its first token, a new cache's set-up) do not grow with the length. On the H200
@@ -66,9 +77,10 @@ def test_static_engine_equals_vanilla_on_cuda_with_one_sync_per_cycle(cuda_setup
 
     from jakiro_lib.static import StaticEngine, static_generate
 
-    lines, first = inspect.getsourcelines(StaticEngine.generate)
+    lines, first = inspect.getsourcelines(StaticEngine._advance)
     read = ("static.py", first + next(i for i, line in enumerate(lines) if "step.tolist()" in line))
     target, draft = cuda_setup
+    compile = _capture(target.model, how)
     tree = TreeConfig(depth=3, top_k=2, total_tokens=6, decoupled=True)
 
     def traced(ids: torch.Tensor, n: int) -> tuple[list[int], int, Counter]:
@@ -92,11 +104,13 @@ def test_static_engine_equals_vanilla_on_cuda_with_one_sync_per_cycle(cuda_setup
         assert short == long, ("synchronisations that grow with the length", short, long)
 
 
-def test_static_engine_samples_the_same_text_captured_and_eager_on_cuda(cuda_setup):
+@pytest.mark.parametrize("how", CAPTURES[1:])
+def test_static_engine_samples_the_same_text_captured_and_eager_on_cuda(cuda_setup, how):
     """At T=1 the captured cycle (CUDA graphs) reads the same draws as the eager one: one seed, one text."""
     from jakiro_lib.static import static_generate
 
     target, draft = cuda_setup
+    _capture(target.model, how)
     tree = TreeConfig(depth=3, top_k=2, total_tokens=6, decoupled=True)
     params = SamplingParams(temperature=1.0, top_p=0.9)
     for i, p in enumerate(random_prompts(3, seed=8)):
@@ -107,13 +121,14 @@ def test_static_engine_samples_the_same_text_captured_and_eager_on_cuda(cuda_set
         assert runs[0] == runs[1] == runs[2] and len(runs[0]) == 24
 
 
-@pytest.mark.parametrize("compile", [False, True])
-def test_static_decoder_equals_vanilla_on_cuda(cuda_setup, compile):
+@pytest.mark.parametrize("how", CAPTURES)
+def test_static_decoder_equals_vanilla_on_cuda(cuda_setup, how):
     """Plain decoding on the static engine, eager and captured: vanilla's greedy output on the GPU, and at
     T=1 one seed gives one text whether the step is captured or not."""
     from jakiro_lib.static import static_vanilla_generate
 
     target, _ = cuda_setup
+    compile = _capture(target.model, how)
     for i, p in enumerate(random_prompts(3, seed=9)):
         ids = p.to("cuda")
         ref = vanilla_generate(target.model, ids, max_new_tokens=24).output_ids

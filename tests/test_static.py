@@ -9,8 +9,10 @@ import json
 import pytest
 import torch
 
-from helpers import random_prompts, tiny_target, trained_draft
-from jakiro_lib.compiled import CompileError, call_compiled, compiled_cache_len, scratch, static_cache
+from helpers import RecordingGraph, random_prompts, tiny_target, trained_draft
+from jakiro_lib import static
+from jakiro_lib.compiled import (CapturedStep, CompileError, call_compiled, compiled_cache_len, scratch,
+                                static_cache)
 from jakiro_lib.config import DraftConfig, TreeConfig
 from jakiro_lib.decoding import speculative_generate, vanilla_generate
 from jakiro_lib.draft import DraftModel
@@ -147,6 +149,31 @@ def test_compiled_sampling_cycle_equals_eager(prompts):
         assert compiled.output_ids == eager.output_ids and compiled.accepted == eager.accepted
     (engine,) = [e for e in scratch(model)["static_engines"].values() if e.params == params]
     assert engine.compiled_cycles > 0
+
+
+@pytest.mark.parametrize("case", ["cepd-lookup", "sampling", "decoder"])
+def test_a_captured_step_replays_the_eager_one(prompts, vanilla, monkeypatch, case):
+    """target.capture="graphs" (CapturedStep: the eager step recorded as one CUDA graph) with a stand-in graph
+    that replays the step over the recorded arguments and checks that each replay touches the buffers the
+    first did and reads nothing on the host: warmed up by the first cycle, recorded by the second, replayed by
+    every later one, across prompts; vanilla's greedy output (CEPD and a lookup chain: every branch, and
+    plain decoding) and at T > 0 the eager engine's text (the uniforms are an argument)."""
+    graph = RecordingGraph()
+    monkeypatch.setattr(static, "_compiled_step", lambda model, step: CapturedStep(step, capture=graph))
+    model = copy.deepcopy(tiny_target("llama"))  # its own compiled state
+    draft = None if case == "decoder" else trained_draft(model, "moe2")
+    tree = None if case == "decoder" else TreeConfig(depth=4, top_k=3, total_tokens=12, decoupled=True,
+                                                     ar_steps=1, lookup_tokens=4, lookup_min_ngram=1)
+    params = SamplingParams(temperature=1.0, top_p=0.9) if case == "sampling" else SamplingParams()
+    for i, p in enumerate(prompts[:3]):
+        def run(compile: bool) -> list[int]:
+            gen = torch.Generator().manual_seed(i)
+            return static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW, params=params, generator=gen,
+                                   compile=compile).output_ids
+        got = run(True)
+        assert got == (run(False) if case == "sampling" else vanilla[i]), i
+    (engine,) = scratch(model)["static_engines"].values()
+    assert graph.replays == engine.compiled_cycles - 1 > 2 * len(prompts[:3])
 
 
 class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
