@@ -32,6 +32,7 @@ from .features import MANIFEST, CacheError, verify_cache
 from .gpucheck import CHECK_METHODS, gpu_check
 from .layout import RunLayout
 from .methods import KINDS, MAIN, STUDIES, MethodSpec
+from .papercost import SHAPES, run_papercost
 from .perf import performance_targets
 from .pipeline import add_cli
 from .study import (category_table, default_run_dir, display_table, prepare_features, run_study, study_table,
@@ -410,6 +411,20 @@ def cmd_gpucheck(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_papercost(args: argparse.Namespace) -> int:
+    """Paper scale by simulation (jakiro_lib.papercost): T(n), plain decoding and the paper's cycles on a random
+    target of a named shape, with speedups modelled from the paper's tau."""
+    try:
+        result = run_papercost(args.shape, device=args.device, dtype=args.dtype, context=args.context,
+                               new_tokens=args.new_tokens, out_dir=args.out)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    cycles = pd.DataFrame(result["cycles"]).drop(columns=["speedup_basis"])
+    print(cycles.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print("modelled_speedup: tau_paper x ms_per_token_plain / ms_per_cycle (random weights: acceptance not measured)")
+    return 1 if result["errors"] else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m jakiro_lib", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -494,6 +509,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", help=f"comma-separated subset (default {','.join(CHECK_METHODS)})")
     p.add_argument("--profiled-prompts", type=_positive_int, default=4, help="MT-bench first turns the profiler runs")
     p.set_defaults(func=cmd_gpucheck)
+
+    p = sub.add_parser("papercost", help="paper scale by simulation: T(n), plain decoding and the paper's cycles "
+                                          "on a random target of a named shape (a GPU), speedups modelled from "
+                                          "the paper's tau")
+    p.add_argument("--shape", default="vicuna-7b", help=f"named target shape ({', '.join(SHAPES)})")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bfloat16", help="float32, float16 or bfloat16")
+    p.add_argument("--out", type=Path, required=True, help="directory for tn.csv, cycles.csv and papercost.json")
+    p.add_argument("--context", type=_positive_int, default=256, help="cached positions before each tree / token")
+    p.add_argument("--new-tokens", type=_bounded(int, 2), default=64, help="tokens per timed generation")
+    p.set_defaults(func=cmd_papercost)
 
     p = sub.add_parser("divergences", help="where greedy benchmark outputs leave vanilla's, and the target's "
                                            "top-2 logit gap there (checks low-precision runs)")
