@@ -2,7 +2,8 @@
 # On the GPU machine (.device/README.md). `stash PART`: keep a carried part in /tmp/kit for a later call;
 # `check`: unpack every part, install the wheels, run tests/test_cuda.py and gpucheck, results into $OUT;
 # `again`: gpucheck once more where `check` stopped at its limit (it resumes from its records);
-# `inductor`: the captured methods again with target.capture=inductor (T=0), beside hf_compiled; `throughput`: issue 22's throughput command on the GPU (after `check`, same warm machine); its
+# `inductor`: the captured methods again with target.capture=inductor (T=0), beside hf_compiled; `papercost`:
+# a random Vicuna-7B-shaped target's T(n) and captured cycles, the paper's tau giving modelled speedups; `throughput`: issue 22's throughput command on the GPU (after `check`, same warm machine); its
 # plan.csv counts only the kit's 1000 conversations: `throughput --profile gpu --plan-from <its throughput.csv>` here;
 # `gpuprofile`: the gpu profile's caching and training stages, each under a time limit, on the packaged conversations
 # (4000 of them for 2 epochs unless GP_SET says otherwise; GP_DRAFTS, GP_CACHE_S, GP_TRAIN_S; needs the stashed
@@ -48,7 +49,7 @@ case "${1:-}" in
     unpack; env_for_repo
     { nvidia-smi -L; "$PY" -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; \
       echo "repo $(git rev-parse HEAD 2>/dev/null), drafts packed at $(cat "$K/commit")"; } 2>&1 | tee "$OUT/env.txt"
-    timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tail -40 | tee "$OUT/test_cuda.txt"
+    timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py -k "not inductor" 2>&1 | tail -40 | tee "$OUT/test_cuda.txt"
     gpucheck gpucheck ;;
   again) unpack; env_for_repo; gpucheck gpucheck_again ;;  # the check stopped at its limit: it resumes
   inductor)  # plain decoding and Jakiro captured through inductor instead (T=0), beside hf_compiled: which capture wins
@@ -56,6 +57,12 @@ case "${1:-}" in
     CHECK_ARGS="--set target.capture=inductor --set bench.temperatures=0 --profiled-prompts 1 \
       --methods hf_compiled,vanilla_static_compiled,jakiro_auto_static_compiled ${CHECK_ARGS:-}" \
       gpucheck inductor gpucheck-inductor ;;
+  papercost)  # issue 42 item 4: a random Vicuna-7B-shaped target in bf16: T(n), captured cycles, modelled speedups
+    unpack; env_for_repo
+    timeout "${PC_S:-240}" "$PY" -m jakiro_lib papercost ${PC_ARGS:---shape vicuna-7b --device cuda --dtype bfloat16} \
+      --out runs/papercost 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | grep -v 'Warning\|warnings.warn' | tail -60 \
+      | tee "$OUT/papercost.txt"
+    tar -C runs -czf "$OUT/papercost.tgz" papercost ;;
   throughput)
     unpack; env_for_repo
     "$PY" -m jakiro_lib throughput --profile gpu --conversations 256 --steps 50 --set train.compile=yes --drafts dense,moe2 \
@@ -69,5 +76,5 @@ case "${1:-}" in
     stage gpu_cache "${GP_CACHE_S:-240}" cache
     stage gpu_train "${GP_TRAIN_S:-240}" train --drafts "${GP_DRAFTS:-dense}"
     find runs/gpu -name '*.json' -size -1000k | tar -czf "$OUT/gpuprofile.tgz" -T - ;;
-  *) echo "usage: run.sh stash PART | check | again | inductor | throughput | gpuprofile"; exit 2 ;;
+  *) echo "usage: run.sh stash PART | check | again | inductor | papercost | throughput | gpuprofile"; exit 2 ;;
 esac
