@@ -37,6 +37,11 @@ env_for_repo() {
   export PYTHONPATH="$K/site:$K/pylib:$PWD" PYTHONUNBUFFERED=1
   mkdir -p runs/default && cp -rn "$K/runs/default/drafts" runs/default/
 }
+clocks() {  # the GPU's clocks, power and load once a second while the study runs (2026-11-27: every SmolLM2
+  # decoder, HF's included, ran at about 11 ms a step, 1.7x the H200 of the day before; clocks are one suspect)
+  nvidia-smi --query-gpu=timestamp,pstate,clocks.sm,clocks.mem,power.draw,utilization.gpu,temperature.gpu \
+    --format=csv -lms 1000 > "$OUT/clocks.csv" 2>&1 &
+}
 gpucheck() {  # NAME [FOLDER]: under a time limit that leaves the call (600 s) room to pack what exists ($OUT: 8 files)
   local dir=${2:-gpucheck-out}
   timeout "${CHECK_S:-420}" "$PY" -m jakiro_lib gpucheck --out "runs/default/$dir" ${CHECK_ARGS:-} 2>&1 \
@@ -50,7 +55,7 @@ case "${1:-}" in
     { nvidia-smi -L; "$PY" -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; \
       echo "repo $(git rev-parse HEAD 2>/dev/null), drafts packed at $(cat "$K/commit")"; } 2>&1 | tee "$OUT/env.txt"
     timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py -k "not inductor" 2>&1 | tail -40 | tee "$OUT/test_cuda.txt"
-    gpucheck gpucheck ;;
+    clocks; gpucheck gpucheck; kill %% 2>/dev/null ;;
   again) unpack; env_for_repo; gpucheck gpucheck_again ;;  # the check stopped at its limit: it resumes
   inductor)  # plain decoding and Jakiro captured through inductor instead (T=0), beside hf_compiled: which capture wins
     unpack; env_for_repo
