@@ -2,10 +2,11 @@
 
 Two paths compile: HF's ``generate`` with a static cache (``hf_compiled``, :func:`~jakiro_lib.decoding.hf_generate`)
 and the static engine's step (:mod:`jakiro_lib.static`: the whole cycle, captured as CUDA graphs on a GPU). On
-a GPU the step is captured one of two ways (``target.capture``, :data:`CAPTURES`): "inductor",
-``torch.compile(mode="reduce-overhead")`` (fused kernels, then CUDA graphs; about 40 s of compilation per
-step on the H200, 2026-11-26), or "graphs", :class:`CapturedStep` (the eager kernels recorded as one CUDA
-graph: no compilation). On a CPU a compiled step is always inductor's.
+a GPU the step is captured one of two ways (``target.capture``, :data:`CAPTURES`): "graphs" (the default),
+:class:`CapturedStep` (the eager kernels recorded as one CUDA graph: no compilation), or "inductor",
+``torch.compile(mode="reduce-overhead")`` (fused kernels, then CUDA graphs: about 40 s of compilation per
+step on the H200, 2026-11-26, for about 5% more speed on SmolLM2, 2026-11-27). On a CPU a compiled step is
+always inductor's.
 Our loop engine used to compile the target alone over a static cache (a runner with padded tree sizes);
 it bought 1.04x for vanilla and 1.01x for Jakiro on this project's 2-core CPU (SmolLM2-135M fp32,
 2026-11-23) and ran at 0.72x ``hf_compiled`` on an H200 (2026-11-26): removed, the loop engine is the eager
@@ -89,8 +90,8 @@ def set_capture(model: PreTrainedModel, how: str) -> None:
 
 
 def capture_of(model: PreTrainedModel) -> str:
-    """:func:`set_capture`'s choice for ``model`` ("inductor" where none was made)."""
-    return scratch(model).get("capture", "inductor")
+    """:func:`set_capture`'s choice for ``model`` (``target.capture``'s default, "graphs", where none was made)."""
+    return scratch(model).get("capture", "graphs")
 
 
 Capture = Callable[[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]], Callable[[], torch.Tensor]]

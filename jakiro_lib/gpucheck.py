@@ -5,7 +5,7 @@ as reports/measured/h100-bf16-2026-11-22/README.md tells), in fp32 on the device
 
 1. the greedy reference (our eager loop), ``hf_compiled``, and plain decoding, Jakiro's and EAGLE-2's tuned
    trees on the static engine, captured (:data:`CHECK_METHODS`; their eager kernels recorded as CUDA graphs,
-   ``target.capture=graphs``: no compilation, where inductor's took most of a 15-minute lease on the H200
+   ``target.capture``'s default "graphs": no compilation, where inductor's took most of a 15-minute lease on the H200
    on 2026-11-26; ``--set target.capture=inductor`` for inductor's), MT-bench q1-10 both turns, 64 new tokens,
    T=0 and T=1: ``records.jsonl``,
    ``summary.csv`` and ``performance_targets.csv`` (the goals against ``hf_compiled``, greedy identity);
@@ -50,8 +50,7 @@ CHECK_METHODS = ("vanilla", "hf_compiled", "vanilla_static_compiled", "jakiro_au
 PROFILED = "jakiro_auto_static_compiled"
 CHECK_SETTINGS = {"bench.static_engine": "true", "bench.compiled_engine": "true", "bench.compiled_baseline": "true",
                   "bench.benchmarks": "mt_bench", "bench.limit": "10", "bench.max_new_tokens": "64",
-                  "bench.temperatures": "0,1", "target.dtype": "float32", "target.packed_gemm": "0",
-                  "target.capture": "graphs"}
+                  "bench.temperatures": "0,1", "target.dtype": "float32", "target.packed_gemm": "0"}
 
 
 def check_profile(profile: str = "default", device: str | None = None, **overrides: str) -> Profile:
