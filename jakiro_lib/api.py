@@ -8,11 +8,10 @@ from typing import Callable
 
 import torch
 
-from .bench import MethodRunner
 from .chat import format_prompt
 from .config import TreeConfig
 from .decoding import ContextLengthError, GenerationResult
-from .methods import KINDS, MethodSpec
+from .methods import KINDS, MethodRunner, MethodSpec
 from .target import Target
 from .verify import SamplingParams
 

@@ -15,7 +15,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import torch
@@ -23,13 +23,9 @@ from tqdm.auto import tqdm
 
 from .chat import format_prompt
 from .compiled import graphs_compiled
-from .decoding import GenerationResult, TargetRunner, hf_generate, speculative_generate, vanilla_generate
-from .draft import DraftModel
-from .drafting import make_drafter
+from .decoding import TargetRunner
 from .layout import BENCH_CONFIG, RECORDS_FILE
-from .methods import (LOOKUP_TOKENS, VANILLA_KINDS, MethodSpec, portable,  # noqa: F401 (re-exported)
-                      study_methods)
-from .static import static_generate, static_vanilla_generate
+from .methods import VANILLA_KINDS, MethodRunner, MethodSpec, portable
 from .target import Target
 from .utils import end_last_line, read_jsonl, run_metadata, write_json
 from .verify import SamplingParams
@@ -61,60 +57,10 @@ class Record:
     category: str | None = None  # the question's category (Spec-Bench's 13, MT-bench's 8); absent in older records
     # graphs torch.compile compiled during this timed prompt: 0 when the warm-up covered what it runs (issue 45)
     compiled_graphs: int = 0
-
-
-class MethodRunner:
-    """Loads what a method needs once (the draft), then generates for any prompt."""
-
-    def __init__(self, target: Target, spec: MethodSpec) -> None:
-        self.target = target
-        self.spec = spec
-        self.draft = DraftModel.load(spec.draft, target.model) if spec.kind == "spec" and spec.draft else None
-
-    def __call__(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, params: SamplingParams,
-                 seed: int, on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
-        """Generate for one prompt; ``on_tokens`` streams accepted tokens (HF methods call it once, at the end)."""
-        t = self.target
-        common = dict(max_new_tokens=max_new_tokens, params=params, eos_token_ids=t.eos_token_ids)
-        return _GENERATE[self.spec.kind](self, prompt_ids, seed, on_tokens, common)
-
-    def _vanilla(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
-        t = self.target
-        if self.spec.engine == "static":
-            return static_vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context,
-                                           generator=self._gen(seed), on_tokens=on_tokens,
-                                           compile=self.spec.compile, **common)
-        return vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context, generator=self._gen(seed),
-                                on_tokens=on_tokens, **common)
-
-    def _hf(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any],
-            prompt_lookup: int | None = None) -> GenerationResult:
-        result = hf_generate(self.target.model, prompt_ids, prompt_lookup_num_tokens=prompt_lookup, seed=seed,
-                             compile=self.spec.compile, max_context=self.target.config.max_context, **common)
-        if on_tokens is not None:
-            on_tokens(result.output_ids)
-        return result
-
-    def _pld(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
-        return self._hf(prompt_ids, seed, on_tokens, common, prompt_lookup=self.spec.prompt_lookup_tokens)
-
-    def _spec(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
-        t = self.target
-        if self.spec.engine == "static":
-            return static_generate(t.model, self.draft, self.spec.tree, prompt_ids, max_context=t.config.max_context,
-                                   generator=self._gen(seed), on_tokens=on_tokens, compile=self.spec.compile,
-                                   **common)
-        drafter = make_drafter(self.draft, self.spec.tree)
-        return speculative_generate(t.model, drafter, prompt_ids, max_context=t.config.max_context,
-                                    generator=self._gen(seed), on_tokens=on_tokens, **common)
-
-    def _gen(self, seed: int) -> torch.Generator:
-        return torch.Generator(device=self.target.device).manual_seed(seed)
-
-
-# how each method kind generates (methods.KINDS)
-_GENERATE: dict[str, Callable[..., GenerationResult]] = {
-    "vanilla": MethodRunner._vanilla, "hf": MethodRunner._hf, "pld": MethodRunner._pld, "spec": MethodRunner._spec}
+    # how the method ran (MethodSpec.runs_on, .compile): "loop" or "static" (our engines) or "hf", compiled or
+    # not; records written before these existed load without them
+    engine: str = "loop"
+    compiled: bool = False
 
 
 def answer_message(target: Target, output_ids: list[int]) -> dict[str, str]:
@@ -203,6 +149,7 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
                                 draft_forwards=res.draft_forwards, tokens_per_second=res.tokens_per_second,
                                 tau=res.tau if runner.spec.kind == "spec" else 1.0, stop_reason=res.stop_reason,
                                 output_ids=res.output_ids, category=q.category, compiled_graphs=graphs,
+                                engine=runner.spec.runs_on, compiled=runner.spec.compile,
                             )
                             fh.write(json.dumps(dataclasses.asdict(rec)) + "\n")
                             fh.flush()
@@ -434,7 +381,8 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         reference = groups.get(("vanilla", bench, temp)) if temp == 0 else None
         same, compared = greedy_agreement(recs, reference) if reference else (None, None)
         rows.append({
-            "method": method, "kind": kind, "benchmark": bench, "temperature": temp, "questions": len({(r["question_id"], r["turn"]) for r in recs}),
+            "method": method, "kind": kind, "engine": recs[0].get("engine"), "compiled": recs[0].get("compiled"),
+            "benchmark": bench, "temperature": temp, "questions": len({(r["question_id"], r["turn"]) for r in recs}),
             "tokens_per_s": tps_m, "tokens_per_s_std": tps_s, "speedup": sp_m, "speedup_std": sp_s,
             "speedup_ci_low": ci[0], "speedup_ci_high": ci[1],
             "tau": tau, "tau_ref": tau_ref, "new_tokens": tokens, "cycles": cycles,

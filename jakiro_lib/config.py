@@ -230,6 +230,12 @@ class BenchConfig:
     # The main study also runs every method of ours (vanilla and each drafted or lookup method) on the static-shape
     # engine (jakiro_lib.static, one host read per cycle) as <name>_static, side by side with the loop engine.
     static_engine: bool = False
+    # The engine the drafted and lookup methods run on under their own names (vanilla, the greedy reference,
+    # stays on the loop engine): "loop" (the eager reference), "static", "static_compiled" (the static engine's
+    # cycle captured), or "auto": static_compiled on CUDA, loop elsewhere, as measured side by side (docs/DESIGN.md
+    # section 12: on an H200 the loop engine ran at 0.54x hf_compiled and the captured cycle at parity; on a
+    # 2-core CPU the loop engine was 4-5% faster than the static one and compiling made it slower).
+    engine: str = "auto"
 
     def __post_init__(self) -> None:
         if self.skip < 0 or (self.limit is not None and self.limit < 0):
@@ -474,7 +480,8 @@ _DTYPE = _one_of("float32", "float16", "bfloat16")
 # Ranges by "Class.field"; fields not listed fall back to the name patterns of _PATTERN_RULES.
 RULES: dict[str, Rule] = {
     "TargetConfig.dtype": _DTYPE, "TargetConfig.max_context": _at_least(1), "TargetConfig.packed_gemm": _at_least(0),
-    "TargetConfig.gemm_backend": _one_of("auto", "mkl", "onednn"), "TargetConfig.capture": _one_of("inductor", "graphs"),
+    "TargetConfig.gemm_backend": _one_of("auto", "mkl", "onednn"),
+    "BenchConfig.engine": _one_of("auto", "loop", "static", "static_compiled"), "TargetConfig.capture": _one_of("inductor", "graphs"),
     "DataConfig.feature_dtype": _DTYPE, "DataConfig.scale": _one_of("fixed", "auto"), "DataConfig.cache_dtype": _one_of("float32", "float16", "bfloat16", "auto"),
     "TrainConfig.epochs": _at_least(1), "TrainConfig.lr": _above(0), "TrainConfig.betas": _UNIT,
     "TrainConfig.grad_clip_value": _above(0), "TrainConfig.max_steps": _at_least(1),

@@ -1,6 +1,7 @@
-"""Every decoding method the project compares, in one registry: name -> kind, draft, tree settings.
+"""Every decoding method the project compares, in one registry: name -> kind, draft, tree settings, engine.
 
-A method is a name plus a :class:`MethodSpec` (what :class:`~jakiro_lib.bench.MethodRunner` runs). The
+A method is a name plus a :class:`MethodSpec`, which :class:`MethodRunner` runs: the kind table
+(``_GENERATE``) says which decoding function each kind calls, and the spec's ``engine`` and ``compile`` how. The
 studies' method sets (:func:`study_methods`), the CLI's method kinds, the performance goals' method
 groups (:func:`group_names`) and the serialised form in stamps and ``bench_config.json``
 (:func:`portable`) are all read from here.
@@ -17,8 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection
 
+import torch
+
 from .config import TreeConfig
+from .decoding import GenerationResult, hf_generate, speculative_generate, vanilla_generate
+from .draft import DraftModel
+from .drafting import make_drafter
 from .layout import draft_name, draft_path
+from .static import static_generate, static_vanilla_generate
+from .target import Target
+from .verify import SamplingParams
 
 KINDS = ("vanilla", "hf", "pld", "spec")
 ENGINES = ("loop", "static")  # how a "spec" method runs: decoding.speculative_generate or static.static_generate
@@ -56,6 +65,65 @@ class MethodSpec:
                              "(engine='static')")
         if self.kind == "spec" and (self.tree is None or self.draft is None and not self.tree.lookup_tokens):
             raise ValueError("a 'spec' method needs a tree config and a draft path (or tree.lookup_tokens)")
+
+    @property
+    def runs_on(self) -> str:
+        """The engine a record names: ``engine`` ("loop" or "static") for our kinds, "hf" for HF's."""
+        return self.engine if self.kind in ("spec", "vanilla") else "hf"
+
+
+class MethodRunner:
+    """Loads what a method needs once (the draft), then generates for any prompt."""
+
+    def __init__(self, target: Target, spec: MethodSpec) -> None:
+        self.target = target
+        self.spec = spec
+        self.draft = DraftModel.load(spec.draft, target.model) if spec.kind == "spec" and spec.draft else None
+
+    def __call__(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, params: SamplingParams,
+                 seed: int, on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+        """Generate for one prompt; ``on_tokens`` streams accepted tokens (HF methods call it once, at the end)."""
+        t = self.target
+        common = dict(max_new_tokens=max_new_tokens, params=params, eos_token_ids=t.eos_token_ids)
+        return _GENERATE[self.spec.kind](self, prompt_ids, seed, on_tokens, common)
+
+    def _vanilla(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
+        t = self.target
+        if self.spec.engine == "static":
+            return static_vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context,
+                                           generator=self._gen(seed), on_tokens=on_tokens,
+                                           compile=self.spec.compile, **common)
+        return vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context, generator=self._gen(seed),
+                                on_tokens=on_tokens, **common)
+
+    def _hf(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any],
+            prompt_lookup: int | None = None) -> GenerationResult:
+        result = hf_generate(self.target.model, prompt_ids, prompt_lookup_num_tokens=prompt_lookup, seed=seed,
+                             compile=self.spec.compile, max_context=self.target.config.max_context, **common)
+        if on_tokens is not None:
+            on_tokens(result.output_ids)
+        return result
+
+    def _pld(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
+        return self._hf(prompt_ids, seed, on_tokens, common, prompt_lookup=self.spec.prompt_lookup_tokens)
+
+    def _spec(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
+        t = self.target
+        if self.spec.engine == "static":
+            return static_generate(t.model, self.draft, self.spec.tree, prompt_ids, max_context=t.config.max_context,
+                                   generator=self._gen(seed), on_tokens=on_tokens, compile=self.spec.compile,
+                                   **common)
+        drafter = make_drafter(self.draft, self.spec.tree)
+        return speculative_generate(t.model, drafter, prompt_ids, max_context=t.config.max_context,
+                                    generator=self._gen(seed), on_tokens=on_tokens, **common)
+
+    def _gen(self, seed: int) -> torch.Generator:
+        return torch.Generator(device=self.target.device).manual_seed(seed)
+
+
+# how each method kind generates (methods.KINDS)
+_GENERATE: dict[str, Callable[..., GenerationResult]] = {
+    "vanilla": MethodRunner._vanilla, "hf": MethodRunner._hf, "pld": MethodRunner._pld, "spec": MethodRunner._spec}
 
 
 def portable(spec: MethodSpec, relative_to: str | Path | None = None) -> dict[str, Any]:
@@ -218,9 +286,18 @@ def group_names(group: str, *, twins: bool = False) -> tuple[str, ...]:
 DRAFTED_METHODS = tuple(m.name for m in MAIN if m.kind == "spec" and m.draft)  # compared with published numbers
 
 
+def resolve_engine(engine: str, device: str) -> str:
+    """``bench.engine`` on ``device``: "auto" is the captured static engine on CUDA and the loop elsewhere
+    (the faster of the two measured side by side on each: docs/DESIGN.md section 12)."""
+    if engine == "auto":
+        return "static_compiled" if device.startswith("cuda") else "loop"
+    return engine
+
+
 def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "main",
                   tuned: bool = True, compiled: bool = True, compiled_engine: bool = False,
-                  static_engine: bool = False, drafts: Collection[str] | None = None) -> dict[str, MethodSpec]:
+                  static_engine: bool = False, drafts: Collection[str] | None = None,
+                  engine: str = "loop") -> dict[str, MethodSpec]:
     """The method sets the notebooks compare; drafts are read from ``drafts_dir/<name>/draft``.
 
     ``main``: the baselines, EAGLE-2 (dense draft), Jakiro (2 experts, decoupled) and Jakiro + CEPD on
@@ -239,7 +316,8 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     main study also times ``hf_compiled``. ``static_engine``: the main study also runs every method of
     kind "vanilla" or "spec" on the static-shape engine (:mod:`jakiro_lib.static`), as ``<name>_static``;
     with ``compiled_engine`` too also with its whole cycle compiled (CUDA graphs on a GPU), as
-    ``<name>_static_compiled``.
+    ``<name>_static_compiled``. ``engine`` (resolved, :func:`resolve_engine`): what the methods of kind "spec"
+    run on under their own names ("loop", "static" or "static_compiled"); the twins are what their names say.
     """
     if study not in STUDIES:
         raise ValueError(f"unknown study {study!r}: use {' or '.join(repr(s) for s in STUDIES)}")
@@ -249,10 +327,17 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     chosen = [m for m in registered if (m.when is None or switches[m.when]())
               and (drafts is None or m.draft is None or m.draft in drafts)]
     methods = {m.name: m.spec(tree, drafts_dir, tuned=tuned) for m in chosen}
+    loop = dict(methods)
+    if engine not in ("loop", "static", "static_compiled"):
+        raise ValueError(f"unknown engine {engine!r}: use loop, static or static_compiled")
+    if engine != "loop":
+        for name, spec in loop.items():
+            if spec.kind == "spec":
+                methods[name] = dataclasses.replace(spec, engine="static", compile=engine == "static_compiled")
     if study == "main" and static_engine:
         for m in (m for m in chosen if has_static_twin(m)):
-            methods[static_twin(m.name)] = dataclasses.replace(methods[m.name], engine="static")
+            methods[static_twin(m.name)] = dataclasses.replace(loop[m.name], engine="static")
             if compiled_engine:  # the captured cycle (CUDA graphs on a GPU)
-                methods[compiled_twin(static_twin(m.name))] = dataclasses.replace(methods[static_twin(m.name)],
+                methods[compiled_twin(static_twin(m.name))] = dataclasses.replace(loop[m.name], engine="static",
                                                                                   compile=True)
     return methods

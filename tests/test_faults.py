@@ -48,7 +48,7 @@ LONGER = {"train.epochs": "4", "train.max_steps": "none"}  # several checkpoints
 # paused for FAULT_PAUSE seconds each, so a signal sent at a fault point lands while work is under way.
 DRIVER = r"""
 import os, signal, sys, time
-import jakiro_lib.bench as bench, jakiro_lib.features as features, jakiro_lib.train as train
+import jakiro_lib.features as features, jakiro_lib.methods as methods, jakiro_lib.train as train
 from jakiro_lib.cli import main
 
 # A job a shell starts in the background inherits SIGINT ignored (and Python then installs no handler); a
@@ -63,7 +63,7 @@ def slowed(fn):
 
 features.shard_tensors = slowed(features.shard_tensors)
 train.draft_loss = slowed(train.draft_loss)
-bench.MethodRunner.__call__ = slowed(bench.MethodRunner.__call__)
+methods.MethodRunner.__call__ = slowed(methods.MethodRunner.__call__)
 sys.exit(main(sys.argv[1:]))
 """
 

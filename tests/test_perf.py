@@ -10,7 +10,7 @@ import pytest
 
 from helpers import single_thread
 from jakiro_lib import costmodel, kernels, perf
-from jakiro_lib.bench import study_methods
+from jakiro_lib.methods import study_methods
 from jakiro_lib.budgets import resolve_tree_budgets
 from jakiro_lib.config import TargetConfig, TreeConfig, get_profile
 from jakiro_lib.decoding import TargetRunner

@@ -5,7 +5,7 @@ import shutil
 import pandas as pd
 import pytest
 
-import jakiro_lib.bench as bench
+import jakiro_lib.methods as methods
 from jakiro_lib.config import get_profile
 from jakiro_lib.draft import DraftModel
 from jakiro_lib import study as S
@@ -33,7 +33,7 @@ def test_benchmark_records_survive_a_copied_run_dir_but_not_a_changed_draft(tmp_
     def no_generation(*args, **kwargs):
         raise AssertionError("regenerated although the records were there")
 
-    monkeypatch.setattr(bench.MethodRunner, "__call__", no_generation)
+    monkeypatch.setattr(methods.MethodRunner, "__call__", no_generation)
     with single_thread():
         run_study(profile, run_dir=moved, only=["vanilla", "eagle2"], target=target, progress=False)
     assert load_study_records(moved, "main") == records
@@ -131,13 +131,13 @@ def test_a_method_added_to_a_study_reuses_the_records_already_there(tmp_path, mo
         run_study(profile, run_dir=tmp_path, only=["vanilla"], target=target, progress=False)
     first = load_study_records(tmp_path, "main")
     calls = []
-    real = bench.MethodRunner.__call__
+    real = methods.MethodRunner.__call__
 
     def counted(self, *args, **kwargs):
         calls.append(self.spec.kind)
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(bench.MethodRunner, "__call__", counted)
+    monkeypatch.setattr(methods.MethodRunner, "__call__", counted)
     with single_thread():
         run_study(profile, run_dir=tmp_path, only=["vanilla", "hf_generate"], target=target, progress=False)
     assert set(calls) == {"hf"}  # only the added method ran

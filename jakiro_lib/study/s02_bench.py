@@ -22,7 +22,7 @@ from ..config import Profile
 from ..data import DataError, Question, load_questions
 from ..layout import (BENCH_CONFIG, RECORDS_FILE, SKIPPED_FILE, STALE_RECORDS_FILE, STUDY_STAMP, STUDY_TREE_BUDGET,
                       RunLayout, draft_name, has_weights)
-from ..methods import STUDIES, MethodSpec, parse_names, portable, study_methods
+from ..methods import STUDIES, MethodSpec, parse_names, portable, resolve_engine, study_methods
 from ..utils import read_json, write_json
 from .context import StudyContext, _dirs, get_target
 from .tables import method_setting, study_table
@@ -54,10 +54,12 @@ def study_temperatures(profile: Profile, study: str) -> tuple[float, ...]:
 
 def profile_methods(prof: Profile, drafts_dir: Path, study: str) -> dict[str, MethodSpec]:
     """The methods of ``study`` under the profile's switches (tuned budgets, the compiled HF baseline, the
-    static engine eager and compiled); methods on a draft the profile does not train are left out."""
+    drafted methods' engine on the profile's device, the static engine's twins eager and compiled); methods on a
+    draft the profile does not train are left out."""
     return study_methods(prof.tree, drafts_dir, study=study, tuned=prof.bench.tuned,
                          compiled=prof.bench.compiled_baseline, compiled_engine=prof.bench.compiled_engine,
                          static_engine=prof.bench.static_engine,
+                         engine=resolve_engine(prof.bench.engine, prof.target.device),
                          drafts=prof.drafts)
 
 
@@ -67,7 +69,7 @@ def methods_table(profile: str | Profile | StudyContext, study: str = "main",
     prof, rdir = _dirs(profile, run_dir)
     rows = []
     for name, m in profile_methods(prof, RunLayout(rdir).drafts, study).items():
-        row: dict[str, Any] = {"method": name, "kind": m.kind}
+        row: dict[str, Any] = {"method": name, "kind": m.kind, "engine": m.runs_on, "compiled": m.compile}
         if m.kind == "spec":
             row.update({k: method_setting(m, k) for k in METHOD_COLUMNS})
         rows.append(row)
