@@ -37,6 +37,27 @@ env_for_repo() {
   export PYTHONPATH="$K/site:$K/pylib:$PWD" PYTHONUNBUFFERED=1
   mkdir -p runs/default && cp -rn "$K/runs/default/drafts" runs/default/
 }
+calibrate() {  # the GPU against its kind's figures (KINDS.md: bf16 8192^3 matmul ~790 TFLOP/s, copy ~4.3 TB/s on an
+  # H200): on 2026-11-27 every decoder ran ~1.7x slower than on the H200 of the day before; is it the machine?
+  "$PY" - <<'PYEOF' 2>&1
+import time, torch
+if torch.cuda.is_available():
+    def timed(fn, n=10):
+        fn(); torch.cuda.synchronize(); t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize(); return (time.perf_counter() - t) / n
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    print(f"bf16 matmul 8192^3: {2 * 8192**3 / timed(lambda: a @ a) / 1e12:.0f} TFLOP/s")
+    x = torch.empty(2**30, device="cuda", dtype=torch.uint8)
+    print(f"device copy: {2 * x.numel() / timed(lambda: x.clone()) / 1e12:.2f} TB/s (read + write)")
+    y = torch.randn(1, 576, device="cuda")
+    w = torch.randn(576, 576, device="cuda")
+    print(f"a small fp32 GEMV (1x576x576): {1e6 * timed(lambda: y @ w, 1000):.1f} us per launch, eager")
+else:
+    print("no CUDA: calibration skipped")
+PYEOF
+}
 clocks() {  # the GPU's clocks, power and load once a second while the study runs (2026-11-27: every SmolLM2
   # decoder, HF's included, ran at about 11 ms a step, 1.7x the H200 of the day before; clocks are one suspect)
   nvidia-smi --query-gpu=timestamp,pstate,clocks.sm,clocks.mem,power.draw,utilization.gpu,temperature.gpu \
@@ -53,7 +74,8 @@ case "${1:-}" in
   check)
     unpack; env_for_repo
     { nvidia-smi -L; "$PY" -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; \
-      echo "repo $(git rev-parse HEAD 2>/dev/null), drafts packed at $(cat "$K/commit")"; } 2>&1 | tee "$OUT/env.txt"
+      echo "repo $(git rev-parse HEAD 2>/dev/null), drafts packed at $(cat "$K/commit")"; calibrate; } 2>&1 \
+      | tee "$OUT/env.txt"
     timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py -k "not inductor" 2>&1 | tail -40 | tee "$OUT/test_cuda.txt"
     clocks; gpucheck gpucheck; kill %% 2>/dev/null ;;
   again) unpack; env_for_repo; gpucheck gpucheck_again ;;  # the check stopped at its limit: it resumes
