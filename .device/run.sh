@@ -3,7 +3,8 @@
 # `check`: unpack every part, install the wheels, run tests/test_cuda.py and gpucheck, results into $OUT;
 # `again`: gpucheck once more where `check` stopped at its limit (it resumes from its records);
 # `inductor`: the captured methods again with target.capture=inductor (T=0), beside hf_compiled; `papercost`:
-# a random Vicuna-7B-shaped target's T(n) and captured cycles, the paper's tau giving modelled speedups; `throughput`: issue 22's throughput command on the GPU (after `check`, same warm machine); its
+# a random Vicuna-7B-shaped target's T(n) and captured cycles, the paper's tau giving modelled speedups;
+# `notebooks`: the four notebooks via papermill on profile gpu-quick (needs NOTEBOOKS=1 FULL_DATA=1 pack.sh); `throughput`: issue 22's throughput command on the GPU (after `check`, same warm machine); its
 # plan.csv counts only the kit's 1000 conversations: `throughput --profile gpu --plan-from <its throughput.csv>` here;
 # `gpuprofile`: the gpu profile's caching and training stages, each under a time limit, on the packaged conversations
 # (4000 of them for 2 epochs unless GP_SET says otherwise; GP_DRAFTS, GP_CACHE_S, GP_TRAIN_S; needs the stashed
@@ -90,6 +91,15 @@ case "${1:-}" in
       --out runs/papercost 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | grep -v 'Warning\|warnings.warn' | tail -60 \
       | tee "$OUT/papercost.txt"
     tar -C runs -czf "$OUT/papercost.tgz" papercost ;;
+  notebooks)  # issue 42 item 1: all four notebooks through papermill on the GPU (profile gpu-quick), the report back
+    unpack; env_for_repo; full_data
+    "$PY" -m ipykernel install --prefix "$K/jupyter" --name python3 >/dev/null && export JUPYTER_PATH="$K/jupyter/share/jupyter"
+    clocks
+    { date -u; timeout "${NB_S:-480}" "$PY" -m jakiro_lib pipeline --profile gpu-quick ${NB_SET:-}; echo "rc $?"; date -u; } 2>&1 \
+      | tr '\r' '\n' | grep -v '^\s*$' | grep -v 'Warning\|warnings.warn' | tail -60 | tee "$OUT/notebooks.txt"
+    kill %% 2>/dev/null
+    tar -czf "$OUT/report.tgz" reports/gpu-quick 2>/dev/null
+    find runs/gpu-quick -name '*.json' -size -1000k -o -name '*.csv' -size -1000k | tar -czf "$OUT/notebooks_run.tgz" -T - ;;
   throughput)
     unpack; env_for_repo
     "$PY" -m jakiro_lib throughput --profile gpu --conversations 256 --steps 50 --set train.compile=yes --drafts dense,moe2 \
@@ -103,5 +113,5 @@ case "${1:-}" in
     stage gpu_cache "${GP_CACHE_S:-240}" cache
     stage gpu_train "${GP_TRAIN_S:-240}" train --drafts "${GP_DRAFTS:-dense}"
     find runs/gpu -name '*.json' -size -1000k | tar -czf "$OUT/gpuprofile.tgz" -T - ;;
-  *) echo "usage: run.sh stash PART | check | again | inductor | papercost | throughput | gpuprofile"; exit 2 ;;
+  *) echo "usage: run.sh stash PART | check | again | inductor | papercost | notebooks | throughput | gpuprofile"; exit 2 ;;
 esac
