@@ -545,11 +545,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 FILE_OUT = ("costs", "divergences")  # the commands whose --out is a file; the others' is a directory
 LOCKING_COMMANDS = ("cache", "train", "bench")  # one at a time per run directory (and bench's --out); pipeline too
-# Timing is what a benchmark measures: several processes on one machine would share its cores (and the speedups
-# would mix them) and each would run every prompt; so it runs in one process, and says so in one line.
-BENCH_REFUSAL = ("error: the benchmark runs in one process (it times decoding, and processes side by side would "
-                 "share the machine and each run every prompt); run `python -m jakiro_lib bench` without "
-                 "`accelerate launch`")
+# The commands that run in one process, and why: under `accelerate launch` each process would do all the work and
+# write the same files, and timings would share the machine (only cache and train split their work). Each is
+# refused in one line, before anything loads or writes.
+ONE_PROCESS = {
+    "bench": "it times decoding, and processes side by side would share the machine and each run every prompt",
+    "pipeline": "each process would run every notebook and write the same report; `accelerate launch -m jakiro_lib "
+                "cache` and `train` split their stages' work",
+    "gpucheck": "it times decoding, and each process would run every prompt",
+    "costs": "it times the target and the draft, and processes side by side would share the machine",
+    "papercost": "it times the target, and processes side by side would share the device",
+    "throughput": "it times each stage, and processes side by side would share the machine",
+}
+
+
+def one_process_refusal(command: str) -> str:
+    return (f"error: `{command}` runs in one process ({ONE_PROCESS[command]}); run `python -m jakiro_lib {command}` "
+            "without `accelerate launch`")
+
+
+BENCH_REFUSAL = one_process_refusal("bench")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -558,9 +573,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _log_to_stderr()
 
     def run() -> int | None:
-        if args.command == "bench" and world_size() > 1:  # before anything loads or writes
+        if args.command in ONE_PROCESS and world_size() > 1:  # before anything loads or writes
             if main_rank():  # one line, not one per process
-                print(BENCH_REFUSAL, file=sys.stderr)
+                print(one_process_refusal(args.command), file=sys.stderr)
             return 1
         if args.command in BUSY_COMMANDS and (warning := busy_warning()):  # a 0.2 s sample: Ctrl-C is one line
             print(warning, file=sys.stderr)

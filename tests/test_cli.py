@@ -318,3 +318,22 @@ def test_a_busy_torch_process_is_warned_about_once(tmp_path, monkeypatch, capsys
         idle.kill()
         busy.wait()
         idle.wait()
+
+
+@pytest.mark.parametrize("command", ["bench", "pipeline", "gpucheck", "costs", "papercost", "throughput"])
+def test_one_process_commands_refuse_a_multi_process_launch(tmp_path, monkeypatch, capsys, command):
+    """Under `accelerate launch` (WORLD_SIZE > 1) the commands that time things or write one report say so in one
+    line, from the main process only, and exit 1 before anything runs (a real two-process launch of `bench`:
+    tests/test_multiprocess.py)."""
+    run = ["--profile", "smoke", "--run-dir", str(tmp_path / "run")]
+    out = ["--out", str(tmp_path / "o")]
+    args = {"bench": [*run, "--methods", "vanilla"], "pipeline": run, "gpucheck": run, "costs": ["--profile", "smoke", *out],
+            "throughput": ["--profile", "smoke", *out],
+            "papercost": ["--shape", "tiny", "--device", "cpu", "--dtype", "float32", *out]}
+    argv = [command, *args[command]]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, said in (("1", ""), ("0", cli.one_process_refusal(command) + "\n")):
+        monkeypatch.setenv("RANK", rank)
+        assert main(argv) == 1
+        assert capsys.readouterr().err == said
+    assert not (tmp_path / "run").exists() and not (tmp_path / "o").exists()
