@@ -11,7 +11,7 @@ import torch
 from .chat import format_prompt
 from .config import TreeConfig
 from .decoding import ContextLengthError, GenerationResult
-from .methods import KINDS, MethodRunner, MethodSpec
+from .methods import KINDS, SPEC, MethodRunner, MethodSpec
 from .target import Target
 from .verify import SamplingParams
 
@@ -25,7 +25,7 @@ class Generation:
     result: GenerationResult
 
 
-def generate(target: Target, prompt: str | list[dict[str, str]], *, method: str = "spec",
+def generate(target: Target, prompt: str | list[dict[str, str]], *, method: str = SPEC,
              draft: str | Path | None = None, tree: TreeConfig | None = None, max_new_tokens: int = 128,
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
              on_text: Callable[[str], None] | None = None) -> Generation:
@@ -44,7 +44,7 @@ def generate(target: Target, prompt: str | list[dict[str, str]], *, method: str 
     ids = torch.tensor(format_prompt(target.tokenizer, messages, template=target.config.template), dtype=torch.long)
     max_new_tokens = _within_context(target, ids.numel(), max_new_tokens)
     spec = MethodSpec(method, draft=None if draft is None else str(draft),
-                      tree=(tree or TreeConfig()) if method == "spec" else None)
+                      tree=(tree or TreeConfig()) if method == SPEC else None)
     runner = MethodRunner(target, spec)
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
     stream = None

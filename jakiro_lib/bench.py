@@ -25,7 +25,7 @@ from .chat import format_prompt
 from .compiled import graphs_compiled
 from .decoding import TargetRunner
 from .layout import BENCH_CONFIG, RECORDS_FILE
-from .methods import VANILLA_KINDS, MethodRunner, MethodSpec, portable
+from .methods import SPEC, VANILLA_KINDS, MethodRunner, MethodSpec, portable
 from .target import Target
 from .utils import end_last_line, read_jsonl, run_metadata, write_json
 from .verify import SamplingParams
@@ -147,7 +147,7 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
                                 accepted=res.accepted, wall_time=res.wall_time, prefill_time=res.prefill_time,
                                 draft_time=res.draft_time, verify_time=res.verify_time,
                                 draft_forwards=res.draft_forwards, tokens_per_second=res.tokens_per_second,
-                                tau=res.tau if runner.spec.kind == "spec" else 1.0, stop_reason=res.stop_reason,
+                                tau=res.tau if runner.spec.kind == SPEC else 1.0, stop_reason=res.stop_reason,
                                 output_ids=res.output_ids, category=q.category, compiled_graphs=graphs,
                                 engine=runner.spec.runs_on, compiled=runner.spec.compile,
                             )
@@ -237,7 +237,7 @@ def versus(records: list[dict[str, Any]], baseline: str, *, level: float = 0.95)
     rows = []
     for (method, temp), recs in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         base = by.get((baseline, temp))
-        if base is None or method == baseline or recs[0]["kind"] != "spec":
+        if base is None or method == baseline or recs[0]["kind"] != SPEC:
             continue
         row: dict[str, Any] = {"method": method, "baseline": baseline, "temperature": temp,
                                "prompts": len({_turn_key(r) for r in recs} & {_turn_key(r) for r in base})}
@@ -372,8 +372,8 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         kind = recs[0]["kind"]
         emitted = sum(sum(r["accepted"]) for r in recs)
         # HF generate hides its cycles: no tau for hf/pld; vanilla emits one token per cycle by definition.
-        tau = emitted / max(cycles, 1) if kind == "spec" else (1.0 if kind == "vanilla" else math.nan)
-        tau_ref = emitted / max(cycles - len(recs), 1) if kind == "spec" else tau
+        tau = emitted / max(cycles, 1) if kind == SPEC else (1.0 if kind == "vanilla" else math.nan)
+        tau_ref = emitted / max(cycles - len(recs), 1) if kind == SPEC else tau
         tps_m, tps_s = _mean_std(list(tps.values()))
         sp_m, sp_s = _mean_std(speedups)
         base_kind = max(vanilla, default=None, key=lambda m: statistics.fmean(vanilla[m].values()))

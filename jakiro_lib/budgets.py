@@ -39,7 +39,7 @@ from .data import DataError, load_conversations
 from .dataset import _stable_hash, split_indices
 from .draft import WEIGHTS_FILE, DraftModel
 from .layout import RunLayout
-from .methods import MethodSpec
+from .methods import SPEC, MethodSpec
 from .utils import device_name, file_sha256, read_json, write_json
 
 log = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
     are never tuned on (:func:`tuning_prompts`).
     Returns (methods with numeric budgets, the measurements, choices and ``tuning_prompts``).
     """
-    auto = [k for k, m in methods.items() if m.kind == "spec" and m.draft and m.tree.total_tokens == "auto"]
+    auto = [k for k, m in methods.items() if m.kind == SPEC and m.draft and m.tree.total_tokens == "auto"]
     if not auto:
         return methods, {}
     path = RunLayout(Path(run_dir)).tree_budgets

@@ -31,7 +31,7 @@ from .draft import DraftModel
 from .features import MANIFEST, CacheError, verify_cache
 from .gpucheck import CHECK_METHODS, gpu_check
 from .layout import RunLayout
-from .methods import KINDS, MAIN, STUDIES, MethodSpec
+from .methods import KINDS, MAIN, SPEC, STUDIES, MethodSpec
 from .papercost import SHAPES, run_papercost
 from .perf import performance_targets
 from .pipeline import add_cli
@@ -120,13 +120,13 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     profile = _profile(args)
     target = load_target(profile.target)
-    tree = replace(profile.tree, decoupled=args.decoupled, ar_steps=args.ar_steps) if args.method == "spec" else None
-    if args.method == "spec" and not args.draft and not tree.lookup_tokens:
+    tree = replace(profile.tree, decoupled=args.decoupled, ar_steps=args.ar_steps) if args.method == SPEC else None
+    if args.method == SPEC and not args.draft and not tree.lookup_tokens:
         raise SystemExit("error: --method spec needs --draft DIR (a trained draft, e.g. runs/default/drafts/moe2/draft) "
                          "or --set tree.lookup_tokens=N (prompt lookup alone)")
     if tree is not None and args.draft and tree.total_tokens == "auto":  # tuned once per machine and draft, then cached
-        spec = MethodSpec("spec", draft=str(Path(args.draft).expanduser().resolve()), tree=tree)
-        tree = resolve_tree_budgets(profile, default_run_dir(profile.name), {"spec": spec}, target)[0]["spec"].tree
+        spec = MethodSpec(SPEC, draft=str(Path(args.draft).expanduser().resolve()), tree=tree)
+        tree = resolve_tree_budgets(profile, default_run_dir(profile.name), {SPEC: spec}, target)[0][SPEC].tree
         print(f"[tree budget: {tree.total_tokens} tokens, tuned for this machine]", file=sys.stderr)
 
     def show(text: str) -> None:
@@ -138,7 +138,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                    seed=args.seed, on_text=show)
     r = out.result
     print(f"\n\n[{r.new_tokens} tokens in {r.wall_time:.2f} s = {r.tokens_per_second:.1f} tok/s"
-          + (f", tau {r.tau:.2f} over {r.cycles} cycles" if args.method == "spec" else "")
+          + (f", tau {r.tau:.2f} over {r.cycles} cycles" if args.method == SPEC else "")
           + (", stopped at the end of the context" if r.stop_reason == "context" else "") + "]", file=sys.stderr)
     return 0
 
@@ -437,7 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="chat with the target, plain or speculative, streaming the answer")
     _common(p)
     p.add_argument("prompt")
-    p.add_argument("--method", default="spec", choices=KINDS, help="method kind (jakiro_lib.methods)")
+    p.add_argument("--method", default=SPEC, choices=KINDS, help="method kind (jakiro_lib.methods)")
     p.add_argument("--draft", help="directory of a saved draft (method spec)")
     p.add_argument("--decoupled", action="store_true", help="Jakiro decoupled expert candidates")
     p.add_argument("--ar-steps", type=_bounded(int, 0), default=None, help="CEPD: autoregressive layers before parallel ones")

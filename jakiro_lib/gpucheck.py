@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from .bench import format_prompt_ids, load_records
@@ -60,14 +61,17 @@ def check_profile(profile: str = "default", device: str | None = None, **overrid
     return get_profile(profile, **{**CHECK_SETTINGS, "target.device": device, **overrides})
 
 
-def cycle_breakdown(model: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequence[torch.Tensor], *,
-                    compile: bool, params: SamplingParams = SamplingParams(), max_new_tokens: int = 64,
+def cycle_breakdown(model: Any, draft: DraftModel | None, tree: TreeConfig | None, prompts: Sequence[torch.Tensor],
+                    *, compile: bool, params: SamplingParams = SamplingParams(), max_new_tokens: int = 64,
                     seed: int = 0) -> dict[str, Any]:
     """Milliseconds per cycle of the static engine, by named range (:data:`jakiro_lib.static.STEP_RANGES`),
     on the host (``cpu_ms``) and on the device (``device_ms``: kernels launched inside the range; on a CPU
-    the host times are the work), plus the wall time per cycle. Each prompt runs once unprofiled first (the
-    compiled engine compiles, or captures its CUDA graphs, there). Inside a compiled cycle the step ranges
-    vanish: only ``cycle`` and ``read`` remain."""
+    the host times are the work), plus the wall time per cycle and, on a GPU, the device operations (kernels,
+    copies) per cycle and their time (``device_ops``, ``device_total_ms``): whether a cycle's time is the
+    GPU's work or waiting for the host. Each prompt runs once unprofiled first (the compiled engine compiles,
+    or captures its CUDA graphs, there). Inside a compiled cycle the step ranges vanish: only ``cycle`` and
+    ``read`` remain. ``draft`` None: plain decoding (:class:`~jakiro_lib.static.StaticDecoder`, a token a
+    cycle)."""
     device = model.device
 
     def run(p: torch.Tensor) -> Any:
@@ -86,8 +90,12 @@ def cycle_breakdown(model: Any, draft: DraftModel, tree: TreeConfig, prompts: Se
             wall += time.perf_counter() - t0 - r.prefill_time
             cycles, tokens = cycles + r.cycles, tokens + len(r.output_ids) - 1
     events = {e.key: e for e in prof.key_averages()}
-    out: dict[str, Any] = {"compiled": compile, "cycles": cycles, "tau": tokens / max(cycles, 1),
-                           "wall_ms": 1e3 * wall / max(cycles, 1)}
+    out: dict[str, Any] = {"decoder": "plain" if draft is None else "speculative", "compiled": compile,
+                           "cycles": cycles, "tau": tokens / max(cycles, 1), "wall_ms": 1e3 * wall / max(cycles, 1)}
+    ops = [e for e in prof.events() if e.device_type == DeviceType.CUDA and not e.name.startswith("jakiro::")]
+    out["device_ops"] = len(ops) / max(cycles, 1) if device.type == "cuda" else math.nan
+    out["device_total_ms"] = (sum(e.device_time_total for e in ops) / 1e3 / max(cycles, 1) if device.type == "cuda"
+                              else math.nan)
     for name, label in STEP_RANGES.items():
         e = events.get(label)
         out[f"{name}_cpu_ms"] = e.cpu_time_total / 1e3 / max(cycles, 1) if e else math.nan
@@ -122,6 +130,11 @@ def gpu_check(profile: str = "default", *, run_dir: str | Path | None = None, ou
         prompts = [format_prompt_ids(target, [{"role": "user", "content": q.turns[0]}]) for q in questions]
         for compile in (False, True):
             rows.append(cycle_breakdown(target.model, draft, spec.tree, prompts, compile=compile,
+                                        max_new_tokens=prof.bench.max_new_tokens))
+        # plain decoding's step the same way: captured on a GPU (eager there too), eager only on a CPU, where
+        # compiling it would only add an inductor compilation to the check
+        for compile in (False, True) if target.device.type == "cuda" else (False,):
+            rows.append(cycle_breakdown(target.model, None, None, prompts, compile=compile,
                                         max_new_tokens=prof.bench.max_new_tokens))
         write_table(out / "cycles.csv", pd.DataFrame(rows))
     result = {"profile": prof.name, "target": prof.target.model, "device": prof.target.device,

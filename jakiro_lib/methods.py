@@ -29,7 +29,8 @@ from .static import static_generate, static_vanilla_generate
 from .target import Target
 from .verify import SamplingParams
 
-KINDS = ("vanilla", "hf", "pld", "spec")
+SPEC = "spec"  # the speculative kind: a feature draft and/or a lookup chain with a tree config
+KINDS = ("vanilla", "hf", "pld", SPEC)
 ENGINES = ("loop", "static")  # how a "spec" method runs: decoding.speculative_generate or static.static_generate
 VANILLA_KINDS = ("vanilla", "hf")  # the baselines a speedup is measured against
 STUDIES = ("main", "ablations")
@@ -54,22 +55,22 @@ class MethodSpec:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}: use {' or '.join(ENGINES)}")
-        if self.engine == "static" and self.kind not in ("spec", "vanilla"):
+        if self.engine == "static" and self.kind not in (SPEC, "vanilla"):
             raise ValueError("the static engine runs 'spec' and 'vanilla' methods only")
         if self.kind not in KINDS:
             raise ValueError(f"unknown method kind {self.kind!r}: use {', '.join(KINDS[:-1])} or {KINDS[-1]}")
         if self.compile and self.kind == "pld":
             raise ValueError("compile does not apply to kind 'pld' (HF prompt lookup has no static-cache path)")
-        if self.compile and self.kind in ("spec", "vanilla") and self.engine == "loop":
+        if self.compile and self.kind in (SPEC, "vanilla") and self.engine == "loop":
             raise ValueError("the loop engine is the eager reference: compile runs on the static engine "
                              "(engine='static')")
-        if self.kind == "spec" and (self.tree is None or self.draft is None and not self.tree.lookup_tokens):
+        if self.kind == SPEC and (self.tree is None or self.draft is None and not self.tree.lookup_tokens):
             raise ValueError("a 'spec' method needs a tree config and a draft path (or tree.lookup_tokens)")
 
     @property
     def runs_on(self) -> str:
         """The engine a record names: ``engine`` ("loop" or "static") for our kinds, "hf" for HF's."""
-        return self.engine if self.kind in ("spec", "vanilla") else "hf"
+        return self.engine if self.kind in (SPEC, "vanilla") else "hf"
 
 
 class MethodRunner:
@@ -78,7 +79,7 @@ class MethodRunner:
     def __init__(self, target: Target, spec: MethodSpec) -> None:
         self.target = target
         self.spec = spec
-        self.draft = DraftModel.load(spec.draft, target.model) if spec.kind == "spec" and spec.draft else None
+        self.draft = DraftModel.load(spec.draft, target.model) if spec.kind == SPEC and spec.draft else None
 
     def __call__(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, params: SamplingParams,
                  seed: int, on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
@@ -123,7 +124,7 @@ class MethodRunner:
 
 # how each method kind generates (methods.KINDS)
 _GENERATE: dict[str, Callable[..., GenerationResult]] = {
-    "vanilla": MethodRunner._vanilla, "hf": MethodRunner._hf, "pld": MethodRunner._pld, "spec": MethodRunner._spec}
+    "vanilla": MethodRunner._vanilla, "hf": MethodRunner._hf, "pld": MethodRunner._pld, SPEC: MethodRunner._spec}
 
 
 def portable(spec: MethodSpec, relative_to: str | Path | None = None) -> dict[str, Any]:
@@ -170,10 +171,10 @@ class Method:
 
     def spec(self, tree: TreeConfig, drafts_dir: str | Path, *, tuned: bool) -> MethodSpec:
         """The runnable spec on the study's ``tree`` with drafts under ``drafts_dir``."""
-        if self.kind != "spec":
+        if self.kind != SPEC:
             return MethodSpec(self.kind, compile=self.compile)
         values = {k: _resolve(v, tree, tuned) for k, v in self.tree.items()}
-        return MethodSpec("spec", draft=str(draft_path(drafts_dir, self.draft)) if self.draft else None,
+        return MethodSpec(SPEC, draft=str(draft_path(drafts_dir, self.draft)) if self.draft else None,
                           tree=dataclasses.replace(tree, **values), compile=self.compile)
 
 
@@ -198,41 +199,41 @@ MAIN = (
     Method("hf_generate", "hf", group="hf"),
     Method("hf_compiled", "hf", compile=True, group="hf", when="compiled"),
     Method("hf_prompt_lookup", "pld", group="pld"),
-    Method("eagle2", "spec", "dense", group="eagle2"),
-    Method("jakiro", "spec", "moe2", _JAKIRO, group="jakiro"),
-    Method("jakiro_cepd", "spec", "moe2", {**_JAKIRO, "ar_steps": CEPD}, group="jakiro"),
-    Method("eagle2_auto", "spec", "dense", {"total_tokens": "auto"}, group="eagle2", when="tuned"),
-    Method("jakiro_auto", "spec", "moe2", {**_JAKIRO, "total_tokens": "auto"}, group="jakiro", when="tuned"),
-    Method("lookup_only", "spec", None, {"lookup_tokens": LOOKUP_TOKENS}, group="lookup_only"),
-    Method("eagle2_lookup", "spec", "dense", _LOOKUP, group="eagle2_lookup"),
-    Method("jakiro_lookup", "spec", "moe2", {**_JAKIRO, **_LOOKUP}, group="jakiro_lookup"),
+    Method("eagle2", SPEC, "dense", group="eagle2"),
+    Method("jakiro", SPEC, "moe2", _JAKIRO, group="jakiro"),
+    Method("jakiro_cepd", SPEC, "moe2", {**_JAKIRO, "ar_steps": CEPD}, group="jakiro"),
+    Method("eagle2_auto", SPEC, "dense", {"total_tokens": "auto"}, group="eagle2", when="tuned"),
+    Method("jakiro_auto", SPEC, "moe2", {**_JAKIRO, "total_tokens": "auto"}, group="jakiro", when="tuned"),
+    Method("lookup_only", SPEC, None, {"lookup_tokens": LOOKUP_TOKENS}, group="lookup_only"),
+    Method("eagle2_lookup", SPEC, "dense", _LOOKUP, group="eagle2_lookup"),
+    Method("jakiro_lookup", SPEC, "moe2", {**_JAKIRO, **_LOOKUP}, group="jakiro_lookup"),
 )
 
 ABLATIONS = (
     Method("vanilla", "vanilla"),
-    Method("experts=1 (eagle2)", "spec", "dense"),
-    Method("experts=2", "spec", "moe2", _JAKIRO),
-    Method("experts=4", "spec", "moe4", _JAKIRO),
-    Method("experts=2, coupled", "spec", "moe2", {"decoupled": False}),
-    Method("experts=2, scoring=best", "spec", "moe2", {**_JAKIRO, "scoring": "best"}),
+    Method("experts=1 (eagle2)", SPEC, "dense"),
+    Method("experts=2", SPEC, "moe2", _JAKIRO),
+    Method("experts=4", SPEC, "moe4", _JAKIRO),
+    Method("experts=2, coupled", SPEC, "moe2", {"decoupled": False}),
+    Method("experts=2, scoring=best", SPEC, "moe2", {**_JAKIRO, "scoring": "best"}),
     # EAGLE-2 trees on the H-wide dense draft: the equal-parameter control (one expert's width, not EAGLE-2)
-    Method("eagle2_h", "spec", "dense_h"),
+    Method("eagle2_h", SPEC, "dense_h"),
     # Jakiro decoupled on the 2-expert drafts whose experts' own outputs were trained too (DraftConfig.expert_loss)
-    Method("jakiro_xgate", "spec", "moe2_xgate", _JAKIRO),
-    Method("jakiro_xequal", "spec", "moe2_xequal", _JAKIRO),
+    Method("jakiro_xgate", SPEC, "moe2_xgate", _JAKIRO),
+    Method("jakiro_xequal", SPEC, "moe2_xequal", _JAKIRO),
     # the same trees on the drafts trained with two unrolled steps (multi-step training, DraftConfig.unroll_steps):
     # EAGLE-2, the equal-parameter control, Jakiro decoupled and coupled, Jakiro on the per-expert-trained draft
-    Method("eagle2_u2", "spec", "dense_u2"),
-    Method("eagle2_h_u2", "spec", "dense_h_u2"),
-    Method("jakiro_u2", "spec", "moe2_u2", _JAKIRO),
-    Method("jakiro_coupled_u2", "spec", "moe2_u2", {"decoupled": False}),  # "experts=2, coupled" on moe2_u2
-    Method("jakiro_xgate_u2", "spec", "moe2_xgate_u2", _JAKIRO),
+    Method("eagle2_u2", SPEC, "dense_u2"),
+    Method("eagle2_h_u2", SPEC, "dense_h_u2"),
+    Method("jakiro_u2", SPEC, "moe2_u2", _JAKIRO),
+    Method("jakiro_coupled_u2", SPEC, "moe2_u2", {"decoupled": False}),  # "experts=2, coupled" on moe2_u2
+    Method("jakiro_xgate_u2", SPEC, "moe2_xgate_u2", _JAKIRO),
 )
 # The Jakiro authors' released configuration: the coupled mixture (one candidate list from the mixed
 # expert output) with CEPD on the last layer, on the 2-expert draft (and on its multi-step-trained twin).
 _RELEASED_TREE = {"decoupled": False, "ar_steps": CEPD}
-RELEASED = Method("jakiro_coupled_cepd", "spec", "moe2", _RELEASED_TREE)
-RELEASED_U2 = Method("jakiro_coupled_cepd_u2", "spec", "moe2_u2", _RELEASED_TREE)
+RELEASED = Method("jakiro_coupled_cepd", SPEC, "moe2", _RELEASED_TREE)
+RELEASED_U2 = Method("jakiro_coupled_cepd_u2", SPEC, "moe2_u2", _RELEASED_TREE)
 
 
 # EAGLE-2 (the dense draft on the study's tree) in each study: what the other drafted methods are judged against
@@ -243,9 +244,9 @@ def _ablation_methods(tree: TreeConfig) -> tuple[Method, ...]:
     """The ablation set on ``tree``: the fixed rows, a CEPD sweep, CEPD without contrastive training and
     the authors' released configuration."""
     cepd = cepd_steps(tree)
-    sweep = tuple(Method(f"cepd ar_steps={s}", "spec", "moe2", {**_JAKIRO, "ar_steps": s})
+    sweep = tuple(Method(f"cepd ar_steps={s}", SPEC, "moe2", {**_JAKIRO, "ar_steps": s})
                   for s in sorted({0, 1, cepd} - {tree.depth}))
-    nocontrast = Method(f"cepd ar_steps={cepd}, contrastive off", "spec", "moe2_nocontrast",
+    nocontrast = Method(f"cepd ar_steps={cepd}, contrastive off", SPEC, "moe2_nocontrast",
                         {**_JAKIRO, "ar_steps": cepd})
     return (*ABLATIONS, *sweep, nocontrast, RELEASED, RELEASED_U2)
 
@@ -271,7 +272,7 @@ def static_twin(name: str) -> str:
 
 def has_static_twin(m: Method) -> bool:
     """A main method that runs on either engine: our plain decoding and every drafted or lookup method."""
-    return m.kind in ("spec", "vanilla")
+    return m.kind in (SPEC, "vanilla")
 
 
 def group_names(group: str, *, twins: bool = False) -> tuple[str, ...]:
@@ -283,7 +284,7 @@ def group_names(group: str, *, twins: bool = False) -> tuple[str, ...]:
     static = [static_twin(m.name) for m in members if has_static_twin(m)]
     return tuple(m.name for m in members) + tuple(static) + tuple(compiled_twin(n) for n in static)
 
-DRAFTED_METHODS = tuple(m.name for m in MAIN if m.kind == "spec" and m.draft)  # compared with published numbers
+DRAFTED_METHODS = tuple(m.name for m in MAIN if m.kind == SPEC and m.draft)  # compared with published numbers
 
 
 def resolve_engine(engine: str, device: str) -> str:
@@ -332,7 +333,7 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
         raise ValueError(f"unknown engine {engine!r}: use loop, static or static_compiled")
     if engine != "loop":
         for name, spec in loop.items():
-            if spec.kind == "spec":
+            if spec.kind == SPEC:
                 methods[name] = dataclasses.replace(spec, engine="static", compile=engine == "static_compiled")
     if study == "main" and static_engine:
         for m in (m for m in chosen if has_static_twin(m)):

@@ -417,7 +417,7 @@ def test_summary_per_category_splits_a_benchmark_and_skips_records_without_categ
 
 
 def test_every_kind_dispatches_to_its_generator_and_greedy_matches_vanilla(monkeypatch):
-    import jakiro_lib.bench as bench
+    import jakiro_lib.methods as methods
     from jakiro_lib.bench import format_prompt_ids
     from jakiro_lib.config import TargetConfig
     from jakiro_lib.methods import KINDS
@@ -426,10 +426,10 @@ def test_every_kind_dispatches_to_its_generator_and_greedy_matches_vanilla(monke
 
     calls = []
     for name in ("vanilla_generate", "hf_generate", "speculative_generate"):
-        def logged(*args, _real=getattr(bench, name), _name=name, **kwargs):
+        def logged(*args, _real=getattr(methods, name), _name=name, **kwargs):
             calls.append((_name, kwargs.get("prompt_lookup_num_tokens")))
             return _real(*args, **kwargs)
-        monkeypatch.setattr(bench, name, logged)
+        monkeypatch.setattr(methods, name, logged)
     target = load_target(TargetConfig(model="tiny:llama"))
     ids = format_prompt_ids(target, [{"role": "user", "content": "the cat the cat the cat"}])
     specs = {"vanilla": MethodSpec("vanilla"), "hf": MethodSpec("hf"), "pld": MethodSpec("pld", prompt_lookup_tokens=3),

@@ -45,8 +45,10 @@ def test_gpu_check_writes_records_goals_and_the_cycle_breakdown(tmp_path):
         assert row["greedy_compared"] == 2 and row["greedy_same"] == 2, name
     goals = pd.DataFrame(result["goals"])
     assert {"Jakiro >= 1.5x HF generate (greedy)", "Jakiro >= 1.3x HF sampling (T=1)"} <= set(goals["goal"])
-    eager, compiled = result["cycles"]
+    eager, compiled, plain = result["cycles"]  # Jakiro's cycle eager and compiled; plain decoding eager (CPU)
     assert not eager["compiled"] and compiled["compiled"] and eager["cycles"] > 0 and compiled["cycles"] > 0
+    assert (plain["decoder"], plain["tau"], eager["decoder"]) == ("plain", 1.0, "speculative")
+    assert plain["cycle_cpu_ms"] > 0 and math.isnan(plain["draft_cpu_ms"]) and math.isnan(plain["device_ops"])
     for step in ("draft", "verify", "evaluate", "update", "cycle", "read"):
         assert eager[f"{step}_cpu_ms"] > 0, step
         assert math.isnan(eager[f"{step}_device_ms"])  # no device here

@@ -22,7 +22,7 @@ from ..config import Profile
 from ..data import DataError, Question, load_questions
 from ..layout import (BENCH_CONFIG, RECORDS_FILE, SKIPPED_FILE, STALE_RECORDS_FILE, STUDY_STAMP, STUDY_TREE_BUDGET,
                       RunLayout, draft_name, has_weights)
-from ..methods import STUDIES, MethodSpec, parse_names, portable, resolve_engine, study_methods
+from ..methods import SPEC, STUDIES, MethodSpec, parse_names, portable, resolve_engine, study_methods
 from ..utils import read_json, write_json
 from .context import StudyContext, _dirs, get_target
 from .tables import method_setting, study_table
@@ -70,7 +70,7 @@ def methods_table(profile: str | Profile | StudyContext, study: str = "main",
     rows = []
     for name, m in profile_methods(prof, RunLayout(rdir).drafts, study).items():
         row: dict[str, Any] = {"method": name, "kind": m.kind, "engine": m.runs_on, "compiled": m.compile}
-        if m.kind == "spec":
+        if m.kind == SPEC:
             row.update({k: method_setting(m, k) for k in METHOD_COLUMNS})
         rows.append(row)
     return pd.DataFrame(rows)

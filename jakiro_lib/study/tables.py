@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..bench import summarize, summarize_by_category, versus
 from ..layout import draft_name
-from ..methods import EAGLE2_BASELINE, MethodSpec
+from ..methods import EAGLE2_BASELINE, SPEC, MethodSpec
 from ..utils import atomic_path, write_json
 
 SETTING_COLUMNS = ("draft", "total_tokens", "decoupled", "ar_steps", "scoring", "lookup_tokens")
@@ -19,7 +19,7 @@ SETTING_COLUMNS = ("draft", "total_tokens", "decoupled", "ar_steps", "scoring", 
 
 def method_setting(spec: MethodSpec, key: str) -> Any:
     """One setting of a method as the tables show it (None where it does not apply)."""
-    if spec.kind != "spec":
+    if spec.kind != SPEC:
         return None
     if spec.draft is None:  # the lookup chain alone: no draft, no drafted tree
         return {"draft": "none", "lookup_tokens": spec.tree.lookup_tokens}.get(key)
@@ -112,7 +112,7 @@ def acceptance_by_depth(records: list[dict[str, Any]], depths: int = 4) -> pd.Da
     was reached (``cond_d``), d = 1..``depths``: where in the tree a draft's tokens stop being accepted."""
     drafted: dict[tuple[str, float], list[int]] = {}
     for r in records:
-        if r["kind"] == "spec":
+        if r["kind"] == SPEC:
             drafted.setdefault((r["method"], r["temperature"]), []).extend(a - 1 for a in r["accepted"])  # bonus excluded
     rows = []
     for (method, temp), xs in drafted.items():
