@@ -20,10 +20,11 @@ from typing import Any, Callable
 import torch
 from transformers import PreTrainedModel, StaticCache
 
+from .config import CAPTURES  # how a compiled static step is built on CUDA (module docstring)
+
 MAX_TREE_ROOM = 128  # cache positions kept past the text for a tree forward (a larger tree is refused)
 _SCRATCH = "_jakiro_scratch"
 RECOMPILE_LIMIT = 64  # dynamo's default (8) is below the cache lengths x sampling settings one process may compile
-CAPTURES = ("inductor", "graphs")  # how a compiled static step is built on CUDA (module docstring)
 
 
 class CompileError(RuntimeError):

@@ -22,6 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Literal, Union
 
 
+CAPTURES = ("graphs", "inductor")  # TargetConfig.capture's choices (jakiro_lib.compiled)
+RUN_ENGINE_NAMES = ("loop", "static", "static_compiled")  # BenchConfig.engine's, "auto" resolved (jakiro_lib.methods)
+
+
 class ConfigError(ValueError):
     """A profile name, override key or config value that is not allowed (the message says what is)."""
 
@@ -495,7 +499,7 @@ _DTYPE = _one_of("float32", "float16", "bfloat16")
 RULES: dict[str, Rule] = {
     "TargetConfig.dtype": _DTYPE, "TargetConfig.max_context": _at_least(1), "TargetConfig.packed_gemm": _at_least(0),
     "TargetConfig.gemm_backend": _one_of("auto", "mkl", "onednn"),
-    "BenchConfig.engine": _one_of("auto", "loop", "static", "static_compiled"), "TargetConfig.capture": _one_of("inductor", "graphs"),
+    "BenchConfig.engine": _one_of("auto", *RUN_ENGINE_NAMES), "TargetConfig.capture": _one_of(*CAPTURES),
     "DataConfig.feature_dtype": _DTYPE, "DataConfig.scale": _one_of("fixed", "auto"), "DataConfig.cache_dtype": _one_of("float32", "float16", "bfloat16", "auto"),
     "TrainConfig.epochs": _at_least(1), "TrainConfig.lr": _above(0), "TrainConfig.betas": _UNIT,
     "TrainConfig.grad_clip_value": _above(0), "TrainConfig.max_steps": _at_least(1),

@@ -20,7 +20,7 @@ from typing import Any, Callable, Collection
 
 import torch
 
-from .config import TreeConfig
+from .config import RUN_ENGINE_NAMES, TreeConfig
 from .decoding import GenerationResult, hf_generate, speculative_generate, vanilla_generate
 from .draft import DraftModel
 from .drafting import make_drafter
@@ -32,6 +32,9 @@ from .verify import SamplingParams
 SPEC = "spec"  # the speculative kind: a feature draft and/or a lookup chain with a tree config
 KINDS = ("vanilla", "hf", "pld", SPEC)
 ENGINES = ("loop", "static")  # how a "spec" method runs: decoding.speculative_generate or static.static_generate
+OUR_KINDS = ("vanilla", SPEC)  # the kinds our engines run (either engine); "hf" and "pld" are HF's generate
+# bench.engine's choices once resolved: the engine, and whether its step is compiled
+RUN_ENGINES = dict(zip(RUN_ENGINE_NAMES, [("loop", False), ("static", False), ("static", True)]))
 VANILLA_KINDS = ("vanilla", "hf")  # the baselines a speedup is measured against
 STUDIES = ("main", "ablations")
 LOOKUP_TOKENS = 10  # chain length of the lookup-branch methods: HF prompt lookup's default
@@ -55,13 +58,13 @@ class MethodSpec:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}: use {' or '.join(ENGINES)}")
-        if self.engine == "static" and self.kind not in (SPEC, "vanilla"):
+        if self.engine == "static" and self.kind not in OUR_KINDS:
             raise ValueError("the static engine runs 'spec' and 'vanilla' methods only")
         if self.kind not in KINDS:
             raise ValueError(f"unknown method kind {self.kind!r}: use {', '.join(KINDS[:-1])} or {KINDS[-1]}")
         if self.compile and self.kind == "pld":
             raise ValueError("compile does not apply to kind 'pld' (HF prompt lookup has no static-cache path)")
-        if self.compile and self.kind in (SPEC, "vanilla") and self.engine == "loop":
+        if self.compile and self.kind in OUR_KINDS and self.engine == "loop":
             raise ValueError("the loop engine is the eager reference: compile runs on the static engine "
                              "(engine='static')")
         if self.kind == SPEC and (self.tree is None or self.draft is None and not self.tree.lookup_tokens):
@@ -70,7 +73,7 @@ class MethodSpec:
     @property
     def runs_on(self) -> str:
         """The engine a record names: ``engine`` ("loop" or "static") for our kinds, "hf" for HF's."""
-        return self.engine if self.kind in (SPEC, "vanilla") else "hf"
+        return self.engine if self.kind in OUR_KINDS else "hf"
 
 
 class MethodRunner:
@@ -272,7 +275,7 @@ def static_twin(name: str) -> str:
 
 def has_static_twin(m: Method) -> bool:
     """A main method that runs on either engine: our plain decoding and every drafted or lookup method."""
-    return m.kind in (SPEC, "vanilla")
+    return m.kind in OUR_KINDS
 
 
 def group_names(group: str, *, twins: bool = False) -> tuple[str, ...]:
@@ -328,17 +331,20 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     chosen = [m for m in registered if (m.when is None or switches[m.when]())
               and (drafts is None or m.draft is None or m.draft in drafts)]
     methods = {m.name: m.spec(tree, drafts_dir, tuned=tuned) for m in chosen}
+    if engine not in RUN_ENGINES:
+        raise ValueError(f"unknown engine {engine!r}: use {', '.join(RUN_ENGINES)}")
     loop = dict(methods)
-    if engine not in ("loop", "static", "static_compiled"):
-        raise ValueError(f"unknown engine {engine!r}: use loop, static or static_compiled")
-    if engine != "loop":
-        for name, spec in loop.items():
-            if spec.kind == SPEC:
-                methods[name] = dataclasses.replace(spec, engine="static", compile=engine == "static_compiled")
+
+    def on(spec: MethodSpec, run: str) -> MethodSpec:
+        engine, compile = RUN_ENGINES[run]
+        return dataclasses.replace(spec, engine=engine, compile=compile)
+
+    for name, spec in loop.items():
+        if spec.kind == SPEC:
+            methods[name] = on(spec, engine)
     if study == "main" and static_engine:
         for m in (m for m in chosen if has_static_twin(m)):
-            methods[static_twin(m.name)] = dataclasses.replace(loop[m.name], engine="static")
+            methods[static_twin(m.name)] = on(loop[m.name], "static")
             if compiled_engine:  # the captured cycle (CUDA graphs on a GPU)
-                methods[compiled_twin(static_twin(m.name))] = dataclasses.replace(loop[m.name], engine="static",
-                                                                                  compile=True)
+                methods[compiled_twin(static_twin(m.name))] = on(loop[m.name], "static_compiled")
     return methods
