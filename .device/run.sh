@@ -18,7 +18,9 @@ mkdir -p "$K"
 unpack() {
   [ -f "$K/.unpacked" ] && return
   cat "$K"/part.* | tar -xf - -C "$K" || { echo "kit parts incomplete: $(ls "$K")"; exit 1; }
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$K/pylib" "$K"/whl/*.whl
+  local pip="$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $K/pylib"
+  $pip "$K"/whl/transformers-*.whl "$K"/whl/gguf-*.whl  # apart: one unfit wheel stops a whole install
+  ls "$K"/whl/*.whl | grep -v '/transformers-\|/gguf-' | xargs -r $pip || echo "the notebooks' wheels did not install"
   touch "$K/.unpacked"
 }
 full_data() {  # every packaged ShareGPT record in place of the kit's first 1000
@@ -93,6 +95,8 @@ case "${1:-}" in
     tar -C runs -czf "$OUT/papercost.tgz" papercost ;;
   notebooks)  # issue 42 item 1: all four notebooks through papermill on the GPU (profile gpu-quick), the report back
     unpack; env_for_repo; full_data
+    { nvidia-smi -L; "$PY" -c "import torch, transformers, papermill; print(torch.__version__, transformers.__version__, papermill.__version__)"; \
+      echo "repo $(git rev-parse HEAD 2>/dev/null)"; calibrate; } 2>&1 | tee "$OUT/env.txt"
     "$PY" -m ipykernel install --prefix "$K/jupyter" --name python3 >/dev/null && export JUPYTER_PATH="$K/jupyter/share/jupyter"
     clocks
     { date -u; timeout "${NB_S:-480}" "$PY" -m jakiro_lib pipeline --profile gpu-quick ${NB_SET:-}; echo "rc $?"; date -u; } 2>&1 \
