@@ -98,6 +98,17 @@ case "${1:-}" in
     { nvidia-smi -L; "$PY" -c "import torch, transformers, papermill; print(torch.__version__, transformers.__version__, papermill.__version__)"; \
       echo "repo $(git rev-parse HEAD 2>/dev/null)"; calibrate; } 2>&1 | tee "$OUT/env.txt"
     "$PY" -m ipykernel install --prefix "$K/jupyter" --name python3 >/dev/null && export JUPYTER_PATH="$K/jupyter/share/jupyter"
+    "$PY" - "$K" <<'PYEOF'  # nbconvert's HTML templates are data files, which pip --target leaves out
+import glob, os, sys, zipfile
+for wheel in glob.glob(sys.argv[1] + "/whl/nbconvert-*.whl"):
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            if ".data/data/share/jupyter/" in name and not name.endswith("/"):
+                dest = os.path.join(sys.argv[1], "jupyter", name.split(".data/data/", 1)[1])
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                with open(dest, "wb") as f:
+                    f.write(z.read(name))
+PYEOF
     clocks
     { date -u; timeout "${NB_S:-480}" "$PY" -m jakiro_lib pipeline --profile gpu-quick ${NB_SET:-}; echo "rc $?"; date -u; } 2>&1 \
       | tr '\r' '\n' | grep -v '^\s*$' | grep -v 'Warning\|warnings.warn' | tail -60 | tee "$OUT/notebooks.txt"

@@ -273,6 +273,11 @@ def static_twin(name: str) -> str:
     return f"{name}{STATIC_SUFFIX}"
 
 
+def engine_twin(name: str, run: str) -> str:
+    """The name ``name`` runs under on the run engine ``run`` (a key of :data:`RUN_ENGINES`)."""
+    return {"loop": name, "static": static_twin(name), "static_compiled": compiled_twin(static_twin(name))}[run]
+
+
 def has_static_twin(m: Method) -> bool:
     """A main method that runs on either engine: our plain decoding and every drafted or lookup method."""
     return m.kind in OUR_KINDS
@@ -322,6 +327,8 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     with ``compiled_engine`` too also with its whole cycle compiled (CUDA graphs on a GPU), as
     ``<name>_static_compiled``. ``engine`` (resolved, :func:`resolve_engine`): what the methods of kind "spec"
     run on under their own names ("loop", "static" or "static_compiled"); the twins are what their names say.
+    On an engine other than the loop the main study also runs plain decoding there (``vanilla_static`` or
+    ``vanilla_static_compiled``), the baseline of the goals against our fastest plain decoder.
     """
     if study not in STUDIES:
         raise ValueError(f"unknown study {study!r}: use {' or '.join(repr(s) for s in STUDIES)}")
@@ -342,6 +349,10 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     for name, spec in loop.items():
         if spec.kind == SPEC:
             methods[name] = on(spec, engine)
+    if study == "main" and engine != "loop" and "vanilla" in loop:
+        # plain decoding on the drafted methods' engine, beside the loop (the greedy reference): on a GPU the
+        # captured plain decoder is the fast baseline the speculative methods are measured against
+        methods[engine_twin("vanilla", engine)] = on(loop["vanilla"], engine)
     if study == "main" and static_engine:
         for m in (m for m in chosen if has_static_twin(m)):
             methods[static_twin(m.name)] = on(loop[m.name], "static")

@@ -269,8 +269,9 @@ def test_static_engine_adds_static_twins(tmp_path):
 def test_bench_engine_runs_the_drafted_methods_where_they_measured_fastest(tmp_path):
     """bench.engine: "auto" is the captured static engine on CUDA and the loop elsewhere (side by side: 0.54x
     against parity with hf_compiled on an H200; the loop 4-5% ahead on a 2-core CPU). The drafted and lookup
-    methods run on it under their own names; vanilla stays the eager loop (the greedy reference), HF's
-    methods are HF's, and the twins are what their names say whatever the engine."""
+    methods run on it under their own names; vanilla stays the eager loop (the greedy reference) and plain
+    decoding runs on that engine too, as its twin (the baseline of the goals against our fastest plain
+    decoder), HF's methods are HF's, and the twins are what their names say whatever the engine."""
     from jakiro_lib.config import get_profile
     from jakiro_lib.study import profile_methods
 
@@ -287,12 +288,19 @@ def test_bench_engine_runs_the_drafted_methods_where_they_measured_fastest(tmp_p
             assert spec == (dataclasses.replace(loop[name], engine="static", compile=compile) if moved
                             else loop[name]), name
         assert got["vanilla"].engine == "loop" and got["jakiro"].runs_on == "static"
+    for engine, twin in (("static", "vanilla_static"), ("static_compiled", "vanilla_static_compiled")):
+        bare = study_methods(tree, tmp_path, study="main", engine=engine)
+        assert set(bare) - names == {twin} and bare[twin] == loop[twin], engine
+    assert study_methods(tree, tmp_path, study="ablations", engine="static_compiled").keys() == study_methods(
+        tree, tmp_path, study="ablations").keys()  # the ablations compare drafts, not baselines
     with pytest.raises(ValueError, match="engine"):
         study_methods(tree, tmp_path, study="main", engine="graphs")
     cuda = profile_methods(get_profile("smoke", **{"target.device": "cuda"}), tmp_path, "main")
     assert all(m.compile and m.engine == "static" for m in cuda.values() if m.kind == "spec")
+    assert cuda["vanilla_static_compiled"].compile and cuda["vanilla"].engine == "loop"
     cpu = profile_methods(get_profile("smoke"), tmp_path, "main")
     assert all(m.engine == "loop" and not m.compile for m in cpu.values() if m.kind == "spec")
+    assert not any(m.engine == "static" for m in cpu.values())
 
 
 def test_ablations_carry_the_authors_released_configuration(tmp_path):
