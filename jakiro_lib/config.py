@@ -362,15 +362,18 @@ def _profiles() -> dict[str, Profile]:
     # The gpu profile's slice for one call of a lent GPU (issue 42: all four notebooks in at most 8 minutes,
     # compilation included; the .device kit's `notebooks` call): 3000 conversations x 3 epochs, EAGLE-2's and
     # Jakiro's drafts, decoding in fp32 (where greedy identity is exact) on the captured static engine, MT-bench
-    # q1-5 both turns, 64 new tokens, T=0 and T=1. Sized by guess, not yet by a GPU's measured throughput (none
-    # was measured: `throughput --profile gpu` on the GPU gives the table to size it by).
+    # q1-3 both turns, 48 new tokens, T=0 and T=1. Sized by the H100 of 2026-11-27
+    # (reports/measured/2026-11-27-h100-notebooks): caching 129 s, training 49 s, figures 17 s, the study 470 s
+    # at q1-5 and 64 tokens (237 s of it timed generation, 74 s ablations, the rest loading, HF's compile and
+    # tuning; every step about 18 ms on that machine); q1-3 at 48 tokens cuts the timed part to about 45%,
+    # about 8 minutes in all there.
     gpu_quick = Profile(
         name="gpu-quick",
         target=dataclasses.replace(gpu.target, dtype="float32"),
         data=dataclasses.replace(gpu.data, num_conversations=3000, max_length=1024),
         train=dataclasses.replace(gpu.train, epochs=3, warmup_steps=100),
         tree=TreeConfig(depth=5, top_k=8, total_tokens=32),
-        bench=BenchConfig(benchmarks=("mt_bench",), limit=5, max_new_tokens=64, temperatures=(0.0, 1.0)),
+        bench=BenchConfig(benchmarks=("mt_bench",), limit=3, max_new_tokens=48, temperatures=(0.0, 1.0)),
         drafts={k: v for k, v in gpu.drafts.items() if k in ("dense", "moe2")},
     )
     profiles = {"smoke": smoke, "default": default, "gpu": gpu, "gpu-quick": gpu_quick}
