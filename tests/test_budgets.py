@@ -7,15 +7,16 @@ import logging
 import pytest
 
 from helpers import single_thread
-from jakiro_lib import budgets, costmodel
-from jakiro_lib.budgets import TUNE_PROMPTS, resolve_tree_budgets, tuning_prompts
-from jakiro_lib.config import TargetConfig, get_profile
-from jakiro_lib.data import Question, load_conversations, load_questions
-from jakiro_lib.dataset import split_indices
-from jakiro_lib.draft import DraftModel
-from jakiro_lib.methods import study_methods
+from jakiro_lib.measure import budgets, costmodel
+from jakiro_lib.measure.budgets import TUNE_PROMPTS, resolve_tree_budgets, tuning_prompts
+from jakiro_lib.config import TargetConfig
+from jakiro_lib.profiles import get_profile
+from jakiro_lib.data.conversations import Question, load_conversations, load_questions
+from jakiro_lib.data.dataset import split_indices
+from jakiro_lib.models.draft import DraftModel
+from jakiro_lib.measure.methods import study_methods
 from jakiro_lib.study import run_study
-from jakiro_lib.target import load_target
+from jakiro_lib.models.target import load_target
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +105,7 @@ def test_a_busy_machine_is_recorded_and_named_while_the_tuner_times(tiny_run, ta
     monkeypatch.setattr(costmodel, "tune_total_tokens", lambda *a, **kw: {"best": 4, "table": []})
     clock = iter([(0.0, 0, 0), (2.0, 100 * budgets.CLOCK_TICKS, 0)] * 2)  # others: 50 cores' worth for 2 s
     monkeypatch.setattr(budgets, "_cpu_snapshot", lambda: next(clock))
-    with caplog.at_level(logging.WARNING, logger="jakiro_lib.budgets"), single_thread():
+    with caplog.at_level(logging.WARNING, logger="jakiro_lib.measure.budgets"), single_thread():
         _, info = resolve_tree_budgets(profile, root, methods, target, force=True)
     assert info["choices"]["eagle2_auto"]["others_cpu_cores"] == pytest.approx(50.0)
     assert "other processes used 50.0 cores" in caplog.text
@@ -114,7 +115,7 @@ def test_a_busy_machine_is_recorded_and_named_while_the_tuner_times(tiny_run, ta
     monkeypatch.setenv("JAKIRO_NO_BUSY_CHECK", "1")
     clock = iter([(0.0, 0, 0), (2.0, 100 * budgets.CLOCK_TICKS, 0)] * 2)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="jakiro_lib.budgets"), single_thread():
+    with caplog.at_level(logging.WARNING, logger="jakiro_lib.measure.budgets"), single_thread():
         _, info = resolve_tree_budgets(profile, root, methods, target, force=True)
     assert "other processes" not in caplog.text and info["choices"]["eagle2_auto"]["others_cpu_cores"] == 50.0
 

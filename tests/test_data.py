@@ -1,4 +1,4 @@
-"""Offline dataset loaders (jakiro_lib.data): counts, limits, local files and error messages."""
+"""Offline dataset loaders (jakiro_lib.data.conversations): counts, limits, local files and error messages."""
 from __future__ import annotations
 
 import gzip
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from jakiro_lib import data
-from jakiro_lib.data import (
+from jakiro_lib.data import conversations as data
+from jakiro_lib.data.conversations import (
     BENCHMARKS,
     Conversation,
     DataError,

@@ -1,4 +1,4 @@
-"""The decoding engine (jakiro_lib.decoding, jakiro_lib.drafting): the target runner, greedy losslessness
+"""The decoding engine (jakiro_lib.decoding.loop, jakiro_lib.decoding.drafting): the target runner, greedy losslessness
 of speculative decoding (random drafts and an oracle drafter), stopping rules, context limits, and the
 CEPD draft schedule and its per-cycle cost.
 
@@ -14,14 +14,14 @@ import random
 import pytest
 import torch
 
-import jakiro_lib.decoding as decoding
-from jakiro_lib import kernels
+import jakiro_lib.decoding.loop as decoding
+from jakiro_lib.models import kernels
 from jakiro_lib.config import DraftConfig, TreeConfig
-from jakiro_lib.decoding import (ContextLengthError, TargetRunner, hf_generate, speculative_generate,
+from jakiro_lib.decoding.loop import (ContextLengthError, TargetRunner, hf_generate, speculative_generate,
                                  vanilla_generate)
-from jakiro_lib.draft import DraftModel
-from jakiro_lib.drafting import FeatureDrafter, LookupDrafter, PromptLookup, schedule
-from jakiro_lib.tree import Tree
+from jakiro_lib.models.draft import DraftModel
+from jakiro_lib.decoding.drafting import FeatureDrafter, LookupDrafter, PromptLookup, schedule
+from jakiro_lib.decoding.tree import Tree
 
 from helpers import FAMILIES, OracleDrafter, random_prompts, single_thread, tiny_target, trained_draft
 
@@ -543,7 +543,7 @@ def test_feature_drafter_trees_reach_full_depth(draft_name, opts, depth):
 def test_small_budget_drafts_no_deeper_than_it_can_keep(draft_name, total):
     """A budget of n tokens caps the drafted depth at n - 1: the tree is the one the full depth gives,
     with fewer draft forwards."""
-    from jakiro_lib.drafting import schedule
+    from jakiro_lib.decoding.drafting import schedule
 
     model = _model("llama")
     capped = _feature_drafter(model, draft_name, TreeConfig(depth=5, top_k=3, total_tokens=total))

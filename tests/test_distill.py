@@ -4,12 +4,12 @@ import json
 import pytest
 import torch
 
-from jakiro_lib import distill
-from jakiro_lib.chat import format_prompt
+from jakiro_lib.data import distill
+from jakiro_lib.data.chat import format_prompt
 from jakiro_lib.config import TargetConfig
-from jakiro_lib.data import Conversation
-from jakiro_lib.decoding import vanilla_generate
-from jakiro_lib.target import load_target
+from jakiro_lib.data.conversations import Conversation
+from jakiro_lib.decoding.loop import vanilla_generate
+from jakiro_lib.models.target import load_target
 
 
 @pytest.fixture(scope="module")

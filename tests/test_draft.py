@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from jakiro_lib import kernels
+from jakiro_lib.models import kernels
 from jakiro_lib.config import DraftConfig, TargetConfig
-from jakiro_lib.draft import DraftLoadError, DraftModel, KVCache, soft_cross_entropy
-from jakiro_lib.target import load_target
+from jakiro_lib.models.draft import DraftLoadError, DraftModel, KVCache, soft_cross_entropy
+from jakiro_lib.models.target import load_target
 
 DENSE = DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False, contrastive=False)
 

@@ -1,4 +1,4 @@
-"""Prompt lookup and the lookup-branch drafter (jakiro_lib.drafting): proposals against a brute-force
+"""Prompt lookup and the lookup-branch drafter (jakiro_lib.decoding.drafting): proposals against a brute-force
 reference, and the drafter protocol around a feature drafter."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from jakiro_lib.config import DraftConfig, TreeConfig
-from jakiro_lib.draft import DraftModel, DraftOutput
-from jakiro_lib.drafting import FeatureDrafter, LookupDrafter, PromptLookup, _row, make_drafter
+from jakiro_lib.models.draft import DraftModel, DraftOutput
+from jakiro_lib.decoding.drafting import FeatureDrafter, LookupDrafter, PromptLookup, _row, make_drafter
 
 from helpers import tiny_target
 

@@ -25,14 +25,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from jakiro_lib import pipeline, utils
+from jakiro_lib.report import pipeline
+from jakiro_lib import files, machine
 from jakiro_lib.cli import main
-from jakiro_lib.config import DraftConfig, get_profile
-from jakiro_lib.draft import DraftModel
-from jakiro_lib.features import MANIFEST
+from jakiro_lib.config import DraftConfig
+from jakiro_lib.profiles import get_profile
+from jakiro_lib.models.draft import DraftModel
+from jakiro_lib.data.features import MANIFEST
 from jakiro_lib.study import prepare_features, train_all
-from jakiro_lib.target import tiny_model
-from jakiro_lib.checkpoints import CHECKPOINTS, list_checkpoints
+from jakiro_lib.models.target import tiny_model
+from jakiro_lib.training.checkpoints import CHECKPOINTS, list_checkpoints
 
 from helpers import single_thread
 
@@ -48,7 +50,7 @@ LONGER = {"train.epochs": "4", "train.max_steps": "none"}  # several checkpoints
 # paused for FAULT_PAUSE seconds each, so a signal sent at a fault point lands while work is under way.
 DRIVER = r"""
 import os, signal, sys, time
-import jakiro_lib.features as features, jakiro_lib.methods as methods, jakiro_lib.train as train
+import jakiro_lib.data.features as features, jakiro_lib.measure.methods as methods, jakiro_lib.models.loss as loss
 from jakiro_lib.cli import main
 
 # A job a shell starts in the background inherits SIGINT ignored (and Python then installs no handler); a
@@ -62,7 +64,7 @@ def slowed(fn):
     return wrapper
 
 features.shard_tensors = slowed(features.shard_tensors)
-train.draft_loss = slowed(train.draft_loss)
+loss.draft_loss = slowed(loss.draft_loss)
 methods.MethodRunner.__call__ = slowed(methods.MethodRunner.__call__)
 sys.exit(main(sys.argv[1:]))
 """
@@ -435,7 +437,7 @@ def test_a_crash_inside_the_fallback_swap_leaves_the_old_draft_restorable(tmp_pa
     for d, text in ((old, "old"), (new, "new")):
         d.mkdir()
         (d / "weights").write_text(text)
-    monkeypatch.setattr(utils, "_exchange", lambda a, b: False)  # no renameat2 here
+    monkeypatch.setattr(files, "_exchange", lambda a, b: False)  # no renameat2 here
     real_replace, calls = os.replace, []
 
     def crash_on_second(src, dst):
@@ -444,11 +446,11 @@ def test_a_crash_inside_the_fallback_swap_leaves_the_old_draft_restorable(tmp_pa
             raise KeyboardInterrupt  # killed between the two renames
         real_replace(src, dst)
 
-    monkeypatch.setattr(utils.os, "replace", crash_on_second)
+    monkeypatch.setattr(files.os, "replace", crash_on_second)
     with pytest.raises(KeyboardInterrupt):
-        utils.replace_dir_atomically(new, old)
-    monkeypatch.setattr(utils.os, "replace", real_replace)
-    assert not old.exists() and utils.restore_replaced_dir(old)
+        files.replace_dir_atomically(new, old)
+    monkeypatch.setattr(files.os, "replace", real_replace)
+    assert not old.exists() and files.restore_replaced_dir(old)
     assert (old / "weights").read_text() == "old"
 
 
@@ -458,7 +460,7 @@ def test_the_swap_replaces_a_whole_directory(tmp_path):
     (old / "stale").write_text("old")
     new.mkdir()
     (new / "weights").write_text("new")
-    utils.replace_dir_atomically(new, old)
+    files.replace_dir_atomically(new, old)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["moe2"] and [p.name for p in old.iterdir()] == ["weights"]
 
 
@@ -468,7 +470,7 @@ def test_the_swap_replaces_a_whole_directory(tmp_path):
 
 HOLDER = r"""
 import sys, time
-from jakiro_lib.utils import run_lock
+from jakiro_lib.machine import run_lock
 with run_lock(*sys.argv[1:], command="holder --of the lock"):
     print("locked", flush=True)
     time.sleep(300)
@@ -510,9 +512,9 @@ def test_two_trainings_at_once_the_second_is_refused_and_the_first_completes_sta
     env = {**os.environ, "FAULT_PAUSE": "0.2", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     first = subprocess.Popen([sys.executable, "-c", DRIVER, *argv], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
-    lock = run / utils.LOCK_FILE
+    lock = run / machine.LOCK_FILE
     deadline = time.monotonic() + 60
-    while (utils.read_json(lock) or {}).get("pid") != first.pid:
+    while (files.read_json(lock) or {}).get("pid") != first.pid:
         assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
         time.sleep(0.05)
     rc, err = cli(capsys, *argv)  # the same command again, while the first runs

@@ -9,13 +9,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from jakiro_lib import dataset as D
-from jakiro_lib import features as F
-from jakiro_lib.chat import format_conversation
+from jakiro_lib.data import dataset as D
+from jakiro_lib.data import features as F
+from jakiro_lib.data.chat import format_conversation
 from jakiro_lib.config import TargetConfig
-from jakiro_lib.data import Conversation
-from jakiro_lib.target import load_target
-from jakiro_lib.utils import file_sha256
+from jakiro_lib.data.conversations import Conversation
+from jakiro_lib.models.target import load_target
+from jakiro_lib.files import file_sha256
 
 MAX_LEN = 64
 SHARD = 4
@@ -173,7 +173,7 @@ def test_corrupt_shard_is_named_and_recomputed(target, convs, tmp_path, caplog):
     with pytest.raises(F.CacheError, match=r"shard_00002\.safetensors is missing"):
         F.verify_cache(out)
     path.write_bytes(good[: len(good) // 2])  # truncated again: the rerun says which shard it rewrites
-    with caplog.at_level("INFO", logger="jakiro_lib.features"):
+    with caplog.at_level("INFO", logger="jakiro_lib.data.features"):
         F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, progress=False)
     rewrites = [r for r in caplog.records if "rewriting damaged shard" in r.getMessage()]
     assert len(rewrites) == 1 and rewrites[0].levelname == "WARNING"
@@ -394,7 +394,7 @@ def test_resume_with_another_batch_size_says_so(target, convs, fp32_cache, tmp_p
         F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, feature_dtype="float32",
                          progress=False, on_shard=_stop_after_second)
     written = []
-    with caplog.at_level("INFO", logger="jakiro_lib.features"):
+    with caplog.at_level("INFO", logger="jakiro_lib.data.features"):
         F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, feature_dtype="float32",
                          progress=False, batch_size=3, on_shard=lambda s, e: written.append(s))
     assert written == [2, 3]  # the batch size is no setting: the per-conversation shards are kept
@@ -404,7 +404,7 @@ def test_resume_with_another_batch_size_says_so(target, convs, fp32_cache, tmp_p
         torch.testing.assert_close(b["hidden"], a["hidden"], atol=1e-5, rtol=1e-5)
         assert torch.equal(a["target_top1"], b["target_top1"])
     caplog.clear()
-    with caplog.at_level("INFO", logger="jakiro_lib.features"):
+    with caplog.at_level("INFO", logger="jakiro_lib.data.features"):
         F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, feature_dtype="float32",
                          progress=False)
     assert "resuming: 4 of 4 shards present" in caplog.text and "damaged" not in caplog.text

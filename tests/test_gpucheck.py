@@ -1,4 +1,4 @@
-"""The GPU check (jakiro_lib.gpucheck), run on this CPU with the smoke profile and untrained drafts: its files,
+"""The GPU check (jakiro_lib.measure.gpucheck), run on this CPU with the smoke profile and untrained drafts: its files,
 both temperatures on both engines, greedy identity counted, and the cycle's breakdown by named step."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from jakiro_lib.cli import main
-from jakiro_lib.draft import DraftModel
-from jakiro_lib.gpucheck import CHECK_SETTINGS, check_profile, gpu_check
-from jakiro_lib.target import load_target
+from jakiro_lib.models.draft import DraftModel
+from jakiro_lib.measure.gpucheck import CHECK_SETTINGS, check_profile, gpu_check
+from jakiro_lib.models.target import load_target
 
 from helpers import single_thread
 

@@ -1,15 +1,15 @@
-"""CPU fast paths (jakiro_lib.kernels): packed GEMM bookkeeping, GQA attention, switching them off."""
+"""CPU fast paths (jakiro_lib.models.kernels): packed GEMM bookkeeping, GQA attention, switching them off."""
 import copy
 
 import pytest
 import torch
 from torch import nn
 
-from jakiro_lib import kernels
+from jakiro_lib.models import kernels
 from jakiro_lib.config import TargetConfig
-from jakiro_lib.decoding import TargetRunner
-from jakiro_lib.target import load_target
-from jakiro_lib.tree import Tree
+from jakiro_lib.decoding.loop import TargetRunner
+from jakiro_lib.models.target import load_target
+from jakiro_lib.decoding.tree import Tree
 
 from helpers import tiny_target
 

@@ -18,7 +18,8 @@ import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from jakiro_lib.pipeline import NOTEBOOK_DIR, STAGES, PipelineError, run_pipeline, select_stages
+from jakiro_lib.profiles import get_profile
+from jakiro_lib.report.pipeline import NOTEBOOK_DIR, STAGES, PipelineError, run_pipeline, select_stages
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PARAMETER_NAMES = {"profile", "overrides", "run_dir", "report_dir", "force"}
@@ -164,8 +165,15 @@ def test_smoke_pipeline_end_to_end(tmp_path, monkeypatch):
     for stage in STAGES:
         nb = nbformat.read(str(report / f"{stage}.ipynb"), as_version=4)
         assert not [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        # nothing on stderr (red in the report): library bars and warnings quieted, our log lines on stdout
+        stderr = [o.get("text", "")[:160] for c in nb.cells for o in c.get("outputs", []) if o.get("name") == "stderr"]
+        assert not stderr, (stage, stderr)
         html = (report / f"{stage}.html").read_text()
         assert "jp-InputArea" in html and f">{calls[stage]}<" in html  # code cells kept
+    # notebook 01 lists the profile's own drafts (generated from it, not a hand-written copy)
+    nb01 = nbformat.read(str(report / "01_train_moe_head.ipynb"), as_version=4)
+    listed = next(c for c in nb01.cells if c.get("id") == "drafts-table")["outputs"][0]["data"]["text/plain"]
+    assert all(name in listed for name in get_profile("smoke").drafts), listed
     # heavy artifacts under $JAKIRO_RUNS/<profile>
     assert (run_dir / "features" / "manifest.json").is_file()
     for name in ("dense", "moe2", "moe2_nocontrast", "moe4"):

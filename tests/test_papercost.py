@@ -1,4 +1,4 @@
-"""Paper scale by simulation (jakiro_lib.papercost), on this CPU with the tiny shape: the files and their columns,
+"""Paper scale by simulation (jakiro_lib.measure.papercost), on this CPU with the tiny shape: the files and their columns,
 the random target's shape and dtype, the modelled speedup's arithmetic, the CLI's one-line errors. No timing
 relation is asserted (the numbers mean something on a GPU)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from jakiro_lib.cli import main
-from jakiro_lib.papercost import (CYCLE_COLUMNS, METHOD_NAMES, PAPER, SHAPES, TN_COLUMNS, modelled_speedup,
+from jakiro_lib.measure.papercost import (CYCLE_COLUMNS, METHOD_NAMES, PAPER, SHAPES, TN_COLUMNS, modelled_speedup,
                                   paper_methods, random_target, run_papercost, shape_config)
 
 from helpers import single_thread

@@ -9,16 +9,18 @@ import pandas as pd
 import pytest
 
 from helpers import single_thread
-from jakiro_lib import costmodel, kernels, perf
-from jakiro_lib.methods import study_methods
-from jakiro_lib.budgets import resolve_tree_budgets
-from jakiro_lib.config import TargetConfig, TreeConfig, get_profile
-from jakiro_lib.decoding import TargetRunner
-from jakiro_lib.draft import DraftModel
-from jakiro_lib.drafting import FeatureDrafter
-from jakiro_lib.perf import cost_model, lever_table, performance_targets
+from jakiro_lib.measure import costmodel, perf
+from jakiro_lib.models import kernels
+from jakiro_lib.measure.methods import study_methods
+from jakiro_lib.measure.budgets import resolve_tree_budgets
+from jakiro_lib.config import TargetConfig, TreeConfig
+from jakiro_lib.profiles import get_profile
+from jakiro_lib.decoding.loop import TargetRunner
+from jakiro_lib.models.draft import DraftModel
+from jakiro_lib.decoding.drafting import FeatureDrafter
+from jakiro_lib.measure.perf import cost_model, lever_table, performance_targets
 from jakiro_lib.study import tree_budget_table
-from jakiro_lib.target import load_target
+from jakiro_lib.models.target import load_target
 
 
 def _main(tps: dict[tuple[float, str], float], tau: dict[str, float]) -> pd.DataFrame:
@@ -169,7 +171,7 @@ def test_static_twins_count_as_jakiro_and_as_our_vanilla_loop():
 def test_goals_compare_a_primary_method_named_before_the_run_not_the_fastest_row():
     """Picking the fastest of several Jakiro rows and bootstrapping the ratio as if that row had been named in
     advance flatters the goal (issue 43). Each goal's method is the first of a fixed order that the run has
-    (:data:`jakiro_lib.perf.PRIMARY`); baselines stay the fastest of theirs, which can only lower the ratio."""
+    (:data:`jakiro_lib.measure.perf.PRIMARY`); baselines stay the fastest of theirs, which can only lower the ratio."""
     tps = {(0.0, "hf_generate"): 20.0, (0.0, "hf_compiled"): 21.0, (0.0, "hf_prompt_lookup"): 22.0,
            (0.0, "eagle2"): 21.0, (0.0, "eagle2_auto"): 22.0, (0.0, "vanilla"): 20.5, (0.0, "vanilla_static"): 21.0,
            (0.0, "jakiro"): 27.0, (0.0, "jakiro_cepd"): 31.0, (0.0, "jakiro_auto"): 23.0,
@@ -230,8 +232,8 @@ def test_auto_tree_budget_is_tuned_once_and_cached(tiny_run, monkeypatch):
     target, profile, root = tiny_run
     methods = study_methods(profile.tree, root / "drafts", study="main")
     methods = {k: v for k, v in methods.items() if v.kind != "spec" or "moe2_" not in (v.draft or "")}
-    monkeypatch.setattr("jakiro_lib.budgets.TUNE_SIZES", (1, 2, 4, 8))
-    monkeypatch.setattr("jakiro_lib.budgets.TUNE_PROMPTS", 2)
+    monkeypatch.setattr("jakiro_lib.measure.budgets.TUNE_SIZES", (1, 2, 4, 8))
+    monkeypatch.setattr("jakiro_lib.measure.budgets.TUNE_PROMPTS", 2)
     with single_thread():
         resolved, info = resolve_tree_budgets(profile, root, methods, target)
     spec = [k for k, v in methods.items() if v.kind == "spec" and v.draft]

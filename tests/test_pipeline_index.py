@@ -8,8 +8,8 @@ import re
 import pandas as pd
 import pytest
 
-from jakiro_lib.pipeline import write_report_index
-from jakiro_lib.report_page import SMOKE_BANNER, goal_verdicts
+from jakiro_lib.report.pipeline import write_report_index
+from jakiro_lib.report.page import SMOKE_BANNER, goal_verdicts
 
 GOALS = [  # goal, T, method, baseline, ratio, ci_low, ci_high, target, met, resolved
     ("Jakiro >= 1.5x HF generate (greedy)", 0.0, "jakiro_auto", "hf_compiled", 0.446, 0.39, 0.50, ">= 1.5", False, True),

@@ -8,15 +8,15 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from jakiro_lib import plots as P
-from jakiro_lib.bench import summarize
+from jakiro_lib.report import plots as P
+from jakiro_lib.measure.bench import summarize
 from jakiro_lib.study import comparison_table, display_table, headline_table, records_frame, study_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _records(seed: int = 0) -> list[dict]:
-    """Benchmark records shaped like jakiro_lib.bench.Record: 2 benchmarks x 2 temperatures x 2 repeats."""
+    """Benchmark records shaped like jakiro_lib.measure.bench.Record: 2 benchmarks x 2 temperatures x 2 repeats."""
     rng = random.Random(seed)
     methods = [("vanilla", "vanilla"), ("hf_generate", "hf"), ("eagle2", "spec"), ("jakiro", "spec"),
                ("jakiro_cepd", "spec")]

@@ -1,4 +1,4 @@
-"""The main job sized by measurement (issue 43, section 4): jakiro_lib.scale on mocked throughput tables, and the
+"""The main job sized by measurement (issue 43, section 4): jakiro_lib.training.scale on mocked throughput tables, and the
 pipeline's use of it with papermill replaced (no notebook runs, no real main job)."""
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from jakiro_lib import pipeline, scale as S
-from jakiro_lib.config import DEFAULT_SCALE, ConfigError, get_profile
-from jakiro_lib.pipeline import run_pipeline
-from jakiro_lib.report_page import scale_note
+from jakiro_lib.report import pipeline
+from jakiro_lib.training import scale as S
+from jakiro_lib.config import ConfigError
+from jakiro_lib.profiles import DEFAULT_SCALE, get_profile
+from jakiro_lib.report.pipeline import run_pipeline
+from jakiro_lib.report.page import scale_note
 
 FLOOR_N, FLOOR_E = DEFAULT_SCALE
 
@@ -119,7 +121,7 @@ def _fake_measure(calls: list):
 def test_resolve_records_the_choice_and_a_rerun_reuses_it(tmp_path, caplog):
     calls: list = []
     p = get_profile("default")
-    caplog.set_level(logging.INFO, logger="jakiro_lib.scale")
+    caplog.set_level(logging.INFO, logger="jakiro_lib.training.scale")
     overrides, record = S.resolve_scale(p, {"bench.limit": 2}, tmp_path, measure=_fake_measure(calls))
     assert len(calls) == 1 and overrides["bench.limit"] == 2
     n, e = overrides["data.num_conversations"], overrides["train.epochs"]
@@ -142,7 +144,7 @@ def test_resolve_records_the_choice_and_a_rerun_reuses_it(tmp_path, caplog):
 
 def test_overrides_win_over_auto_and_the_log_says_so(tmp_path, caplog):
     calls: list = []
-    caplog.set_level(logging.INFO, logger="jakiro_lib.scale")
+    caplog.set_level(logging.INFO, logger="jakiro_lib.training.scale")
     both = {"data.num_conversations": "900", "train.epochs": "3"}
     out, record = S.resolve_scale(get_profile("default", **both), both, tmp_path, measure=_fake_measure(calls))
     assert out == both and record is None and not calls and not (tmp_path / S.SCALE_JSON).exists()

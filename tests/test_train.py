@@ -11,15 +11,17 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import Dataset
 
-from jakiro_lib import dataset as D
-from jakiro_lib import features as F
-from jakiro_lib import train as T
-from jakiro_lib.batching import EpochSampler
-from jakiro_lib.checkpoints import STATE_FILE, CheckpointError, list_checkpoints
-from jakiro_lib.config import DraftConfig, TargetConfig, TrainConfig, get_profile
-from jakiro_lib.data import Conversation
-from jakiro_lib.draft import WEIGHTS_FILE, DraftModel
-from jakiro_lib.target import load_target
+from jakiro_lib.data import dataset as D
+from jakiro_lib.data import features as F
+from jakiro_lib.training import train as T
+from jakiro_lib.models import loss as L
+from jakiro_lib.data.batching import EpochSampler
+from jakiro_lib.training.checkpoints import STATE_FILE, CheckpointError, list_checkpoints
+from jakiro_lib.config import DraftConfig, TargetConfig, TrainConfig
+from jakiro_lib.profiles import get_profile
+from jakiro_lib.data.conversations import Conversation
+from jakiro_lib.models.draft import WEIGHTS_FILE, DraftModel
+from jakiro_lib.models.target import load_target
 
 MAX_LEN = 48
 WORDS = "the cat sat on a mat while dogs ran far away and birds sang in tall green trees".split()
@@ -86,7 +88,7 @@ def test_draft_loss_masks_padding_and_noise(target, data, monkeypatch):
     draft = DraftModel.build(smoke_drafts()["moe2"], target.model).eval()
     item = train[0]
     batch = D.collate([item])
-    loss, m = T.draft_loss(draft, batch, noise_amplitude=0.2)
+    loss, m = L.draft_loss(draft, batch, noise_amplitude=0.2)
     assert torch.isfinite(loss) and loss.requires_grad
     for key in ("loss", "loss_a", "vloss_a", "ploss_a", "acc_a", "loss_b", "acc_b"):
         assert key in m
@@ -99,22 +101,22 @@ def test_draft_loss_masks_padding_and_noise(target, data, monkeypatch):
     assert len(long_item["input_ids"]) > len(item["input_ids"])
     padded = D.collate([item, long_item])
     one = {k: v[:1] for k, v in padded.items()}
-    _, m2 = T.draft_loss(draft, one, noise_amplitude=0.2)
+    _, m2 = L.draft_loss(draft, one, noise_amplitude=0.2)
     for key in ("loss_a", "loss_b", "acc_a", "acc_b", "count_a"):
         assert m2[key] == pytest.approx(m[key], rel=1e-4, abs=1e-6), key
 
     # loss rows padded to SHAPE_MULTIPLE and lengths to TIME_MULTIPLE (few GEMM shapes for oneDNN): the loss,
     # metrics and gradients are those of the unpadded batch; with unroll steps and per-expert losses too
     both = D.collate([item, long_item])
-    assert T.train_collate([item, long_item])["input_ids"].shape[1] % T.TIME_MULTIPLE == 0
+    assert L.train_collate([item, long_item])["input_ids"].shape[1] % L.TIME_MULTIPLE == 0
     grads = {}
-    for rows, batch_ in ((1, both), (T.SHAPE_MULTIPLE, T.train_collate([item, long_item]))):
-        monkeypatch.setattr(T, "SHAPE_MULTIPLE", rows)
+    for rows, batch_ in ((1, both), (L.SHAPE_MULTIPLE, L.train_collate([item, long_item]))):
+        monkeypatch.setattr(L, "SHAPE_MULTIPLE", rows)
         draft.zero_grad()
-        loss_, mm = T.draft_loss(draft, batch_, noise_amplitude=0.0, unroll_steps=2, depths=3)
+        loss_, mm = L.draft_loss(draft, batch_, noise_amplitude=0.0, unroll_steps=2, depths=3)
         loss_.backward()
         grads[rows] = (mm, [q.grad.clone() for q in draft.parameters() if q.grad is not None])
-    (m_plain, g_plain), (m_pad, g_pad) = grads[1], grads[T.SHAPE_MULTIPLE]
+    (m_plain, g_plain), (m_pad, g_pad) = grads[1], grads[L.SHAPE_MULTIPLE]
     assert m_plain.keys() == m_pad.keys() and len(g_plain) == len(g_pad) > 0
     for key in m_plain:
         assert m_pad[key] == pytest.approx(m_plain[key], rel=1e-5, abs=1e-6), key
@@ -123,15 +125,15 @@ def test_draft_loss_masks_padding_and_noise(target, data, monkeypatch):
 
     # without the cached target argmax it is recomputed from the features (same up to fp16 near-ties)
     no_top1 = {k: v for k, v in batch.items() if k != "target_top1"}
-    _, m3 = T.draft_loss(draft, no_top1, noise_amplitude=0.2)
+    _, m3 = L.draft_loss(draft, no_top1, noise_amplitude=0.2)
     assert m3["loss"] == m["loss"] and m3["acc_a"] == pytest.approx(m["acc_a"], abs=0.1)
 
     # noise only in training mode
-    _, again = T.draft_loss(draft, batch, noise_amplitude=0.2)
+    _, again = L.draft_loss(draft, batch, noise_amplitude=0.2)
     assert again["loss"] == m["loss"]
     draft.train()
-    _, noisy = T.draft_loss(draft, batch, noise_amplitude=0.2)
-    _, clean = T.draft_loss(draft, batch, noise_amplitude=0.0)
+    _, noisy = L.draft_loss(draft, batch, noise_amplitude=0.2)
+    _, clean = L.draft_loss(draft, batch, noise_amplitude=0.0)
     assert noisy["loss"] != clean["loss"] and clean["loss"] == pytest.approx(m["loss"], rel=1e-5)
 
     # accuracy is exact: a draft that outputs the true next feature scores 1 on branch A
@@ -147,7 +149,7 @@ def test_draft_loss_masks_padding_and_noise(target, data, monkeypatch):
             return out
 
     oracle = Oracle(draft.eval())
-    _, mo = T.draft_loss(oracle, batch, noise_amplitude=0.0)
+    _, mo = L.draft_loss(oracle, batch, noise_amplitude=0.0)
     assert mo["acc_a"] > 0.95  # fp16 features can flip a near-tie; nearly all must match
     assert mo["vloss_a"] < 1e-5
 
@@ -174,7 +176,7 @@ def test_draft_vocab_accuracy_counts_outside_tokens_as_misses(target, data):
             out.a = torch.cat([h[:, 1:], h[:, -1:]], 1)[:, : feats.shape[1]].float()
             return out
 
-    _, m = T.draft_loss(Oracle(draft), batch, noise_amplitude=0.0)
+    _, m = L.draft_loss(Oracle(draft), batch, noise_amplitude=0.0)
     sel = item["loss_mask"][1:] > 0
     tgt = item["target_top1"][1:][sel]
     in_vocab = torch.isin(tgt, d2t).float().mean().item()
@@ -209,7 +211,7 @@ def test_training_reduces_both_losses_and_reloads(target, data, tmp_path):
 
     # the final draft reloads strictly and reproduces the held-out results it was scored with
     loaded = DraftModel.load(out / "draft", target.model)
-    ev = T.evaluate(loaded, held)
+    ev = L.evaluate(loaded, held)
     assert ev["acc_a"] == pytest.approx(res["acc_a"]) and ev["acc_b"] == pytest.approx(res["acc_b"])
     assert ev["loss"] == pytest.approx(res["heldout_loss"], rel=1e-6)
     meta = json.loads((out / "draft" / "draft_config.json").read_text())["meta"]
@@ -250,8 +252,8 @@ def test_resume_after_interruption_equals_uninterrupted(target, data, tmp_path, 
     assert not (out / "results.json").exists()
 
     seen = []
-    real = T.draft_loss
-    monkeypatch.setattr(T, "draft_loss", lambda *a, **k: seen.append(1) or real(*a, **k))
+    real = L.draft_loss
+    monkeypatch.setattr(L, "draft_loss", lambda *a, **k: seen.append(1) or real(*a, **k))
     res = T.train_draft(target, draft_cfg, Repeat(train, 2), held, out, tc, progress=False, log_every=1)
     # epochs 2 and 3 only: their training steps plus their two held-out evaluations
     assert len(seen) == 2 * steps_per_epoch + 2 * math.ceil(len(held) / tc.batch_size)
@@ -301,7 +303,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_one_before(target, data, tm
     real = T.DraftModel.load_state_dict
     monkeypatch.setattr(T.DraftModel, "load_state_dict",
                         lambda self, sd, *a, **k: loaded.append(dict(sd)) or real(self, sd, *a, **k))
-    with caplog.at_level("WARNING", logger="jakiro_lib.train"):
+    with caplog.at_level("WARNING", logger="jakiro_lib.training.train"):
         res = T.train_draft(target, draft_cfg, train, held, tmp_path, cfg(epochs=3), progress=False)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and str(weights) in warnings[0] and "\n" not in warnings[0]
@@ -437,11 +439,11 @@ def test_branch_b_loss_is_zero_when_fed_the_true_feature_two_ahead(target):
     h = batch["hidden"]
     draft = DraftModel.build(smoke_drafts()["moe2"], target.model).eval()
     two_ahead = _Fed(draft, b=lambda out, L: torch.cat([h[:, 2:], h[:, :2]], 1)[:, :L])
-    _, m = T.draft_loss(two_ahead, batch, noise_amplitude=0.0)
+    _, m = L.draft_loss(two_ahead, batch, noise_amplitude=0.0)
     assert m["vloss_b"] == 0.0 and m["acc_b"] == 1.0
     assert m["ploss_b"] == pytest.approx(_entropy(target, h[:, 2:].reshape(-1, h.shape[-1])), rel=1e-5)
     one_ahead = _Fed(draft, b=lambda out, L: h[:, 1:])
-    _, m1 = T.draft_loss(one_ahead, batch, noise_amplitude=0.0)
+    _, m1 = L.draft_loss(one_ahead, batch, noise_amplitude=0.0)
     assert m1["vloss_b"] > 0.01 and m1["acc_b"] < 0.5
 
 
@@ -455,7 +457,7 @@ def test_expert_loss_trains_each_selected_experts_own_output(target, mode):
     cfg = DraftConfig(num_experts=3, top_k_experts=2, expert_loss=mode, expert_loss_weight=0.7)
     torch.manual_seed(1)
     draft = DraftModel.build(cfg, target.model).eval()
-    loss, m = T.draft_loss(draft, batch, noise_amplitude=0.0)
+    loss, m = L.draft_loss(draft, batch, noise_amplitude=0.0)
     feats, ids = h[:, :-1], batch["input_ids"][:, 1:]
     with torch.no_grad():
         out = draft(feats, ids, torch.arange(feats.shape[1])[None].expand(2, -1))
@@ -476,15 +478,15 @@ def test_expert_loss_trains_each_selected_experts_own_output(target, mode):
     assert m["ploss_x"] == pytest.approx(float(p_sum), rel=1e-4)
     assert m["loss"] == pytest.approx(m["loss_a"] + 0.5 * m["loss_b"] + 0.7 * m["loss_x"], rel=1e-5)
     oracle = _Fed(draft, experts=lambda o, L: h[:, 1:, None, :].expand_as(o.experts))
-    _, mo = T.draft_loss(oracle, batch, noise_amplitude=0.0)
+    _, mo = L.draft_loss(oracle, batch, noise_amplitude=0.0)
     assert mo["vloss_x"] == 0.0 and all(mo[f"correct_e{e}"] == mo[f"count_e{e}"] for e in range(3))
     # off: no per-expert term in the training loss (its metrics are still reported in evaluation)
     off = DraftModel.build(dataclasses.replace(cfg, expert_loss="off"), target.model)
     off.load_state_dict(draft.state_dict())
-    _, m_off = T.draft_loss(off.eval(), batch, noise_amplitude=0.0)
+    _, m_off = L.draft_loss(off.eval(), batch, noise_amplitude=0.0)
     assert m_off["loss"] == pytest.approx(m_off["loss_a"] + 0.5 * m_off["loss_b"], rel=1e-5)
     off.train()
-    _, m_train = T.draft_loss(off, batch, noise_amplitude=0.0)
+    _, m_train = L.draft_loss(off, batch, noise_amplitude=0.0)
     assert "loss_x" not in m_train
 
 
@@ -510,7 +512,7 @@ def test_unroll_runs_each_step_on_its_own_features_with_a_trees_attention(target
                 ref = draft(f, x, torch.arange(f.shape[1])[None])
                 torch.testing.assert_close(steps[j].a[:, a + j], ref.a[0, -1:], atol=2e-5, rtol=1e-5)
                 torch.testing.assert_close(steps[j].b[:, a + j], ref.b[0, -1:], atol=2e-5, rtol=1e-5)
-    from jakiro_lib.draft import unroll_mask
+    from jakiro_lib.models.draft import unroll_mask
 
     m = unroll_mask(4, 2)
     assert m.shape == (4, 12) and m[3].tolist() == [1, 1, 0, 0] + [0, 0, 1, 0] + [0, 0, 0, 1]
@@ -524,19 +526,19 @@ def test_multi_step_training_reports_depths_experts_and_params(target, data, tmp
     batch = _fp32_batch(target)
     dcfg = dataclasses.replace(smoke_drafts()["moe2"], expert_loss="gate")
     draft = DraftModel.build(dcfg, target.model).eval()
-    loss2, m2 = T.draft_loss(draft, batch, noise_amplitude=0.0, unroll_steps=2)
-    _, m1 = T.draft_loss(draft, batch, noise_amplitude=0.0, depths=2)
+    loss2, m2 = L.draft_loss(draft, batch, noise_amplitude=0.0, unroll_steps=2)
+    _, m1 = L.draft_loss(draft, batch, noise_amplitude=0.0, depths=2)
     assert m2["loss"] == pytest.approx(m1["loss"] + 0.8 * m2["loss@2"], rel=1e-5)
     assert m1["count_a@2"] == m1["count_a"] - 2  # position 0 has no drafted ancestor: not scored at depth 2
     calls = []
-    real = T.draft_loss
+    real = L.draft_loss
 
     def spy(*a, **k):
         loss, m = real(*a, **k)
         calls.append(all(torch.is_tensor(v) for v in m.values()))
         return loss, m
 
-    monkeypatch.setattr(T, "draft_loss", spy)
+    monkeypatch.setattr(L, "draft_loss", spy)
     res = T.train_draft(target, dcfg, train, held, tmp_path, cfg(epochs=1, unroll_steps=2), progress=False,
                         log_every=2)
     n_steps = math.ceil(len(train) / 4)
@@ -566,9 +568,9 @@ def test_eagle2_draft_has_the_targets_mlp_width_and_the_control_does_not(target)
 def test_mixed_precision_auto_follows_the_hardware(target, data, tmp_path, monkeypatch, flags, precision):
     """train.mixed_precision="auto": bf16 autocast where the CPU has bf16 matrix units (here pretended), fp32
     elsewhere; the precision used is recorded with the results."""
-    from jakiro_lib import utils
+    from jakiro_lib import machine
 
-    monkeypatch.setattr(utils, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(machine, "cpu_flags", lambda: flags)
     train, held = data
     res = T.train_draft(target, smoke_drafts()["dense"], train, held, tmp_path / precision,
                         cfg(epochs=1, mixed_precision="auto"), progress=False)

@@ -1,4 +1,4 @@
-"""Token trees (jakiro_lib.tree): masks, paths, leaves, children order, and the EAGLE-2 top-N selection."""
+"""Token trees (jakiro_lib.decoding.tree): masks, paths, leaves, children order, and the EAGLE-2 top-N selection."""
 from __future__ import annotations
 
 import random
@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from jakiro_lib.tree import GRAFTED_RANK, CandidatePool, Tree
+from jakiro_lib.decoding.tree import GRAFTED_RANK, CandidatePool, Tree
 
 
 def _tree(tokens, parents, depths=None) -> Tree:

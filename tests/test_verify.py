@@ -1,4 +1,4 @@
-"""Verification (jakiro_lib.verify) and sampling losslessness of the whole speculative loop.
+"""Verification (jakiro_lib.decoding.verify) and sampling losslessness of the whole speculative loop.
 
 Greedy: hand-made trees and logits. Sampling: (1) the verifier alone, on a hand-made tree with duplicate,
 zero-probability and exhaustive children, against the exact distribution of the emitted tokens; (2) the
@@ -17,14 +17,15 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-import jakiro_lib.decoding as decoding
+import jakiro_lib.decoding.loop as decoding
 from jakiro_lib.config import DraftConfig, TreeConfig
-from jakiro_lib.decoding import speculative_generate, vanilla_generate
-from jakiro_lib.draft import DraftModel
-from jakiro_lib.drafting import make_drafter
-from jakiro_lib.static import sampling_path, static_generate, static_vanilla_generate
-from jakiro_lib.tree import Tree
-from jakiro_lib.verify import (SamplingParams, inverse_cdf, sample, uniform, verify, verify_greedy, verify_sampling,
+from jakiro_lib.decoding.loop import speculative_generate, vanilla_generate
+from jakiro_lib.models.draft import DraftModel
+from jakiro_lib.decoding.drafting import make_drafter
+from jakiro_lib.decoding.static import static_generate, static_vanilla_generate
+from jakiro_lib.decoding.static_tree import sampling_path
+from jakiro_lib.decoding.tree import Tree
+from jakiro_lib.decoding.verify import (SamplingParams, inverse_cdf, sample, uniform, verify, verify_greedy, verify_sampling,
                                warp_probs)
 
 from helpers import (ALPHA_FIRST, TargetTopKDrafter, exact_prefix_distribution, full_logits, peaked_target,
@@ -316,7 +317,7 @@ def _verify_no_renorm(tree, logits, params, generator):
 
 
 def _static_verify(tree, logits, params, generator):
-    """The static engine's tensor verifier (jakiro_lib.static.sampling_path) behind verify_sampling's signature."""
+    """The static engine's tensor verifier (jakiro_lib.decoding.static_tree.sampling_path) behind verify_sampling's signature."""
     depth, m = int(tree.depths.max()), len(tree)
     parents = torch.tensor([max(p, 0) for p in tree.parents])
     u = torch.rand(depth * m + 1, generator=generator, dtype=torch.float64)
@@ -556,7 +557,7 @@ def _static_samples(model, draft, tree, prompt, params, accepted: list[int], n: 
     return samples
 
 
-# The static engine (jakiro_lib.static) samples with the same trained drafts and trees, CEPD included. Floors:
+# The static engine (jakiro_lib.decoding.static) samples with the same trained drafts and trees, CEPD included. Floors:
 # about 0.8 of the drafted tokens its first cycle accepted, measured over the same 400 generations
 # (2026-11-25: dense 0.575, moe2 decoupled 0.21; the loop engine's first cycles 0.655 and 0.145; 2026-11-27:
 # CEPD with the loop's trees above, decoupled ar0 0.10, coupled ar1 0.155).
@@ -606,7 +607,7 @@ def test_speculative_sampling_with_lookup_chains_matches_target(e2e_setup):
 
 @pytest.mark.parametrize("with_draft", [True, False], ids=["tree+chain", "chain-only"])
 def test_static_engine_sampling_with_lookup_chains_matches_target(e2e_setup, with_draft):
-    """The same chains on the static engine (grafted in fixed shapes, jakiro_lib.static.graft_chain), on the
+    """The same chains on the static engine (grafted in fixed shapes, jakiro_lib.decoding.static_tree.graft_chain), on the
     trained moe2 draft's decoupled tree or alone. Drafted tokens are accepted: in the first cycle 0.86 a
     generation with the tree, 0.72 with the chain alone (2026-11-27): floor 0.5."""
     model, params, prompt, _ = e2e_setup["T1"]

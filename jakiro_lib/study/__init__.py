@@ -10,20 +10,20 @@ The notebooks stay thin: ``from jakiro_lib import study as S``, then one call pe
 * :mod:`.tables`: records -> summary DataFrames and the report's CSV/JSON files.
 * :mod:`.published` (notebook 03): published numbers and the comparison with ours.
 
-The methods live in :mod:`jakiro_lib.methods`; ``total_tokens="auto"`` is resolved in
-:mod:`jakiro_lib.budgets`.
+The methods live in :mod:`jakiro_lib.measure.methods`; ``total_tokens="auto"`` is resolved in
+:mod:`jakiro_lib.measure.budgets`.
 """
 from __future__ import annotations
 
-from ..budgets import resolve_tree_budgets
-from ..methods import STUDIES
-from ..utils import write_json
+from ..measure.budgets import resolve_tree_budgets
+from ..measure.methods import STUDIES
+from ..files import write_json
 from .context import (SMOKE_BANNER, StudyContext, configure_logging, default_report_dir, default_run_dir,
                       get_target, notebook_setup, reports_root, resolve_profile, runs_root, setup)
 from .published import PUBLISHED, comparison_table
 from .s00_data import (PAPER_CONVERSATIONS, PAPER_TOKENS_PER_CONVERSATION, disk_estimates, load_training_conversations,
                        loss_mask_html, manifest_table, prepare_features, sample_conversation_html)
-from .s01_train import (load_training_results, router_load_table, train_all, training_datasets, training_history,
+from .s01_train import (drafts_table, load_training_results, router_load_table, train_all, training_datasets, training_history,
                         training_table, write_training_tables)
 from .s02_bench import (bench_environment, load_study_records, methods_table, profile_methods, run_study,
                         study_questions, study_temperatures, tree_budget_table)
@@ -34,7 +34,7 @@ __all__ = [
     "PAPER_CONVERSATIONS", "PAPER_TOKENS_PER_CONVERSATION", "PUBLISHED", "SMOKE_BANNER", "STUDIES", "StudyContext",
     "acceptance_by_depth",
     "bench_environment", "category_table", "comparison_table", "configure_logging", "default_report_dir",
-    "default_run_dir", "disk_estimates", "display_table", "get_target", "headline_table", "load_study_records",
+    "default_run_dir", "disk_estimates", "drafts_table", "display_table", "get_target", "headline_table", "load_study_records",
     "load_training_conversations", "load_training_results", "loss_mask_html", "manifest_table", "method_setting",
     "methods_table", "notebook_setup", "prepare_features", "profile_methods", "records_frame", "reports_root",
     "resolve_profile", "resolve_tree_budgets", "router_load_table", "run_study", "runs_root",

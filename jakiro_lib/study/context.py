@@ -20,11 +20,15 @@ from typing import Any
 
 import pandas as pd
 import torch
+import transformers
 
-from ..config import Profile, get_profile, override
+from ..config import Profile
+from ..profiles import get_profile, override
 from ..layout import RunLayout
-from ..target import load_target
-from ..utils import REPO_ROOT, run_metadata, write_json
+from ..models.target import load_target
+from ..files import write_json
+from ..files import REPO_ROOT
+from ..machine import run_metadata
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +179,14 @@ def configure_logging(level: int = logging.INFO) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+def quiet_libraries() -> None:
+    """No library noise on stderr, which an executed notebook shows in red as if it were an error: HF's
+    weight-loading bars, and transformers' deprecation of the ``past_key_values`` keyword, which its own
+    models and ``generate`` still take in the versions this project supports."""
+    transformers.utils.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", message=r".*`past_key_values` is deprecated", category=FutureWarning)
+
+
 def notebook_setup(profile: str | Profile = "default", overrides: dict[str, Any] | None = None, *,
                    run_dir: str | Path | None = None, report_dir: str | Path | None = None,
                    describe: bool = False) -> StudyContext:
@@ -183,7 +195,7 @@ def notebook_setup(profile: str | Profile = "default", overrides: dict[str, Any]
     ``describe``: also show the profile's settings. Returns the :class:`StudyContext`."""
     from IPython.display import Markdown, display  # only notebooks call this; IPython comes with Jupyter
 
-    warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm without ipywidgets
+    quiet_libraries()
     configure_logging()
     pd.set_option("display.precision", 3)
     pd.set_option("display.max_colwidth", 80)

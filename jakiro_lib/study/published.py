@@ -5,7 +5,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ..methods import DRAFTED_METHODS
+from ..measure.methods import DRAFTED_METHODS
 from .tables import headline_table
 
 

@@ -16,14 +16,15 @@ from typing import Any, Sequence
 import pandas as pd
 import torch
 
-from ..chat import format_conversation
+from ..data.chat import format_conversation
 from ..config import Profile
-from ..data import load_conversations
-from ..distill import regenerate
-from ..features import (OPTIONAL_SETTINGS, CacheError, cache_features, estimate_cache, estimate_disk, human_bytes,
+from ..data.conversations import load_conversations
+from ..data.distill import regenerate
+from ..data.features import (OPTIONAL_SETTINGS, CacheError, cache_features, estimate_cache, estimate_disk, human_bytes,
                         read_manifest, verify_cache)
 from ..layout import RunLayout
-from ..utils import favoured_dtype, read_json, write_json
+from ..files import read_json, write_json
+from ..machine import favoured_dtype
 from .context import StudyContext, _dirs, _layout, default_run_dir, get_target
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ def load_training_conversations(profile: Profile, run_dir: Path | None = None, t
                                 progress: bool = False) -> list[Any]:
     """The profile's training conversations; with ``data.self_distill`` their first user turns answered
     by the target itself (generated once into ``run_dir/distill/``, resumable; see
-    :mod:`jakiro_lib.distill`)."""
+    :mod:`jakiro_lib.data.distill`)."""
     d = profile.data
     convs = load_conversations(d.source, path=d.path, limit=d.num_conversations)
     if not d.self_distill:
@@ -62,8 +63,8 @@ def prepare_features(profile: str | Profile | StudyContext, run_dir: str | Path 
                      target: Any = None, force: bool = False, progress: bool = True) -> dict[str, Any]:
     """Cache target features for ``profile.data.num_conversations`` conversations in ``run_dir/features``.
 
-    Resumable and self-verifying (see :func:`jakiro_lib.features.cache_features`). A cache made with
-    other settings raises :class:`~jakiro_lib.features.CacheError` unless ``force`` (then it is rebuilt).
+    Resumable and self-verifying (see :func:`jakiro_lib.data.features.cache_features`). A cache made with
+    other settings raises :class:`~jakiro_lib.data.features.CacheError` unless ``force`` (then it is rebuilt).
     In online mode (``data.online``) nothing is written; the estimate says what caching would cost.
     ``data.cache_dtype`` runs the target in another dtype for this step only (bf16 on an AMX CPU); "auto"
     picks bf16 where the device has bf16 matrix units, except that a cache already begun resumes in the

@@ -20,13 +20,13 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..config import ConfigError, Profile, TargetConfig
-from ..dataset import FeatureDataset, OnlineFeatureDataset, build_draft_vocab, token_frequencies, vocab_coverage
-from ..features import CacheError, verify_cache
+from ..data.dataset import FeatureDataset, OnlineFeatureDataset, build_draft_vocab, token_frequencies, vocab_coverage
+from ..data.features import CacheError, verify_cache
 from ..layout import TRAIN_STAMP, RunLayout, has_weights
-from ..checkpoints import list_checkpoints, saved_vocab
-from ..train import RESULTS, train_draft, train_identity
-from ..utils import (distributed_state, read_json, replace_dir_atomically, restore_replaced_dir, world_size,
-                     write_json)
+from ..training.checkpoints import list_checkpoints, saved_vocab
+from ..training.train import RESULTS, train_draft, train_identity
+from ..files import read_json, replace_dir_atomically, restore_replaced_dir, write_json
+from ..machine import distributed_state, world_size
 from .context import StudyContext, _dirs, _layout, get_target
 from .s00_data import load_training_conversations
 from .tables import write_table
@@ -263,6 +263,22 @@ def router_load_table(results: dict[str, dict[str, Any]]) -> pd.DataFrame:
             for name, r in results.items() if (r.get("draft_config", {}).get("num_experts") or 1) > 1
             for e, x in enumerate(r.get("router_load") or [])]
     return pd.DataFrame(rows, columns=["draft", "expert", "load"])
+
+
+def drafts_table(profile: str | Profile | StudyContext) -> pd.DataFrame:
+    """The profile's drafts and what sets each apart, read from ``profile.drafts`` (notebook 01 shows this
+    instead of a hand-written list, which went stale when the default's drafts changed)."""
+    prof, _ = _layout(profile, None)
+    rows = []
+    for name, d in prof.drafts.items():
+        block = "dense SwiGLU MLP (EAGLE-2)" if d.mlp == "dense" else f"MoE, {d.num_experts} experts, top-{d.top_k_experts}"
+        branch_b = "-" if not d.branch_b else ("contrastive (top - second expert)" if d.contrastive
+                                               else "weighted sum")
+        rows.append({"draft": name, "MLP block": block, "width": d.intermediate_size or "hidden",
+                     "branch B (CEPD)": branch_b, "expert loss": d.expert_loss,
+                     "unroll steps": d.unroll_steps or prof.train.unroll_steps,
+                     "draft vocabulary": d.draft_vocab_size or "full"})
+    return pd.DataFrame(rows)
 
 
 def training_history(profile: str | Profile | StudyContext, run_dir: str | Path | None = None) -> pd.DataFrame:

@@ -16,14 +16,14 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ..bench import load_records, run_benchmark
-from ..budgets import draft_fingerprint, resolve_tree_budgets
+from ..measure.bench import load_records, run_benchmark
+from ..measure.budgets import draft_fingerprint, resolve_tree_budgets
 from ..config import Profile
-from ..data import DataError, Question, load_questions
+from ..data.conversations import DataError, Question, load_questions
 from ..layout import (BENCH_CONFIG, RECORDS_FILE, SKIPPED_FILE, STALE_RECORDS_FILE, STUDY_STAMP, STUDY_TREE_BUDGET,
                       RunLayout, draft_name, has_weights)
-from ..methods import SPEC, STUDIES, MethodSpec, parse_names, portable, resolve_engine, study_methods
-from ..utils import read_json, write_json
+from ..measure.methods import SPEC, STUDIES, MethodSpec, parse_names, portable, resolve_engine, study_methods
+from ..files import read_json, write_json
 from .context import StudyContext, _dirs, get_target
 from .tables import method_setting, study_table
 
@@ -102,9 +102,9 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
               target: Any = None, force: bool = False, progress: bool = True,
               only: str | Sequence[str] | None = None, out_dir: str | Path | None = None,
               questions: Sequence[Question] | None = None) -> pd.DataFrame:
-    """Benchmark the methods of ``study`` (see :func:`jakiro_lib.methods.study_methods`) on the profile's
+    """Benchmark the methods of ``study`` (see :func:`jakiro_lib.measure.methods.study_methods`) on the profile's
     benchmarks, or on ``questions`` (e.g. a Spec-Bench ``question.jsonl`` read with
-    :func:`jakiro_lib.data.load_question_file`); records go to ``out_dir`` (default
+    :func:`jakiro_lib.data.conversations.load_question_file`); records go to ``out_dir`` (default
     ``run_dir/bench/<study>``) as ``records.jsonl``. ``only``: a subset of the study's method names (or one
     comma-separated string of them).
     Returns the summary table.
@@ -197,7 +197,7 @@ def tree_budget_table(run_dir: str | Path, study: str = "main") -> pd.DataFrame:
     """The tuning behind ``total_tokens="auto"``: per tuned method and candidate budget, expected tokens per
     cycle, verify time and estimated tokens/s; flagged: the budget the estimate picked (``estimated_best``), the
     fixed tree it was checked against (``fixed``) and the one kept (``chosen``), with the tokens/s both measured
-    on the tuning prompts (``measured_tokens_per_s``; :func:`jakiro_lib.costmodel.tune_total_tokens`). A fixed
+    on the tuning prompts (``measured_tokens_per_s``; :func:`jakiro_lib.measure.costmodel.tune_total_tokens`). A fixed
     tree outside the candidates gets a row of its own."""
     info = read_json(RunLayout(Path(run_dir)).bench(study) / STUDY_TREE_BUDGET) or {}
     rows = []

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import torch
 
-from jakiro_lib.config import get_profile
-from jakiro_lib.dataset import collate
-from jakiro_lib.draft import DraftModel
+from jakiro_lib.profiles import get_profile
+from jakiro_lib.data.dataset import collate
+from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.study.s01_train import training_datasets
-from jakiro_lib.target import load_target
-from jakiro_lib.train import draft_loss
+from jakiro_lib.models.target import load_target
+from jakiro_lib.models.loss import draft_loss
 
 prof = get_profile("default", **{"target.packed_gemm": 0})
 target = load_target(prof.target)

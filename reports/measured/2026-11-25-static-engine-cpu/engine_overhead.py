@@ -7,7 +7,7 @@ engine's cost. Random drafts accept little, so tokens/s here is not what trained
 
     python reports/measured/2026-11-25-static-engine-cpu/engine_overhead.py --out <dir> [--questions 10]
 
-Engines: ``loop`` (decoding.speculative_generate), ``static`` (jakiro_lib.static, eager) and, for the
+Engines: ``loop`` (decoding.speculative_generate), ``static`` (jakiro_lib.decoding.static, eager) and, for the
 8-token EAGLE-2 tree only, ``static_compiled`` (the whole cycle through torch.compile: inductor here; about
 3 minutes of compilation, in the warm-up). Writes cycles.csv (one row per prompt, method and engine) and
 summary.csv.
@@ -23,15 +23,16 @@ from pathlib import Path
 
 import torch
 
-from jakiro_lib.bench import format_prompt_ids
-from jakiro_lib.config import get_profile
-from jakiro_lib.data import load_questions
-from jakiro_lib.decoding import speculative_generate, vanilla_generate
-from jakiro_lib.draft import DraftModel
-from jakiro_lib.drafting import FeatureDrafter
-from jakiro_lib.static import static_generate
-from jakiro_lib.target import load_target
-from jakiro_lib.utils import run_metadata, write_json
+from jakiro_lib.measure.bench import format_prompt_ids
+from jakiro_lib.profiles import get_profile
+from jakiro_lib.data.conversations import load_questions
+from jakiro_lib.decoding.loop import speculative_generate, vanilla_generate
+from jakiro_lib.models.draft import DraftModel
+from jakiro_lib.decoding.drafting import FeatureDrafter
+from jakiro_lib.decoding.static import static_generate
+from jakiro_lib.models.target import load_target
+from jakiro_lib.files import write_json
+from jakiro_lib.machine import run_metadata
 
 
 def main() -> None:

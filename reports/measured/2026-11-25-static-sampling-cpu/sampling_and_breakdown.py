@@ -8,7 +8,7 @@ accept almost nothing, so the time per cycle is the engines' cost (drafting, ver
 1. ``engines.csv``: per prompt, method (EAGLE-2 and Jakiro decoupled, 8-token trees) and engine (loop, static),
    T=1 top-p 1, one seed per prompt, engines alternated per prompt: milliseconds per cycle; ``summary.csv``: the
    medians and the per-prompt median ratio loop / static.
-2. ``breakdown.csv``: :func:`jakiro_lib.gpucheck.cycle_breakdown` on Jakiro's tree, the first ``--profiled``
+2. ``breakdown.csv``: :func:`jakiro_lib.measure.gpucheck.cycle_breakdown` on Jakiro's tree, the first ``--profiled``
    questions: eager at T=0 and T=1, compiled (inductor; minutes of compilation) at T=1.
 """
 from __future__ import annotations
@@ -22,17 +22,18 @@ from pathlib import Path
 
 import torch
 
-from jakiro_lib.bench import format_prompt_ids
-from jakiro_lib.config import get_profile
-from jakiro_lib.data import load_questions
-from jakiro_lib.decoding import speculative_generate
-from jakiro_lib.draft import DraftModel
-from jakiro_lib.drafting import FeatureDrafter
-from jakiro_lib.gpucheck import cycle_breakdown
-from jakiro_lib.static import static_generate
-from jakiro_lib.target import load_target
-from jakiro_lib.utils import run_metadata, write_json
-from jakiro_lib.verify import SamplingParams
+from jakiro_lib.measure.bench import format_prompt_ids
+from jakiro_lib.profiles import get_profile
+from jakiro_lib.data.conversations import load_questions
+from jakiro_lib.decoding.loop import speculative_generate
+from jakiro_lib.models.draft import DraftModel
+from jakiro_lib.decoding.drafting import FeatureDrafter
+from jakiro_lib.measure.gpucheck import cycle_breakdown
+from jakiro_lib.decoding.static import static_generate
+from jakiro_lib.models.target import load_target
+from jakiro_lib.files import write_json
+from jakiro_lib.machine import run_metadata
+from jakiro_lib.decoding.verify import SamplingParams
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:

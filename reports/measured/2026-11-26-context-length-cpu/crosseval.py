@@ -5,11 +5,11 @@ from pathlib import Path
 
 import torch
 
-from jakiro_lib.config import get_profile
-from jakiro_lib.dataset import FeatureDataset
-from jakiro_lib.draft import DraftModel
-from jakiro_lib.target import load_target
-from jakiro_lib.train import evaluate
+from jakiro_lib.profiles import get_profile
+from jakiro_lib.data.dataset import FeatureDataset
+from jakiro_lib.models.draft import DraftModel
+from jakiro_lib.models.target import load_target
+from jakiro_lib.models.loss import evaluate
 
 torch.set_num_threads(2)
 profile = get_profile("default")

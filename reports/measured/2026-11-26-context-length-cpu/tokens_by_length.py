@@ -5,10 +5,10 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from jakiro_lib.config import get_profile
-from jakiro_lib.data import load_conversations
-from jakiro_lib.features import tokenize_conversation
-from jakiro_lib.target import builtin_smollm2_path
+from jakiro_lib.profiles import get_profile
+from jakiro_lib.data.conversations import load_conversations
+from jakiro_lib.data.features import tokenize_conversation
+from jakiro_lib.models.target import builtin_smollm2_path
 
 profile = get_profile("default")
 tokenizer = AutoTokenizer.from_pretrained(builtin_smollm2_path())

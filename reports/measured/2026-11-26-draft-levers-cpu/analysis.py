@@ -2,7 +2,7 @@
 import json, sys
 from pathlib import Path
 import pandas as pd
-from jakiro_lib.bench import versus
+from jakiro_lib.measure.bench import versus
 from jakiro_lib.study.tables import acceptance_by_depth
 
 OUT, SCRATCH = Path(sys.argv[1]), sys.argv[2]  # <scratch>: the runs' directory (commands.sh)
@@ -83,9 +83,9 @@ acceptance_by_depth(by_size[60], 6).assign(total_tokens=60).to_csv(OUT / "accept
 # top-1 of every draft on two held-out sets: the 17k ShareGPT split (from each training's results.json, and
 # evaluated here for the self-distilled fine-tune) and the self-distilled split (the target's own answers)
 import torch
-from jakiro_lib import train as T
-from jakiro_lib.config import get_profile
-from jakiro_lib.draft import DraftModel
+from jakiro_lib.models import loss as L
+from jakiro_lib.profiles import get_profile
+from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.study.context import get_target
 from jakiro_lib.study.s01_train import training_datasets
 torch.set_num_threads(2)
@@ -106,8 +106,8 @@ rows = []
 for tag, rdir, name, start, data, unroll, epochs in drafts:
     res = json.load(open(at(f"{rdir}/drafts/{name}/results.json")))
     d = DraftModel.load(at(f"{rdir}/drafts/{name}/draft"), target.model).float()
-    sg = T.evaluate(d, held_sg, batch_size=8) if tag.endswith("+sd") else res["heldout"]
-    sd = T.evaluate(d, held_sd, batch_size=8)
+    sg = L.evaluate(d, held_sg, batch_size=8) if tag.endswith("+sd") else res["heldout"]
+    sd = L.evaluate(d, held_sd, batch_size=8)
     rows.append({"draft": tag, "architecture": name, "starts_from": start, "data": data, "unroll_steps": unroll,
                  "epochs": epochs, "steps": res["steps"], "train_s": round(res["wall_time_s"], 1),
                  "train_tokens_per_s": round(res["train_tokens_per_s"] or 0),

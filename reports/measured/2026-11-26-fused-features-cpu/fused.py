@@ -6,9 +6,9 @@ import os, sys, torch
 from pathlib import Path
 from safetensors import safe_open
 from torch import nn
-import jakiro_lib.dataset as DS
-import jakiro_lib.draft as D
-import jakiro_lib.train as T
+import jakiro_lib.data.dataset as DS
+import jakiro_lib.models.draft as D
+from jakiro_lib.models import loss as L
 from jakiro_lib import cli
 
 side = os.environ.get("SIDE")
@@ -26,11 +26,11 @@ if side:
         return item
     DS.FeatureDataset.__getitem__ = getitem
 
-    orig_targets = T._targets
+    orig_targets = L._targets
     def _targets(core, batch, mask, _o=orig_targets):
         H = core.target_config.hidden_size
         return _o(core, dict(batch, hidden=batch["hidden"][..., -H:]), mask)
-    T._targets = _targets
+    L._targets = _targets
 
     orig_build = D.DraftModel.build.__func__
     def build(cls, cfg, target_model, d2t=None, _o=orig_build):

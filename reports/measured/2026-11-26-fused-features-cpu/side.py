@@ -8,7 +8,7 @@ from pathlib import Path
 from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
-from jakiro_lib.target import builtin_smollm2_path
+from jakiro_lib.models.target import builtin_smollm2_path
 torch.set_num_threads(2)
 cache, out = Path(sys.argv[1]), Path(sys.argv[2]); out.mkdir(parents=True, exist_ok=True)
 LOW, MID = int(sys.argv[3]), int(sys.argv[4])

@@ -1,6 +1,6 @@
 """Experiment: initialise the dense draft's layer from the target's last decoder layer."""
 import os, sys, torch
-import jakiro_lib.draft as D
+import jakiro_lib.models.draft as D
 from jakiro_lib import cli
 
 mode = os.environ.get("INIT", "random")

@@ -2,8 +2,9 @@
 in this process, then the CLI runs: `LEVER=allmask python levers.py train --profile default ...`."""
 import os, sys, torch
 import torch.nn.functional as F
-import jakiro_lib.draft as D
-import jakiro_lib.train as T
+import jakiro_lib.models.draft as D
+import jakiro_lib.training.train as T
+from jakiro_lib.models import loss as L
 from jakiro_lib import cli
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
@@ -31,12 +32,12 @@ for lev in levers:
             return out
         D.DraftModel.feature_loss = feature_loss
     elif name == "allmask":  # train on every token (user turns too); held-out evaluation unchanged
-        orig_dl = T.draft_loss
+        orig_dl = L.draft_loss
         def draft_loss(draft, batch, *a, _o=orig_dl, **k):
-            if T._core(draft).training and "attention_mask" in batch:
+            if L._core(draft).training and "attention_mask" in batch:
                 batch = dict(batch, loss_mask=batch["attention_mask"].to(batch["loss_mask"].dtype))
             return _o(draft, batch, *a, **k)
-        T.draft_loss = draft_loss
+        L.draft_loss = draft_loss
     elif name == "inorm":  # RMSNorm on the fc output before attention (pre-norm, as the target's layers)
         orig_build = D.DraftModel.build.__func__
         def build(cls, cfg, target_model, d2t=None, _o=orig_build):

@@ -1,0 +1,84 @@
+"""Training batches of similar length (``train.bucket_by_length``): less padding per step.
+
+A collated batch is as long as its longest conversation (:func:`jakiro_lib.data.dataset.collate`), so a
+random batch of ShareGPT conversations cut at ``max_length`` spends part of every step on padding. The
+:class:`LengthBucketSampler` shuffles the data, sorts each window of ``window`` batches' worth of
+conversations by length, cuts it into batches and shuffles the batches: similar lengths share a batch,
+while which conversations meet still changes from epoch to epoch. The order depends only on
+(seed, epoch), like the unbucketed :class:`EpochSampler`, so a resumed training sees the
+same batches; and an epoch has ``ceil(n / batch_size)`` batches either way (only the last one short).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import Sampler
+
+WINDOW = 32
+"""Batches' worth of conversations sorted together. Larger pads less but varies batches less."""
+
+
+class EpochSampler(Sampler[int]):
+    """A permutation that depends only on (seed, epoch): resumable data order without RNG state."""
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True) -> None:
+        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        if not self.shuffle:
+            return iter(range(self.n))
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return iter(torch.randperm(self.n, generator=g).tolist())
+
+
+def dataset_lengths(dataset: Any) -> list[int]:
+    """Token count of each item: ``dataset.lengths()`` when it has one (the feature datasets do)."""
+    if hasattr(dataset, "lengths"):
+        return [int(n) for n in dataset.lengths()]
+    return [int(dataset[i]["input_ids"].shape[0]) for i in range(len(dataset))]
+
+
+def padded_tokens(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> int:
+    """Tokens a right-padded collate of ``batches`` (lists of positions) computes on, padding included."""
+    return sum(len(b) * max(lengths[i] for i in b) for b in batches if b)
+
+
+class LengthBucketSampler(Sampler[list[int]]):
+    """Batches of positions with similar ``lengths``, for ``DataLoader(batch_sampler=...)``.
+
+    Deterministic per (seed, epoch) (:meth:`set_epoch`); every position appears once per epoch.
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, seed: int, *, window: int = WINDOW) -> None:
+        if batch_size < 1 or window < 1:
+            raise ValueError(f"batch_size and window must be >= 1, got {batch_size} and {window}")
+        self.lengths = [int(n) for n in lengths]
+        self.batch_size, self.seed, self.window, self.epoch = batch_size, seed, window, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return -(-len(self.lengths) // self.batch_size)
+
+    def batches(self) -> list[list[int]]:
+        """This epoch's batches, in the order they are served."""
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(len(self.lengths), generator=g).tolist()
+        span = self.batch_size * self.window  # a multiple of batch_size: only the very last batch is short
+        out: list[list[int]] = []
+        for w in range(0, len(order), span):
+            chunk = sorted(order[w:w + span], key=lambda i: self.lengths[i])  # stable: ties keep shuffled order
+            out += [chunk[s:s + self.batch_size] for s in range(0, len(chunk), self.batch_size)]
+        return [out[i] for i in torch.randperm(len(out), generator=g).tolist()]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches())

@@ -1,0 +1,116 @@
+"""Self-distillation data: the target's own greedy answers to the training prompts.
+
+A draft is judged on how well it predicts what the *target* writes. ShareGPT answers were written by
+ChatGPT; a small target such as SmolLM2-135M writes very differently, so a draft trained on ChatGPT's
+text learns features the target never produces at decoding time. Regenerating the answers with the
+target itself (self-distillation, as Medusa-2 does when the original training data do not match the
+target) aligns training with decoding. Off in the paper-scale profiles,
+which follow the paper (ShareGPT answers as they are).
+
+:func:`regenerate` keeps each conversation's first user turn, decodes the target's greedy answer in
+left-padded batches with HF ``generate``, and appends one JSON line per conversation to a file that a
+rerun resumes from (a torn last line is redone).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from tqdm import tqdm
+
+from .conversations import Conversation
+
+HEADER_KEY = "__settings__"
+
+
+def _read(path: Path) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    """(settings header, {conversation id: answer}) of an existing file; torn lines are ignored."""
+    settings, answers = None, {}
+    if not path.is_file():
+        return settings, answers
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if HEADER_KEY in rec:
+            settings = rec[HEADER_KEY]
+        elif "id" in rec and "answer" in rec:
+            answers[rec["id"]] = rec["answer"]
+    return settings, answers
+
+
+@torch.inference_mode()
+def _generate_batch(target: Any, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    tok = target.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else target.eos_token_ids[0]
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):  # left padding: every row's answer starts at column ``width``
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    out = target.model.generate(ids.to(target.device), attention_mask=mask.to(target.device), do_sample=False,
+                                max_new_tokens=max_new_tokens, pad_token_id=pad,
+                                eos_token_id=list(target.eos_token_ids) or None)
+    answers = []
+    eos = set(target.eos_token_ids)
+    for row in out[:, width:].tolist():
+        cut = next((j for j, t in enumerate(row) if t in eos), len(row))
+        answers.append(row[:cut])
+    return answers
+
+
+def regenerate(target: Any, conversations: Sequence[Conversation], out_path: str | Path, *,
+               max_prompt_tokens: int = 256, max_new_tokens: int = 256, batch_size: int = 16,
+               template: str = "auto", progress: bool = True) -> list[Conversation]:
+    """Conversations ``[first user turn, the target's greedy answer]``, in input order.
+
+    Conversations without a user turn, or whose first user turn formats to more than
+    ``max_prompt_tokens`` tokens, are dropped. Answers are appended to ``out_path`` after every batch; a
+    file written with other settings is moved aside to ``<name>.stale`` and regenerated.
+    """
+    from .chat import format_prompt
+
+    out_path = Path(out_path)
+    settings = {"target": str(getattr(target.model.config, "_name_or_path", "")),
+                "vocab_size": target.model.config.vocab_size, "max_prompt_tokens": max_prompt_tokens,
+                "max_new_tokens": max_new_tokens, "template": template}
+    old, answers = _read(out_path)
+    if old is not None and old != settings:
+        os.replace(out_path, out_path.with_name(out_path.name + ".stale"))
+        old, answers = None, {}
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    if old is None:
+        with out_path.open("w") as fh:
+            fh.write(json.dumps({HEADER_KEY: settings}) + "\n")
+
+    todo: list[tuple[str, list[int]]] = []
+    firsts: dict[str, str] = {}
+    for conv in conversations:
+        user = next((m["content"] for m in conv.messages if m["role"] == "user"), None)
+        if user is None:
+            continue
+        firsts[conv.id] = user
+        if conv.id not in answers:
+            ids = format_prompt(target.tokenizer, [{"role": "user", "content": user}], template=template)
+            if len(ids) <= max_prompt_tokens:
+                todo.append((conv.id, ids))
+    todo.sort(key=lambda t: len(t[1]))  # similar lengths per batch: little padding
+    bar = tqdm(total=len(todo), desc="self-distill", unit="conv", disable=not progress)
+    with out_path.open("a") as fh:
+        for s in range(0, len(todo), batch_size):
+            chunk = todo[s:s + batch_size]
+            for (cid, _), ans in zip(chunk, _generate_batch(target, [c[1] for c in chunk], max_new_tokens)):
+                text = target.tokenizer.decode(ans, skip_special_tokens=True)
+                answers[cid] = text
+                fh.write(json.dumps({"id": cid, "answer": text}) + "\n")
+            fh.flush()
+            bar.update(len(chunk))
+    bar.close()
+    return [Conversation(id=c.id, messages=[{"role": "user", "content": firsts[c.id]},
+                                            {"role": "assistant", "content": answers[c.id]}])
+            for c in conversations if c.id in answers and c.id in firsts and answers[c.id].strip()]

@@ -1,0 +1,1 @@
+"""Speculative decoding: trees, drafters, verification, the target runner and both engines."""

@@ -1,0 +1,158 @@
+"""What the compiled decoding paths share: cache lengths, inductor settings, per-model state, the error.
+
+Two paths compile: HF's ``generate`` with a static cache (``hf_compiled``, :func:`~jakiro_lib.decoding.loop.hf_generate`)
+and the static engine's step (:mod:`jakiro_lib.decoding.static`: the whole cycle, captured as CUDA graphs on a GPU). On
+a GPU the step is captured one of two ways (``target.capture``, :data:`CAPTURES`): "graphs" (the default),
+:class:`CapturedStep` (the eager kernels recorded as one CUDA graph: no compilation), or "inductor",
+``torch.compile(mode="reduce-overhead")`` (fused kernels, then CUDA graphs: about 40 s of compilation per
+step on the H200, 2026-11-26, for about 5% more speed on SmolLM2, 2026-11-27). On a CPU a compiled step is
+always inductor's.
+Our loop engine used to compile the target alone over a static cache (a runner with padded tree sizes);
+it bought 1.04x for vanilla and 1.01x for Jakiro on this project's 2-core CPU (SmolLM2-135M fp32,
+2026-11-23) and ran at 0.72x ``hf_compiled`` on an H200 (2026-11-26): removed, the loop engine is the eager
+reference, and the static engine is the one to compile.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import torch
+from transformers import PreTrainedModel, StaticCache
+
+from ..models.target import scratch
+
+MAX_TREE_ROOM = 128  # cache positions kept past the text for a tree forward (a larger tree is refused)
+RECOMPILE_LIMIT = 64  # dynamo's default (8) is below the cache lengths x sampling settings one process may compile
+
+
+class CompileError(RuntimeError):
+    """torch.compile failed for the target (no C++ compiler for inductor on CPU, no triton on CUDA)."""
+
+
+def compiled_cache_len(max_context: int) -> int:
+    """Positions of a compiled path's KV cache: the whole context and a tree's room past it, rounded up to 256.
+
+    One length per context, whatever the prompt and ``max_new_tokens``: a compiled step binds to its cache's
+    shape, and the earlier rule (a power of two of at least prompt + max_new_tokens) gave the benchmark's
+    warm-up, 16 new tokens, a shorter cache than timed prompts asking for 1024 (the paper profiles), so every
+    compiled method, ``hf_compiled`` included, compiled again inside its first timed prompt (issue 45)."""
+    return -(-(max_context + MAX_TREE_ROOM) // 256) * 256
+
+
+def graphs_compiled() -> int:
+    """Graphs ``torch.compile`` has compiled in this process so far (dynamo's count): a timed call that raises
+    it paid for a compilation (the benchmark records it per prompt)."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+def inductor_settings(device: torch.device) -> contextlib.AbstractContextManager:
+    """Inductor settings while the target compiles. On CPU, ``freezing``: weights become constants, so
+    inductor pre-packs them for its GEMMs and folds what it can. On this project's 2-core CPU it made HF's
+    compiled decoding step about 10% faster than inductor's default (SmolLM2-135M fp32, 28.7 against 26.3
+    tokens/s, 2026-11-23). It must be set while the graph compiles (passed to HF as ``CompileConfig``
+    options it did not pay). Frozen, a graph also binds to the KV buffers it was compiled with, hence
+    :func:`static_cache` and the static engine's shared runners."""
+    if device.type == "cuda":
+        return contextlib.nullcontext()
+    import torch._inductor.config as inductor_config  # heavy (loads inductor): only when compiling
+
+    return inductor_config.patch(freezing=True)
+
+
+def compile_settings(device: torch.device) -> contextlib.AbstractContextManager:
+    """Settings while a compiled step runs: room for every cache length and sampling setting, and
+    :func:`inductor_settings`."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT))
+    stack.enter_context(inductor_settings(device))
+    return stack
+
+
+def call_compiled(step: Callable[..., Any], *args: Any, device: torch.device, first: bool) -> Any:
+    """``step(*args)`` under :func:`compile_settings`; where the ``first`` call fails (it compiles), one
+    :class:`CompileError` that says what compiling needs."""
+    try:
+        with compile_settings(device):
+            return step(*args)
+    except Exception as e:
+        if not first:
+            raise
+        raise CompileError("torch.compile failed (inductor needs a C++ compiler on CPU, triton on CUDA); run the "
+                           "method without compile") from e
+
+
+
+Capture = Callable[[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]], Callable[[], torch.Tensor]]
+
+
+def cuda_graph(step: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...]) -> Callable[[], torch.Tensor]:
+    """``step(*args)`` recorded as one CUDA graph (nothing runs while it records); the replay runs it over
+    ``args``' current values and returns the recorded output tensor, overwritten by the next replay."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(*args)
+
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return out
+    return replay
+
+
+class CapturedStep:
+    """``step`` replayed as one CUDA graph of its eager kernels, compiled by nobody.
+
+    The first call runs ``step`` eagerly (on a side stream, as CUDA asks before a capture: cuBLAS's
+    workspaces and the allocator's blocks exist by then); the second records it over copies of its
+    arguments and replays it; each later call copies its arguments into those copies and replays. So the
+    step must keep its shapes, read whatever changes from its arguments or from buffers it updates in place
+    (never from a tensor attribute set anew), and never wait on the host: a capture that meets a host read
+    fails, as one :class:`CompileError`. ``capture``: how to record (:func:`cuda_graph`; the CPU tests pass
+    one that checks the replays touch the recorded buffers). The output of a replay lives until the next."""
+
+    def __init__(self, step: Callable[..., torch.Tensor], capture: Capture = cuda_graph) -> None:
+        self.step, self.capture = step, capture
+        self.calls = 0
+        self.args: tuple[torch.Tensor, ...] = ()
+        self.replay: Callable[[], torch.Tensor] | None = None
+
+    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 1:
+            return _warm_up(self.step, args)
+        if self.replay is None:
+            self.args = tuple(a.clone() for a in args)
+            try:
+                self.replay = self.capture(self.step, self.args)
+            except Exception as e:
+                raise CompileError(f"recording the step as a CUDA graph failed ({type(e).__name__}: "
+                                   f"{str(e).splitlines()[0] if str(e) else ''}); set target.capture=inductor") from e
+        else:
+            for mine, new in zip(self.args, args, strict=True):
+                mine.copy_(new)
+        return self.replay()
+
+
+def _warm_up(step: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    if not (args and args[0].is_cuda):
+        return step(*args)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = step(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    return out
+
+
+def static_cache(model: PreTrainedModel, cache_len: int) -> StaticCache:
+    """HF's static KV cache of ``cache_len`` positions for ``hf_compiled``, one per model and length.
+
+    A compiled step is specialised to its cache's buffers: a new cache object costs a recompilation, and
+    under inductor freezing the step would go on reading the first cache's buffers (wrong tokens from the
+    second prompt on; caught by a test). Reusing the cache is also what transformers advises.
+    """
+    caches: dict[int, StaticCache] = scratch(model).setdefault("static_caches", {})
+    if cache_len not in caches:
+        caches[cache_len] = StaticCache(config=model.config, max_cache_len=cache_len)
+    return caches[cache_len]
+

@@ -1,0 +1,204 @@
+"""The target behind one preallocated KV cache: the runner both decoding engines use.
+
+gpt-fast's way (docs/DESIGN.md section 12): each layer's keys and values are plain tensors of ``capacity``
+positions (:class:`KVLayer`), written where the runner says, and an accepted tree path is kept by moving
+its entries inside them. Where the next forward writes is said in one of two ways:
+
+* a host int (the loop engine, :mod:`jakiro_lib.decoding.loop`): attention reads the positions written so far
+  (a view), so its cost follows the text's length; a write past the end doubles the buffers. On this
+  project's 2-core EPYC an 8-token tree after 200 positions took 82 ms over 1024 cached positions against
+  65-69 over only the written ones (SmolLM2-135M fp32, 2026-11-25): reading the whole buffer is not free
+  on a CPU;
+* a 0-dim device tensor (the static engine, :mod:`jakiro_lib.decoding.static`): every shape is fixed, attention
+  reads the whole buffer under the caller's mask, and nothing is read on the host, so a captured CUDA
+  graph replays at any length.
+
+Targets with sliding-window layers (Mistral with ``sliding_window`` set) keep transformers' own dynamic
+layers for those, in the loop engine only; the static engine refuses them.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import Cache, DynamicCache, PreTrainedModel
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer
+
+from ..models.target import additive_mask
+from .tree import Tree
+
+
+class SlidingWindowError(ValueError):
+    """The target has sliding-window layers, which only the loop engine's dynamic layers hold."""
+
+
+class _Where:
+    """Where the next forward writes (a host int, or a 0-dim device tensor) and, with host positions, how many
+    positions hold the text. Shared by a runner's layers."""
+
+    def __init__(self) -> None:
+        self.start: int | torch.Tensor = 0
+        self.length = 0
+
+
+class KVLayer(CacheLayerMixin):
+    """One layer's keys and values, [1, n_kv, capacity, head_dim], written at ``where.start`` (see module)."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, where: _Where, capacity: int) -> None:
+        super().__init__()
+        self.where, self.capacity = where, capacity
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self._allocate(key_states, value_states, self.capacity)
+        self.is_initialized = True
+
+    def _allocate(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
+        keys = key_states.new_zeros(*key_states.shape[:2], capacity, key_states.shape[-1])
+        values = value_states.new_zeros(*value_states.shape[:2], capacity, value_states.shape[-1])
+        if self.is_initialized:
+            keys[:, :, :self.capacity], values[:, :, :self.capacity] = self.keys, self.values
+        self.keys, self.values, self.capacity = keys, values, capacity
+        if not torch.compiler.is_compiling():  # a captured graph reads and writes these in place
+            torch._dynamo.mark_static_address(self.keys)
+            torch._dynamo.mark_static_address(self.values)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, start = key_states.shape[-2], self.where.start
+        if isinstance(start, int):
+            end = start + n
+            if end > self.capacity:  # host positions only (the loop engine): grow, never write past the end
+                self._allocate(key_states, value_states, max(256, 2 * end))
+            self.keys[:, :, start:end] = key_states
+            self.values[:, :, start:end] = value_states
+            return self.keys[:, :, :end], self.values[:, :, :end]
+        cols = start + torch.arange(n, device=key_states.device)
+        self.keys.index_copy_(2, cols, key_states)
+        self.values.index_copy_(2, cols, value_states)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        start = self.where.start
+        return (start + query_length, 0) if isinstance(start, int) else (self.capacity, 0)
+
+    def get_seq_length(self) -> int | torch.Tensor:
+        return self.where.length if isinstance(self.where.start, int) else self.where.start
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Entries ``src`` copied to ``dst`` (index tensors; gathered first, so they may overlap)."""
+        if self.is_initialized:
+            self.keys.index_copy_(2, dst, self.keys.index_select(2, src))
+            self.values.index_copy_(2, dst, self.values.index_select(2, src))
+
+
+class TargetRunner:
+    """The target over one :class:`KVLayer` cache of ``capacity`` positions: the prefill, a token, a tree,
+    and keeping an accepted path.
+
+    The loop engine's calls keep ``length`` on the host (:meth:`prefill`, :meth:`step`, :meth:`tree`,
+    :meth:`keep`); the static engine's pass positions as device tensors (:meth:`score`, :meth:`move`).
+    ``positions_on_device``: the static engine's runner (full attention required); ``cache``: another
+    runner's, to share its buffers (a compiled step binds to its buffers, and a 7B target's cache is large).
+    """
+
+    def __init__(self, model: PreTrainedModel, capacity: int = 256, *, positions_on_device: bool = False,
+                 share: "TargetRunner | None" = None) -> None:
+        self.model, self.device, self.dtype = model, model.device, model.dtype
+        if share is not None:
+            self.where, self.cache = share.where, share.cache
+        else:
+            self.where = _Where()
+            # full-attention layers are ours; sliding-window ones (Mistral) keep transformers' dynamic layers
+            hf_layers = DynamicCache(config=model.config).layers
+            self.cache = Cache(layers=[KVLayer(self.where, capacity) if type(layer) is DynamicLayer else layer
+                                       for layer in hf_layers])
+        if positions_on_device and not all(isinstance(layer, KVLayer) for layer in self.cache.layers):
+            raise SlidingWindowError("the static engine needs full attention in every layer; this target has "
+                                     "sliding-window layers (run it on the loop engine)")
+        self.capacity = capacity
+        self.cols = torch.arange(capacity, device=self.device)
+
+    @property
+    def length(self) -> int:
+        """Positions that hold the text (host positions only)."""
+        return self.where.length
+
+    @length.setter
+    def length(self, value: int) -> None:
+        self.where.length = value
+
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
+                 start: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and features [n] of ``ids`` [n] at positions ``pos`` [n], written from ``start``."""
+        self.where.start = start
+        out = self.model.model(input_ids=ids[None], position_ids=pos[None], attention_mask=mask,
+                               past_key_values=self.cache, use_cache=True)
+        hidden = out.last_hidden_state[0]
+        return self.model.lm_head(hidden), hidden
+
+    # -- the loop engine: positions on the host ------------------------------------------------------------
+    def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and last hidden states (the lm_head input: the draft's features) of the prompt."""
+        if not all(isinstance(layer, KVLayer) for layer in self.cache.layers):  # sliding-window layers start anew
+            fresh = DynamicCache(config=self.model.config).layers
+            self.cache.layers = [mine if isinstance(mine, KVLayer) else new for mine, new in zip(self.cache.layers, fresh)]
+        n = ids.shape[0]
+        out = self._forward(ids, torch.arange(n, device=self.device), None, 0)
+        self.length = n
+        return out
+
+    def step(self, token: int) -> torch.Tensor:
+        """Logits after one more token."""
+        ids = torch.tensor([token], device=self.device)
+        logits, _ = self._forward(ids, torch.tensor([self.length], device=self.device), None, self.length)
+        self.length += 1
+        return logits[0]
+
+    def tree(self, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
+        """Score every node of ``tree`` after the ``length`` written positions; each node sees the prefix and
+        its ancestors (position = prefix length + depth)."""
+        anc = tree.ancestor_mask().to(self.device)
+        allowed = torch.cat([torch.ones(len(tree), self.length, dtype=torch.bool, device=self.device), anc], 1)
+        start = self.length
+        self.length += len(tree)
+        return self._forward(tree.tokens.to(self.device), start + tree.depths.to(self.device),
+                             additive_mask(allowed, self.dtype)[None, None], start)
+
+    def keep(self, start: int, nodes: list[int]) -> None:
+        """After a tree forward from ``start``: keep only ``nodes``' cache entries, moved to ``start..``."""
+        idx = torch.tensor(nodes, dtype=torch.long, device=self.device)
+        end = start + len(nodes)
+        for layer in self.cache.layers:
+            if isinstance(layer, KVLayer):
+                layer.move(start + idx, torch.arange(start, end, device=self.device))
+            else:  # a sliding-window layer of transformers' (loop engine only)
+                layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys[:, :, start + idx]], dim=2)
+                layer.values = torch.cat([layer.values[:, :, :start], layer.values[:, :, start + idx]], dim=2)
+                layer.cumulative_length = end
+        self.length = end
+
+    # -- the static engine: positions in device tensors ----------------------------------------------------
+    def score(self, tokens: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
+              start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and features [m] of a tree (``anc`` [m, m]) whose root sits at position ``start`` (0-dim)."""
+        allowed = tree_rows(self.cols[None, :] < start, start, anc)  # [m, capacity]
+        return self._forward(tokens, start + depths, additive_mask(allowed, self.dtype)[None, None], start)
+
+    def move(self, start: torch.Tensor, path: torch.Tensor) -> None:
+        """Entries ``start + path`` (tree rows, padded) moved to ``start..``."""
+        dst = start + torch.arange(path.shape[0], device=path.device)
+        for layer in self.cache.layers:
+            layer.move(start + path, dst)
+
+
+def tree_rows(allowed_prefix: torch.Tensor, start: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+    """[n, S] rows that see the first ``start`` positions, plus ``block`` [n, b] placed at start..start+b."""
+    n, b = block.shape
+    rows = allowed_prefix.expand(n, -1).clone()
+    cols = start + torch.arange(b, device=block.device)  # [b]
+    return rows.scatter_(1, cols.expand(n, -1), block)

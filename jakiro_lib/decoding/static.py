@@ -1,0 +1,358 @@
+"""Static-shape speculative decoding: fixed shapes, tensors on the device, one host read per cycle.
+
+The loop of :mod:`jakiro_lib.decoding.loop` builds each tree in Python (lists, dicts, a ``.tolist()`` per draft
+step), which costs little on a CPU but stalls a GPU once per call. Here every step of a cycle is a
+function of tensors whose shapes depend only on the tree settings (docs/DESIGN.md section 12):
+
+1. **draft** (:meth:`~jakiro_lib.decoding.static_tree.StaticTreeDrafter.propose`): EAGLE-2's tree, K = ``top_k`` frontier nodes per layer,
+   each forwarded into fixed slots of a preallocated draft cache, their K x K children scored
+   (:func:`~jakiro_lib.decoding.drafting.candidate_tensors`, coupled or decoupled; under CEPD a forward also yields
+   the layer after, from branch B), the best K kept by a stable sort, and finally the best
+   ``total_tokens - 1`` of the pool: the same tree as :class:`~jakiro_lib.decoding.drafting.FeatureDrafter` builds
+   (tested); a prompt-lookup chain, found by the host, grafted on it (:func:`~jakiro_lib.decoding.static_tree.graft_chain`);
+2. **verify** (:meth:`TargetRunner.score <jakiro_lib.decoding.runner.TargetRunner.score>`): the target scores the
+   tree over its preallocated KV cache, positions given as device tensors;
+3. **evaluate** (:func:`~jakiro_lib.decoding.static_tree.greedy_path`, or ``sampling_path`` at T > 0): the accepted path and the bonus token,
+   as tensors;
+4. **update**: the target cache keeps the path's entries (moved inside the static buffers), the draft
+   encodes the accepted positions (padded to the deepest possible path) and takes its next root.
+
+The host then reads one small tensor (the accepted count and tokens): the only synchronisation of a cycle.
+Lengths and positions live in device tensors, so each step can be captured as CUDA graphs (its eager
+kernels, or inductor's: ``target.capture``) without re-recording. At T > 0, step 3 is
+:func:`sampling_path`: the loop engine's lossless multi-candidate rule in a fixed number of iterations,
+on uniforms drawn before the step. Every drafting option of the loop engine runs here. On a CPU
+the same code runs eagerly and must give vanilla's greedy output token for token (tests/test_static.py)
+and the target's distribution when sampling (tests/test_verify.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any, Callable
+
+import torch
+from torch.profiler import record_function
+from transformers import PreTrainedModel
+
+from ..models import kernels
+from .compiled import MAX_TREE_ROOM, CapturedStep, call_compiled, compiled_cache_len
+from ..models.target import capture_of, scratch
+from ..config import TreeConfig
+from .loop import GenerationResult, _check_prompt, _choose, _finish, _sync, text_positions
+from ..models.draft import DraftModel
+from .drafting import PromptLookup
+from .runner import TargetRunner
+from .verify import SamplingParams
+from .static_tree import StaticEngineError, StaticTreeDrafter, ancestor_mask, evaluate, fixed_address, graft_chain, root_step
+
+
+# the ranges a cycle is profiled by (jakiro_lib.measure.gpucheck.cycle_breakdown); inside a compiled cycle the four
+# steps vanish (record_function is a no-op there) and the captured cycle shows as "cycle"
+STEP_RANGES = {s: f"jakiro::{s}" for s in ("draft", "verify", "evaluate", "update", "cycle", "read")}
+CACHE_STEP = 128  # eager engines round their cache lengths up to this (no compiled step binds to a length)
+
+
+def engine_cache_len(needed: int) -> int:
+    """Positions of an eager engine's caches: ``needed`` rounded up to :data:`CACHE_STEP`, because every
+    forward attends over the whole cache: on this project's 2-core EPYC an 8-token tree after 200 positions
+    took 82 ms over 1024 cached positions and 67-75 over 256-384 (the loop engine's growing cache: 65-69;
+    SmolLM2-135M fp32, 2026-11-25). A compiled engine takes one length per context instead (one compilation:
+    :func:`~jakiro_lib.decoding.compiled.compiled_cache_len`)."""
+    return -(-needed // CACHE_STEP) * CACHE_STEP
+
+
+def _runner(model: PreTrainedModel, cache_len: int, *, shared: bool) -> TargetRunner:
+    """A runner of ``cache_len`` positions given on the device; ``shared``: over the model's one cache of that
+    length (what compiled steps bind to: a new cache would compile again, and a 7B target's is large)."""
+    if not shared:
+        return TargetRunner(model, cache_len, positions_on_device=True)
+    runners: dict[int, TargetRunner] = scratch(model).setdefault("static_runners", {})
+    if cache_len not in runners:
+        runners[cache_len] = TargetRunner(model, cache_len, positions_on_device=True)
+    return TargetRunner(model, cache_len, positions_on_device=True, share=runners[cache_len])
+
+
+def _next_cycle(result: GenerationResult, start: torch.Tensor, length: int, max_context: int,
+                uniforms: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> bool:
+    """Before a cycle from ``length`` tokens: ``start`` set and (sampling) this cycle's draws drawn into
+    ``uniforms``; False, with the stop reason, where the context has no room left."""
+    if length + 1 > max_context:
+        result.stop_reason = "context"
+        return False
+    start.fill_(length)
+    if not params.greedy:
+        torch.rand(uniforms.shape, generator=generator, dtype=torch.float64, device=uniforms.device, out=uniforms)
+    return True
+
+
+def _compiled_step(model: PreTrainedModel, step: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``step`` compiled for ``model``'s device: on CUDA captured as CUDA graphs, by inductor or by
+    :class:`~jakiro_lib.decoding.compiled.CapturedStep` (:func:`~jakiro_lib.models.target.capture_of`); elsewhere inductor."""
+    if model.device.type != "cuda":
+        return torch.compile(step, mode="default", fullgraph=True, dynamic=False)
+    if capture_of(model) == "graphs":
+        return CapturedStep(step)
+    return torch.compile(step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+
+
+class _StaticLoop:
+    """What both static engines share: a :class:`~jakiro_lib.decoding.runner.TargetRunner` of ``cache_len`` positions,
+    given as device tensors, the step (compiled
+    on request, :func:`_compiled_step`: on CUDA captured as CUDA graphs; elsewhere inductor, with the
+    packed CPU GEMMs off inside it), and :meth:`generate`: the prefill,
+    then one step per cycle with one host read. ``uniforms``: a cycle's ``draws`` (sampling), drawn before
+    each cycle from the caller's generator, outside any compiled step, and passed to the step as an argument
+    rather than marked as a static address: CPU inductor's freezing turns the static tensors a graph only
+    reads into constants (the compiled cycle reused the first draws for ever: tests/test_static.py)."""
+
+    def __init__(self, model: PreTrainedModel, cache_len: int, step: Callable[..., torch.Tensor], *,
+                 params: SamplingParams, compile: bool, draws: int) -> None:
+        self.model, self.params, self.compile = model, params, compile
+        self.target = _runner(model, cache_len, shared=compile)
+        self.uniforms = torch.zeros(draws, dtype=torch.float64, device=model.device)
+        self.compiled_cycles = 0  # cycles run through the compiled step (tests check that it was used)
+        self.inputs: tuple[torch.Tensor, ...] = ()  # the step's inputs after the uniforms, set by the host per cycle
+        self._step = _compiled_step(model, step) if compile else step
+
+    def _run_step(self, start: torch.Tensor) -> torch.Tensor:
+        if not self.compile:
+            return self._step(start, self.uniforms, *self.inputs)
+        read = _call_compiled(self.model, self._step, start, self.uniforms, *self.inputs,
+                              first=self.compiled_cycles == 0)
+        self.compiled_cycles += 1
+        return read
+
+    def _begin(self, ids: torch.Tensor, hidden: torch.Tensor, first: int) -> None:
+        """After the prefill of ``ids`` [n], whose last position chose ``first``."""
+        raise NotImplementedError
+
+    def _advance(self, start: torch.Tensor, room: int) -> tuple[list[int], int | None]:
+        """One cycle from ``start`` with ``room`` positions left: (the tokens it emits, its tree size or None)."""
+        raise NotImplementedError
+
+    def _forwards(self) -> int:
+        return 0  # draft forwards so far (none without a draft)
+
+    def generate(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, eos_token_ids: list[int] = (),
+                 max_context: int, generator: torch.Generator | None = None,
+                 on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+        dev = self.model.device
+        result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
+        eos = set(eos_token_ids)
+        forwards0 = self._forwards()
+        _sync(dev)
+        t0 = time.perf_counter()
+        ids = prompt_ids.to(dev)
+        logits, hidden = self.target.prefill(ids)
+        first = _choose(logits[-1], self.params, generator)
+        self._begin(ids, hidden, first)
+        length = ids.shape[0]
+        start = torch.full((), length, device=dev)  # torch.full, not torch.tensor: a CPU value copied to a GPU syncs
+        done = _finish(result, [first], eos, max_new_tokens, on_tokens)
+        result.prefill_time = time.perf_counter() - t0
+        while not done and _next_cycle(result, start, length, max_context, self.uniforms, self.params, generator):
+            emitted, tree_size = self._advance(start, max_context - length)
+            length += len(emitted)
+            if tree_size is not None:
+                result.tree_sizes.append(tree_size)
+            before = len(result.output_ids)
+            done = _finish(result, emitted, eos, max_new_tokens, on_tokens)
+            result.accepted.append(len(result.output_ids) - before)
+        result.draft_forwards = self._forwards() - forwards0
+        _sync(dev)
+        result.wall_time = time.perf_counter() - t0
+        return result
+
+
+class StaticEngine(_StaticLoop):
+    """A target, a draft and tree settings bound to static buffers of ``cache_len`` positions.
+
+    :meth:`cycle` is one draft-verify-evaluate-update step from ``start`` cached positions, a function of
+    device tensors with fixed shapes; it returns what the host reads. ``params``: greedy (T=0) verification
+    or :func:`sampling_path` on the cycle's uniforms. ``compile``: the cycle goes through ``torch.compile``
+    (:class:`_StaticLoop`), the draft head's packed GEMM off inside it too. With ``tree.lookup_tokens`` the
+    host looks the context's last n-gram up (:class:`~jakiro_lib.decoding.drafting.PromptLookup`, over the tokens it
+    reads anyway) and hands the chain to the cycle, which grafts it on the tree (:func:`~jakiro_lib.decoding.static_tree.graft_chain`);
+    ``draft`` None: the tree is the root and the chain alone.
+    """
+
+    def __init__(self, model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig, cache_len: int, *,
+                 params: SamplingParams = SamplingParams(), compile: bool = False) -> None:
+        if draft is None and not tree.lookup_tokens:
+            raise StaticEngineError("without a draft, only a prompt-lookup chain proposes tokens: set "
+                                    "tree.lookup_tokens")
+        self.draft = draft
+        self.drafter = None if draft is None else StaticTreeDrafter(draft, tree, cache_len)
+        L = tree.lookup_tokens
+        self.lookup = PromptLookup(L, max_ngram=tree.lookup_max_ngram, min_ngram=tree.lookup_min_ngram) if L else None
+        drafted_m, drafted_depth = (1, 0) if self.drafter is None else (self.drafter.m, self.drafter.max_depth)
+        self.m, self.max_depth = drafted_m + L, max(drafted_depth, L)  # the verified tree: drafted rows, then chain
+        if self.m > MAX_TREE_ROOM:
+            raise StaticEngineError(f"a tree of {self.m} tokens does not fit the {MAX_TREE_ROOM} positions kept past "
+                                    "the text")
+        # the root when there is no draft (the last token, written in place); the chain's count and tokens
+        self.token = fixed_address(torch.zeros((), dtype=torch.long, device=model.device))
+        self.chain = torch.zeros(L + 1, dtype=torch.long, device=model.device)
+        super().__init__(model, cache_len, self.cycle, params=params, compile=compile,
+                         draws=self.max_depth * self.m + 1)
+        if L:
+            self.inputs = (self.chain,)  # an input, not a static address (see _StaticLoop on CPU freezing)
+
+    def cycle(self, start: torch.Tensor, uniforms: torch.Tensor, chain: torch.Tensor | None = None) -> torch.Tensor:
+        """[D + 2]: the accepted count, then the accepted tokens with the bonus token after them (padded).
+        ``uniforms``: this cycle's draws (sampling; see :class:`_StaticLoop`); ``chain``: the lookup chain
+        (:func:`~jakiro_lib.decoding.static_tree.graft_chain`)."""
+        drafter, target = self.drafter, self.target
+        with record_function(STEP_RANGES["draft"]):
+            if drafter is not None:
+                tokens, parents, depths = drafter.propose(start)
+            else:
+                tokens = self.token.reshape(1)
+                parents = depths = torch.zeros(1, dtype=torch.long, device=start.device)
+            valid = None
+            if chain is not None:
+                tokens, parents, depths, valid = graft_chain(tokens, parents, depths, chain)
+            anc = ancestor_mask(parents, self.max_depth)  # [m, m], the chain's rows included
+        with record_function(STEP_RANGES["verify"]):
+            logits, hidden = target.score(tokens, depths, anc, start)
+        with record_function(STEP_RANGES["evaluate"]):
+            path, accepted, bonus = evaluate(self.params, tokens, parents, depths, anc, logits, uniforms,
+                                             self.max_depth, valid)
+        with record_function(STEP_RANGES["update"]):
+            target.move(start, path)  # the path's entries to start..; the next cycle writes after the accepted ones
+            new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1]: accepted tokens, bonus at `accepted`
+            new = new.scatter(0, accepted[None], bonus[None])
+            if drafter is not None:
+                drafter.extend(hidden[path], new, start, accepted)
+            else:
+                self.token.copy_(bonus)
+        return torch.cat([accepted[None], new])
+
+    def _root(self) -> torch.Tensor:
+        return self.token if self.drafter is None else self.drafter.root_token
+
+    def _root_only(self, start: torch.Tensor) -> torch.Tensor:
+        """Near the end of the context, where a whole tree no longer fits: the root alone, verified."""
+        bonus = root_step(self.target, self._root(), self.params, self.uniforms, start)
+        return torch.stack([torch.zeros_like(bonus), bonus])
+
+    def _run_step(self, start: torch.Tensor) -> torch.Tensor:
+        if self.draft is None:
+            return super()._run_step(start)
+        head = self.draft.packed_head
+        if self.compile:
+            self.draft.packed_head = False  # inside the compiled step the plain GEMMs run (inductor packs them)
+            self.draft.head_weight()  # the draft vocabulary's rows, gathered outside the graph
+        try:
+            return super()._run_step(start)
+        finally:
+            self.draft.packed_head = head
+
+    def _begin(self, ids: torch.Tensor, hidden: torch.Tensor, first: int) -> None:
+        dev, n = ids.device, ids.shape[0]
+        if self.drafter is not None:
+            self.drafter.extend(hidden, torch.cat([ids[1:], torch.full((1,), first, device=dev)]),
+                                torch.zeros((), dtype=torch.long, device=dev), torch.full((), n - 1, device=dev))
+        else:
+            self.token.fill_(first)
+        if self.lookup is not None:
+            self.lookup.reset(ids.tolist() + [first])  # once per prompt (a host read of the prompt)
+
+    def _advance(self, start: torch.Tensor, room: int) -> tuple[list[int], int | None]:
+        whole = self.max_depth + 1 <= room
+        if whole and self.lookup is not None:
+            chain = self.lookup.propose()
+            L = self.lookup.num_tokens
+            self.chain.copy_(torch.tensor([len(chain), *chain, *[0] * (L - len(chain))]))
+        with record_function(STEP_RANGES["cycle"]):
+            step = self._run_step(start) if whole else self._root_only(start)
+        with record_function(STEP_RANGES["read"]):
+            read = step.tolist()  # the one host read
+        emitted = read[1:read[0] + 2]
+        if self.lookup is not None:
+            self.lookup.extend(emitted)
+        if self.drafter is not None and whole:
+            self.drafter.forwards += self.drafter.n_steps - 1
+        return emitted, self.m if whole else 1
+
+    def _forwards(self) -> int:
+        return 0 if self.drafter is None else self.drafter.forwards
+
+
+def _call_compiled(model: PreTrainedModel, step: Callable[..., torch.Tensor], *args: torch.Tensor,
+                   first: bool) -> torch.Tensor:
+    """A compiled step, with the compile settings and the target's plain GEMMs (inductor packs its own); a
+    failure of the ``first`` call (the compilation) is one :class:`~jakiro_lib.decoding.compiled.CompileError`."""
+    with kernels.plain_kernels(model, gqa=False):
+        return call_compiled(step, *args, device=model.device, first=first)
+
+
+class StaticDecoder(_StaticLoop):
+    """Plain decoding on the static target: each step scores the last token at ``start`` and chooses the next
+    (argmax, or :func:`sampling_path`'s inverse-CDF draw from the warped distribution at T > 0) in device
+    tensors; the host reads one token per step. ``compile``: the step captured as a CUDA graph on CUDA (as
+    :class:`StaticEngine`'s cycle), which HF's compiled ``generate`` does too: our loop's plain baseline on
+    a GPU, where the loop engine's eager step was 0.72x HF's (the H200 run of 2026-11-26)."""
+
+    def __init__(self, model: PreTrainedModel, cache_len: int, *, params: SamplingParams = SamplingParams(),
+                 compile: bool = False) -> None:
+        self.token = fixed_address(torch.zeros((), dtype=torch.long, device=model.device))  # the last token, in place
+        super().__init__(model, cache_len, self.step, params=params, compile=compile, draws=1)
+
+    def step(self, start: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+        """[1]: the token after the one at position ``start`` (0-dim), which becomes the last token."""
+        return root_step(self.target, self.token, self.params, uniforms, start).reshape(1)
+
+    def _begin(self, ids: torch.Tensor, hidden: torch.Tensor, first: int) -> None:
+        self.token.fill_(first)
+
+    def _advance(self, start: torch.Tensor, room: int) -> tuple[list[int], int | None]:
+        with record_function(STEP_RANGES["cycle"]):
+            step = self._run_step(start)
+        with record_function(STEP_RANGES["read"]):
+            return step.tolist(), None  # the one host read
+
+
+def _engine(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None, cache_len: int,
+            params: SamplingParams, compile: bool) -> StaticEngine | StaticDecoder:
+    """The engine for ``draft`` (None: plain decoding). A compiled one is kept on the model, one per draft,
+    tree, sampling settings and length: its step is specialised to its buffers (as
+    :func:`_runner` explains), so a new one would compile again."""
+    def build() -> StaticEngine | StaticDecoder:
+        if draft is None and (tree is None or not tree.lookup_tokens):
+            return StaticDecoder(model, cache_len, params=params, compile=compile)
+        return StaticEngine(model, draft, tree, cache_len, params=params, compile=compile)
+
+    if not compile:
+        return build()
+    engines: dict = scratch(model).setdefault("static_engines", {})
+    tree_key = None if tree is None else json.dumps(dataclasses.asdict(tree), sort_keys=True)
+    key = (id(draft), tree_key, params, cache_len, capture_of(model))
+    if key not in engines:  # the engine holds the draft, so its id is not reused while the entry lives
+        engines[key] = build()
+    return engines[key]
+
+
+@torch.inference_mode()
+def static_generate(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None,
+                    prompt_ids: torch.Tensor, *,
+                    max_new_tokens: int = 128, params: SamplingParams = SamplingParams(),
+                    eos_token_ids: list[int] = (), max_context: int = 2048, generator: torch.Generator | None = None,
+                    on_tokens: Callable[[list[int]], None] | None = None, compile: bool = False) -> GenerationResult:
+    """Speculative decoding on the static engine: draft, verify, evaluate, update; one host read per cycle
+    (``draft`` None: plain decoding, :class:`StaticDecoder`). ``params``/``generator`` as in
+    :func:`~jakiro_lib.decoding.loop.speculative_generate` (the generator on the model's device). ``compile``: the
+    cycle compiled (CUDA graphs on CUDA; the first prompts of each length compile)."""
+    _check_prompt(prompt_ids, max_context, 1)
+    needed = text_positions(prompt_ids, max_new_tokens, max_context) + MAX_TREE_ROOM  # room for a tree past the text
+    cache_len = compiled_cache_len(max_context) if compile else engine_cache_len(needed)
+    engine = _engine(model, draft, tree, cache_len, params, compile)
+    return engine.generate(prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
+                           max_context=max_context, generator=generator, on_tokens=on_tokens)
+
+
+def static_vanilla_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, **kwargs: Any) -> GenerationResult:
+    """Plain decoding on the static engine (:class:`StaticDecoder`); the keywords of :func:`static_generate`."""
+    return static_generate(model, None, None, prompt_ids, **kwargs)

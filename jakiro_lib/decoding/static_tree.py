@@ -1,0 +1,324 @@
+"""The static engine's tree, as fixed-shape tensors (docs/DESIGN.md section 12): the draft cache
+(:class:`StaticKV`), EAGLE-2's tree drafted layer by layer into preallocated slots (:class:`StaticTreeDrafter`,
+coupled, decoupled or CEPD, a prompt-lookup chain grafted on: :func:`graft_chain`), and the accepted path as
+tensors (:func:`greedy_path`, :func:`sampling_path`). The cycle that runs them: :mod:`jakiro_lib.decoding.static`.
+"""
+from __future__ import annotations
+
+import torch
+
+from .compiled import MAX_TREE_ROOM
+from ..config import TreeConfig
+from ..models.draft import DraftModel, DraftOutput
+from .drafting import candidate_tensors, schedule
+from .runner import TargetRunner, tree_rows
+from .verify import SamplingParams, warp_probs
+
+
+def fixed_address(t: torch.Tensor) -> torch.Tensor:
+    """``t``, marked as a buffer whose address never changes: a captured CUDA graph reads and writes it in place."""
+    torch._dynamo.mark_static_address(t)
+    return t
+
+
+class StaticEngineError(ValueError):
+    """A setting the static engine does not run (an unresolved 'auto' budget, sliding windows, a tree larger
+    than the room kept past the text)."""
+
+
+class StaticKV:
+    """The draft's key/value cache as one preallocated buffer of ``capacity`` positions.
+
+    ``slots`` [L] (a device tensor, set before each forward) says where the forward's L rows are written;
+    attention reads the whole buffer under the caller's mask, so shapes never change.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.slots: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.capacity
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.k is None:
+            self.k = fixed_address(k.new_zeros(*k.shape[:2], self.capacity, k.shape[-1]))  # [B, n_kv, capacity, hd]
+            self.v = fixed_address(v.new_zeros(*v.shape[:2], self.capacity, v.shape[-1]))
+        self.k.index_copy_(2, self.slots, k)
+        self.v.index_copy_(2, self.slots, v)
+        return self.k, self.v
+
+
+def ancestor_mask(parents: torch.Tensor, depth: int) -> torch.Tensor:
+    """[m, m] bool: node i sees node j iff j is i or an ancestor of i (``parents`` [m], root's parent 0,
+    every node at most ``depth`` deep); ``depth`` rounds of ``mask[i] = eye[i] | mask[parent[i]]``."""
+    eye = torch.eye(parents.shape[0], dtype=torch.bool, device=parents.device)
+    mask = eye
+    for _ in range(depth):
+        mask = eye | mask[parents]
+    return mask
+
+
+def greedy_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
+                logits: torch.Tensor, max_depth: int,
+                valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy verification in tensors: (path [max_depth + 1] node indices by depth, accepted count, bonus).
+
+    A node is accepted when it and every ancestor equal the target's argmax at their parent. Siblings
+    hold distinct tokens, so the accepted nodes form one root path; its deepest node gives the bonus
+    token. Path entries past the accepted count point at the root (padding the caller never emits).
+    ``valid`` [m] bool: nodes that may be accepted (None: all; :func:`graft_chain`'s unused rows may not).
+    """
+    pred = logits.argmax(-1)  # [m]
+    match = (tokens == pred[parents]) | (depths == 0)  # [m]; the root (depth 0) always matches
+    if valid is not None:
+        match = match & valid
+    accepted = ~(anc & ~match[None, :]).any(-1)  # [m]
+    best = torch.where(accepted, depths, -1).argmax().reshape(1)
+    on_path = anc.index_select(0, best)[0]  # [m]: the best node and its ancestors
+    levels = torch.arange(max_depth + 1, device=tokens.device)
+    hit = on_path[None, :] & (depths[None, :] == levels[:, None])  # [D + 1, m]
+    path = hit.long().argmax(-1)  # [D + 1]; rows past the path find nothing: index 0
+    return path, depths.index_select(0, best)[0], pred.index_select(0, best)[0]
+
+
+def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, params: SamplingParams,
+                  uniforms: torch.Tensor, max_depth: int,
+                  valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sampling verification in tensors, the rule of :func:`jakiro_lib.decoding.verify.verify_sampling`: at each node
+    the children are tried in index order, child j accepted with probability p(x_j) / R_j, where R_j is the
+    node's mass left after zeroing the tokens of the children tried before it; when all are rejected, or at
+    a leaf, the bonus token is drawn from what is left. Returns (path [max_depth + 1], accepted count, bonus)
+    as :func:`greedy_path` does.
+
+    ``uniforms`` [max_depth * m + 1] float64: one draw per (depth, node), the walk taking the first child
+    whose draw falls under its acceptance probability (the same law as drawing child by child), and one for
+    the bonus (inverse CDF, as :func:`~jakiro_lib.decoding.verify.inverse_cdf`). R_j is the exact sum of the
+    residual (children's tokens zeroed) plus the untried children's mass, so the last child with any mass
+    left is accepted with probability exactly 1, as in the loop engine. A child repeating an earlier
+    sibling's token has no mass (its token was zeroed by that sibling's rejection). ``valid``: as in
+    :func:`greedy_path`; an invalid node is nobody's child.
+    """
+    m = tokens.shape[0]
+    idx = torch.arange(m, device=tokens.device)
+    children = (parents[None, :] == idx[:, None]) & (idx[None, :] > 0)  # [m, m]: j is a child of i
+    if valid is not None:
+        children = children & valid[None, :]
+    earlier_same = (tokens[:, None] == tokens[None, :]) & (idx[None, :] < idx[:, None])  # [m, m]: k < j, same token
+    repeated = (children.float() @ earlier_same.float().T) > 0  # [m, m]: an earlier sibling of j holds its token
+    probs = warp_probs(logits, params)  # [m, V]
+    cand = torch.where(children, tokens[None, :], 0)  # [m, m]: children's tokens (0 elsewhere: the root may be any id)
+    pc = probs.gather(1, cand).double() * (children & ~repeated)  # [m, m]: p_i(x_j) of i's children
+    zeroed = torch.zeros_like(probs).scatter_add_(1, cand, children.to(probs.dtype)) > 0
+    residual = probs.masked_fill(zeroed, 0.0)  # [m, V]: each node's children's tokens zeroed
+    left = residual.double().sum(-1, keepdim=True) + pc.flip(1).cumsum(1).flip(1)  # [m, m]: R_j
+    accept_p = torch.where(pc > 0, pc / left.clamp_min(torch.finfo(torch.float64).tiny), 0.0)  # [m, m]
+    u = uniforms[:max_depth * m].view(max_depth, m)
+    node = accepted = torch.zeros((), dtype=torch.long, device=tokens.device)
+    live = torch.ones((), dtype=torch.bool, device=tokens.device)
+    path = [node]
+    for d in range(max_depth):
+        hits = u[d] < accept_p.index_select(0, node[None])[0]  # [m]
+        live = live & hits.any()
+        node = torch.where(live, hits.long().argmax(), node)  # the first accepted child, if any
+        accepted = accepted + live
+        path.append(torch.where(live, node, 0))
+    row = residual.index_select(0, node[None])[0].double()  # [V]
+    cdf = row.cumsum(0)
+    bonus = torch.searchsorted(cdf, (uniforms[-1] * cdf[-1])[None], right=True)[0]
+    last = torch.where(row > 0, torch.arange(row.shape[0], device=row.device), -1).max()  # u * total rounded up
+    bonus = torch.where(bonus >= row.shape[0], last, bonus)
+    return torch.stack(path), accepted, bonus
+
+
+def evaluate(params: SamplingParams, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+             anc: torch.Tensor, logits: torch.Tensor, uniforms: torch.Tensor, max_depth: int,
+             valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step 3 of a cycle: :func:`greedy_path` at T=0, else :func:`sampling_path` (path, accepted count, bonus)."""
+    if params.greedy:
+        return greedy_path(tokens, parents, depths, anc, logits, max_depth, valid)
+    return sampling_path(tokens, parents, logits, params, uniforms, max_depth, valid)
+
+
+def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+                chain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A tree of m nodes with a prompt-lookup chain merged in, in fixed shapes: :meth:`Tree.graft
+    <jakiro_lib.decoding.tree.Tree.graft>`'s rule (the chain follows existing nodes while their tokens agree, then
+    continues as new nodes, last among their siblings) on device tensors.
+
+    ``chain`` [L + 1] long: the number of chain tokens c, then the tokens (padded). Returns tokens,
+    parents, depths and ``valid`` [m + L]: rows m.. hold the new nodes; a row the chain did not need
+    (followed an existing node, or past c) is invalid: parent the root, never accepted (verified by the
+    target all the same, as padding)."""
+    m, L, dev = tokens.shape[0], chain.shape[0] - 1, tokens.device
+    idx = torch.arange(m, device=dev)
+    zero = torch.zeros((), dtype=torch.long, device=dev)
+    node, depth, following = zero, zero, torch.ones((), dtype=torch.bool, device=dev)
+    new: list[tuple[torch.Tensor, ...]] = []
+    for i in range(L):
+        token, live = chain[i + 1], chain[0] > i
+        hit = (parents == node) & (tokens == token) & (idx > 0)  # [m]: node's child holding the token
+        found = following & live & hit.any()
+        real = live & ~found  # a new node, child of `node`
+        new.append((torch.where(real, token, 0), torch.where(real, node, 0), torch.where(real, depth + 1, 1), real))
+        at = hit.long().argmax()
+        depth = torch.where(found, depths.index_select(0, at[None])[0], torch.where(real, depth + 1, depth))
+        node = torch.where(found, at, torch.where(real, m + i, node))
+        following = following & found
+    if not new:
+        return tokens, parents, depths, torch.ones(m, dtype=torch.bool, device=dev)
+    t, p, d, v = (torch.stack(x) for x in zip(*new))
+    return (torch.cat([tokens, t]), torch.cat([parents, p]), torch.cat([depths, d]),
+            torch.cat([torch.ones(m, dtype=torch.bool, device=dev), v]))
+
+
+def root_step(target: TargetRunner, token: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor,
+              start: torch.Tensor) -> torch.Tensor:
+    """The last token (``token``, 0-dim, at position ``start``) alone, verified as a one-node tree: the next
+    token (0-dim, greedy or sampled), written into ``token``; the target's cache then holds start + 1."""
+    zero = torch.zeros(1, dtype=torch.long, device=start.device)  # the node's index, parent and depth
+    tokens, anc = token.reshape(1), torch.ones(1, 1, dtype=torch.bool, device=start.device)
+    logits, _ = target.score(tokens, zero, anc, start)  # [1, V]
+    bonus = evaluate(params, tokens, zero, zero, anc, logits, uniforms, 0)[2]
+    token.copy_(bonus)
+    return bonus
+
+
+class StaticTreeDrafter:
+    """EAGLE-2's dynamic tree (coupled or decoupled candidates) in fixed shapes over a :class:`StaticKV`."""
+
+    def __init__(self, draft: DraftModel, tree: TreeConfig, capacity: int) -> None:
+        if tree.total_tokens == "auto":
+            raise StaticEngineError("tree.total_tokens='auto' must be resolved to a number first")
+        if tree.decoupled and draft.cfg.num_experts < 2:
+            raise StaticEngineError("decoupled candidates need a draft with at least 2 experts")
+        if tree.ar_steps is not None and not draft.cfg.branch_b:
+            raise StaticEngineError("CEPD (ar_steps) needs a draft trained with branch B")
+        # layers per draft step, as the loop drafter: 1 (branch A), or 2 under CEPD (A, then B's grandchildren)
+        self.steps = schedule(min(tree.depth, tree.total_tokens - 1), tree.ar_steps, draft.cfg.branch_b)
+        self.draft = draft
+        self.cfg = tree
+        self.K = K = tree.top_k
+        self.n_steps = len(self.steps)
+        self.n_slots = (self.n_steps - 1) * K  # tree rows forwarded per cycle
+        # candidates per cycle: the root's K children, K x K per later step, K x K grandchildren per CEPD step
+        self.pool_size = 1 + K + (self.n_steps - 1) * K * K + sum(n == 2 for n in self.steps) * K * K
+        self.m = min(tree.total_tokens, self.pool_size)
+        self.max_depth = min(sum(self.steps), self.m - 1)
+        if max(self.n_slots, self.m) > MAX_TREE_ROOM:
+            raise StaticEngineError(f"a tree of {self.m} tokens and {self.n_slots} drafted rows does not fit the "
+                                    f"{MAX_TREE_ROOM} positions kept past the text")
+        self.cache = StaticKV(capacity)
+        self.dtype = next(draft.parameters()).dtype
+        self.forwards = 0  # draft forwards inside trees, counted by the engine (no Python state inside a compiled step)
+        # The last position's outputs (a [H], experts [E, H], gates [E]) and token: buffers allocated by the
+        # first extend and then written in place, so a captured cycle reads and writes the same memory
+        self.root: DraftOutput | None = None
+        self.root_token: torch.Tensor | None = None  # 0-dim
+
+    def _forward(self, feats: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+                 allowed: torch.Tensor) -> DraftOutput:
+        """Rows [L] written at ``slots``, attending where ``allowed`` [L, capacity]; outputs without batch."""
+        self.cache.slots = slots
+        out = self.draft(feats[None].to(self.dtype), tokens[None], pos[None], self.cache, allowed[None, None])
+        return DraftOutput(out.a[0], None if out.b is None else out.b[0],
+                           None if out.experts is None else out.experts[0],
+                           None if out.gates is None else out.gates[0])
+
+    def extend(self, hidden: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor, last: torch.Tensor) -> None:
+        """Encode positions start.. (features ``hidden`` [n, H], next tokens [n]); row ``last`` (0-dim)
+        is the newest real one: its output and token root the next tree. Rows after it are padding,
+        written past the text and overwritten later."""
+        n = tokens.shape[0]
+        pos = start + torch.arange(n, device=tokens.device)  # [n]
+        cols = torch.arange(self.cache.capacity, device=tokens.device)
+        out = self._forward(hidden, tokens, pos, pos, cols[None, :] <= pos[:, None])
+        at = last.reshape(1)  # index_select, not tensor[last]: a 0-dim index would be read on the host
+        new = [None if x is None else x.index_select(0, at)[0] for x in (out.a, out.b, out.experts, out.gates, tokens)]
+        if self.root is None:
+            a, b, experts, gates, token = (None if x is None else fixed_address(x.clone()) for x in new)
+            self.root, self.root_token = DraftOutput(a, b, experts, gates), token
+            return
+        for buf, x in zip((self.root.a, self.root.b, self.root.experts, self.root.gates, self.root_token), new):
+            if buf is not None:
+                buf.copy_(x)
+
+    def _children(self, out: DraftOutput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return candidate_tensors(self.draft, self.cfg, out.a, out.experts, out.gates)
+
+    def propose(self, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The tree rooted at the last token, drafted after ``base`` (0-dim) cached positions:
+        tokens, parents (root's: 0) and depths [m], all on the device (the engine builds the ancestor mask
+        once, after any lookup chain is grafted: :func:`ancestor_mask`).
+
+        Each step expands the frontier (the root, then the K rows forwarded in one draft call) by branch A;
+        a CEPD step (``steps`` entry 2) keeps the best K of those children and gives each the top K of its
+        real parent's branch-B distribution as children (the grandparent's prediction two ahead: the
+        skipped node is never forwarded), from which the next frontier is chosen; docs/DESIGN.md section 3.
+        """
+        K, dev = self.K, base.device
+        zero = torch.zeros(1, dtype=torch.long, device=dev)
+        tokens, parents, depths = [self.root_token.reshape(1)], [zero], [zero]
+        scores = [torch.zeros(1, dtype=torch.float64, device=dev)]
+        out = _batch_of_one(self.root)  # the frontier's outputs: the root's, then each forward's
+        front_idx, front_score, front_feat = zero, scores[0], None
+        front_anc = torch.zeros(1, self.n_slots, dtype=torch.bool, device=dev)  # forwarded ancestors' slots
+        prefix = torch.arange(self.cache.capacity, device=dev)[None, :] < base
+        eye = torch.eye(K, dtype=torch.bool, device=dev)
+        size, depth = 1, 0  # pool nodes so far; the frontier's depth
+
+        def add(ids: torch.Tensor, owner: torch.Tensor, owner_score: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+            """K children per owner ([N] pool indices): pooled; returns their scores [N * K] (a child never
+            outscores its parent, as in CandidatePool.add)."""
+            nonlocal size
+            child = torch.minimum(owner_score[:, None] + vals.double(), owner_score[:, None]).flatten()  # [N*K]
+            tokens.append(ids.flatten())
+            parents.append(owner.repeat_interleave(K))
+            scores.append(child)
+            depths.append(zero.expand(child.shape[0]) + depth + 1)
+            size += child.shape[0]
+            return child
+
+        for k, n_layers in enumerate(self.steps):
+            own = front_anc
+            if k > 0:  # one draft forward for the whole frontier, into slots s0.. of the draft cache
+                s0 = (k - 1) * K
+                own = front_anc.clone()
+                own[:, s0:s0 + K] = eye  # each row also sees itself
+                slots = base + s0 + torch.arange(K, device=dev)
+                out = self._forward(front_feat, torch.cat(tokens)[front_idx], (base - 1 + depth).expand(K), slots,
+                                    tree_rows(prefix, base, own))
+            ids, vals, feats = self._children(out)  # [N, K], [N, K], [N, K, H]
+            first = size
+            child = add(ids, front_idx, front_score, vals)
+            order = child.sort(descending=True, stable=True).indices[:K]  # the best K, best first
+            front_idx, front_score = first + order, child[order]
+            front_feat, front_anc = feats.flatten(0, 1)[order], own.repeat_interleave(K, 0)[order]
+            depth += 1
+            if n_layers == 2:  # CEPD: the survivors' children from their parents' branch B
+                rows = order // K  # [K]: each survivor's parent, a row of `out`
+                top = self.draft.logits(out.b).float().log_softmax(-1).topk(K, dim=-1)  # [N, K]
+                first = size
+                grand = add(self.draft.to_target_ids(top.indices)[rows], front_idx, front_score, top.values[rows])
+                order = grand.sort(descending=True, stable=True).indices[:K]
+                front_idx, front_score = first + order, grand[order]
+                front_feat, front_anc = out.b[rows][order // K], front_anc[order // K]
+                depth += 1
+        tokens, parents, scores, depths = (torch.cat(x) for x in (tokens, parents, scores, depths))
+        # EAGLE-2's selection: the best m - 1 candidates (ties: shallower, then earlier; pool index order
+        # is depth order), kept in index order so that every parent precedes its children
+        keep = scores[1:].sort(descending=True, stable=True).indices[:self.m - 1].sort().values + 1  # [m - 1]
+        nodes = torch.cat([zero, keep])
+        new_index = torch.zeros(self.pool_size, dtype=torch.long, device=dev)
+        new_index[nodes] = torch.arange(self.m, device=dev)
+        tree_parents = new_index[parents[nodes]]  # the root's parent maps to 0
+        return tokens[nodes], tree_parents, depths[nodes]
+
+
+def _batch_of_one(out: DraftOutput) -> DraftOutput:
+    """A position's outputs as a batch of one row."""
+    return DraftOutput(out.a[None], None if out.b is None else out.b[None],
+                       None if out.experts is None else out.experts[None],
+                       None if out.gates is None else out.gates[None])

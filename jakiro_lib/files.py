@@ -1,0 +1,184 @@
+"""Files and folders that survive interruption: atomic writes and directory swaps, JSON, checksums, the run
+lock, and path checks that say in one line what is wrong."""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import functools
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent  # the checkout this package runs from
+log = logging.getLogger(__name__)
+
+
+def cache_dir() -> Path:
+    """Where converted models and feature caches live (``JAKIRO_CACHE`` or ``<repo>/.cache``)."""
+    path = Path(os.environ.get("JAKIRO_CACHE", REPO_ROOT / ".cache"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling path; on success it replaces ``path`` (file or directory) atomically.
+
+    A crash leaves the old content (or nothing) in place, never a half-written file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)) / path.name
+    try:
+        yield tmp
+        if path.is_dir() and tmp.is_dir():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp.parent, ignore_errors=True)
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file, read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def read_json(path: str | Path) -> Any:
+    """The JSON content of ``path``, or None when it is missing or unreadable (a cut write, say)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def read_jsonl(path: str | Path) -> list[Any]:
+    """The records of a JSON-lines file, skipping lines an interrupted write cut short (or bytes that are
+    not text), with one warning counting them; [] when missing."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out, bad = [], 0
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            bad += line.strip() != ""
+    if bad:
+        log.warning("%s: skipped %d unreadable line(s) (a write cut short, or not JSON)", path, bad)
+    return out
+
+
+def end_last_line(path: str | Path) -> None:
+    """Before appending to a JSON-lines file: if a crash cut its last line short, end that line, so the
+    next record starts a line of its own instead of joining the cut one (both would be lost)."""
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as fh:
+        fh.seek(-1, os.SEEK_END)
+        if fh.read(1) != b"\n":
+            fh.write(b"\n")
+
+
+def write_text(path: str | Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def replace_dir_atomically(new: str | Path, dest: str | Path) -> None:
+    """Put the complete directory ``new`` (a sibling of ``dest``) at ``dest``, replacing what was there.
+
+    On Linux one ``renameat2(RENAME_EXCHANGE)`` swaps the two names, so ``dest`` always names a whole
+    directory, the old or the new one; the old one (then at ``new``) is deleted afterwards. Where that
+    call is missing, ``dest`` is renamed to ``.<name>.old`` first: a crash between the two renames leaves
+    the old directory there, and :func:`restore_replaced_dir` puts it back.
+    """
+    new, dest = Path(new), Path(dest)
+    if not dest.exists():
+        os.replace(new, dest)
+    elif _exchange(new, dest):
+        shutil.rmtree(new)  # the old content, swapped out
+    else:
+        backup = _backup_of(dest)
+        shutil.rmtree(backup, ignore_errors=True)
+        os.replace(dest, backup)
+        os.replace(new, dest)
+        shutil.rmtree(backup)
+
+
+def restore_replaced_dir(dest: str | Path) -> bool:
+    """Put back a directory that :func:`replace_dir_atomically` moved aside and a crash left there."""
+    dest = Path(dest)
+    backup = _backup_of(dest)
+    if dest.exists() or not backup.is_dir():
+        return False
+    os.replace(backup, dest)
+    return True
+
+
+def _backup_of(dest: Path) -> Path:
+    return dest.with_name(f".{dest.name}.old")
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 with RENAME_EXCHANGE); False where unsupported."""
+    libc = c_library()
+    fn = getattr(libc, "renameat2", None) if libc is not None else None
+    if fn is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):  # old kernel or a file system without it
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+class PathError(ValueError):
+    """A path given on the command line that cannot serve as what it is for (a file where a directory must be)."""
+
+
+def check_paths(*, dirs: dict[str, Path | None] | None = None, files: dict[str, Path | None] | None = None) -> None:
+    """Refuse, before anything runs, output paths that could only fail later: a directory option (``dirs``,
+    option name -> path) that names a file or lies below one, a file option (``files``) that names a directory."""
+    dirs, files = dirs or {}, files or {}
+    for option, path in [*dirs.items(), *files.items()]:
+        if path is None:
+            continue
+        if option in files and Path(path).is_dir():
+            raise PathError(f"{option} {path} is a directory; give a file name")
+        start = Path(path) if option in dirs else Path(path).parent
+        there = next((p for p in (start, *start.parents) if p.exists()), None)  # the nearest that exists
+        if there is not None and not there.is_dir():
+            raise PathError(f"{option} {path}: {there} is a file, not a directory")
+
+
+@functools.lru_cache(maxsize=1)
+def c_library() -> Any:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    except OSError:
+        return None

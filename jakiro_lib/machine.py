@@ -1,0 +1,287 @@
+"""This machine and process: the distributed launch, seeding, the device and CPU features (bf16 units), the
+mixed precision they favour, run metadata, glibc's freed-memory policy, other torch processes busy here, and the
+run lock (one command writing a run directory at a time)."""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import json
+import logging
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+import transformers
+
+from .files import REPO_ROOT, c_library, read_json
+
+log = logging.getLogger(__name__)
+
+
+def world_size() -> int:
+    """Processes of this run: ``WORLD_SIZE`` as ``accelerate launch`` / torchrun set it, else 1."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def main_rank() -> bool:
+    """Whether this is the main process (``RANK`` 0, or no launcher): the one that speaks and takes locks."""
+    return int(os.environ.get("RANK", "0") or 0) == 0
+
+
+class LaunchError(RuntimeError):
+    """The processes of a multi-process launch did not join one group (each would redo, and rewrite, all the work)."""
+
+
+def distributed_state() -> Any:
+    """accelerate's ``PartialState`` of a run launched in several processes (``world_size() > 1``), joined into one
+    group: NCCL where CUDA is, else gloo on the CPU.
+
+    ``PartialState()`` alone joins no group on a machine without CUDA: under ``accelerate launch --multi_gpu
+    --num_processes 2`` (torchrun) on a 2-core CPU each process reported 1 process and rank 0, and both cached every
+    shard and wrote the same manifest (issue 43; tests/test_multiprocess.py). ``cpu=True`` there makes it a gloo
+    group. A :class:`LaunchError` when the group still does not hold ``WORLD_SIZE`` processes.
+    """
+    from accelerate import PartialState  # only under a multi-process launch: optional, heavy
+
+    state = PartialState(cpu=not torch.cuda.is_available())
+    if state.num_processes != world_size():
+        raise LaunchError(f"launched as {world_size()} processes (WORLD_SIZE), but accelerate sees "
+                          f"{state.num_processes} ({state.distributed_type}); launch with `accelerate launch "
+                          "--multi_gpu --num_processes N -m jakiro_lib ...` (docs/usage.md)")
+    return state
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def device_name(device: str | torch.device = "cpu") -> str:
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+
+
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none), read once per process: several callers
+    ask (favoured_dtype, the throughput environment), and /proc/cpuinfo is long on many-core machines."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def favoured_dtype(device: torch.device) -> str | None:
+    """``"bfloat16"`` where the device has bf16 matrix units, else None (fp32 only)."""
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else None
+    return "bfloat16" if cpu_flags() & set(BF16_CPU_FLAGS) else None
+
+
+def resolve_precision(setting: str, favoured: str | None) -> str:
+    """``TrainConfig.mixed_precision`` with ``"auto"`` resolved: ``"bf16"`` where the device favours bfloat16
+    (``favoured``: :func:`favoured_dtype` of it, or what a throughput table measured), else ``"no"``."""
+    if setting != "auto":
+        return setting
+    return "bf16" if favoured == "bfloat16" else "no"
+
+
+def compiles_step(setting: str, precision: str) -> bool:
+    """``TrainConfig.compile`` with ``"auto"`` resolved: compile the training step where it runs in bf16 (in fp32 the
+    GEMMs dominate and compiling bought nothing on an AMX CPU; docs/DESIGN.md section 11)."""
+    return setting == "yes" or setting == "auto" and precision == "bf16"
+
+
+def run_metadata(device: str | torch.device = "cpu", **extra: Any) -> dict[str, Any]:
+    """Versions, machine, device and commit: written next to every result."""
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "platform": platform.platform(),
+        "device": str(device),
+        "device_name": device_name(device),
+        "malloc_keeps_freed": _HEAP_KEPT,
+        **extra,
+    }
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc mallopt parameters (malloc.h)
+
+
+GLIBC_MMAP_THRESHOLD_MAX = 32 * 2**20  # the ceiling of glibc's own dynamic mmap threshold (64-bit)
+
+
+_HEAP_KEPT = False
+
+
+def keep_freed_memory(keep: bool = True) -> bool:
+    """Make glibc's malloc keep freed memory for reuse instead of returning it to the system; True if it took.
+
+    A training step on a CPU allocates and frees tensors of tens of MB (the [rows, vocabulary] logits).
+    glibc serves every block over 32 MB with a fresh ``mmap``, so each such tensor is page-faulted in anew:
+    measured on a 2-core Sapphire Rapids (2026-11-25), 15 ms of a 20 ms elementwise pass over 80 MB. With
+    mmap and trimming off, freed blocks stay in the heap and are reused (docs/DESIGN.md section 11). Process-wide:
+    the process keeps its peak heap until it exits. ``keep=False`` goes back to glibc's steady state (mmap above
+    32 MB, the ceiling its dynamic threshold reaches), for side-by-side measurements. A no-op (False) where the
+    C library has no ``mallopt`` (not glibc).
+    """
+    global _HEAP_KEPT
+    libc = c_library()
+    if libc is None or not hasattr(libc, "mallopt"):
+        return False
+    if keep:
+        ok = libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+    else:
+        ok = (libc.mallopt(M_MMAP_MAX, 65536) and libc.mallopt(M_MMAP_THRESHOLD, GLIBC_MMAP_THRESHOLD_MAX)
+              and libc.mallopt(M_TRIM_THRESHOLD, 2 * GLIBC_MMAP_THRESHOLD_MAX))
+    _HEAP_KEPT = keep and bool(ok)
+    return _HEAP_KEPT
+
+
+def busy_torch_processes(sample_s: float = 0.2, proc: Path = Path("/proc")) -> list[tuple[int, str]]:
+    """``(pid, command)`` of the other processes on this machine that have torch loaded and used more
+    than a quarter of a core during a ``sample_s`` second sample (Linux: reads ``/proc``; elsewhere []).
+
+    Measured 2026-11-23 on the 2-core build machine: a second torch process (a notebook beside a caching
+    run) slowed feature caching from ~0.4 to ~7 s per conversation, because both size their thread pools
+    to all cores.
+    """
+    if not proc.is_dir():
+        return []
+    before = _cpu_ticks(proc)
+    time.sleep(sample_s)
+    after = _cpu_ticks(proc)
+    threshold = 0.25 * sample_s * os.sysconf("SC_CLK_TCK")
+    busy = [pid for pid, t in after.items() if pid != os.getpid() and t - before.get(pid, t) > threshold]
+    return [(pid, _command(proc, pid)) for pid in busy if _has_torch(proc, pid)]
+
+
+def busy_warning() -> str | None:
+    """One warning line when another torch process is busy here (``JAKIRO_NO_BUSY_CHECK=1``: no check)."""
+    if os.environ.get("JAKIRO_NO_BUSY_CHECK"):
+        return None
+    others = busy_torch_processes()
+    if not others:
+        return None
+    pid, cmd = others[0]
+    more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+    return (f"warning: another torch process is busy on this machine (pid {pid}: {cmd}{more}); both will run "
+            f"slower and timings will be unreliable (their threads compete for {os.cpu_count()} cores)")
+
+
+def _cpu_ticks(proc: Path) -> dict[int, int]:
+    """pid -> user + system CPU ticks so far."""
+    out = {}
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            out[int(stat.parent.name)] = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def _has_torch(proc: Path, pid: int) -> bool:
+    try:
+        return b"libtorch" in (proc / str(pid) / "maps").read_bytes()
+    except OSError:
+        return False
+
+
+def _command(proc: Path, pid: int, width: int = 80) -> str:
+    try:
+        cmd = " ".join((proc / str(pid) / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ").split())
+    except OSError:
+        cmd = "?"
+    return cmd if len(cmd) <= width else cmd[:width - 3] + "..."
+
+
+LOCK_FILE = ".lock"  # in a run directory (or a benchmark's --out folder) while a command writes there
+
+
+class RunLockError(RuntimeError):
+    """Another process holds a run directory's lock (the message names it), or the lock cannot be taken."""
+
+
+@contextlib.contextmanager
+def run_lock(*dirs: str | Path, command: str | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on each of ``dirs`` (created if missing) while the block runs: one writing run
+    per run directory. Each is a ``flock`` on ``<dir>/.lock``, which holds the holder's pid, command and start
+    time; a second process fails at once with a :class:`RunLockError` naming the holder. The kernel drops the
+    lock when its holder exits, however it ends (SIGKILL included), so a lock is never stale. Under
+    ``accelerate launch`` only the main process (``RANK`` 0) locks: the others are the same run.
+    """
+    if not main_rank():
+        yield
+        return
+    paths = list(dict.fromkeys(Path(d).expanduser().resolve() for d in dirs))  # one lock per directory
+    holder = json.dumps({"pid": os.getpid(), "command": command or " ".join(sys.argv),
+                         "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}) + "\n"
+    with contextlib.ExitStack() as stack:
+        for d in paths:
+            stack.enter_context(_locked(d, holder))
+        yield
+
+
+@contextlib.contextmanager
+def _locked(directory: Path, holder: str) -> Iterator[None]:
+    lock = directory / LOCK_FILE
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise RunLockError(f"cannot lock {directory} for this run: {exc.strerror} ({exc.filename})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunLockError(f"{directory} is in use by another run ({_holder(lock)}); one run per directory "
+                               f"at a time: wait for it to end, or stop it") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, holder.encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock (the file stays: removing it would race with a waiting process)
+
+
+def _holder(lock: Path) -> str:
+    """Who holds ``lock``, from what it wrote there (it may not have written yet: a short wait)."""
+    for _ in range(20):
+        info = read_json(lock)
+        if isinstance(info, dict) and "pid" in info:
+            return f"pid {info['pid']}: {info.get('command', '?')}, since {info.get('started', '?')}"
+        time.sleep(0.05)
+    return "pid unknown"

@@ -1,0 +1,283 @@
+"""Turning ``tree.total_tokens="auto"`` into a number: the tree budget tuned on this machine, cached.
+
+The cost model (:mod:`jakiro_lib.measure.costmodel`) measures T(n) and picks the budget that maximises estimated
+tokens/s; this module decides when to measure, on what, and keeps the results in
+``run_dir/bench/tree_budgets.json`` (one entry per machine, target settings and runner; choices keyed by the
+draft weights' digest, the tree settings and the tuning prompts), so that reruns, copied drafts and other
+target settings do not retune for nothing.
+
+Issue 43 made three choices here, each because of a measurement or a flaw:
+
+* The prompts are first user turns of ShareGPT conversations the drafts were not trained on
+  (:func:`tuning_prompts`), never benchmark prompts: the last 4 MT-bench questions were used before, and with
+  ``bench.limit`` unset those are scored too, so the budget was selected on the test set.
+* T(n) is each size's fastest of its rounds (``stat="min"``), not the median: load only adds time.
+* The estimate's choice must beat the fixed tree in a measured run on the tuning prompts, or the fixed tree
+  is kept (:func:`jakiro_lib.measure.costmodel.tune_total_tokens`, ``reference``): on a clean clone on a 2-core EPYC
+  (2026-11-26) the estimate gave ``jakiro_auto`` 16 tokens and it ran at 0.99x ``hf_compiled``, where the
+  fixed 8-token ``jakiro_cepd`` ran at 1.15x; a second process was using one of the two cores while it tuned.
+  The other processes' CPU use while the tuner times is recorded with every entry and choice, and a busy
+  machine is named in a warning (:data:`BUSY_CORES`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from . import costmodel
+from .bench import format_prompt_ids
+from ..config import Profile, TreeConfig
+from ..data.conversations import DataError, load_conversations
+from ..data.dataset import _stable_hash, split_indices
+from ..models.draft import WEIGHTS_FILE, DraftModel
+from ..layout import RunLayout
+from .methods import SPEC, MethodSpec
+from ..files import file_sha256, read_json, write_json
+from ..machine import device_name
+
+log = logging.getLogger(__name__)
+
+TUNE_PROMPTS = 4  # held-out ShareGPT first turns the tree budget is tuned on (tuning_prompts)
+# A first turn's text is cut to this many tokens (at most a quarter of target.max_context): ShareGPT's first
+# turns run from a line to pasted documents, and the benchmark's prompts are questions of a few lines.
+TUNE_PROMPT_TOKENS = 256
+PAPER_TREE_TOKENS = 8  # the fixed tree where a profile's own total_tokens is "auto" (EAGLE-2's CPU-sized tree here)
+# What a choice's key records of how it was made: 2 since issue 43 (held-out prompts, minimum timings, the
+# check against the fixed tree); choices made by an earlier tuner are not reused.
+TUNER_VERSION = 2
+# Other processes' CPU use, in cores beyond those this process leaves idle, above which the tuner's timings
+# are named unreliable in a warning (the busy-machine check of the CLI samples only torch processes).
+BUSY_CORES = 0.25
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+TUNE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # up to the paper's 60-token trees (GPU)
+
+
+def draft_fingerprint(path: str | Path | None) -> Any:
+    """The draft weights' size and content digest: records and tuned budgets stay valid when drafts are
+    copied (to a GPU machine, say), and not when they are retrained."""
+    if path is None:
+        return None
+    w = Path(path) / WEIGHTS_FILE
+    if not w.is_file():
+        return None
+    st = w.stat()
+    return [st.st_size, _file_digest(str(w), st.st_size, st.st_mtime_ns)]
+
+
+@functools.lru_cache(maxsize=64)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    """The first 16 hex digits of a file's SHA-256, cached per size and mtime within a process."""
+    return file_sha256(path)[:16]
+
+
+def tuning_prompts(profile: Profile, target: Any, exclude: Iterable[str] = ()) -> tuple[list[Any], dict[str, Any]]:
+    """The prompts the tree budget is tuned on, and what they are (recorded with every choice and in
+    ``bench_config.json``).
+
+    First user turns of :data:`TUNE_PROMPTS` conversations of the profile's training source
+    (``data.source``, ``data.path``) that its drafts never train on: the held-out split of the first
+    ``data.num_conversations`` (:func:`jakiro_lib.data.dataset.split_indices`), taken in the split's own hash order:
+    a conversation's hash does not depend on the others, so the first ones stay held out when caching drops
+    some conversations, or where fewer are loaded here than training had (a GPU kit packs the first 1000
+    ShareGPT records; ``conversations_loaded`` says how many); with ``data.heldout_fraction`` 0, the
+    conversations after those. Tuning on prompts the drafts learned would overrate large trees; tuning on
+    benchmark prompts selects the budget on the prompts it is scored on. ``exclude``: the benchmark's prompt
+    texts; a conversation whose first turn is one of them is passed over. Texts longer than
+    :data:`TUNE_PROMPT_TOKENS` tokens (a quarter of ``target.config.max_context`` at most) are cut there.
+    """
+    d = profile.data
+    n = d.num_conversations
+    skip = {t.strip() for t in exclude}
+    try:
+        if d.heldout_fraction > 0:  # split as training splits: over the conversations there are
+            convs = load_conversations(d.source, path=d.path, limit=n)
+            held = split_indices(range(len(convs)), "heldout", d.heldout_fraction)
+            order, split = sorted(held, key=_stable_hash), "heldout"
+        else:
+            convs = load_conversations(d.source, path=d.path, limit=n + TUNE_PROMPTS + len(skip))
+            order, split = list(range(n, len(convs))), "after the training range"
+    except DataError as exc:
+        raise DataError(f"the tree budget is tuned on conversations of data.source={d.source!r} the drafts did not "
+                        f"train on, and those cannot be loaded: {exc}") from exc
+    cap = min(TUNE_PROMPT_TOKENS, target.config.max_context // 4)
+    prompts, picked = [], []
+    for i in order:
+        text = convs[i].messages[0]["content"]
+        if text.strip() in skip:
+            continue
+        ids = target.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > cap:
+            text = target.tokenizer.decode(ids[:cap], skip_special_tokens=True)
+        prompt = format_prompt_ids(target, [{"role": "user", "content": text}])
+        prompts.append(prompt)
+        picked.append({"index": i, "id": convs[i].id, "text_tokens": min(len(ids), cap), "cut": len(ids) > cap,
+                       "prompt_tokens": prompt.numel()})
+        if len(prompts) == TUNE_PROMPTS:
+            break
+    if not prompts:
+        raise DataError(f"no conversation of data.source={d.source!r} is left to tune the tree budget on: the drafts "
+                        f"train on all {len(convs)} (data.heldout_fraction={d.heldout_fraction:g}) or the benchmark "
+                        "holds the others")
+    return prompts, {"source": d.source, "path": d.path, "split": split, "heldout_fraction": d.heldout_fraction,
+                     "num_conversations": n, "conversations_loaded": len(convs), "conversations": picked,
+                     "max_text_tokens": cap,
+                     "excluded_benchmark_prompts": len(skip)}
+
+
+def fixed_tree_tokens(tree: TreeConfig) -> int:
+    """The fixed tree's budget on ``tree``: its own ``total_tokens``, or :data:`PAPER_TREE_TOKENS` where "auto"."""
+    return tree.total_tokens if isinstance(tree.total_tokens, int) else PAPER_TREE_TOKENS
+
+
+def _cpu_snapshot() -> tuple[float, int, int] | None:
+    """(seconds, CPU ticks of the whole machine, CPU ticks of this process) from ``/proc``; None elsewhere."""
+    try:
+        machine = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        # user, nice, system, irq, softirq, steal; this process's utime + stime (fields 14 and 15 of stat)
+        return (time.perf_counter(), sum(int(machine[i]) for i in (0, 1, 2, 5, 6, 7)), int(own[11]) + int(own[12]))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class _OthersLoad:
+    """Other processes' mean CPU use, in cores, over a ``with`` block (``cores``; None where unknown), and a
+    warning where it exceeds the cores this process leaves idle by :data:`BUSY_CORES` (``JAKIRO_NO_BUSY_CHECK``,
+    the CLI's switch for a machine known to be shared, silences it; the record stays)."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.cores = what, None
+
+    def __enter__(self) -> "_OthersLoad":
+        self.before = _cpu_snapshot()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        after = _cpu_snapshot()
+        if self.before is None or after is None or after[0] <= self.before[0]:
+            return
+        others = (after[1] - self.before[1]) - (after[2] - self.before[2])
+        self.cores = round(max(others, 0) / CLOCK_TICKS / (after[0] - self.before[0]), 2)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        spare = max(cpus - torch.get_num_threads(), 0)
+        if exc[0] is None and self.cores > spare + BUSY_CORES and not os.environ.get("JAKIRO_NO_BUSY_CHECK"):
+            log.warning("tree budget: other processes used %.1f cores of %d while %s was timed; the timings, and "
+                        "the budget chosen from them, may be off: retune on a quiet machine (force)",
+                        self.cores, cpus, self.what)
+
+
+def _machine(profile: Profile, target: Any) -> dict[str, Any]:
+    return {"device": str(target.device), "device_name": device_name(target.device),
+            "threads": torch.get_num_threads(), "target": dataclasses.asdict(profile.target)}
+
+
+def _machine_key(machine: dict[str, Any]) -> dict[str, Any]:
+    """This machine's key, as it reads back from JSON; ``timing``: T(n) is each size's fastest round (entries
+    of median timings, made before issue 43, are not reused). T(n) is the loop engine's, eager: the estimate
+    only proposes a budget, which the measured check then runs on the method's own engine."""
+    return json.loads(json.dumps({**machine, "timing": "min"}, default=str))
+
+
+def _entry(entries: list[dict[str, Any]], key: dict[str, Any], target: Any) -> dict[str, Any]:
+    """The entry of ``key`` (created if missing), its T(n) measured."""
+    found = next((e for e in entries if e.get("machine") == key), None)
+    if found is None:
+        found = {"machine": key, "target_costs_s": {}, "choices": {}}
+        entries.append(found)
+    if not {str(n) for n in TUNE_SIZES} <= set(found["target_costs_s"]):
+        t0 = time.perf_counter()
+        with _OthersLoad("the target's T(n)") as load:
+            costs = costmodel.measure_target_costs(target.model, sizes=TUNE_SIZES, stat="min")
+        found["target_costs_s"] = {str(n): t for n, t in costs.items()}
+        found["others_cpu_cores"] = load.cores
+        log.info("tree budget: target T(n) measured in %.1f s", time.perf_counter() - t0)
+    return found
+
+
+def _choice_key(spec: MethodSpec, prompts: dict[str, Any], fixed: int) -> str:
+    """What a tuned budget depends on besides the machine: the draft's weights, the tree settings, the engine
+    that runs the measured check (and whether it compiles), the conversations it is tuned on, the fixed tree it
+    must beat and the tuner's version."""
+    tree = {k: v for k, v in dataclasses.asdict(spec.tree).items()
+            if k != "total_tokens" and not k.startswith("lookup_")}
+    tuned_on = [prompts["source"], prompts["path"], [c["id"] for c in prompts["conversations"]]]
+    return json.dumps({"weights": draft_fingerprint(spec.draft), "tree": tree, "engine": spec.engine,
+                       "compile": spec.compile, "prompts": tuned_on, "fixed": fixed, "tuner": TUNER_VERSION},
+                      sort_keys=True, default=str)
+
+
+def _saved_entries(path: Path) -> list[dict[str, Any]]:
+    """The entries of a ``tree_budgets.json``; [] when there is none, or (with a warning) when what is there is
+    not this cache's shape: it is measured again and rewritten."""
+    saved = read_json(path)
+    if saved is None:
+        return []
+    entries = saved.get("machines", [saved] if "machine" in saved else None) if isinstance(saved, dict) else None
+    if isinstance(entries, list) and all(_valid_entry(e) for e in entries):  # older files: one entry
+        return entries
+    log.warning("%s is not a tree-budget cache (another shape); measuring again and rewriting it", path)
+    return []
+
+
+def _valid_entry(e: Any) -> bool:
+    return (isinstance(e, dict) and isinstance(e.get("machine"), dict)
+            and isinstance(costs := e.get("target_costs_s"), dict)
+            and all(str(n).isdigit() and isinstance(t, (int, float)) for n, t in costs.items())
+            and isinstance(choices := e.get("choices"), dict)
+            and all(isinstance(c, dict) and isinstance(c.get("best"), int) for c in choices.values()))
+
+
+def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any], target: Any, *,
+                         force: bool = False, exclude: Iterable[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Methods with ``tree.total_tokens="auto"`` get the budget that maximises estimated tokens/s here, unless
+    the fixed tree (:func:`fixed_tree_tokens` of the profile's tree) is measured as fast (module docstring).
+
+    The target's T(n) is measured once per machine and target settings (dtype, fast paths) and cached
+    with every choice in ``run_dir/bench/tree_budgets.json`` (one entry per machine, target settings and
+    choices keyed by draft weights, tree settings, engine and tuning prompts), so reruns, also after a run with other target settings, do not retune.
+    ``force`` remeasures and retunes this machine's entries. ``exclude``: the benchmark's prompt texts, which
+    are never tuned on (:func:`tuning_prompts`).
+    Returns (methods with numeric budgets, the measurements, choices and ``tuning_prompts``).
+    """
+    auto = [k for k, m in methods.items() if m.kind == SPEC and m.draft and m.tree.total_tokens == "auto"]
+    if not auto:
+        return methods, {}
+    path = RunLayout(Path(run_dir)).tree_budgets
+    machine = _machine(profile, target)
+    entries = _saved_entries(path)
+    if force:
+        entries = [e for e in entries if e.get("machine") != _machine_key(machine)]
+    prompts, tuned_on = tuning_prompts(profile, target, exclude)
+    fixed = fixed_tree_tokens(profile.tree)
+    choices: dict[str, Any] = {}
+    cache = _entry(entries, _machine_key(machine), target)
+    costs = {int(n): t for n, t in cache["target_costs_s"].items()}
+    for name in auto:
+        spec = methods[name]
+        key = _choice_key(spec, tuned_on, fixed)
+        if key not in cache["choices"]:
+            t0 = time.perf_counter()
+            draft = DraftModel.load(spec.draft, target.model)
+            with _OthersLoad(f"the tree budget of {name}") as load:
+                tuned = costmodel.tune_total_tokens(target, draft, spec.tree, prompts, target_costs=costs,
+                                                    candidates=[n for n in TUNE_SIZES if n >= 2], reference=fixed,
+                                                    engine=spec.engine, compile=spec.compile)
+            tuned.update(seconds=round(time.perf_counter() - t0, 1), others_cpu_cores=load.cores, prompts=tuned_on)
+            cache["choices"][key] = tuned
+            log.info("tree budget for %s: %d tokens (estimate %s, fixed tree %d; tuned in %.1f s)", name,
+                     tuned["best"], tuned.get("estimated_best", tuned["best"]), fixed, tuned["seconds"])
+        choices[name] = cache["choices"][key]
+    write_json(path, {"machines": entries})
+    out = dict(methods)
+    for name in auto:
+        m = methods[name]
+        out[name] = dataclasses.replace(m, tree=dataclasses.replace(m.tree, total_tokens=choices[name]["best"]))
+    return out, {"target_costs_s": costs, "choices": choices, "tuning_prompts": tuned_on}

@@ -1,0 +1,151 @@
+"""The GPU check: issue 24's decoding goals measured in one command on a lent GPU (docs/usage.md).
+
+``python -m jakiro_lib gpucheck`` runs, on the default profile's trained drafts (copied to ``runs/default``
+as reports/measured/h100-bf16-2026-11-22/README.md tells), in fp32 on the device:
+
+1. the greedy reference (our eager loop), ``hf_compiled``, and plain decoding, Jakiro's and EAGLE-2's tuned
+   trees on the static engine, captured (:data:`CHECK_METHODS`; their eager kernels recorded as CUDA graphs,
+   ``target.capture``'s default "graphs": no compilation, where inductor's took most of a 15-minute lease on the H200
+   on 2026-11-26; ``--set target.capture=inductor`` for inductor's), MT-bench q1-10 both turns, 64 new tokens,
+   T=0 and T=1: ``records.jsonl``,
+   ``summary.csv`` and ``performance_targets.csv`` (the goals against ``hf_compiled``, greedy identity);
+2. :func:`cycle_breakdown`: the static engine's cycle under ``torch.profiler``, eager (time per named step:
+   draft, verify, evaluate, update) and compiled (the captured cycle, the host read): ``cycles.csv``;
+3. ``gpu_check.json``: the settings, the environment, the goals and the breakdown, one file to commit.
+
+Everything runs on a CPU too (the tests run it on the smoke profile); its numbers mean something on a GPU.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from .bench import format_prompt_ids, load_records
+from .budgets import resolve_tree_budgets
+from ..config import Profile, TreeConfig
+from ..profiles import get_profile
+from ..models.draft import DraftModel
+from ..layout import RECORDS_FILE, RunLayout
+from .methods import parse_names
+from .perf import performance_targets
+from ..decoding.static import STEP_RANGES, static_generate
+from ..study.context import default_run_dir, get_target
+from ..study.s02_bench import profile_methods, run_study, study_questions
+from ..study.tables import write_table
+from ..files import write_json
+from ..machine import run_metadata
+from ..decoding.verify import SamplingParams
+
+# vanilla: the greedy reference; hf_compiled: the baseline (HF's eager generate, 0.22x it on an H100, would
+# only cost time); plain decoding, Jakiro's and EAGLE-2's tuned trees, Jakiro + CEPD (the paper's hybrid step)
+# and Jakiro + a lookup chain on the static engine, captured (CEPD and chains run there since 2026-11-27). The
+# eager loop-engine and static rows (0.29-0.31x hf_compiled on the H200, 2026-11-26) cost two minutes of the
+# nine a fresh machine has; the eager static cycle is still taken apart by the profiler.
+CHECK_METHODS = ("vanilla", "hf_compiled", "vanilla_static_compiled", "jakiro_auto_static_compiled",
+                 "eagle2_auto_static_compiled", "jakiro_cepd_static_compiled", "jakiro_lookup_static_compiled")
+# the method whose cycle the profiler takes apart (eager, then captured), at the tree its study run was tuned to:
+# the eager twin's own tuning cost 40 s of a lent H200 and, with it, the breakdown (2026-11-27)
+PROFILED = "jakiro_auto_static_compiled"
+CHECK_SETTINGS = {"bench.static_engine": "true", "bench.compiled_engine": "true", "bench.compiled_baseline": "true",
+                  "bench.benchmarks": "mt_bench", "bench.limit": "10", "bench.max_new_tokens": "64",
+                  "bench.temperatures": "0,1", "target.dtype": "float32", "target.packed_gemm": "0"}
+
+
+def check_profile(profile: str = "default", device: str | None = None, **overrides: str) -> Profile:
+    """``profile`` with :data:`CHECK_SETTINGS` (fp32: the exact setting, where greedy identity must hold) on
+    ``device`` (default: cuda when there is one, else the profile's), then ``overrides``."""
+    device = device or ("cuda" if torch.cuda.is_available() else get_profile(profile).target.device)
+    return get_profile(profile, **{**CHECK_SETTINGS, "target.device": device, **overrides})
+
+
+def cycle_breakdown(model: Any, draft: DraftModel | None, tree: TreeConfig | None, prompts: Sequence[torch.Tensor],
+                    *, compile: bool, params: SamplingParams = SamplingParams(), max_new_tokens: int = 64,
+                    seed: int = 0) -> dict[str, Any]:
+    """Milliseconds per cycle of the static engine, by named range (:data:`jakiro_lib.decoding.static.STEP_RANGES`),
+    on the host (``cpu_ms``) and on the device (``device_ms``: kernels launched inside the range; on a CPU
+    the host times are the work), plus the wall time per cycle and, on a GPU, the device operations (kernels,
+    copies) per cycle and their time (``device_ops``, ``device_total_ms``): whether a cycle's time is the
+    GPU's work or waiting for the host. Each prompt runs once unprofiled first (the compiled engine compiles,
+    or captures its CUDA graphs, there). Inside a compiled cycle the step ranges vanish: only ``cycle`` and
+    ``read`` remain. ``draft`` None: plain decoding (:class:`~jakiro_lib.decoding.static.StaticDecoder`, a token a
+    cycle)."""
+    device = model.device
+
+    def run(p: torch.Tensor) -> Any:
+        gen = torch.Generator(device=device).manual_seed(seed)
+        return static_generate(model, draft, tree, p.to(device), max_new_tokens=max_new_tokens, params=params,
+                               generator=gen, compile=compile)
+
+    for p in prompts:
+        run(p)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    cycles, tokens, wall = 0, 0, 0.0
+    with profile(activities=activities) as prof:
+        for p in prompts:
+            t0 = time.perf_counter()
+            r = run(p)
+            wall += time.perf_counter() - t0 - r.prefill_time
+            cycles, tokens = cycles + r.cycles, tokens + len(r.output_ids) - 1
+    events = {e.key: e for e in prof.key_averages()}
+    out: dict[str, Any] = {"decoder": "plain" if draft is None else "speculative", "compiled": compile,
+                           "cycles": cycles, "tau": tokens / max(cycles, 1), "wall_ms": 1e3 * wall / max(cycles, 1)}
+    ops = [e for e in prof.events() if e.device_type == DeviceType.CUDA and not e.name.startswith("jakiro::")]
+    out["device_ops"] = len(ops) / max(cycles, 1) if device.type == "cuda" else math.nan
+    out["device_total_ms"] = (sum(e.device_time_total for e in ops) / 1e3 / max(cycles, 1) if device.type == "cuda"
+                              else math.nan)
+    for name, label in STEP_RANGES.items():
+        e = events.get(label)
+        out[f"{name}_cpu_ms"] = e.cpu_time_total / 1e3 / max(cycles, 1) if e else math.nan
+        device_us = getattr(e, "device_time_total", math.nan) if e and device.type == "cuda" else math.nan
+        out[f"{name}_device_ms"] = device_us / 1e3 / max(cycles, 1)
+    return out
+
+
+def gpu_check(profile: str = "default", *, run_dir: str | Path | None = None, out_dir: str | Path | None = None,
+              device: str | None = None, overrides: dict[str, str] | None = None, profiled_prompts: int = 4,
+              methods: str | Sequence[str] = CHECK_METHODS, progress: bool = True) -> dict[str, Any]:
+    """Run the check (module docstring) and write its files to ``out_dir`` (default
+    ``<run_dir>/gpucheck-<device>``); returns what ``gpu_check.json`` holds."""
+    t0 = time.perf_counter()
+    prof = check_profile(profile, device, **(overrides or {}))
+    rdir = Path(run_dir) if run_dir is not None else default_run_dir(prof.name)
+    out = Path(out_dir) if out_dir is not None else rdir / f"gpucheck-{prof.target.device}"
+    target = get_target(prof)
+    available = profile_methods(prof, RunLayout(rdir).drafts, "main")
+    names = parse_names(methods, available) if isinstance(methods, str) else methods  # as `bench --methods`
+    chosen = [m for m in names if m in available]
+    table = run_study(prof, rdir, "main", target=target, out_dir=out, only=chosen, progress=progress)
+    records = load_records(out / RECORDS_FILE)
+    goals = performance_targets(table, records)
+    write_table(out / "summary.csv", table)
+    write_table(out / "performance_targets.csv", goals)
+    rows = []
+    if PROFILED in available:
+        spec = resolve_tree_budgets(prof, rdir, {PROFILED: available[PROFILED]}, target)[0][PROFILED]
+        draft = DraftModel.load(spec.draft, target.model)
+        questions = study_questions(prof)[0][:profiled_prompts]
+        prompts = [format_prompt_ids(target, [{"role": "user", "content": q.turns[0]}]) for q in questions]
+        for compile in (False, True):
+            rows.append(cycle_breakdown(target.model, draft, spec.tree, prompts, compile=compile,
+                                        max_new_tokens=prof.bench.max_new_tokens))
+        # plain decoding's step the same way: captured on a GPU (eager there too), eager only on a CPU, where
+        # compiling it would only add an inductor compilation to the check
+        for compile in (False, True) if target.device.type == "cuda" else (False,):
+            rows.append(cycle_breakdown(target.model, None, None, prompts, compile=compile,
+                                        max_new_tokens=prof.bench.max_new_tokens))
+        write_table(out / "cycles.csv", pd.DataFrame(rows))
+    result = {"profile": prof.name, "target": prof.target.model, "device": prof.target.device,
+              "dtype": prof.target.dtype, "methods": chosen, "run_dir": str(rdir), "out_dir": str(out),
+              "environment": run_metadata(prof.target.device), "minutes": (time.perf_counter() - t0) / 60,
+              "summary": table[["temperature", "method", "tokens_per_s", "speedup", "tau", "greedy_same",
+                                "greedy_compared"]].to_dict("records"),
+              "goals": goals.to_dict("records"), "cycles": rows}
+    write_json(out / "gpu_check.json", result)
+    return result

@@ -1,0 +1,361 @@
+"""Every decoding method the project compares, in one registry: name -> kind, draft, tree settings, engine.
+
+A method is a name plus a :class:`MethodSpec`, which :class:`MethodRunner` runs: the kind table
+(``_GENERATE``) says which decoding function each kind calls, and the spec's ``engine`` and ``compile`` how. The
+studies' method sets (:func:`study_methods`), the CLI's method kinds, the performance goals' method
+groups (:func:`group_names`) and the serialised form in stamps and ``bench_config.json``
+(:func:`portable`) are all read from here.
+
+Kinds: ``vanilla`` (our cached loop), ``hf`` (HF ``generate``), ``pld`` (HF prompt lookup) and ``spec``
+(a feature draft with a tree config: EAGLE-2 with the dense draft, Jakiro with a MoE draft, Jakiro +
+CEPD with ``ar_steps``; docs/DESIGN.md section 3).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Collection
+
+import torch
+
+from ..config import RUN_ENGINE_NAMES, TreeConfig
+from ..decoding.loop import GenerationResult, hf_generate, speculative_generate, vanilla_generate
+from ..models.draft import DraftModel
+from ..decoding.drafting import make_drafter
+from ..layout import draft_name, draft_path
+from ..decoding.static import static_generate, static_vanilla_generate
+from ..models.target import Target
+from ..decoding.verify import SamplingParams
+
+SPEC = "spec"  # the speculative kind: a feature draft and/or a lookup chain with a tree config
+KINDS = ("vanilla", "hf", "pld", SPEC)
+ENGINES = ("loop", "static")  # how a "spec" method runs: decoding.speculative_generate or static.static_generate
+OUR_KINDS = ("vanilla", SPEC)  # the kinds our engines run (either engine); "hf" and "pld" are HF's generate
+# bench.engine's choices once resolved: the engine, and whether its step is compiled
+RUN_ENGINES = dict(zip(RUN_ENGINE_NAMES, [("loop", False), ("static", False), ("static", True)]))
+VANILLA_KINDS = ("vanilla", "hf")  # the baselines a speedup is measured against
+STUDIES = ("main", "ablations")
+LOOKUP_TOKENS = 10  # chain length of the lookup-branch methods: HF prompt lookup's default
+COMPILED_SUFFIX = "_compiled"
+STATIC_SUFFIX = "_static"
+
+
+@dataclass
+class MethodSpec:
+    kind: str  # one of KINDS
+    draft: str | None = None  # path of a saved draft (kind "spec"; None: the lookup chain alone)
+    tree: TreeConfig | None = None  # kind "spec"
+    prompt_lookup_tokens: int = 10  # kind "pld" (HF's default)
+    # The decoding step compiled: kind "hf", HF generate over a static KV cache (decoding.hf_generate);
+    # kinds "vanilla" and "spec" on the static engine, its whole cycle (CUDA graphs on a GPU)
+    compile: bool = False
+    # kinds "spec" and "vanilla": the loop engine (the eager reference) or the static-shape one
+    # (jakiro_lib.decoding.static: every tree option, one host read per cycle)
+    engine: str = "loop"
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}: use {' or '.join(ENGINES)}")
+        if self.engine == "static" and self.kind not in OUR_KINDS:
+            raise ValueError("the static engine runs 'spec' and 'vanilla' methods only")
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown method kind {self.kind!r}: use {', '.join(KINDS[:-1])} or {KINDS[-1]}")
+        if self.compile and self.kind == "pld":
+            raise ValueError("compile does not apply to kind 'pld' (HF prompt lookup has no static-cache path)")
+        if self.compile and self.kind in OUR_KINDS and self.engine == "loop":
+            raise ValueError("the loop engine is the eager reference: compile runs on the static engine "
+                             "(engine='static')")
+        if self.kind == SPEC and (self.tree is None or self.draft is None and not self.tree.lookup_tokens):
+            raise ValueError("a 'spec' method needs a tree config and a draft path (or tree.lookup_tokens)")
+
+    @property
+    def runs_on(self) -> str:
+        """The engine a record names: ``engine`` ("loop" or "static") for our kinds, "hf" for HF's."""
+        return self.engine if self.kind in OUR_KINDS else "hf"
+
+
+class MethodRunner:
+    """Loads what a method needs once (the draft), then generates for any prompt."""
+
+    def __init__(self, target: Target, spec: MethodSpec) -> None:
+        self.target = target
+        self.spec = spec
+        self.draft = DraftModel.load(spec.draft, target.model) if spec.kind == SPEC and spec.draft else None
+
+    def __call__(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, params: SamplingParams,
+                 seed: int, on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+        """Generate for one prompt; ``on_tokens`` streams accepted tokens (HF methods call it once, at the end)."""
+        t = self.target
+        common = dict(max_new_tokens=max_new_tokens, params=params, eos_token_ids=t.eos_token_ids)
+        return _GENERATE[self.spec.kind](self, prompt_ids, seed, on_tokens, common)
+
+    def _vanilla(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
+        t = self.target
+        if self.spec.engine == "static":
+            return static_vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context,
+                                           generator=self._gen(seed), on_tokens=on_tokens,
+                                           compile=self.spec.compile, **common)
+        return vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context, generator=self._gen(seed),
+                                on_tokens=on_tokens, **common)
+
+    def _hf(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any],
+            prompt_lookup: int | None = None) -> GenerationResult:
+        result = hf_generate(self.target.model, prompt_ids, prompt_lookup_num_tokens=prompt_lookup, seed=seed,
+                             compile=self.spec.compile, max_context=self.target.config.max_context, **common)
+        if on_tokens is not None:
+            on_tokens(result.output_ids)
+        return result
+
+    def _pld(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
+        return self._hf(prompt_ids, seed, on_tokens, common, prompt_lookup=self.spec.prompt_lookup_tokens)
+
+    def _spec(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
+        t = self.target
+        if self.spec.engine == "static":
+            return static_generate(t.model, self.draft, self.spec.tree, prompt_ids, max_context=t.config.max_context,
+                                   generator=self._gen(seed), on_tokens=on_tokens, compile=self.spec.compile,
+                                   **common)
+        drafter = make_drafter(self.draft, self.spec.tree)
+        return speculative_generate(t.model, drafter, prompt_ids, max_context=t.config.max_context,
+                                    generator=self._gen(seed), on_tokens=on_tokens, **common)
+
+    def _gen(self, seed: int) -> torch.Generator:
+        return torch.Generator(device=self.target.device).manual_seed(seed)
+
+
+# how each method kind generates (methods.KINDS)
+_GENERATE: dict[str, Callable[..., GenerationResult]] = {
+    "vanilla": MethodRunner._vanilla, "hf": MethodRunner._hf, "pld": MethodRunner._pld, SPEC: MethodRunner._spec}
+
+
+def portable(spec: MethodSpec, relative_to: str | Path | None = None) -> dict[str, Any]:
+    """A method's settings as JSON-ready values with no machine's directories in them.
+
+    The draft is named by its folder (``relative_to`` None: the study stamp, where the weights' digest
+    says which draft it is, so a moved or copied run directory keeps its records), or given relative
+    to ``relative_to`` (``bench_config.json``, which sits in a folder of the same run).
+    """
+    d = dataclasses.asdict(spec)
+    if spec.draft is not None:
+        if relative_to is None:
+            d["draft"] = draft_name(spec.draft)
+        else:
+            d["draft"] = Path(os.path.relpath(Path(spec.draft).resolve(), Path(relative_to).resolve())).as_posix()
+    return d
+
+
+# ----------------------------------------------------------------------------------------------------
+# The registry
+# ----------------------------------------------------------------------------------------------------
+
+CEPD = "cepd"  # tree.ar_steps placeholder: depth - 2, the last draft forward yields two layers (reference)
+TUNED = "tuned"  # tree.total_tokens placeholder: "auto" when the study tunes budgets, else the tree's own
+
+
+@dataclass(frozen=True)
+class Method:
+    """One registered method: its kind, draft (a name under ``drafts/``) and tree settings.
+
+    ``group`` names the role the performance goals give it (see :func:`group_names`); ``when`` the study
+    switch it needs (``"compiled"``: bench.compiled_baseline; ``"tuned"``: bench.tuned with a fixed tree
+    budget). With bench.static_engine every main method of kind "spec" or "vanilla" also runs on the
+    static-shape engine (:mod:`jakiro_lib.decoding.static`) as ``<name>_static``.
+    """
+
+    name: str
+    kind: str
+    draft: str | None = None
+    tree: dict[str, Any] = field(default_factory=dict)
+    compile: bool = False
+    group: str = ""
+    when: str | None = None
+
+    def spec(self, tree: TreeConfig, drafts_dir: str | Path, *, tuned: bool) -> MethodSpec:
+        """The runnable spec on the study's ``tree`` with drafts under ``drafts_dir``."""
+        if self.kind != SPEC:
+            return MethodSpec(self.kind, compile=self.compile)
+        values = {k: _resolve(v, tree, tuned) for k, v in self.tree.items()}
+        return MethodSpec(SPEC, draft=str(draft_path(drafts_dir, self.draft)) if self.draft else None,
+                          tree=dataclasses.replace(tree, **values), compile=self.compile)
+
+
+def _resolve(value: Any, tree: TreeConfig, tuned: bool) -> Any:
+    if value == CEPD:
+        return cepd_steps(tree)
+    if value == TUNED:
+        return "auto" if tuned else tree.total_tokens
+    return value
+
+
+def cepd_steps(tree: TreeConfig) -> int:
+    """CEPD's autoregressive layers on ``tree``: all but the last two (docs/DESIGN.md section 3)."""
+    return max(tree.depth - 2, 0)
+
+
+_JAKIRO = {"decoupled": True}
+_LOOKUP = {"total_tokens": TUNED, "lookup_tokens": LOOKUP_TOKENS}
+
+MAIN = (
+    Method("vanilla", "vanilla", group="our_vanilla"),
+    Method("hf_generate", "hf", group="hf"),
+    Method("hf_compiled", "hf", compile=True, group="hf", when="compiled"),
+    Method("hf_prompt_lookup", "pld", group="pld"),
+    Method("eagle2", SPEC, "dense", group="eagle2"),
+    Method("jakiro", SPEC, "moe2", _JAKIRO, group="jakiro"),
+    Method("jakiro_cepd", SPEC, "moe2", {**_JAKIRO, "ar_steps": CEPD}, group="jakiro"),
+    Method("eagle2_auto", SPEC, "dense", {"total_tokens": "auto"}, group="eagle2", when="tuned"),
+    Method("jakiro_auto", SPEC, "moe2", {**_JAKIRO, "total_tokens": "auto"}, group="jakiro", when="tuned"),
+    Method("lookup_only", SPEC, None, {"lookup_tokens": LOOKUP_TOKENS}, group="lookup_only"),
+    Method("eagle2_lookup", SPEC, "dense", _LOOKUP, group="eagle2_lookup"),
+    Method("jakiro_lookup", SPEC, "moe2", {**_JAKIRO, **_LOOKUP}, group="jakiro_lookup"),
+)
+
+ABLATIONS = (
+    Method("vanilla", "vanilla"),
+    Method("experts=1 (eagle2)", SPEC, "dense"),
+    Method("experts=2", SPEC, "moe2", _JAKIRO),
+    Method("experts=4", SPEC, "moe4", _JAKIRO),
+    Method("experts=2, coupled", SPEC, "moe2", {"decoupled": False}),
+    Method("experts=2, scoring=best", SPEC, "moe2", {**_JAKIRO, "scoring": "best"}),
+    # EAGLE-2 trees on the H-wide dense draft: the equal-parameter control (one expert's width, not EAGLE-2)
+    Method("eagle2_h", SPEC, "dense_h"),
+    # Jakiro decoupled on the 2-expert drafts whose experts' own outputs were trained too (DraftConfig.expert_loss)
+    Method("jakiro_xgate", SPEC, "moe2_xgate", _JAKIRO),
+    Method("jakiro_xequal", SPEC, "moe2_xequal", _JAKIRO),
+    # the same trees on the drafts trained with two unrolled steps (multi-step training, DraftConfig.unroll_steps):
+    # EAGLE-2, the equal-parameter control, Jakiro decoupled and coupled, Jakiro on the per-expert-trained draft
+    Method("eagle2_u2", SPEC, "dense_u2"),
+    Method("eagle2_h_u2", SPEC, "dense_h_u2"),
+    Method("jakiro_u2", SPEC, "moe2_u2", _JAKIRO),
+    Method("jakiro_coupled_u2", SPEC, "moe2_u2", {"decoupled": False}),  # "experts=2, coupled" on moe2_u2
+    Method("jakiro_xgate_u2", SPEC, "moe2_xgate_u2", _JAKIRO),
+)
+# The Jakiro authors' released configuration: the coupled mixture (one candidate list from the mixed
+# expert output) with CEPD on the last layer, on the 2-expert draft (and on its multi-step-trained twin).
+_RELEASED_TREE = {"decoupled": False, "ar_steps": CEPD}
+RELEASED = Method("jakiro_coupled_cepd", SPEC, "moe2", _RELEASED_TREE)
+RELEASED_U2 = Method("jakiro_coupled_cepd_u2", SPEC, "moe2_u2", _RELEASED_TREE)
+
+
+# EAGLE-2 (the dense draft on the study's tree) in each study: what the other drafted methods are judged against
+EAGLE2_BASELINE = {"main": "eagle2", "ablations": "experts=1 (eagle2)"}
+
+
+def _ablation_methods(tree: TreeConfig) -> tuple[Method, ...]:
+    """The ablation set on ``tree``: the fixed rows, a CEPD sweep, CEPD without contrastive training and
+    the authors' released configuration."""
+    cepd = cepd_steps(tree)
+    sweep = tuple(Method(f"cepd ar_steps={s}", SPEC, "moe2", {**_JAKIRO, "ar_steps": s})
+                  for s in sorted({0, 1, cepd} - {tree.depth}))
+    nocontrast = Method(f"cepd ar_steps={cepd}, contrastive off", SPEC, "moe2_nocontrast",
+                        {**_JAKIRO, "ar_steps": cepd})
+    return (*ABLATIONS, *sweep, nocontrast, RELEASED, RELEASED_U2)
+
+
+def parse_names(text: str, known: Collection[str]) -> list[str]:
+    """A comma-separated list of method names, where a name may hold a comma itself ("experts=2, coupled"):
+    at each place the longest run of parts that names a known method, else one part (an unknown name)."""
+    parts, names, i = text.split(","), [], 0
+    while i < len(parts):
+        j = next((j for j in range(len(parts), i + 1, -1) if ",".join(parts[i:j]).strip() in known), i + 1)
+        names.append(",".join(parts[i:j]).strip())
+        i = j
+    return [n for n in names if n]
+
+
+def compiled_twin(name: str) -> str:
+    return f"{name}{COMPILED_SUFFIX}"
+
+
+def static_twin(name: str) -> str:
+    return f"{name}{STATIC_SUFFIX}"
+
+
+def engine_twin(name: str, run: str) -> str:
+    """The name ``name`` runs under on the run engine ``run`` (a key of :data:`RUN_ENGINES`)."""
+    return {"loop": name, "static": static_twin(name), "static_compiled": compiled_twin(static_twin(name))}[run]
+
+
+def has_static_twin(m: Method) -> bool:
+    """A main method that runs on either engine: our plain decoding and every drafted or lookup method."""
+    return m.kind in OUR_KINDS
+
+
+def group_names(group: str, *, twins: bool = False) -> tuple[str, ...]:
+    """The main study's methods of a goals group (e.g. ``"jakiro"``), in registry order; with ``twins``
+    followed by their static-engine twins, then those compiled."""
+    members = [m for m in MAIN if m.group == group]
+    if not twins:
+        return tuple(m.name for m in members)
+    static = [static_twin(m.name) for m in members if has_static_twin(m)]
+    return tuple(m.name for m in members) + tuple(static) + tuple(compiled_twin(n) for n in static)
+
+DRAFTED_METHODS = tuple(m.name for m in MAIN if m.kind == SPEC and m.draft)  # compared with published numbers
+
+
+def resolve_engine(engine: str, device: str) -> str:
+    """``bench.engine`` on ``device``: "auto" is the captured static engine on CUDA and the loop elsewhere
+    (the faster of the two measured side by side on each: docs/DESIGN.md section 12)."""
+    if engine == "auto":
+        return "static_compiled" if device.startswith("cuda") else "loop"
+    return engine
+
+
+def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "main",
+                  tuned: bool = True, compiled: bool = True, compiled_engine: bool = False,
+                  static_engine: bool = False, drafts: Collection[str] | None = None,
+                  engine: str = "loop") -> dict[str, MethodSpec]:
+    """The method sets the notebooks compare; drafts are read from ``drafts_dir/<name>/draft``.
+
+    ``main``: the baselines, EAGLE-2 (dense draft), Jakiro (2 experts, decoupled) and Jakiro + CEPD on
+    ``tree``; with ``tuned`` (and a fixed ``tree.total_tokens``) also ``eagle2_auto`` and ``jakiro_auto``,
+    the same drafts with the tree budget tuned for the machine (``total_tokens="auto"``); and this
+    repository's extension ``eagle2_lookup`` / ``jakiro_lookup``: that tree (tuned unless ``tuned`` is
+    off) with a prompt-lookup chain of ``LOOKUP_TOKENS`` grafted on (:class:`~jakiro_lib.decoding.drafting.LookupDrafter`),
+    and its control ``lookup_only``: the same chain without a draft, through the same engine.
+    ``ablations``: experts count, AR steps, contrastive on/off and decoupled on/off around Jakiro, and
+    the authors' released configuration (``jakiro_coupled_cepd``), the equal-parameter control
+    ``eagle2_h`` (EAGLE-2 trees on the H-wide ``dense_h``), Jakiro on the per-expert-loss drafts
+    (``jakiro_xgate``, ``jakiro_xequal``) and EAGLE-2, Jakiro and the released configuration on the drafts
+    trained with two unrolled steps (``eagle2_u2``, ``eagle2_h_u2``, ``jakiro_u2``, ``jakiro_coupled_u2``,
+    ``jakiro_xgate_u2``, ``jakiro_coupled_cepd_u2``), all on ``tree``. ``drafts``: the draft names a profile trains;
+    a method on any other draft is left out (None: none left out). ``compiled``: the
+    main study also times ``hf_compiled``. ``static_engine``: the main study also runs every method of
+    kind "vanilla" or "spec" on the static-shape engine (:mod:`jakiro_lib.decoding.static`), as ``<name>_static``;
+    with ``compiled_engine`` too also with its whole cycle compiled (CUDA graphs on a GPU), as
+    ``<name>_static_compiled``. ``engine`` (resolved, :func:`resolve_engine`): what the methods of kind "spec"
+    run on under their own names ("loop", "static" or "static_compiled"); the twins are what their names say.
+    On an engine other than the loop the main study also runs plain decoding there (``vanilla_static`` or
+    ``vanilla_static_compiled``), the baseline of the goals against our fastest plain decoder.
+    """
+    if study not in STUDIES:
+        raise ValueError(f"unknown study {study!r}: use {' or '.join(repr(s) for s in STUDIES)}")
+    switches: dict[str, Callable[[], bool]] = {"compiled": lambda: compiled,
+                                               "tuned": lambda: tuned and tree.total_tokens != "auto"}
+    registered = MAIN if study == "main" else _ablation_methods(tree)
+    chosen = [m for m in registered if (m.when is None or switches[m.when]())
+              and (drafts is None or m.draft is None or m.draft in drafts)]
+    methods = {m.name: m.spec(tree, drafts_dir, tuned=tuned) for m in chosen}
+    if engine not in RUN_ENGINES:
+        raise ValueError(f"unknown engine {engine!r}: use {', '.join(RUN_ENGINES)}")
+    loop = dict(methods)
+
+    def on(spec: MethodSpec, run: str) -> MethodSpec:
+        engine, compile = RUN_ENGINES[run]
+        return dataclasses.replace(spec, engine=engine, compile=compile)
+
+    for name, spec in loop.items():
+        if spec.kind == SPEC:
+            methods[name] = on(spec, engine)
+    if study == "main" and engine != "loop" and "vanilla" in loop:
+        # plain decoding on the drafted methods' engine, beside the loop (the greedy reference): on a GPU the
+        # captured plain decoder is the fast baseline the speculative methods are measured against
+        methods[engine_twin("vanilla", engine)] = on(loop["vanilla"], engine)
+    if study == "main" and static_engine:
+        for m in (m for m in chosen if has_static_twin(m)):
+            methods[static_twin(m.name)] = on(loop[m.name], "static")
+            if compiled_engine:  # the captured cycle (CUDA graphs on a GPU)
+                methods[compiled_twin(static_twin(m.name))] = on(loop[m.name], "static_compiled")
+    return methods

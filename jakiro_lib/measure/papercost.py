@@ -1,0 +1,331 @@
+"""Paper scale by simulation (issue 42 item 4): what the paper's methods cost per cycle on a Vicuna-7B-shaped
+target with random weights, and the speedups the paper's acceptance lengths would give at those costs.
+
+No trained Vicuna-7B drafts exist here, but the static engine's shapes are fixed (:mod:`jakiro_lib.decoding.static`): a
+cycle verifies the same ``total_tokens``-row tree and runs the same draft forwards whatever is accepted, so a
+random target and random drafts of the right shapes cost what trained ones would. :func:`run_papercost` measures
+on the device:
+
+* **T(n)**: the target scoring an n-token tree after ``context`` cached positions through the static engine's
+  runner (:meth:`TargetRunner.score <jakiro_lib.decoding.runner.TargetRunner.score>`, over the cache length the
+  compiled engines use), eager and captured (:class:`~jakiro_lib.decoding.compiled.CapturedStep`: one CUDA graph on
+  CUDA; on a CPU the "captured" step replays the eager one over its recorded argument copies): ``tn.csv``;
+* **plain decoding** per token (:func:`~jakiro_lib.decoding.static.static_vanilla_generate`) and the **speculative
+  cycle** of EAGLE-2 (dense draft), Jakiro (moe2, decoupled), Jakiro + CEPD (the paper's hybrid step) and the
+  authors' released configuration (coupled + CEPD) on the paper's tree (depth 6, top-10, 60 tokens), all on
+  the static engine, compiled (CUDA graphs of the eager kernels on CUDA) by default on CUDA: ``cycles.csv``;
+* a **modelled speedup** per method: tau x (plain ms per token) / (ms per cycle), tau being the paper's
+  measured acceptance length (:data:`PAPER`). It is a model: the acceptance of random drafts is not
+  measured (it means nothing), only the cost of a cycle.
+
+``papercost.json`` holds the settings, the environment, both tables and any measurement that failed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from ..models import kernels
+from ..decoding.compiled import CapturedStep, compiled_cache_len
+from ..models.target import set_capture
+from ..config import DraftConfig, TreeConfig
+from ..profiles import get_profile
+from ..decoding.loop import GenerationResult, _sync
+from ..models.draft import DraftModel
+from .methods import MAIN, RELEASED, Method
+from ..decoding.runner import TargetRunner
+from ..decoding.static import ancestor_mask, static_generate, static_vanilla_generate
+from ..study import write_table
+from ..models.target import _dtype
+from ..files import write_json
+from ..machine import run_metadata
+
+# LlamaConfig keywords of each named shape. vicuna-7b: lmsys/vicuna-7b-v1.3's config.json (Llama-1 7B);
+# tiny: the tests' CPU shape (hidden 64, 2 layers, the byte vocabulary of jakiro_lib.models.target.tiny_model).
+SHAPES: dict[str, dict[str, Any]] = {
+    "vicuna-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-6),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=260, max_position_embeddings=1024, rms_norm_eps=1e-6),
+}
+TREE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 60, 64)
+PAPER_PROFILE = "vicuna-7b"  # the paper-scale profile: its tree (depth 6, top-10, 60 tokens) and its drafts
+# The methods timed: EAGLE-2, Jakiro, Jakiro + CEPD (the paper's hybrid step: ar_steps = depth - 2) from the
+# main study, and the authors' released configuration (coupled mixture + CEPD)
+METHOD_NAMES = ("eagle2", "jakiro", "jakiro_cepd", RELEASED.name)
+
+# The paper's measured acceptance lengths and speedups (Jakiro, arXiv 2502.06282; A40, Vicuna-7B, T=0), as this
+# project keeps them (jakiro_lib.study.published, docs/DESIGN.md section 8: the authors' logs recomputed, mean
+# over MT-bench, HumanEval, GSM8K, Alpaca, CNN/DM and Natural Questions; tau in the authors' tokens / (cycles - 1)
+# convention, about 5% above tokens / cycles). Each Jakiro row gets Jakiro's numbers: the paper reports one Jakiro.
+PAPER: dict[str, dict[str, float]] = {"eagle2": {"tau": 4.68, "speedup": 2.73},
+                                      "jakiro": {"tau": 4.69, "speedup": 2.85}}
+PAPER_SOURCE = ("Jakiro (arXiv 2502.06282), authors' A40 logs recomputed: Vicuna-7B, T=0, mean over MT-bench, "
+                "HumanEval, GSM8K, Alpaca, CNN/DM, NQ; tau = tokens / (cycles - 1)")
+SPEEDUP_BASIS = "model: tau_paper x ms_per_token_plain / ms_per_cycle (acceptance not measured)"
+TN_COLUMNS = ("n", "eager_ms", "captured_ms")
+CYCLE_COLUMNS = ("method", "draft", "tree", "cycles", "ms_per_cycle", "ms_per_token_plain", "tau_paper",
+                 "modelled_speedup", "paper_speedup", "speedup_basis")
+
+
+def shape_config(shape: str, max_context: int = 0) -> LlamaConfig:
+    """The LlamaConfig of a named shape (:data:`SHAPES`), its positions raised to ``max_context`` if needed."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}: use {' or '.join(SHAPES)}")
+    kw = dict(SHAPES[shape])
+    kw["max_position_embeddings"] = max(kw["max_position_embeddings"], max_context)
+    return LlamaConfig(**kw, tie_word_embeddings=False)
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a torch device; a ValueError where it is no device or CUDA is not here."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"not a device: {device!r} ({str(exc).splitlines()[0] if str(exc) else ''})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r} requested but CUDA is not available")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda, got {str(device)!r}")
+    return dev
+
+
+def random_target(shape: str, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
+                  max_context: int = 0, *, seed: int = 0) -> PreTrainedModel:
+    """A random-weight ``LlamaForCausalLM`` of a named shape, built directly on ``device`` in ``dtype`` (a 7B
+    target is never materialised in fp32 on the host), frozen, in eval mode, set up as
+    :func:`~jakiro_lib.models.target.load_target` sets up a target (:func:`~jakiro_lib.models.kernels.use_gqa_attention`)."""
+    config = shape_config(shape, max_context)
+    dt = _dtype(dtype) if isinstance(dtype, str) else dtype
+    dev = check_device(device)
+    torch.manual_seed(seed)
+    old = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(dt)
+        with torch.device(dev):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(old)
+    model = model.to(device=dev, dtype=dt).eval()  # fp32 buffers too, as load_target
+    model.requires_grad_(False)
+    kernels.use_gqa_attention(model)
+    return model
+
+
+def random_draft(cfg: DraftConfig, model: PreTrainedModel, *, seed: int = 0) -> DraftModel:
+    """A random draft head of ``cfg`` for ``model``, built on the target's device in its dtype, frozen."""
+    torch.manual_seed(seed)
+    with torch.device(model.device):
+        draft = DraftModel.build(cfg, model)
+    draft.eval().requires_grad_(False)
+    return draft
+
+
+def modelled_speedup(tau: float, ms_per_token_plain: float, ms_per_cycle: float) -> float:
+    """The speedup ``tau`` tokens per cycle would give at these costs: tau x plain ms per token / ms per cycle."""
+    if not (ms_per_cycle > 0 and ms_per_token_plain > 0):
+        return math.nan
+    return tau * ms_per_token_plain / ms_per_cycle
+
+
+def paper_methods(tree: TreeConfig | None = None) -> list[tuple[Method, TreeConfig, DraftConfig]]:
+    """:data:`METHOD_NAMES` from the method registry on ``tree`` (default: the paper profile's), with their drafts'
+    configurations (the paper profile's: full vocabulary)."""
+    profile = get_profile(PAPER_PROFILE)
+    tree = tree or profile.tree
+    registry = {m.name: m for m in (*MAIN, RELEASED)}
+    out = []
+    for name in METHOD_NAMES:
+        m = registry[name]
+        out.append((m, m.spec(tree, ".", tuned=False).tree, profile.drafts[m.draft]))
+    return out
+
+
+def _tree_label(tree: TreeConfig) -> str:
+    parts = [f"depth={tree.depth}", f"top_k={tree.top_k}", f"total_tokens={tree.total_tokens}"]
+    if tree.decoupled:
+        parts.append("decoupled")
+    if tree.ar_steps is not None:
+        parts.append(f"ar_steps={tree.ar_steps}")
+    return ",".join(parts)
+
+
+def _time_calls(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
+    """Median milliseconds of one ``fn()`` (synchronised before and after on CUDA)."""
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def _replay_eagerly(step: Callable[..., Any], args: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    """CapturedStep's ``capture`` off CUDA: the replay runs the step over the recorded argument copies."""
+    return lambda: step(*args)
+
+
+@torch.inference_mode()
+def measure_tn(model: PreTrainedModel, sizes: Sequence[int] = TREE_SIZES, *, context: int = 256,
+               cache_len: int | None = None, repeats: int = 10, warmup: int = 2,
+               log: Callable[[str], None] = print, errors: list[str] | None = None) -> list[dict[str, Any]]:
+    """Rows (n, eager_ms, captured_ms): the target scoring an n-node tree (a chain: the cost follows n, not the
+    shape) at position ``context`` over a runner of ``cache_len`` positions (default: the compiled engines'),
+    eager and through :class:`~jakiro_lib.decoding.compiled.CapturedStep`; medians of ``repeats`` calls after ``warmup``.
+    A failed measurement is NaN, its error line appended to ``errors``."""
+    dev = model.device
+    cache_len = cache_len or compiled_cache_len(context + max(sizes))
+    if context + max(sizes) > cache_len:
+        raise ValueError(f"a {max(sizes)}-token tree after {context} positions does not fit {cache_len} cached ones")
+    runner = TargetRunner(model, cache_len, positions_on_device=True)
+    g = torch.Generator().manual_seed(1)
+    runner.prefill(torch.randint(0, model.config.vocab_size, (context,), generator=g).to(dev))
+    start = torch.full((), context, dtype=torch.long, device=dev)
+    capture = {} if dev.type == "cuda" else {"capture": _replay_eagerly}
+    rows = []
+    for n in sizes:
+        tokens = torch.randint(0, model.config.vocab_size, (n,), generator=g).to(dev)
+        parents = torch.arange(n, device=dev).sub(1).clamp_min(0)  # a chain: node i's parent is i - 1
+        depths = torch.arange(n, device=dev)
+        anc = ancestor_mask(parents, n - 1)
+        row: dict[str, Any] = {"n": n}
+        for col, step in (("eager_ms", runner.score), ("captured_ms", CapturedStep(runner.score, **capture))):
+            try:
+                for _ in range(max(warmup, 2)):  # a captured step's first call runs eagerly, its second records
+                    step(tokens, depths, anc, start)
+                row[col] = _time_calls(lambda: step(tokens, depths, anc, start), dev, repeats)
+            except Exception as exc:  # noqa: BLE001 - one failed reading must not lose the others
+                row[col] = math.nan
+                _failed(f"T({n}) {col[:-3]}", exc, log, errors)
+        rows.append(row)
+        log(f"[papercost] T({n:2d}) after {context} positions: eager {row['eager_ms']:8.3f} ms, "
+            f"captured {row['captured_ms']:8.3f} ms")
+    return rows
+
+
+def _failed(what: str, exc: BaseException, log: Callable[[str], None], errors: list[str] | None) -> None:
+    line = f"{what} failed: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+    log(f"[papercost] {line}")
+    if errors is not None:
+        errors.append(line)
+
+
+def _per_cycle_ms(runs: Sequence[GenerationResult]) -> tuple[float, int]:
+    """Median milliseconds per cycle after the prefill over ``runs``, and the cycles of the last run."""
+    per = [1e3 * (r.wall_time - r.prefill_time) / r.cycles for r in runs if r.cycles]
+    if not per:
+        raise RuntimeError("no cycle ran (the prompt left no room?)")
+    return statistics.median(per), runs[-1].cycles
+
+
+def measure_generation(run: Callable[[], GenerationResult], *, runs: int = 3, warmup: int = 1) -> tuple[float, int]:
+    """``run()`` ``warmup`` times (compilation or capture happens there), then ``runs`` times: (median ms per
+    cycle after the prefill, cycles of a run)."""
+    for _ in range(warmup):
+        run()
+    return _per_cycle_ms([run() for _ in range(runs)])
+
+
+def run_papercost(shape: str = "vicuna-7b", *, device: str = "cuda", dtype: str = "bfloat16", context: int = 256,
+                  new_tokens: int = 64, out_dir: str | Path, compile: bool | None = None,
+                  sizes: Sequence[int] = TREE_SIZES, tree: TreeConfig | None = None, repeats: int = 10,
+                  runs: int = 3, seed: int = 0, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Measure T(n), plain decoding and the paper's methods' cycles on a random target of ``shape`` (module
+    docstring) and write ``tn.csv``, ``cycles.csv`` (each as soon as its part is measured; ``write_table`` also
+    writes a ``.json`` beside each) and ``papercost.json`` to ``out_dir``; returns what the JSON holds.
+
+    ``compile``: the static engine's step compiled (default: on CUDA, where it is captured as CUDA graphs of the
+    eager kernels, ``target.capture="graphs"``; on a CPU compiling means inductor, minutes). ``tree``: default the
+    paper's. ``repeats``: timed calls per T(n); ``runs``: timed generations per method (after one warm-up)."""
+    t_start = time.perf_counter()
+    dev = check_device(device)
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}: use {' or '.join(SHAPES)}")
+    _dtype(dtype)
+    if context < 1 or new_tokens < 2 or repeats < 1 or runs < 1 or not sizes or min(sizes) < 1:
+        raise ValueError("need context >= 1, new_tokens >= 2, repeats >= 1, runs >= 1 and tree sizes >= 1")
+    compile = dev.type == "cuda" if compile is None else compile
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    methods = paper_methods(tree)
+    max_context = context + new_tokens + 64  # room for a whole tree in every cycle (the engine's "whole" cycles)
+    cache_len = compiled_cache_len(max(max_context, context + max(sizes)))
+    errors: list[str] = []
+    result: dict[str, Any] = {
+        "shape": shape, "config": shape_config(shape, max_context).to_diff_dict(), "device": str(dev),
+        "dtype": dtype, "context": context, "new_tokens": new_tokens, "max_context": max_context,
+        "tn_cache_len": cache_len,
+        "tn_captured": ("one CUDA graph per n (CapturedStep)" if dev.type == "cuda" else
+                        "off CUDA: the eager step replayed over its recorded argument copies"),
+        "compile": compile, "capture": "graphs" if dev.type == "cuda" and compile else None,
+        "tree_sizes": list(sizes), "repeats": repeats, "runs": runs, "seed": seed,
+        "methods": {m.name: {"draft": m.draft, "draft_config": dataclasses.asdict(d), "tree": dataclasses.asdict(t)}
+                    for m, t, d in methods},
+        "paper": {"source": PAPER_SOURCE, **PAPER}, "speedup_basis": SPEEDUP_BASIS,
+        "note": ("random weights: the costs are the real ones (the static engine's shapes are fixed), the "
+                 "acceptance is not measured; modelled_speedup uses the paper's tau"),
+        "environment": run_metadata(dev, threads=torch.get_num_threads()), "status": "running",
+        "tn": [], "cycles": [], "errors": errors,
+    }
+    write_json(out / "papercost.json", result)
+    log(f"[papercost] {shape} {dtype} on {result['environment']['device_name']}: building the random target")
+    model = random_target(shape, dtype, dev, max_context, seed=seed)
+    set_capture(model, "graphs")  # on CUDA a compiled static step is its eager kernels as CUDA graphs
+    result["target_params"] = sum(p.numel() for p in model.parameters())
+    log(f"[papercost] target: {result['target_params'] / 1e6:,.1f} M parameters on {dev}")
+
+    result["tn"] = measure_tn(model, sizes, context=context, cache_len=cache_len, repeats=repeats, log=log,
+                              errors=errors)
+    write_table(out / "tn.csv", pd.DataFrame(result["tn"], columns=list(TN_COLUMNS)))
+
+    g = torch.Generator().manual_seed(seed + 2)
+    prompt = torch.randint(0, model.config.vocab_size, (context,), generator=g).to(dev)
+    kw = dict(max_new_tokens=new_tokens, max_context=max_context, compile=compile)
+    rows: list[dict[str, Any]] = []
+    result["cycles"] = rows
+
+    def record(row: dict[str, Any]) -> None:
+        rows.append(row)
+        write_table(out / "cycles.csv", pd.DataFrame(rows, columns=list(CYCLE_COLUMNS)))
+
+    try:
+        t_token, n = measure_generation(lambda: static_vanilla_generate(model, prompt, **kw), runs=runs)
+    except Exception as exc:  # noqa: BLE001
+        t_token, n = math.nan, 0
+        _failed("plain decoding", exc, log, errors)
+    log(f"[papercost] plain decoding (static engine{', compiled' if compile else ''}): {t_token:.3f} ms/token")
+    record({"method": "vanilla", "draft": None, "tree": None, "cycles": n, "ms_per_cycle": t_token,
+            "ms_per_token_plain": t_token, "tau_paper": 1.0, "modelled_speedup": 1.0 if t_token > 0 else math.nan,
+            "paper_speedup": 1.0, "speedup_basis": "measured: the baseline"})
+
+    result["draft_params"] = {}
+    for i, (m, mtree, dcfg) in enumerate(methods):
+        paper = PAPER["eagle2" if m.draft == "dense" else "jakiro"]
+        try:
+            draft = random_draft(dcfg, model, seed=seed + 10 + i)
+            result["draft_params"][m.name] = sum(p.numel() for p in draft.parameters())  # not the borrowed head
+            t_cycle, n = measure_generation(lambda: static_generate(model, draft, mtree, prompt, **kw), runs=runs)
+        except Exception as exc:  # noqa: BLE001
+            t_cycle, n = math.nan, 0
+            _failed(m.name, exc, log, errors)
+        speedup = modelled_speedup(paper["tau"], t_token, t_cycle)
+        log(f"[papercost] {m.name} ({m.draft} draft, {_tree_label(mtree)}): {t_cycle:.3f} ms/cycle -> modelled "
+            f"{speedup:.2f}x at the paper's tau {paper['tau']} (paper: {paper['speedup']}x)")
+        record({"method": m.name, "draft": m.draft, "tree": _tree_label(mtree), "cycles": n, "ms_per_cycle": t_cycle,
+                "ms_per_token_plain": t_token, "tau_paper": paper["tau"], "modelled_speedup": speedup,
+                "paper_speedup": paper["speedup"], "speedup_basis": SPEEDUP_BASIS})
+    result.update(status="done", seconds=round(time.perf_counter() - t_start, 1))
+    write_json(out / "papercost.json", result)
+    log(f"[papercost] {result['seconds']:.1f} s; tn.csv, cycles.csv and papercost.json in {out}"
+        + (f"; {len(errors)} measurement(s) failed" if errors else ""))
+    return result

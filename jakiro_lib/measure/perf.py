@@ -1,0 +1,313 @@
+"""Where the time goes and whether speculation pays on this machine (the performance report).
+
+Three tables, all from measurements of the same run:
+
+* :func:`cost_model` times what one speculative cycle is made of on the profile's target: the target
+  scoring an n-token tree, T(n) (also without the CPU fast paths of :mod:`jakiro_lib.models.kernels`), and one
+  draft step of every trained draft, with its reduced draft vocabulary and with the full one, and the
+  drafting time per cycle (dense, coupled and decoupled MoE candidates).
+* :func:`lever_table` turns those and the main study into "what each lever bought".
+* :func:`performance_targets` reads the main study's summary and checks the speed goals we hold
+  ourselves to (Jakiro against HF ``generate``, EAGLE-2 and prompt lookup; our vanilla loop against HF
+  ``generate``), each as a ratio of tokens/s measured side by side in one run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+from ..models import kernels
+from .bench import ratio_interval
+from .budgets import PAPER_TREE_TOKENS, fixed_tree_tokens
+from ..config import TreeConfig
+from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_cost_variants
+from ..models.draft import DraftModel
+from ..layout import draft_path, has_weights
+from .methods import compiled_twin, group_names, static_twin
+from ..study.context import get_target
+from ..study.s02_bench import load_study_records, tree_budget_table
+from ..study.tables import headline_table, write_table
+
+# the goals' method groups, from the registry (jakiro_lib.measure.methods.MAIN)
+JAKIRO_EAGER = group_names("jakiro")  # the rows compared with EAGLE-2 (the loop engine's, as EAGLE-2's)
+JAKIRO_METHODS = group_names("jakiro", twins=True)
+EAGLE_METHODS = group_names("eagle2")
+HF_METHODS = group_names("hf")  # HF generate eager, and with a static cache + torch.compile
+OUR_VANILLA = group_names("our_vanilla", twins=True)  # our plain decoders: loop and static engines, eager, compiled
+LOOKUP_METHODS = group_names("jakiro_lookup", twins=True)  # Jakiro's tuned tree + a prompt-lookup chain (extension)
+LOOKUP_METHOD = LOOKUP_METHODS[0]
+
+
+def _primary_order(group: tuple[str, ...], *first: str) -> tuple[str, ...]:
+    return (*first, *(m for m in group if m not in first))
+
+
+# Each goal's own method: the first of these that the run has (which methods a run has is the profile's
+# choice, made before it; their speeds never enter). Picking the fastest of several rows instead, with an
+# interval that treats the pick as if named in advance, flatters the goal (issue 43). The order puts each
+# method's most optimised runner first (the static engine compiled, then the loop engine: a profile switches
+# the faster runners on where it expects them to pay), then the tuned tree before the paper's fixed one; the
+# other rows of a group follow in registry order, only for runs that have none of those.
+PRIMARY = {
+    "jakiro": _primary_order(JAKIRO_METHODS, "jakiro_auto_static_compiled", "jakiro_auto", "jakiro"),
+    "jakiro_eager": _primary_order(JAKIRO_EAGER, "jakiro_auto", "jakiro"),  # against EAGLE-2: the same runner
+    "our_vanilla": _primary_order(OUR_VANILLA, "vanilla_static_compiled", "vanilla"),
+    "jakiro_lookup": _primary_order(LOOKUP_METHODS, "jakiro_lookup_static_compiled", "jakiro_lookup"),
+}
+PACKED_GEMM_LEVER = "packed GEMM weights (MKL or oneDNN, chosen at load)"
+PACKED_HEAD_LEVER = "packed draft head (the target's packed GEMM)"
+ENGINE_LEVER_METHODS = ("vanilla", "jakiro_auto", "jakiro_lookup")  # the levers table's pairs across engines
+
+
+def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = ("dense", "moe2"),
+               sizes: Sequence[int] = (1, 2, 4, 6, 8, 12, 16, 24, 32), widths: Sequence[int] = (1, 3),
+               tree: TreeConfig | None = None, context: int = 256, repeats: int = 7) -> dict[str, pd.DataFrame]:
+    """Measured T(n) of the target, draft-step times (trained vocabulary vs the full one) and, given the
+    profile's ``tree``, drafting time per cycle.
+
+    Returns ``{"target": [n, ms, x_one_step, ms_library_defaults, ms_without_packed_gemm], "draft":
+    [draft, vocab, width, ms, x_target_step], "draft_cycle": [draft, decoupled, total_tokens, ms,
+    ms_plain_head]}`` (``ms`` as decoding runs; the last two target columns only where
+    :mod:`~jakiro_lib.models.kernels` fast paths are on, timed back to back with ``ms`` for each n so that drift
+    hits all variants alike; ``ms_plain_head`` likewise without the packed draft head). The full-vocabulary rows time an untrained copy of the same architecture (timing only). A
+    drafting cycle is one tree proposal plus encoding 2 accepted tokens, coupled and (with experts)
+    decoupled candidates.
+    """
+    model = target.model
+    variants: dict[str, Any] = {"ms": nullcontext}
+    if model.config._attn_implementation == kernels.GQA_ATTENTION or kernels.packed_gemm(model) is not None:
+        variants["ms_library_defaults"] = lambda: kernels.plain_kernels(model)
+        if kernels.packed_gemm(model) is not None:
+            variants["ms_without_packed_gemm"] = lambda: kernels.plain_kernels(model, gqa=False)
+    times = measure_target_cost_variants(model, sorted({1, *sizes}), variants, context=context, repeats=repeats)
+    target_table = pd.DataFrame([{"n": n, **{col: 1000 * s for col, s in row.items()}} for n, row in times.items()])
+    one = float(target_table["ms"].iloc[0])
+    target_table.insert(2, "x_one_step", target_table["ms"] / one)
+    vocab = target.model.config.vocab_size
+    draft_rows, cycle_rows = [], []
+    for name in drafts:
+        path = draft_path(drafts_dir, name)
+        if not has_weights(path):
+            continue
+        trained = DraftModel.load(path, target.model)
+        if tree is not None:
+            cycle_rows += _draft_cycle_rows(name, trained, tree, context=context, repeats=repeats)
+        variants = [(trained.cfg.draft_vocab_size or vocab, trained)]
+        if trained.cfg.draft_vocab_size is not None:
+            full_cfg = dataclasses.replace(trained.cfg, draft_vocab_size=None)
+            variants.append((vocab, DraftModel.build(full_cfg, target.model).eval()))
+        for v, draft in variants:
+            for w, s in measure_draft_costs(draft, widths=widths, context=context, repeats=repeats).items():
+                draft_rows.append({"draft": name, "vocab": v, "width": w, "ms": 1000 * s,
+                                   "x_target_step": 1000 * s / one})
+    return {"target": target_table, "draft": pd.DataFrame(draft_rows),
+            "draft_cycle": pd.DataFrame(cycle_rows, columns=["draft", "decoupled", "total_tokens", "ms",
+                                                             "ms_plain_head"])}
+
+
+def _draft_cycle_rows(name: str, draft: Any, tree: TreeConfig, *, context: int, repeats: int) -> list[dict[str, Any]]:
+    """Drafting ms per cycle with the packed and the plain head, back to back (see :func:`cost_model`)."""
+    total = fixed_tree_tokens(tree)
+    rows, before = [], draft.packed_head
+    for decoupled in (False, True) if draft.cfg.num_experts > 1 else (False,):
+        cfg = dataclasses.replace(tree, total_tokens=total, decoupled=decoupled, ar_steps=None)
+        row = {"draft": name, "decoupled": decoupled, "total_tokens": total}
+        for col, packed in (("ms", True), ("ms_plain_head", False)):
+            draft.packed_head = packed
+            try:
+                row[col] = 1000 * measure_draft_cycle(draft, cfg, context=context, repeats=repeats)
+            finally:
+                draft.packed_head = before
+        rows.append(row)
+    return rows
+
+
+def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | None = None) -> pd.DataFrame:
+    """The speed goals as measured ratios (mean over benchmarks) with pass/fail.
+
+    With the study's ``records``, tokens/s ratios get a 95% bootstrap interval over prompts
+    (``ratio_ci_low``/``ratio_ci_high``, :func:`jakiro_lib.measure.bench.ratio_interval`); ``resolved`` is False
+    when the interval straddles the threshold: ``met`` (from the point estimate) is then not settled by
+    these prompts either way.
+
+    Each goal's method is named before the run, never picked by speed (:data:`PRIMARY`; issue 43): Jakiro is
+    the first that ran of ``jakiro_auto_static_compiled``, ``jakiro_auto`` and
+    ``jakiro`` against HF; against EAGLE-2 (whose primary rows run on the loop engine) the first of the loop's
+    ``jakiro_auto`` and ``jakiro``, so that both sides run the same target runner; "our vanilla loop" the
+    first of ``vanilla_static_compiled`` and ``vanilla``. Baselines are the fastest of
+    theirs at each temperature: "HF generate" the faster of ``hf_generate`` and ``hf_compiled``, EAGLE-2 the
+    faster of ``eagle2`` and ``eagle2_auto``, "our fastest plain decoder" the fastest of :data:`OUR_VANILLA` (on a GPU
+    the captured ``vanilla_static_compiled``, which the main study runs wherever ``bench.engine`` is not the
+    loop; issue 42's goals: Jakiro >= 1.5x it at T=0, >= 1.3x at T>0) (a goal against a weaker baseline would flatter; picking the
+    fastest baseline can only lower the ratio, so its interval, which ignores that pick, errs against us).
+    Tau compares ``jakiro`` with ``eagle2`` on the same tree. The ``selection`` column says so row by row.
+    ``jakiro_lookup`` (an extension, not the paper's method; its compiled or captured twin where the run has
+    it) gets its own rows against the same baselines, and the eager one against ``eagle2_lookup``. Ratios of
+    means of tokens/s, as in the main table.
+    """
+    h = headline_table(main)  # mean over benchmarks per (temperature, method)
+    rows: list[dict[str, Any]] = []
+
+    by_method: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in records or ():
+        by_method.setdefault((r["method"], r["temperature"]), []).append(r)
+
+    def interval(temp: float, ours: str, base: str) -> tuple[float, float]:
+        if records is None:
+            return math.nan, math.nan
+        return ratio_interval(by_method.get((ours, temp), []), by_method.get((base, temp), []))
+
+    def value(temp: float, method: str, col: str = "tokens_per_s") -> float:
+        sel = h[(h["temperature"] == temp) & (h["method"] == method)]
+        return float(sel[col].iloc[0]) if len(sel) else math.nan
+
+    def add(goal: str, temp: float, ours: str, base: str, threshold: float, strict: bool = False,
+            col: str = "tokens_per_s", selection: str = "") -> None:
+        a, b = value(temp, ours, col), value(temp, base, col)
+        ratio = a / b if b and not math.isnan(b) else math.nan
+        met = None if math.isnan(ratio) else bool(ratio > threshold if strict else ratio >= threshold)
+        lo, hi = interval(temp, ours, base) if col == "tokens_per_s" else (math.nan, math.nan)
+        # resolved: the whole interval lies on one side of the threshold (None: no interval to judge by)
+        if math.isnan(lo):
+            resolved = None
+        else:
+            resolved = bool(lo > threshold or hi <= threshold) if strict else bool(lo >= threshold or hi < threshold)
+        rows.append({"goal": goal, "temperature": temp, "method": ours, "baseline": base,
+                     "metric": "tokens/s" if col == "tokens_per_s" else col, "method_value": a,
+                     "baseline_value": b, "ratio": ratio, "ratio_ci_low": lo, "ratio_ci_high": hi,
+                     "target": f"{'>' if strict else '>='} {threshold:g}", "met": met, "resolved": resolved,
+                     "selection": selection})
+
+    def fastest(temp: float, methods: Sequence[str]) -> str | None:
+        present = [m for m in methods if not math.isnan(value(temp, m))]
+        return max(present, key=lambda m: value(temp, m)) if present else None
+
+    def primary(temp: float, group: str) -> str | None:
+        return next((m for m in PRIMARY[group] if not math.isnan(value(temp, m))), None)
+
+    named = "primary method (named before the run)"
+    fixed = "both methods fixed"
+
+    def against(methods: Sequence[str]) -> str:
+        return f"{named}; baseline the fastest of {', '.join(methods)}"
+
+    for temp in sorted(h["temperature"].unique()):
+        jakiro = primary(temp, "jakiro")
+        if jakiro is None:
+            continue
+        best_eagle = fastest(temp, EAGLE_METHODS) or "eagle2"
+        eager = primary(temp, "jakiro_eager") or "jakiro"  # missing: unknown, never a compiled row
+        hf = fastest(temp, HF_METHODS) or "hf_generate"
+        plain = fastest(temp, OUR_VANILLA) or "vanilla"
+        if temp == 0:
+            add("Jakiro >= 1.5x HF generate (greedy)", temp, jakiro, hf, 1.5, selection=against(HF_METHODS))
+            add("Jakiro >= 1.5x our fastest plain decoder (greedy)", temp, jakiro, plain, 1.5,
+                selection=against(OUR_VANILLA))
+            add("Jakiro > HF prompt lookup", temp, jakiro, "hf_prompt_lookup", 1.0, strict=True, selection=named)
+            add("our vanilla loop within 5% of HF generate", temp, primary(temp, "our_vanilla") or "vanilla", hf,
+                0.95, selection=against(HF_METHODS))
+        else:
+            add(f"Jakiro >= 1.3x HF sampling (T={temp:g})", temp, jakiro, hf, 1.3, selection=against(HF_METHODS))
+            add(f"Jakiro >= 1.3x our fastest plain decoder (T={temp:g})", temp, jakiro, plain, 1.3,
+                selection=against(OUR_VANILLA))
+        add("Jakiro >= EAGLE-2 (tokens/s)", temp, eager, best_eagle, 1.0, selection=against(EAGLE_METHODS))
+        add("Jakiro >= EAGLE-2 (tau)", temp, "jakiro", "eagle2", 1.0, col="tau", selection=fixed)
+        lookup = primary(temp, "jakiro_lookup")
+        if lookup is not None:  # this repo's extension, held to the same goals
+            ext = "Jakiro + lookup branch (extension)"
+            if temp == 0:
+                add(f"{ext} >= 1.5x HF generate (greedy)", temp, lookup, hf, 1.5, selection=against(HF_METHODS))
+                add(f"{ext} > HF prompt lookup", temp, lookup, "hf_prompt_lookup", 1.0, strict=True, selection=named)
+            else:
+                add(f"{ext} >= 1.3x HF sampling (T={temp:g})", temp, lookup, hf, 1.3, selection=against(HF_METHODS))
+            add(f"{ext} >= EAGLE-2 + lookup branch (tokens/s)", temp, LOOKUP_METHOD, "eagle2_lookup", 1.0,
+                selection=fixed)
+    return pd.DataFrame(rows)
+
+
+def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.DataFrame, *,
+                tree_tokens: int = PAPER_TREE_TOKENS, draft_cycle: pd.DataFrame | None = None) -> pd.DataFrame:
+    """What each speed lever bought, each measured with and without it on this machine in this run.
+
+    Kernel levers compare T(``tree_tokens``) (the verify forward of the profile's tree); the draft
+    vocabulary compares one draft step at the widest measured frontier; the packed draft head compares
+    drafting time per cycle (``draft_cycle`` of :func:`cost_model`); the tuned tree budget compares
+    tokens/s of the main study's fixed-budget and ``_auto`` methods (greedy, mean over benchmarks).
+    """
+    rows: list[dict[str, Any]] = []
+
+    def add(lever: str, measured: str, without: float, with_: float, lower_is_better: bool = True) -> None:
+        if math.isnan(without) or math.isnan(with_):
+            return
+        gain = without / with_ if lower_is_better else with_ / without
+        rows.append({"lever": lever, "measured": measured, "without": without, "with": with_, "speedup": gain})
+
+    t = target_costs.set_index("n") if len(target_costs) else pd.DataFrame()
+    if tree_tokens in t.index:
+        row = t.loc[tree_tokens]
+        fast = float(row["ms"])
+        if "ms_without_packed_gemm" in t.columns:
+            for n in sorted({1, tree_tokens} & set(t.index)):  # one-token decoding too where the copy serves it
+                add(PACKED_GEMM_LEVER, f"target T({n}) ms", float(t.loc[n, "ms_without_packed_gemm"]),
+                    float(t.loc[n, "ms"]))
+            if "ms_library_defaults" in t.columns:
+                add("SDPA's own GQA under tree masks", f"target T({tree_tokens}) ms",
+                    float(row["ms_library_defaults"]), float(row["ms_without_packed_gemm"]))
+        if "ms_library_defaults" in t.columns:
+            add("all kernel fast paths", f"target T({tree_tokens}) ms", float(row["ms_library_defaults"]), fast)
+            one = t.loc[1] if 1 in t.index else None
+            if one is not None:
+                add("all kernel fast paths", f"T({tree_tokens}) / T(1)",
+                    float(row["ms_library_defaults"] / one["ms_library_defaults"]), float(row["ms"] / one["ms"]))
+    if len(draft_costs):
+        for draft, d in draft_costs.groupby("draft"):
+            width = d["width"].max()
+            d = d[d["width"] == width]
+            if d["vocab"].nunique() == 2:
+                full, small = d.sort_values("vocab", ascending=False)["ms"].tolist()
+                vocab = int(d["vocab"].min())
+                add(f"draft vocabulary {vocab} instead of {int(d['vocab'].max())}",
+                    f"{draft} draft step ms (width {width})", full, small)
+    for r in (draft_cycle.itertuples() if draft_cycle is not None else ()):
+        kind = "decoupled" if r.decoupled else "coupled"
+        add(PACKED_HEAD_LEVER, f"{r.draft} {kind} drafting ms per cycle ({r.total_tokens}-token tree)",
+            float(r.ms_plain_head), float(r.ms))
+    h = headline_table(main) if len(main) else pd.DataFrame()
+    if len(h):
+        greedy = h[h["temperature"] == 0].set_index("method")
+        for lever, pairs in (("static engine (one host read per cycle) instead of the loop engine",
+                              tuple((k, static_twin(k)) for k in ENGINE_LEVER_METHODS)),
+                             ("the static engine's cycle compiled (CUDA graphs on a GPU)",
+                              tuple((static_twin(k), compiled_twin(static_twin(k))) for k in ENGINE_LEVER_METHODS)),
+                             ("tree budget tuned on this machine", (("eagle2", "eagle2_auto"), ("jakiro", "jakiro_auto"))),
+                             ("prompt-lookup chain grafted on the tuned tree (extension)",
+                              (("eagle2_auto", "eagle2_lookup"), ("jakiro_auto", "jakiro_lookup"))),
+                             ("draft tree under the lookup chain (extension)",
+                              (("lookup_only", "eagle2_lookup"), ("lookup_only", "jakiro_lookup")))):
+            for without, with_ in pairs:
+                if without in greedy.index and with_ in greedy.index:
+                    add(lever, f"{with_} vs {without} tokens/s (T=0)", float(greedy.loc[without, "tokens_per_s"]),
+                        float(greedy.loc[with_, "tokens_per_s"]), lower_is_better=False)
+    return pd.DataFrame(rows, columns=["lever", "measured", "without", "with", "speedup"])
+
+
+def write_performance_report(ctx: Any, main: pd.DataFrame, *, target: Any = None) -> dict[str, pd.DataFrame]:
+    """Notebook 02's performance section: cost model, tree-budget tuning and the goals table, written as
+    ``cost_model_target.csv``, ``cost_model_draft.csv``, ``cost_model_draft_cycle.csv``, ``tree_budget.csv``,
+    ``performance_targets.csv`` and ``levers.csv`` in the report directory. Returns the six tables."""
+    target = target or get_target(ctx)
+    costs = cost_model(target, ctx.drafts_dir, widths=sorted({1, ctx.profile.tree.top_k}), tree=ctx.profile.tree)
+    levers = lever_table(costs["target"], costs["draft"], main, tree_tokens=fixed_tree_tokens(ctx.profile.tree),
+                         draft_cycle=costs["draft_cycle"])
+    tables = {"cost_model_target": costs["target"], "cost_model_draft": costs["draft"],
+              "cost_model_draft_cycle": costs["draft_cycle"], "tree_budget": tree_budget_table(ctx.run_dir, "main"),
+              "performance_targets": performance_targets(main, load_study_records(ctx.run_dir, "main")),
+              "levers": levers}
+    for name, df in tables.items():
+        write_table(Path(ctx.report_dir) / f"{name}.csv", df)
+    return tables

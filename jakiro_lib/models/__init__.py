@@ -1,0 +1,1 @@
+"""The two networks: the frozen target (loading, CPU kernels) and the draft head."""

@@ -1,0 +1,465 @@
+"""The draft head: EAGLE feature draft whose MLP is a dense block (EAGLE-2) or Jakiro's MoE
+(docs/DESIGN.md sections 2-3).
+
+Input at position t: the target's last hidden state f_t and the token x_{t+1}. One Llama-style decoder
+layer (first RMSNorm skipped, no final norm) produces o_t ~ f_{t+1}; the target's frozen ``lm_head`` turns
+it into next-token logits. The MoE block also returns each expert's own feature (decoupled candidates)
+and the CEPD branch B, which predicts f_{t+2}.
+
+The training losses live here too (:meth:`DraftModel.feature_loss`, :meth:`DraftModel.expert_loss`), as
+does the multi-step forward that training-time test unrolls (:meth:`DraftModel.unroll`); ``train.py``
+feeds them batches.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from . import kernels
+from ..config import DraftConfig
+from ..layout import CONFIG_FILE, WEIGHTS_FILE
+from ..files import atomic_path
+
+HEAD_PACK_MAX_ROWS = 64  # a tree frontier's rows; the fewest worth packing: the target's choice (kernels.follow)
+Losses = dict[str, torch.Tensor]
+
+
+class DraftLoadError(RuntimeError):
+    """A saved draft does not match what it is loaded for (missing files, other target, bad keys)."""
+
+
+@dataclass
+class DraftOutput:
+    a: torch.Tensor  # [B, L, H] branch A: gate-weighted mixture, predicts f_{t+1}
+    b: torch.Tensor | None  # [B, L, H] branch B: predicts f_{t+2}
+    experts: torch.Tensor | None  # [B, L, E, H] each expert's own feature r + e_i(u)
+    gates: torch.Tensor | None  # [B, L, E] branch-A routing weights (zero outside the top-k)
+
+
+class _SoftCrossEntropy(torch.autograd.Function):
+    """Per-row -sum_v p_v log softmax(z)_v, with the gradient softmax(z) - p computed directly.
+
+    The same value as ``-(p * z.log_softmax(-1)).sum(-1)``, without the [rows, vocabulary] product and
+    negation and their backward passes (with several such passes per step, the vocabulary-wide elementwise
+    work rivalled the GEMMs in a CPU training step). Valid because each row of ``p`` sums to 1.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        log_q = logits.log_softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32))  # [..., V]
+        p = p.to(log_q.dtype)
+        ctx.save_for_backward(log_q, p)
+        ctx.logits_dtype = logits.dtype
+        return -torch.linalg.vecdot(p, log_q)  # [...]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        log_q, p = ctx.saved_tensors
+        g = log_q.exp().sub_(p).mul_(grad.unsqueeze(-1))  # [..., V]
+        return g.to(ctx.logits_dtype), None
+
+
+def soft_cross_entropy(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """-sum_v p_v log softmax(logits)_v over the last dimension, in at least fp32; ``p`` (rows summing to 1) is a
+    constant target: no gradient flows to it."""
+    return _SoftCrossEntropy.apply(logits, p.detach())
+
+
+class KVCache:
+    """The draft's own key/value cache: plain tensors we crop and extend during tree drafting."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def crop(self, length: int) -> None:
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MoEBlock(nn.Module):
+    """E SwiGLU experts with a router split into branch A (top-k mixture) and branch B (CEPD)."""
+
+    def __init__(self, hidden: int, cfg: DraftConfig, inter: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.experts = nn.ModuleList(SwiGLU(hidden, inter) for _ in range(cfg.num_experts))
+        n_router = cfg.num_experts * (2 if cfg.branch_b else 1)
+        self.router = nn.Linear(hidden, n_router, bias=False) if cfg.num_experts > 1 or cfg.branch_b else None
+        self.register_buffer("load", torch.zeros(cfg.num_experts), persistent=False)
+        self.register_buffer("load_tokens", torch.zeros(()), persistent=False)
+        self.count_load = True  # off while DraftModel.unroll runs its later steps (router_load: step 0 only)
+
+    def _topk_weights(self, logits: torch.Tensor, k: int) -> torch.Tensor:
+        gates = logits.softmax(-1)
+        if k >= gates.shape[-1]:
+            return gates
+        top = gates.topk(k, dim=-1)
+        weights = torch.zeros_like(gates).scatter(-1, top.indices, top.values)
+        return weights / weights.sum(-1, keepdim=True)
+
+    def forward(self, u: torch.Tensor, residual: torch.Tensor) -> DraftOutput:
+        cfg = self.cfg
+        outs = torch.stack([e(u) for e in self.experts], dim=-2)  # [B, L, E, H]
+        E = cfg.num_experts
+        if self.router is None:
+            gates_a = torch.ones(*u.shape[:-1], 1, dtype=u.dtype, device=u.device)
+            logits_b = None
+        else:
+            logits = self.router(u)
+            gates_a = self._topk_weights(logits[..., :E], cfg.top_k_experts) if E > 1 else torch.ones_like(logits[..., :1])
+            logits_b = logits[..., E:] if cfg.branch_b else None
+        a = residual + (gates_a.unsqueeze(-1) * outs).sum(-2)
+        b = None
+        if logits_b is not None:
+            gb = logits_b.softmax(-1)
+            if cfg.contrastive:
+                top = gb.topk(2, dim=-1)  # the higher- and lower-gated of the two leading experts
+                hi = torch.gather(outs, -2, top.indices[..., :1, None].expand(*outs.shape[:-2], 1, outs.shape[-1]))
+                lo = torch.gather(outs, -2, top.indices[..., 1:, None].expand(*outs.shape[:-2], 1, outs.shape[-1]))
+                b = residual + top.values[..., :1] * hi.squeeze(-2) - top.values[..., 1:] * lo.squeeze(-2)
+            else:
+                wb = self._topk_weights(logits_b, cfg.top_k_experts) if E > 1 else gb
+                b = residual + (wb.unsqueeze(-1) * outs).sum(-2)
+        if not self.training and self.count_load:
+            with torch.no_grad():
+                self.load += (gates_a > 0).float().reshape(-1, E).sum(0)
+                self.load_tokens += gates_a.reshape(-1, E).shape[0]
+        return DraftOutput(a=a, b=b, experts=residual.unsqueeze(-2) + outs, gates=gates_a)
+
+
+def mlp_width(cfg: DraftConfig, target_config: Any) -> int:
+    """The experts' intermediate size: the target's hidden size (None), the target's own MLP width
+    ("target": EAGLE-2's draft layer) or the configured number."""
+    if cfg.intermediate_size is None:
+        return target_config.hidden_size
+    if cfg.intermediate_size == "target":
+        return target_config.intermediate_size
+    return int(cfg.intermediate_size)
+
+
+def unroll_mask(L: int, j: int, device: torch.device | None = None) -> torch.Tensor:
+    """Boolean attention mask [L, (j + 1) L] of unroll step j over the keys of steps 0..j (see
+    :meth:`DraftModel.unroll`): step 0's keys at s <= t - j, step i's key at s = t - (j - i)."""
+    t = torch.arange(L, device=device)[:, None]
+    s = torch.arange(L, device=device)[None]
+    return torch.cat([s <= t - j] + [s == t - (j - i) for i in range(1, j + 1)], 1)
+
+
+class DraftAttention(nn.Module):
+    """Self-attention with the target's head layout and RoPE; keys/values kept in a :class:`KVCache`."""
+
+    def __init__(self, tcfg: Any) -> None:
+        super().__init__()
+        H = tcfg.hidden_size
+        self.n_heads = tcfg.num_attention_heads
+        self.n_kv = getattr(tcfg, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(tcfg, "head_dim", None) or H // self.n_heads
+        bias = bool(getattr(tcfg, "attention_bias", False)) or tcfg.model_type == "qwen2"
+        self.q_proj = nn.Linear(H, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(H, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(H, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, H, bias=False)
+
+    def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], cache: KVCache | None,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        B, L, _ = x.shape
+        q = self.q_proj(x).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *cos_sin)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        causal = mask is None and (cache is None or len(cache) == L)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and L > 1,
+                                             enable_gqa=self.n_kv != self.n_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(B, L, -1))
+
+
+class DraftModel(nn.Module):
+    """EAGLE-style draft head. The target's embedding and ``lm_head`` are borrowed, frozen, never saved."""
+
+    def __init__(self, cfg: DraftConfig, target_config: Any, embed: nn.Module, lm_head: nn.Module,
+                 d2t: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.target_config = target_config
+        H = target_config.hidden_size
+        self.fc = nn.Linear(2 * H, H, bias=True)
+        self.attn = DraftAttention(target_config)
+        self.post_attention_layernorm = LlamaRMSNorm(H, eps=target_config.rms_norm_eps)
+        self.mlp = MoEBlock(H, cfg, mlp_width(cfg, target_config))
+        rope_cfg = copy.deepcopy(target_config)
+        self.rotary = LlamaRotaryEmbedding(rope_cfg)
+        if cfg.draft_vocab_size is not None and d2t is None:  # placeholder until trained or loaded
+            d2t = torch.arange(cfg.draft_vocab_size)
+        self.register_buffer("d2t", d2t.long() if d2t is not None else None, persistent=d2t is not None)
+        self._shared = (embed, lm_head)  # plain tuple: not registered, so not saved or trained
+        self._head_weight: torch.Tensor | None = None
+        self._head_key: tuple = ()
+        self._head_packed: tuple[torch.Tensor, torch.Tensor | None] | None = None  # (rows it packs, copy)
+        self._head_gemm: tuple[str, int] | None = None  # (backend, min_rows) of the packed head: the target's
+        self.packed_head = True  # False: plain GEMM for the head (to measure what packing buys)
+        self.register_load_state_dict_post_hook(DraftModel._drop_head_cache)
+
+    @staticmethod
+    def _drop_head_cache(module: "DraftModel", incompatible_keys: Any) -> None:
+        module._head_weight = None
+
+    # -- frozen target parts -------------------------------------------------------------------------
+    @property
+    def embed(self) -> nn.Module:
+        return self._shared[0]
+
+    def head_weight(self) -> torch.Tensor:
+        """Rows of the target's lm_head for the draft vocabulary (all rows when it is the full vocab)."""
+        w = self._shared[1].weight
+        if self.d2t is None:
+            return w
+        if torch.compiler.is_compiling() and self._head_weight is not None:
+            return self._head_weight  # prepared before compiling (jakiro_lib.decoding.static: StaticEngine)
+        # Inference tensors (a draft loaded under torch.inference_mode) keep no version counter; the
+        # load_state_dict hook in __init__ drops the cache whichever kind d2t is.
+        version = None if self.d2t.is_inference() else self.d2t._version
+        key = (w.data_ptr(), w.dtype, self.d2t.data_ptr(), version)
+        stale = self._head_weight is None or self._head_key != key  # d2t may be edited in place
+        if stale or (self._head_weight.is_inference() and not torch.is_inference_mode_enabled()):  # autograd use
+            self._head_weight = w.detach()[self.d2t.to(w.device)].contiguous()
+            self._head_key = key
+        return self._head_weight
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits of predicted features.
+
+        A tree's frontier asks for 4-64 rows at a time; on the CPU those go through a packed copy of the
+        head rows (:mod:`~jakiro_lib.models.kernels`; fp32: 8 rows of SmolLM2's 8192-row head in 0.42 instead of
+        1.05 ms, measured 2026-11-22; bf16: from one row on). The full-vocabulary head is the target's
+        ``lm_head`` module, which has the target's own fast path.
+        """
+        if self.d2t is None:
+            head = self._shared[1]
+            return head(features) if self.packed_head else F.linear(features, head.weight, head.bias)
+        w = self.head_weight()
+        if not self.packed_head:
+            return F.linear(features, w)
+        if self._head_packed is None or self._head_packed[0] is not w:
+            self._head_gemm = kernels.follow(self._shared[1], w)
+            self._head_packed = (w, kernels.pack_weight(w, HEAD_PACK_MAX_ROWS, self._head_gemm[0])
+                                 if self._head_gemm else None)
+        packed = self._head_packed[1] if self.packed_head else None
+        backend, min_rows = self._head_gemm or ("mkl", 1)
+        return kernels.linear_maybe_packed(features, w, None, packed, min_rows, HEAD_PACK_MAX_ROWS, backend)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.d2t is None else self.d2t[draft_ids]
+
+    def n_params(self) -> int:
+        """Trainable parameters (the borrowed embedding and lm_head excluded)."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    # -- forward ----------------------------------------------------------------------------------
+    def forward(self, features: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                cache: KVCache | None = None, mask: torch.Tensor | None = None,
+                steps: int = 1) -> DraftOutput | list[DraftOutput]:
+        """features [B, L, H] (f_t), input_ids [B, L] (x_{t+1}), position_ids [B, L] (t).
+
+        ``mask``: additive/boolean attention mask [B, 1, L, S] over cache + new positions; None = causal.
+        ``steps`` > 1: :meth:`unroll` (a list of outputs, one per step; here so that a DDP wrapper sees
+        one forward).
+        """
+        if steps > 1:
+            return self.unroll(features, input_ids, position_ids, steps)
+        return self._step(features, input_ids, position_ids, cache, mask)
+
+    def _step(self, features: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
+              cache: KVCache | None, mask: torch.Tensor | None) -> DraftOutput:
+        """One forward. :meth:`unroll` calls it rather than ``self(...)``: accelerate replaces ``forward`` with
+        an autocast-wrapped one, and re-entering that one autocast object left autocast on for the process."""
+        with torch.no_grad():
+            emb = self.embed(input_ids)
+        z = self.fc(torch.cat([emb.to(features.dtype), features], dim=-1))
+        cos, sin = self.rotary(z, position_ids)
+        h = z + self.attn(z, (cos, sin), cache, mask)
+        return self.mlp(self.post_attention_layernorm(h), h)
+
+    def unroll(self, features: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
+               steps: int) -> list[DraftOutput]:
+        """The draft run ``steps`` steps on its own predicted features over a whole sequence (training-time
+        test, docs/DESIGN.md section 4), with the attention a tree gives at each depth.
+
+        Step 0 is the plain causal forward on the target's features. At step j the input at position t is
+        step j-1's branch-A prediction at t-1 (and the true token x_{t+1}); it attends to step 0's keys at
+        positions <= t-j (the accepted prefix: target features) and to step i's key at position t-(j-i)
+        for i = 1..j (its own drafted ancestors and itself), as the j-th drafted token after the prefix
+        ending at t-j does in a tree. Outputs at t < j have no such prefix: callers mask them out.
+        """
+        L = features.shape[1]
+        cache = KVCache()
+        outs = [self._step(features, input_ids, position_ids, cache, None)]
+        self.mlp.count_load = False
+        try:
+            for j in range(1, steps):
+                prev = outs[-1].a  # [B, L, H]: step j-1's prediction of f_{t+1} at t
+                feats = torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], 1)  # position t gets it at t+1
+                mask = unroll_mask(L, j, prev.device)[None, None]  # [1, 1, L, (j + 1) L]
+                outs.append(self._step(feats, input_ids, position_ids, cache, mask))
+        finally:
+            self.mlp.count_load = True
+        return outs
+
+    # -- training losses ------------------------------------------------------------------------
+    def train_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits with autograd (the packed inference head has no backward)."""
+        w = self.head_weight()
+        if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
+            w = w.to(x.dtype)
+        return x @ w.T
+
+    def feature_loss(self, pred: torch.Tensor, t: torch.Tensor, p: torch.Tensor, ref: torch.Tensor,
+                     w: torch.Tensor, p_weight: float) -> Losses:
+        """SmoothL1(pred, t) + p_weight * soft-CE(p, draft logits of pred) over rows [N, H], weighted by ``w``
+        [N]; ``correct``: draft argmax (mapped to target ids) equal to the target's argmax ``ref`` [N]."""
+        o = pred.float()
+        denom = w.sum().clamp_min(1.0)
+        vloss = (F.smooth_l1_loss(o, t, reduction="none").mean(-1) * w).sum() / denom
+        q_logits = self.train_logits(o)  # [N, V'] (bf16 under autocast)
+        ploss = (soft_cross_entropy(q_logits, p) * w).sum() / denom
+        with torch.no_grad():
+            # max(-1).indices: argmax's first-of-ties, at about half its cost on a CPU
+            correct = ((self.to_target_ids(q_logits.max(-1).indices) == ref).float() * w).sum()
+        return {"vloss": vloss, "ploss": ploss, "loss": vloss + p_weight * ploss, "correct": correct,
+                "count": w.sum()}
+
+    def expert_loss(self, experts: torch.Tensor, gates: torch.Tensor, t: torch.Tensor, p: torch.Tensor,
+                    ref: torch.Tensor, w: torch.Tensor, p_weight: float) -> Losses:
+        """The loss of each selected expert's own output o_i = r + e_i(u) (experts [N, E, H], gates [N, E]):
+        the feature decoupled drafting scores and carries forward (docs/DESIGN.md section 3).
+
+        Expert i's :meth:`feature_loss` terms, weighted per row by its branch-A gate (``expert_loss="gate"``)
+        or equally over the selected experts (``"equal"``). The gates enter as constants: this loss shapes
+        the experts' features; the router keeps learning from branch A alone (a gradient here would pull
+        it towards whichever expert predicts best on its own). Also ``correct_e{i}`` / ``count_e{i}``:
+        expert i's top-1 over the rows where it is selected.
+        """
+        N, E, H = experts.shape
+        sel = (gates > 0).float()  # [N, E]
+        mix = gates.detach().float() if self.cfg.expert_loss == "gate" else sel / sel.sum(-1, keepdim=True)
+        o = experts.float()
+        vl = F.smooth_l1_loss(o, t[:, None].expand_as(o), reduction="none").mean(-1)  # [N, E]
+        q_logits = self.train_logits(o)  # [N, E, V]
+        pl = soft_cross_entropy(q_logits, p[:, None].expand(-1, E, -1))  # [N, E]
+        denom = w.sum().clamp_min(1.0)
+        vloss = ((vl * mix).sum(-1) * w).sum() / denom
+        ploss = ((pl * mix).sum(-1) * w).sum() / denom
+        out = {"vloss": vloss, "ploss": ploss, "loss": vloss + p_weight * ploss}
+        with torch.no_grad():
+            hit = (self.to_target_ids(q_logits.max(-1).indices) == ref[:, None]).float() * sel * w[:, None]  # [N, E]
+            for i in range(E):
+                out[f"correct_e{i}"], out[f"count_e{i}"] = hit[:, i].sum(), (sel[:, i] * w).sum()
+        return out
+
+    # -- router statistics --------------------------------------------------------------------------
+    def router_load(self, reset: bool = False) -> list[float]:
+        """Fraction of tokens routed to each expert (branch A top-k) since the last reset."""
+        tokens = float(self.mlp.load_tokens)
+        load = (self.mlp.load / max(tokens, 1.0)).tolist()
+        if reset:
+            self.mlp.load.zero_()
+            self.mlp.load_tokens.zero_()
+        return load
+
+    # -- save / load -----------------------------------------------------------------------------
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+
+    def save(self, path: str | Path, **meta: Any) -> Path:
+        """One directory: ``draft_config.json`` (architecture + target identity) and safetensors weights."""
+        path = Path(path)
+        tc = self.target_config
+        info = {
+            "draft": dataclasses.asdict(self.cfg),
+            "target": {"model_type": tc.model_type, "hidden_size": tc.hidden_size, "vocab_size": tc.vocab_size,
+                       "num_attention_heads": tc.num_attention_heads,
+                       "num_key_value_heads": getattr(tc, "num_key_value_heads", None),
+                       "name_or_path": meta.pop("target_name", getattr(tc, "_name_or_path", ""))},
+            "meta": meta,
+        }
+        with atomic_path(path) as tmp:
+            tmp.mkdir()
+            save_file(self.trainable_state(), str(tmp / WEIGHTS_FILE))
+            (tmp / CONFIG_FILE).write_text(json.dumps(info, indent=2, default=str))
+        return path
+
+    @classmethod
+    def build(cls, cfg: DraftConfig, target_model: nn.Module, d2t: torch.Tensor | None = None) -> "DraftModel":
+        """A fresh draft for ``target_model`` on the target's device and dtype."""
+        draft = cls(cfg, target_model.config, target_model.get_input_embeddings(), target_model.get_output_embeddings(), d2t)
+        p = next(target_model.parameters())
+        return draft.to(device=p.device, dtype=p.dtype)
+
+    @classmethod
+    def load(cls, path: str | Path, target_model: nn.Module) -> "DraftModel":
+        """Strict load: the target must match the one the draft was trained for and every key must fit."""
+        path = Path(path)
+        if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
+            raise DraftLoadError(f"no saved draft at {path} (need {CONFIG_FILE} and {WEIGHTS_FILE})")
+        try:
+            info = json.loads((path / CONFIG_FILE).read_text())
+            cfg = DraftConfig(**info["draft"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise DraftLoadError(f"corrupt draft config {path / CONFIG_FILE}: {exc}") from exc
+        tc = target_model.config
+        saved = info["target"]
+        for key in ("hidden_size", "vocab_size", "num_attention_heads", "model_type"):
+            if saved.get(key) != getattr(tc, key, None):
+                raise DraftLoadError(
+                    f"draft at {path} was trained for a target with {key}={saved.get(key)!r}, "
+                    f"but this target has {key}={getattr(tc, key, None)!r}"
+                )
+        try:
+            state = load_file(str(path / WEIGHTS_FILE))
+        except Exception as exc:  # safetensors raises several types for a damaged file
+            raise DraftLoadError(f"corrupt draft weights {path / WEIGHTS_FILE}: {exc}") from exc
+        draft = cls.build(cfg, target_model, d2t=state.get("d2t"))
+        missing, unexpected = draft.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise DraftLoadError(f"draft weights at {path} do not match the config: missing {missing}, "
+                                 f"unexpected {unexpected}")
+        # A draft's forwards take a frontier's few rows. Its linears follow the target's packed GEMM (probed
+        # on this machine: oneDNN from one row on an AVX2 EPYC); without one, bf16 drafts pack through oneDNN
+        # (plain bf16 GEMMs are slower than fp32 at few rows) and fp32 drafts stay plain (mostly under
+        # MKL's 4 rows).
+        p = next(draft.parameters())
+        choice = kernels.follow(target_model, p)
+        if choice is not None and (kernels.packed_gemm(target_model) is not None or p.dtype == torch.bfloat16):
+            kernels.enable_packed_gemm(draft, max_rows=HEAD_PACK_MAX_ROWS, backend=choice[0], min_rows=choice[1])
+        return draft.eval()

@@ -1,0 +1,1 @@
+"""Stage 01's side: draft training, checkpoints, the main job's sizing and the pipeline's throughput."""

@@ -1,0 +1,407 @@
+"""The main job sized by measurement: how many conversations and epochs fit 90 minutes on this machine (issue 43,
+section 4).
+
+The default profile sets ``data.scale="auto"``. Before stage 00, the pipeline (:func:`resolve_scale`) measures this
+machine for about a minute, in one process, on the profile's own settings (:func:`measure`):
+
+* **caching**: tokens/s of the target's features for 16 conversations in the dtype caching uses
+  (``data.cache_dtype``) at ``data.cache_batch_size`` per forward (:func:`jakiro_lib.training.throughput.caching_rows`);
+* **training**: tokens/s of a few eager steps of each single-step draft in the profile's precision
+  (:func:`jakiro_lib.training.throughput.training_rows`); multi-step twins take their MLP kind's rate over their unroll steps,
+  as :func:`jakiro_lib.training.throughput.stage_plan` does. Compiling a step costs about 40 s per draft, too long for this
+  measurement, so where the profile compiles its step the eager rate is divided by :data:`COMPILE_GAIN`, the
+  smallest compiled/eager ratio measured (1.21x, moe2_xgate on AMX; 1.31-1.51x for the others);
+* **the benchmark**: T(1), one decoding step of the fp32 target (:func:`jakiro_lib.measure.costmodel.measure_target_costs`):
+  stages 02-03 take about :data:`BENCH_SECONDS_PER_T1_MS` seconds per millisecond of T(1);
+* **the data**: tokens per conversation of a sample (tokenized as caching does) and how many the source has.
+
+From these, :func:`choose_scale` takes the most conversations and epochs whose caching and training, planned x
+:data:`PLAN_OVERRUN`, fit the 90-minute main job less a 10% margin, the benchmark's estimate and the measurement.
+Fresh conversations come first: one more epoch is taken only while every epoch still sees
+:data:`CONVERSATIONS_PER_EPOCH` conversations (or all of the data fits), up to :data:`MAX_EPOCHS`. The result is
+clamped to at least :data:`jakiro_lib.profiles.DEFAULT_SCALE` (600 x 2, said in the log where even that does not fit)
+and at most the packaged data.
+
+The choice, with what it came from (rates, T(1), the plan, the budget, the machine), is written to
+``<run_dir>/scale.json``; a rerun with the same settings reuses it instead of measuring again, so an interrupted main
+job continues at the same scale (delete the file to measure again). ``--set data.num_conversations=...`` and
+``--set train.epochs=...`` win: both set, nothing is measured; one set, the other is sized around it.
+``--set data.scale=fixed`` turns it off.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+
+from ..config import Profile
+from ..profiles import DEFAULT_SCALE, override
+from ..measure.costmodel import measure_target_costs
+from ..data.conversations import load_conversations
+from ..data.dataset import FeatureDataset
+from ..data.features import cache_features, estimate_cache
+from ..models.target import load_target
+from .throughput import caching_rows, environment, stage_plan, training_rows
+from ..files import read_json, write_json
+from ..machine import compiles_step, favoured_dtype, keep_freed_memory, resolve_precision
+
+log = logging.getLogger(__name__)
+
+SCALE_JSON = "scale.json"
+VERSION = 1
+KEYS = ("data.num_conversations", "train.epochs")
+MAIN_JOB_MINUTES = 90
+MARGIN = 0.10  # of the main job, kept free: timings on a shared 2-core machine move by several percent
+# A main job's caching and training stages over their plan: 45.3 / 36.2 minutes on the 2-core AMX Xeon (2026-11-26,
+# README "Pipeline throughput"): compilation, held-out evaluation, disk writes and loads are not in the plan.
+PLAN_OVERRUN = 1.25
+# Stages 02 and 03 in seconds per ms of the fp32 target's T(1), in the default main jobs recorded under
+# reports/measured: 55.7 (AVX2 EPYC, 2802 s at T(1) 50.3 ms, 2026-11-23), 43.8 (the EPYC with oneDNN, 8 drafts,
+# 1954 s at 44.6 ms), 41.4 and 36.0 (AMX Xeon, 1456 s at 35.2 ms and 1298 s at 36.1 ms). The largest: the benchmark
+# is the stage a misjudged budget cannot shrink.
+BENCH_SECONDS_PER_T1_MS = 56.0
+# Compiled over eager bf16 training steps on the AMX Xeon (reports/measured/2026-11-26-throughput-plan-cpu): 1.49
+# dense, 1.40 dense_h, 1.51 moe2, 1.21 moe2_xgate, 1.31 dense_u2, 1.33 moe2_u2. The smallest, for every draft.
+COMPILE_GAIN = 1.2
+CONVERSATIONS_PER_EPOCH = 1000  # 3000 x 3, 6000 x 4 and 8000 x 6 each gave the best top-1 of their time (README)
+MAX_EPOCHS = 10  # EAGLE-2's draft on all 17,671 conversations: top-1 0.566 at 5 epochs, 0.584 at 10, flattening
+STEP = 100  # conversations are chosen in steps of 100
+
+
+@dataclass
+class Measurement:
+    """What :func:`measure` read on this machine: a throughput table (rows as :mod:`jakiro_lib.training.throughput` writes
+    them), T(1) in ms, mean tokens per conversation, the conversations the source has and the seconds it took."""
+
+    table: pd.DataFrame
+    t1_ms: float
+    tokens_per_conversation: float
+    available: int
+    seconds: float
+    environment: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The job's costs per unit: seconds per token cached; seconds per token of the data per epoch to train every
+    draft (held-out share and compile gain included); tokens per conversation; conversations available; the
+    benchmark's estimated seconds; the measurement's seconds."""
+
+    cache_s_per_token: float
+    train_s_per_token: float
+    tokens_per_conversation: float
+    available: int
+    bench_s: float
+    measure_s: float
+
+
+@dataclass(frozen=True)
+class Choice:
+    num_conversations: int
+    epochs: int
+    seconds: float  # caching + training expected, PLAN_OVERRUN included
+    budget_s: float  # what caching + training may take
+    reason: str
+
+
+class ScaleError(ValueError):
+    """A measurement that cannot size the job (no caching or training rate came out of it)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# The choice (pure: tested on mocked rates)
+# --------------------------------------------------------------------------------------------------
+
+
+def caching_training_budget(rates: Rates) -> float:
+    """Seconds caching and training may take: the main job less the margin, the benchmark and the measurement."""
+    return MAIN_JOB_MINUTES * 60.0 * (1.0 - MARGIN) - rates.bench_s - rates.measure_s
+
+
+def planned_seconds(rates: Rates, conversations: int, epochs: int) -> float:
+    """Expected seconds of caching ``conversations`` and training every draft on them for ``epochs``."""
+    tokens = conversations * rates.tokens_per_conversation
+    return PLAN_OVERRUN * tokens * (rates.cache_s_per_token + epochs * rates.train_s_per_token)
+
+
+def most_conversations(rates: Rates, epochs: int, budget_s: float) -> int:
+    """The most conversations (a multiple of :data:`STEP`, at most those available) that fit ``budget_s``."""
+    per_conversation = planned_seconds(rates, 1, epochs)
+    n = math.floor(max(budget_s, 0.0) / per_conversation / STEP) * STEP if per_conversation > 0 else rates.available
+    return min(rates.available, n)
+
+
+def choose_scale(rates: Rates, *, conversations: int | None = None, epochs: int | None = None) -> Choice:
+    """Conversations and epochs for the main job (module docstring); ``conversations`` or ``epochs``: set by the
+    user, kept, and the other sized around it."""
+    budget = caching_training_budget(rates)
+    floor_n, floor_e = min(DEFAULT_SCALE[0], rates.available), DEFAULT_SCALE[1]
+
+    def done(n: int, e: int, reason: str) -> Choice:
+        return Choice(n, e, planned_seconds(rates, n, e), budget, reason)
+
+    if epochs is not None:
+        n = max(floor_n, most_conversations(rates, epochs, budget))
+        return done(n, epochs, f"train.epochs={epochs} set; the most conversations that fit at it")
+    if conversations is not None:
+        fit = [e for e in range(floor_e, MAX_EPOCHS + 1) if planned_seconds(rates, conversations, e) <= budget]
+        return done(conversations, max(fit, default=floor_e), f"data.num_conversations={conversations} set; the "
+                    "most epochs that fit with it" + ("" if fit else f" (none does: {floor_e}, the floor)"))
+    best = None
+    for e in range(floor_e, MAX_EPOCHS + 1):
+        n = most_conversations(rates, e, budget)
+        if n >= floor_n and (e == floor_e or n >= rates.available or n >= CONVERSATIONS_PER_EPOCH * e):
+            best = (n, e)
+    if best is None:
+        return done(floor_n, floor_e, f"the floor {floor_n} x {floor_e}: even it is expected to take longer than "
+                    f"the {budget / 60:.1f} minutes left for caching and training")
+    n, e = best
+    if n >= rates.available:
+        return done(n, e, f"all {n:,} conversations fit; the most epochs that fit with them (at most {MAX_EPOCHS})")
+    if e == floor_e:
+        return done(n, e, f"the most conversations that fit at {e} epochs (the floor)")
+    return done(n, e, f"the most epochs that leave at least {CONVERSATIONS_PER_EPOCH:,} conversations per epoch, "
+                f"then the most conversations that fit")
+
+
+def rates(profile: Profile, m: Measurement) -> Rates:
+    """:class:`Rates` of ``profile`` from a measurement: the stage plan of one epoch over the measured rows (caching
+    at its dtype and batch, each draft at its own or its MLP kind's rate), training over :data:`COMPILE_GAIN` where
+    the profile compiles its step."""
+    unit = 1_000_000  # tokens: stage_plan is linear in them
+    plan = stage_plan(override(profile, **{"train.epochs": 1}), m.table, tokens=unit)
+    cache, train = plan[plan["stage"] == "cache"], plan[plan["stage"] == "train"]
+    if cache.empty or train.empty or len(train) < len(profile.drafts):
+        raise ScaleError(f"the measurement has no caching or training rate for every draft of {profile.name} "
+                         f"(rows: {', '.join(map(str, m.table['variant']))})")
+    return Rates(cache_s_per_token=float(cache["seconds"].sum()) / unit,
+                 train_s_per_token=float(train["seconds"].sum()) / unit / _compile_gain(profile, m.table),
+                 tokens_per_conversation=m.tokens_per_conversation, available=m.available,
+                 bench_s=BENCH_SECONDS_PER_T1_MS * m.t1_ms, measure_s=m.seconds)
+
+
+def _favoured(table: pd.DataFrame) -> str | None:
+    """The dtype the measuring machine favours: the one its rows used besides fp32 (as stage_plan reads it)."""
+    return next((d for d in table.loc[table["part"] == "cache", "dtype"] if d != "float32"), None)
+
+
+def _compile_gain(profile: Profile, table: pd.DataFrame) -> float:
+    precision = resolve_precision(profile.train.mixed_precision, _favoured(table))
+    return COMPILE_GAIN if compiles_step(profile.train.compile, precision) else 1.0
+
+
+def plan_at(profile: Profile, m: Measurement, conversations: int, epochs: int) -> pd.DataFrame:
+    """The stage plan at the chosen scale as it was budgeted: compiled steps at eager x COMPILE_GAIN."""
+    chosen = override(profile, **{"data.num_conversations": conversations, "train.epochs": epochs})
+    plan = stage_plan(chosen, m.table, tokens=round(conversations * m.tokens_per_conversation))
+    gain = _compile_gain(profile, m.table)
+    train = plan["stage"] == "train"
+    plan.loc[train, "tokens_per_s"] *= gain
+    plan.loc[train, "basis"] = plan.loc[train, "basis"] + (f", compiled: x {gain} assumed" if gain != 1.0 else "")
+    plan.loc[train, "seconds"] = plan.loc[train, "tokens"] / plan.loc[train, "tokens_per_s"]
+    plan.loc[plan["stage"] == "total", "seconds"] = plan.loc[plan["stage"] != "total", "seconds"].sum()
+    plan["minutes"] = plan["seconds"] / 60.0
+    return plan
+
+
+# --------------------------------------------------------------------------------------------------
+# The measurement
+# --------------------------------------------------------------------------------------------------
+
+
+def _measured_drafts(profile: Profile) -> list[str]:
+    """Each single-step draft, and the first draft of an MLP kind that has no single-step one: stage_plan gives the
+    others their kind's rate over their unroll steps (measured: 0.47x dense, 0.42x moe2 at 2 steps, against 0.5)."""
+    unroll = {n: c.unroll_steps or profile.train.unroll_steps for n, c in profile.drafts.items()}
+    names = [n for n in profile.drafts if unroll[n] == 1]
+    kinds = {profile.drafts[n].mlp for n in names}
+    for n, c in profile.drafts.items():
+        if c.mlp not in kinds:
+            names.append(n)
+            kinds.add(c.mlp)
+    return names
+
+
+def measure(profile: Profile, *, conversations: int = 16, steps: int = 6, warmup: int = 2,
+            token_sample: int = 400) -> Measurement:
+    """Measure ``profile``'s costs on this machine (module docstring); about a minute for the default profile on a
+    2-core CPU. ``conversations`` are cached (timed) and trained on, ``steps`` eager steps per draft after ``warmup``
+    untimed ones; ``token_sample`` conversations are tokenized for tokens per conversation."""
+    t0 = time.perf_counter()
+    d = profile.data
+    device = torch.device(profile.target.device)
+    favoured = favoured_dtype(device)
+    cache_dtype = (favoured or profile.target.dtype) if d.cache_dtype == "auto" else d.cache_dtype or profile.target.dtype
+    convs = load_conversations(d.source, path=d.path, limit=conversations)
+    allocator = "kept" if device.type == "cpu" and keep_freed_memory(True) else "system"  # as caching runs
+    rows = caching_rows(profile.target, convs, d, batch_sizes=(d.cache_batch_size,), dtypes=(cache_dtype,),
+                        allocator=allocator)
+    target = load_target(profile.target)
+    t1 = measure_target_costs(target.model, sizes=(1,), repeats=5)[1]
+    everything = load_conversations(d.source, path=d.path)
+    sample = estimate_cache(target, everything[:token_sample], max_length=d.max_length, template=profile.target.template)
+    precision = resolve_precision(profile.train.mixed_precision, favoured)
+    with tempfile.TemporaryDirectory(prefix="jakiro-scale.") as tmp:
+        cache_features(target, convs, tmp, max_length=d.max_length, shard_size=d.shard_size,
+                       feature_dtype=d.feature_dtype, template=profile.target.template, progress=False,
+                       batch_size=d.cache_batch_size)
+        dataset = FeatureDataset(tmp, "all", 0.0)
+        if len(dataset) == 0:  # a loader over nothing would never yield a step
+            raise ScaleError(f"no trained token in the first {conversations} conversations within data.max_length="
+                             f"{d.max_length}: nothing to time training on")
+        drafts = {n: profile.drafts[n] for n in _measured_drafts(profile)}
+        rows += training_rows(target, drafts, dataset, profile.train, steps=steps, warmup=warmup,
+                              precisions=("bf16" if precision == "bf16" else "fp32",), allocator=allocator,
+                              bucketing=(profile.train.bucket_by_length,))
+    table = pd.DataFrame(rows)
+    table["tokens_per_s"] = table["tokens"] / table["seconds"]
+    return Measurement(table=table, t1_ms=1000.0 * t1,
+                       tokens_per_conversation=sample["tokens"] / max(1, min(token_sample, len(everything))),
+                       available=len(everything), seconds=time.perf_counter() - t0, environment=environment(device))
+
+
+# --------------------------------------------------------------------------------------------------
+# The pipeline's step: reuse the recorded choice or measure and record one
+# --------------------------------------------------------------------------------------------------
+
+
+def set_keys(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The scale keys the user set, in dotted spelling (papermill's ``train__epochs`` too)."""
+    return {k.replace("__", "."): v for k, v in overrides.items() if k.replace("__", ".") in KEYS}
+
+
+def basis(profile: Profile, fixed: dict[str, Any]) -> dict[str, Any]:
+    """What the choice depends on: the target, data, training and drafts (not the benchmark's settings: a rerun with
+    another ``bench.limit`` continues at the same scale), with the scale keys only where the user set them."""
+    out = {k: v for k, v in profile.to_dict().items() if k in ("target", "data", "train", "drafts")}
+    out["data"] = {k: v for k, v in out["data"].items() if k != "num_conversations" or "data.num_conversations" in fixed}
+    out["train"] = {k: v for k, v in out["train"].items() if k != "epochs" or "train.epochs" in fixed}
+    return json.loads(json.dumps(out, default=str))
+
+
+def _changed(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two bases."""
+    keys = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += _changed(a, b, f"{prefix}{k}.")
+        elif a != b:
+            keys.append(f"{prefix}{k}")
+    return keys
+
+
+def _valid(record: Any) -> bool:
+    return (isinstance(record, dict) and record.get("version") == VERSION and isinstance(record.get("chosen"), dict)
+            and all(isinstance(record["chosen"].get(k), int) for k in ("num_conversations", "epochs")))
+
+
+def _with_choice(overrides: dict[str, Any], record: dict[str, Any], fixed: dict[str, Any]) -> dict[str, Any]:
+    c = record["chosen"]
+    chosen = {"data.num_conversations": c["num_conversations"], "train.epochs": c["epochs"]}
+    return {**overrides, **{k: v for k, v in chosen.items() if k not in fixed}}
+
+
+def recorded_scale(profile: Profile, overrides: dict[str, Any],
+                   run_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The overrides with the scale recorded in ``<run_dir>/scale.json`` filled in, where ``profile`` is "auto" and
+    the record was made with the same :func:`basis`; else ``(overrides, None)``. Never measures: for a stage run on
+    its own (``python -m jakiro_lib cache|train|bench``) after a pipeline chose the scale."""
+    fixed = set_keys(overrides)
+    if profile.data.scale != "auto" or len(fixed) == len(KEYS):
+        return overrides, None
+    record = read_json(Path(run_dir) / SCALE_JSON)
+    if not _valid(record) or record.get("basis") != basis(profile, fixed):
+        return overrides, None
+    return _with_choice(overrides, record, fixed), record
+
+
+def resolve_scale(profile: Profile, overrides: dict[str, Any], run_dir: str | Path, *,
+                  measure: Callable[[Profile], Measurement] | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The pipeline's overrides with the scale keys filled in where ``profile.data.scale`` is "auto", and the record
+    (None where nothing was chosen). Reuses ``<run_dir>/scale.json`` when it was made with the same :func:`basis`;
+    else measures (``measure``: default :func:`measure`), chooses and writes it."""
+    if profile.data.scale != "auto":
+        return overrides, None
+    fixed = set_keys(overrides)
+    if len(fixed) == len(KEYS):
+        log.info("scale: %s set: auto scale not used", " and ".join(f"{k}={fixed[k]}" for k in KEYS))
+        return overrides, None
+    path = Path(run_dir) / SCALE_JSON
+    now = basis(profile, fixed)
+    record = read_json(path)
+    if _valid(record) and record.get("basis") == now:
+        c = record["chosen"]
+        log.info("scale: reusing %s conversations x %s epochs, chosen by measurement on %s (%s; delete it to measure "
+                 "again)", c["num_conversations"], c["epochs"], record.get("date", "?"), path)
+    else:
+        if _valid(record):
+            log.info("scale: %s was chosen with other settings (%s): measuring again", path,
+                     ", ".join(_changed(record["basis"], now)[:6]))
+        elif path.exists():
+            log.warning("scale: %s is unreadable: measuring again", path)
+        # the module's measure looked up now, not bound at definition: tests replace it
+        record = _measure_and_choose(profile, fixed, now, measure or globals()["measure"])
+        write_json(path, record)
+        c = record["chosen"]
+        b = record["budget"]
+        log.info("scale: %s conversations x %s epochs: caching + training expected %.1f of the %.1f minutes left of "
+                 "the %d-minute main job after the benchmark (about %.1f min, from T(1) = %.1f ms), this measurement "
+                 "(%.1f min) and a %d%% margin; %s. Recorded in %s", c["num_conversations"], c["epochs"],
+                 c["expected_minutes"], b["caching_training_minutes"], MAIN_JOB_MINUTES, b["benchmark_minutes"],
+                 record["measured"]["t1_ms"], b["measurement_minutes"], round(100 * MARGIN), c["reason"], path)
+    for key, value in fixed.items():
+        log.info("scale: %s=%s set: it wins over auto", key, value)
+    return _with_choice(overrides, record, fixed), record
+
+
+def _measure_and_choose(profile: Profile, fixed: dict[str, Any], basis_now: dict[str, Any],
+                        measure: Callable[[Profile], Measurement]) -> dict[str, Any]:
+    log.info("scale: measuring this machine's caching, training and decoding speed to size the main job "
+             "(data.scale=auto; about a minute)")
+    m = measure(profile)
+    r = rates(profile, m)
+    choice = choose_scale(r, conversations=int(fixed["data.num_conversations"]) if "data.num_conversations" in fixed
+                          else None, epochs=int(fixed["train.epochs"]) if "train.epochs" in fixed else None)
+    plan = plan_at(profile, m, choice.num_conversations, choice.epochs)
+    train = m.table[m.table["part"] == "train"]
+    cache = m.table[m.table["part"] == "cache"].iloc[0]
+    return {
+        "version": VERSION,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "profile": profile.name,
+        "chosen": {"num_conversations": choice.num_conversations, "epochs": choice.epochs,
+                   "expected_minutes": round(choice.seconds / 60.0, 2), "reason": choice.reason},
+        "measured": {
+            "cache": {"tokens_per_s": float(cache["tokens_per_s"]), "dtype": cache["dtype"],
+                      "batch_size": int(cache["batch_size"]), "variant": cache["variant"]},
+            "train": {row["draft"]: {"tokens_per_s": float(row["tokens_per_s"]), "dtype": row["dtype"],
+                                     "variant": row["variant"]} for _, row in train.iterrows()},
+            "t1_ms": m.t1_ms, "tokens_per_conversation": m.tokens_per_conversation,
+            "conversations_available": m.available, "seconds": round(m.seconds, 1),
+        },
+        "budget": {"main_job_minutes": MAIN_JOB_MINUTES, "margin": MARGIN,
+                   "benchmark_minutes": round(r.bench_s / 60.0, 2), "bench_seconds_per_t1_ms": BENCH_SECONDS_PER_T1_MS,
+                   "measurement_minutes": round(r.measure_s / 60.0, 2),
+                   "caching_training_minutes": round(choice.budget_s / 60.0, 2), "plan_overrun": PLAN_OVERRUN,
+                   "compile_gain": _compile_gain(profile, m.table), "conversations_per_epoch": CONVERSATIONS_PER_EPOCH,
+                   "max_epochs": MAX_EPOCHS, "floor": list(DEFAULT_SCALE)},
+        "plan": json.loads(plan.to_json(orient="records")),
+        "set_by_user": fixed,
+        "basis": basis_now,
+        "environment": m.environment,
+    }
+
+
+__all__ = ["SCALE_JSON", "Measurement", "Rates", "Choice", "ScaleError", "caching_training_budget", "planned_seconds",
+           "most_conversations", "choose_scale", "rates", "plan_at", "measure", "basis", "set_keys", "recorded_scale",
+           "resolve_scale"]

@@ -1,0 +1,424 @@
+"""Tokens per second of the training pipeline on this machine, stage by stage (issue 22; docs/DESIGN.md section 4:
+"measure tokens/s per stage before tuning anything else").
+
+``python -m jakiro_lib throughput --profile default`` measures, side by side in one process on the same
+conversations of the profile's data:
+
+* **cache**: the target's features (tokenize, forward, full-vocabulary top-1, cast to the stored dtype:
+  :func:`jakiro_lib.data.features.shard_tensors`, everything caching does but the disk write), one conversation
+  per forward and several (sorted by length within a shard, right-padded), in fp32 and in the dtype the
+  hardware favours (bf16 where it has bf16 matrix units: AMX or AVX512-BF16 CPUs, CUDA GPUs with bf16);
+* **train**: steps of a draft on a feature cache of those conversations, with the loader, loss and
+  optimizer of :func:`jakiro_lib.training.train.train_draft`, in fp32 and with bf16 autocast (where favoured),
+  with random and with length-bucketed batches. Each step is timed twice: once stage by stage
+  (``data``: next batch from the loader and the copy to the device; ``forward``: ``draft_loss``, with
+  its metric read-back; ``backward``; ``optimizer``: clip, step, zero_grad; ``sync``: the host reads
+  the loop makes after a step), synchronising CUDA around every timer, and once free-running
+  (``step_ms``, and the tokens/s of the row), as training runs.
+
+On a CPU with glibc, every row first runs with glibc's own allocator settings (``allocator="system"``),
+then the rows of the favoured dtype again with freed memory kept for reuse (``"kept"``,
+:func:`jakiro_lib.machine.keep_freed_memory`, which caching and training switch on for themselves). Where the
+profile's training compiles its step in that dtype (``train.compile``), a last row per draft does so (``compiled``).
+
+Tokens are real tokens (padding excluded); ``padding`` is the share of the computed positions that were
+padding. ``speedup`` compares a row with the first row of its part (one conversation per forward in fp32;
+fp32 unbucketed training). Writes ``throughput.csv``, ``throughput_config.json`` and
+``throughput_env.json`` (hardware, versions, threads) to the output directory, and ``plan.csv``: the
+throughput model, the profile's caching and training stages in expected minutes on this machine
+(:func:`stage_plan`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from torch.utils.data import DataLoader
+
+from ..data.batching import EpochSampler, LengthBucketSampler, dataset_lengths, padded_tokens
+from ..config import DataConfig, DraftConfig, Profile, TargetConfig, TrainConfig
+from ..data.conversations import load_conversations
+from ..data.dataset import FeatureDataset, build_draft_vocab, token_frequencies
+from ..models.draft import DraftModel
+from ..data.features import cache_features, estimate_cache, length_batches, shard_tensors
+from ..models.target import load_target
+from ..models.loss import step_loss, train_collate, training_loss_options
+from ..files import write_json
+from ..machine import (compiles_step, cpu_flags, favoured_dtype, keep_freed_memory, resolve_precision, run_metadata, seed_everything)
+
+CSV = "throughput.csv"
+PLAN_CSV = "plan.csv"
+CONFIG_JSON = "throughput_config.json"
+ENV_JSON = "throughput_env.json"
+COMPILED_WARMUP = 8  # untimed steps before a compiled row (compilation: ~40 s per draft on a 2-core CPU)
+STAGES = ("data", "forward", "backward", "optimizer", "sync")
+COLUMNS = ("part", "variant", "draft", "device", "dtype", "allocator", "batch_size", "bucketed", "compiled", "items",
+           "tokens", "padded_tokens", "padding", "seconds", "tokens_per_s", "speedup", *(f"{s}_ms" for s in STAGES),
+           "step_ms")
+
+
+# --------------------------------------------------------------------------------------------------
+# Hardware
+# --------------------------------------------------------------------------------------------------
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """What the numbers were measured on: versions, machine, threads, the vector and matrix units."""
+    flags = cpu_flags()
+    env = run_metadata(device, threads=torch.get_num_threads(),
+                       cpu_capability=torch.backends.cpu.get_cpu_capability(),
+                       cpu_flags=sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))),
+                       favoured_dtype=favoured_dtype(device))
+    if device.type == "cuda":
+        env["cuda"] = {"name": torch.cuda.get_device_name(device), "bf16": torch.cuda.is_bf16_supported(),
+                       "capability": torch.cuda.get_device_capability(device), "cuda_version": torch.version.cuda}
+    return env
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Clock:
+    """Adds the time since the previous lap to a stage; with ``sync``, CUDA work is finished first."""
+
+    def __init__(self, device: torch.device, sync: bool) -> None:
+        self.device, self.sync = device, sync
+        self.seconds = dict.fromkeys(STAGES, 0.0)
+        self.t = 0.0
+
+    def start(self) -> None:
+        _sync(self.device)
+        self.t = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        if self.sync:
+            _sync(self.device)
+        now = time.perf_counter()
+        self.seconds[stage] += now - self.t
+        self.t = now
+
+
+# --------------------------------------------------------------------------------------------------
+# Feature caching
+# --------------------------------------------------------------------------------------------------
+
+
+def _cache_pass(target: Any, convs: Sequence[Any], data: DataConfig, template: str, batch_size: int) -> dict[str, Any]:
+    """Features of ``convs`` shard by shard, as caching computes them (no disk write): time and tokens."""
+    stored = getattr(torch, data.feature_dtype)
+    lengths: list[list[int]] = []
+    _sync(target.device)
+    t0 = time.perf_counter()
+    for start in range(0, len(convs), data.shard_size):
+        tensors, _, _ = shard_tensors(target, convs[start:start + data.shard_size], start, max_length=data.max_length,
+                                      template=template, dtype=stored, bar=None, batch_size=batch_size)
+        lengths.append((tensors["offsets"][:, 1] - tensors["offsets"][:, 0]).tolist())
+    _sync(target.device)
+    seconds = time.perf_counter() - t0
+    padded = sum(padded_tokens(ls, length_batches(ls, batch_size)) for ls in lengths)
+    return {"items": len(convs), "tokens": sum(map(sum, lengths)), "padded_tokens": padded, "seconds": seconds}
+
+
+def caching_rows(target_cfg: TargetConfig, convs: Sequence[Any], data: DataConfig, *,
+                 batch_sizes: Sequence[int], dtypes: Sequence[str], allocator: str = "system") -> list[dict[str, Any]]:
+    """One row per (target dtype, conversations per forward); a warm-up pass per dtype is not timed.
+    ``allocator``: glibc's own settings ("system") or freed memory kept ("kept") while these rows run."""
+    _allocator(allocator)
+    rows = []
+    for dtype in dtypes:
+        target = load_target(dataclasses.replace(target_cfg, dtype=dtype))
+        _cache_pass(target, convs[:max(batch_sizes)], data, target_cfg.template, max(batch_sizes))
+        for bs in batch_sizes:
+            variant = ("per conversation" if bs == 1 else f"batch {bs}") + _SUFFIX[allocator]
+            rows.append({"part": "cache", "variant": variant,
+                         "device": str(target.device), "dtype": dtype, "allocator": allocator, "batch_size": bs,
+                         **_cache_pass(target, convs, data, target_cfg.template, bs)})
+        del target
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Draft training steps
+# --------------------------------------------------------------------------------------------------
+
+
+def _loader(dataset: Any, train_cfg: TrainConfig, bucketed: bool, device: torch.device) -> Iterator[dict[str, Any]]:
+    """Batches forever, epoch after epoch, from the loader train_draft builds (same samplers)."""
+    sampler: Any = EpochSampler(len(dataset), train_cfg.seed)
+    batching: dict[str, Any] = dict(batch_size=train_cfg.batch_size, sampler=sampler)
+    if bucketed:
+        sampler = LengthBucketSampler(dataset_lengths(dataset), train_cfg.batch_size, train_cfg.seed)
+        batching = dict(batch_sampler=sampler)
+    loader = DataLoader(dataset, **batching, collate_fn=train_collate, pin_memory=device.type == "cuda")
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def _steps(core: DraftModel, loss_of: Any, optimizer: Any, batches: Iterator[dict[str, Any]], n: int,
+           train_cfg: TrainConfig, precision: str, clock: _Clock) -> tuple[int, int]:
+    """Run ``n`` training steps, lapping ``clock`` at every stage; returns (real, padded) tokens."""
+    device = clock.device
+    tokens = padded = 0
+    clock.start()
+    for _ in range(n):
+        batch = next(batches)
+        padded += batch["input_ids"].numel()
+        batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+        clock.lap("data")
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss, _ = loss_of(batch)
+        clock.lap("forward")
+        loss.backward()
+        clock.lap("backward")
+        torch.nn.utils.clip_grad_value_(core.parameters(), train_cfg.grad_clip_value)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        clock.lap("optimizer")
+        tokens += int(batch["lengths"].sum())  # the loop's per-step read-back (tokens seen)
+        clock.lap("sync")
+    _sync(device)
+    return tokens, padded
+
+
+def _train_variant(target: Any, draft_cfg: DraftConfig, d2t: torch.Tensor | None, dataset: Any, train_cfg: TrainConfig,
+                   *, precision: str, bucketed: bool, steps: int, warmup: int, compiled: bool = False) -> dict[str, Any]:
+    device = target.device
+    seed_everything(train_cfg.seed)
+    core = DraftModel.build(draft_cfg, target.model, d2t).float()
+    core.train()
+    optimizer = torch.optim.AdamW(core.parameters(), lr=train_cfg.lr, betas=tuple(train_cfg.betas),
+                                  weight_decay=train_cfg.weight_decay)
+    batches = _loader(dataset, train_cfg, bucketed, device)
+    loss_of = step_loss(core, training_loss_options(draft_cfg, train_cfg),
+                        compile_batch=train_cfg.batch_size if compiled else None)
+    # a compiled step compiles at its first call, again at the first new sizes, and maybe at a new length
+    _steps(core, loss_of, optimizer, batches, max(warmup, COMPILED_WARMUP if compiled else 0), train_cfg, precision,
+           _Clock(device, sync=True))
+    staged = _Clock(device, sync=True)
+    _steps(core, loss_of, optimizer, batches, steps, train_cfg, precision, staged)
+    free = _Clock(device, sync=False)
+    t0 = time.perf_counter()
+    tokens, padded = _steps(core, loss_of, optimizer, batches, steps, train_cfg, precision, free)
+    seconds = time.perf_counter() - t0
+    return {"device": str(device), "dtype": "float32" if precision == "fp32" else "bf16 autocast",
+            "batch_size": train_cfg.batch_size, "bucketed": bucketed, "items": steps, "tokens": tokens,
+            "padded_tokens": padded, "seconds": seconds, "step_ms": 1000 * seconds / steps,
+            **{f"{s}_ms": 1000 * staged.seconds[s] / steps for s in STAGES}}
+
+
+def training_rows(target: Any, drafts: dict[str, DraftConfig], dataset: Any, train_cfg: TrainConfig, *,
+                  steps: int, warmup: int, precisions: Sequence[str], allocator: str = "system",
+                  bucketing: Sequence[bool] = (False, True), compiled: bool = False) -> list[dict[str, Any]]:
+    """One row per (draft, precision, bucketing); every variant starts from the same seed. ``allocator``: as
+    in :func:`caching_rows`; ``compiled``: the step through torch.compile (:func:`jakiro_lib.models.loss.step_loss`)."""
+    _allocator(allocator)
+    freqs = None
+    rows = []
+    for name, cfg in drafts.items():
+        d2t = None
+        if cfg.draft_vocab_size is not None:
+            freqs = token_frequencies(dataset, target.model.config.vocab_size) if freqs is None else freqs
+            d2t = build_draft_vocab(freqs, min(cfg.draft_vocab_size, freqs.numel()), always=target.eos_token_ids)
+        for precision in precisions:
+            for bucketed in bucketing:
+                row = _train_variant(target, cfg, d2t, dataset, train_cfg, precision=precision, bucketed=bucketed,
+                                     steps=steps, warmup=warmup, compiled=compiled)
+                rows.append({"part": "train", "draft": name, "variant": f"{name} {precision}" + (" bucketed" if bucketed else "")
+                             + _SUFFIX[allocator] + (", compiled" if compiled else ""), "allocator": allocator,
+                             "compiled": compiled, **row})
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# The whole measurement
+# --------------------------------------------------------------------------------------------------
+
+
+_SUFFIX = {"system": "", "kept": ", freed memory kept"}
+
+
+def _allocator(name: str) -> None:
+    if name not in _SUFFIX:
+        raise ValueError(f"allocator must be 'system' or 'kept', got {name!r}")
+    keep_freed_memory(name == "kept")
+
+
+def _table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    df = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
+    df["tokens_per_s"] = df["tokens"] / df["seconds"]
+    df["padding"] = 1.0 - df["tokens"] / df["padded_tokens"]
+    first = df.groupby("part", sort=False)["tokens_per_s"].transform("first")
+    df["speedup"] = df["tokens_per_s"] / first
+    return df
+
+
+def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int = 64, steps: int = 20,
+                   warmup: int = 2, cache_batch_sizes: Sequence[int] = (1, 4, 8, 16),
+                   drafts: Sequence[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Measure caching and training throughput for ``profile`` on this machine; write the CSV and JSONs.
+
+    ``conversations`` of the profile's training data are cached and trained on; ``steps`` training steps
+    per variant (after ``warmup`` untimed ones); ``drafts``: names from ``profile.drafts`` (default: the
+    first). Returns the table (also ``out_dir/throughput.csv``) and :func:`stage_plan` for the profile's whole
+    data (``data.num_conversations``, tokenized; also ``out_dir/plan.csv``).
+    """
+    if conversations < 1 or steps < 1 or warmup < 0 or not cache_batch_sizes or min(cache_batch_sizes) < 1:
+        raise ValueError("need conversations >= 1, steps >= 1, warmup >= 0 and cache batch sizes >= 1")
+    names = list(drafts) if drafts else list(profile.drafts)[:1]
+    unknown = [n for n in names if n not in profile.drafts]
+    if unknown:
+        raise ValueError(f"unknown draft(s) {unknown}; the profile has {', '.join(profile.drafts)}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = torch.device(profile.target.device)
+    favoured = favoured_dtype(device)
+    options = {"conversations": conversations, "steps": steps, "warmup": warmup,
+               "cache_batch_sizes": list(cache_batch_sizes), "drafts": names}
+    write_json(out_dir / CONFIG_JSON, {"profile": profile.to_dict(), "options": options})
+    write_json(out_dir / ENV_JSON, environment(device))
+    d = profile.data
+    convs = load_conversations(d.source, path=d.path, limit=conversations)
+    dtypes = ["float32"] + ([favoured] if favoured else [])
+    # glibc's allocator settings can be switched: "kept" rows (the favoured dtype) follow the "system" ones
+    kept = device.type == "cpu" and keep_freed_memory(True)
+    rows = caching_rows(profile.target, convs, d, batch_sizes=cache_batch_sizes, dtypes=dtypes)
+    if kept:
+        rows += caching_rows(profile.target, convs, d, batch_sizes=cache_batch_sizes, dtypes=dtypes[-1:],
+                             allocator="kept")
+    target = load_target(profile.target)
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".features.") as tmp:
+        cache_features(target, convs, tmp, max_length=d.max_length, shard_size=d.shard_size,
+                       feature_dtype=d.feature_dtype, template=profile.target.template, progress=False,
+                       batch_size=max(cache_batch_sizes))
+        dataset = FeatureDataset(tmp, "all", 0.0)
+        precisions = ["fp32"] + (["bf16"] if favoured else [])
+        drafts_cfg = {n: profile.drafts[n] for n in names}
+        rows += training_rows(target, drafts_cfg, dataset, profile.train, steps=steps, warmup=warmup,
+                              precisions=precisions)
+        if kept:
+            rows += training_rows(target, drafts_cfg, dataset, profile.train, steps=steps, warmup=warmup,
+                                  precisions=precisions[-1:], allocator="kept", bucketing=(False,))
+        if compiles_step(profile.train.compile, precisions[-1]):  # as the profile's own training would: last rows
+            rows += training_rows(target, drafts_cfg, dataset, profile.train, steps=steps, warmup=warmup,
+                                  precisions=precisions[-1:], allocator="kept" if kept else "system",
+                                  bucketing=(False,), compiled=True)
+    table = _table(rows)
+    table.to_csv(out_dir / CSV, index=False)
+    plan = stage_plan(profile, table, tokens=profile_tokens(profile, target))
+    plan.to_csv(out_dir / PLAN_CSV, index=False)
+    return table, plan
+
+
+def profile_tokens(profile: Profile, target: Any) -> int:
+    """Tokens of the profile's whole data (``data.num_conversations``, tokenized as caching does; no forward)."""
+    d = profile.data
+    convs = load_conversations(d.source, path=d.path, limit=d.num_conversations)
+    return estimate_cache(target, convs, max_length=d.max_length, template=profile.target.template)["tokens"]
+
+
+def plan_from(profile: Profile, table_csv: str | Path, out_dir: str | Path) -> pd.DataFrame:
+    """:func:`stage_plan` of ``profile`` from a ``throughput.csv`` measured elsewhere (a GPU's, say), with the
+    profile's data tokenized here (the target loaded on the CPU for its tokenizer); writes ``out_dir/plan.csv``."""
+    try:
+        table = pd.read_csv(table_csv)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{table_csv} is not a throughput.csv ({type(exc).__name__})") from None
+    if "draft" not in table.columns or not {"part", "dtype", "tokens_per_s"} <= set(table.columns):
+        raise ValueError(f"{table_csv} is not a throughput.csv with a draft column (written since 2026-11-26)")
+    target = load_target(dataclasses.replace(profile.target, device="cpu", dtype="float32"))
+    plan = stage_plan(profile, table, tokens=profile_tokens(profile, target))
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    plan.to_csv(Path(out_dir) / PLAN_CSV, index=False)
+    return plan
+
+
+# --------------------------------------------------------------------------------------------------
+# The throughput model: the profile's stages on this machine
+# --------------------------------------------------------------------------------------------------
+
+
+PLAN_COLUMNS = ("stage", "draft", "basis", "tokens", "tokens_per_s", "seconds", "minutes")
+
+
+def _prefer(rows: pd.DataFrame, column: str, value: Any) -> pd.DataFrame:
+    """The rows where ``column`` equals ``value`` if there are any, else all of them."""
+    match = rows[rows[column] == value]
+    return match if not match.empty else rows
+
+
+def stage_plan(profile: Profile, table: pd.DataFrame, *, tokens: int) -> pd.DataFrame:
+    """Expected seconds of ``profile``'s caching and training stages on the machine that measured ``table``.
+
+    Caching: ``tokens`` (the profile's conversations, tokenized: :func:`jakiro_lib.data.features.estimate_cache`) at
+    the rate of the cache row in the dtype caching would use (``data.cache_dtype``) and the measured batch nearest
+    ``data.cache_batch_size``. Training, per draft: ``train.epochs`` x the training split's tokens at the rate of
+    that draft's row in the profile's precision, compilation and bucketing (freed memory kept where measured); a
+    draft not measured takes the rate of a measured one with the same MLP kind, scaled by their unroll steps (each
+    unroll step is a forward more; ``basis`` says so). Not counted: compilation, held-out evaluation, disk writes
+    and the benchmarks, so a whole stage takes longer (docs/results.md compares a main job with its plan).
+    """
+    rows: list[dict[str, Any]] = []
+    # the dtype that machine favours: the one its rows measured besides fp32 (run_throughput measures both)
+    favoured = next((d for d in table.loc[table["part"] == "cache", "dtype"] if d != "float32"), None)
+    setting = profile.data.cache_dtype
+    dtype = (favoured or profile.target.dtype) if setting == "auto" else setting or profile.target.dtype
+    cache = table[(table["part"] == "cache") & (table["dtype"] == dtype)]
+    if not cache.empty:
+        cache = _prefer(cache, "allocator", "kept")
+        best = cache.loc[(cache["batch_size"] - profile.data.cache_batch_size).abs().idxmin()]
+        rows.append({"stage": "cache", "draft": "", "basis": f"{best['variant']} ({dtype})", "tokens": tokens,
+                     "tokens_per_s": best["tokens_per_s"]})
+    precision = resolve_precision(profile.train.mixed_precision, favoured)
+    train = table[(table["part"] == "train") & (table["dtype"] == ("bf16 autocast" if precision == "bf16" else "float32"))]
+    train = _prefer(_prefer(_prefer(train, "compiled", compiles_step(profile.train.compile, precision)),
+                            "allocator", "kept"), "bucketed", profile.train.bucket_by_length)
+    measured = {r["draft"]: r for _, r in train.iterrows()}
+    train_tokens = round(tokens * (1.0 - profile.data.heldout_fraction))
+    unroll = {n: c.unroll_steps or profile.train.unroll_steps for n, c in profile.drafts.items()}
+    for name, cfg in profile.drafts.items():
+        if name in measured:
+            basis, rate = measured[name]["variant"], measured[name]["tokens_per_s"]
+        else:
+            same = [m for m in measured if profile.drafts[m].mlp == cfg.mlp] or list(measured)
+            if not same:
+                continue
+            ref = same[0]
+            rate = measured[ref]["tokens_per_s"] * unroll[ref] / unroll[name]
+            basis = f"as {measured[ref]['variant']}" + (f" x {unroll[ref]}/{unroll[name]} unroll steps"
+                                                        if unroll[ref] != unroll[name] else "")
+        rows.append({"stage": "train", "draft": name, "basis": basis, "tokens": profile.train.epochs * train_tokens,
+                     "tokens_per_s": rate})
+    plan = pd.DataFrame(rows).reindex(columns=list(PLAN_COLUMNS))
+    plan["seconds"] = plan["tokens"] / plan["tokens_per_s"]
+    total = {"stage": "total", "draft": "", "basis": "caching + training", "tokens": float("nan"),
+             "tokens_per_s": float("nan"), "seconds": plan["seconds"].sum()}
+    plan = pd.concat([plan, pd.DataFrame([total])], ignore_index=True) if rows else plan
+    plan["minutes"] = plan["seconds"] / 60.0
+    return plan
+
+
+def format_plan(plan: pd.DataFrame) -> str:
+    """The plan as the command prints it: expected minutes per stage and the measured rate behind each."""
+    formats = {"tokens": "{:,.0f}".format, "tokens_per_s": "{:,.0f}".format, "minutes": "{:.1f}".format}
+    return plan[["stage", "draft", "tokens", "tokens_per_s", "minutes", "basis"]].to_string(
+        index=False, na_rep="", formatters=formats)
+
+
+def format_table(table: pd.DataFrame) -> str:
+    """The short table the command prints: tokens/s, speedup, padding and the step's stages in ms."""
+    ms = [f"{s}_ms" for s in STAGES] + ["step_ms"]
+    cols = ["part", "variant", "dtype", "batch_size", "tokens_per_s", "speedup", "padding", *ms]
+    formats = {"tokens_per_s": "{:,.0f}".format, "speedup": "{:.2f}x".format, "padding": "{:.0%}".format,
+               "batch_size": "{:.0f}".format, **{c: "{:.1f}".format for c in ms}}
+    return table[cols].to_string(index=False, na_rep="", formatters=formats)

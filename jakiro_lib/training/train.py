@@ -1,0 +1,358 @@
+"""Draft training (docs/DESIGN.md section 4): EAGLE feature regression + soft cross-entropy, per branch.
+
+At position t the draft sees the (noised) target feature f_t and the token x_{t+1}; branch A predicts
+f_{t+1} (and through the frozen ``lm_head`` the target's next-token distribution), branch B predicts
+f_{t+2}. One ``accelerate.Accelerator`` drives the loop, so the same code runs on one CPU/GPU or under
+``accelerate launch`` on many GPUs. Every epoch ends with a held-out evaluation and an atomic checkpoint;
+a rerun resumes from the newest checkpoint, and a rerun of a finished training returns its results.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from ..data.batching import EpochSampler, LengthBucketSampler, dataset_lengths
+from .checkpoints import (CHECKPOINTS, STATE_FILE, list_checkpoints, readable_checkpoint, rng_state, set_rng_state,
+                          warm_start)
+from ..config import DraftConfig, TrainConfig
+from ..layout import HISTORY, RESULTS
+from ..data.dataset import build_draft_vocab, token_frequencies
+from ..models.draft import CONFIG_FILE, WEIGHTS_FILE, DraftModel
+from ..models.loss import evaluate, step_loss, train_collate, training_loss_options
+from ..files import atomic_path, read_json, write_json
+from ..machine import (compiles_step, favoured_dtype, keep_freed_memory, resolve_precision, run_metadata, seed_everything)
+
+
+log = logging.getLogger(__name__)
+
+
+class TrainError(RuntimeError):
+    """Training cannot start or resume (incompatible checkpoint, empty data)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------------
+
+
+def train_identity(train_cfg: TrainConfig) -> dict[str, Any]:
+    """The training settings as stamped; a fresh start (``init_from`` None) is left out, as in stamps older than it."""
+    return {k: v for k, v in dataclasses.asdict(train_cfg).items() if k != "init_from" or v is not None}
+
+
+def lr_lambda(step: int, warmup: int, total: int) -> float:
+    """Linear warm-up to 1 over ``warmup`` steps, then cosine decay to 0 at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if total <= warmup:
+        return 1.0
+    progress = min(1.0, (step - warmup) / (total - warmup))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _jsonable(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=str))
+
+
+def _data_stats(train_data: Any, heldout_data: Any) -> dict[str, Any]:
+    def one(ds: Any) -> dict[str, Any]:
+        if ds is None:
+            return {"conversations": 0, "tokens": 0}
+        lengths = ds.lengths() if hasattr(ds, "lengths") else None
+        return {"conversations": len(ds), "tokens": None if lengths is None else int(sum(lengths))}
+
+    tr, he = one(train_data), one(heldout_data)
+    return {"train_conversations": tr["conversations"], "train_tokens": tr["tokens"],
+            "heldout_conversations": he["conversations"], "heldout_tokens": he["tokens"]}
+
+
+def train_draft(
+    target: Any,
+    draft_cfg: DraftConfig,
+    train_data: Any,
+    heldout_data: Any,
+    out_dir: str | Path,
+    train_cfg: TrainConfig,
+    *,
+    d2t: torch.Tensor | None = None,
+    progress: bool = True,
+    log_every: int = 10,
+    eval_batch_size: int | None = None,
+    keep_checkpoints: int = 2,
+    num_workers: int = 0,
+    on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
+    init_from: str | Path | None = None,
+) -> dict[str, Any]:
+    """Train one draft head; returns the results dict (also written to ``out_dir/results.json``).
+
+    ``train_data`` / ``heldout_data``: datasets of per-conversation items (:class:`FeatureDataset` or
+    :class:`OnlineFeatureDataset`). With ``draft_cfg.draft_vocab_size`` set and no ``d2t``, the draft
+    vocabulary is built from the training data (most frequent assistant tokens, EOS ids forced in). ``init_from``: a
+    saved draft whose weights a fresh training starts from. Output: ``checkpoints/epoch_{n}`` (draft + optimizer/
+    scheduler/RNG state; the newest ``keep_checkpoints`` kept), ``history.json``, ``draft/`` (final,
+    :meth:`DraftModel.save`) and ``results.json``. ``on_epoch_end(epoch_record)`` runs after each epoch's checkpoint.
+    """
+    out_dir = Path(out_dir)
+    if len(train_data) == 0:
+        raise TrainError("no training data")
+    if train_cfg.unroll_steps < 1:
+        raise TrainError(f"train.unroll_steps must be >= 1, got {train_cfg.unroll_steps}")
+    if d2t is not None:
+        d2t = torch.as_tensor(d2t, dtype=torch.long).cpu()
+        draft_cfg = dataclasses.replace(draft_cfg, draft_vocab_size=int(d2t.numel()))
+    stats = _data_stats(train_data, heldout_data)
+    same_math = {k: v for k, v in train_identity(train_cfg).items() if k != "compile"}  # compiled or not
+    fingerprint = _jsonable({"draft": dataclasses.asdict(draft_cfg), "train": same_math,
+                             "data": stats, "target": getattr(target.config, "model", None)})
+    done = read_json(out_dir / RESULTS)
+    if done is not None and done.get("fingerprint") == fingerprint and (out_dir / "draft" / WEIGHTS_FILE).is_file():
+        return done
+    run = _Training(target, draft_cfg, train_cfg, train_data, heldout_data, out_dir, d2t=d2t, init_from=init_from,
+                    num_workers=num_workers, eval_batch_size=eval_batch_size, keep_checkpoints=keep_checkpoints)
+    run.resume()
+    run.epochs(progress=progress, log_every=log_every, on_epoch_end=on_epoch_end)
+    return run.finish(stats, fingerprint)
+
+
+def _accelerator(target: Any, train_cfg: TrainConfig) -> tuple[Any, str]:
+    """The ``Accelerator`` for this training and its mixed precision; the frozen target moved to its device."""
+    from accelerate import Accelerator  # accelerate's import is slow and only training needs it
+    from accelerate.state import AcceleratorState
+
+    precision = resolve_precision(train_cfg.mixed_precision, favoured_dtype(target.device))  # "auto": bf16 on bf16 units
+    if AcceleratorState._shared_state.get("_mixed_precision", precision) != precision:
+        # accelerate keeps one precision per process and refuses another (a notebook training one draft in fp32,
+        # then one in bf16); the distributed state (PartialState) is kept
+        AcceleratorState._reset_state()
+    accelerator = Accelerator(mixed_precision=precision, cpu=target.device.type == "cpu")
+    if target.device.type == "cpu":
+        keep_freed_memory()  # the [rows, vocabulary] logits are freshly page-faulted otherwise (1.37x)
+    if target.device != accelerator.device:
+        target.model.to(accelerator.device)
+    target.model.requires_grad_(False)
+    return accelerator, precision
+
+
+class _Training:
+    """One draft's training, as named steps: build (draft, optimiser, loader, schedule), :meth:`resume` from
+    the newest readable checkpoint, :meth:`epochs` (steps, held-out evaluation, a checkpoint per epoch),
+    :meth:`finish` (the final draft and ``results.json``)."""
+
+    def __init__(self, target: Any, draft_cfg: DraftConfig, train_cfg: TrainConfig, train_data: Any,
+                 heldout_data: Any, out_dir: Path, *, d2t: torch.Tensor | None, init_from: str | Path | None,
+                 num_workers: int, eval_batch_size: int | None, keep_checkpoints: int) -> None:
+        self.target, self.draft_cfg, self.cfg, self.out_dir = target, draft_cfg, train_cfg, out_dir
+        self.heldout_data, self.keep_checkpoints = heldout_data, keep_checkpoints
+        self.accelerator, self.precision = _accelerator(target, train_cfg)
+        self.checkpoints = list_checkpoints(out_dir)
+        if d2t is None and draft_cfg.draft_vocab_size is not None and not self.checkpoints:
+            freqs = token_frequencies(train_data, target.model.config.vocab_size)
+            d2t = build_draft_vocab(freqs, draft_cfg.draft_vocab_size, always=target.eos_token_ids)
+        self.d2t = d2t
+        seed_everything(train_cfg.seed)
+        self.core = DraftModel.build(draft_cfg, target.model, d2t).float()
+        if init_from is not None and not self.checkpoints:
+            warm_start(self.core, Path(init_from))
+        self.core.train()
+        optimizer = torch.optim.AdamW(self.core.parameters(), lr=train_cfg.lr, betas=tuple(train_cfg.betas),
+                                      weight_decay=train_cfg.weight_decay)
+        self.sampler = EpochSampler(len(train_data), train_cfg.seed)
+        batching: dict[str, Any] = dict(batch_size=train_cfg.batch_size, sampler=self.sampler)
+        if train_cfg.bucket_by_length:
+            self.sampler = LengthBucketSampler(dataset_lengths(train_data), train_cfg.batch_size, train_cfg.seed)
+            batching = dict(batch_sampler=self.sampler)
+        loader = DataLoader(train_data, **batching, collate_fn=train_collate, num_workers=num_workers,
+                            pin_memory=self.accelerator.device.type == "cuda")
+        self.model, self.optimizer, self.loader = self.accelerator.prepare(self.core, optimizer, loader)
+        self.steps_per_epoch = len(self.loader)
+        self.total_steps = train_cfg.epochs * self.steps_per_epoch
+        if train_cfg.max_steps is not None:
+            self.total_steps = min(self.total_steps, train_cfg.max_steps)
+        warmup, total = train_cfg.warmup_steps, self.total_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_lambda(s, warmup, total))
+        self.step_kw = training_loss_options(draft_cfg, train_cfg)
+        self.eval_kw = dict(batch_size=eval_batch_size or train_cfg.batch_size, p_weight=train_cfg.p_weight,
+                            branch_b_weight=train_cfg.branch_b_weight)
+        self.compiled = compiles_step(train_cfg.compile, self.precision)
+        self.history: dict[str, list] = {"steps": [], "epochs": []}
+        self.global_step = self.epoch = self.batches_in_epoch = 0
+        self.elapsed_before = self.train_time = 0.0
+        self.tokens_seen: Any = 0  # a device tensor once counting: read at the end (no per-step host sync)
+        self.last_eval: dict[str, Any] = {}
+        self.t0 = time.perf_counter()
+
+    def resume(self) -> None:
+        """Continue from the newest readable checkpoint, refusing one made for another draft or data."""
+        if not self.checkpoints:
+            return
+        ckpt, weights, state = readable_checkpoint(self.checkpoints)
+        saved_cfg = (read_json(ckpt / "draft" / CONFIG_FILE) or {}).get("draft")
+        if saved_cfg != _jsonable(dataclasses.asdict(self.draft_cfg)):
+            raise TrainError(f"{ckpt} holds a draft with another architecture ({saved_cfg}); use another "
+                             f"out_dir or delete {self.out_dir / CHECKPOINTS}")
+        if self.d2t is not None and ("d2t" not in weights or not torch.equal(weights["d2t"].cpu(), self.d2t)):
+            raise TrainError(f"{ckpt} was trained with another draft vocabulary (d2t); use another out_dir")
+        self.core.load_state_dict(weights, strict=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        self.global_step, self.epoch, self.batches_in_epoch = state["step"], state["epoch"], state["batches_in_epoch"]
+        self.history, self.elapsed_before = state["history"], state["elapsed_s"]
+        if state.get("steps_per_epoch") not in (None, self.steps_per_epoch):
+            raise TrainError(f"{ckpt} was made with {state['steps_per_epoch']} steps per epoch, now "
+                             f"{self.steps_per_epoch}: the data or batch size changed; use another out_dir")
+
+    def epochs(self, *, progress: bool, log_every: int,
+               on_epoch_end: Callable[[dict[str, Any]], None] | None) -> None:
+        """Train until the configured epochs (or ``train.max_steps``); after each (part of an) epoch, the
+        held-out evaluation, an epoch record in the history and a checkpoint."""
+        bar = None
+        if progress and self.accelerator.is_main_process:
+            bar = tqdm(total=self.total_steps, initial=self.global_step, desc="training draft", unit="step")
+        loss_of = step_loss(self.model, self.step_kw, compile_batch=self.cfg.batch_size if self.compiled else None)
+        self.t0, self.first_step = time.perf_counter(), self.global_step  # a compile fails in the first step
+        self.model.train()
+        try:
+            while self.epoch < self.cfg.epochs and self.global_step < self.total_steps:
+                t_epoch = time.perf_counter()
+                metrics = self._epoch_steps(loss_of, bar, log_every)
+                self.train_time += time.perf_counter() - t_epoch
+                complete = self.batches_in_epoch >= self.steps_per_epoch
+                self.last_eval = self.held_out()
+                self.model.train()
+                fraction = self.epoch + 1 if complete else self.epoch + self.batches_in_epoch / self.steps_per_epoch
+                record = {"epoch": fraction, "step": self.global_step, "train": metrics, "heldout": self.last_eval,
+                          "elapsed_s": self.elapsed_before + time.perf_counter() - self.t0}
+                self.history["epochs"].append(record)
+                if complete:
+                    self.epoch, self.batches_in_epoch = self.epoch + 1, 0
+                self.save_checkpoint(f"epoch_{self.epoch}" if complete else f"step_{self.global_step}")
+                if on_epoch_end is not None:
+                    on_epoch_end(record)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _epoch_steps(self, loss_of: Callable, bar: Any, log_every: int) -> dict[str, float]:
+        """One epoch's steps (the rest of it after a resume); returns the epoch's mean training metrics."""
+        self.sampler.set_epoch(self.epoch)
+        if hasattr(self.loader, "set_epoch"):  # accelerate's loader re-sets the sampler's epoch itself
+            self.loader.set_epoch(self.epoch)
+        skip = self.batches_in_epoch
+        loader = self.accelerator.skip_first_batches(self.loader, skip) if skip else self.loader
+        epoch_metrics, window = _Running(), _Running()
+        for batch in loader:
+            try:
+                with self.accelerator.autocast():
+                    loss, m = loss_of(batch)
+            except Exception as e:
+                if not self.compiled or self.global_step > self.first_step:
+                    raise
+                raise TrainError(f"torch.compile of the training step failed ({type(e).__name__}; it needs a C++ "
+                                 "compiler on a CPU, triton on a GPU): --set train.compile=no") from e
+            self.accelerator.backward(loss)
+            self.accelerator.clip_grad_value_(self.model.parameters(), self.cfg.grad_clip_value)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.global_step += 1
+            self.batches_in_epoch += 1
+            self.tokens_seen = self.tokens_seen + batch["lengths"].sum()
+            m["lr"] = self.scheduler.get_last_lr()[0]
+            window.add(m)
+            epoch_metrics.add(m)
+            if self.global_step % log_every == 0 or self.global_step == self.total_steps:
+                logged = window.mean()  # the only host sync of these steps
+                self.history["steps"].append({"step": self.global_step, "epoch": self.epoch, **logged})
+                window = _Running()
+                if bar is not None:
+                    bar.set_postfix(loss=f"{logged['loss']:.4f}", acc_a=f"{logged['acc_a']:.3f}", refresh=False)
+            if bar is not None:
+                bar.update(1)
+            if self.global_step >= self.total_steps:
+                break
+        return epoch_metrics.mean()
+
+    def held_out(self) -> dict[str, Any]:
+        none = self.heldout_data is None or not len(self.heldout_data)
+        return {} if none else evaluate(self.core, self.heldout_data, **self.eval_kw)
+
+    def save_checkpoint(self, name: str) -> None:
+        """The draft and the optimiser, scheduler and RNG state, atomically; the oldest beyond
+        ``keep_checkpoints`` removed; the history written."""
+        if self.accelerator.is_main_process:
+            with atomic_path(self.out_dir / CHECKPOINTS / name) as tmp:
+                tmp.mkdir()
+                self.core.save(tmp / "draft", target_name=getattr(self.target.config, "model", ""),
+                               step=self.global_step)
+                torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                            "rng": rng_state(), "step": self.global_step, "epoch": self.epoch,
+                            "batches_in_epoch": self.batches_in_epoch, "steps_per_epoch": self.steps_per_epoch,
+                            "history": self.history,
+                            "elapsed_s": self.elapsed_before + time.perf_counter() - self.t0,
+                            "eval": self.last_eval}, tmp / STATE_FILE)
+                (tmp / "step.json").write_text(json.dumps({"step": self.global_step, "epoch": self.epoch}))
+            keep = self.keep_checkpoints
+            for _, old in list_checkpoints(self.out_dir)[:-keep] if keep > 0 else []:
+                shutil.rmtree(old, ignore_errors=True)
+            write_json(self.out_dir / HISTORY, self.history)
+        self.accelerator.wait_for_everyone()
+
+    def finish(self, stats: dict[str, Any], fingerprint: Any) -> dict[str, Any]:
+        """The final draft (``draft/``), the history and ``results.json``; returns the results."""
+        last_eval = self.last_eval or self.held_out()
+        core, acc = self.core, self.accelerator
+        results = {
+            "acc_a": last_eval.get("acc_a"), "acc_b": last_eval.get("acc_b"), "heldout_loss": last_eval.get("loss"),
+            "router_load": last_eval.get("router_load"), "heldout": last_eval,
+            "steps": self.global_step, "epochs_completed": self.epoch,
+            "wall_time_s": self.elapsed_before + time.perf_counter() - self.t0,
+            "train_tokens_per_s": int(self.tokens_seen) / self.train_time if self.train_time > 0 else None,
+            "n_params": core.n_params(), "unroll_steps": self.step_kw["unroll_steps"],
+            "intermediate_size": core.mlp.experts[0].up_proj.out_features,  # each expert's MLP width, as built
+            "acc_depth": last_eval.get("acc_depth"), "acc_experts": last_eval.get("acc_experts"),
+            "draft_config": dataclasses.asdict(self.draft_cfg), "train_config": dataclasses.asdict(self.cfg),
+            "data": stats, "fingerprint": fingerprint,
+            "run_metadata": run_metadata(acc.device, num_processes=acc.num_processes,
+                                         mixed_precision=self.precision, compiled_step=self.compiled),
+        }
+        if acc.is_main_process:
+            core.eval()
+            core.save(self.out_dir / "draft", target_name=getattr(self.target.config, "model", ""),
+                      train_config=dataclasses.asdict(self.cfg), data=stats,
+                      heldout={"acc_a": results["acc_a"], "acc_b": results["acc_b"]}, steps=self.global_step)
+            write_json(self.out_dir / HISTORY, self.history)
+            write_json(self.out_dir / RESULTS, results)
+        acc.wait_for_everyone()
+        return _jsonable(results)
+
+
+class _Running:
+    """Per-step metrics summed where they live (0-dim device tensors, or floats): :meth:`mean` reads them
+    with one host sync, so the training loop syncs every ``log_every`` steps instead of every step."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, Any] = {}
+        self.counts: dict[str, int] = {}
+
+    def add(self, metrics: dict[str, Any]) -> None:
+        for k, v in metrics.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+            self.counts[k] = self.counts.get(k, 0) + 1
+
+    def mean(self) -> dict[str, float]:
+        keys = sorted(self.sums)
+        tensors = [k for k in keys if torch.is_tensor(self.sums[k])]
+        read = dict(zip(tensors, torch.stack([self.sums[k].float() for k in tensors]).tolist())) if tensors else {}
+        return {k: read.get(k, self.sums[k]) / self.counts[k] for k in keys}
