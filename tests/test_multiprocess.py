@@ -5,7 +5,7 @@ them. The launcher is ``accelerate launch --multi_gpu --num_processes 2``: ``--c
 process (accelerate's simple launcher spawns several only through ``mpirun`` with a hostfile; measured here with
 accelerate 1.15, WORLD_SIZE unset in the child), and ``--multi_gpu`` is what spawns them (through
 ``torch.distributed.run``); on a machine without CUDA the processes then join a gloo group
-(:func:`jakiro_lib.utils.distributed_state`). Each process runs one thread (two cores here).
+(:func:`jakiro_lib.machine.distributed_state`). Each process runs one thread (two cores here).
 """
 from __future__ import annotations
 
@@ -191,3 +191,29 @@ def test_two_process_training_resumes_after_sigkill(caches, trained, tmp_path):
     assert res["steps"] == 36 and res["run_metadata"]["num_processes"] == 2
     assert (run_dir / "drafts" / "dense" / "train_stamp.json").is_file() and not work.exists()
     assert abs(res["acc_a"] - _results(caches["two"])["acc_a"]) <= TOP1_TOLERANCE
+
+
+def test_a_launch_that_joins_no_group_is_refused_in_one_line(monkeypatch, tmp_path, capsys):
+    """WORLD_SIZE says 2 but accelerate's state holds one process (the torchrun-without-a-group case the module
+    docstring describes): :func:`distributed_state` raises a LaunchError, and the CLI says it in one line."""
+    import accelerate
+
+    from jakiro_lib import cli
+    from jakiro_lib.errors import known_error
+    from jakiro_lib.machine import LaunchError, distributed_state
+
+    class OneProcess:
+        num_processes, distributed_type = 1, "NO"
+
+        def __init__(self, cpu: bool = False) -> None:
+            pass
+
+    monkeypatch.setattr(accelerate, "PartialState", OneProcess)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(LaunchError, match="launched as 2 processes") as info:
+        distributed_state()
+    assert known_error(info.value)
+    status = cli.main(["cache", "--profile", "smoke", "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 1 and err[-1].startswith("error: launched as 2 processes"), err
