@@ -10,7 +10,7 @@ import torch
 
 from .data.chat import format_prompt
 from .config import TreeConfig
-from .decoding.loop import ContextLengthError, GenerationResult
+from .decoding.result import ContextLengthError, GenerationResult
 from .measure.methods import KINDS, SPEC, MethodRunner, MethodSpec
 from .models.target import Target
 from .decoding.verify import SamplingParams

@@ -13,7 +13,7 @@ KNOWN_ERRORS: dict[str, tuple[str, ...]] = {
     "jakiro_lib.data.features": ("CacheError",), "jakiro_lib.data.conversations": ("DataError",), "jakiro_lib.training.train": ("TrainError",),
     "jakiro_lib.training.checkpoints": ("CheckpointError",),
     "jakiro_lib.report.pipeline": ("PipelineError",), "jakiro_lib.models.target": ("TargetError",),
-    "jakiro_lib.decoding.loop": ("ContextLengthError",), "jakiro_lib.decoding.compiled": ("CompileError",),
+    "jakiro_lib.decoding.result": ("ContextLengthError",), "jakiro_lib.decoding.compiled": ("CompileError",),
     "jakiro_lib.files": ("PathError",), "jakiro_lib.machine": ("LaunchError", "RunLockError"),
 }
 

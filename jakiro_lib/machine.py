@@ -60,6 +60,12 @@ def distributed_state() -> Any:
     return state
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA); a no-op elsewhere. Timings read the clock after it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)

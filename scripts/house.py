@@ -1,7 +1,8 @@
 """The house's numbers (issue 44): import layers and cycles, the largest modules and the longest functions.
 
 Reads the source only (no imports run): ``python scripts/house.py [--top N]`` from the repository root.
-A module's layer is 0 if it imports nothing of the package, else one more than the highest layer it imports;
+A module's layer is 0 if it imports nothing of the package, else one more than the highest layer it imports
+(importing ``a.b.c`` imports the packages ``a.b`` and ``a`` first, so their ``__init__`` counts as imported);
 a cycle is reported instead of a layer.
 """
 from __future__ import annotations
@@ -35,7 +36,9 @@ def imports(path: Path, modules: set[str], package_dir: Path = PACKAGE) -> set[s
                 found.add(full if full in modules else target)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
-    return {m for m in found if m in modules and m != name}
+    # importing a.b.c runs a/__init__.py and a/b/__init__.py first: each parent package is imported too
+    found |= {".".join(m.split(".")[:i]) for m in set(found) for i in range(2, m.count(".") + 1)}
+    return {m for m in found if m in modules and m != name and not name.startswith(m + ".")}
 
 
 def measure(package: Path = PACKAGE) -> dict:

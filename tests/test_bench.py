@@ -426,7 +426,7 @@ def test_summary_per_category_splits_a_benchmark_and_skips_records_without_categ
 
 def test_every_kind_dispatches_to_its_generator_and_greedy_matches_vanilla(monkeypatch):
     import jakiro_lib.measure.methods as methods
-    from jakiro_lib.measure.bench import format_prompt_ids
+    from jakiro_lib.data.chat import format_prompt_ids
     from jakiro_lib.config import TargetConfig
     from jakiro_lib.measure.methods import KINDS
     from jakiro_lib.models.target import load_target
@@ -489,7 +489,8 @@ def test_no_compilation_inside_a_timed_prompt(tmp_path):
     sized to prompt + max_new_tokens (before 2026-11-27) the static engine's captured step compiled again in
     the timed prompt (its record's compiled_graphs was 1), as HF's compiled generate did. The answer ends at an EOS chosen from its own greedy
     text, so the long budget costs no decoding."""
-    from jakiro_lib.measure.bench import format_prompt_ids, load_records, run_benchmark
+    from jakiro_lib.data.chat import format_prompt_ids
+    from jakiro_lib.measure.bench import load_records, run_benchmark
     from jakiro_lib.config import TargetConfig
     from jakiro_lib.data.conversations import Question
     from jakiro_lib.decoding.loop import vanilla_generate

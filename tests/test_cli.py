@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from jakiro_lib import cli
+from jakiro_lib import cli, commands
 from jakiro_lib.cli import build_parser, main
 
 
@@ -268,14 +268,14 @@ def test_unknown_errors_keep_their_traceback_and_ctrl_c_is_status_130(monkeypatc
     def boom(*args, **kwargs):
         raise RuntimeError("a bug, not a user error")
 
-    monkeypatch.setattr(cli, "train_all", boom)
+    monkeypatch.setattr(commands, "train_all", boom)
     with pytest.raises(RuntimeError, match="a bug"):  # propagates: Python prints the traceback
         main(["train", "--profile", "smoke"])
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "train_all", interrupted)
+    monkeypatch.setattr(commands, "train_all", interrupted)
     assert main(["train", "--profile", "smoke"]) == 130
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: interrupted")
 

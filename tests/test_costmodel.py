@@ -159,7 +159,7 @@ def test_budget_speeds_interleave_budgets_and_keep_each_runs_fastest_round(monke
     import jakiro_lib.measure.costmodel as costmodel
     from jakiro_lib.config import TargetConfig
     from jakiro_lib.measure.costmodel import measure_budget_speeds
-    from jakiro_lib.decoding.loop import GenerationResult
+    from jakiro_lib.decoding.result import GenerationResult
     from jakiro_lib.models.target import load_target
 
     order = []

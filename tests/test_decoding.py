@@ -17,8 +17,9 @@ import torch
 import jakiro_lib.decoding.loop as decoding
 from jakiro_lib.models import kernels
 from jakiro_lib.config import DraftConfig, TreeConfig
-from jakiro_lib.decoding.loop import (ContextLengthError, TargetRunner, hf_generate, speculative_generate,
-                                 vanilla_generate)
+from jakiro_lib.decoding.loop import hf_generate, speculative_generate, vanilla_generate
+from jakiro_lib.decoding.result import ContextLengthError
+from jakiro_lib.decoding.runner import TargetRunner
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.decoding.drafting import FeatureDrafter, LookupDrafter, PromptLookup, schedule
 from jakiro_lib.decoding.tree import Tree

@@ -7,7 +7,7 @@ from torch import nn
 
 from jakiro_lib.models import kernels
 from jakiro_lib.config import TargetConfig
-from jakiro_lib.decoding.loop import TargetRunner
+from jakiro_lib.decoding.runner import TargetRunner
 from jakiro_lib.models.target import load_target
 from jakiro_lib.decoding.tree import Tree
 

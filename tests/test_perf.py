@@ -15,7 +15,7 @@ from jakiro_lib.measure.methods import study_methods
 from jakiro_lib.measure.budgets import resolve_tree_budgets
 from jakiro_lib.config import TargetConfig, TreeConfig
 from jakiro_lib.profiles import get_profile
-from jakiro_lib.decoding.loop import TargetRunner
+from jakiro_lib.decoding.runner import TargetRunner
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.decoding.drafting import FeatureDrafter
 from jakiro_lib.measure.perf import cost_model, lever_table, performance_targets

@@ -228,16 +228,16 @@ def test_a_stage_run_alone_takes_the_scale_the_pipeline_recorded(tmp_path, capsy
     floor (a train at 600 x 2 on a cache of thousands would retrain the drafts at another scale); never a measurement."""
     from argparse import Namespace
 
-    from jakiro_lib import cli
+    from jakiro_lib import commands
 
     args = Namespace(profile="default", set=[], run_dir=tmp_path)
-    assert (cli._profile(args).data.num_conversations, cli._profile(args).train.epochs) == DEFAULT_SCALE
+    assert (commands.resolved_profile(args).data.num_conversations, commands.resolved_profile(args).train.epochs) == DEFAULT_SCALE
     assert "no scale recorded" in capsys.readouterr().err
     calls: list = []
     overrides, record = S.resolve_scale(get_profile("default"), {}, tmp_path, measure=_fake_measure(calls))
-    p = cli._profile(args)
+    p = commands.resolved_profile(args)
     assert (p.data.num_conversations, p.train.epochs) == (overrides["data.num_conversations"], overrides["train.epochs"])
     assert f"{p.data.num_conversations} conversations x {p.train.epochs} epochs" in capsys.readouterr().err
-    epochs = cli._profile(Namespace(profile="default", set=["train.epochs=7"], run_dir=tmp_path))
+    epochs = commands.resolved_profile(Namespace(profile="default", set=["train.epochs=7"], run_dir=tmp_path))
     assert epochs.train.epochs == 7 and epochs.data.num_conversations == DEFAULT_SCALE[0]  # another basis: not it
     assert S.recorded_scale(get_profile("smoke"), {}, tmp_path) == ({}, None) and len(calls) == 1

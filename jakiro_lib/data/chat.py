@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 VICUNA_SYSTEM = (
     "A chat between a curious user and an artificial intelligence assistant. "
     "The assistant gives helpful, detailed, and polite answers to the user's questions."
@@ -272,3 +274,14 @@ def detect_template(model_id_or_tokenizer: Any) -> str:
     if "vicuna" in name.lower() or not getattr(model_id_or_tokenizer, "chat_template", None):
         return "vicuna"
     return "auto"
+
+
+def answer_message(target: Any, output_ids: list[int]) -> dict[str, str]:
+    """A method's answer as the next turn's history entry (decoded without special tokens): how every
+    multi-turn prompt is built, by the benchmark and when its greedy outputs are checked."""
+    return {"role": "assistant", "content": target.tokenizer.decode(output_ids, skip_special_tokens=True)}
+
+
+def format_prompt_ids(target: Any, history: list[dict[str, str]]) -> torch.Tensor:
+    """Chat-formatted prompt ids (ending with the assistant header) for ``history``."""
+    return torch.tensor(format_prompt(target.tokenizer, history, template=target.config.template), dtype=torch.long)

@@ -21,8 +21,8 @@ import torch
 from transformers import PreTrainedModel, StaticCache
 
 from ..models.target import scratch
+from .tree import MAX_TREE_ROOM
 
-MAX_TREE_ROOM = 128  # cache positions kept past the text for a tree forward (a larger tree is refused)
 RECOMPILE_LIMIT = 64  # dynamo's default (8) is below the cache lengths x sampling settings one process may compile
 
 

@@ -37,13 +37,15 @@ from torch.profiler import record_function
 from transformers import PreTrainedModel
 
 from ..models import kernels
-from .compiled import MAX_TREE_ROOM, CapturedStep, call_compiled, compiled_cache_len
+from .compiled import CapturedStep, call_compiled, compiled_cache_len
 from ..models.target import capture_of, scratch
 from ..config import TreeConfig
-from .loop import GenerationResult, _check_prompt, _choose, _finish, _sync, text_positions
+from .result import GenerationResult, append_tokens, check_prompt, choose_token, text_positions
+from ..machine import synchronize
 from ..models.draft import DraftModel
 from .drafting import PromptLookup
 from .runner import TargetRunner
+from .tree import MAX_TREE_ROOM
 from .verify import SamplingParams
 from .static_tree import StaticEngineError, StaticTreeDrafter, ancestor_mask, evaluate, fixed_address, graft_chain, root_step
 
@@ -142,15 +144,15 @@ class _StaticLoop:
         result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
         eos = set(eos_token_ids)
         forwards0 = self._forwards()
-        _sync(dev)
+        synchronize(dev)
         t0 = time.perf_counter()
         ids = prompt_ids.to(dev)
         logits, hidden = self.target.prefill(ids)
-        first = _choose(logits[-1], self.params, generator)
+        first = choose_token(logits[-1], self.params, generator)
         self._begin(ids, hidden, first)
         length = ids.shape[0]
         start = torch.full((), length, device=dev)  # torch.full, not torch.tensor: a CPU value copied to a GPU syncs
-        done = _finish(result, [first], eos, max_new_tokens, on_tokens)
+        done = append_tokens(result, [first], eos, max_new_tokens, on_tokens)
         result.prefill_time = time.perf_counter() - t0
         while not done and _next_cycle(result, start, length, max_context, self.uniforms, self.params, generator):
             emitted, tree_size = self._advance(start, max_context - length)
@@ -158,10 +160,10 @@ class _StaticLoop:
             if tree_size is not None:
                 result.tree_sizes.append(tree_size)
             before = len(result.output_ids)
-            done = _finish(result, emitted, eos, max_new_tokens, on_tokens)
+            done = append_tokens(result, emitted, eos, max_new_tokens, on_tokens)
             result.accepted.append(len(result.output_ids) - before)
         result.draft_forwards = self._forwards() - forwards0
-        _sync(dev)
+        synchronize(dev)
         result.wall_time = time.perf_counter() - t0
         return result
 
@@ -345,7 +347,7 @@ def static_generate(model: PreTrainedModel, draft: DraftModel | None, tree: Tree
     (``draft`` None: plain decoding, :class:`StaticDecoder`). ``params``/``generator`` as in
     :func:`~jakiro_lib.decoding.loop.speculative_generate` (the generator on the model's device). ``compile``: the
     cycle compiled (CUDA graphs on CUDA; the first prompts of each length compile)."""
-    _check_prompt(prompt_ids, max_context, 1)
+    check_prompt(prompt_ids, max_context, 1)
     needed = text_positions(prompt_ids, max_new_tokens, max_context) + MAX_TREE_ROOM  # room for a tree past the text
     cache_len = compiled_cache_len(max_context) if compile else engine_cache_len(needed)
     engine = _engine(model, draft, tree, cache_len, params, compile)

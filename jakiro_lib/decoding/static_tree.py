@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from .compiled import MAX_TREE_ROOM
 from ..config import TreeConfig
 from ..models.draft import DraftModel, DraftOutput
 from .drafting import candidate_tensors, schedule
 from .runner import TargetRunner, tree_rows
+from .tree import MAX_TREE_ROOM
 from .verify import SamplingParams, warp_probs
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+MAX_TREE_ROOM = 128  # cache positions kept past the text for a tree forward (a larger tree is refused)
+
 GRAFTED_RANK = 1 << 30  # selection rank of grafted (not drafted) nodes: no draft budget would keep them
 
 

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
+import pandas as pd
 import torch
 from tqdm import tqdm
 
-from ..data.chat import format_prompt
+from ..data.chat import answer_message, format_prompt_ids
 from ..decoding.compiled import graphs_compiled
-from ..decoding.loop import TargetRunner
+from ..decoding.runner import TargetRunner
 from ..layout import BENCH_CONFIG, RECORDS_FILE
 from .methods import SPEC, VANILLA_KINDS, MethodRunner, MethodSpec, portable
 from ..models.target import Target
@@ -62,17 +63,6 @@ class Record:
     # not; records written before these existed load without them
     engine: str = "loop"
     compiled: bool = False
-
-
-def answer_message(target: Target, output_ids: list[int]) -> dict[str, str]:
-    """A method's answer as the next turn's history entry (decoded without special tokens): how every
-    multi-turn prompt is built, by the benchmark and when its greedy outputs are checked."""
-    return {"role": "assistant", "content": target.tokenizer.decode(output_ids, skip_special_tokens=True)}
-
-
-def format_prompt_ids(target: Target, history: list[dict[str, str]]) -> torch.Tensor:
-    """Chat-formatted prompt ids (ending with the assistant header) for ``history``."""
-    return torch.tensor(format_prompt(target.tokenizer, history, template=target.config.template), dtype=torch.long)
 
 
 def _params(temperature: float, top_p: float) -> SamplingParams:
@@ -417,3 +407,15 @@ def summarize_by_category(records: list[dict[str, Any]]) -> list[dict[str, Any]]
         rows.append({**row, "benchmark": bench, "category": category})
     return rows
 
+
+def headline_table(main: pd.DataFrame) -> pd.DataFrame:
+    """Mean over benchmarks per (method, temperature): speedup, tau, tokens/s — the index's summary."""
+    if main.empty:
+        return main
+    order = list(dict.fromkeys(main["method"].tolist()))
+    g = (main.groupby(["temperature", "method"], sort=False)
+         .agg(benchmarks=("benchmark", "nunique"), tokens_per_s=("tokens_per_s", "mean"),
+              speedup=("speedup", "mean"), tau=("tau", "mean"), tau_ref=("tau_ref", "mean"))
+         .reset_index())
+    g["_o"] = g["method"].map({m: i for i, m in enumerate(order)})
+    return g.sort_values(["temperature", "_o"]).drop(columns="_o").reset_index(drop=True)

@@ -33,7 +33,7 @@ from typing import Any, Iterable
 import torch
 
 from . import costmodel
-from .bench import format_prompt_ids
+from ..data.chat import format_prompt_ids
 from ..config import Profile, TreeConfig
 from ..data.conversations import DataError, load_conversations
 from ..data.dataset import _stable_hash, split_indices

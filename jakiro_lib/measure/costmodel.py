@@ -19,7 +19,9 @@ from typing import Any, Callable, ContextManager, Mapping, Sequence
 import torch
 
 from ..config import TreeConfig
-from ..decoding.loop import GenerationResult, _sync, speculative_generate
+from ..decoding.loop import speculative_generate
+from ..decoding.result import GenerationResult
+from ..machine import synchronize
 from ..models.draft import DraftModel, KVCache
 from ..decoding.drafting import FeatureDrafter, schedule
 from ..decoding.runner import TargetRunner
@@ -28,10 +30,10 @@ from ..decoding.tree import Tree
 
 
 def _time_once(fn, device: torch.device) -> float:
-    _sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     fn()
-    _sync(device)
+    synchronize(device)
     return time.perf_counter() - t0
 
 

@@ -27,7 +27,8 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from .bench import format_prompt_ids, load_records
+from ..data.chat import format_prompt_ids
+from .bench import load_records
 from .budgets import resolve_tree_budgets
 from ..config import Profile, TreeConfig
 from ..profiles import get_profile

@@ -21,7 +21,8 @@ from typing import Any, Callable, Collection
 import torch
 
 from ..config import RUN_ENGINE_NAMES, TreeConfig
-from ..decoding.loop import GenerationResult, hf_generate, speculative_generate, vanilla_generate
+from ..decoding.loop import hf_generate, speculative_generate, vanilla_generate
+from ..decoding.result import GenerationResult
 from ..models.draft import DraftModel
 from ..decoding.drafting import make_drafter
 from ..layout import draft_name, draft_path

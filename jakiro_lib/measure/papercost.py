@@ -38,12 +38,13 @@ from ..decoding.compiled import CapturedStep, compiled_cache_len
 from ..models.target import set_capture
 from ..config import DraftConfig, TreeConfig
 from ..profiles import get_profile
-from ..decoding.loop import GenerationResult, _sync
+from ..decoding.result import GenerationResult
+from ..machine import synchronize
 from ..models.draft import DraftModel
 from .methods import MAIN, RELEASED, Method
 from ..decoding.runner import TargetRunner
 from ..decoding.static import ancestor_mask, static_generate, static_vanilla_generate
-from ..study import write_table
+from ..study.tables import write_table
 from ..models.target import _dtype
 from ..files import write_json
 from ..machine import run_metadata
@@ -162,10 +163,10 @@ def _time_calls(fn: Callable[[], Any], device: torch.device, repeats: int) -> fl
     """Median milliseconds of one ``fn()`` (synchronised before and after on CUDA)."""
     times = []
     for _ in range(repeats):
-        _sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - t0)
     return 1e3 * statistics.median(times)
 

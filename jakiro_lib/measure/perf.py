@@ -22,16 +22,13 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..models import kernels
-from .bench import ratio_interval
+from .bench import headline_table, ratio_interval
 from .budgets import PAPER_TREE_TOKENS, fixed_tree_tokens
 from ..config import TreeConfig
 from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_cost_variants
 from ..models.draft import DraftModel
 from ..layout import draft_path, has_weights
 from .methods import compiled_twin, group_names, static_twin
-from ..study.context import get_target
-from ..study.s02_bench import load_study_records, tree_budget_table
-from ..study.tables import headline_table, write_table
 
 # the goals' method groups, from the registry (jakiro_lib.measure.methods.MAIN)
 JAKIRO_EAGER = group_names("jakiro")  # the rows compared with EAGLE-2 (the loop engine's, as EAGLE-2's)
@@ -150,84 +147,100 @@ def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | 
     it) gets its own rows against the same baselines, and the eager one against ``eagle2_lookup``. Ratios of
     means of tokens/s, as in the main table.
     """
-    h = headline_table(main)  # mean over benchmarks per (temperature, method)
-    rows: list[dict[str, Any]] = []
+    goals = _Goals(headline_table(main), records)  # mean over benchmarks per (temperature, method)
+    for temp in sorted(goals.h["temperature"].unique()):
+        goals.add_temperature(temp)
+    return pd.DataFrame(goals.rows)
 
-    by_method: dict[tuple[str, float], list[dict[str, Any]]] = {}
-    for r in records or ():
-        by_method.setdefault((r["method"], r["temperature"]), []).append(r)
 
-    def interval(temp: float, ours: str, base: str) -> tuple[float, float]:
-        if records is None:
-            return math.nan, math.nan
-        return ratio_interval(by_method.get((ours, temp), []), by_method.get((base, temp), []))
+_NAMED = "primary method (named before the run)"
+_FIXED = "both methods fixed"
 
-    def value(temp: float, method: str, col: str = "tokens_per_s") -> float:
-        sel = h[(h["temperature"] == temp) & (h["method"] == method)]
+
+def _against(methods: Sequence[str]) -> str:
+    return f"{_NAMED}; baseline the fastest of {', '.join(methods)}"
+
+
+class _Goals:
+    """The goals table being built: measured values of the headline table, intervals from the records."""
+
+    def __init__(self, h: pd.DataFrame, records: Sequence[dict[str, Any]] | None) -> None:
+        self.h, self.records, self.rows = h, records, []
+        self.by_method: dict[tuple[str, float], list[dict[str, Any]]] = {}
+        for r in records or ():
+            self.by_method.setdefault((r["method"], r["temperature"]), []).append(r)
+
+    def value(self, temp: float, method: str, col: str = "tokens_per_s") -> float:
+        sel = self.h[(self.h["temperature"] == temp) & (self.h["method"] == method)]
         return float(sel[col].iloc[0]) if len(sel) else math.nan
 
-    def add(goal: str, temp: float, ours: str, base: str, threshold: float, strict: bool = False,
+    def interval(self, temp: float, ours: str, base: str) -> tuple[float, float]:
+        if self.records is None:
+            return math.nan, math.nan
+        return ratio_interval(self.by_method.get((ours, temp), []), self.by_method.get((base, temp), []))
+
+    def fastest(self, temp: float, methods: Sequence[str]) -> str | None:
+        present = [m for m in methods if not math.isnan(self.value(temp, m))]
+        return max(present, key=lambda m: self.value(temp, m)) if present else None
+
+    def primary(self, temp: float, group: str) -> str | None:
+        return next((m for m in PRIMARY[group] if not math.isnan(self.value(temp, m))), None)
+
+    def add(self, goal: str, temp: float, ours: str, base: str, threshold: float, strict: bool = False,
             col: str = "tokens_per_s", selection: str = "") -> None:
-        a, b = value(temp, ours, col), value(temp, base, col)
+        a, b = self.value(temp, ours, col), self.value(temp, base, col)
         ratio = a / b if b and not math.isnan(b) else math.nan
         met = None if math.isnan(ratio) else bool(ratio > threshold if strict else ratio >= threshold)
-        lo, hi = interval(temp, ours, base) if col == "tokens_per_s" else (math.nan, math.nan)
+        lo, hi = self.interval(temp, ours, base) if col == "tokens_per_s" else (math.nan, math.nan)
         # resolved: the whole interval lies on one side of the threshold (None: no interval to judge by)
         if math.isnan(lo):
             resolved = None
         else:
             resolved = bool(lo > threshold or hi <= threshold) if strict else bool(lo >= threshold or hi < threshold)
-        rows.append({"goal": goal, "temperature": temp, "method": ours, "baseline": base,
-                     "metric": "tokens/s" if col == "tokens_per_s" else col, "method_value": a,
-                     "baseline_value": b, "ratio": ratio, "ratio_ci_low": lo, "ratio_ci_high": hi,
-                     "target": f"{'>' if strict else '>='} {threshold:g}", "met": met, "resolved": resolved,
-                     "selection": selection})
+        self.rows.append({"goal": goal, "temperature": temp, "method": ours, "baseline": base,
+                          "metric": "tokens/s" if col == "tokens_per_s" else col, "method_value": a,
+                          "baseline_value": b, "ratio": ratio, "ratio_ci_low": lo, "ratio_ci_high": hi,
+                          "target": f"{'>' if strict else '>='} {threshold:g}", "met": met, "resolved": resolved,
+                          "selection": selection})
 
-    def fastest(temp: float, methods: Sequence[str]) -> str | None:
-        present = [m for m in methods if not math.isnan(value(temp, m))]
-        return max(present, key=lambda m: value(temp, m)) if present else None
-
-    def primary(temp: float, group: str) -> str | None:
-        return next((m for m in PRIMARY[group] if not math.isnan(value(temp, m))), None)
-
-    named = "primary method (named before the run)"
-    fixed = "both methods fixed"
-
-    def against(methods: Sequence[str]) -> str:
-        return f"{named}; baseline the fastest of {', '.join(methods)}"
-
-    for temp in sorted(h["temperature"].unique()):
-        jakiro = primary(temp, "jakiro")
+    def add_temperature(self, temp: float) -> None:
+        """The goals at one temperature: against HF's generate, our fastest plain decoder, HF's prompt lookup
+        and EAGLE-2; then the lookup extension's."""
+        jakiro = self.primary(temp, "jakiro")
         if jakiro is None:
-            continue
-        best_eagle = fastest(temp, EAGLE_METHODS) or "eagle2"
-        eager = primary(temp, "jakiro_eager") or "jakiro"  # missing: unknown, never a compiled row
-        hf = fastest(temp, HF_METHODS) or "hf_generate"
-        plain = fastest(temp, OUR_VANILLA) or "vanilla"
+            return
+        best_eagle = self.fastest(temp, EAGLE_METHODS) or "eagle2"
+        eager = self.primary(temp, "jakiro_eager") or "jakiro"  # missing: unknown, never a compiled row
+        hf = self.fastest(temp, HF_METHODS) or "hf_generate"
+        plain = self.fastest(temp, OUR_VANILLA) or "vanilla"
         if temp == 0:
-            add("Jakiro >= 1.5x HF generate (greedy)", temp, jakiro, hf, 1.5, selection=against(HF_METHODS))
-            add("Jakiro >= 1.5x our fastest plain decoder (greedy)", temp, jakiro, plain, 1.5,
-                selection=against(OUR_VANILLA))
-            add("Jakiro > HF prompt lookup", temp, jakiro, "hf_prompt_lookup", 1.0, strict=True, selection=named)
-            add("our vanilla loop within 5% of HF generate", temp, primary(temp, "our_vanilla") or "vanilla", hf,
-                0.95, selection=against(HF_METHODS))
+            self.add("Jakiro >= 1.5x HF generate (greedy)", temp, jakiro, hf, 1.5, selection=_against(HF_METHODS))
+            self.add("Jakiro >= 1.5x our fastest plain decoder (greedy)", temp, jakiro, plain, 1.5,
+                     selection=_against(OUR_VANILLA))
+            self.add("Jakiro > HF prompt lookup", temp, jakiro, "hf_prompt_lookup", 1.0, strict=True, selection=_NAMED)
+            self.add("our vanilla loop within 5% of HF generate", temp, self.primary(temp, "our_vanilla") or "vanilla",
+                     hf, 0.95, selection=_against(HF_METHODS))
         else:
-            add(f"Jakiro >= 1.3x HF sampling (T={temp:g})", temp, jakiro, hf, 1.3, selection=against(HF_METHODS))
-            add(f"Jakiro >= 1.3x our fastest plain decoder (T={temp:g})", temp, jakiro, plain, 1.3,
-                selection=against(OUR_VANILLA))
-        add("Jakiro >= EAGLE-2 (tokens/s)", temp, eager, best_eagle, 1.0, selection=against(EAGLE_METHODS))
-        add("Jakiro >= EAGLE-2 (tau)", temp, "jakiro", "eagle2", 1.0, col="tau", selection=fixed)
-        lookup = primary(temp, "jakiro_lookup")
-        if lookup is not None:  # this repo's extension, held to the same goals
-            ext = "Jakiro + lookup branch (extension)"
-            if temp == 0:
-                add(f"{ext} >= 1.5x HF generate (greedy)", temp, lookup, hf, 1.5, selection=against(HF_METHODS))
-                add(f"{ext} > HF prompt lookup", temp, lookup, "hf_prompt_lookup", 1.0, strict=True, selection=named)
-            else:
-                add(f"{ext} >= 1.3x HF sampling (T={temp:g})", temp, lookup, hf, 1.3, selection=against(HF_METHODS))
-            add(f"{ext} >= EAGLE-2 + lookup branch (tokens/s)", temp, LOOKUP_METHOD, "eagle2_lookup", 1.0,
-                selection=fixed)
-    return pd.DataFrame(rows)
+            self.add(f"Jakiro >= 1.3x HF sampling (T={temp:g})", temp, jakiro, hf, 1.3, selection=_against(HF_METHODS))
+            self.add(f"Jakiro >= 1.3x our fastest plain decoder (T={temp:g})", temp, jakiro, plain, 1.3,
+                     selection=_against(OUR_VANILLA))
+        self.add("Jakiro >= EAGLE-2 (tokens/s)", temp, eager, best_eagle, 1.0, selection=_against(EAGLE_METHODS))
+        self.add("Jakiro >= EAGLE-2 (tau)", temp, "jakiro", "eagle2", 1.0, col="tau", selection=_FIXED)
+        self.add_lookup(temp, hf)
+
+    def add_lookup(self, temp: float, hf: str) -> None:
+        """This repo's extension, Jakiro + a prompt-lookup chain, held to the same goals."""
+        lookup = self.primary(temp, "jakiro_lookup")
+        if lookup is None:
+            return
+        ext = "Jakiro + lookup branch (extension)"
+        if temp == 0:
+            self.add(f"{ext} >= 1.5x HF generate (greedy)", temp, lookup, hf, 1.5, selection=_against(HF_METHODS))
+            self.add(f"{ext} > HF prompt lookup", temp, lookup, "hf_prompt_lookup", 1.0, strict=True, selection=_NAMED)
+        else:
+            self.add(f"{ext} >= 1.3x HF sampling (T={temp:g})", temp, lookup, hf, 1.3, selection=_against(HF_METHODS))
+        self.add(f"{ext} >= EAGLE-2 + lookup branch (tokens/s)", temp, LOOKUP_METHOD, "eagle2_lookup", 1.0,
+                 selection=_FIXED)
 
 
 def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.DataFrame, *,
@@ -294,20 +307,3 @@ def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.
                     add(lever, f"{with_} vs {without} tokens/s (T=0)", float(greedy.loc[without, "tokens_per_s"]),
                         float(greedy.loc[with_, "tokens_per_s"]), lower_is_better=False)
     return pd.DataFrame(rows, columns=["lever", "measured", "without", "with", "speedup"])
-
-
-def write_performance_report(ctx: Any, main: pd.DataFrame, *, target: Any = None) -> dict[str, pd.DataFrame]:
-    """Notebook 02's performance section: cost model, tree-budget tuning and the goals table, written as
-    ``cost_model_target.csv``, ``cost_model_draft.csv``, ``cost_model_draft_cycle.csv``, ``tree_budget.csv``,
-    ``performance_targets.csv`` and ``levers.csv`` in the report directory. Returns the six tables."""
-    target = target or get_target(ctx)
-    costs = cost_model(target, ctx.drafts_dir, widths=sorted({1, ctx.profile.tree.top_k}), tree=ctx.profile.tree)
-    levers = lever_table(costs["target"], costs["draft"], main, tree_tokens=fixed_tree_tokens(ctx.profile.tree),
-                         draft_cycle=costs["draft_cycle"])
-    tables = {"cost_model_target": costs["target"], "cost_model_draft": costs["draft"],
-              "cost_model_draft_cycle": costs["draft_cycle"], "tree_budget": tree_budget_table(ctx.run_dir, "main"),
-              "performance_targets": performance_targets(main, load_study_records(ctx.run_dir, "main")),
-              "levers": levers}
-    for name, df in tables.items():
-        write_table(Path(ctx.report_dir) / f"{name}.csv", df)
-    return tables

@@ -40,7 +40,8 @@ from ..profiles import PROFILE_NAMES, parse_overrides
 from .page import write_front_page
 from ..training.scale import SCALE_JSON, resolve_scale
 from ..training.scale import log as scale_log
-from ..study import default_report_dir, default_run_dir, headline_table, resolve_profile
+from ..study.context import default_report_dir, default_run_dir, resolve_profile
+from ..measure.bench import headline_table
 from ..errors import exit_status
 from ..files import check_paths, read_json, write_json, write_text
 from ..machine import run_lock

@@ -20,15 +20,17 @@ from ..measure.methods import STUDIES
 from ..files import write_json
 from .context import (SMOKE_BANNER, StudyContext, configure_logging, default_report_dir, default_run_dir,
                       get_target, notebook_setup, reports_root, resolve_profile, runs_root, setup)
+from .performance import write_performance_report
 from .published import PUBLISHED, comparison_table
 from .s00_data import (PAPER_CONVERSATIONS, PAPER_TOKENS_PER_CONVERSATION, disk_estimates, load_training_conversations,
                        loss_mask_html, manifest_table, prepare_features, sample_conversation_html)
-from .s01_train import (drafts_table, load_training_results, router_load_table, train_all, training_datasets, training_history,
-                        training_table, write_training_tables)
-from .s02_bench import (bench_environment, load_study_records, methods_table, profile_methods, run_study,
-                        study_questions, study_temperatures, tree_budget_table)
-from .tables import (acceptance_by_depth, category_table, display_table, headline_table, method_setting,
-                     records_frame, study_table, versus_eagle2_table, write_study_tables, write_table)
+from .s01_train import (drafts_table, load_training_results, router_load_table, train_all, training_datasets,
+                        training_history, training_table, write_training_tables)
+from .s02_bench import (bench_environment, methods_table, profile_methods, run_study, study_questions,
+                        study_temperatures)
+from ..measure.bench import headline_table
+from .tables import (acceptance_by_depth, category_table, display_table, load_study_records, method_setting,
+                     records_frame, study_table, tree_budget_table, versus_eagle2_table, write_study_tables, write_table)
 
 __all__ = [
     "PAPER_CONVERSATIONS", "PAPER_TOKENS_PER_CONVERSATION", "PUBLISHED", "SMOKE_BANNER", "STUDIES", "StudyContext",
@@ -40,5 +42,5 @@ __all__ = [
     "resolve_profile", "resolve_tree_budgets", "router_load_table", "run_study", "runs_root",
     "sample_conversation_html", "setup", "study_questions", "study_table", "study_temperatures", "train_all",
     "training_datasets", "training_history", "training_table", "tree_budget_table", "versus_eagle2_table", "write_json",
-    "write_study_tables", "write_table", "write_training_tables",
+    "write_performance_report", "write_study_tables", "write_table", "write_training_tables",
 ]

@@ -9,10 +9,10 @@ from typing import Any
 
 import pandas as pd
 
-from ..measure.bench import summarize, summarize_by_category, versus
-from ..layout import draft_name
+from ..measure.bench import load_records, summarize, summarize_by_category, versus
+from ..layout import STUDY_TREE_BUDGET, RunLayout, draft_name
 from ..measure.methods import EAGLE2_BASELINE, SPEC, MethodSpec
-from ..files import atomic_path, write_json
+from ..files import atomic_path, read_json, write_json
 
 SETTING_COLUMNS = ("draft", "total_tokens", "decoupled", "ar_steps", "scoring", "lookup_tokens")
 
@@ -164,14 +164,37 @@ def _fraction(same: Any, compared: Any) -> str:
     return f"{int(same)}/{int(compared)}"
 
 
-def headline_table(main: pd.DataFrame) -> pd.DataFrame:
-    """Mean over benchmarks per (method, temperature): speedup, tau, tokens/s — the index's summary."""
-    if main.empty:
-        return main
-    order = list(dict.fromkeys(main["method"].tolist()))
-    g = (main.groupby(["temperature", "method"], sort=False)
-         .agg(benchmarks=("benchmark", "nunique"), tokens_per_s=("tokens_per_s", "mean"),
-              speedup=("speedup", "mean"), tau=("tau", "mean"), tau_ref=("tau_ref", "mean"))
-         .reset_index())
-    g["_o"] = g["method"].map({m: i for i, m in enumerate(order)})
-    return g.sort_values(["temperature", "_o"]).drop(columns="_o").reset_index(drop=True)
+def load_study_records(run_dir: str | Path, study: str) -> list[dict[str, Any]]:
+    path = RunLayout(Path(run_dir)).records(study)
+    return load_records(path) if path.is_file() else []
+
+
+TREE_BUDGET_COLUMNS = ["method", "total_tokens", "expected_tokens_per_cycle", "verify_ms", "draft_ms", "tokens_per_s",
+                       "chosen", "estimated_best", "fixed", "measured_tokens_per_s"]
+
+
+def tree_budget_table(run_dir: str | Path, study: str = "main") -> pd.DataFrame:
+    """The tuning behind ``total_tokens="auto"``: per tuned method and candidate budget, expected tokens per
+    cycle, verify time and estimated tokens/s; flagged: the budget the estimate picked (``estimated_best``), the
+    fixed tree it was checked against (``fixed``) and the one kept (``chosen``), with the tokens/s both measured
+    on the tuning prompts (``measured_tokens_per_s``; :func:`jakiro_lib.measure.costmodel.tune_total_tokens`). A fixed
+    tree outside the candidates gets a row of its own."""
+    info = read_json(RunLayout(Path(run_dir)).bench(study) / STUDY_TREE_BUDGET) or {}
+    rows = []
+    nan = float("nan")
+    for method, choice in info.get("choices", {}).items():
+        measured = {int(n): v for n, v in choice.get("measured_tokens_per_s", {}).items()}
+        table = list(choice["table"])
+        fixed = choice.get("fixed_tokens")
+        if fixed is not None and fixed not in {row["total_tokens"] for row in table}:
+            table.append({"total_tokens": fixed, "expected_tokens_per_cycle": nan, "verify_s": nan, "draft_s": nan,
+                          "tokens_per_s": nan})
+        for row in table:
+            n = row["total_tokens"]
+            rows.append({"method": method, "total_tokens": n,
+                         "expected_tokens_per_cycle": row["expected_tokens_per_cycle"],
+                         "verify_ms": 1000 * row["verify_s"], "draft_ms": 1000 * row["draft_s"],
+                         "tokens_per_s": row["tokens_per_s"], "chosen": n == choice["best"],
+                         "estimated_best": n == choice.get("estimated_best", choice["best"]), "fixed": n == fixed,
+                         "measured_tokens_per_s": measured.get(n, nan)})
+    return pd.DataFrame(rows, columns=TREE_BUDGET_COLUMNS)

@@ -50,7 +50,8 @@ from ..data.features import cache_features, estimate_cache, length_batches, shar
 from ..models.target import load_target
 from ..models.loss import step_loss, train_collate, training_loss_options
 from ..files import write_json
-from ..machine import (compiles_step, cpu_flags, favoured_dtype, keep_freed_memory, resolve_precision, run_metadata, seed_everything)
+from ..machine import (compiles_step, cpu_flags, favoured_dtype, keep_freed_memory, resolve_precision, run_metadata,
+                       seed_everything, synchronize)
 
 CSV = "throughput.csv"
 PLAN_CSV = "plan.csv"
@@ -81,11 +82,6 @@ def environment(device: torch.device) -> dict[str, Any]:
     return env
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class _Clock:
     """Adds the time since the previous lap to a stage; with ``sync``, CUDA work is finished first."""
 
@@ -95,12 +91,12 @@ class _Clock:
         self.t = 0.0
 
     def start(self) -> None:
-        _sync(self.device)
+        synchronize(self.device)
         self.t = time.perf_counter()
 
     def lap(self, stage: str) -> None:
         if self.sync:
-            _sync(self.device)
+            synchronize(self.device)
         now = time.perf_counter()
         self.seconds[stage] += now - self.t
         self.t = now
@@ -115,13 +111,13 @@ def _cache_pass(target: Any, convs: Sequence[Any], data: DataConfig, template: s
     """Features of ``convs`` shard by shard, as caching computes them (no disk write): time and tokens."""
     stored = getattr(torch, data.feature_dtype)
     lengths: list[list[int]] = []
-    _sync(target.device)
+    synchronize(target.device)
     t0 = time.perf_counter()
     for start in range(0, len(convs), data.shard_size):
         tensors, _, _ = shard_tensors(target, convs[start:start + data.shard_size], start, max_length=data.max_length,
                                       template=template, dtype=stored, bar=None, batch_size=batch_size)
         lengths.append((tensors["offsets"][:, 1] - tensors["offsets"][:, 0]).tolist())
-    _sync(target.device)
+    synchronize(target.device)
     seconds = time.perf_counter() - t0
     padded = sum(padded_tokens(ls, length_batches(ls, batch_size)) for ls in lengths)
     return {"items": len(convs), "tokens": sum(map(sum, lengths)), "padded_tokens": padded, "seconds": seconds}
@@ -187,7 +183,7 @@ def _steps(core: DraftModel, loss_of: Any, optimizer: Any, batches: Iterator[dic
         clock.lap("optimizer")
         tokens += int(batch["lengths"].sum())  # the loop's per-step read-back (tokens seen)
         clock.lap("sync")
-    _sync(device)
+    synchronize(device)
     return tokens, padded
 
 

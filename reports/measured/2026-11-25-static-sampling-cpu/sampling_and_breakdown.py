@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from jakiro_lib.measure.bench import format_prompt_ids
+from jakiro_lib.data.chat import format_prompt_ids
 from jakiro_lib.profiles import get_profile
 from jakiro_lib.data.conversations import load_questions
 from jakiro_lib.decoding.loop import speculative_generate
