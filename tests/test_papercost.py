@@ -43,6 +43,7 @@ def test_tiny_shape_runs_end_to_end_and_writes_the_three_files(tmp_path):
     assert saved["status"] == "done" and saved["shape"] == "tiny" and "environment" in saved
     assert len(saved["tn"]) == 3 and len(saved["cycles"]) == 1 + len(METHOD_NAMES)
     assert set(saved["methods"]) == set(METHOD_NAMES)
+    assert (tmp_path / "papercost.png").read_bytes().startswith(b"\x89PNG")  # T(n) and the modelled speedups
     assert sum(line.startswith("[papercost] T(") for line in lines) == 3  # one progress line per measurement
     assert sum("ms/cycle" in line for line in lines) == len(METHOD_NAMES)
 

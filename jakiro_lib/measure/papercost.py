@@ -44,6 +44,7 @@ from ..models.draft import DraftModel
 from .methods import MAIN, RELEASED, Method
 from ..decoding.runner import TargetRunner
 from ..decoding.static import ancestor_mask, static_generate, static_vanilla_generate
+from ..report.plots import plot_papercost, save_figure
 from ..study.tables import write_table
 from ..models.target import _dtype
 from ..files import write_json
@@ -327,6 +328,7 @@ def run_papercost(shape: str = "vicuna-7b", *, device: str = "cuda", dtype: str 
                 "paper_speedup": paper["speedup"], "speedup_basis": SPEEDUP_BASIS})
     result.update(status="done", seconds=round(time.perf_counter() - t_start, 1))
     write_json(out / "papercost.json", result)
-    log(f"[papercost] {result['seconds']:.1f} s; tn.csv, cycles.csv and papercost.json in {out}"
+    save_figure(plot_papercost(result["tn"], result["cycles"]), out / "papercost.png")
+    log(f"[papercost] {result['seconds']:.1f} s; tn.csv, cycles.csv, papercost.json and papercost.png in {out}"
         + (f"; {len(errors)} measurement(s) failed" if errors else ""))
     return result

@@ -359,6 +359,36 @@ def plot_cost_model(target_costs: pd.DataFrame | Iterable[dict], draft_costs: pd
     return fig
 
 
+def plot_papercost(tn: pd.DataFrame | Iterable[dict], cycles: pd.DataFrame | Iterable[dict]) -> Figure:
+    """``papercost``'s tables (:mod:`jakiro_lib.measure.papercost`): left, measured T(n) of the random paper-shaped
+    target, eager and captured; right, the speedups the paper's tau would give on this engine beside the paper's
+    own, labelled a model (no acceptance is measured on random weights)."""
+    t, c = _frame(tn), _frame(cycles)
+    if t.empty:
+        return _message_figure("no papercost measurements")
+    fig, axes = new_figure(ncols=2, width=5.2)
+    ax = axes[0, 0]
+    ax.plot(t["n"], t["eager_ms"], marker=".", ls="--", color="grey", label="eager")
+    ax.plot(t["n"], t["captured_ms"], marker="o", color="black", label="captured (CUDA graphs)")
+    ax.set_xlabel("tree tokens n")
+    ax.set_ylabel("ms per target forward, T(n)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    spec = c[c["method"] != "vanilla"] if not c.empty else c
+    if not spec.empty:
+        long = pd.concat([spec.assign(source="model: paper's tau x our cycle", value=spec["modelled_speedup"]),
+                          spec.assign(source="paper (measured, A40)", value=spec["paper_speedup"])])
+        sns.barplot(data=long, x="method", y="value", hue="source", ax=axes[0, 1], palette=["#4c72b0", "#bbbbbb"])
+        axes[0, 1].set_ylabel("speedup over plain decoding")
+        axes[0, 1].set_xlabel("")
+        axes[0, 1].tick_params(axis="x", labelrotation=20)
+        axes[0, 1].set_ylim(0, 1.35 * float(long["value"].max()))  # room for the legend above the bars
+        axes[0, 1].legend(fontsize=8, title=None, loc="upper left", ncol=2)
+        axes[0, 1].set_title("modelled, not a measurement of acceptance", fontsize=9)
+    fig.suptitle("The paper's shape by simulation (random weights)")
+    return fig
+
+
 # Notebook stage titles (the report's front page, jakiro_lib.report.page, lists them)
 STAGE_TITLES = {
     "00_data_caching": "Data and feature caching",
