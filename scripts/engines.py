@@ -2,7 +2,9 @@
 speedup over hf_compiled and over hf_prompt_lookup with paired 95% bootstrap intervals over prompts, tau,
 and greedy identity with our vanilla loop.
 
-    python reports/measured/2026-11-27-engines-cpu/engines.py <bench out dir> <record dir>
+    python scripts/engines.py <bench out dir> <record dir>
+
+Used by the records 2026-11-27-engines-cpu and 2026-11-27-engines-default-cpu.
 """
 from __future__ import annotations
 
