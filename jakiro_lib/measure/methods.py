@@ -355,8 +355,8 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
         # captured plain decoder is the fast baseline the speculative methods are measured against
         methods[engine_twin("vanilla", engine)] = on(loop["vanilla"], engine)
     if study == "main" and static_engine:
+        runs = ("static", "static_compiled") if compiled_engine else ("static",)  # compiled: the captured cycle
         for m in (m for m in chosen if has_static_twin(m)):
-            methods[static_twin(m.name)] = on(loop[m.name], "static")
-            if compiled_engine:  # the captured cycle (CUDA graphs on a GPU)
-                methods[compiled_twin(static_twin(m.name))] = on(loop[m.name], "static_compiled")
+            for run in runs:
+                methods[engine_twin(m.name, run)] = on(loop[m.name], run)
     return methods

@@ -28,7 +28,7 @@ from ..config import TreeConfig
 from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_cost_variants
 from ..models.draft import DraftModel
 from ..layout import draft_path, has_weights
-from .methods import compiled_twin, group_names, static_twin
+from .methods import engine_twin, group_names
 
 # the goals' method groups, from the registry (jakiro_lib.measure.methods.MAIN)
 JAKIRO_EAGER = group_names("jakiro")  # the rows compared with EAGLE-2 (the loop engine's, as EAGLE-2's)
@@ -294,9 +294,10 @@ def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.
     if len(h):
         greedy = h[h["temperature"] == 0].set_index("method")
         for lever, pairs in (("static engine (one host read per cycle) instead of the loop engine",
-                              tuple((k, static_twin(k)) for k in ENGINE_LEVER_METHODS)),
+                              tuple((k, engine_twin(k, "static")) for k in ENGINE_LEVER_METHODS)),
                              ("the static engine's cycle compiled (CUDA graphs on a GPU)",
-                              tuple((static_twin(k), compiled_twin(static_twin(k))) for k in ENGINE_LEVER_METHODS)),
+                              tuple((engine_twin(k, "static"), engine_twin(k, "static_compiled"))
+                                    for k in ENGINE_LEVER_METHODS)),
                              ("tree budget tuned on this machine", (("eagle2", "eagle2_auto"), ("jakiro", "jakiro_auto"))),
                              ("prompt-lookup chain grafted on the tuned tree (extension)",
                               (("eagle2_auto", "eagle2_lookup"), ("jakiro_auto", "jakiro_lookup"))),
