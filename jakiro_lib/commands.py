@@ -20,7 +20,7 @@ from .profiles import PROFILE_NAMES, get_profile, override, parse_overrides
 from .measure.costmodel import measure_draft_costs, measure_draft_cycle, measure_target_costs, tune_total_tokens
 from .data.conversations import DataError, Question, load_question_file, load_questions
 from .models.draft import DraftModel
-from .data.features import MANIFEST, CacheError, verify_cache
+from .data.feature_store import MANIFEST, CacheError, verify_cache
 from .measure.gpucheck import CHECK_METHODS, gpu_check
 from .layout import RunLayout
 from .measure.methods import SPEC, MethodSpec

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from jakiro_lib.data import dataset as D
+from jakiro_lib.data import feature_store as FS
 from jakiro_lib.data import features as F
 from jakiro_lib.data.chat import format_conversation
 from jakiro_lib.config import TargetConfig
@@ -86,7 +87,7 @@ def test_manifest_counts(cache, target, convs):
         assert tensors["offsets"].shape == (entry["conversations"], 2)
         assert int(tensors["offsets"][-1, 1]) == entry["tokens"] == tensors["input_ids"].numel()
     assert sum(e["conversations"] + e["skipped_empty_mask"] for e in m["shards"]) == len(convs)
-    assert F.verify_cache(cache, full=True)["complete"]
+    assert FS.verify_cache(cache, full=True)["complete"]
 
 
 def test_dataset_returns_target_features(cache, target, convs):
@@ -130,7 +131,7 @@ def test_interrupted_caching_resumes(target, convs, cache, tmp_path, monkeypatch
     m = json.loads((out / F.MANIFEST).read_text())
     assert not m["complete"] and [e["file"] for e in m["shards"]] == [F.shard_name(0), F.shard_name(1)]
     assert not (out / F.shard_name(2)).exists()
-    with pytest.raises(F.CacheError, match="incomplete"):
+    with pytest.raises(FS.CacheError, match="incomplete"):
         D.FeatureDataset(out)
     mtimes = {s: (out / F.shard_name(s)).stat().st_mtime_ns for s in (0, 1)}
 
@@ -141,7 +142,7 @@ def test_interrupted_caching_resumes(target, convs, cache, tmp_path, monkeypatch
     # conversations 8..13 (shards 2 and 3) only; none of them is an empty-mask one
     assert len(calls) == len(convs) - 2 * SHARD
     assert {s: (out / F.shard_name(s)).stat().st_mtime_ns for s in (0, 1)} == mtimes
-    m = F.verify_cache(out, full=True)
+    m = FS.verify_cache(out, full=True)
     ref = json.loads((cache / F.MANIFEST).read_text())
     assert m["complete"] and m["num_tokens"] == ref["num_tokens"]
     for s in range(m["num_shards"]):
@@ -159,19 +160,19 @@ def test_corrupt_shard_is_named_and_recomputed(target, convs, tmp_path, caplog):
     path = out / F.shard_name(2)
     good = path.read_bytes()
     path.write_bytes(good[: len(good) // 2])  # truncated
-    with pytest.raises(F.CacheError, match=r"shard_00002\.safetensors is corrupt.*rerun caching"):
-        F.verify_cache(out)
-    with pytest.raises(F.CacheError, match=r"shard_00002\.safetensors"):
+    with pytest.raises(FS.CacheError, match=r"shard_00002\.safetensors is corrupt.*rerun caching"):
+        FS.verify_cache(out)
+    with pytest.raises(FS.CacheError, match=r"shard_00002\.safetensors"):
         D.FeatureDataset(out)
     path.write_bytes(b"\xff" * len(good))  # same size, garbage header
-    with pytest.raises(F.CacheError, match=r"shard_00002\.safetensors is corrupt"):
-        F.verify_cache(out)
+    with pytest.raises(FS.CacheError, match=r"shard_00002\.safetensors is corrupt"):
+        FS.verify_cache(out)
     path.write_bytes(good[:-4] + b"\x00\x01\x02\x03")  # same size, altered data: only the checksum sees it
-    with pytest.raises(F.CacheError, match=r"shard_00002\.safetensors is corrupt \(sha256"):
-        F.verify_cache(out, full=True)
+    with pytest.raises(FS.CacheError, match=r"shard_00002\.safetensors is corrupt \(sha256"):
+        FS.verify_cache(out, full=True)
     path.unlink()
-    with pytest.raises(F.CacheError, match=r"shard_00002\.safetensors is missing"):
-        F.verify_cache(out)
+    with pytest.raises(FS.CacheError, match=r"shard_00002\.safetensors is missing"):
+        FS.verify_cache(out)
     path.write_bytes(good[: len(good) // 2])  # truncated again: the rerun says which shard it rewrites
     with caplog.at_level("INFO", logger="jakiro_lib.data.features"):
         F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, progress=False)
@@ -179,12 +180,12 @@ def test_corrupt_shard_is_named_and_recomputed(target, convs, tmp_path, caplog):
     assert len(rewrites) == 1 and rewrites[0].levelname == "WARNING"
     assert "shard_00002.safetensors" in rewrites[0].getMessage() and "truncated" in rewrites[0].getMessage()
     assert "resuming: 3 of 4 shards present" in caplog.text
-    F.verify_cache(out, full=True)
+    FS.verify_cache(out, full=True)
     assert path.read_bytes() == good
 
 
 def test_other_settings_are_refused(target, convs, cache):
-    with pytest.raises(F.CacheError, match="max_length"):
+    with pytest.raises(FS.CacheError, match="max_length"):
         F.cache_features(target, convs, cache, max_length=MAX_LEN + 1, shard_size=SHARD, progress=False)
 
 
@@ -251,14 +252,14 @@ def test_collate_pads_right():
 
 
 def test_disk_estimates(target, convs):
-    assert F.estimate_disk(1000, 4096, "float16") == 1000 * (4096 * 2 + 9)
-    assert F.estimate_disk(10, 64, "float32") == 10 * (64 * 4 + 9)
-    assert F.human_bytes(1536) == "1.5 KiB" and F.human_bytes(3 * 1024**3) == "3.0 GiB"
+    assert FS.estimate_disk(1000, 4096, "float16") == 1000 * (4096 * 2 + 9)
+    assert FS.estimate_disk(10, 64, "float32") == 10 * (64 * 4 + 9)
+    assert FS.human_bytes(1536) == "1.5 KiB" and FS.human_bytes(3 * 1024**3) == "3.0 GiB"
     est = F.estimate_cache(target, convs, max_length=MAX_LEN)
     assert est["conversations"] == 12 and est["skipped_empty_mask"] == 2
-    assert est["bytes"] == F.estimate_disk(est["tokens"], 64)
+    assert est["bytes"] == FS.estimate_disk(est["tokens"], 64)
     # Vicuna-7B scale (DESIGN.md 4): H=4096 fp16 is 8 KB per token
-    assert F.bytes_per_token(4096) // 1024 == 8
+    assert FS.bytes_per_token(4096) // 1024 == 8
     assert os.path.basename(F.shard_name(3)) == "shard_00003.safetensors"
 
 
@@ -279,7 +280,7 @@ def test_two_processes_merge_into_single_process_cache(target, convs, cache, tmp
     out = tmp_path / "mp"
     assert _two_process_run(target, convs, out) == {1: [1, 3], 0: [0, 2]}
     assert not list(out.glob("shard_*.json"))  # sidecars merged and removed
-    m, ref = F.verify_cache(out, full=True), json.loads((cache / F.MANIFEST).read_text())
+    m, ref = FS.verify_cache(out, full=True), json.loads((cache / F.MANIFEST).read_text())
     assert [e["file"] for e in m["shards"]] == [e["file"] for e in ref["shards"]]
     assert m["shards"] == ref["shards"]  # same counts, sizes and checksums
     for key in ("num_shards", "num_conversations", "num_tokens", "num_loss_tokens", "skipped_empty_mask",
@@ -293,7 +294,7 @@ def test_two_processes_merge_into_single_process_cache(target, convs, cache, tmp
     real = F.target_features
     monkeypatch.setattr(F, "target_features", lambda model, ids, *a, **k: calls.append(1) or real(model, ids, *a, **k))
     assert _two_process_run(target, convs, out) == {1: [], 0: []} and not calls
-    assert F.verify_cache(out, full=True)["shards"] == ref["shards"]
+    assert FS.verify_cache(out, full=True)["shards"] == ref["shards"]
 
 
 def test_interrupted_multi_process_run_resumes_from_sidecars(target, convs, cache, tmp_path):
@@ -314,7 +315,7 @@ def test_interrupted_multi_process_run_resumes_from_sidecars(target, convs, cach
     F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, progress=False,
                      on_shard=lambda s, e: written.append(s))
     assert written == [2] and not list(out.glob("shard_*.json"))
-    assert F.verify_cache(out, full=True)["shards"] == json.loads((cache / F.MANIFEST).read_text())["shards"]
+    assert FS.verify_cache(out, full=True)["shards"] == json.loads((cache / F.MANIFEST).read_text())["shards"]
 
 
 def test_single_process_world_without_accelerate(monkeypatch):
@@ -355,7 +356,7 @@ def test_batched_cache_equals_per_conversation(target, convs, fp32_cache, tmp_pa
             assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
         assert b["hidden"].shape == a["hidden"].shape  # one row per real token: no padded row stored
         torch.testing.assert_close(b["hidden"], a["hidden"], atol=1e-5, rtol=1e-5)
-    m, ref_m = F.verify_cache(out, full=True), json.loads((fp32_cache / F.MANIFEST).read_text())
+    m, ref_m = FS.verify_cache(out, full=True), json.loads((fp32_cache / F.MANIFEST).read_text())
     assert m["settings"] == ref_m["settings"] and m["cache_batch_size"] == batch_size
     assert [e["batch_size"] for e in m["shards"]] == [batch_size] * len(ref)
     assert [(e["conversations"], e["tokens"], e["loss_tokens"]) for e in m["shards"]] == \
@@ -398,7 +399,7 @@ def test_resume_with_another_batch_size_says_so(target, convs, fp32_cache, tmp_p
         F.cache_features(target, convs, out, max_length=MAX_LEN, shard_size=SHARD, feature_dtype="float32",
                          progress=False, batch_size=3, on_shard=lambda s, e: written.append(s))
     assert written == [2, 3]  # the batch size is no setting: the per-conversation shards are kept
-    assert [e["batch_size"] for e in F.verify_cache(out)["shards"]] == [1, 1, 3, 3]
+    assert [e["batch_size"] for e in FS.verify_cache(out)["shards"]] == [1, 1, 3, 3]
     assert f"resuming: 2 of 4 shards present in {out}" in caplog.text
     for a, b in zip(_shards(fp32_cache), _shards(out)):
         torch.testing.assert_close(b["hidden"], a["hidden"], atol=1e-5, rtol=1e-5)

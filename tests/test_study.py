@@ -50,7 +50,7 @@ def test_benchmark_records_survive_a_copied_run_dir_but_not_a_changed_draft(tmp_
 def test_features_can_be_cached_with_the_target_in_another_dtype(tmp_path):
     from safetensors.torch import load_file
 
-    from jakiro_lib.data.features import MANIFEST, CacheError
+    from jakiro_lib.data.feature_store import MANIFEST, CacheError
     from jakiro_lib.study import prepare_features
 
     small = {"data.num_conversations": 6, "data.shard_size": 6, "data.max_length": 96}

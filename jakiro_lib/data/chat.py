@@ -248,6 +248,27 @@ def format_conversation(
     return out
 
 
+def messages_of(conv: Any) -> Any:
+    """A conversation's messages, whether it is a dict or a :class:`~jakiro_lib.data.conversations.Conversation`."""
+    return conv["messages"] if isinstance(conv, dict) else conv.messages
+
+
+def conversation_id(conv: Any, index: int) -> str:
+    """A conversation's id, else its ``index`` in the input list."""
+    value = conv.get("id") if isinstance(conv, dict) else getattr(conv, "id", None)
+    return str(index if value is None else value)
+
+
+def tokenize_conversation(tokenizer: Any, conv: Any, max_length: int | None,
+                          template: str) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask) of one conversation in the chat template, cut to ``max_length``."""
+    f = format_conversation(tokenizer, messages_of(conv), template=template, max_length=max_length)
+    ids, mask = list(f.input_ids), list(f.loss_mask)
+    if max_length is not None:
+        ids, mask = ids[:max_length], mask[:max_length]
+    return ids, mask
+
+
 def format_prompt(tokenizer: Any, turns_so_far: Sequence[dict[str, Any]], *, template: str = "auto") -> list[int]:
     """Ids of a prompt that ends with the assistant generation header, ready for decoding.
 

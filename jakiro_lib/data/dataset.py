@@ -19,7 +19,9 @@ import torch
 from safetensors import safe_open
 from torch.utils.data import Dataset
 
-from .features import CacheError, read_manifest, target_features, target_top1, tokenize_conversation, verify_cache
+from .chat import tokenize_conversation
+from .feature_store import CacheError, read_manifest, verify_cache
+from .features import target_features, target_top1
 
 SPLITS = ("train", "heldout", "all")
 

@@ -20,8 +20,9 @@ from ..data.chat import format_conversation
 from ..config import Profile
 from ..data.conversations import load_conversations
 from ..data.distill import regenerate
-from ..data.features import (OPTIONAL_SETTINGS, CacheError, cache_features, estimate_cache, estimate_disk, human_bytes,
-                        read_manifest, verify_cache)
+from ..data.feature_store import (OPTIONAL_SETTINGS, CacheError, estimate_disk, human_bytes, read_manifest,
+                                  verify_cache)
+from ..data.features import cache_features, estimate_cache
 from ..layout import RunLayout
 from ..files import read_json, write_json
 from ..machine import favoured_dtype
@@ -64,7 +65,7 @@ def prepare_features(profile: str | Profile | StudyContext, run_dir: str | Path 
     """Cache target features for ``profile.data.num_conversations`` conversations in ``run_dir/features``.
 
     Resumable and self-verifying (see :func:`jakiro_lib.data.features.cache_features`). A cache made with
-    other settings raises :class:`~jakiro_lib.data.features.CacheError` unless ``force`` (then it is rebuilt).
+    other settings raises :class:`~jakiro_lib.data.feature_store.CacheError` unless ``force`` (then it is rebuilt).
     In online mode (``data.online``) nothing is written; the estimate says what caching would cost.
     ``data.cache_dtype`` runs the target in another dtype for this step only (bf16 on an AMX CPU); "auto"
     picks bf16 where the device has bf16 matrix units, except that a cache already begun resumes in the

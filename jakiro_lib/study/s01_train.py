@@ -21,7 +21,7 @@ import pandas as pd
 
 from ..config import ConfigError, Profile, TargetConfig
 from ..data.dataset import FeatureDataset, OnlineFeatureDataset, build_draft_vocab, token_frequencies, vocab_coverage
-from ..data.features import CacheError, verify_cache
+from ..data.feature_store import CacheError, verify_cache
 from ..layout import TRAIN_STAMP, RunLayout, has_weights
 from ..training.checkpoints import list_checkpoints, saved_vocab
 from ..training.train import RESULTS, train_draft, train_identity
