@@ -595,3 +595,27 @@ def test_a_warm_start_begins_from_the_saved_drafts_weights(target, data, tmp_pat
                       progress=False, init_from=saved)
     # stamps leave a fresh start out (those written before the option still match) and name a warm one
     assert "init_from" not in T.train_identity(cfg()) and T.train_identity(cfg(init_from="r"))["init_from"] == "r"
+
+
+def test_held_out_shards_combined_give_the_whole_sets_metrics(target, data):
+    """Under several processes each evaluates every n-th held-out item and their sums are added up
+    (training's combine): the metrics must be the whole set's, router load and per-depth top-1 included."""
+    train, _ = data
+    torch.manual_seed(0)
+    draft = DraftModel.build(smoke_drafts()["moe2"], target.model).eval()
+    whole = L.evaluate(draft, train, batch_size=2)
+    parts = [L.eval_sums(draft, torch.utils.data.Subset(train, range(i, len(train), 2)), batch_size=2) for i in (0, 1)]
+    assert 0 < parts[0]["count_a"] < whole["tokens_a"]  # each shard is a part
+
+    def add(sums):
+        return {k: parts[0].get(k, 0.0) + parts[1].get(k, 0.0) for k in {*parts[0], *parts[1]}}
+
+    combined = L.evaluate(draft, torch.utils.data.Subset(train, range(0, len(train), 2)), batch_size=2, combine=add)
+    for key in ("acc_a", "acc_b", "loss", "loss_a", "loss_b", "tokens_a", "tokens_b"):
+        # other batch companions (padding) move float32 losses in the 8th digit
+        assert combined[key] == pytest.approx(whole[key], rel=1e-6), key
+    assert combined["acc_depth"] == pytest.approx(whole["acc_depth"]) and combined["router_load"] == pytest.approx(
+        whole["router_load"])
+    assert combined["acc_experts"] == pytest.approx(whole["acc_experts"])
+    one = L.evaluate(draft, torch.utils.data.Subset(train, range(0, len(train), 2)), batch_size=2)
+    assert one["tokens_a"] < whole["tokens_a"]  # without the combine a shard is only a shard

@@ -232,60 +232,74 @@ def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
+Sums = dict[str, float]  # held-out counts and token-weighted loss sums, additive across data shards
+
+
 @torch.no_grad()
 def evaluate(draft: Any, data: Any, *, batch_size: int = 8, p_weight: float = 0.1,
-             branch_b_weight: float = 0.5, max_batches: int | None = None,
-             depths: int = EVAL_DEPTHS) -> dict[str, Any]:
+             branch_b_weight: float = 0.5, max_batches: int | None = None, depths: int = EVAL_DEPTHS,
+             combine: Callable[[Sums], Sums] | None = None) -> dict[str, Any]:
     """Held-out metrics: token-weighted ``acc_a``, ``acc_b`` (None without branch B), ``loss`` (single-step,
     whatever the training unrolled) and its parts, ``router_load`` (fraction of tokens routed to each
     expert), ``acc_depth`` (branch-A top-1 of the draft run d = 1..``depths`` steps on its own features:
     what a tree's depth d sees; ``acc_depth[0] == acc_a``) and ``acc_experts`` (each expert's own top-1
     where it is selected; None for one expert). ``data``: a dataset of items or an iterable of collated
-    batches. No noise; the draft's train/eval mode is restored afterwards."""
+    batches. No noise; the draft's train/eval mode is restored afterwards. ``combine``: where several
+    processes each evaluate a shard of the held-out set, what adds up their sums (every key in every
+    process; training passes a gather across processes), so that each sees the metrics of the whole set."""
+    sums = eval_sums(draft, data, batch_size=batch_size, p_weight=p_weight, branch_b_weight=branch_b_weight,
+                     max_batches=max_batches, depths=depths)
+    return eval_metrics(combine(sums) if combine is not None else sums, depths=depths,
+                        num_experts=_core(draft).cfg.num_experts)
+
+
+@torch.no_grad()
+def eval_sums(draft: Any, data: Any, *, batch_size: int = 8, p_weight: float = 0.1, branch_b_weight: float = 0.5,
+              max_batches: int | None = None, depths: int = EVAL_DEPTHS) -> Sums:
+    """:func:`evaluate`'s additive part: correct and counted tokens, token-weighted losses, batches, and the
+    router's per-expert counts (``load_e<i>``, ``load_tokens``), over ``data``."""
     core = _core(draft)
     was_training = core.training
     core.eval()
     core.router_load(reset=True)
     device = next(core.parameters()).device
-    sums: dict[str, float] = {}
-    batches = 0
+    sums: Sums = {"batches": 0.0}
     try:
         for batch in _batches(data, batch_size):
-            if max_batches is not None and batches >= max_batches:
+            if max_batches is not None and sums["batches"] >= max_batches:
                 break
             _, m = draft_loss(core, _to(batch, device), noise_amplitude=0.0, p_weight=p_weight,
                               branch_b_weight=branch_b_weight, depths=depths)
-            n = m["count_a"]
             for k, v in m.items():
-                if k.startswith(("correct", "count")):
-                    sums[k] = sums.get(k, 0.0) + v
-                elif k.endswith("_b"):
-                    sums[k] = sums.get(k, 0.0) + v * m["count_b"]
-                else:
-                    sums[k] = sums.get(k, 0.0) + v * n
-            batches += 1
-        load = core.router_load(reset=True)
+                weight = 1.0 if k.startswith(("correct", "count")) else m["count_b" if k.endswith("_b") else "count_a"]
+                sums[k] = sums.get(k, 0.0) + v * weight
+            sums["batches"] += 1
+        mlp = core.mlp
+        sums.update({f"load_e{i}": float(c) for i, c in enumerate(mlp.load.tolist())},
+                    load_tokens=float(mlp.load_tokens))
+        core.router_load(reset=True)
     finally:
         core.train(was_training)
+    return sums
+
+
+def eval_metrics(sums: Sums, *, depths: int = EVAL_DEPTHS, num_experts: int = 1) -> dict[str, Any]:
+    """:func:`evaluate`'s metrics from (combined) :func:`eval_sums`."""
     na, nb = sums.get("count_a", 0.0), sums.get("count_b", 0.0)
-    res: dict[str, Any] = {
-        "acc_a": sums["correct_a"] / na if na else None,
-        "acc_b": sums["correct_b"] / nb if nb else None,
-        "loss": sums["loss"] / na if na else None,
-        "router_load": load,
-        "tokens_a": na, "tokens_b": nb, "batches": batches,
-    }
-    for k in ("loss_a", "vloss_a", "ploss_a"):
-        res[k] = sums[k] / na if na else None
-    for k in ("loss_x", "vloss_x", "ploss_x"):
-        res[k] = sums[k] / na if na and k in sums else None
+
+    def per(key: str, count: float) -> float | None:
+        return sums[key] / count if count and key in sums else None
 
     def ratio(correct: str, count: str) -> float | None:
         return sums[correct] / sums[count] if sums.get(count) else None
 
+    res: dict[str, Any] = {"acc_a": per("correct_a", na), "acc_b": per("correct_b", nb), "loss": per("loss", na)}
+    tokens = max(sums.get("load_tokens", 0.0), 1.0)
+    res["router_load"] = [sums.get(f"load_e{i}", 0.0) / tokens for i in range(num_experts)]
+    res.update(tokens_a=na, tokens_b=nb, batches=int(sums.get("batches", 0)))
+    res.update({k: per(k, na) for k in ("loss_a", "vloss_a", "ploss_a", "loss_x", "vloss_x", "ploss_x")})
     res["acc_depth"] = [res["acc_a"]] + [ratio(f"correct_a@{d}", f"count_a@{d}") for d in range(2, depths + 1)]
-    n_experts = core.cfg.num_experts
-    res["acc_experts"] = [ratio(f"correct_e{i}", f"count_e{i}") for i in range(n_experts)] if n_experts > 1 else None
-    for k in ("loss_b", "vloss_b", "ploss_b"):
-        res[k] = sums[k] / nb if nb and k in sums else None
+    res["acc_experts"] = ([ratio(f"correct_e{i}", f"count_e{i}") for i in range(num_experts)]
+                          if num_experts > 1 else None)
+    res.update({k: per(k, nb) for k in ("loss_b", "vloss_b", "ploss_b")})
     return res

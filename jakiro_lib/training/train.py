@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from accelerate.utils import gather_object
+from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 from ..data.batching import EpochSampler, LengthBucketSampler, dataset_lengths
@@ -142,6 +143,15 @@ def _accelerator(target: Any, train_cfg: TrainConfig) -> tuple[Any, str]:
         target.model.to(accelerator.device)
     target.model.requires_grad_(False)
     return accelerator, precision
+
+
+def _sum_over_processes(sums: dict[str, float]) -> dict[str, float]:
+    """Held-out sums added up over the processes (each evaluated a shard), in every process."""
+    total: dict[str, float] = {}
+    for part in gather_object([sums]):
+        for k, v in part.items():
+            total[k] = total.get(k, 0.0) + v
+    return total
 
 
 class _Training:
@@ -285,8 +295,22 @@ class _Training:
         return epoch_metrics.mean()
 
     def held_out(self) -> dict[str, Any]:
-        none = self.heldout_data is None or not len(self.heldout_data)
-        return {} if none else evaluate(self.core, self.heldout_data, **self.eval_kw)
+        """The held-out metrics of the whole set; under several processes each evaluates every n-th item and
+        their sums are added up (every process then holds the whole set's metrics)."""
+        data = self.heldout_data
+        if data is None or not len(data):
+            return {}
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return evaluate(self.core, data, **self.eval_kw)
+        shard = Subset(data, range(acc.process_index, len(data), acc.num_processes))
+        return {**evaluate(self.core, shard, combine=_sum_over_processes, **self.eval_kw),
+                "processes": acc.num_processes}
+
+    def tokens_trained(self) -> int:
+        """Training tokens seen by every process together (each counts its own batches)."""
+        seen = torch.as_tensor(self.tokens_seen, device=self.accelerator.device, dtype=torch.float64)
+        return int(self.accelerator.reduce(seen, reduction="sum")) if self.accelerator.num_processes > 1 else int(seen)
 
     def save_checkpoint(self, name: str) -> None:
         """The draft and the optimiser, scheduler and RNG state, atomically; the oldest beyond
@@ -313,12 +337,13 @@ class _Training:
         """The final draft (``draft/``), the history and ``results.json``; returns the results."""
         last_eval = self.last_eval or self.held_out()
         core, acc = self.core, self.accelerator
+        tokens = self.tokens_trained()  # every process's, over the main process's training time
         results = {
             "acc_a": last_eval.get("acc_a"), "acc_b": last_eval.get("acc_b"), "heldout_loss": last_eval.get("loss"),
             "router_load": last_eval.get("router_load"), "heldout": last_eval,
             "steps": self.global_step, "epochs_completed": self.epoch,
             "wall_time_s": self.elapsed_before + time.perf_counter() - self.t0,
-            "train_tokens_per_s": int(self.tokens_seen) / self.train_time if self.train_time > 0 else None,
+            "train_tokens": tokens, "train_tokens_per_s": tokens / self.train_time if self.train_time > 0 else None,
             "n_params": core.n_params(), "unroll_steps": self.step_kw["unroll_steps"],
             "intermediate_size": core.mlp.experts[0].up_proj.out_features,  # each expert's MLP width, as built
             "acc_depth": last_eval.get("acc_depth"), "acc_experts": last_eval.get("acc_experts"),
