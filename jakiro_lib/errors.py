@@ -10,7 +10,7 @@ from typing import Callable
 # when its module is loaded (it cannot have been raised otherwise), so classifying imports nothing heavy.
 KNOWN_ERRORS: dict[str, tuple[str, ...]] = {
     "jakiro_lib.config": ("ConfigError",), "jakiro_lib.models.draft": ("DraftLoadError",),
-    "jakiro_lib.data.feature_store": ("CacheError",), "jakiro_lib.data.conversations": ("DataError",),
+    "jakiro_lib.data.feature_store": ("CacheError",), "jakiro_lib.data.sources": ("DataError",),
     "jakiro_lib.training.train": ("TrainError",),
     "jakiro_lib.training.checkpoints": ("CheckpointError",),
     "jakiro_lib.report.pipeline": ("PipelineError",), "jakiro_lib.models.target": ("TargetError",),

