@@ -6,7 +6,8 @@ layer (first RMSNorm skipped, no final norm) produces o_t ~ f_{t+1}; the target'
 it into next-token logits. The MoE block also returns each expert's own feature (decoupled candidates)
 and the CEPD branch B, which predicts f_{t+2}.
 
-Its building blocks (attention, the MoE block, the KV cache) are in :mod:`jakiro_lib.models.draft_blocks`.
+Its config-free building blocks (attention, the KV cache, a SwiGLU expert) are in
+:mod:`jakiro_lib.models.draft_blocks`.
 The training losses live here (:meth:`DraftModel.feature_loss`, :meth:`DraftModel.expert_loss`), as
 does the multi-step forward that training-time test unrolls (:meth:`DraftModel.unroll`); ``train.py``
 feeds them batches.
@@ -26,7 +27,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from . import kernels
-from .draft_blocks import DraftAttention, DraftOutput, KVCache, MoEBlock, mlp_width, unroll_mask
+from .draft_blocks import DraftAttention, DraftOutput, KVCache, SwiGLU, soft_cross_entropy, unroll_mask
 from ..config import DraftConfig
 from ..layout import CONFIG_FILE, WEIGHTS_FILE
 from ..files import atomic_path
@@ -39,33 +40,65 @@ class DraftLoadError(RuntimeError):
     """A saved draft does not match what it is loaded for (missing files, other target, bad keys)."""
 
 
-class _SoftCrossEntropy(torch.autograd.Function):
-    """Per-row -sum_v p_v log softmax(z)_v, with the gradient softmax(z) - p computed directly.
+class MoEBlock(nn.Module):
+    """E SwiGLU experts with a router split into branch A (top-k mixture) and branch B (CEPD)."""
 
-    The same value as ``-(p * z.log_softmax(-1)).sum(-1)``, without the [rows, vocabulary] product and
-    negation and their backward passes (with several such passes per step, the vocabulary-wide elementwise
-    work rivalled the GEMMs in a CPU training step). Valid because each row of ``p`` sums to 1.
-    """
+    def __init__(self, hidden: int, cfg: DraftConfig, inter: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.experts = nn.ModuleList(SwiGLU(hidden, inter) for _ in range(cfg.num_experts))
+        n_router = cfg.num_experts * (2 if cfg.branch_b else 1)
+        self.router = nn.Linear(hidden, n_router, bias=False) if cfg.num_experts > 1 or cfg.branch_b else None
+        self.register_buffer("load", torch.zeros(cfg.num_experts), persistent=False)
+        self.register_buffer("load_tokens", torch.zeros(()), persistent=False)
+        self.count_load = True  # off while DraftModel.unroll runs its later steps (router_load: step 0 only)
 
-    @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-        log_q = logits.log_softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32))  # [..., V]
-        p = p.to(log_q.dtype)
-        ctx.save_for_backward(log_q, p)
-        ctx.logits_dtype = logits.dtype
-        return -torch.linalg.vecdot(p, log_q)  # [...]
+    def _topk_weights(self, logits: torch.Tensor, k: int) -> torch.Tensor:
+        gates = logits.softmax(-1)
+        if k >= gates.shape[-1]:
+            return gates
+        top = gates.topk(k, dim=-1)
+        weights = torch.zeros_like(gates).scatter(-1, top.indices, top.values)
+        return weights / weights.sum(-1, keepdim=True)
 
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        log_q, p = ctx.saved_tensors
-        g = log_q.exp().sub_(p).mul_(grad.unsqueeze(-1))  # [..., V]
-        return g.to(ctx.logits_dtype), None
+    def forward(self, u: torch.Tensor, residual: torch.Tensor) -> DraftOutput:
+        cfg = self.cfg
+        outs = torch.stack([e(u) for e in self.experts], dim=-2)  # [B, L, E, H]
+        E = cfg.num_experts
+        if self.router is None:
+            gates_a = torch.ones(*u.shape[:-1], 1, dtype=u.dtype, device=u.device)
+            logits_b = None
+        else:
+            logits = self.router(u)
+            gates_a = self._topk_weights(logits[..., :E], cfg.top_k_experts) if E > 1 else torch.ones_like(logits[..., :1])
+            logits_b = logits[..., E:] if cfg.branch_b else None
+        a = residual + (gates_a.unsqueeze(-1) * outs).sum(-2)
+        b = None
+        if logits_b is not None:
+            gb = logits_b.softmax(-1)
+            if cfg.contrastive:
+                top = gb.topk(2, dim=-1)  # the higher- and lower-gated of the two leading experts
+                hi = torch.gather(outs, -2, top.indices[..., :1, None].expand(*outs.shape[:-2], 1, outs.shape[-1]))
+                lo = torch.gather(outs, -2, top.indices[..., 1:, None].expand(*outs.shape[:-2], 1, outs.shape[-1]))
+                b = residual + top.values[..., :1] * hi.squeeze(-2) - top.values[..., 1:] * lo.squeeze(-2)
+            else:
+                wb = self._topk_weights(logits_b, cfg.top_k_experts) if E > 1 else gb
+                b = residual + (wb.unsqueeze(-1) * outs).sum(-2)
+        if not self.training and self.count_load:
+            with torch.no_grad():
+                self.load += (gates_a > 0).float().reshape(-1, E).sum(0)
+                self.load_tokens += gates_a.reshape(-1, E).shape[0]
+        return DraftOutput(a=a, b=b, experts=residual.unsqueeze(-2) + outs, gates=gates_a)
 
 
-def soft_cross_entropy(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """-sum_v p_v log softmax(logits)_v over the last dimension, in at least fp32; ``p`` (rows summing to 1) is a
-    constant target: no gradient flows to it."""
-    return _SoftCrossEntropy.apply(logits, p.detach())
+def mlp_width(cfg: DraftConfig, target_config: Any) -> int:
+    """The experts' intermediate size: the target's hidden size (None), the target's own MLP width
+    ("target": EAGLE-2's draft layer) or the configured number."""
+    if cfg.intermediate_size is None:
+        return target_config.hidden_size
+    if cfg.intermediate_size == "target":
+        return target_config.intermediate_size
+    return int(cfg.intermediate_size)
 
 
 class DraftModel(nn.Module):
