@@ -14,6 +14,7 @@ import pytest
 
 from jakiro_lib.report import pipeline
 from jakiro_lib.training import scale as S
+from jakiro_lib.training import scale_plan as SP
 from jakiro_lib.config import ConfigError
 from jakiro_lib.profiles import DEFAULT_SCALE, get_profile
 from jakiro_lib.report.pipeline import run_pipeline
@@ -36,13 +37,13 @@ def test_choice_fits_the_budget_and_buys_conversations_before_epochs():
     assert budget == pytest.approx(S.MAIN_JOB_MINUTES * 60 * (1 - S.MARGIN) - 30 * 60 - 60)
     c = S.choose_scale(rates)
     assert c.seconds == pytest.approx(S.planned_seconds(rates, c.num_conversations, c.epochs)) and c.seconds <= budget
-    assert (c.num_conversations, c.epochs) == (4000, 3) and c.num_conversations % S.STEP == 0
+    assert (c.num_conversations, c.epochs) == (4000, 3) and c.num_conversations % SP.STEP == 0
     assert c.num_conversations >= S.CONVERSATIONS_PER_EPOCH * c.epochs
     # one more epoch would leave fewer conversations per epoch than the rule asks, or not fit
     more = S.most_conversations(rates, c.epochs + 1, budget)
     assert more < S.CONVERSATIONS_PER_EPOCH * (c.epochs + 1)
     # and the step above the chosen conversations does not fit
-    assert S.planned_seconds(rates, c.num_conversations + S.STEP, c.epochs) > budget
+    assert S.planned_seconds(rates, c.num_conversations + SP.STEP, c.epochs) > budget
 
 
 def test_a_slow_machine_gets_the_floor_and_says_so():
@@ -92,7 +93,7 @@ def test_rates_come_from_the_stage_plan_with_the_compile_gain(monkeypatch):
     r = S.rates(p, m)
     assert r.cache_s_per_token == pytest.approx(1 / 1000)
     per_token = (1 / 4000 + 1 / 5000 + 1 / 2000 + 1 / 1000 + 2 / 4000 + 2 / 2000) * (1 - p.data.heldout_fraction)
-    assert r.train_s_per_token == pytest.approx(per_token / S.COMPILE_GAIN)
+    assert r.train_s_per_token == pytest.approx(per_token / SP.COMPILE_GAIN)
     assert r.bench_s == pytest.approx(S.BENCH_SECONDS_PER_T1_MS * 40.0) and r.measure_s == 70.0
     eager = S.rates(get_profile("default", **{"train.compile": "no"}), m)
     assert eager.train_s_per_token == pytest.approx(per_token)
