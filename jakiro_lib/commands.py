@@ -34,7 +34,8 @@ from .study.tables import category_table, display_table, study_table, write_tabl
 from .models.target import load_target
 from .training.scale import SCALE_JSON, recorded_scale
 from .training.scale import set_keys as scale_keys
-from .training.throughput import format_plan, format_table, plan_from, run_throughput
+from .training.throughput import format_table, plan_from, run_throughput
+from .training.throughput_plan import format_plan
 from .files import write_json
 from .machine import main_rank, run_metadata
 

@@ -12,6 +12,7 @@ import torch
 from jakiro_lib.data import dataset as D
 from jakiro_lib.data import features as F
 from jakiro_lib.training import throughput as TP
+from jakiro_lib.training import throughput_plan as TPP
 from jakiro_lib.training import train as T
 from jakiro_lib.models import loss as L
 from jakiro_lib import machine
@@ -82,7 +83,7 @@ def test_throughput_command_writes_its_table(conversations_file, tmp_path, capsy
     assert {"cpu_capability", "cpu_flags", "favoured_dtype", "threads", "torch", "device"} <= set(env)
     assert not list(out.glob(".features.*"))  # the temporary feature cache is gone
     plan = pd.read_csv(out / TP.PLAN_CSV)  # the smoke profile's whole data (8 conversations) and every draft
-    assert list(plan.columns) == list(TP.PLAN_COLUMNS) and list(plan["stage"]).count("train") == len(get_profile("smoke").drafts)
+    assert list(plan.columns) == list(TPP.PLAN_COLUMNS) and list(plan["stage"]).count("train") == len(get_profile("smoke").drafts)
     assert plan["tokens"].iloc[0] > cache["tokens"].iloc[0] and list(plan["stage"])[::len(plan) - 1] == ["cache", "total"]
     printed = capsys.readouterr().out
     assert all(col in printed for col in ("tokens_per_s", "speedup", "forward_ms", "step_ms"))

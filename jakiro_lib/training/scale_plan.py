@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..config import Profile
 from ..profiles import DEFAULT_SCALE, override
-from .throughput import stage_plan
+from .throughput_plan import measured_favoured, stage_plan
 from ..machine import compiles_step, resolve_precision
 
 MAIN_JOB_MINUTES = 90
@@ -146,15 +146,10 @@ def rates(profile: Profile, m: Measurement) -> Rates:
                  bench_s=BENCH_SECONDS_PER_T1_MS * m.t1_ms, measure_s=m.seconds)
 
 
-def _favoured(table: pd.DataFrame) -> str | None:
-    """The dtype the measuring machine favours: the one its rows used besides fp32 (as stage_plan reads it)."""
-    return next((d for d in table.loc[table["part"] == "cache", "dtype"] if d != "float32"), None)
-
-
 def compile_gain(profile: Profile, table: pd.DataFrame) -> float:
     """What a compiled training step is assumed to gain over the measured eager one: COMPILE_GAIN where the profile
     compiles its step, else 1."""
-    precision = resolve_precision(profile.train.mixed_precision, _favoured(table))
+    precision = resolve_precision(profile.train.mixed_precision, measured_favoured(table))
     return COMPILE_GAIN if compiles_step(profile.train.compile, precision) else 1.0
 
 

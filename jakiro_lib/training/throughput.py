@@ -26,7 +26,7 @@ padding. ``speedup`` compares a row with the first row of its part (one conversa
 fp32 unbucketed training). Writes ``throughput.csv``, ``throughput_config.json`` and
 ``throughput_env.json`` (hardware, versions, threads) to the output directory, and ``plan.csv``: the
 throughput model, the profile's caching and training stages in expected minutes on this machine
-(:func:`stage_plan`).
+(:func:`~jakiro_lib.training.throughput_plan.stage_plan`).
 """
 from __future__ import annotations
 
@@ -49,9 +49,10 @@ from ..models.draft import DraftModel
 from ..data.features import cache_features, estimate_cache, length_batches, shard_tensors
 from ..models.target import load_target
 from ..models.loss import step_loss, train_collate, training_loss_options
+from .throughput_plan import stage_plan
 from ..files import write_json
-from ..machine import (compiles_step, cpu_flags, favoured_dtype, keep_freed_memory, resolve_precision, run_metadata,
-                       seed_everything, synchronize)
+from ..machine import (compiles_step, cpu_flags, favoured_dtype, keep_freed_memory, run_metadata, seed_everything,
+                       synchronize)
 
 CSV = "throughput.csv"
 PLAN_CSV = "plan.csv"
@@ -266,8 +267,9 @@ def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int 
 
     ``conversations`` of the profile's training data are cached and trained on; ``steps`` training steps
     per variant (after ``warmup`` untimed ones); ``drafts``: names from ``profile.drafts`` (default: the
-    first). Returns the table (also ``out_dir/throughput.csv``) and :func:`stage_plan` for the profile's whole
-    data (``data.num_conversations``, tokenized; also ``out_dir/plan.csv``).
+    first). Returns the table (also ``out_dir/throughput.csv``) and
+    :func:`~jakiro_lib.training.throughput_plan.stage_plan` for the profile's whole data (``data.num_conversations``,
+    tokenized; also ``out_dir/plan.csv``).
     """
     if conversations < 1 or steps < 1 or warmup < 0 or not cache_batch_sizes or min(cache_batch_sizes) < 1:
         raise ValueError("need conversations >= 1, steps >= 1, warmup >= 0 and cache batch sizes >= 1")
@@ -337,78 +339,6 @@ def plan_from(profile: Profile, table_csv: str | Path, out_dir: str | Path) -> p
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     plan.to_csv(Path(out_dir) / PLAN_CSV, index=False)
     return plan
-
-
-# --------------------------------------------------------------------------------------------------
-# The throughput model: the profile's stages on this machine
-# --------------------------------------------------------------------------------------------------
-
-
-PLAN_COLUMNS = ("stage", "draft", "basis", "tokens", "tokens_per_s", "seconds", "minutes")
-
-
-def _prefer(rows: pd.DataFrame, column: str, value: Any) -> pd.DataFrame:
-    """The rows where ``column`` equals ``value`` if there are any, else all of them."""
-    match = rows[rows[column] == value]
-    return match if not match.empty else rows
-
-
-def stage_plan(profile: Profile, table: pd.DataFrame, *, tokens: int) -> pd.DataFrame:
-    """Expected seconds of ``profile``'s caching and training stages on the machine that measured ``table``.
-
-    Caching: ``tokens`` (the profile's conversations, tokenized: :func:`jakiro_lib.data.features.estimate_cache`) at
-    the rate of the cache row in the dtype caching would use (``data.cache_dtype``) and the measured batch nearest
-    ``data.cache_batch_size``. Training, per draft: ``train.epochs`` x the training split's tokens at the rate of
-    that draft's row in the profile's precision, compilation and bucketing (freed memory kept where measured); a
-    draft not measured takes the rate of a measured one with the same MLP kind, scaled by their unroll steps (each
-    unroll step is a forward more; ``basis`` says so). Not counted: compilation, held-out evaluation, disk writes
-    and the benchmarks, so a whole stage takes longer (docs/results.md compares a main job with its plan).
-    """
-    rows: list[dict[str, Any]] = []
-    # the dtype that machine favours: the one its rows measured besides fp32 (run_throughput measures both)
-    favoured = next((d for d in table.loc[table["part"] == "cache", "dtype"] if d != "float32"), None)
-    setting = profile.data.cache_dtype
-    dtype = (favoured or profile.target.dtype) if setting == "auto" else setting or profile.target.dtype
-    cache = table[(table["part"] == "cache") & (table["dtype"] == dtype)]
-    if not cache.empty:
-        cache = _prefer(cache, "allocator", "kept")
-        best = cache.loc[(cache["batch_size"] - profile.data.cache_batch_size).abs().idxmin()]
-        rows.append({"stage": "cache", "draft": "", "basis": f"{best['variant']} ({dtype})", "tokens": tokens,
-                     "tokens_per_s": best["tokens_per_s"]})
-    precision = resolve_precision(profile.train.mixed_precision, favoured)
-    train = table[(table["part"] == "train") & (table["dtype"] == ("bf16 autocast" if precision == "bf16" else "float32"))]
-    train = _prefer(_prefer(_prefer(train, "compiled", compiles_step(profile.train.compile, precision)),
-                            "allocator", "kept"), "bucketed", profile.train.bucket_by_length)
-    measured = {r["draft"]: r for _, r in train.iterrows()}
-    train_tokens = round(tokens * (1.0 - profile.data.heldout_fraction))
-    unroll = {n: c.unroll_steps or profile.train.unroll_steps for n, c in profile.drafts.items()}
-    for name, cfg in profile.drafts.items():
-        if name in measured:
-            basis, rate = measured[name]["variant"], measured[name]["tokens_per_s"]
-        else:
-            same = [m for m in measured if profile.drafts[m].mlp == cfg.mlp] or list(measured)
-            if not same:
-                continue
-            ref = same[0]
-            rate = measured[ref]["tokens_per_s"] * unroll[ref] / unroll[name]
-            basis = f"as {measured[ref]['variant']}" + (f" x {unroll[ref]}/{unroll[name]} unroll steps"
-                                                        if unroll[ref] != unroll[name] else "")
-        rows.append({"stage": "train", "draft": name, "basis": basis, "tokens": profile.train.epochs * train_tokens,
-                     "tokens_per_s": rate})
-    plan = pd.DataFrame(rows).reindex(columns=list(PLAN_COLUMNS))
-    plan["seconds"] = plan["tokens"] / plan["tokens_per_s"]
-    total = {"stage": "total", "draft": "", "basis": "caching + training", "tokens": float("nan"),
-             "tokens_per_s": float("nan"), "seconds": plan["seconds"].sum()}
-    plan = pd.concat([plan, pd.DataFrame([total])], ignore_index=True) if rows else plan
-    plan["minutes"] = plan["seconds"] / 60.0
-    return plan
-
-
-def format_plan(plan: pd.DataFrame) -> str:
-    """The plan as the command prints it: expected minutes per stage and the measured rate behind each."""
-    formats = {"tokens": "{:,.0f}".format, "tokens_per_s": "{:,.0f}".format, "minutes": "{:.1f}".format}
-    return plan[["stage", "draft", "tokens", "tokens_per_s", "minutes", "basis"]].to_string(
-        index=False, na_rep="", formatters=formats)
 
 
 def format_table(table: pd.DataFrame) -> str:
