@@ -10,7 +10,7 @@ from helpers import single_thread
 from jakiro_lib.measure import budgets, costmodel
 from jakiro_lib.measure.budgets import TUNE_PROMPTS, resolve_tree_budgets, tuning_prompts
 from jakiro_lib.config import TargetConfig
-from jakiro_lib.profiles import get_profile
+from jakiro_lib.profiles import EAGLE2_DRAFT, JAKIRO_DRAFT, get_profile
 from jakiro_lib.data.conversations import Question, load_conversations, load_questions
 from jakiro_lib.data.dataset import split_indices
 from jakiro_lib.models.draft import DraftModel
@@ -28,7 +28,7 @@ def target():
 def tiny_run(tmp_path_factory, target):
     root = tmp_path_factory.mktemp("budgets")
     profile = get_profile("smoke")  # a fixed 8-token tree; the main study adds the "_auto" methods
-    for name in ("dense", "moe2"):
+    for name in (EAGLE2_DRAFT, JAKIRO_DRAFT):  # the main study's drafts
         DraftModel.build(profile.drafts[name], target.model).eval().save(root / "drafts" / name / "draft")
     return profile, root
 

@@ -12,6 +12,7 @@ from jakiro_lib.cli import main
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.measure.gpucheck import CHECK_SETTINGS, check_profile, gpu_check
 from jakiro_lib.models.target import load_target
+from jakiro_lib.profiles import EAGLE2_DRAFT, JAKIRO_DRAFT
 
 from helpers import single_thread
 
@@ -28,7 +29,7 @@ def test_check_profile_is_the_exact_setting_on_the_device():
 def test_gpu_check_writes_records_goals_and_the_cycle_breakdown(tmp_path):
     prof = check_profile("smoke", "cpu", **SMALL)
     target = load_target(prof.target)
-    for name in ("dense", "moe2"):
+    for name in (EAGLE2_DRAFT, JAKIRO_DRAFT):  # the main study's drafts
         DraftModel.build(prof.drafts[name], target.model).eval().save(tmp_path / "drafts" / name / "draft")
     methods = ("vanilla", "hf_generate", "vanilla_static", "jakiro_auto")  # the profiled method need not be one
     with single_thread():

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from jakiro_lib.profiles import get_profile
+from jakiro_lib.profiles import EAGLE2_DRAFT, JAKIRO_DRAFT, get_profile
 from jakiro_lib.report.pipeline import NOTEBOOK_DIR, STAGES, PipelineError, run_pipeline, select_stages
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -142,9 +142,9 @@ def test_pipeline_failure_names_notebook_and_partial_copy(tmp_path, monkeypatch)
 SMOKE_OVERRIDES = {
     "bench.limit": 1,
     "bench.max_new_tokens": 8,
-    # exercise the reduced draft vocabulary (shared by the two drafts that ask for 128 tokens)
-    "drafts.dense.draft_vocab_size": 128,
-    "drafts.moe2.draft_vocab_size": 128,
+    # exercise the reduced draft vocabulary (shared by the main study's two drafts, which ask for 128 tokens)
+    f"drafts.{EAGLE2_DRAFT}.draft_vocab_size": 128,
+    f"drafts.{JAKIRO_DRAFT}.draft_vocab_size": 128,
 }
 
 

@@ -231,7 +231,6 @@ def test_cost_model_times_target_and_both_vocabularies(tiny_run):
 def test_auto_tree_budget_is_tuned_once_and_cached(tiny_run, monkeypatch):
     target, profile, root = tiny_run
     methods = study_methods(profile.tree, root / "drafts", study="main")
-    methods = {k: v for k, v in methods.items() if v.kind != "spec" or "moe2_" not in (v.draft or "")}
     monkeypatch.setattr("jakiro_lib.measure.budgets.TUNE_SIZES", (1, 2, 4, 8))
     monkeypatch.setattr("jakiro_lib.measure.budgets.TUNE_PROMPTS", 2)
     with single_thread():

@@ -7,7 +7,7 @@ groups (:func:`group_names`) and the serialised form in stamps and ``bench_confi
 (:func:`portable`) are all read from here.
 
 Kinds: ``vanilla`` (our cached loop), ``hf`` (HF ``generate``), ``pld`` (HF prompt lookup) and ``spec``
-(a feature draft with a tree config: EAGLE-2 with the dense draft, Jakiro with a MoE draft, Jakiro +
+(a feature draft with a tree config: EAGLE-2 with the dense draft, Jakiro with a MoE draft (:data:`JAKIRO_DRAFT`), Jakiro +
 CEPD with ``ar_steps``; docs/DESIGN.md section 3).
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ..decoding.result import GenerationResult
 from ..models.draft import DraftModel
 from ..decoding.drafting import make_drafter
 from ..layout import draft_name, draft_path
+from ..profiles import EAGLE2_DRAFT, JAKIRO_DRAFT
 from ..decoding.static import static_generate, static_vanilla_generate
 from ..models.target import Target
 from ..decoding.verify import SamplingParams
@@ -203,14 +204,14 @@ MAIN = (
     Method("hf_generate", "hf", group="hf"),
     Method("hf_compiled", "hf", compile=True, group="hf", when="compiled"),
     Method("hf_prompt_lookup", "pld", group="pld"),
-    Method("eagle2", SPEC, "dense", group="eagle2"),
-    Method("jakiro", SPEC, "moe2", _JAKIRO, group="jakiro"),
-    Method("jakiro_cepd", SPEC, "moe2", {**_JAKIRO, "ar_steps": CEPD}, group="jakiro"),
-    Method("eagle2_auto", SPEC, "dense", {"total_tokens": "auto"}, group="eagle2", when="tuned"),
-    Method("jakiro_auto", SPEC, "moe2", {**_JAKIRO, "total_tokens": "auto"}, group="jakiro", when="tuned"),
+    Method("eagle2", SPEC, EAGLE2_DRAFT, group="eagle2"),
+    Method("jakiro", SPEC, JAKIRO_DRAFT, _JAKIRO, group="jakiro"),
+    Method("jakiro_cepd", SPEC, JAKIRO_DRAFT, {**_JAKIRO, "ar_steps": CEPD}, group="jakiro"),
+    Method("eagle2_auto", SPEC, EAGLE2_DRAFT, {"total_tokens": "auto"}, group="eagle2", when="tuned"),
+    Method("jakiro_auto", SPEC, JAKIRO_DRAFT, {**_JAKIRO, "total_tokens": "auto"}, group="jakiro", when="tuned"),
     Method("lookup_only", SPEC, None, {"lookup_tokens": LOOKUP_TOKENS}, group="lookup_only"),
-    Method("eagle2_lookup", SPEC, "dense", _LOOKUP, group="eagle2_lookup"),
-    Method("jakiro_lookup", SPEC, "moe2", {**_JAKIRO, **_LOOKUP}, group="jakiro_lookup"),
+    Method("eagle2_lookup", SPEC, EAGLE2_DRAFT, _LOOKUP, group="eagle2_lookup"),
+    Method("jakiro_lookup", SPEC, JAKIRO_DRAFT, {**_JAKIRO, **_LOOKUP}, group="jakiro_lookup"),
 )
 
 ABLATIONS = (
@@ -310,7 +311,7 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
                   engine: str = "loop") -> dict[str, MethodSpec]:
     """The method sets the notebooks compare; drafts are read from ``drafts_dir/<name>/draft``.
 
-    ``main``: the baselines, EAGLE-2 (dense draft), Jakiro (2 experts, decoupled) and Jakiro + CEPD on
+    ``main``: the baselines, EAGLE-2 (dense draft), Jakiro (2 experts, decoupled, on :data:`JAKIRO_DRAFT`) and Jakiro + CEPD on
     ``tree``; with ``tuned`` (and a fixed ``tree.total_tokens``) also ``eagle2_auto`` and ``jakiro_auto``,
     the same drafts with the tree budget tuned for the machine (``total_tokens="auto"``); and this
     repository's extension ``eagle2_lookup`` / ``jakiro_lookup``: that tree (tuned unless ``tuned`` is
