@@ -160,21 +160,12 @@ def draft_loss(draft: Any, batch: dict[str, torch.Tensor], *, noise_amplitude: f
     """
     core = _core(draft)
     hidden = batch["hidden"]
-    B, T, H = hidden.shape
-    if T < 2:
+    if hidden.shape[1] < 2:
         raise ValueError("sequences need at least 2 tokens")
-    param_dtype = next(core.parameters()).dtype
     mask = batch["loss_mask"].float()
     if "attention_mask" in batch:
         mask = mask * batch["attention_mask"].to(mask.dtype)
-    feats = hidden[:, :-1].to(param_dtype)
-    if core.training and noise_amplitude > 0:
-        lengths = batch.get("lengths")
-        L = lengths.to(feats.device).float() if lengths is not None else torch.full((B,), float(T), device=feats.device)
-        amp = (noise_amplitude * 512.0 / L.clamp_min(1.0)).to(param_dtype).view(B, 1, 1)
-        feats = feats + (torch.rand_like(feats) - 0.5) * amp
-    ids = batch["input_ids"][:, 1:]
-    pos = torch.arange(T - 1, device=hidden.device).unsqueeze(0).expand(B, -1)
+    feats, ids, pos = _draft_inputs(core, batch, noise_amplitude)
     n_steps = max(unroll_steps, depths)
     outs = draft(feats, ids, pos, steps=n_steps) if n_steps > 1 else [draft(feats, ids, pos)]
     tg = _targets(core, batch, mask)
@@ -184,13 +175,7 @@ def draft_loss(draft: Any, batch: dict[str, torch.Tensor], *, noise_amplitude: f
     loss = hidden.new_zeros((), dtype=torch.float32)
     for j, out in enumerate(outs):
         parts = _step_losses(core, out, tg, j, p_weight, experts=expert_on or (j == 0 and not core.training))
-        step = parts["a"]["loss"]
-        if "b" in parts:
-            step = step + branch_b_weight * parts["b"]["loss"]
-        elif out.b is not None:  # keep branch B's parameters in the graph (DDP) with a zero contribution
-            step = step + 0.0 * out.b.sum()
-        if expert_on and "x" in parts:
-            step = step + core.cfg.expert_loss_weight * parts["x"]["loss"]
+        step = _step_total(core, out, parts, branch_b_weight)
         if j < unroll_steps:
             loss = loss + UNROLL_DECAY ** j * step
         if j == 0:
@@ -204,6 +189,34 @@ def draft_loss(draft: Any, batch: dict[str, torch.Tensor], *, noise_amplitude: f
     if not sync:
         return loss, dict(zip(names, stacked.unbind(0)))
     return loss, dict(zip(names, stacked.tolist()))  # one device sync
+
+
+def _draft_inputs(core: DraftModel, batch: dict[str, torch.Tensor], noise_amplitude: float
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The draft's inputs: features f_0..f_{T-2} [B, T-1, H] (noised in training mode), ids x_1..x_{T-1} and
+    positions 0..T-2 [B, T-1]."""
+    hidden = batch["hidden"]
+    B, T, _ = hidden.shape
+    feats = hidden[:, :-1].to(next(core.parameters()).dtype)
+    if core.training and noise_amplitude > 0:
+        lengths = batch.get("lengths")
+        L = lengths.to(feats.device).float() if lengths is not None else torch.full((B,), float(T), device=feats.device)
+        amp = (noise_amplitude * 512.0 / L.clamp_min(1.0)).to(feats.dtype).view(B, 1, 1)
+        feats = feats + (torch.rand_like(feats) - 0.5) * amp
+    pos = torch.arange(T - 1, device=hidden.device).unsqueeze(0).expand(B, -1)
+    return feats, batch["input_ids"][:, 1:], pos
+
+
+def _step_total(core: DraftModel, out: DraftOutput, parts: dict[str, Losses], branch_b_weight: float) -> torch.Tensor:
+    """One unroll step's loss: branch A, branch B weighted, the per-expert loss (where the draft trains it)."""
+    step = parts["a"]["loss"]
+    if "b" in parts:
+        step = step + branch_b_weight * parts["b"]["loss"]
+    elif out.b is not None:  # keep branch B's parameters in the graph (DDP) with a zero contribution
+        step = step + 0.0 * out.b.sum()
+    if core.cfg.expert_loss != "off" and "x" in parts:
+        step = step + core.cfg.expert_loss_weight * parts["x"]["loss"]
+    return step
 
 
 def _step0_metrics(parts: dict[str, Losses], names: list[str], values: list[torch.Tensor]) -> None:
