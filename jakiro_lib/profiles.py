@@ -72,8 +72,9 @@ def _paper(model: str, template: str = "auto") -> Profile:
     )
 
 
-def _profiles() -> dict[str, Profile]:
-    smoke = Profile(
+def _smoke() -> Profile:
+    """A tiny random target and every draft of the catalogue: the whole pipeline in two minutes (tests, CI)."""
+    return Profile(
         name="smoke",
         target=TargetConfig(model="tiny:llama", max_context=512),
         data=DataConfig(num_conversations=24, max_length=192, shard_size=8, heldout_fraction=0.2),
@@ -82,6 +83,10 @@ def _profiles() -> dict[str, Profile]:
         bench=BenchConfig(limit=2, max_new_tokens=16, temperatures=(0.0, 1.0)),
         drafts=_study_drafts(None),
     )
+
+
+def _default() -> Profile:
+    """The built-in offline main job on a CPU."""
     # Sized for a 2-core CPU and a <= 90 min main job (docs/DESIGN.md sections 9 and 11): small trees (T(n) grows
     # fast on CPU; "_auto" methods tune the budget on the machine), a reduced draft vocabulary, CPU fast paths for
     # the target, the six drafts of DEFAULT_DRAFTS at one budget, lr 2e-3 (the best of 5e-4..5e-3, docs/results.md),
@@ -89,7 +94,7 @@ def _profiles() -> dict[str, Profile]:
     # (`bench --temperature 1` adds sampling); 10 MT-bench questions (20 turns). bf16 caching and a compiled bf16
     # training step where the CPU has bf16 units ("auto").
     conversations, epochs = DEFAULT_SCALE
-    default = Profile(
+    return Profile(
         name="default",
         target=TargetConfig(model="builtin:smollm2", max_context=2048, packed_gemm=64),
         data=DataConfig(num_conversations=conversations, max_length=384, shard_size=50, cache_dtype="auto",
@@ -99,12 +104,16 @@ def _profiles() -> dict[str, Profile]:
         bench=BenchConfig(limit=10, max_new_tokens=64, temperatures=(0.0,)),
         drafts={k: v for k, v in _study_drafts(8192).items() if k in DEFAULT_DRAFTS},
     )
+
+
+def _gpu() -> Profile:
+    """The built-in target at the paper's scale on one GPU."""
     # One GPU and no hub (issue 22): the built-in SmolLM2 in bf16 on cuda, all the packaged ShareGPT
     # conversations (17,671 records, ~17.3k kept), the paper's 20 epochs and 60-token trees (docs/DESIGN.md
     # sections 4-5). Batch 32 at lr 2e-3 kept held-out top-1 rising over 4 epochs on an H100 (issue 22). The
     # reduced draft vocabulary stays (SmolLM2's 49152-token lm_head dominates the draft's cost); the training
     # step is not compiled until measured on a GPU. Only the packaged benchmarks, 20 questions each.
-    gpu = Profile(
+    return Profile(
         name="gpu",
         target=TargetConfig(model="builtin:smollm2", dtype="bfloat16", device="cuda", max_context=4096),
         data=DataConfig(num_conversations=17_671, max_length=2048, shard_size=256, feature_dtype="bfloat16",
@@ -114,6 +123,10 @@ def _profiles() -> dict[str, Profile]:
         bench=BenchConfig(benchmarks=("mt_bench", "humaneval", "gsm8k"), limit=20, max_new_tokens=256),
         drafts=_study_drafts(8192),
     )
+
+
+def _gpu_quick(gpu: Profile) -> Profile:
+    """``gpu``'s slice for one call of a lent GPU."""
     # The gpu profile's slice for one call of a lent GPU (issue 42: all four notebooks in at most 8 minutes,
     # compilation included; the .device kit's `notebooks` call): 3000 conversations x 3 epochs, EAGLE-2's and
     # Jakiro's drafts, decoding in fp32 (where greedy identity is exact) on the captured static engine, MT-bench
@@ -122,7 +135,7 @@ def _profiles() -> dict[str, Profile]:
     # at q1-5 and 64 tokens (237 s of it timed generation, 74 s ablations, the rest loading, HF's compile and
     # tuning; every step about 18 ms on that machine); q1-3 at 48 tokens cuts the timed part to about 45%,
     # about 8 minutes in all there.
-    gpu_quick = Profile(
+    return Profile(
         name="gpu-quick",
         target=dataclasses.replace(gpu.target, dtype="float32"),
         data=dataclasses.replace(gpu.data, num_conversations=3000, max_length=1024),
@@ -131,7 +144,11 @@ def _profiles() -> dict[str, Profile]:
         bench=BenchConfig(benchmarks=("mt_bench",), limit=3, max_new_tokens=48, temperatures=(0.0, 1.0)),
         drafts={k: v for k, v in gpu.drafts.items() if k in (EAGLE2_DRAFT, JAKIRO_DRAFT)},
     )
-    profiles = {"smoke": smoke, "default": default, "gpu": gpu, "gpu-quick": gpu_quick}
+
+
+def _profiles() -> dict[str, Profile]:
+    gpu = _gpu()
+    profiles = {"smoke": _smoke(), "default": _default(), "gpu": gpu, "gpu-quick": _gpu_quick(gpu)}
     for name, model, template in [
         ("vicuna-7b", "lmsys/vicuna-7b-v1.3", "vicuna"),
         ("vicuna-13b", "lmsys/vicuna-13b-v1.3", "vicuna"),
