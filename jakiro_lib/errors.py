@@ -13,7 +13,7 @@ KNOWN_ERRORS: dict[str, tuple[str, ...]] = {
     "jakiro_lib.data.feature_store": ("CacheError",), "jakiro_lib.data.sources": ("DataError",),
     "jakiro_lib.training.train": ("TrainError",),
     "jakiro_lib.training.checkpoints": ("CheckpointError",),
-    "jakiro_lib.report.pipeline": ("PipelineError",), "jakiro_lib.models.target": ("TargetError",),
+    "jakiro_lib.report.stages": ("PipelineError",), "jakiro_lib.models.target": ("TargetError",),
     "jakiro_lib.decoding.result": ("ContextLengthError",), "jakiro_lib.decoding.compiled": ("CompileError",),
     "jakiro_lib.files": ("PathError",), "jakiro_lib.machine": ("LaunchError", "RunLockError"),
 }

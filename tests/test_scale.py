@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from jakiro_lib.report import pipeline
+from jakiro_lib.report import pipeline, stages
 from jakiro_lib.training import scale as S
 from jakiro_lib.training import scale_plan as SP
 from jakiro_lib.config import ConfigError
@@ -204,7 +204,7 @@ def test_pipeline_sizes_the_job_before_stage_00_and_reports_it(tmp_path, monkeyp
         (nbs / f"{stage}.ipynb").write_text("{}")
     fake = _FakePapermill()
     monkeypatch.setitem(sys.modules, "papermill", fake)
-    monkeypatch.setattr(pipeline, "notebook_to_html", lambda nb, html=None: Path(html or Path(nb).with_suffix(".html")))
+    monkeypatch.setattr(stages, "notebook_to_html", lambda nb, html=None: Path(html or Path(nb).with_suffix(".html")))
     calls: list = []
     monkeypatch.setattr(S, "measure", _fake_measure(calls))
     kw = dict(report_dir=tmp_path / "report", run_dir=tmp_path / "run", notebook_dir=nbs, stages="00")

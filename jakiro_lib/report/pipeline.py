@@ -23,27 +23,29 @@ CLI: ``python -m jakiro_lib pipeline --profile P [--set key=value ...] [--force]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
-import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import pandas as pd
 
 from ..profiles import PROFILE_NAMES, parse_overrides
 from .page import write_front_page
+from .stages import (RUNNING_DIR, STAGES, STAMP_DIR, PipelineError, StageResult, StageRun, notebook_to_html,
+                     run_stages, select_stages, write_pipeline_log)
+from .stages import log as stages_log
 from ..training.scale import SCALE_JSON, resolve_scale
 from ..training.scale import log as scale_log
+from ..config import Profile
 from ..study.context import default_report_dir, default_run_dir, resolve_profile
 from ..measure.bench import headline_table
 from ..errors import exit_status
-from ..files import check_paths, read_json, write_json, write_text
+from ..files import check_paths, write_json
 from ..machine import run_lock
 from ..files import REPO_ROOT
 from ..machine import busy_warning
@@ -51,55 +53,16 @@ from ..machine import busy_warning
 log = logging.getLogger(__name__)
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
-STAGES: tuple[str, ...] = (
-    "00_data_caching",
-    "01_train_moe_head",
-    "02_hybrid_decoding_ablations",
-    "03_result_figures",
-)
 PARAMETERS: tuple[str, ...] = ("profile", "overrides", "run_dir", "report_dir", "force")
-STAMP_DIR = ".stamps"
-RUNNING_DIR = ".running"
-STAMP_VERSION = 1
 
-
-class PipelineError(RuntimeError):
-    """A stage failed; the message names the notebook and where its partial executed copy is."""
-
-
-@dataclass
-class StageResult:
-    stage: str
-    status: str  # "executed" | "skipped"
-    seconds: float
-    notebook: str
-    html: str
-    reason: str = ""
+# the stages' names are part of this module's API too (jakiro_lib.report.stages)
+__all__ = ["NOTEBOOK_DIR", "PARAMETERS", "STAGES", "PipelineError", "select_stages", "notebook_to_html", "run_pipeline",
+           "write_report_index", "configure_parser", "add_cli", "cli_handler", "main"]
 
 
 # --------------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------------
-
-
-def select_stages(stages: Sequence[str] | str | None) -> list[str]:
-    """Stage names from ``"00,01"``, ``["0", "02_hybrid_decoding_ablations"]``, ``["train_moe_head"]``..."""
-    if stages is None:
-        return list(STAGES)
-    if isinstance(stages, str):
-        stages = [s for s in stages.split(",")]
-    chosen: set[str] = set()
-    for raw in stages:
-        key = str(raw).strip().removesuffix(".ipynb")
-        if not key:
-            continue
-        match = [s for s in STAGES if s == key or s.split("_", 1)[0] == key.zfill(2) or s.split("_", 1)[1] == key]
-        if len(match) != 1:
-            raise ValueError(f"unknown stage {raw!r}; stages are {', '.join(STAGES)} (or their numbers 00-03)")
-        chosen.add(match[0])
-    if not chosen:
-        raise ValueError("no stage selected")
-    return [s for s in STAGES if s in chosen]
 
 
 def _plain(value: Any) -> Any:
@@ -119,43 +82,68 @@ def _fingerprint(profile_dict: dict[str, Any], run_dir: Path, report_dir: Path) 
                       sort_keys=True, default=str)
 
 
-def notebook_to_html(notebook: str | Path, html: str | Path | None = None) -> Path:
-    """Convert an executed notebook to standalone HTML (code cells kept visible)."""
-    import nbformat  # optional, heavy (Jupyter's): only reports need them
-    from nbconvert import HTMLExporter  # optional, heavy, like nbformat
+def _directories(profile_name: str, run_dir: str | Path | None, report_dir: str | Path | None,
+                 selected: list[str], notebook_dir: str | Path | None) -> tuple[Path, Path, Path]:
+    """(run, report, notebook) directories, the first two made; every selected stage's notebook must be there."""
+    run_dir = Path(run_dir).expanduser().resolve() if run_dir is not None else default_run_dir(profile_name)
+    report_dir = (Path(report_dir).expanduser().resolve() if report_dir is not None
+                  else default_report_dir(profile_name))
+    nb_dir = Path(notebook_dir) if notebook_dir is not None else NOTEBOOK_DIR
+    for stage in selected:
+        if not (nb_dir / f"{stage}.ipynb").is_file():
+            raise PipelineError(f"notebook {nb_dir / (stage + '.ipynb')} is missing")
+    report_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / STAMP_DIR).mkdir(exist_ok=True)
+    return run_dir, report_dir, nb_dir
 
-    notebook = Path(notebook)
-    html = Path(html) if html is not None else notebook.with_suffix(".html")
-    nb = nbformat.read(str(notebook), as_version=4)
-    exporter = HTMLExporter()
-    level = exporter.log.level
-    exporter.log.setLevel(logging.ERROR)  # "alternative text is missing": the lab template ignores alt
+
+@contextlib.contextmanager
+def _progress_logging(log_output: bool) -> Iterator[None]:
+    """Our per-stage lines shown (on stderr when the caller configured no logging), papermill's per-cell ones
+    only with ``log_output``; every logger as it was afterwards."""
+    pm_log = logging.getLogger("papermill")
+    pm_level = pm_log.level
+    if not log_output:  # papermill logs every cell at INFO; keep our per-stage lines only
+        pm_log.setLevel(logging.WARNING)
+    handler = None
+    loggers = {lg: lg.level for lg in (log, stages_log, scale_log)}
+    if not log.hasHandlers():  # progress must show even when the caller configured no logging
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+        for lg in loggers:
+            lg.addHandler(handler)
+            if lg.getEffectiveLevel() > logging.INFO:
+                lg.setLevel(logging.INFO)
     try:
-        body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": notebook.stem}})
+        yield
     finally:
-        exporter.log.setLevel(level)
-    write_text(html, body)
-    return html
+        pm_log.setLevel(pm_level)
+        if handler is not None:
+            for lg, level in loggers.items():
+                lg.removeHandler(handler)
+                lg.setLevel(level)
 
 
-def _stage_status(stage: str, *, source: Path, report_dir: Path, fingerprint: str, force: bool,
-                  upstream_finished: float) -> tuple[bool, str]:
-    """(up to date?, reason it is not)."""
-    executed = report_dir / f"{stage}.ipynb"
-    stamp = read_json(report_dir / STAMP_DIR / f"{stage}.json")
-    if force:
-        return False, "forced"
-    if not executed.is_file() or stamp is None or stamp.get("status") != "ok":
-        return False, "never executed"
-    if stamp.get("version") != STAMP_VERSION:
-        return False, "stamp format changed"
-    if source.stat().st_mtime > min(executed.stat().st_mtime, float(stamp.get("started", 0.0))):
-        return False, "notebook source changed"
-    if stamp.get("fingerprint") != fingerprint:
-        return False, "parameters changed"
-    if stamp.get("finished", 0.0) < upstream_finished:
-        return False, "an earlier stage was executed after it"
-    return True, ""
+def _apply_scale(profile: str, prof: Profile, overrides: dict[str, Any], run_dir: Path,
+                 report_dir: Path) -> tuple[Profile, dict[str, Any]]:
+    """data.scale="auto": the conversations and epochs that fit this machine, measured once before stage 00 and
+    recorded in the run directory (and copied to the report); the notebooks get them as overrides like any --set."""
+    overrides, record = resolve_scale(prof, overrides, run_dir)
+    if record is None:
+        (report_dir / SCALE_JSON).unlink(missing_ok=True)  # an earlier run's choice no longer applies
+        return prof, overrides
+    write_json(report_dir / SCALE_JSON, record)
+    return resolve_profile(profile, overrides), overrides
+
+
+def _finish(report_dir: Path, profile_name: str, parameters: dict[str, Any], results: list[StageResult],
+            seconds: float) -> None:
+    """After the stages: the running copies' directory removed, ``pipeline.json`` and the index written."""
+    shutil.rmtree(report_dir / RUNNING_DIR, ignore_errors=True)
+    write_pipeline_log(report_dir, profile_name, parameters, results, seconds)
+    index = write_report_index(report_dir, profile_name=profile_name)
+    log.info("pipeline %s: done in %.1f s; index: %s", profile_name, seconds, index)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -189,158 +177,22 @@ def run_pipeline(
 
     overrides = _plain(dict(overrides or {}))
     prof = resolve_profile(profile, overrides)  # fails early on unknown profiles or keys
-    run_dir = Path(run_dir).expanduser().resolve() if run_dir is not None else default_run_dir(prof.name)
-    report_dir = (Path(report_dir).expanduser().resolve() if report_dir is not None
-                  else default_report_dir(prof.name))
-    nb_dir = Path(notebook_dir) if notebook_dir is not None else NOTEBOOK_DIR
     selected = select_stages(stages)
-    for stage in selected:
-        if not (nb_dir / f"{stage}.ipynb").is_file():
-            raise PipelineError(f"notebook {nb_dir / (stage + '.ipynb')} is missing")
-    report_dir.mkdir(parents=True, exist_ok=True)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / STAMP_DIR).mkdir(exist_ok=True)
-
-    pm_log = logging.getLogger("papermill")
-    pm_level = pm_log.level
-    if not log_output:  # papermill logs every cell at INFO; keep our per-stage lines only
-        pm_log.setLevel(logging.WARNING)
-    handler = None
-    loggers = {lg: lg.level for lg in (log, scale_log)}
-    if not log.hasHandlers():  # progress must show even when the caller configured no logging
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
-        for lg in loggers:
-            lg.addHandler(handler)
-            if lg.getEffectiveLevel() > logging.INFO:
-                lg.setLevel(logging.INFO)
-    try:
+    run_dir, report_dir, nb_dir = _directories(prof.name, run_dir, report_dir, selected, notebook_dir)
+    with _progress_logging(log_output):
         log.info("pipeline %s: stages %s; runs in %s, reports in %s", prof.name, ", ".join(selected), run_dir,
                  report_dir)
         with run_lock(run_dir, report_dir):  # one run per run directory (the notebooks' kernels take none)
-            # data.scale="auto": the conversations and epochs that fit this machine, measured once before stage 00
-            # and recorded in the run directory; the notebooks get them as overrides like any --set
-            overrides, record = resolve_scale(prof, overrides, run_dir)
-            if record is None:
-                (report_dir / SCALE_JSON).unlink(missing_ok=True)  # an earlier run's choice no longer applies
-            else:
-                write_json(report_dir / SCALE_JSON, record)
-                prof = resolve_profile(profile, overrides)
+            prof, overrides = _apply_scale(profile, prof, overrides, run_dir, report_dir)
             parameters = {"profile": prof.name, "overrides": overrides, "run_dir": str(run_dir),
                           "report_dir": str(report_dir), "force": bool(force)}
-            fingerprint = _fingerprint(json.loads(prof.to_json()), run_dir, report_dir)
-            return _run_stages(pm, prof.name, selected, parameters, fingerprint, nb_dir, run_dir, report_dir,
-                               force=force, kernel_name=kernel_name, log_output=log_output,
-                               execution_timeout=execution_timeout)
-    finally:
-        pm_log.setLevel(pm_level)
-        if handler is not None:
-            for lg, level in loggers.items():
-                lg.removeHandler(handler)
-                lg.setLevel(level)
-
-
-def _run_stages(pm: Any, profile_name: str, selected: list[str], parameters: dict[str, Any], fingerprint: str,
-                nb_dir: Path, run_dir: Path, report_dir: Path, *, force: bool, kernel_name: str,
-                log_output: bool, execution_timeout: int | None) -> Path:
-    results: list[StageResult] = []
-    upstream_finished = 0.0  # latest finish time of an earlier stage
-    t_all = time.perf_counter()
-    for stage in STAGES:
-        stamp_path = report_dir / STAMP_DIR / f"{stage}.json"
-        source = nb_dir / f"{stage}.ipynb"
-        executed = report_dir / f"{stage}.ipynb"
-        html = report_dir / f"{stage}.html"
-        if stage not in selected:
-            stamp = read_json(stamp_path)
-            if stamp and stamp.get("status") == "ok":
-                upstream_finished = max(upstream_finished, float(stamp.get("finished", 0.0)))
-            continue
-        fresh, reason = _stage_status(stage, source=source, report_dir=report_dir, fingerprint=fingerprint,
-                                      force=force, upstream_finished=upstream_finished)
-        if fresh:
-            stamp = read_json(stamp_path) or {}
-            upstream_finished = max(upstream_finished, float(stamp.get("finished", 0.0)))
-            if not html.is_file() or html.stat().st_mtime < executed.stat().st_mtime:
-                notebook_to_html(executed, html)
-            log.info("stage %s: up to date, skipped", stage)
-            results.append(StageResult(stage, "skipped", 0.0, str(executed), str(html), "up to date"))
-            continue
-
-        log.info("stage %s: executing (%s)", stage, reason)
-        running = report_dir / RUNNING_DIR / f"{stage}.ipynb"
-        running.parent.mkdir(exist_ok=True)
-        failed = report_dir / f"{stage}.failed.ipynb"
-        stamp_path.unlink(missing_ok=True)
-        started = time.time()
-        t0 = time.perf_counter()
-        try:
-            pm.execute_notebook(
-                str(source), str(running), parameters=parameters, kernel_name=kernel_name,
-                cwd=str(REPO_ROOT), progress_bar=False, log_output=log_output,
-                request_save_on_cell_execute=True, execution_timeout=execution_timeout,
-            )
-        except BaseException as exc:
-            seconds = time.perf_counter() - t0
-            where = ""
-            if running.is_file():
-                os.replace(running, failed)
-                try:
-                    notebook_to_html(failed, failed.with_suffix(".html"))
-                except Exception:  # noqa: BLE001 - the HTML of a broken notebook is a convenience
-                    pass
-                where = f"; partial executed copy: {failed} (HTML: {failed.with_suffix('.html')})"
-            if isinstance(exc, pm.PapermillExecutionError):
-                detail = f"cell {exc.exec_count} raised {exc.ename}: {exc.evalue}"
-            elif isinstance(exc, KeyboardInterrupt):
-                detail = "interrupted"
-            else:
-                detail = f"{type(exc).__name__}: {exc}"
-            msg = (f"pipeline stage {stage} failed after {seconds:.1f} s: {detail}\n"
-                   f"  notebook: {source}{where}")
-            log.error(msg)
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            raise PipelineError(msg) from exc
-        seconds = time.perf_counter() - t0
-        os.replace(running, executed)
-        failed.unlink(missing_ok=True)
-        failed.with_suffix(".html").unlink(missing_ok=True)
-        notebook_to_html(executed, html)
-        finished = time.time()
-        write_json(stamp_path, {
-            "version": STAMP_VERSION, "stage": stage, "status": "ok", "fingerprint": fingerprint,
-            "parameters": parameters, "source": str(source), "started": started, "finished": finished,
-            "finished_iso": datetime.fromtimestamp(finished, timezone.utc).isoformat(timespec="seconds"),
-            "seconds": round(seconds, 2), "kernel_name": kernel_name,
-        })
-        upstream_finished = finished
-        log.info("stage %s: done in %.1f s -> %s", stage, seconds, html)
-        results.append(StageResult(stage, "executed", round(seconds, 2), str(executed), str(html), reason))
-
-    shutil.rmtree(report_dir / RUNNING_DIR, ignore_errors=True)
-    _write_pipeline_log(report_dir, profile_name, parameters, results, time.perf_counter() - t_all)
-    index = write_report_index(report_dir, profile_name=profile_name)
-    log.info("pipeline %s: done in %.1f s; index: %s", profile_name, time.perf_counter() - t_all, index)
-    return report_dir
-
-
-def _write_pipeline_log(report_dir: Path, profile: str, parameters: dict[str, Any],
-                        results: list[StageResult], seconds: float) -> None:
-    """``pipeline.json``: the last invocation's stages (executed or skipped) and their wall times."""
-    stages: dict[str, Any] = {}
-    for stage in STAGES:
-        stamp = read_json(report_dir / STAMP_DIR / f"{stage}.json")
-        if stamp:
-            stages[stage] = {"last_executed": stamp.get("finished_iso"), "seconds": stamp.get("seconds")}
-    for r in results:
-        stages.setdefault(r.stage, {}).update({"this_run": r.status, "this_run_seconds": r.seconds,
-                                               "reason": r.reason})
-    write_json(report_dir / "pipeline.json", {
-        "profile": profile, "parameters": parameters, "total_seconds": round(seconds, 2),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "stages": stages,
-        "results": [asdict(r) for r in results],
-    })
+            run = StageRun(pm, selected, parameters, _fingerprint(json.loads(prof.to_json()), run_dir, report_dir),
+                           nb_dir, report_dir, force=force, kernel_name=kernel_name, log_output=log_output,
+                           execution_timeout=execution_timeout)
+            t_all = time.perf_counter()
+            results = run_stages(run)
+            _finish(report_dir, prof.name, parameters, results, time.perf_counter() - t_all)
+            return report_dir
 
 
 def write_report_index(report_dir: str | Path, *, profile_name: str | None = None) -> Path:
