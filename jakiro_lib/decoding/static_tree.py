@@ -306,15 +306,21 @@ class StaticTreeDrafter:
                 front_idx, front_score = first + order, grand[order]
                 front_feat, front_anc = out.b[rows][order // K], front_anc[order // K]
                 depth += 1
-        tokens, parents, scores, depths = (torch.cat(x) for x in (tokens, parents, scores, depths))
-        # EAGLE-2's selection: the best m - 1 candidates (ties: shallower, then earlier; pool index order
-        # is depth order), kept in index order so that every parent precedes its children
-        keep = scores[1:].sort(descending=True, stable=True).indices[:self.m - 1].sort().values + 1  # [m - 1]
-        nodes = torch.cat([zero, keep])
-        new_index = torch.zeros(self.pool_size, dtype=torch.long, device=dev)
-        new_index[nodes] = torch.arange(self.m, device=dev)
-        tree_parents = new_index[parents[nodes]]  # the root's parent maps to 0
-        return tokens[nodes], tree_parents, depths[nodes]
+        return select_tree(*(torch.cat(x) for x in (tokens, parents, scores, depths)), self.m)
+
+
+def select_tree(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, depths: torch.Tensor,
+                m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """EAGLE-2's selection from a candidate pool (tokens, parents, scores, depths [P], the root first): the root
+    and the best ``m - 1`` candidates (ties: shallower, then earlier; pool index order is depth order), kept in
+    index order so that every parent precedes its children; returns their tokens, parents re-indexed into the
+    tree (the root's: 0) and depths [m]."""
+    dev = tokens.device
+    keep = scores[1:].sort(descending=True, stable=True).indices[:m - 1].sort().values + 1  # [m - 1]
+    nodes = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), keep])
+    new_index = torch.zeros(tokens.shape[0], dtype=torch.long, device=dev)
+    new_index[nodes] = torch.arange(m, device=dev)
+    return tokens[nodes], new_index[parents[nodes]], depths[nodes]
 
 
 def _batch_of_one(out: DraftOutput) -> DraftOutput:
