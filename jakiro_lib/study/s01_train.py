@@ -97,23 +97,60 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     """
     prof, rdir = _dirs(profile, run_dir)
     layout = RunLayout(rdir)
+    names = _draft_names(prof, only)
+    if not prof.data.online and layout.features_manifest.is_file():
+        manifest = verify_cache(layout.features, allow_incomplete=True)  # the stamps read it: CacheError if corrupt
+        _check_cache_settings(prof, layout, manifest)
+    main_process, wait = _process_state()  # under `accelerate launch`: one process manages the files
+    out, todo = _trained_already(prof, layout, names, force, main_process)
+    if not todo:
+        return {n: out[n] for n in names}
+    starts = _warm_starts(prof, todo)
+    if not prof.data.online:
+        verify_cache(layout.features, full=True)  # a CacheError now (sha256 too: seconds), not after hours
+    target = target or get_target(prof)
+
+    train_ds, held_ds = training_datasets(prof, rdir, target)
+    log.info("training %s on %d conversations (%d held out)", ", ".join(todo), len(train_ds), len(held_ds))
+    vocabs = _Vocabularies(train_ds, target)
+    for name in todo:
+        d2t, coverage = vocabs.for_draft(prof.drafts[name], starts[name])
+        work = _prepare_work(prof, layout, name, main_process)
+        wait()
+        t0 = time.perf_counter()
+        res = train_draft(target, prof.drafts[name], train_ds, held_ds, work, prof.train, d2t=d2t, progress=progress,
+                          log_every=_log_every(len(train_ds), prof.train), init_from=starts[name])
+        res = {**res, "skipped": False, "vocab_coverage": coverage}
+        _install(work, layout, name, coverage, main_process)
+        wait()
+        out[name] = res
+        log.info("draft %s: trained in %.1f s, held-out acc_a %s acc_b %s", name, time.perf_counter() - t0,
+                 _fmt(res.get("acc_a")), _fmt(res.get("acc_b")))
+    return {n: out[n] for n in names}
+
+
+def _draft_names(prof: Profile, only: Sequence[str] | None) -> list[str]:
+    """The drafts to train: ``only`` those, else all of the profile's; an unknown name is a ConfigError."""
     names = list(prof.drafts) if not only else list(only)
     unknown = [n for n in names if n not in prof.drafts]
     if unknown:
         raise ConfigError(f"unknown draft(s) {unknown}; the profile has {', '.join(prof.drafts)}")
-    if not prof.data.online and layout.features_manifest.is_file():
-        manifest = verify_cache(layout.features, allow_incomplete=True)  # the stamps read it: CacheError if corrupt
-        _check_cache_settings(prof, layout, manifest)
+    return names
+
+
+def _trained_already(prof: Profile, layout: RunLayout, names: list[str], force: bool,
+                     main_process: bool) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """(the results of the drafts already trained as asked, marked skipped; the drafts to train), after putting
+    back any draft an interrupted replacement left aside."""
     todo: list[str] = []
     out: dict[str, dict[str, Any]] = {}
-    main_process, wait = _process_state()  # under `accelerate launch`: one process manages the files
     for name in names:
         d = layout.draft_dir(name)
         if main_process and restore_replaced_dir(d):
             log.warning("draft %s: put back the previous draft that an interrupted replacement left aside", name)
         res, old = read_json(layout.draft_results(name)), read_json(layout.train_stamp(name))
-        if res is not None and layout.draft(name).is_dir() and _same_training(old, _train_stamp(prof, name, rdir)) \
-                and not force:
+        if res is not None and layout.draft(name).is_dir() \
+                and _same_training(old, _train_stamp(prof, name, layout.root)) and not force:
             res["skipped"] = True
             out[name] = res
             log.info("draft %s: already trained (held-out acc_a %s), skipped", name, _fmt(res.get("acc_a")))
@@ -122,62 +159,67 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
             if d.exists():
                 log.info("draft %s: %s; retraining, the old draft stays until the new one is complete", name,
                          "forced" if force else "configuration changed" if old else "no training stamp")
-    if not todo:
-        return {n: out[n] for n in names}
+    return out, todo
+
+
+def _warm_starts(prof: Profile, todo: list[str]) -> dict[str, Path | None]:
+    """Each draft's trained start under ``train.init_from`` (None: fresh); a missing one is a ConfigError."""
     starts = {n: RunLayout(Path(prof.train.init_from)).draft(n) if prof.train.init_from else None for n in todo}
     if missing := [str(d) for d in starts.values() if d is not None and not has_weights(d)]:
         raise ConfigError(f"train.init_from={prof.train.init_from}: no trained draft at {', '.join(missing)}")
-    if not prof.data.online:
-        verify_cache(layout.features, full=True)  # a CacheError now (sha256 too: seconds), not after hours
-    target = target or get_target(prof)
+    return starts
 
-    train_ds, held_ds = training_datasets(prof, rdir, target)
-    log.info("training %s on %d conversations (%d held out)", ", ".join(todo), len(train_ds), len(held_ds))
-    vocabs: dict[int, tuple[Any, float]] = {}
-    freqs = None
-    for name in todo:
-        cfg = prof.drafts[name]
-        d2t = coverage = None
-        if cfg.draft_vocab_size is not None:
-            size = int(cfg.draft_vocab_size)
-            if freqs is None:
-                freqs = token_frequencies(train_ds, target.model.config.vocab_size)
-            if starts[name] is not None:  # a warm start keeps its draft's vocabulary, its coverage of this data
-                d2t = saved_vocab(starts[name])
-                coverage = None if d2t is None else vocab_coverage(freqs, d2t)
-            else:
-                if size not in vocabs:
-                    voc = build_draft_vocab(freqs, min(size, freqs.numel()), always=target.eos_token_ids)
-                    vocabs[size] = (voc, vocab_coverage(freqs, voc))
-                d2t, coverage = vocabs[size]
-        work = layout.draft_training(name)  # replaces drafts/<name> once complete
-        stamp = _train_stamp(prof, name, rdir)
-        if main_process:
-            if read_json(work / TRAIN_STAMP) != stamp:  # another configuration's (or none): start afresh
-                shutil.rmtree(work, ignore_errors=True)
-            elif checkpoints := list_checkpoints(work):
-                step, ckpt = checkpoints[-1]
-                log.warning("draft %s: resuming an interrupted training from %s (step %d)", name, ckpt, step)
-            work.mkdir(parents=True, exist_ok=True)
-            write_json(work / TRAIN_STAMP, stamp)
-        wait()
-        t0 = time.perf_counter()
-        res = train_draft(target, cfg, train_ds, held_ds, work, prof.train, d2t=d2t, progress=progress,
-                          log_every=_log_every(len(train_ds), prof.train), init_from=starts[name])
-        res = dict(res)
-        res["skipped"] = False
-        res["vocab_coverage"] = coverage
-        if main_process:
-            if coverage is not None:
-                extra = read_json(work / RESULTS) or {}
-                extra["vocab_coverage"] = coverage
-                write_json(work / RESULTS, extra)
-            replace_dir_atomically(work, layout.draft_dir(name))
-        wait()
-        out[name] = res
-        log.info("draft %s: trained in %.1f s, held-out acc_a %s acc_b %s", name, time.perf_counter() - t0,
-                 _fmt(res.get("acc_a")), _fmt(res.get("acc_b")))
-    return {n: out[n] for n in names}
+
+class _Vocabularies:
+    """Reduced draft vocabularies: the most frequent tokens of the training split (EOS forced in), built once per
+    size and shared by every draft of that size; the frequencies are counted once, when first needed."""
+
+    def __init__(self, train_ds: Any, target: Any) -> None:
+        self.train_ds, self.target = train_ds, target
+        self.freqs: Any = None
+        self.built: dict[int, tuple[Any, float]] = {}
+
+    def for_draft(self, cfg: Any, start: Path | None) -> tuple[Any, float | None]:
+        """(d2t, its coverage of the training split) for a draft; (None, None) with the full vocabulary."""
+        if cfg.draft_vocab_size is None:
+            return None, None
+        size = int(cfg.draft_vocab_size)
+        if self.freqs is None:
+            self.freqs = token_frequencies(self.train_ds, self.target.model.config.vocab_size)
+        if start is not None:  # a warm start keeps its draft's vocabulary, its coverage of this data
+            d2t = saved_vocab(start)
+            return d2t, None if d2t is None else vocab_coverage(self.freqs, d2t)
+        if size not in self.built:
+            voc = build_draft_vocab(self.freqs, min(size, self.freqs.numel()), always=self.target.eos_token_ids)
+            self.built[size] = (voc, vocab_coverage(self.freqs, voc))
+        return self.built[size]
+
+
+def _prepare_work(prof: Profile, layout: RunLayout, name: str, main_process: bool) -> Path:
+    """``drafts/.<name>.training``, which replaces ``drafts/<name>`` once complete: kept (the training resumes from
+    its newest checkpoint) when stamped with this configuration, else started afresh."""
+    work = layout.draft_training(name)
+    stamp = _train_stamp(prof, name, layout.root)
+    if main_process:
+        if read_json(work / TRAIN_STAMP) != stamp:  # another configuration's (or none): start afresh
+            shutil.rmtree(work, ignore_errors=True)
+        elif checkpoints := list_checkpoints(work):
+            step, ckpt = checkpoints[-1]
+            log.warning("draft %s: resuming an interrupted training from %s (step %d)", name, ckpt, step)
+        work.mkdir(parents=True, exist_ok=True)
+        write_json(work / TRAIN_STAMP, stamp)
+    return work
+
+
+def _install(work: Path, layout: RunLayout, name: str, coverage: float | None, main_process: bool) -> None:
+    """A finished training in place of ``drafts/<name>`` (atomically), with its vocabulary's coverage recorded."""
+    if not main_process:
+        return
+    if coverage is not None:
+        extra = read_json(work / RESULTS) or {}
+        extra["vocab_coverage"] = coverage
+        write_json(work / RESULTS, extra)
+    replace_dir_atomically(work, layout.draft_dir(name))
 
 
 def _check_cache_settings(prof: Profile, layout: RunLayout, manifest: dict[str, Any]) -> None:
