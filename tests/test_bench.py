@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from jakiro_lib.measure.bench import common_prompts, greedy_agreement, ratio_interval, summarize, versus
+from jakiro_lib.measure.summary import common_prompts, greedy_agreement, ratio_interval, summarize, versus
 from jakiro_lib.config import TreeConfig
 from jakiro_lib.measure.methods import MethodRunner, MethodSpec, resolve_engine, study_methods
 
@@ -139,7 +139,8 @@ def test_greedy_divergences_locate_the_first_differing_token_and_the_targets_mar
     import copy
     import json
 
-    from jakiro_lib.measure.bench import greedy_divergences, load_records, run_benchmark
+    from jakiro_lib.measure.bench import load_records, run_benchmark
+    from jakiro_lib.measure.summary import greedy_divergences
     from jakiro_lib.config import TargetConfig
     from jakiro_lib.data.conversations import Question
     from jakiro_lib.models.target import load_target
@@ -410,7 +411,7 @@ def test_perf_goal_groups_come_from_the_registry():
 
 
 def test_summary_per_category_splits_a_benchmark_and_skips_records_without_categories():
-    from jakiro_lib.measure.bench import summarize_by_category
+    from jakiro_lib.measure.summary import summarize_by_category
 
     recs = _recs("vanilla", [10.0, 10.0, 10.0], kind="vanilla") + _recs("jakiro", [20.0, 30.0, 40.0])
     assert summarize_by_category(recs) == []  # records written before categories were recorded

@@ -9,7 +9,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from jakiro_lib.report import plots as P
-from jakiro_lib.measure.bench import summarize
+from jakiro_lib.measure.summary import summarize
 from jakiro_lib.study import comparison_table, display_table, headline_table, records_frame, study_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..models import kernels
-from .bench import headline_table, ratio_interval
+from .summary import headline_table, ratio_interval
 from .budgets import PAPER_TREE_TOKENS, fixed_tree_tokens
 from ..config import TreeConfig
 from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_cost_variants
@@ -128,7 +128,7 @@ def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | 
     """The speed goals as measured ratios (mean over benchmarks) with pass/fail.
 
     With the study's ``records``, tokens/s ratios get a 95% bootstrap interval over prompts
-    (``ratio_ci_low``/``ratio_ci_high``, :func:`jakiro_lib.measure.bench.ratio_interval`); ``resolved`` is False
+    (``ratio_ci_low``/``ratio_ci_high``, :func:`jakiro_lib.measure.summary.ratio_interval`); ``resolved`` is False
     when the interval straddles the threshold: ``met`` (from the point estimate) is then not settled by
     these prompts either way.
 

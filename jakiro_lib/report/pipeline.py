@@ -43,7 +43,7 @@ from ..training.scale import SCALE_JSON, resolve_scale
 from ..training.scale import log as scale_log
 from ..config import Profile
 from ..study.context import default_report_dir, default_run_dir, resolve_profile
-from ..measure.bench import headline_table
+from ..measure.summary import headline_table
 from ..errors import exit_status
 from ..files import check_paths, write_json
 from ..machine import run_lock

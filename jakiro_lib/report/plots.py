@@ -3,7 +3,7 @@
 Every ``plot_*`` function takes a pandas DataFrame (or the raw benchmark records) and returns a
 ``matplotlib.figure.Figure`` built without pyplot, so it works headless, leaks no global figure state and
 is unaffected by the notebook backend; :func:`save_figure` writes it as PNG. Column names follow
-:func:`jakiro_lib.measure.bench.summarize` (method, benchmark, temperature, speedup, speedup_std, tau, ...).
+:func:`jakiro_lib.measure.summary.summarize` (method, benchmark, temperature, speedup, speedup_std, tau, ...).
 """
 from __future__ import annotations
 

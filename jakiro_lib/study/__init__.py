@@ -28,7 +28,7 @@ from .s01_train import (drafts_table, load_training_results, router_load_table, 
                         training_history, training_table, write_training_tables)
 from .s02_bench import (bench_environment, methods_table, profile_methods, run_study, study_questions,
                         study_temperatures)
-from ..measure.bench import headline_table
+from ..measure.summary import headline_table
 from .tables import (acceptance_by_depth, category_table, display_table, load_study_records, method_setting,
                      records_frame, study_table, tree_budget_table, versus_eagle2_table, write_study_tables, write_table)
 

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..measure.methods import DRAFTED_METHODS
-from ..measure.bench import headline_table
+from ..measure.summary import headline_table
 
 
 # docs/DESIGN.md section 8, verbatim numbers (speedup over vanilla, tau where published).

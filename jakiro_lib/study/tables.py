@@ -9,7 +9,8 @@ from typing import Any
 
 import pandas as pd
 
-from ..measure.bench import load_records, summarize, summarize_by_category, versus
+from ..measure.bench import load_records
+from ..measure.summary import summarize, summarize_by_category, versus
 from ..layout import STUDY_TREE_BUDGET, RunLayout, draft_name
 from ..measure.methods import EAGLE2_BASELINE, SPEC, MethodSpec
 from ..files import atomic_path, read_json, write_json
@@ -36,7 +37,7 @@ def write_table(csv_path: Path, df: pd.DataFrame) -> None:
 
 
 def study_table(records: list[dict[str, Any]], methods: dict[str, Any] | None = None) -> pd.DataFrame:
-    """:func:`jakiro_lib.measure.bench.summarize` as a DataFrame in the study's method order, with the method
+    """:func:`jakiro_lib.measure.summary.summarize` as a DataFrame in the study's method order, with the method
     settings (draft, decoupled, ar_steps, scoring) as columns."""
     if methods is not None:
         records = [r for r in records if r["method"] in methods]
@@ -44,7 +45,7 @@ def study_table(records: list[dict[str, Any]], methods: dict[str, Any] | None = 
 
 
 def category_table(records: list[dict[str, Any]], methods: dict[str, Any] | None = None) -> pd.DataFrame:
-    """:func:`jakiro_lib.measure.bench.summarize_by_category` as a DataFrame (a ``category`` column after
+    """:func:`jakiro_lib.measure.summary.summarize_by_category` as a DataFrame (a ``category`` column after
     ``benchmark``), ordered like :func:`study_table`: empty unless some benchmark's questions carry
     more than one category (Spec-Bench's 13, MT-bench's 8)."""
     if methods is not None:
@@ -96,7 +97,7 @@ def write_study_tables(report_dir: str | Path, study: str, table: pd.DataFrame,
 def versus_eagle2_table(records: dict[str, list[dict[str, Any]]]) -> pd.DataFrame:
     """Every drafted method of each study (``{"main": records, "ablations": records}``) against that study's
     EAGLE-2 (:data:`~jakiro_lib.measure.methods.EAGLE2_BASELINE`) on the prompts both ran: tokens/s and tau ratios
-    with 95% paired bootstrap intervals and a verdict (:func:`jakiro_lib.measure.bench.versus`)."""
+    with 95% paired bootstrap intervals and a verdict (:func:`jakiro_lib.measure.summary.versus`)."""
     frames = [pd.DataFrame(versus(recs, EAGLE2_BASELINE[study])).assign(study=study)
               for study, recs in records.items() if recs]
     frames = [f for f in frames if not f.empty]

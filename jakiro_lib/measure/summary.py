@@ -1,0 +1,281 @@
+"""What benchmark records say (Spec-Bench's one results schema, read back): per-method summaries with speedups
+over the fastest plain decoder, paired bootstrap intervals of ratios (docs/DESIGN.md section 11), greedy identity
+with our vanilla loop and, where it fails, how near a tie the target's logits were. The records come from
+:func:`jakiro_lib.measure.bench.run_benchmark`.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..data.chat import answer_message, format_prompt_ids
+from ..decoding.runner import TargetRunner
+from ..models.target import Target
+from .methods import SPEC, VANILLA_KINDS
+
+
+def common_prompts(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of prompts that every method of their (benchmark, temperature) ran: an interrupted run's
+    methods are then compared on the same prompts (a run that stopped mid-method leaves the last ones short)."""
+    groups: dict[tuple, dict[str, set]] = {}
+    for r in records:
+        groups.setdefault((r["benchmark"], r["temperature"]), {}).setdefault(r["method"], set()).add(_turn_key(r))
+    keep = {g: set.intersection(*by_method.values()) for g, by_method in groups.items()}
+    return [r for r in records if _turn_key(r) in keep[(r["benchmark"], r["temperature"])]]
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    if not xs:
+        return math.nan, math.nan
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+MEASURES = ("tokens_per_s", "tau")  # what ratio_interval compares
+
+
+def _prompt_parts(recs: list[dict[str, Any]], measure: str) -> dict[tuple, tuple[float, float]]:
+    """Per prompt (benchmark, question, turn, repeat): the numerator and denominator of ``measure``.
+
+    tokens/s: (tokens/s, 1), averaged over prompts; tau: (tokens emitted, cycles), pooled over prompts as
+    :func:`summarize` pools them (tokens / cycles of all a method's prompts, not a mean of per-prompt taus).
+    """
+    def parts(r: dict[str, Any]) -> tuple[float, float]:
+        return (r["tokens_per_second"], 1.0) if measure == "tokens_per_s" else (float(sum(r["accepted"])), float(r["cycles"]))
+    return {(r["benchmark"], str(r["question_id"]), r["turn"], r["repeat"]): parts(r) for r in recs}
+
+
+def ratio_interval(method_records: list[dict[str, Any]], baseline_records: list[dict[str, Any]], *,
+                   measure: str = "tokens_per_s", level: float = 0.95, resamples: int = 2000,
+                   seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``measure`` (method) / ``measure`` (baseline): mean tokens/s, or
+    tau (tokens / cycles, pooled over prompts; both methods need cycles, i.e. kind "spec" or "vanilla").
+
+    Prompts (benchmark, question, turn, repeat) that both ran are resampled in pairs within each
+    benchmark, so the interval says how much the ratio depends on which prompts were drawn: with one
+    repeat per prompt, the spread that a std over repeats cannot show. Benchmarks weigh equally, as in
+    the mean over benchmarks. NaNs when nothing pairs up.
+    """
+    if measure not in MEASURES:
+        raise ValueError(f"unknown measure {measure!r}: use {' or '.join(MEASURES)}")
+    a, b = _prompt_parts(method_records, measure), _prompt_parts(baseline_records, measure)
+    common = sorted(set(a) & set(b))
+    if not common:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    num, den = np.zeros(resamples), np.zeros(resamples)
+    for bench in sorted({k[0] for k in common}):
+        keys = [k for k in common if k[0] == bench]
+        x, y = np.array([a[k] for k in keys]), np.array([b[k] for k in keys])  # [P, 2] numerator, denominator
+        idx = rng.integers(0, len(keys), size=(resamples, len(keys)))  # [R, P]
+        num += x[idx, 0].sum(1) / x[idx, 1].sum(1)
+        den += y[idx, 0].sum(1) / y[idx, 1].sum(1)
+    lo, hi = np.quantile(num / den, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def versus(records: list[dict[str, Any]], baseline: str, *, level: float = 0.95) -> list[dict[str, Any]]:
+    """Every drafted method against ``baseline`` (e.g. ``eagle2``) on the prompts both ran, per temperature:
+    the ratios of tokens/s and of tau with paired bootstrap intervals (:func:`ratio_interval`), and whether
+    each interval lies wholly above 1 ("better"), wholly below ("worse") or straddles it ("unresolved")."""
+    by: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in records:
+        by.setdefault((r["method"], r["temperature"]), []).append(r)
+    rows = []
+    for (method, temp), recs in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        base = by.get((baseline, temp))
+        if base is None or method == baseline or recs[0]["kind"] != SPEC:
+            continue
+        row: dict[str, Any] = {"method": method, "baseline": baseline, "temperature": temp,
+                               "prompts": len({_turn_key(r) for r in recs} & {_turn_key(r) for r in base})}
+        for measure in MEASURES:
+            a, b = summarize_measure(recs, measure), summarize_measure(base, measure)
+            lo, hi = ratio_interval(recs, base, measure=measure, level=level)
+            row.update({f"{measure}": a, f"baseline_{measure}": b, f"{measure}_ratio": a / b if b else math.nan,
+                        f"{measure}_ci_low": lo, f"{measure}_ci_high": hi,
+                        f"{measure}_verdict": "better" if lo > 1 else "worse" if hi < 1 else "unresolved"})
+        rows.append(row)
+    return rows
+
+
+def summarize_measure(recs: list[dict[str, Any]], measure: str) -> float:
+    """``measure`` of one method's records, benchmarks weighing equally (the point :func:`ratio_interval` brackets)."""
+    parts = _prompt_parts(recs, measure)
+    per_bench = [sum(v[0] for k, v in parts.items() if k[0] == b) / sum(v[1] for k, v in parts.items() if k[0] == b)
+                 for b in sorted({k[0] for k in parts})]
+    return statistics.fmean(per_bench) if per_bench else math.nan
+
+
+def _turn_key(r: dict[str, Any]) -> tuple:
+    return r["benchmark"], str(r["question_id"]), r["repeat"], r["turn"]
+
+
+def _greedy_pairs(method_records: list[dict[str, Any]], vanilla_records: list[dict[str, Any]]
+                  ) -> list[tuple[dict[str, Any], list[int]]]:
+    """(record, vanilla's output ids) for every prompt where both saw the same prompt: a later turn of a
+    question only while every earlier turn matched (each method is fed its own previous answer)."""
+    ref = {_turn_key(r): r.get("output_ids") for r in vanilla_records}
+    turns: dict[tuple, list[dict[str, Any]]] = {}
+    for r in method_records:
+        turns.setdefault(_turn_key(r)[:3], []).append(r)
+    pairs = []
+    for key, recs in turns.items():
+        for r in sorted(recs, key=lambda r: r["turn"]):
+            expected = ref.get((*key, r["turn"]))
+            if expected is None or r.get("output_ids") is None:
+                break
+            pairs.append((r, expected))
+            if r["output_ids"] != expected:
+                break
+    return pairs
+
+
+def greedy_agreement(method_records: list[dict[str, Any]], vanilla_records: list[dict[str, Any]]) -> tuple[int, int]:
+    """(identical, compared): greedy outputs equal to our vanilla loop's, token for token, per prompt.
+
+    In fp32 on the CPU every prompt must match (losslessness). In bf16/fp16, rounding differs between
+    one-row and tree forwards; :func:`greedy_divergences` then shows whether each divergence was a near
+    tie (the position-by-position check of docs/DESIGN.md section 7).
+    """
+    pairs = _greedy_pairs(method_records, vanilla_records)
+    return sum(r["output_ids"] == expected for r, expected in pairs), len(pairs)
+
+
+@torch.inference_mode()
+def greedy_divergences(target: Target, records: list[dict[str, Any]], questions: Iterable[Any]) -> list[dict[str, Any]]:
+    """Where each T=0 output first leaves vanilla's, and how close the target's top-2 logits were there.
+
+    For every compared prompt (:func:`greedy_agreement`) whose output differs, the target scores the
+    prompt plus vanilla's output up to the first differing token in one forward. ``gap`` is the
+    difference of its two largest logits there and ``gap_steps`` the same in units of the logits' dtype
+    spacing at the top logit (bf16: 0.125 at logits 16-32): divergences at a few steps are rounding
+    ties, which speculative decoding in low precision cannot avoid; a large gap would be a bug.
+    """
+    by_key = {(q.benchmark, str(q.question_id)): q for q in questions}
+    greedy = [r for r in records if r["temperature"] == 0]
+    vanilla = [r for r in greedy if r["method"] == "vanilla"]
+    answers = {_turn_key(r): r["output_ids"] for r in vanilla}
+    rows = []
+    for method in dict.fromkeys(r["method"] for r in greedy if r["method"] != "vanilla"):
+        for rec, expected in _greedy_pairs([r for r in greedy if r["method"] == method], vanilla):
+            out = rec["output_ids"]
+            if out == expected:
+                continue
+            q = by_key.get((rec["benchmark"], str(rec["question_id"])))
+            if q is None:
+                raise ValueError(f"no question {rec['question_id']!r} of {rec['benchmark']!r} among those given")
+            pos = next((i for i, (a, b) in enumerate(zip(out, expected)) if a != b), min(len(out), len(expected)))
+            history: list[dict[str, str]] = []
+            for turn in range(rec["turn"] + 1):
+                history.append({"role": "user", "content": q.turns[turn]})
+                if turn < rec["turn"]:
+                    history.append(answer_message(target, answers[(*_turn_key(rec)[:3], turn)]))
+            ids = torch.cat([format_prompt_ids(target, history), torch.tensor(expected[:pos], dtype=torch.long)])
+            logits = TargetRunner(target.model).prefill(ids.to(target.device))[0][-1]
+            top = logits.float().topk(2)
+            first, second = top.values.tolist()
+            spacing = 2.0 ** math.floor(math.log2(max(abs(first), 1e-30))) * torch.finfo(logits.dtype).eps
+            rows.append({"method": method, "benchmark": rec["benchmark"], "question_id": str(rec["question_id"]),
+                         "turn": rec["turn"], "repeat": rec["repeat"], "position": pos,
+                         "method_token": out[pos] if pos < len(out) else None,
+                         "vanilla_token": expected[pos] if pos < len(expected) else None,
+                         "top1_token": int(top.indices[0]), "top1_logit": first, "gap": first - second,
+                         "gap_steps": (first - second) / spacing})
+    return rows
+
+
+def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (method, benchmark, temperature): tokens/s, speedup vs the fastest vanilla, tau (two conventions).
+
+    Speedup = mean over questions of tokens/s (method) / mean tokens/s (fastest vanilla kind present),
+    computed per repeat; mean and std are over repeats; ``speedup_ci_low``/``_high``: a 95% bootstrap
+    interval over prompts (:func:`ratio_interval`) against the fastest vanilla kind overall. tau =
+    generated tokens / cycles (ours); tau_ref = the same over cycles - 1 (the reference's convention,
+    which inflates it). At T=0, ``greedy_same`` of ``greedy_compared`` prompts gave our vanilla loop's
+    output token for token (:func:`greedy_agreement`).
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["method"], r["benchmark"], r["temperature"]), []).append(r)
+
+    def per_repeat_tps(recs: list[dict]) -> dict[int, float]:
+        by: dict[int, list[float]] = {}
+        for r in recs:
+            by.setdefault(r["repeat"], []).append(r["tokens_per_second"])
+        return {k: statistics.fmean(v) for k, v in by.items()}
+
+    rows = []
+    for (method, bench, temp), recs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        tps = per_repeat_tps(recs)
+        # baselines are found by kind: "vanilla" (our loop) and "hf" (hf_generate, hf_compiled)
+        vanilla = {m: per_repeat_tps(g) for (m, b, t), g in groups.items()
+                   if b == bench and t == temp and g[0]["kind"] in VANILLA_KINDS}
+        speedups = []
+        for rep, v in tps.items():
+            base = max((b[rep] for b in vanilla.values() if rep in b), default=math.nan)
+            speedups.append(v / base if base and not math.isnan(base) else math.nan)
+        tokens = sum(r["new_tokens"] for r in recs)
+        cycles = sum(r["cycles"] for r in recs)
+        kind = recs[0]["kind"]
+        emitted = sum(sum(r["accepted"]) for r in recs)
+        # HF generate hides its cycles: no tau for hf/pld; vanilla emits one token per cycle by definition.
+        tau = emitted / max(cycles, 1) if kind == SPEC else (1.0 if kind == "vanilla" else math.nan)
+        tau_ref = emitted / max(cycles - len(recs), 1) if kind == SPEC else tau
+        tps_m, tps_s = _mean_std(list(tps.values()))
+        sp_m, sp_s = _mean_std(speedups)
+        base_kind = max(vanilla, default=None, key=lambda m: statistics.fmean(vanilla[m].values()))
+        ci = ratio_interval(recs, groups[(base_kind, bench, temp)]) if base_kind else (math.nan, math.nan)
+        reference = groups.get(("vanilla", bench, temp)) if temp == 0 else None
+        same, compared = greedy_agreement(recs, reference) if reference else (None, None)
+        rows.append({
+            "method": method, "kind": kind, "engine": recs[0].get("engine"), "compiled": recs[0].get("compiled"),
+            "benchmark": bench, "temperature": temp, "questions": len({(r["question_id"], r["turn"]) for r in recs}),
+            "tokens_per_s": tps_m, "tokens_per_s_std": tps_s, "speedup": sp_m, "speedup_std": sp_s,
+            "speedup_ci_low": ci[0], "speedup_ci_high": ci[1],
+            "tau": tau, "tau_ref": tau_ref, "new_tokens": tokens, "cycles": cycles,
+            "draft_forwards_per_cycle": sum(r["draft_forwards"] for r in recs) / max(cycles, 1),
+            "draft_time_frac": sum(r["draft_time"] for r in recs) / max(sum(r["wall_time"] for r in recs), 1e-9),
+            "greedy_same": same, "greedy_compared": compared,
+        })
+    return rows
+
+
+def categories(records: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """``{benchmark: categories}`` of the benchmarks whose records name more than one question category."""
+    found: dict[str, dict[str, None]] = {}
+    for r in records:
+        if r.get("category") is not None:
+            found.setdefault(r["benchmark"], {})[r["category"]] = None
+    return {b: list(c) for b, c in found.items() if len(c) > 1}
+
+
+def summarize_by_category(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`summarize` per (benchmark, question category), as Spec-Bench reports its 13 categories: rows
+    with a ``category`` column, for the benchmarks whose questions carry more than one category (records
+    written before categories were recorded give none)."""
+    split = categories(records)
+    sep = "\x1f"  # joins benchmark and category into summarize's group key, split again below
+    keyed = [{**r, "benchmark": f"{r['benchmark']}{sep}{r['category']}"} for r in records
+             if r["benchmark"] in split and r.get("category") is not None]
+    rows = []
+    for row in summarize(keyed):
+        bench, category = row["benchmark"].split(sep, 1)
+        rows.append({**row, "benchmark": bench, "category": category})
+    return rows
+
+
+def headline_table(main: pd.DataFrame) -> pd.DataFrame:
+    """Mean over benchmarks per (method, temperature): speedup, tau, tokens/s — the index's summary."""
+    if main.empty:
+        return main
+    order = list(dict.fromkeys(main["method"].tolist()))
+    g = (main.groupby(["temperature", "method"], sort=False)
+         .agg(benchmarks=("benchmark", "nunique"), tokens_per_s=("tokens_per_s", "mean"),
+              speedup=("speedup", "mean"), tau=("tau", "mean"), tau_ref=("tau_ref", "mean"))
+         .reset_index())
+    g["_o"] = g["method"].map({m: i for i, m in enumerate(order)})
+    return g.sort_values(["temperature", "_o"]).drop(columns="_o").reset_index(drop=True)
