@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Pack what an offline GPU machine needs for the GPU check into parts small enough for one device call each
 # (.device/README.md). Run from the repository root, here: bash .device/pack.sh [RUN_DIR] [MB_PER_PART]
-# RUN_DIR (default runs/default) must hold the trained default drafts: drafts/dense/draft, drafts/moe2/draft.
+# RUN_DIR (default runs/default) must hold the trained default drafts: drafts/dense/draft and Jakiro's,
+# drafts/$JAKIRO/draft (JAKIRO: bench.jakiro_draft, default moe2_xgate; JAKIRO=moe2 packs the paper's loss and the
+# device calls then run the main study's Jakiro rows on it, --set bench.jakiro_draft=moe2).
 # FULL_DATA=1 also writes .device/kit/sharegpt.xz: every packaged ShareGPT record, xz-compressed into one part,
 # for `run.sh gpuprofile` (the gpu profile's caching and training stages) and `run.sh notebooks`; NOTEBOOKS=1 adds
 # the wheels of papermill, nbconvert and ipykernel (16 MB) for `run.sh notebooks` (the four notebooks on the GPU).
 set -euo pipefail
 RUN_DIR=${1:-runs/default}
 MB=${2:-48}
+JAKIRO=${JAKIRO:-moe2_xgate}
 PY=${PY:-.venv/bin/python}
-for d in dense moe2; do
+for d in dense "$JAKIRO"; do
   [ -f "$RUN_DIR/drafts/$d/draft/model.safetensors" ] || {
     echo "no trained $d draft in $RUN_DIR: python -m jakiro_lib cache --profile default &&" \
-         "python -m jakiro_lib train --profile default --drafts dense,moe2"; exit 1; }
+         "python -m jakiro_lib train --profile default --drafts dense,$JAKIRO"; exit 1; }
 done
 site() { "$PY" -c "import importlib.util as u, sys; print(u.find_spec(sys.argv[1]).submodule_search_locations[0])" "$1"; }
 STAGE=$(mktemp -d); trap 'rm -rf "$STAGE"' EXIT
@@ -45,12 +48,13 @@ from pathlib import Path
 from jakiro_lib.data.conversations import _iter_sharegpt_records  # the packaged file is cut mid-record: read it as the loader does
 json.dump(list(itertools.islice(_iter_sharegpt_records(Path(sys.argv[1]), True), 1000)), open(sys.argv[2], "w"))
 PYEOF
-for d in dense moe2; do
+for d in dense "$JAKIRO"; do
   mkdir -p "$STAGE/runs/default/drafts/$d"
   cp -r "$RUN_DIR/drafts/$d/draft" "$STAGE/runs/default/drafts/$d/"
   cp "$RUN_DIR/drafts/$d/results.json" "$STAGE/runs/default/drafts/$d/" 2>/dev/null || true
 done
 git rev-parse HEAD > "$STAGE/commit"
+echo "$JAKIRO" > "$STAGE/jakiro_draft"
 rm -rf .device/kit && mkdir -p .device/kit
 tar -C "$STAGE" -cf - . | split -b "${MB}M" -d - .device/kit/part.
 if [ "${FULL_DATA:-0}" = 1 ]; then

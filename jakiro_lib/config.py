@@ -22,6 +22,9 @@ from typing import Any, Callable, ClassVar, Literal, Union
 
 
 CAPTURES = ("graphs", "inductor")  # TargetConfig.capture's choices (jakiro_lib.decoding.compiled)
+# The drafts the main study's EAGLE-2 and Jakiro rows draft from (BenchConfig's defaults). Jakiro's: the 2-expert draft
+# whose selected experts' own outputs are trained too, chosen side by side over moe2 (docs/DESIGN.md section 11)
+EAGLE2_DRAFT, JAKIRO_DRAFT = "dense", "moe2_xgate"
 RUN_ENGINE_NAMES = ("loop", "static", "static_compiled")  # BenchConfig.engine's, "auto" resolved (jakiro_lib.measure.methods)
 
 
@@ -239,8 +242,14 @@ class BenchConfig:
     # section 12: on an H200 the loop engine ran at 0.54x hf_compiled and the captured cycle at parity; on a
     # 2-core CPU the loop engine was 4-5% faster than the static one and compiling made it slower).
     engine: str = "auto"
+    # The trained drafts (names under drafts/) the main study's EAGLE-2 and Jakiro rows draft from; a profile that
+    # trains neither leaves those rows out. E.g. bench.jakiro_draft=moe2: Jakiro on the paper's loss.
+    eagle2_draft: str = EAGLE2_DRAFT
+    jakiro_draft: str = JAKIRO_DRAFT
 
     def __post_init__(self) -> None:
+        if not (self.eagle2_draft and self.jakiro_draft):
+            raise ValueError("bench.eagle2_draft and bench.jakiro_draft name trained drafts: give a name")
         if self.skip < 0 or (self.limit is not None and self.limit < 0):
             raise ValueError(f"bench.skip and bench.limit must be >= 0, got {self.skip} and {self.limit}")
 

@@ -6,8 +6,8 @@ import dataclasses
 import json
 from typing import Any, Iterable
 
-from .config import (BenchConfig, ConfigError, DataConfig, DraftConfig, Profile, TargetConfig, TrainConfig, TreeConfig,
-                     _check_field, _post_init, validate)
+from .config import (EAGLE2_DRAFT, JAKIRO_DRAFT, BenchConfig, ConfigError, DataConfig, DraftConfig, Profile, TargetConfig,
+                     TrainConfig, TreeConfig, _check_field, _post_init, validate)
 
 
 def _study_drafts(vocab: int | None) -> dict[str, DraftConfig]:
@@ -45,14 +45,6 @@ def _study_drafts(vocab: int | None) -> dict[str, DraftConfig]:
 # before any pipeline): 600 x 2 took 82 min on the AVX2 EPYC. A CPU flag does not size the job any more (issue 43):
 # the 2-core EPYC with avx512_bf16 ran bf16 caching 1.74x and the compiled bf16 step 1.98x fp32, AMX 3.2-3.8x.
 DEFAULT_SCALE = (600, 2)
-# The headline Jakiro draft: the 2-expert draft whose experts' own outputs are trained too (expert_loss="gate"),
-# which is what decoupled candidates are drafted from. Chosen by a side-by-side run (issue 43): the default main
-# job's ablations on a 2-core Xeon, 2026-11-27 (reports/measured/2026-11-27-default-cpu-xeon-avx512), same tree,
-# prompts interleaved: tau 1.53 against 1.48 for moe2 (the paper's loss), 1.04x its tokens/s [1.02, 1.06]; in the
-# faithful study (2026-11-23) a per-expert-trained draft was the best Jakiro in tau too (docs/results.md). moe2
-# stays beside it in the ablations ("experts=2" against "jakiro_xgate", one run, one tree).
-JAKIRO_DRAFT = "moe2_xgate"
-EAGLE2_DRAFT = "dense"
 DEFAULT_DRAFTS = ("dense", "dense_h", "moe2", "moe2_xgate", "dense_u2", "moe2_u2")
 FAITHFUL_DRAFTS = ("dense", "dense_h", "moe2", "moe2_xgate", "dense_u2", "dense_h_u2", "moe2_u2", "moe2_xgate_u2")
 

@@ -510,3 +510,26 @@ def test_no_compilation_inside_a_timed_prompt(tmp_path):
     for r in records:
         assert r["stop_reason"] == "eos" and r["new_tokens"] <= 4, r
         assert r["compiled_graphs"] == 0, r
+
+
+def test_the_main_studys_drafts_are_named_by_the_profile(tmp_path):
+    """bench.jakiro_draft / bench.eagle2_draft say which trained drafts the main study's Jakiro and EAGLE-2 rows
+    draft from (default: moe2_xgate, chosen side by side; docs/DESIGN.md section 11); the ablations keep theirs."""
+    from jakiro_lib.config import ConfigError
+    from jakiro_lib.layout import draft_name
+    from jakiro_lib.profiles import get_profile
+    from jakiro_lib.study import profile_methods
+
+    def drafts_of(prof, study="main"):
+        return {k: draft_name(m.draft) for k, m in profile_methods(prof, tmp_path, study).items() if m.draft}
+
+    default = drafts_of(get_profile("smoke"))
+    assert {default[k] for k in ("jakiro", "jakiro_cepd", "jakiro_auto", "jakiro_lookup")} == {"moe2_xgate"}
+    assert {default[k] for k in ("eagle2", "eagle2_auto", "eagle2_lookup")} == {"dense"}
+    paper_loss = drafts_of(get_profile("smoke", **{"bench.jakiro_draft": "moe2", "bench.eagle2_draft": "dense_h"}))
+    assert {paper_loss[k] for k in ("jakiro", "jakiro_cepd", "jakiro_auto", "jakiro_lookup")} == {"moe2"}
+    assert {paper_loss[k] for k in ("eagle2", "eagle2_auto", "eagle2_lookup")} == {"dense_h"}
+    ablations = drafts_of(get_profile("smoke", **{"bench.jakiro_draft": "moe2"}), "ablations")
+    assert ablations == drafts_of(get_profile("smoke"), "ablations")  # the ablations name their drafts themselves
+    with pytest.raises((ConfigError, ValueError), match="jakiro_draft"):
+        get_profile("smoke", **{"bench.jakiro_draft": ""})

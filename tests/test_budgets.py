@@ -10,7 +10,8 @@ from helpers import single_thread
 from jakiro_lib.measure import budgets, costmodel
 from jakiro_lib.measure.budgets import TUNE_PROMPTS, resolve_tree_budgets, tuning_prompts
 from jakiro_lib.config import TargetConfig
-from jakiro_lib.profiles import EAGLE2_DRAFT, JAKIRO_DRAFT, get_profile
+from jakiro_lib.config import EAGLE2_DRAFT, JAKIRO_DRAFT
+from jakiro_lib.profiles import get_profile
 from jakiro_lib.data.conversations import Question, load_conversations, load_questions
 from jakiro_lib.data.dataset import split_indices
 from jakiro_lib.models.draft import DraftModel

@@ -12,7 +12,7 @@ from jakiro_lib.cli import main
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.measure.gpucheck import CHECK_SETTINGS, check_profile, gpu_check
 from jakiro_lib.models.target import load_target
-from jakiro_lib.profiles import EAGLE2_DRAFT, JAKIRO_DRAFT
+from jakiro_lib.config import EAGLE2_DRAFT, JAKIRO_DRAFT
 
 from helpers import single_thread
 

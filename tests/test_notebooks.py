@@ -18,7 +18,8 @@ import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from jakiro_lib.profiles import EAGLE2_DRAFT, JAKIRO_DRAFT, get_profile
+from jakiro_lib.config import EAGLE2_DRAFT, JAKIRO_DRAFT
+from jakiro_lib.profiles import get_profile
 from jakiro_lib.report.pipeline import NOTEBOOK_DIR, STAGES, PipelineError, run_pipeline, select_stages
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

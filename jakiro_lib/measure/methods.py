@@ -7,7 +7,7 @@ groups (:func:`group_names`) and the serialised form in stamps and ``bench_confi
 (:func:`portable`) are all read from here.
 
 Kinds: ``vanilla`` (our cached loop), ``hf`` (HF ``generate``), ``pld`` (HF prompt lookup) and ``spec``
-(a feature draft with a tree config: EAGLE-2 with the dense draft, Jakiro with a MoE draft (:data:`JAKIRO_DRAFT`), Jakiro +
+(a feature draft with a tree config: EAGLE-2 with the dense draft, Jakiro with a MoE draft (``bench.jakiro_draft``), Jakiro +
 CEPD with ``ar_steps``; docs/DESIGN.md section 3).
 """
 from __future__ import annotations
@@ -20,13 +20,12 @@ from typing import Any, Callable, Collection
 
 import torch
 
-from ..config import RUN_ENGINE_NAMES, TreeConfig
+from ..config import EAGLE2_DRAFT, JAKIRO_DRAFT, RUN_ENGINE_NAMES, TreeConfig
 from ..decoding.loop import hf_generate, speculative_generate, vanilla_generate
 from ..decoding.result import GenerationResult
 from ..models.draft import DraftModel
 from ..decoding.drafting import make_drafter
 from ..layout import draft_name, draft_path
-from ..profiles import EAGLE2_DRAFT, JAKIRO_DRAFT
 from ..decoding.static import static_generate, static_vanilla_generate
 from ..models.target import Target
 from ..decoding.verify import SamplingParams
@@ -152,6 +151,8 @@ def portable(spec: MethodSpec, relative_to: str | Path | None = None) -> dict[st
 # The registry
 # ----------------------------------------------------------------------------------------------------
 
+EAGLE2 = "<eagle2 draft>"  # Method.draft placeholders in the main study: bench.eagle2_draft / bench.jakiro_draft
+JAKIRO = "<jakiro draft>"
 CEPD = "cepd"  # tree.ar_steps placeholder: depth - 2, the last draft forward yields two layers (reference)
 TUNED = "tuned"  # tree.total_tokens placeholder: "auto" when the study tunes budgets, else the tree's own
 
@@ -173,6 +174,11 @@ class Method:
     compile: bool = False
     group: str = ""
     when: str | None = None
+
+    def on_drafts(self, eagle2_draft: str, jakiro_draft: str) -> "Method":
+        """This method with the :data:`EAGLE2` / :data:`JAKIRO` placeholders of the main study named
+        (``bench.eagle2_draft``, ``bench.jakiro_draft``)."""
+        return dataclasses.replace(self, draft={EAGLE2: eagle2_draft, JAKIRO: jakiro_draft}.get(self.draft, self.draft))
 
     def spec(self, tree: TreeConfig, drafts_dir: str | Path, *, tuned: bool) -> MethodSpec:
         """The runnable spec on the study's ``tree`` with drafts under ``drafts_dir``."""
@@ -204,14 +210,14 @@ MAIN = (
     Method("hf_generate", "hf", group="hf"),
     Method("hf_compiled", "hf", compile=True, group="hf", when="compiled"),
     Method("hf_prompt_lookup", "pld", group="pld"),
-    Method("eagle2", SPEC, EAGLE2_DRAFT, group="eagle2"),
-    Method("jakiro", SPEC, JAKIRO_DRAFT, _JAKIRO, group="jakiro"),
-    Method("jakiro_cepd", SPEC, JAKIRO_DRAFT, {**_JAKIRO, "ar_steps": CEPD}, group="jakiro"),
-    Method("eagle2_auto", SPEC, EAGLE2_DRAFT, {"total_tokens": "auto"}, group="eagle2", when="tuned"),
-    Method("jakiro_auto", SPEC, JAKIRO_DRAFT, {**_JAKIRO, "total_tokens": "auto"}, group="jakiro", when="tuned"),
+    Method("eagle2", SPEC, EAGLE2, group="eagle2"),
+    Method("jakiro", SPEC, JAKIRO, _JAKIRO, group="jakiro"),
+    Method("jakiro_cepd", SPEC, JAKIRO, {**_JAKIRO, "ar_steps": CEPD}, group="jakiro"),
+    Method("eagle2_auto", SPEC, EAGLE2, {"total_tokens": "auto"}, group="eagle2", when="tuned"),
+    Method("jakiro_auto", SPEC, JAKIRO, {**_JAKIRO, "total_tokens": "auto"}, group="jakiro", when="tuned"),
     Method("lookup_only", SPEC, None, {"lookup_tokens": LOOKUP_TOKENS}, group="lookup_only"),
-    Method("eagle2_lookup", SPEC, EAGLE2_DRAFT, _LOOKUP, group="eagle2_lookup"),
-    Method("jakiro_lookup", SPEC, JAKIRO_DRAFT, {**_JAKIRO, **_LOOKUP}, group="jakiro_lookup"),
+    Method("eagle2_lookup", SPEC, EAGLE2, _LOOKUP, group="eagle2_lookup"),
+    Method("jakiro_lookup", SPEC, JAKIRO, {**_JAKIRO, **_LOOKUP}, group="jakiro_lookup"),
 )
 
 ABLATIONS = (
@@ -308,10 +314,11 @@ def resolve_engine(engine: str, device: str) -> str:
 def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "main",
                   tuned: bool = True, compiled: bool = True, compiled_engine: bool = False,
                   static_engine: bool = False, drafts: Collection[str] | None = None,
-                  engine: str = "loop") -> dict[str, MethodSpec]:
+                  engine: str = "loop", eagle2_draft: str = EAGLE2_DRAFT,
+                  jakiro_draft: str = JAKIRO_DRAFT) -> dict[str, MethodSpec]:
     """The method sets the notebooks compare; drafts are read from ``drafts_dir/<name>/draft``.
 
-    ``main``: the baselines, EAGLE-2 (dense draft), Jakiro (2 experts, decoupled, on :data:`JAKIRO_DRAFT`) and Jakiro + CEPD on
+    ``main``: the baselines, EAGLE-2 (on ``eagle2_draft``), Jakiro (decoupled, on ``jakiro_draft``) and Jakiro + CEPD on
     ``tree``; with ``tuned`` (and a fixed ``tree.total_tokens``) also ``eagle2_auto`` and ``jakiro_auto``,
     the same drafts with the tree budget tuned for the machine (``total_tokens="auto"``); and this
     repository's extension ``eagle2_lookup`` / ``jakiro_lookup``: that tree (tuned unless ``tuned`` is
@@ -336,7 +343,7 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
         raise ValueError(f"unknown study {study!r}: use {' or '.join(repr(s) for s in STUDIES)}")
     switches: dict[str, Callable[[], bool]] = {"compiled": lambda: compiled,
                                                "tuned": lambda: tuned and tree.total_tokens != "auto"}
-    registered = MAIN if study == "main" else _ablation_methods(tree)
+    registered = [m.on_drafts(eagle2_draft, jakiro_draft) for m in (MAIN if study == "main" else _ablation_methods(tree))]
     chosen = [m for m in registered if (m.when is None or switches[m.when]())
               and (drafts is None or m.draft is None or m.draft in drafts)]
     methods = {m.name: m.spec(tree, drafts_dir, tuned=tuned) for m in chosen}

@@ -143,7 +143,7 @@ def paper_methods(tree: TreeConfig | None = None) -> list[tuple[Method, TreeConf
     configurations (the paper profile's: full vocabulary)."""
     profile = get_profile(PAPER_PROFILE)
     tree = tree or profile.tree
-    registry = {m.name: m for m in (*MAIN, RELEASED)}
+    registry = {m.name: m.on_drafts(profile.bench.eagle2_draft, profile.bench.jakiro_draft) for m in (*MAIN, RELEASED)}
     out = []
     for name in METHOD_NAMES:
         m = registry[name]

@@ -9,7 +9,6 @@ import pandas as pd
 
 from ..measure.budgets import fixed_tree_tokens
 from ..measure.perf import cost_model, lever_table, performance_targets
-from ..profiles import EAGLE2_DRAFT, JAKIRO_DRAFT
 from .context import get_target
 from .tables import load_study_records, tree_budget_table, write_table
 
@@ -19,7 +18,8 @@ def write_performance_report(ctx: Any, main: pd.DataFrame, *, target: Any = None
     ``cost_model_target.csv``, ``cost_model_draft.csv``, ``cost_model_draft_cycle.csv``, ``tree_budget.csv``,
     ``performance_targets.csv`` and ``levers.csv`` in the report directory. Returns the six tables."""
     target = target or get_target(ctx)
-    costs = cost_model(target, ctx.drafts_dir, drafts=(EAGLE2_DRAFT, JAKIRO_DRAFT),
+    bench = ctx.profile.bench
+    costs = cost_model(target, ctx.drafts_dir, drafts=(bench.eagle2_draft, bench.jakiro_draft),
                        widths=sorted({1, ctx.profile.tree.top_k}), tree=ctx.profile.tree)
     levers = lever_table(costs["target"], costs["draft"], main, tree_tokens=fixed_tree_tokens(ctx.profile.tree),
                          draft_cycle=costs["draft_cycle"])

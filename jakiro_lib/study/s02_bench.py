@@ -60,7 +60,8 @@ def profile_methods(prof: Profile, drafts_dir: Path, study: str) -> dict[str, Me
                          compiled=prof.bench.compiled_baseline, compiled_engine=prof.bench.compiled_engine,
                          static_engine=prof.bench.static_engine,
                          engine=resolve_engine(prof.bench.engine, prof.target.device),
-                         drafts=prof.drafts)
+                         drafts=prof.drafts, eagle2_draft=prof.bench.eagle2_draft,
+                         jakiro_draft=prof.bench.jakiro_draft)
 
 
 def methods_table(profile: str | Profile | StudyContext, study: str = "main",
