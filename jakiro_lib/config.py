@@ -1,24 +1,18 @@
-"""Dataclass configs and their validation (the named profiles: :mod:`jakiro_lib.profiles`).
+"""The config dataclasses (checked by :mod:`jakiro_lib.validation`; the named profiles: :mod:`jakiro_lib.profiles`).
 
 A profile bundles everything one study needs (target, data, drafts, training, tree, benchmark). Profiles are
 plain dataclasses so papermill parameters and the CLI override them with dotted keys (``train.epochs=3``).
 
-Every value is checked when a profile is built or overridden (:func:`validate`): by the field's type
-annotation (so fields added later are checked too) and by a range (:data:`RULES`, then name patterns
-such as ``*_fraction``). A bad value raises :class:`ConfigError` naming the key, the value and what is
-allowed, before any stage touches a file.
+Every value is checked when a profile is built or overridden (:func:`jakiro_lib.validation.validate`): by the
+field's type annotation and by a range. A bad value raises :class:`ConfigError` naming the key, the value and
+what is allowed, before any stage touches a file.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
-import math
-import re
-import types
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Literal, Union
+from typing import Any, ClassVar
 
 
 CAPTURES = ("graphs", "inductor")  # TargetConfig.capture's choices (jakiro_lib.decoding.compiled)
@@ -269,166 +263,3 @@ class Profile:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
-
-
-# --------------------------------------------------------------------------------------------------
-# Validation
-# --------------------------------------------------------------------------------------------------
-
-
-Rule = tuple[Callable[[Any], bool], str]  # (allowed?, what is allowed), applied to each number of a value
-
-
-def _at_least(lo: float) -> Rule:
-    return (lambda v: v >= lo), f">= {lo}"
-
-
-def _above(lo: float) -> Rule:
-    return (lambda v: v > lo), f"> {lo}"
-
-
-def _one_of(*choices: str) -> Rule:
-    return (lambda v: v in choices), "one of " + ", ".join(repr(c) for c in choices)
-
-
-_UNIT: Rule = ((lambda v: 0 <= v < 1), "in [0, 1)")
-_DTYPE = _one_of("float32", "float16", "bfloat16")
-
-# Ranges by "Class.field"; fields not listed fall back to the name patterns of _PATTERN_RULES.
-RULES: dict[str, Rule] = {
-    "TargetConfig.dtype": _DTYPE, "TargetConfig.max_context": _at_least(1), "TargetConfig.packed_gemm": _at_least(0),
-    "TargetConfig.gemm_backend": _one_of("auto", "mkl", "onednn"),
-    "BenchConfig.engine": _one_of("auto", *RUN_ENGINE_NAMES), "TargetConfig.capture": _one_of(*CAPTURES),
-    "DataConfig.feature_dtype": _DTYPE, "DataConfig.scale": _one_of("fixed", "auto"), "DataConfig.cache_dtype": _one_of("float32", "float16", "bfloat16", "auto"),
-    "TrainConfig.epochs": _at_least(1), "TrainConfig.lr": _above(0), "TrainConfig.betas": _UNIT,
-    "TrainConfig.grad_clip_value": _above(0), "TrainConfig.max_steps": _at_least(1),
-    "TrainConfig.mixed_precision": _one_of("no", "fp16", "bf16", "auto"), "TrainConfig.compile": _one_of("no", "yes", "auto"),
-    "TreeConfig.depth": _at_least(1), "TreeConfig.top_k": _at_least(1), "TreeConfig.ar_steps": _at_least(0),
-    "TreeConfig.children_per_expert": _at_least(1),
-    "TreeConfig.lookup_max_ngram": _at_least(1), "TreeConfig.lookup_min_ngram": _at_least(1),
-    "BenchConfig.repeats": _at_least(1), "BenchConfig.temperatures": _at_least(0),
-}
-_PATTERN_RULES: tuple[tuple[str, Rule], ...] = (
-    (r"fraction$", _UNIT),
-    (r"(^|_)(max|num)_|_size$", _at_least(1)),
-    (r"(^|_)(seed|steps|tokens|weight|warmup|skip|limit|temperature|amplitude|decay)s?$", _at_least(0)),
-)
-
-
-def _rule(cls: type, name: str) -> Rule | None:
-    rule = RULES.get(f"{cls.__name__}.{name}")
-    return rule or next((r for pattern, r in _PATTERN_RULES if re.search(pattern, name)), None)
-
-
-def _matches(value: Any, tp: Any) -> bool:
-    """Whether ``value`` fits the annotation ``tp`` (unknown kinds of annotation accept anything)."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return True
-    if origin in (Union, types.UnionType):
-        return any(_matches(value, a) for a in args)
-    if tp is type(None) or tp is None:
-        return value is None
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if origin is Literal:
-        return value in args
-    if origin in (tuple, list):
-        if not isinstance(value, (tuple, list)):
-            return False
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            return len(value) == len(args) and all(_matches(v, a) for v, a in zip(value, args))
-        return not args or all(_matches(v, args[0]) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(_matches(k, args[0]) and _matches(v, args[1])
-                                               for k, v in value.items())
-    return isinstance(value, tp) if isinstance(tp, type) else True
-
-
-def _describe(tp: Any, bound: str = "") -> str:
-    """Words for an annotation and a range: ``int | None``, ">= 1" -> "an integer >= 1 or none"."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    simple = {str: "a string", bool: "true or false", type(None): "none"}
-    if tp in (int, float):
-        return ("an integer" if tp is int else "a number") + (f" {bound}" if bound else "")
-    if tp in simple:
-        return simple[tp]
-    if origin in (Union, types.UnionType):
-        return " or ".join(_describe(a, bound) for a in args)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in args)
-    if origin is tuple and args and args[-1] is not Ellipsis:
-        return f"a list of {len(args)} values, each {_describe(args[0], bound)}"
-    if origin in (tuple, list):
-        return f"a comma-separated list of values, each {_describe(args[0], bound)}" if args else "a list"
-    if origin is dict:
-        return f"a mapping of names to {_describe(args[1])}"
-    return f"a {getattr(tp, '__name__', tp)}"
-
-
-def _numbers(value: Any) -> list[Any]:
-    """The scalars a range rule applies to: the value itself, or each item of a list (None skipped)."""
-    items = value if isinstance(value, (tuple, list)) else [value]
-    return [v for v in items if v is not None]
-
-
-def _check_field(obj: Any, name: str, path: str, given: str | None = None) -> None:
-    """Type and range of one dataclass field; lists become tuples and integers floats where annotated so.
-
-    ``given``: the value as the user wrote it, for the message (default: the field's value)."""
-    tp = _hints(type(obj))[name]
-    value = getattr(obj, name)
-    rule = _rule(type(obj), name)
-    choice = rule is not None and rule[1].startswith("one of")
-    allowed = rule[1] + (" or none" if _matches(None, tp) else "") if choice else _describe(tp, rule[1] if rule else "")
-    if not _matches(value, tp):
-        raise ConfigError(f"{path} = {given or repr(value)} is not allowed: expected {allowed}")
-    if typing.get_origin(tp) is tuple and isinstance(value, list):
-        setattr(obj, name, value := tuple(value))
-    if tp is float and isinstance(value, int):
-        setattr(obj, name, value := float(value))
-    if rule and not all(_rule_ok(rule, v) for v in _numbers(value)):
-        raise ConfigError(f"{path} = {given or repr(value)} is not allowed: expected {allowed}")
-
-
-@functools.lru_cache(maxsize=None)
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _rule_ok(rule: Rule, value: Any) -> bool:
-    try:
-        return bool(rule[0](value))
-    except TypeError:  # a range on a value of another kind (e.g. "auto" where numbers have a range)
-        return True
-
-
-def _post_init(obj: Any, path: str, value: Any) -> None:
-    """Rerun a config's own cross-field checks after a change; their errors become ConfigErrors."""
-    check = getattr(obj, "__post_init__", None)
-    if check is None:
-        return
-    try:
-        check()
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{path} = {value!r} is not allowed: {exc}") from None
-
-
-def validate(config: Any, prefix: str = "") -> None:
-    """Check every field of a config dataclass (and of the dataclasses inside it); raise ConfigError."""
-    for f in dataclasses.fields(config):
-        path = f"{prefix}{f.name}"
-        value = getattr(config, f.name)
-        _check_field(config, f.name, path)
-        if dataclasses.is_dataclass(value):
-            validate(value, path + ".")
-            _post_init(value, path, value)
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                if dataclasses.is_dataclass(item):
-                    validate(item, f"{path}.{key}.")
-                    _post_init(item, f"{path}.{key}", item)

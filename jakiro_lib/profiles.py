@@ -7,7 +7,8 @@ import json
 from typing import Any, Iterable
 
 from .config import (EAGLE2_DRAFT, JAKIRO_DRAFT, BenchConfig, ConfigError, DataConfig, DraftConfig, Profile, TargetConfig,
-                     TrainConfig, TreeConfig, _check_field, _post_init, validate)
+                     TrainConfig, TreeConfig)
+from .validation import check_field as _check_field, post_init as _post_init, validate
 
 
 def _study_drafts(vocab: int | None) -> dict[str, DraftConfig]:

@@ -82,7 +82,7 @@ def test_tree_budget_auto_and_numeric_strings():
 
 
 def test_every_named_profile_validates():
-    from jakiro_lib.config import validate
+    from jakiro_lib.validation import validate
 
     for name in PROFILE_NAMES:
         validate(get_profile(name))
@@ -120,7 +120,8 @@ def test_validation_is_generic_for_fields_added_later():
     """A config another module adds is checked from its annotations and field names alone."""
     from dataclasses import dataclass
 
-    from jakiro_lib.config import ConfigError, validate
+    from jakiro_lib.config import ConfigError
+    from jakiro_lib.validation import validate
 
     @dataclass
     class Extra:
