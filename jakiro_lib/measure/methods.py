@@ -39,8 +39,6 @@ RUN_ENGINES = dict(zip(RUN_ENGINE_NAMES, [("loop", False), ("static", False), ("
 VANILLA_KINDS = ("vanilla", "hf")  # the baselines a speedup is measured against
 STUDIES = ("main", "ablations")
 LOOKUP_TOKENS = 10  # chain length of the lookup-branch methods: HF prompt lookup's default
-COMPILED_SUFFIX = "_compiled"
-STATIC_SUFFIX = "_static"
 
 
 @dataclass
@@ -273,17 +271,10 @@ def parse_names(text: str, known: Collection[str]) -> list[str]:
     return [n for n in names if n]
 
 
-def compiled_twin(name: str) -> str:
-    return f"{name}{COMPILED_SUFFIX}"
-
-
-def static_twin(name: str) -> str:
-    return f"{name}{STATIC_SUFFIX}"
-
-
 def engine_twin(name: str, run: str) -> str:
-    """The name ``name`` runs under on the run engine ``run`` (a key of :data:`RUN_ENGINES`)."""
-    return {"loop": name, "static": static_twin(name), "static_compiled": compiled_twin(static_twin(name))}[run]
+    """The name ``name`` runs under on the run engine ``run`` (a key of :data:`RUN_ENGINES`): ``<name>``,
+    ``<name>_static`` or ``<name>_static_compiled``."""
+    return name if run == "loop" else f"{name}_{run}"
 
 
 def has_static_twin(m: Method) -> bool:
@@ -295,10 +286,9 @@ def group_names(group: str, *, twins: bool = False) -> tuple[str, ...]:
     """The main study's methods of a goals group (e.g. ``"jakiro"``), in registry order; with ``twins``
     followed by their static-engine twins, then those compiled."""
     members = [m for m in MAIN if m.group == group]
-    if not twins:
-        return tuple(m.name for m in members)
-    static = [static_twin(m.name) for m in members if has_static_twin(m)]
-    return tuple(m.name for m in members) + tuple(static) + tuple(compiled_twin(n) for n in static)
+    runs = ("static", "static_compiled") if twins else ()
+    return tuple(m.name for m in members) + tuple(engine_twin(m.name, run) for run in runs
+                                                  for m in members if has_static_twin(m))
 
 DRAFTED_METHODS = tuple(m.name for m in MAIN if m.kind == SPEC and m.draft)  # compared with published numbers
 
