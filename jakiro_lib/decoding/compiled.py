@@ -6,11 +6,7 @@ a GPU the step is captured one of two ways (``target.capture``, :data:`CAPTURES`
 :class:`CapturedStep` (the eager kernels recorded as one CUDA graph: no compilation), or "inductor",
 ``torch.compile(mode="reduce-overhead")`` (fused kernels, then CUDA graphs: about 40 s of compilation per
 step on the H200, 2026-11-26, for about 5% more speed on SmolLM2, 2026-11-27). On a CPU a compiled step is
-always inductor's.
-Our loop engine used to compile the target alone over a static cache (a runner with padded tree sizes);
-it bought 1.04x for vanilla and 1.01x for Jakiro on this project's 2-core CPU (SmolLM2-135M fp32,
-2026-11-23) and ran at 0.72x ``hf_compiled`` on an H200 (2026-11-26): removed, the loop engine is the eager
-reference, and the static engine is the one to compile.
+always inductor's. The loop engine is never compiled: it is the eager reference (docs/DESIGN.md section 11).
 """
 from __future__ import annotations
 
