@@ -22,7 +22,7 @@ from .files import check_paths
 from .machine import busy_warning, main_rank, run_lock, world_size
 from .measure.gpucheck import CHECK_METHODS
 from .measure.methods import KINDS, MAIN, SPEC, STUDIES
-from .measure.papercost import SHAPES
+from .measure.random_models import SHAPES
 from .profiles import PROFILE_NAMES
 from .report.pipeline import add_cli
 from .study.context import default_run_dir

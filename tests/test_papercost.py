@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from jakiro_lib.cli import main
-from jakiro_lib.measure.papercost import (CYCLE_COLUMNS, METHOD_NAMES, PAPER, SHAPES, TN_COLUMNS, modelled_speedup,
-                                  paper_methods, random_target, run_papercost, shape_config)
+from jakiro_lib.measure.papercost import (CYCLE_COLUMNS, METHOD_NAMES, PAPER, TN_COLUMNS, modelled_speedup,
+                                          paper_methods, run_papercost)
+from jakiro_lib.measure.random_models import SHAPES, random_target, shape_config
 
 from helpers import single_thread
 

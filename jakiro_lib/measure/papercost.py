@@ -26,21 +26,20 @@ import dataclasses
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import pandas as pd
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
-from ..models import kernels
 from ..decoding.compiled import CapturedStep, compiled_cache_len
 from ..models.target import set_capture
 from ..config import DraftConfig, TreeConfig
 from ..profiles import get_profile
 from ..decoding.result import GenerationResult
 from ..machine import synchronize
-from ..models.draft import DraftModel
 from .methods import MAIN, RELEASED, Method
 from ..decoding.runner import TargetRunner
 from ..decoding.static import ancestor_mask, static_generate, static_vanilla_generate
@@ -49,15 +48,8 @@ from ..study.tables import write_table
 from ..models.target import _dtype
 from ..files import write_json
 from ..machine import run_metadata
+from .random_models import check_device, random_draft, random_target, shape_config
 
-# LlamaConfig keywords of each named shape. vicuna-7b: lmsys/vicuna-7b-v1.3's config.json (Llama-1 7B);
-# tiny: the tests' CPU shape (hidden 64, 2 layers, the byte vocabulary of jakiro_lib.models.target.tiny_model).
-SHAPES: dict[str, dict[str, Any]] = {
-    "vicuna-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-6),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=260, max_position_embeddings=1024, rms_norm_eps=1e-6),
-}
 TREE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 60, 64)
 PAPER_PROFILE = "vicuna-7b"  # the paper-scale profile: its tree (depth 6, top-10, 60 tokens) and its drafts
 # The methods timed: EAGLE-2, Jakiro, Jakiro + CEPD (the paper's hybrid step: ar_steps = depth - 2) from the
@@ -78,57 +70,6 @@ CYCLE_COLUMNS = ("method", "draft", "tree", "cycles", "ms_per_cycle", "ms_per_to
                  "modelled_speedup", "paper_speedup", "speedup_basis")
 
 
-def shape_config(shape: str, max_context: int = 0) -> LlamaConfig:
-    """The LlamaConfig of a named shape (:data:`SHAPES`), its positions raised to ``max_context`` if needed."""
-    if shape not in SHAPES:
-        raise ValueError(f"unknown shape {shape!r}: use {' or '.join(SHAPES)}")
-    kw = dict(SHAPES[shape])
-    kw["max_position_embeddings"] = max(kw["max_position_embeddings"], max_context)
-    return LlamaConfig(**kw, tie_word_embeddings=False)
-
-
-def check_device(device: str | torch.device) -> torch.device:
-    """``device`` as a torch device; a ValueError where it is no device or CUDA is not here."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"not a device: {device!r} ({str(exc).splitlines()[0] if str(exc) else ''})") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {str(device)!r} requested but CUDA is not available")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be cpu or cuda, got {str(device)!r}")
-    return dev
-
-
-def random_target(shape: str, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
-                  max_context: int = 0, *, seed: int = 0) -> PreTrainedModel:
-    """A random-weight ``LlamaForCausalLM`` of a named shape, built directly on ``device`` in ``dtype`` (a 7B
-    target is never materialised in fp32 on the host), frozen, in eval mode, set up as
-    :func:`~jakiro_lib.models.target.load_target` sets up a target (:func:`~jakiro_lib.models.kernels.use_gqa_attention`)."""
-    config = shape_config(shape, max_context)
-    dt = _dtype(dtype) if isinstance(dtype, str) else dtype
-    dev = check_device(device)
-    torch.manual_seed(seed)
-    old = torch.get_default_dtype()
-    try:
-        torch.set_default_dtype(dt)
-        with torch.device(dev):
-            model = LlamaForCausalLM(config)
-    finally:
-        torch.set_default_dtype(old)
-    model = model.to(device=dev, dtype=dt).eval()  # fp32 buffers too, as load_target
-    model.requires_grad_(False)
-    kernels.use_gqa_attention(model)
-    return model
-
-
-def random_draft(cfg: DraftConfig, model: PreTrainedModel, *, seed: int = 0) -> DraftModel:
-    """A random draft head of ``cfg`` for ``model``, built on the target's device in its dtype, frozen."""
-    torch.manual_seed(seed)
-    with torch.device(model.device):
-        draft = DraftModel.build(cfg, model)
-    draft.eval().requires_grad_(False)
-    return draft
 
 
 def modelled_speedup(tau: float, ms_per_token_plain: float, ms_per_cycle: float) -> float:
@@ -238,6 +179,143 @@ def measure_generation(run: Callable[[], GenerationResult], *, runs: int = 3, wa
     return _per_cycle_ms([run() for _ in range(runs)])
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """One papercost run's checked settings and what follows from them (the cache lengths, the methods)."""
+
+    shape: str
+    device: torch.device
+    dtype: str
+    context: int
+    new_tokens: int
+    compile: bool
+    sizes: Sequence[int]
+    repeats: int
+    runs: int
+    seed: int
+    methods: list[tuple[Method, TreeConfig, DraftConfig]]
+    max_context: int  # room for a whole tree in every cycle (the engine's "whole" cycles)
+    cache_len: int  # the runner's positions for T(n)
+
+    def generate_kw(self) -> dict[str, Any]:
+        """The static engine's generation settings every timed run shares."""
+        return dict(max_new_tokens=self.new_tokens, max_context=self.max_context, compile=self.compile)
+
+
+def _plan(shape: str, device: str, dtype: str, context: int, new_tokens: int, compile: bool | None,
+          sizes: Sequence[int], tree: TreeConfig | None, repeats: int, runs: int, seed: int) -> _Plan:
+    """Check :func:`run_papercost`'s arguments (a ValueError before anything is written) and derive the rest."""
+    dev = check_device(device)
+    shape_config(shape)  # a ValueError for an unknown shape
+    _dtype(dtype)
+    if context < 1 or new_tokens < 2 or repeats < 1 or runs < 1 or not sizes or min(sizes) < 1:
+        raise ValueError("need context >= 1, new_tokens >= 2, repeats >= 1, runs >= 1 and tree sizes >= 1")
+    max_context = context + new_tokens + 64
+    return _Plan(shape=shape, device=dev, dtype=dtype, context=context, new_tokens=new_tokens,
+                 compile=dev.type == "cuda" if compile is None else compile, sizes=sizes, repeats=repeats,
+                 runs=runs, seed=seed, methods=paper_methods(tree), max_context=max_context,
+                 cache_len=compiled_cache_len(max(max_context, context + max(sizes))))
+
+
+def _settings(plan: _Plan, errors: list[str]) -> dict[str, Any]:
+    """``papercost.json`` before anything is measured: the settings, the paper's numbers, the environment."""
+    dev = plan.device
+    return {
+        "shape": plan.shape, "config": shape_config(plan.shape, plan.max_context).to_diff_dict(), "device": str(dev),
+        "dtype": plan.dtype, "context": plan.context, "new_tokens": plan.new_tokens, "max_context": plan.max_context,
+        "tn_cache_len": plan.cache_len,
+        "tn_captured": ("one CUDA graph per n (CapturedStep)" if dev.type == "cuda" else
+                        "off CUDA: the eager step replayed over its recorded argument copies"),
+        "compile": plan.compile, "capture": "graphs" if dev.type == "cuda" and plan.compile else None,
+        "tree_sizes": list(plan.sizes), "repeats": plan.repeats, "runs": plan.runs, "seed": plan.seed,
+        "methods": {m.name: {"draft": m.draft, "draft_config": dataclasses.asdict(d), "tree": dataclasses.asdict(t)}
+                    for m, t, d in plan.methods},
+        "paper": {"source": PAPER_SOURCE, **PAPER}, "speedup_basis": SPEEDUP_BASIS,
+        "note": ("random weights: the costs are the real ones (the static engine's shapes are fixed), the "
+                 "acceptance is not measured; modelled_speedup uses the paper's tau"),
+        "environment": run_metadata(dev, threads=torch.get_num_threads()), "status": "running",
+        "tn": [], "cycles": [], "errors": errors,
+    }
+
+
+def _build_target(plan: _Plan, result: dict[str, Any], log: Callable[[str], None]) -> PreTrainedModel:
+    """The random target, its compiled static step captured as CUDA graphs; its size goes into ``result``."""
+    log(f"[papercost] {plan.shape} {plan.dtype} on {result['environment']['device_name']}: building the random target")
+    model = random_target(plan.shape, plan.dtype, plan.device, plan.max_context, seed=plan.seed)
+    set_capture(model, "graphs")  # on CUDA a compiled static step is its eager kernels as CUDA graphs
+    result["target_params"] = sum(p.numel() for p in model.parameters())
+    log(f"[papercost] target: {result['target_params'] / 1e6:,.1f} M parameters on {plan.device}")
+    return model
+
+
+def _random_prompt(model: PreTrainedModel, plan: _Plan) -> torch.Tensor:
+    """The ``context`` random tokens every timed generation starts from."""
+    g = torch.Generator().manual_seed(plan.seed + 2)
+    return torch.randint(0, model.config.vocab_size, (plan.context,), generator=g).to(plan.device)
+
+
+def _cycle_recorder(out: Path, result: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    """A function that adds one row to ``result["cycles"]`` and rewrites ``cycles.csv`` (a crash keeps the rows)."""
+    rows: list[dict[str, Any]] = []
+    result["cycles"] = rows
+
+    def record(row: dict[str, Any]) -> None:
+        rows.append(row)
+        write_table(out / "cycles.csv", pd.DataFrame(rows, columns=list(CYCLE_COLUMNS)))
+
+    return record
+
+
+def _time_plain(model: PreTrainedModel, prompt: torch.Tensor, plan: _Plan, record: Callable[[dict[str, Any]], None],
+                log: Callable[[str], None], errors: list[str]) -> float:
+    """Plain decoding on the static engine, recorded as the vanilla row: its ms per token (NaN if it failed)."""
+    try:
+        t_token, n = measure_generation(lambda: static_vanilla_generate(model, prompt, **plan.generate_kw()),
+                                        runs=plan.runs)
+    except Exception as exc:  # noqa: BLE001
+        t_token, n = math.nan, 0
+        _failed("plain decoding", exc, log, errors)
+    log(f"[papercost] plain decoding (static engine{', compiled' if plan.compile else ''}): {t_token:.3f} ms/token")
+    record({"method": "vanilla", "draft": None, "tree": None, "cycles": n, "ms_per_cycle": t_token,
+            "ms_per_token_plain": t_token, "tau_paper": 1.0, "modelled_speedup": 1.0 if t_token > 0 else math.nan,
+            "paper_speedup": 1.0, "speedup_basis": "measured: the baseline"})
+    return t_token
+
+
+def _time_methods(model: PreTrainedModel, prompt: torch.Tensor, plan: _Plan, t_token: float,
+                  result: dict[str, Any], record: Callable[[dict[str, Any]], None], log: Callable[[str], None],
+                  errors: list[str]) -> None:
+    """Each paper method's cycle with a random draft of its shape, recorded with its modelled speedup; the drafts'
+    sizes go into ``result["draft_params"]``."""
+    result["draft_params"] = {}
+    for i, (m, mtree, dcfg) in enumerate(plan.methods):
+        paper = PAPER["eagle2" if m.draft == "dense" else "jakiro"]
+        try:
+            draft = random_draft(dcfg, model, seed=plan.seed + 10 + i)
+            result["draft_params"][m.name] = sum(p.numel() for p in draft.parameters())  # not the borrowed head
+            t_cycle, n = measure_generation(
+                lambda: static_generate(model, draft, mtree, prompt, **plan.generate_kw()), runs=plan.runs)
+        except Exception as exc:  # noqa: BLE001
+            t_cycle, n = math.nan, 0
+            _failed(m.name, exc, log, errors)
+        speedup = modelled_speedup(paper["tau"], t_token, t_cycle)
+        log(f"[papercost] {m.name} ({m.draft} draft, {_tree_label(mtree)}): {t_cycle:.3f} ms/cycle -> modelled "
+            f"{speedup:.2f}x at the paper's tau {paper['tau']} (paper: {paper['speedup']}x)")
+        record({"method": m.name, "draft": m.draft, "tree": _tree_label(mtree), "cycles": n, "ms_per_cycle": t_cycle,
+                "ms_per_token_plain": t_token, "tau_paper": paper["tau"], "modelled_speedup": speedup,
+                "paper_speedup": paper["speedup"], "speedup_basis": SPEEDUP_BASIS})
+
+
+def _finish(result: dict[str, Any], out: Path, t_start: float, log: Callable[[str], None]) -> None:
+    """Mark the run done, rewrite ``papercost.json`` and draw ``papercost.png``."""
+    result.update(status="done", seconds=round(time.perf_counter() - t_start, 1))
+    write_json(out / "papercost.json", result)
+    save_figure(plot_papercost(result["tn"], result["cycles"]), out / "papercost.png")
+    errors = result["errors"]
+    log(f"[papercost] {result['seconds']:.1f} s; tn.csv, cycles.csv, papercost.json and papercost.png in {out}"
+        + (f"; {len(errors)} measurement(s) failed" if errors else ""))
+
+
 def run_papercost(shape: str = "vicuna-7b", *, device: str = "cuda", dtype: str = "bfloat16", context: int = 256,
                   new_tokens: int = 64, out_dir: str | Path, compile: bool | None = None,
                   sizes: Sequence[int] = TREE_SIZES, tree: TreeConfig | None = None, repeats: int = 10,
@@ -250,85 +328,19 @@ def run_papercost(shape: str = "vicuna-7b", *, device: str = "cuda", dtype: str 
     eager kernels, ``target.capture="graphs"``; on a CPU compiling means inductor, minutes). ``tree``: default the
     paper's. ``repeats``: timed calls per T(n); ``runs``: timed generations per method (after one warm-up)."""
     t_start = time.perf_counter()
-    dev = check_device(device)
-    if shape not in SHAPES:
-        raise ValueError(f"unknown shape {shape!r}: use {' or '.join(SHAPES)}")
-    _dtype(dtype)
-    if context < 1 or new_tokens < 2 or repeats < 1 or runs < 1 or not sizes or min(sizes) < 1:
-        raise ValueError("need context >= 1, new_tokens >= 2, repeats >= 1, runs >= 1 and tree sizes >= 1")
-    compile = dev.type == "cuda" if compile is None else compile
+    plan = _plan(shape, device, dtype, context, new_tokens, compile, sizes, tree, repeats, runs, seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    methods = paper_methods(tree)
-    max_context = context + new_tokens + 64  # room for a whole tree in every cycle (the engine's "whole" cycles)
-    cache_len = compiled_cache_len(max(max_context, context + max(sizes)))
     errors: list[str] = []
-    result: dict[str, Any] = {
-        "shape": shape, "config": shape_config(shape, max_context).to_diff_dict(), "device": str(dev),
-        "dtype": dtype, "context": context, "new_tokens": new_tokens, "max_context": max_context,
-        "tn_cache_len": cache_len,
-        "tn_captured": ("one CUDA graph per n (CapturedStep)" if dev.type == "cuda" else
-                        "off CUDA: the eager step replayed over its recorded argument copies"),
-        "compile": compile, "capture": "graphs" if dev.type == "cuda" and compile else None,
-        "tree_sizes": list(sizes), "repeats": repeats, "runs": runs, "seed": seed,
-        "methods": {m.name: {"draft": m.draft, "draft_config": dataclasses.asdict(d), "tree": dataclasses.asdict(t)}
-                    for m, t, d in methods},
-        "paper": {"source": PAPER_SOURCE, **PAPER}, "speedup_basis": SPEEDUP_BASIS,
-        "note": ("random weights: the costs are the real ones (the static engine's shapes are fixed), the "
-                 "acceptance is not measured; modelled_speedup uses the paper's tau"),
-        "environment": run_metadata(dev, threads=torch.get_num_threads()), "status": "running",
-        "tn": [], "cycles": [], "errors": errors,
-    }
+    result = _settings(plan, errors)
     write_json(out / "papercost.json", result)
-    log(f"[papercost] {shape} {dtype} on {result['environment']['device_name']}: building the random target")
-    model = random_target(shape, dtype, dev, max_context, seed=seed)
-    set_capture(model, "graphs")  # on CUDA a compiled static step is its eager kernels as CUDA graphs
-    result["target_params"] = sum(p.numel() for p in model.parameters())
-    log(f"[papercost] target: {result['target_params'] / 1e6:,.1f} M parameters on {dev}")
-
-    result["tn"] = measure_tn(model, sizes, context=context, cache_len=cache_len, repeats=repeats, log=log,
-                              errors=errors)
+    model = _build_target(plan, result, log)
+    result["tn"] = measure_tn(model, plan.sizes, context=plan.context, cache_len=plan.cache_len,
+                              repeats=plan.repeats, log=log, errors=errors)
     write_table(out / "tn.csv", pd.DataFrame(result["tn"], columns=list(TN_COLUMNS)))
-
-    g = torch.Generator().manual_seed(seed + 2)
-    prompt = torch.randint(0, model.config.vocab_size, (context,), generator=g).to(dev)
-    kw = dict(max_new_tokens=new_tokens, max_context=max_context, compile=compile)
-    rows: list[dict[str, Any]] = []
-    result["cycles"] = rows
-
-    def record(row: dict[str, Any]) -> None:
-        rows.append(row)
-        write_table(out / "cycles.csv", pd.DataFrame(rows, columns=list(CYCLE_COLUMNS)))
-
-    try:
-        t_token, n = measure_generation(lambda: static_vanilla_generate(model, prompt, **kw), runs=runs)
-    except Exception as exc:  # noqa: BLE001
-        t_token, n = math.nan, 0
-        _failed("plain decoding", exc, log, errors)
-    log(f"[papercost] plain decoding (static engine{', compiled' if compile else ''}): {t_token:.3f} ms/token")
-    record({"method": "vanilla", "draft": None, "tree": None, "cycles": n, "ms_per_cycle": t_token,
-            "ms_per_token_plain": t_token, "tau_paper": 1.0, "modelled_speedup": 1.0 if t_token > 0 else math.nan,
-            "paper_speedup": 1.0, "speedup_basis": "measured: the baseline"})
-
-    result["draft_params"] = {}
-    for i, (m, mtree, dcfg) in enumerate(methods):
-        paper = PAPER["eagle2" if m.draft == "dense" else "jakiro"]
-        try:
-            draft = random_draft(dcfg, model, seed=seed + 10 + i)
-            result["draft_params"][m.name] = sum(p.numel() for p in draft.parameters())  # not the borrowed head
-            t_cycle, n = measure_generation(lambda: static_generate(model, draft, mtree, prompt, **kw), runs=runs)
-        except Exception as exc:  # noqa: BLE001
-            t_cycle, n = math.nan, 0
-            _failed(m.name, exc, log, errors)
-        speedup = modelled_speedup(paper["tau"], t_token, t_cycle)
-        log(f"[papercost] {m.name} ({m.draft} draft, {_tree_label(mtree)}): {t_cycle:.3f} ms/cycle -> modelled "
-            f"{speedup:.2f}x at the paper's tau {paper['tau']} (paper: {paper['speedup']}x)")
-        record({"method": m.name, "draft": m.draft, "tree": _tree_label(mtree), "cycles": n, "ms_per_cycle": t_cycle,
-                "ms_per_token_plain": t_token, "tau_paper": paper["tau"], "modelled_speedup": speedup,
-                "paper_speedup": paper["speedup"], "speedup_basis": SPEEDUP_BASIS})
-    result.update(status="done", seconds=round(time.perf_counter() - t_start, 1))
-    write_json(out / "papercost.json", result)
-    save_figure(plot_papercost(result["tn"], result["cycles"]), out / "papercost.png")
-    log(f"[papercost] {result['seconds']:.1f} s; tn.csv, cycles.csv, papercost.json and papercost.png in {out}"
-        + (f"; {len(errors)} measurement(s) failed" if errors else ""))
+    prompt = _random_prompt(model, plan)
+    record = _cycle_recorder(out, result)
+    t_token = _time_plain(model, prompt, plan, record, log, errors)
+    _time_methods(model, prompt, plan, t_token, result, record, log, errors)
+    _finish(result, out, t_start, log)
     return result
