@@ -243,6 +243,95 @@ class _Goals:
                  selection=_FIXED)
 
 
+LEVER_COLUMNS = ["lever", "measured", "without", "with", "speedup"]
+# The main study's levers compared by greedy tokens/s: (lever, ((method without it, method with it), ...))
+_DECODER_LEVERS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("static engine (one host read per cycle) instead of the loop engine",
+     tuple((k, engine_twin(k, "static")) for k in ENGINE_LEVER_METHODS)),
+    ("the static engine's cycle compiled (CUDA graphs on a GPU)",
+     tuple((engine_twin(k, "static"), engine_twin(k, "static_compiled")) for k in ENGINE_LEVER_METHODS)),
+    ("tree budget tuned on this machine", (("eagle2", "eagle2_auto"), ("jakiro", "jakiro_auto"))),
+    ("prompt-lookup chain grafted on the tuned tree (extension)",
+     (("eagle2_auto", "eagle2_lookup"), ("jakiro_auto", "jakiro_lookup"))),
+    ("draft tree under the lookup chain (extension)",
+     (("lookup_only", "eagle2_lookup"), ("lookup_only", "jakiro_lookup"))),
+)
+
+
+class _Levers:
+    """The lever table's rows as they are found: one lever measured without and with it (NaN readings left out)."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, lever: str, measured: str, without: float, with_: float, lower_is_better: bool = True) -> None:
+        """One row: the lever's speedup is without / with (times) or with / without (rates)."""
+        if math.isnan(without) or math.isnan(with_):
+            return
+        gain = without / with_ if lower_is_better else with_ / without
+        self.rows.append({"lever": lever, "measured": measured, "without": without, "with": with_, "speedup": gain})
+
+    def frame(self) -> pd.DataFrame:
+        """The table (its columns even when no lever was measured)."""
+        return pd.DataFrame(self.rows, columns=LEVER_COLUMNS)
+
+
+def _kernel_levers(levers: _Levers, target_costs: pd.DataFrame, tree_tokens: int) -> None:
+    """The target's kernel fast paths: T(``tree_tokens``) (and T(1) where measured) with and without each."""
+    t = target_costs.set_index("n") if len(target_costs) else pd.DataFrame()
+    if tree_tokens not in t.index:
+        return
+    row = t.loc[tree_tokens]
+    if "ms_without_packed_gemm" in t.columns:
+        for n in sorted({1, tree_tokens} & set(t.index)):  # one-token decoding too where the copy serves it
+            levers.add(PACKED_GEMM_LEVER, f"target T({n}) ms", float(t.loc[n, "ms_without_packed_gemm"]),
+                       float(t.loc[n, "ms"]))
+        if "ms_library_defaults" in t.columns:
+            levers.add("SDPA's own GQA under tree masks", f"target T({tree_tokens}) ms",
+                       float(row["ms_library_defaults"]), float(row["ms_without_packed_gemm"]))
+    if "ms_library_defaults" in t.columns:
+        levers.add("all kernel fast paths", f"target T({tree_tokens}) ms", float(row["ms_library_defaults"]),
+                   float(row["ms"]))
+        if 1 in t.index:
+            one = t.loc[1]
+            levers.add("all kernel fast paths", f"T({tree_tokens}) / T(1)",
+                       float(row["ms_library_defaults"] / one["ms_library_defaults"]), float(row["ms"] / one["ms"]))
+
+
+def _draft_vocabulary_levers(levers: _Levers, draft_costs: pd.DataFrame) -> None:
+    """The reduced draft vocabulary: one draft step at the widest measured frontier, full against reduced."""
+    if not len(draft_costs):
+        return
+    for draft, d in draft_costs.groupby("draft"):
+        width = d["width"].max()
+        d = d[d["width"] == width]
+        if d["vocab"].nunique() == 2:
+            full, small = d.sort_values("vocab", ascending=False)["ms"].tolist()
+            levers.add(f"draft vocabulary {int(d['vocab'].min())} instead of {int(d['vocab'].max())}",
+                       f"{draft} draft step ms (width {width})", full, small)
+
+
+def _draft_head_levers(levers: _Levers, draft_cycle: pd.DataFrame | None) -> None:
+    """The packed draft head: drafting time per cycle with the plain head and the packed one."""
+    for r in (draft_cycle.itertuples() if draft_cycle is not None else ()):
+        kind = "decoupled" if r.decoupled else "coupled"
+        levers.add(PACKED_HEAD_LEVER, f"{r.draft} {kind} drafting ms per cycle ({r.total_tokens}-token tree)",
+                   float(r.ms_plain_head), float(r.ms))
+
+
+def _decoder_levers(levers: _Levers, main: pd.DataFrame) -> None:
+    """The main study's pairs of methods (:data:`_DECODER_LEVERS`): greedy tokens/s, mean over benchmarks."""
+    h = headline_table(main) if len(main) else pd.DataFrame()
+    if not len(h):
+        return
+    greedy = h[h["temperature"] == 0].set_index("method")
+    for lever, pairs in _DECODER_LEVERS:
+        for without, with_ in pairs:
+            if without in greedy.index and with_ in greedy.index:
+                levers.add(lever, f"{with_} vs {without} tokens/s (T=0)", float(greedy.loc[without, "tokens_per_s"]),
+                           float(greedy.loc[with_, "tokens_per_s"]), lower_is_better=False)
+
+
 def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.DataFrame, *,
                 tree_tokens: int = PAPER_TREE_TOKENS, draft_cycle: pd.DataFrame | None = None) -> pd.DataFrame:
     """What each speed lever bought, each measured with and without it on this machine in this run.
@@ -252,59 +341,9 @@ def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.
     drafting time per cycle (``draft_cycle`` of :func:`cost_model`); the tuned tree budget compares
     tokens/s of the main study's fixed-budget and ``_auto`` methods (greedy, mean over benchmarks).
     """
-    rows: list[dict[str, Any]] = []
-
-    def add(lever: str, measured: str, without: float, with_: float, lower_is_better: bool = True) -> None:
-        if math.isnan(without) or math.isnan(with_):
-            return
-        gain = without / with_ if lower_is_better else with_ / without
-        rows.append({"lever": lever, "measured": measured, "without": without, "with": with_, "speedup": gain})
-
-    t = target_costs.set_index("n") if len(target_costs) else pd.DataFrame()
-    if tree_tokens in t.index:
-        row = t.loc[tree_tokens]
-        fast = float(row["ms"])
-        if "ms_without_packed_gemm" in t.columns:
-            for n in sorted({1, tree_tokens} & set(t.index)):  # one-token decoding too where the copy serves it
-                add(PACKED_GEMM_LEVER, f"target T({n}) ms", float(t.loc[n, "ms_without_packed_gemm"]),
-                    float(t.loc[n, "ms"]))
-            if "ms_library_defaults" in t.columns:
-                add("SDPA's own GQA under tree masks", f"target T({tree_tokens}) ms",
-                    float(row["ms_library_defaults"]), float(row["ms_without_packed_gemm"]))
-        if "ms_library_defaults" in t.columns:
-            add("all kernel fast paths", f"target T({tree_tokens}) ms", float(row["ms_library_defaults"]), fast)
-            one = t.loc[1] if 1 in t.index else None
-            if one is not None:
-                add("all kernel fast paths", f"T({tree_tokens}) / T(1)",
-                    float(row["ms_library_defaults"] / one["ms_library_defaults"]), float(row["ms"] / one["ms"]))
-    if len(draft_costs):
-        for draft, d in draft_costs.groupby("draft"):
-            width = d["width"].max()
-            d = d[d["width"] == width]
-            if d["vocab"].nunique() == 2:
-                full, small = d.sort_values("vocab", ascending=False)["ms"].tolist()
-                vocab = int(d["vocab"].min())
-                add(f"draft vocabulary {vocab} instead of {int(d['vocab'].max())}",
-                    f"{draft} draft step ms (width {width})", full, small)
-    for r in (draft_cycle.itertuples() if draft_cycle is not None else ()):
-        kind = "decoupled" if r.decoupled else "coupled"
-        add(PACKED_HEAD_LEVER, f"{r.draft} {kind} drafting ms per cycle ({r.total_tokens}-token tree)",
-            float(r.ms_plain_head), float(r.ms))
-    h = headline_table(main) if len(main) else pd.DataFrame()
-    if len(h):
-        greedy = h[h["temperature"] == 0].set_index("method")
-        for lever, pairs in (("static engine (one host read per cycle) instead of the loop engine",
-                              tuple((k, engine_twin(k, "static")) for k in ENGINE_LEVER_METHODS)),
-                             ("the static engine's cycle compiled (CUDA graphs on a GPU)",
-                              tuple((engine_twin(k, "static"), engine_twin(k, "static_compiled"))
-                                    for k in ENGINE_LEVER_METHODS)),
-                             ("tree budget tuned on this machine", (("eagle2", "eagle2_auto"), ("jakiro", "jakiro_auto"))),
-                             ("prompt-lookup chain grafted on the tuned tree (extension)",
-                              (("eagle2_auto", "eagle2_lookup"), ("jakiro_auto", "jakiro_lookup"))),
-                             ("draft tree under the lookup chain (extension)",
-                              (("lookup_only", "eagle2_lookup"), ("lookup_only", "jakiro_lookup")))):
-            for without, with_ in pairs:
-                if without in greedy.index and with_ in greedy.index:
-                    add(lever, f"{with_} vs {without} tokens/s (T=0)", float(greedy.loc[without, "tokens_per_s"]),
-                        float(greedy.loc[with_, "tokens_per_s"]), lower_is_better=False)
-    return pd.DataFrame(rows, columns=["lever", "measured", "without", "with", "speedup"])
+    levers = _Levers()
+    _kernel_levers(levers, target_costs, tree_tokens)
+    _draft_vocabulary_levers(levers, draft_costs)
+    _draft_head_levers(levers, draft_cycle)
+    _decoder_levers(levers, main)
+    return levers.frame()
