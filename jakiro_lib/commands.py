@@ -13,8 +13,7 @@ import pandas as pd
 import torch
 
 from .api import generate
-from .measure.bench import load_records
-from .measure.summary import common_prompts, greedy_agreement, greedy_divergences, versus
+from .measure.summary import load_records, common_prompts, greedy_agreement, greedy_divergences, versus
 from .measure.budgets import fixed_tree_tokens, resolve_tree_budgets, tuning_prompts
 from .config import Profile, TargetConfig
 from .profiles import PROFILE_NAMES, get_profile, override, parse_overrides

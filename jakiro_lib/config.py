@@ -19,6 +19,13 @@ CAPTURES = ("graphs", "inductor")  # TargetConfig.capture's choices (jakiro_lib.
 # The drafts the main study's EAGLE-2 and Jakiro rows draft from (BenchConfig's defaults). Jakiro's: the 2-expert draft
 # whose selected experts' own outputs are trained too, chosen side by side over moe2 (docs/DESIGN.md section 11)
 EAGLE2_DRAFT, JAKIRO_DRAFT = "dense", "moe2_xgate"
+# Method kinds (jakiro_lib.measure.methods): "vanilla" (our plain decoding), HF's "hf" generate and "pld" prompt
+# lookup, and SPEC, speculative (a feature draft and/or a lookup chain with a tree config); here, below the records'
+# readers and the plots, which tell kinds apart without loading the decoders
+SPEC = "spec"
+KINDS = ("vanilla", "hf", "pld", SPEC)
+OUR_KINDS = ("vanilla", SPEC)  # the kinds our engines run (either engine); "hf" and "pld" are HF's generate
+VANILLA_KINDS = ("vanilla", "hf")  # the baselines a speedup is measured against
 RUN_ENGINE_NAMES = ("loop", "static", "static_compiled")  # BenchConfig.engine's, "auto" resolved (jakiro_lib.measure.methods)
 
 

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from jakiro_lib.measure.bench import load_records
-from jakiro_lib.measure.summary import greedy_agreement, ratio_interval, summarize_measure
+from jakiro_lib.measure.summary import greedy_agreement, load_records, ratio_interval, summarize_measure
 
 BASELINES = ("hf_compiled", "hf_prompt_lookup")
 

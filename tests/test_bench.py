@@ -139,8 +139,8 @@ def test_greedy_divergences_locate_the_first_differing_token_and_the_targets_mar
     import copy
     import json
 
-    from jakiro_lib.measure.bench import load_records, run_benchmark
-    from jakiro_lib.measure.summary import greedy_divergences
+    from jakiro_lib.measure.bench import run_benchmark
+    from jakiro_lib.measure.summary import greedy_divergences, load_records
     from jakiro_lib.config import TargetConfig
     from jakiro_lib.data.conversations import Question
     from jakiro_lib.models.target import load_target
@@ -220,7 +220,8 @@ def test_static_engine_adds_static_twins(tmp_path):
     """bench.static_engine runs vanilla, EAGLE-2 and Jakiro (fixed and tuned trees, CEPD) and the lookup
     methods a second time on the static-shape engine, as <name>_static; a run at T=0 and T=1 records the static twin at both, vanilla's greedy output
     at T=0, and sampled text at T=1 reproducible from the record's seed."""
-    from jakiro_lib.measure.bench import load_records, run_benchmark
+    from jakiro_lib.measure.bench import run_benchmark
+    from jakiro_lib.measure.summary import load_records
     from jakiro_lib.config import DraftConfig, TargetConfig
     from jakiro_lib.data.conversations import Question
     from jakiro_lib.models.draft import DraftModel
@@ -491,7 +492,8 @@ def test_no_compilation_inside_a_timed_prompt(tmp_path):
     the timed prompt (its record's compiled_graphs was 1), as HF's compiled generate did. The answer ends at an EOS chosen from its own greedy
     text, so the long budget costs no decoding."""
     from jakiro_lib.data.chat import format_prompt_ids
-    from jakiro_lib.measure.bench import load_records, run_benchmark
+    from jakiro_lib.measure.bench import run_benchmark
+    from jakiro_lib.measure.summary import load_records
     from jakiro_lib.config import TargetConfig
     from jakiro_lib.data.conversations import Question
     from jakiro_lib.decoding.loop import vanilla_generate

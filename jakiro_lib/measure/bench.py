@@ -161,10 +161,3 @@ def _run_turns(target: Target, name: str, runner: MethodRunner, q: Any, params: 
         fh.write(json.dumps(dataclasses.asdict(rec)) + "\n")
         fh.flush()
     return late
-
-
-def load_records(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a ``records.jsonl`` (records written before ``category`` existed load as they are)."""
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"no records file {path}")
-    return read_jsonl(path)

@@ -28,7 +28,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from ..data.chat import format_prompt_ids
-from .bench import load_records
+from .summary import load_records
 from .budgets import resolve_tree_budgets
 from ..config import Profile, TreeConfig
 from ..profiles import get_profile

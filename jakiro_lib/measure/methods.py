@@ -20,7 +20,7 @@ from typing import Any, Callable, Collection
 
 import torch
 
-from ..config import EAGLE2_DRAFT, JAKIRO_DRAFT, RUN_ENGINE_NAMES, TreeConfig
+from ..config import EAGLE2_DRAFT, JAKIRO_DRAFT, KINDS, OUR_KINDS, RUN_ENGINE_NAMES, SPEC, TreeConfig
 from ..decoding.loop import hf_generate, speculative_generate, vanilla_generate
 from ..decoding.result import GenerationResult
 from ..models.draft import DraftModel
@@ -30,13 +30,9 @@ from ..decoding.static import static_generate, static_vanilla_generate
 from ..models.target import Target
 from ..decoding.verify import SamplingParams
 
-SPEC = "spec"  # the speculative kind: a feature draft and/or a lookup chain with a tree config
-KINDS = ("vanilla", "hf", "pld", SPEC)
 ENGINES = ("loop", "static")  # how a "spec" method runs: decoding.speculative_generate or static.static_generate
-OUR_KINDS = ("vanilla", SPEC)  # the kinds our engines run (either engine); "hf" and "pld" are HF's generate
 # bench.engine's choices once resolved: the engine, and whether its step is compiled
 RUN_ENGINES = dict(zip(RUN_ENGINE_NAMES, [("loop", False), ("static", False), ("static", True)]))
-VANILLA_KINDS = ("vanilla", "hf")  # the baselines a speedup is measured against
 STUDIES = ("main", "ablations")
 LOOKUP_TOKENS = 10  # chain length of the lookup-branch methods: HF prompt lookup's default
 

@@ -1,4 +1,4 @@
-"""What benchmark records say (Spec-Bench's one results schema, read back): per-method summaries with speedups
+"""What benchmark records say (Spec-Bench's one results schema, read back, :func:`load_records`): per-method summaries with speedups
 over the fastest plain decoder, paired bootstrap intervals of ratios (docs/DESIGN.md section 11), greedy identity
 with our vanilla loop and, where it fails, how near a tie the target's logits were. The records come from
 :func:`jakiro_lib.measure.bench.run_benchmark`.
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
@@ -16,7 +17,15 @@ import torch
 from ..data.chat import answer_message, format_prompt_ids
 from ..decoding.runner import TargetRunner
 from ..models.target import Target
-from .methods import SPEC, VANILLA_KINDS
+from ..config import SPEC, VANILLA_KINDS
+from ..files import read_jsonl
+
+
+def load_records(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a ``records.jsonl`` (records written before ``category`` existed load as they are)."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no records file {path}")
+    return read_jsonl(path)
 
 
 def common_prompts(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

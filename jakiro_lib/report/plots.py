@@ -18,9 +18,9 @@ import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..config import SPEC
 from ..files import atomic_path
 
-SPEC_KIND = "spec"
 SERIES_ORDER = ("train loss", "train loss A (t+1)", "train loss B (t+2)", "train acc A", "held-out acc A",
                 "held-out acc B")
 
@@ -142,7 +142,7 @@ def plot_metric(summary: pd.DataFrame | Iterable[dict], metric: str = "speedup",
     bootstrap interval over prompts where the summary has one (``<metric>_ci_low/_high``), else the std."""
     df = _frame(summary)
     if spec_only and "kind" in df:
-        df = df[df["kind"] == SPEC_KIND]
+        df = df[df["kind"] == SPEC]
     df = df[np.isfinite(pd.to_numeric(df.get(metric), errors="coerce"))] if metric in df else df.iloc[0:0]
     if df.empty:
         return _message_figure(f"no {metric} values to plot")
@@ -199,7 +199,7 @@ def plot_cycle_breakdown(summary: pd.DataFrame | Iterable[dict]) -> Figure:
     """Per-cycle cost of the spec methods: draft forwards per cycle and the share of wall time drafting."""
     df = _frame(summary)
     if "kind" in df:
-        df = df[df["kind"] == SPEC_KIND]
+        df = df[df["kind"] == SPEC]
     if df.empty:
         return _message_figure("no speculative methods to break down")
     order = _method_order(df)
@@ -218,7 +218,7 @@ def accepted_lengths(records: Iterable[dict]) -> pd.DataFrame:
     """Long table (method, benchmark, temperature, accepted) with one row per draft-verify cycle."""
     rows = []
     for r in records:
-        if r.get("kind") != SPEC_KIND:
+        if r.get("kind") != SPEC:
             continue
         for a in r.get("accepted") or []:
             rows.append({"method": r["method"], "benchmark": r["benchmark"], "temperature": r["temperature"],

@@ -16,7 +16,8 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ..measure.bench import load_records, run_benchmark
+from ..measure.bench import run_benchmark
+from ..measure.summary import load_records
 from ..measure.budgets import draft_fingerprint, resolve_tree_budgets
 from ..config import Profile
 from ..data.conversations import DataError, Question, load_questions

@@ -9,8 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..measure.bench import load_records
-from ..measure.summary import summarize, summarize_by_category, versus
+from ..measure.summary import load_records, summarize, summarize_by_category, versus
 from ..layout import STUDY_TREE_BUDGET, RunLayout, draft_name
 from ..measure.methods import EAGLE2_BASELINE, SPEC, MethodSpec
 from ..files import atomic_path, read_json, write_json
