@@ -13,7 +13,7 @@ from jakiro_lib.measure import costmodel, perf
 from jakiro_lib.models import kernels
 from jakiro_lib.measure.methods import study_methods
 from jakiro_lib.measure.budgets import resolve_tree_budgets
-from jakiro_lib.config import TargetConfig, TreeConfig
+from jakiro_lib.config import EAGLE2_DRAFT, JAKIRO_DRAFT, TargetConfig, TreeConfig
 from jakiro_lib.profiles import get_profile
 from jakiro_lib.decoding.runner import TargetRunner
 from jakiro_lib.models.draft import DraftModel
@@ -206,7 +206,7 @@ def tiny_run(tmp_path_factory):
     profile = get_profile("smoke", **{"tree.total_tokens": "auto"})
     drafts = root / "drafts"
     for name, cfg in profile.drafts.items():
-        if name in ("dense", "moe2"):
+        if name in (EAGLE2_DRAFT, JAKIRO_DRAFT):
             cfg = dataclasses.replace(cfg, draft_vocab_size=64 if name == "dense" else None)
         DraftModel.build(cfg, target.model).eval().save(drafts / name / "draft")
     return target, profile, root
@@ -219,12 +219,12 @@ def test_cost_model_times_target_and_both_vocabularies(tiny_run):
         tables = cost_model(target, root / "drafts", sizes=(1, 4), widths=(1, 3), tree=tree, context=16, repeats=2)
     t, d, c = tables["target"], tables["draft"], tables["draft_cycle"]
     assert [(r.draft, r.decoupled, r.total_tokens) for r in c.itertuples()] == [
-        ("dense", False, 8), ("moe2", False, 8), ("moe2", True, 8)]  # decoupled only where there are experts
+        ("dense", False, 8), (JAKIRO_DRAFT, False, 8), (JAKIRO_DRAFT, True, 8)]  # decoupled only with experts
     assert (c[["ms", "ms_plain_head"]] > 0).all().all()
     assert list(t["n"]) == [1, 4] and (t["ms"] > 0).all() and t["x_one_step"].iloc[0] == pytest.approx(1.0)
     dense = d[d["draft"] == "dense"]
     assert sorted(dense["vocab"].unique()) == [64, 260]  # reduced (trained) and full vocabulary, both timed
-    assert set(d[d["draft"] == "moe2"]["vocab"]) == {260} and (d["ms"] > 0).all()
+    assert set(d[d["draft"] == JAKIRO_DRAFT]["vocab"]) == {260} and (d["ms"] > 0).all()
     assert d["x_target_step"].tolist() == pytest.approx((d["ms"] / t["ms"].iloc[0]).tolist())
 
 
@@ -285,7 +285,7 @@ def test_auto_tree_budget_is_tuned_once_and_cached(tiny_run, monkeypatch):
 
 def test_unresolved_auto_budget_is_a_clear_error(tiny_run):
     target, _, root = tiny_run
-    draft = DraftModel.load(root / "drafts" / "moe2" / "draft", target.model)
+    draft = DraftModel.load(root / "drafts" / JAKIRO_DRAFT / "draft", target.model)
     with pytest.raises(ValueError, match="resolved"):
         FeatureDrafter(draft, TreeConfig(total_tokens="auto"))
 

@@ -11,7 +11,7 @@ on the device:
   compiled engines use), eager and captured (:class:`~jakiro_lib.decoding.compiled.CapturedStep`: one CUDA graph on
   CUDA; on a CPU the "captured" step replays the eager one over its recorded argument copies): ``tn.csv``;
 * **plain decoding** per token (:func:`~jakiro_lib.decoding.static.static_vanilla_generate`) and the **speculative
-  cycle** of EAGLE-2 (dense draft), Jakiro (moe2, decoupled), Jakiro + CEPD (the paper's hybrid step) and the
+  cycle** of EAGLE-2 (dense draft), Jakiro (``bench.jakiro_draft``, decoupled), Jakiro + CEPD (the paper's hybrid step) and the
   authors' released configuration (coupled + CEPD) on the paper's tree (depth 6, top-10, 60 tokens), all on
   the static engine, compiled (CUDA graphs of the eager kernels on CUDA) by default on CUDA: ``cycles.csv``;
 * a **modelled speedup** per method: tau x (plain ms per token) / (ms per cycle), tau being the paper's

@@ -24,7 +24,7 @@ import pandas as pd
 from ..models import kernels
 from .summary import headline_table, ratio_interval
 from .budgets import PAPER_TREE_TOKENS, fixed_tree_tokens
-from ..config import TreeConfig
+from ..config import EAGLE2_DRAFT, JAKIRO_DRAFT, TreeConfig
 from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_cost_variants
 from ..models.draft import DraftModel
 from ..layout import draft_path, has_weights
@@ -61,7 +61,7 @@ PACKED_HEAD_LEVER = "packed draft head (the target's packed GEMM)"
 ENGINE_LEVER_METHODS = ("vanilla", "jakiro_auto", "jakiro_lookup")  # the levers table's pairs across engines
 
 
-def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = ("dense", "moe2"),
+def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (EAGLE2_DRAFT, JAKIRO_DRAFT),
                sizes: Sequence[int] = (1, 2, 4, 6, 8, 12, 16, 24, 32), widths: Sequence[int] = (1, 3),
                tree: TreeConfig | None = None, context: int = 256, repeats: int = 7) -> dict[str, pd.DataFrame]:
     """Measured T(n) of the target, draft-step times (trained vocabulary vs the full one) and, given the
