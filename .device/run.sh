@@ -2,6 +2,7 @@
 # On the GPU machine (.device/README.md). `stash PART`: keep a carried part in /tmp/kit for a later call;
 # `check`: unpack every part, install the wheels, run tests/test_cuda.py and gpucheck, results into $OUT;
 # `again`: gpucheck once more where `check` stopped at its limit (it resumes from its records);
+# `cacheprofile`: feature caching profiled on the GPU (.device/cache_profile.py: Python-level and operator times);
 # `inductor`: the captured methods again with target.capture=inductor (T=0), beside hf_compiled; `papercost`:
 # a random Vicuna-7B-shaped target's T(n) and captured cycles, the paper's tau giving modelled speedups;
 # `notebooks`: the four notebooks via papermill on profile gpu-quick (needs NOTEBOOKS=1 FULL_DATA=1 pack.sh); `throughput`: issue 22's throughput command on the GPU (after `check`, same warm machine); its
@@ -116,6 +117,12 @@ PYEOF
     kill %% 2>/dev/null
     tar -czf "$OUT/report.tgz" reports/gpu-quick 2>/dev/null
     find runs/gpu-quick -name '*.json' -size -1000k -o -name '*.csv' -size -1000k | tar -czf "$OUT/notebooks_run.tgz" -T - ;;
+  cacheprofile)  # issue 42: where feature caching's time goes (43.8k tokens/s on the H100 of 2026-11-27; goal 300k)
+    unpack; env_for_repo
+    timeout "${CP_S:-240}" "$PY" .device/cache_profile.py --profile gpu --conversations "${CP_N:-960}" \
+      --out runs/cacheprofile ${CP_ARGS:-} 2>&1 | grep -v 'Warning\|warnings.warn' | tail -40 | tee "$OUT/cache_profile.txt"
+    cp runs/cacheprofile/summary.json runs/cacheprofile/python_profile.txt runs/cacheprofile/torch_profile.txt \
+      "$OUT/" 2>/dev/null ;;
   throughput)
     unpack; env_for_repo
     "$PY" -m jakiro_lib throughput --profile gpu --conversations 256 --steps 50 --set train.compile=yes --drafts dense,moe2 \
