@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import torch
 from tqdm import tqdm
 
+from .chat import format_prompt
 from .conversations import Conversation
 
 HEADER_KEY = "__settings__"
@@ -73,8 +74,6 @@ def regenerate(target: Any, conversations: Sequence[Conversation], out_path: str
     ``max_prompt_tokens`` tokens, are dropped. Answers are appended to ``out_path`` after every batch; a
     file written with other settings is moved aside to ``<name>.stale`` and regenerated.
     """
-    from .chat import format_prompt
-
     out_path = Path(out_path)
     settings = {"target": str(getattr(target.model.config, "_name_or_path", "")),
                 "vocab_size": target.model.config.vocab_size, "max_prompt_tokens": max_prompt_tokens,

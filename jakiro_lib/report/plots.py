@@ -7,6 +7,7 @@ is unaffected by the notebook backend; :func:`save_figure` writes it as PNG. Col
 """
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -50,8 +51,6 @@ def save_figure(fig: Figure, path: str | Path, *, dpi: int = 110) -> Path:
 
 def figure_png(fig: Figure, *, dpi: int = 110) -> bytes:
     """PNG bytes of ``fig``."""
-    import io
-
     buf = io.BytesIO()
     fig.savefig(buf, dpi=dpi, format="png")
     return buf.getvalue()
