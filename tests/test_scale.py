@@ -23,53 +23,53 @@ from jakiro_lib.report.page import scale_note
 FLOOR_N, FLOOR_E = DEFAULT_SCALE
 
 
-def _rates(**kw) -> S.Rates:
+def _rates(**kw) -> SP.Rates:
     """Rates where one conversation of 300 tokens costs 0.15 s to cache and 0.15 s per epoch to train (x1.25 planned),
     50 minutes left for both: 4000 x 3 fits (3000 s), 3200 x 4 would too but with fewer than 1000 per epoch."""
     base = dict(cache_s_per_token=0.0005, train_s_per_token=0.0005, tokens_per_conversation=300.0, available=17_324,
                 bench_s=30 * 60.0, measure_s=60.0)
-    return S.Rates(**{**base, **kw})
+    return SP.Rates(**{**base, **kw})
 
 
 def test_choice_fits_the_budget_and_buys_conversations_before_epochs():
     rates = _rates()
-    budget = S.caching_training_budget(rates)
-    assert budget == pytest.approx(S.MAIN_JOB_MINUTES * 60 * (1 - S.MARGIN) - 30 * 60 - 60)
-    c = S.choose_scale(rates)
-    assert c.seconds == pytest.approx(S.planned_seconds(rates, c.num_conversations, c.epochs)) and c.seconds <= budget
+    budget = SP.caching_training_budget(rates)
+    assert budget == pytest.approx(SP.MAIN_JOB_MINUTES * 60 * (1 - SP.MARGIN) - 30 * 60 - 60)
+    c = SP.choose_scale(rates)
+    assert c.seconds == pytest.approx(SP.planned_seconds(rates, c.num_conversations, c.epochs)) and c.seconds <= budget
     assert (c.num_conversations, c.epochs) == (4000, 3) and c.num_conversations % SP.STEP == 0
-    assert c.num_conversations >= S.CONVERSATIONS_PER_EPOCH * c.epochs
+    assert c.num_conversations >= SP.CONVERSATIONS_PER_EPOCH * c.epochs
     # one more epoch would leave fewer conversations per epoch than the rule asks, or not fit
-    more = S.most_conversations(rates, c.epochs + 1, budget)
-    assert more < S.CONVERSATIONS_PER_EPOCH * (c.epochs + 1)
+    more = SP.most_conversations(rates, c.epochs + 1, budget)
+    assert more < SP.CONVERSATIONS_PER_EPOCH * (c.epochs + 1)
     # and the step above the chosen conversations does not fit
-    assert S.planned_seconds(rates, c.num_conversations + SP.STEP, c.epochs) > budget
+    assert SP.planned_seconds(rates, c.num_conversations + SP.STEP, c.epochs) > budget
 
 
 def test_a_slow_machine_gets_the_floor_and_says_so():
-    slow = S.choose_scale(_rates(train_s_per_token=0.002))  # 1777 x 2: not 2000 conversations, but above the floor
+    slow = SP.choose_scale(_rates(train_s_per_token=0.002))  # 1777 x 2: not 2000 conversations, but above the floor
     assert (slow.num_conversations, slow.epochs) == (1700, 2) and "floor" in slow.reason
-    c = S.choose_scale(_rates(cache_s_per_token=0.05))
+    c = SP.choose_scale(_rates(cache_s_per_token=0.05))
     assert (c.num_conversations, c.epochs) == (FLOOR_N, FLOOR_E)
-    assert "floor" in c.reason and c.seconds > S.caching_training_budget(_rates(cache_s_per_token=0.05))
+    assert "floor" in c.reason and c.seconds > SP.caching_training_budget(_rates(cache_s_per_token=0.05))
 
 
 def test_all_the_data_fits_then_epochs_grow_up_to_the_cap():
     fast = _rates(cache_s_per_token=1e-6, train_s_per_token=1e-6)
-    c = S.choose_scale(fast)
-    assert (c.num_conversations, c.epochs) == (17_324, S.MAX_EPOCHS) and "all" in c.reason
-    small = S.choose_scale(_rates(available=250))  # a short data file: all of it
+    c = SP.choose_scale(fast)
+    assert (c.num_conversations, c.epochs) == (17_324, SP.MAX_EPOCHS) and "all" in c.reason
+    small = SP.choose_scale(_rates(available=250))  # a short data file: all of it
     assert small.num_conversations == 250 and small.epochs >= FLOOR_E
 
 
 def test_a_fixed_key_wins_and_auto_sizes_the_other():
     rates = _rates()
-    c = S.choose_scale(rates, epochs=6)
-    assert c.epochs == 6 and c.num_conversations == max(FLOOR_N, S.most_conversations(rates, 6, S.caching_training_budget(rates)))
-    c = S.choose_scale(rates, conversations=1000)
+    c = SP.choose_scale(rates, epochs=6)
+    assert c.epochs == 6 and c.num_conversations == max(FLOOR_N, SP.most_conversations(rates, 6, SP.caching_training_budget(rates)))
+    c = SP.choose_scale(rates, conversations=1000)
     assert c.num_conversations == 1000
-    assert S.planned_seconds(rates, 1000, c.epochs) <= S.caching_training_budget(rates)
-    assert c.epochs == S.MAX_EPOCHS or S.planned_seconds(rates, 1000, c.epochs + 1) > S.caching_training_budget(rates)
+    assert SP.planned_seconds(rates, 1000, c.epochs) <= SP.caching_training_budget(rates)
+    assert c.epochs == SP.MAX_EPOCHS or SP.planned_seconds(rates, 1000, c.epochs + 1) > SP.caching_training_budget(rates)
 
 
 def _table(favoured: bool = True) -> pd.DataFrame:
@@ -89,15 +89,15 @@ def test_rates_come_from_the_stage_plan_with_the_compile_gain(monkeypatch):
     """Caching at its measured rate; training the sum over the profile's drafts (unmeasured multi-step twins at their
     MLP kind's rate over their unroll steps), divided by the compile gain where the profile compiles its step."""
     p = get_profile("default")
-    m = S.Measurement(table=_table(), t1_ms=40.0, tokens_per_conversation=300.0, available=17_324, seconds=70.0)
-    r = S.rates(p, m)
+    m = SP.Measurement(table=_table(), t1_ms=40.0, tokens_per_conversation=300.0, available=17_324, seconds=70.0)
+    r = SP.rates(p, m)
     assert r.cache_s_per_token == pytest.approx(1 / 1000)
     per_token = (1 / 4000 + 1 / 5000 + 1 / 2000 + 1 / 1000 + 2 / 4000 + 2 / 2000) * (1 - p.data.heldout_fraction)
     assert r.train_s_per_token == pytest.approx(per_token / SP.COMPILE_GAIN)
-    assert r.bench_s == pytest.approx(S.BENCH_SECONDS_PER_T1_MS * 40.0) and r.measure_s == 70.0
-    eager = S.rates(get_profile("default", **{"train.compile": "no"}), m)
+    assert r.bench_s == pytest.approx(SP.BENCH_SECONDS_PER_T1_MS * 40.0) and r.measure_s == 70.0
+    eager = SP.rates(get_profile("default", **{"train.compile": "no"}), m)
     assert eager.train_s_per_token == pytest.approx(per_token)
-    fp32 = S.rates(p, S.Measurement(table=_table(False), t1_ms=40.0, tokens_per_conversation=300.0, available=10,
+    fp32 = SP.rates(p, SP.Measurement(table=_table(False), t1_ms=40.0, tokens_per_conversation=300.0, available=10,
                                     seconds=1.0))
     assert fp32.train_s_per_token == pytest.approx(per_token)  # fp32 training is not compiled under "auto"
 
@@ -114,7 +114,7 @@ def test_default_profile_is_auto_and_other_profiles_are_fixed():
 def _fake_measure(calls: list):
     def measure(profile):
         calls.append(profile)
-        return S.Measurement(table=_table(), t1_ms=40.0, tokens_per_conversation=300.0, available=17_324,
+        return SP.Measurement(table=_table(), t1_ms=40.0, tokens_per_conversation=300.0, available=17_324,
                              seconds=65.0, environment={"cpu": "test"})
     return measure
 
@@ -130,7 +130,7 @@ def test_resolve_records_the_choice_and_a_rerun_reuses_it(tmp_path, caplog):
     assert saved == json.loads(json.dumps(record))
     assert (saved["chosen"]["num_conversations"], saved["chosen"]["epochs"]) == (n, e)
     assert saved["measured"]["t1_ms"] == 40.0 and saved["measured"]["train"]["dense"]["tokens_per_s"] == 4000
-    assert saved["budget"]["main_job_minutes"] == S.MAIN_JOB_MINUTES and saved["plan"][-1]["stage"] == "total"
+    assert saved["budget"]["main_job_minutes"] == SP.MAIN_JOB_MINUTES and saved["plan"][-1]["stage"] == "total"
     assert "measuring" in caplog.text and f"{n} conversations x {e} epochs" in caplog.text
     # an interrupted main job continues at the same scale: no new measurement
     caplog.clear()
@@ -176,9 +176,9 @@ def test_measure_on_a_tiny_target_is_quick_and_complete(tmp_path):
     assert len(cache) == 1 and cache["batch_size"].iloc[0] == p.data.cache_batch_size
     assert set(m.table.loc[m.table["part"] == "train", "draft"]) == {"dense", "moe2"}
     assert m.t1_ms > 0 and m.tokens_per_conversation > 0 and m.available > 4 and m.seconds > 0
-    r = S.rates(p, m)
+    r = SP.rates(p, m)
     assert r.cache_s_per_token > 0 and r.train_s_per_token > 0
-    with pytest.raises(S.ScaleError, match="no trained token"):  # not a loader that never yields a step
+    with pytest.raises(SP.ScaleError, match="no trained token"):  # not a loader that never yields a step
         S.measure(get_profile("smoke", **{"data.max_length": "4"}), conversations=2, steps=1, warmup=0, token_sample=2)
 
 

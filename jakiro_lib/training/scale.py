@@ -49,8 +49,7 @@ from ..data.dataset import FeatureDataset
 from ..data.features import cache_features, estimate_cache
 from ..models.target import load_target
 from .scale_plan import (BENCH_SECONDS_PER_T1_MS, CONVERSATIONS_PER_EPOCH, MAIN_JOB_MINUTES, MARGIN, MAX_EPOCHS,
-                         PLAN_OVERRUN, Choice, Measurement, Rates, ScaleError, caching_training_budget, choose_scale,
-                         compile_gain, most_conversations, plan_at, planned_seconds, rates)
+                         PLAN_OVERRUN, Measurement, ScaleError, choose_scale, compile_gain, plan_at, rates)
 from .throughput import caching_rows, environment, training_rows
 from ..files import read_json, write_json
 from ..machine import favoured_dtype, keep_freed_memory, resolve_precision
@@ -249,9 +248,3 @@ def _measure_and_choose(profile: Profile, fixed: dict[str, Any], basis_now: dict
         "basis": basis_now,
         "environment": m.environment,
     }
-
-
-# the choice's names (jakiro_lib.training.scale_plan) are part of this module's API too
-__all__ = ["SCALE_JSON", "Measurement", "Rates", "Choice", "ScaleError", "caching_training_budget", "planned_seconds",
-           "most_conversations", "choose_scale", "rates", "plan_at", "measure", "basis", "set_keys", "recorded_scale",
-           "resolve_scale"]
