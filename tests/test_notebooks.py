@@ -20,7 +20,8 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from jakiro_lib.config import EAGLE2_DRAFT, JAKIRO_DRAFT
 from jakiro_lib.profiles import get_profile
-from jakiro_lib.report.pipeline import NOTEBOOK_DIR, STAGES, PipelineError, run_pipeline, select_stages
+from jakiro_lib.report.pipeline import NOTEBOOK_DIR, run_pipeline
+from jakiro_lib.report.stages import STAGES, PipelineError, select_stages
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PARAMETER_NAMES = {"profile", "overrides", "run_dir", "report_dir", "force"}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from jakiro_lib.report import pipeline, stages
+from jakiro_lib.report import stages
 from jakiro_lib.training import scale as S
 from jakiro_lib.training import scale_plan as SP
 from jakiro_lib.config import ConfigError
@@ -200,7 +200,7 @@ class _FakePapermill(types.ModuleType):
 def test_pipeline_sizes_the_job_before_stage_00_and_reports_it(tmp_path, monkeypatch):
     nbs = tmp_path / "nbs"
     nbs.mkdir()
-    for stage in pipeline.STAGES:
+    for stage in stages.STAGES:
         (nbs / f"{stage}.ipynb").write_text("{}")
     fake = _FakePapermill()
     monkeypatch.setitem(sys.modules, "papermill", fake)

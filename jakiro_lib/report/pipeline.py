@@ -36,7 +36,7 @@ import pandas as pd
 
 from ..profiles import PROFILE_NAMES, parse_overrides
 from .page import write_front_page
-from .stages import (RUNNING_DIR, STAGES, STAMP_DIR, PipelineError, StageResult, StageRun, notebook_to_html,
+from .stages import (RUNNING_DIR, STAMP_DIR, PipelineError, StageResult, StageRun,
                      run_stages, select_stages, write_pipeline_log)
 from .stages import log as stages_log
 from ..training.scale import SCALE_JSON, resolve_scale
@@ -55,9 +55,6 @@ log = logging.getLogger(__name__)
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 PARAMETERS: tuple[str, ...] = ("profile", "overrides", "run_dir", "report_dir", "force")
 
-# the stages' names are part of this module's API too (jakiro_lib.report.stages)
-__all__ = ["NOTEBOOK_DIR", "PARAMETERS", "STAGES", "PipelineError", "select_stages", "notebook_to_html", "run_pipeline",
-           "write_report_index", "configure_parser", "add_cli", "cli_handler", "main"]
 
 
 # --------------------------------------------------------------------------------------------------
