@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..models import kernels
-from .summary import headline_table, ratio_interval
+from .summary import by_method_temperature, headline_table, ratio_interval
 from .budgets import PAPER_TREE_TOKENS, fixed_tree_tokens
 from ..config import EAGLE2_DRAFT, JAKIRO_DRAFT, TreeConfig
 from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_cost_variants
@@ -166,9 +166,7 @@ class _Goals:
 
     def __init__(self, h: pd.DataFrame, records: Sequence[dict[str, Any]] | None) -> None:
         self.h, self.records, self.rows = h, records, []
-        self.by_method: dict[tuple[str, float], list[dict[str, Any]]] = {}
-        for r in records or ():
-            self.by_method.setdefault((r["method"], r["temperature"]), []).append(r)
+        self.by_method = by_method_temperature(records or ())
 
     def value(self, temp: float, method: str, col: str = "tokens_per_s") -> float:
         sel = self.h[(self.h["temperature"] == temp) & (self.h["method"] == method)]

@@ -87,13 +87,19 @@ def ratio_interval(method_records: list[dict[str, Any]], baseline_records: list[
     return float(lo), float(hi)
 
 
+def by_method_temperature(records: Iterable[dict[str, Any]]) -> dict[tuple[str, float], list[dict[str, Any]]]:
+    """The records grouped by (method, temperature), in the order they come."""
+    by: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in records:
+        by.setdefault((r["method"], r["temperature"]), []).append(r)
+    return by
+
+
 def versus(records: list[dict[str, Any]], baseline: str, *, level: float = 0.95) -> list[dict[str, Any]]:
     """Every drafted method against ``baseline`` (e.g. ``eagle2``) on the prompts both ran, per temperature:
     the ratios of tokens/s and of tau with paired bootstrap intervals (:func:`ratio_interval`), and whether
     each interval lies wholly above 1 ("better"), wholly below ("worse") or straddles it ("unresolved")."""
-    by: dict[tuple[str, float], list[dict[str, Any]]] = {}
-    for r in records:
-        by.setdefault((r["method"], r["temperature"]), []).append(r)
+    by = by_method_temperature(records)
     rows = []
     for (method, temp), recs in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         base = by.get((baseline, temp))
