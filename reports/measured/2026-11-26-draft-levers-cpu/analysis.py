@@ -2,7 +2,7 @@
 import json, sys
 from pathlib import Path
 import pandas as pd
-from jakiro_lib.measure.bench import versus
+from jakiro_lib.measure.summary import versus
 from jakiro_lib.study.tables import acceptance_by_depth
 
 OUT, SCRATCH = Path(sys.argv[1]), sys.argv[2]  # <scratch>: the runs' directory (commands.sh)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from jakiro_lib.measure.bench import greedy_agreement, load_records, ratio_interval, summarize_measure
+from jakiro_lib.measure.summary import greedy_agreement, load_records, ratio_interval, summarize_measure
 
 HERE = Path(__file__).parent
 BASELINES = ("hf_compiled", "vanilla_static_compiled")
