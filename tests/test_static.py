@@ -11,15 +11,15 @@ import torch
 
 from helpers import RecordingGraph, random_prompts, tiny_target, trained_draft
 from jakiro_lib.decoding import static
-from jakiro_lib.decoding.compiled import CapturedStep, CompileError, call_compiled, compiled_cache_len, static_cache
+from jakiro_lib.decoding.compiled import CompileError, graphs_compiled, call_compiled, compiled_cache_len, static_cache
 from jakiro_lib.models.target import scratch
 from jakiro_lib.config import DraftConfig, TreeConfig
 from jakiro_lib.decoding.loop import speculative_generate, vanilla_generate
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.decoding.drafting import FeatureDrafter, make_drafter
-from jakiro_lib.decoding.runner import SlidingWindowError, TargetRunner
+from jakiro_lib.decoding.runner import KVLayer, SlidingWindowError, TargetRunner
 from jakiro_lib.decoding.static import StaticEngine, static_generate, static_vanilla_generate
-from jakiro_lib.decoding.static_tree import StaticEngineError, StaticTreeDrafter, ancestor_mask, graft_chain, greedy_path
+from jakiro_lib.decoding.static_tree import StaticEngineError, StaticKV, StaticTreeDrafter, ancestor_mask, graft_chain, greedy_path
 from jakiro_lib.decoding.tree import Tree
 from jakiro_lib.decoding.verify import SamplingParams
 
@@ -159,7 +159,8 @@ def test_a_captured_step_replays_the_eager_one(prompts, vanilla, monkeypatch, ca
     every later one, across prompts; vanilla's greedy output (CEPD and a lookup chain: every branch, and
     plain decoding) and at T > 0 the eager engine's text (the uniforms are an argument)."""
     graph = RecordingGraph()
-    monkeypatch.setattr(static, "_compiled_step", lambda model, step: CapturedStep(step, capture=graph))
+    monkeypatch.setattr(static, "_capture", lambda model: graph)
+    monkeypatch.setattr(static, "WINDOW_STEP", 32)  # several attention windows per prompt, each its own graph
     model = copy.deepcopy(tiny_target("llama"))  # its own compiled state
     draft = None if case == "decoder" else trained_draft(model, "moe2")
     tree = None if case == "decoder" else TreeConfig(depth=4, top_k=3, total_tokens=12, decoupled=True,
@@ -173,7 +174,57 @@ def test_a_captured_step_replays_the_eager_one(prompts, vanilla, monkeypatch, ca
         got = run(True)
         assert got == (run(False) if case == "sampling" else vanilla[i]), i
     (engine,) = scratch(model)["static_engines"].values()
-    assert graph.replays == engine.compiled_cycles - 1 > 2 * len(prompts[:3])
+    windows = len(engine._compiled)  # each window's step: warmed up by its first cycle, recorded by its second
+    assert windows > 2 and graph.replays == engine.compiled_cycles - windows > 2 * len(prompts[:3])
+
+
+def test_static_forwards_read_only_their_window(prompts, vanilla, monkeypatch):
+    """Every target and draft forward of the static engine reads the first attention_window(length) positions
+    of its cache, not the whole context's buffer (2,304 positions compiled), and the text stays vanilla's."""
+    monkeypatch.setattr(static, "_capture", lambda model: RecordingGraph())
+    monkeypatch.setattr(static, "WINDOW_STEP", 32)
+    model = copy.deepcopy(tiny_target("llama"))
+    draft = trained_draft(model, "moe2")
+    tree = TreeConfig(depth=3, top_k=3, total_tokens=8, decoupled=True)
+    widths: list[int] = []
+    update, append = KVLayer.update, StaticKV.append
+    monkeypatch.setattr(KVLayer, "update", lambda self, *a, **k: _width(update(self, *a, **k), widths))
+    monkeypatch.setattr(StaticKV, "append", lambda self, *a: _width(append(self, *a), widths))
+    lengths: list[int] = []
+    window = static.attention_window
+    monkeypatch.setattr(static, "attention_window", lambda n, cap: lengths.append(n) or window(n, cap))
+    p = prompts[0]
+    r = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW, compile=True)
+    assert r.output_ids == vanilla[0]
+    expected = {window(n, compiled_cache_len(2048)) for n in lengths}
+    assert len(expected) > 1 and set(widths) - {p.numel()} == expected  # the prefill writes and reads its own rows
+    assert max(widths) < compiled_cache_len(2048)
+
+
+def test_prepared_windows_leave_nothing_to_record(prompts, vanilla, monkeypatch):
+    """After one generation (the benchmark's warm-up), prepare_windows records every attention window up to the
+    context, so later prompts record no graph (graphs_compiled, which the records' compiled_graphs read) and
+    still give vanilla's text: what the recording steps wrote is rewritten by the next prefill."""
+    monkeypatch.setattr(static, "_capture", lambda model: RecordingGraph())
+    monkeypatch.setattr(static, "WINDOW_STEP", 32)
+    model = copy.deepcopy(tiny_target("llama"))
+    draft = trained_draft(model, "moe2")
+    tree = TreeConfig(depth=3, top_k=3, total_tokens=8, decoupled=True, lookup_tokens=3)
+    static_generate(model, draft, tree, prompts[0][:4], max_new_tokens=2, compile=True, max_context=256)
+    before = graphs_compiled()  # one cycle so far: its window's step warmed up, nothing recorded
+    static.prepare_windows(model, 256)
+    windows = {static.attention_window(n, compiled_cache_len(256)) for n in range(257)}  # 128, 160, ..., 384
+    assert graphs_compiled() - before == len(windows) > 5
+    before = graphs_compiled()
+    for i, p in enumerate(prompts[:3]):
+        assert static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW, compile=True,
+                               max_context=256).output_ids == vanilla[i]
+    assert graphs_compiled() == before
+
+
+def _width(kv: tuple[torch.Tensor, torch.Tensor], widths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    widths.append(kv[0].shape[2])
+    return kv
 
 
 class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):

@@ -37,9 +37,10 @@ def compiled_cache_len(max_context: int) -> int:
 
 
 def graphs_compiled() -> int:
-    """Graphs ``torch.compile`` has compiled in this process so far (dynamo's count): a timed call that raises
-    it paid for a compilation (the benchmark records it per prompt)."""
-    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    """Graphs compiled or recorded in this process so far: ``torch.compile``'s (dynamo's count) and
+    :class:`CapturedStep`'s CUDA graphs (one per step and attention window). A timed call that raises it paid
+    for a compilation or a recording (the benchmark records it per prompt)."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) + CapturedStep.recorded
 
 
 def inductor_settings(device: torch.device) -> contextlib.AbstractContextManager:
@@ -106,6 +107,8 @@ class CapturedStep:
     fails, as one :class:`CompileError`. ``capture``: how to record (:func:`cuda_graph`; the CPU tests pass
     one that checks the replays touch the recorded buffers). The output of a replay lives until the next."""
 
+    recorded = 0  # steps recorded in this process (graphs_compiled)
+
     def __init__(self, step: Callable[..., torch.Tensor], capture: Capture = cuda_graph) -> None:
         self.step, self.capture = step, capture
         self.calls = 0
@@ -123,6 +126,7 @@ class CapturedStep:
             except Exception as e:
                 raise CompileError(f"recording the step as a CUDA graph failed ({type(e).__name__}: "
                                    f"{str(e).splitlines()[0] if str(e) else ''}); set target.capture=inductor") from e
+            CapturedStep.recorded += 1
         else:
             for mine, new in zip(self.args, args, strict=True):
                 mine.copy_(new)
@@ -152,3 +156,12 @@ def static_cache(model: PreTrainedModel, cache_len: int) -> StaticCache:
         caches[cache_len] = StaticCache(config=model.config, max_cache_len=cache_len)
     return caches[cache_len]
 
+
+def compiled_step(model: PreTrainedModel, step: Callable[..., torch.Tensor],
+                  capture: Capture | None) -> Callable[..., torch.Tensor]:
+    """``step`` compiled for ``model``'s device: recorded by ``capture`` as a CUDA graph of its eager kernels
+    (:class:`CapturedStep`), else by inductor (on CUDA with its own CUDA graphs, ``reduce-overhead``)."""
+    if capture is not None:
+        return CapturedStep(step, capture)
+    mode = "reduce-overhead" if model.device.type == "cuda" else "default"
+    return torch.compile(step, mode=mode, fullgraph=True, dynamic=False)

@@ -10,8 +10,9 @@ its entries inside them. Where the next forward writes is said in one of two way
   65-69 over only the written ones (SmolLM2-135M fp32, 2026-11-25): reading the whole buffer is not free
   on a CPU;
 * a 0-dim device tensor (the static engine, :mod:`jakiro_lib.decoding.static`): every shape is fixed, attention
-  reads the whole buffer under the caller's mask, and nothing is read on the host, so a captured CUDA
-  graph replays at any length.
+  reads the first ``window`` positions (the engine's host-side choice per cycle, whole steps of
+  :data:`~jakiro_lib.decoding.static.WINDOW_STEP`; the whole buffer when unset) under the caller's mask, and
+  nothing is read on the host, so a CUDA graph captured for one window replays at every length inside it.
 
 Targets with sliding-window layers (Mistral with ``sliding_window`` set) keep transformers' own dynamic
 layers for those, in the loop engine only; the static engine refuses them.
@@ -32,11 +33,13 @@ class SlidingWindowError(ValueError):
 
 class _Where:
     """Where the next forward writes (a host int, or a 0-dim device tensor) and, with host positions, how many
-    positions hold the text. Shared by a runner's layers."""
+    positions hold the text; with device positions, ``window``: how many leading positions attention reads
+    (None: the whole buffer). Shared by a runner's layers."""
 
     def __init__(self) -> None:
         self.start: int | torch.Tensor = 0
         self.length = 0
+        self.window: int | None = None
 
 
 class KVLayer(CacheLayerMixin):
@@ -77,11 +80,17 @@ class KVLayer(CacheLayerMixin):
         cols = start + torch.arange(n, device=key_states.device)
         self.keys.index_copy_(2, cols, key_states)
         self.values.index_copy_(2, cols, value_states)
-        return self.keys, self.values
+        w = self.window
+        return self.keys[:, :, :w], self.values[:, :, :w]
+
+    @property
+    def window(self) -> int:
+        """Positions a forward with device positions reads (:class:`_Where`)."""
+        return self.where.window or self.capacity
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         start = self.where.start
-        return (start + query_length, 0) if isinstance(start, int) else (self.capacity, 0)
+        return (start + query_length, 0) if isinstance(start, int) else (self.window, 0)
 
     def get_seq_length(self) -> int | torch.Tensor:
         return self.where.length if isinstance(self.where.start, int) else self.where.start
@@ -185,8 +194,10 @@ class TargetRunner:
     # -- the static engine: positions in device tensors ----------------------------------------------------
     def score(self, tokens: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
               start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits and features [m] of a tree (``anc`` [m, m]) whose root sits at position ``start`` (0-dim)."""
-        allowed = tree_rows(self.cols[None, :] < start, start, anc)  # [m, capacity]
+        """Logits and features [m] of a tree (``anc`` [m, m]) whose root sits at position ``start`` (0-dim),
+        attending over the first ``where.window`` positions (all when unset)."""
+        cols = self.cols[:self.where.window or self.capacity]  # [W]
+        allowed = tree_rows(cols[None, :] < start, start, anc)  # [m, W]
         return self._forward(tokens, start + depths, additive_mask(allowed, self.dtype)[None, None], start)
 
     def move(self, start: torch.Tensor, path: torch.Tensor) -> None:

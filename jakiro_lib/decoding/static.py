@@ -18,12 +18,10 @@ function of tensors whose shapes depend only on the tree settings (docs/DESIGN.m
    encodes the accepted positions (padded to the deepest possible path) and takes its next root.
 
 The host then reads one small tensor (the accepted count and tokens): the only synchronisation of a cycle.
-Lengths and positions live in device tensors, so each step can be captured as CUDA graphs (its eager
-kernels, or inductor's: ``target.capture``) without re-recording. At T > 0, step 3 is
-:func:`sampling_path`: the loop engine's lossless multi-candidate rule in a fixed number of iterations,
-on uniforms drawn before the step. Every drafting option of the loop engine runs here. On a CPU
-the same code runs eagerly and must give vanilla's greedy output token for token (tests/test_static.py)
-and the target's distribution when sampling (tests/test_verify.py).
+Positions live in device tensors, so a step captured as CUDA graphs (``target.capture``) replays at every
+length of its attention window. At T > 0, step 3 is :func:`sampling_path` (the loop engine's lossless rule in
+fixed shapes) on uniforms drawn before the step. Eager on a CPU it must give vanilla's greedy output token
+for token (tests/test_static.py) and the target's distribution when sampling (tests/test_verify.py).
 """
 from __future__ import annotations
 
@@ -37,7 +35,7 @@ from torch.profiler import record_function
 from transformers import PreTrainedModel
 
 from ..models import kernels
-from .compiled import CapturedStep, call_compiled, compiled_cache_len
+from .compiled import Capture, call_compiled, compiled_cache_len, compiled_step, cuda_graph
 from ..models.target import capture_of, scratch
 from ..config import TreeConfig
 from .result import GenerationResult, append_tokens, check_prompt, choose_token, text_positions
@@ -54,14 +52,12 @@ from .static_tree import StaticEngineError, StaticTreeDrafter, ancestor_mask, ev
 # steps vanish (record_function is a no-op there) and the captured cycle shows as "cycle"
 STEP_RANGES = {s: f"jakiro::{s}" for s in ("draft", "verify", "evaluate", "update", "cycle", "read")}
 CACHE_STEP = 128  # eager engines round their cache lengths up to this (no compiled step binds to a length)
+WINDOW_STEP = 256  # a static forward attends over the text in steps of this
 
 
 def engine_cache_len(needed: int) -> int:
-    """Positions of an eager engine's caches: ``needed`` rounded up to :data:`CACHE_STEP`, because every
-    forward attends over the whole cache: on this project's 2-core EPYC an 8-token tree after 200 positions
-    took 82 ms over 1024 cached positions and 67-75 over 256-384 (the loop engine's growing cache: 65-69;
-    SmolLM2-135M fp32, 2026-11-25). A compiled engine takes one length per context instead (one compilation:
-    :func:`~jakiro_lib.decoding.compiled.compiled_cache_len`)."""
+    """Positions of an eager engine's caches: ``needed`` rounded up to :data:`CACHE_STEP` (a compiled one takes
+    one length per context: :func:`~jakiro_lib.decoding.compiled.compiled_cache_len`)."""
     return -(-needed // CACHE_STEP) * CACHE_STEP
 
 
@@ -78,8 +74,8 @@ def _runner(model: PreTrainedModel, cache_len: int, *, shared: bool) -> TargetRu
 
 def _next_cycle(result: GenerationResult, start: torch.Tensor, length: int, max_context: int,
                 uniforms: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> bool:
-    """Before a cycle from ``length`` tokens: ``start`` set and (sampling) this cycle's draws drawn into
-    ``uniforms``; False, with the stop reason, where the context has no room left."""
+    """Before a cycle from ``length`` tokens: ``start`` set, (sampling) the cycle's ``uniforms`` drawn; False,
+    with the stop reason, where the context has no room left."""
     if length + 1 > max_context:
         result.stop_reason = "context"
         return False
@@ -89,25 +85,30 @@ def _next_cycle(result: GenerationResult, start: torch.Tensor, length: int, max_
     return True
 
 
-def _compiled_step(model: PreTrainedModel, step: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """``step`` compiled for ``model``'s device: on CUDA captured as CUDA graphs, by inductor or by
-    :class:`~jakiro_lib.decoding.compiled.CapturedStep` (:func:`~jakiro_lib.models.target.capture_of`); elsewhere inductor."""
-    if model.device.type != "cuda":
-        return torch.compile(step, mode="default", fullgraph=True, dynamic=False)
-    if capture_of(model) == "graphs":
-        return CapturedStep(step)
-    return torch.compile(step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+def _capture(model: PreTrainedModel) -> Capture | None:
+    """How a compiled step of ``model`` is recorded as CUDA graphs of its eager kernels (a CUDA target with
+    ``target.capture`` "graphs": :func:`~jakiro_lib.models.target.capture_of`); None where inductor compiles it."""
+    return cuda_graph if model.device.type == "cuda" and capture_of(model) == "graphs" else None
+
+
+def attention_window(length: int, capacity: int) -> int:
+    """Positions a static forward reads after ``length`` written ones: the text and a tree's room past it, in
+    whole :data:`WINDOW_STEP` s, at most ``capacity``. Over the compiled cache's whole 2,304 positions a
+    captured SmolLM2 step took 10.6 ms of GPU time, eager over ~384 3.0 ms (H200, 2026-11-27: docs/DESIGN.md
+    section 12). One captured graph per window replays at every length inside it."""
+    return min(capacity, -(-(length + MAX_TREE_ROOM) // WINDOW_STEP) * WINDOW_STEP)
 
 
 class _StaticLoop:
     """What both static engines share: a :class:`~jakiro_lib.decoding.runner.TargetRunner` of ``cache_len`` positions,
-    given as device tensors, the step (compiled
-    on request, :func:`_compiled_step`: on CUDA captured as CUDA graphs; elsewhere inductor, with the
-    packed CPU GEMMs off inside it), and :meth:`generate`: the prefill,
-    then one step per cycle with one host read. ``uniforms``: a cycle's ``draws`` (sampling), drawn before
+    given as device tensors, read in attention windows (:func:`attention_window`), the step (compiled on request,
+    :func:`~jakiro_lib.decoding.compiled.compiled_step`: one per window where recorded as CUDA graphs, else one for
+    the whole cache), and :meth:`generate`: the prefill, then one step per cycle with one host read. ``uniforms``: a cycle's ``draws`` (sampling), drawn before
     each cycle from the caller's generator, outside any compiled step, and passed to the step as an argument
     rather than marked as a static address: CPU inductor's freezing turns the static tensors a graph only
     reads into constants (the compiled cycle reused the first draws for ever: tests/test_static.py)."""
+
+    drafter: StaticTreeDrafter | None = None
 
     def __init__(self, model: PreTrainedModel, cache_len: int, step: Callable[..., torch.Tensor], *,
                  params: SamplingParams, compile: bool, draws: int) -> None:
@@ -116,13 +117,39 @@ class _StaticLoop:
         self.uniforms = torch.zeros(draws, dtype=torch.float64, device=model.device)
         self.compiled_cycles = 0  # cycles run through the compiled step (tests check that it was used)
         self.inputs: tuple[torch.Tensor, ...] = ()  # the step's inputs after the uniforms, set by the host per cycle
-        self._step = _compiled_step(model, step) if compile else step
+        self._step = step
+        # windows where a step costs nothing per window (eager, or recorded as CUDA graphs); inductor compiles one
+        # step for the whole cache (a compilation per window would cost more than it saves)
+        self.windowed = not compile or _capture(model) is not None
+        self._compiled: dict[int, Callable[..., torch.Tensor]] = {}  # window -> its compiled step
+
+    def _set_window(self, length: int) -> int:
+        """The positions this cycle's forwards read after ``length`` written ones (:func:`attention_window`)."""
+        capacity = self.target.capacity
+        self.target.where.window = window = attention_window(length, capacity) if self.windowed else capacity
+        return window
+
+    def prepare(self, length: int) -> None:
+        """Every attention window up to ``length`` positions recorded now, so that no timed generation records
+        one (a compiled, windowed engine that has generated once: its buffers exist). What the recording
+        steps write is rewritten by the next prefill."""
+        if not (self.compile and self.windowed) or (self.drafter is not None and self.drafter.root is None):
+            return
+        start = torch.zeros((), dtype=torch.long, device=self.model.device)
+        for end in range(WINDOW_STEP, attention_window(length, self.target.capacity) + 1, WINDOW_STEP):
+            start.fill_(text := max(0, min(end, self.target.capacity) - MAX_TREE_ROOM))  # a length of window `end`
+            window = self._set_window(text)
+            while getattr(self._compiled.get(window), "replay", None) is None:  # its warm-up, then its recording
+                self._run_step(start)
 
     def _run_step(self, start: torch.Tensor) -> torch.Tensor:
         if not self.compile:
             return self._step(start, self.uniforms, *self.inputs)
-        read = _call_compiled(self.model, self._step, start, self.uniforms, *self.inputs,
-                              first=self.compiled_cycles == 0)
+        window = self.target.where.window or self.target.capacity
+        first = window not in self._compiled
+        if first:
+            self._compiled[window] = compiled_step(self.model, self._step, _capture(self.model))
+        read = _call_compiled(self.model, self._compiled[window], start, self.uniforms, *self.inputs, first=first)
         self.compiled_cycles += 1
         return read
 
@@ -149,12 +176,14 @@ class _StaticLoop:
         ids = prompt_ids.to(dev)
         logits, hidden = self.target.prefill(ids)
         first = choose_token(logits[-1], self.params, generator)
-        self._begin(ids, hidden, first)
         length = ids.shape[0]
+        self._set_window(length)
+        self._begin(ids, hidden, first)
         start = torch.full((), length, device=dev)  # torch.full, not torch.tensor: a CPU value copied to a GPU syncs
         done = append_tokens(result, [first], eos, max_new_tokens, on_tokens)
         result.prefill_time = time.perf_counter() - t0
         while not done and _next_cycle(result, start, length, max_context, self.uniforms, self.params, generator):
+            self._set_window(length)
             emitted, tree_size = self._advance(start, max_context - length)
             length += len(emitted)
             if tree_size is not None:
@@ -172,9 +201,8 @@ class StaticEngine(_StaticLoop):
     """A target, a draft and tree settings bound to static buffers of ``cache_len`` positions.
 
     :meth:`cycle` is one draft-verify-evaluate-update step from ``start`` cached positions, a function of
-    device tensors with fixed shapes; it returns what the host reads. ``params``: greedy (T=0) verification
-    or :func:`sampling_path` on the cycle's uniforms. ``compile``: the cycle goes through ``torch.compile``
-    (:class:`_StaticLoop`), the draft head's packed GEMM off inside it too. With ``tree.lookup_tokens`` the
+    device tensors with fixed shapes; it returns what the host reads. ``compile``: as :class:`_StaticLoop`,
+    the draft head's packed GEMM off inside the step. With ``tree.lookup_tokens`` the
     host looks the context's last n-gram up (:class:`~jakiro_lib.decoding.drafting.PromptLookup`, over the tokens it
     reads anyway) and hands the chain to the cycle, which grafts it on the tree (:func:`~jakiro_lib.decoding.static_tree.graft_chain`);
     ``draft`` None: the tree is the root and the chain alone.
@@ -231,6 +259,12 @@ class StaticEngine(_StaticLoop):
             else:
                 self.token.copy_(bonus)
         return torch.cat([accepted[None], new])
+
+    def _set_window(self, length: int) -> int:
+        window = super()._set_window(length)
+        if self.drafter is not None:
+            self.drafter.cache.window = window  # the draft's attention reads the same positions
+        return window
 
     def _root(self) -> torch.Tensor:
         return self.token if self.drafter is None else self.drafter.root_token
@@ -319,9 +353,8 @@ class StaticDecoder(_StaticLoop):
 
 def _engine(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None, cache_len: int,
             params: SamplingParams, compile: bool) -> StaticEngine | StaticDecoder:
-    """The engine for ``draft`` (None: plain decoding). A compiled one is kept on the model, one per draft,
-    tree, sampling settings and length: its step is specialised to its buffers (as
-    :func:`_runner` explains), so a new one would compile again."""
+    """The engine for ``draft`` (None: plain decoding). A compiled one is kept on the model, one per draft, tree,
+    sampling settings and length: its step is specialised to its buffers (:func:`_runner`)."""
     def build() -> StaticEngine | StaticDecoder:
         if draft is None and (tree is None or not tree.lookup_tokens):
             return StaticDecoder(model, cache_len, params=params, compile=compile)
@@ -338,9 +371,8 @@ def _engine(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig |
 
 
 @torch.inference_mode()
-def static_generate(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None,
-                    prompt_ids: torch.Tensor, *,
-                    max_new_tokens: int = 128, params: SamplingParams = SamplingParams(),
+def static_generate(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None, prompt_ids: torch.Tensor,
+                    *, max_new_tokens: int = 128, params: SamplingParams = SamplingParams(),
                     eos_token_ids: list[int] = (), max_context: int = 2048, generator: torch.Generator | None = None,
                     on_tokens: Callable[[list[int]], None] | None = None, compile: bool = False) -> GenerationResult:
     """Speculative decoding on the static engine: draft, verify, evaluate, update; one host read per cycle
@@ -358,3 +390,11 @@ def static_generate(model: PreTrainedModel, draft: DraftModel | None, tree: Tree
 def static_vanilla_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, **kwargs: Any) -> GenerationResult:
     """Plain decoding on the static engine (:class:`StaticDecoder`); the keywords of :func:`static_generate`."""
     return static_generate(model, None, None, prompt_ids, **kwargs)
+
+
+@torch.inference_mode()  # as static_generate: the buffers are inference tensors
+def prepare_windows(model: PreTrainedModel, length: int) -> None:
+    """:meth:`_StaticLoop.prepare` for every compiled engine kept on ``model`` (a benchmark's warm-up: then no
+    timed prompt records a CUDA graph)."""
+    for engine in scratch(model).get("static_engines", {}).values():
+        engine.prepare(length)

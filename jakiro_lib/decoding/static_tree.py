@@ -30,17 +30,18 @@ class StaticKV:
     """The draft's key/value cache as one preallocated buffer of ``capacity`` positions.
 
     ``slots`` [L] (a device tensor, set before each forward) says where the forward's L rows are written;
-    attention reads the whole buffer under the caller's mask, so shapes never change.
+    attention reads the first ``window`` positions (the engine's choice per cycle, as the target's
+    :class:`~jakiro_lib.decoding.runner.KVLayer`) under the caller's mask, so shapes stay fixed inside a window.
     """
 
     def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
+        self.capacity = self.window = capacity
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
         self.slots: torch.Tensor | None = None
 
     def __len__(self) -> int:
-        return self.capacity
+        return self.window
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.k is None:
@@ -48,7 +49,7 @@ class StaticKV:
             self.v = fixed_address(v.new_zeros(*v.shape[:2], self.capacity, v.shape[-1]))
         self.k.index_copy_(2, self.slots, k)
         self.v.index_copy_(2, self.slots, v)
-        return self.k, self.v
+        return self.k[:, :, :self.window], self.v[:, :, :self.window]
 
 
 def ancestor_mask(parents: torch.Tensor, depth: int) -> torch.Tensor:
@@ -220,7 +221,7 @@ class StaticTreeDrafter:
 
     def _forward(self, feats: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                  allowed: torch.Tensor) -> DraftOutput:
-        """Rows [L] written at ``slots``, attending where ``allowed`` [L, capacity]; outputs without batch."""
+        """Rows [L] written at ``slots``, attending where ``allowed`` [L, window]; outputs without batch."""
         self.cache.slots = slots
         out = self.draft(feats[None].to(self.dtype), tokens[None], pos[None], self.cache, allowed[None, None])
         return DraftOutput(out.a[0], None if out.b is None else out.b[0],
@@ -233,7 +234,7 @@ class StaticTreeDrafter:
         written past the text and overwritten later."""
         n = tokens.shape[0]
         pos = start + torch.arange(n, device=tokens.device)  # [n]
-        cols = torch.arange(self.cache.capacity, device=tokens.device)
+        cols = torch.arange(self.cache.window, device=tokens.device)  # [W]
         out = self._forward(hidden, tokens, pos, pos, cols[None, :] <= pos[:, None])
         at = last.reshape(1)  # index_select, not tensor[last]: a 0-dim index would be read on the host
         new = [None if x is None else x.index_select(0, at)[0] for x in (out.a, out.b, out.experts, out.gates, tokens)]
@@ -265,7 +266,7 @@ class StaticTreeDrafter:
         out = _batch_of_one(self.root)  # the frontier's outputs: the root's, then each forward's
         front_idx, front_score, front_feat = zero, scores[0], None
         front_anc = torch.zeros(1, self.n_slots, dtype=torch.bool, device=dev)  # forwarded ancestors' slots
-        prefix = torch.arange(self.cache.capacity, device=dev)[None, :] < base
+        prefix = torch.arange(self.cache.window, device=dev)[None, :] < base  # [1, W]
         eye = torch.eye(K, dtype=torch.bool, device=dev)
         size, depth = 1, 0  # pool nodes so far; the frontier's depth
 

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from ..data.chat import answer_message, format_prompt_ids
 from ..decoding.compiled import graphs_compiled
+from ..decoding.static import prepare_windows
 from ..layout import BENCH_CONFIG, RECORDS_FILE
 from .methods import SPEC, MethodRunner, MethodSpec, portable
 from ..models.target import Target
@@ -121,12 +122,13 @@ def _with_distinct_ids(questions: Iterable[Any]) -> list[Any]:
 def _warm_up(target: Target, runners: dict[str, MethodRunner], question: Any, temperatures: list[float],
              times: int, max_new_tokens: int, top_p: float, seed: int) -> None:
     """Each method ``times`` on the first question's first turn at every temperature (a compiled engine samples
-    through a step of its own)."""
+    through a step of its own), then every captured engine's attention windows up to the context recorded."""
     ids = format_prompt_ids(target, [{"role": "user", "content": question.turns[0]}])
     for runner in runners.values():
         for temp in temperatures:
             for _ in range(times):
                 runner(ids, max_new_tokens=max_new_tokens, params=_params(temp, top_p), seed=seed)
+    prepare_windows(target.model, target.config.max_context)
 
 
 def _run_turns(target: Target, name: str, runner: MethodRunner, q: Any, params: SamplingParams, rep: int,
