@@ -69,7 +69,7 @@ clocks() {  # the GPU's clocks, power and load once a second while the study run
 }
 gpucheck() {  # NAME [FOLDER]: under a time limit that leaves the call (600 s) room to pack what exists ($OUT: 8 files)
   local dir=${2:-gpucheck-out}
-  timeout "${CHECK_S:-420}" "$PY" -m jakiro_lib gpucheck --out "runs/default/$dir" \
+  timeout "${CHECK_S:-420}" "$PY" -m jakiro_lib gpucheck --out "runs/default/$dir" --profiled-prompts 1 \
     --set bench.jakiro_draft="$(cat "$K/jakiro_draft" 2>/dev/null || echo moe2)" ${CHECK_ARGS:-} 2>&1 \
     | tr '\r' '\n' | grep -v '^\s*$' | grep -v 'Warning\|forward_call\|warnings.warn' | tail -60 | tee "$OUT/$1.txt"
   tar -C runs/default -czf "$OUT/$1.tgz" "$dir"

@@ -1,12 +1,14 @@
 """captured.csv from the check's records: tokens/s per method and temperature, the speedup over hf_compiled
 and over our captured plain decoder (vanilla_static_compiled), each with the paired 95% bootstrap interval
 over prompts, tau, and greedy identity with our vanilla loop; and inductor.csv: the same for the partial
-run with target.capture=inductor (its prompts only, paired with the graphs run's same prompts).
+run with target.capture=inductor (its prompts only, paired with the graphs run's same prompts). Another
+check's folder (records.jsonl; no inductor run there: captured.csv only) as the argument:
 
-    python reports/measured/2026-11-27-h200-graphs/captured.py
+    python reports/measured/2026-11-27-h200-graphs/captured.py [DIR]
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -41,12 +43,14 @@ def table(records: list[dict], vanilla: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main() -> None:
-    records = load_records(HERE / "records.jsonl")
+def main(here: Path = HERE) -> None:
+    records = load_records(here / "records.jsonl")
     vanilla = [r for r in records if r["method"] == "vanilla"]
     out = table(records, vanilla)
-    out.to_csv(HERE / "captured.csv", index=False, float_format="%.4g")
+    out.to_csv(here / "captured.csv", index=False, float_format="%.4g")
     print(out.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    if not (here / "inductor").is_dir():
+        return
     inductor = load_records(HERE / "inductor" / "records.jsonl")
     keys = {(r["question_id"], r["turn"]) for r in inductor if r["method"] == "vanilla_static_compiled"}
     both = [dict(r, method=r["method"] + "[inductor]") for r in inductor] + [
@@ -64,4 +68,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE)
