@@ -173,6 +173,9 @@ class DataConfig:
     # batch_features; the cached tensors are the same). 2-core AMX CPU, `throughput`, bf16, freed memory kept: 8 and
     # 16 beat 4 in two runs (3.30x / 3.24x fp32 one by one against 2.72x; 2026-11-26); fp32: 1.03-1.07x. GPU: many.
     cache_batch_size: int = 1
+    # Processes tokenizing the next cache shards while the target runs (data.cache_pipeline): 0 = auto, the CPUs less
+    # one, at most 16 (none with 1-2 CPUs: tokenized in the caching process, as with 1). The cache is the same bytes.
+    tokenize_workers: int = 0
     feature_dtype: str = "float16"
     # The target's dtype while caching (and self-distilling); None: target.dtype; "auto": bfloat16 on bf16 matrix
     # units. On AMX: 2000 conversations in 6.4 instead of 13.8 min, drafts as good (docs/results.md).

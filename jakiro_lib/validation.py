@@ -45,6 +45,7 @@ RULES: dict[str, Rule] = {
     "TargetConfig.gemm_backend": _one_of("auto", "mkl", "onednn"),
     "BenchConfig.engine": _one_of("auto", *RUN_ENGINE_NAMES), "TargetConfig.capture": _one_of(*CAPTURES),
     "DataConfig.feature_dtype": _DTYPE, "DataConfig.scale": _one_of("fixed", "auto"), "DataConfig.cache_dtype": _one_of("float32", "float16", "bfloat16", "auto"),
+    "DataConfig.tokenize_workers": _at_least(0),
     "TrainConfig.epochs": _at_least(1), "TrainConfig.lr": _above(0), "TrainConfig.betas": _UNIT,
     "TrainConfig.grad_clip_value": _above(0), "TrainConfig.max_steps": _at_least(1),
     "TrainConfig.mixed_precision": _one_of("no", "fp16", "bf16", "auto"), "TrainConfig.compile": _one_of("no", "yes", "auto"),

@@ -8,10 +8,12 @@ right-padded, the padded rows dropped); the stored tensors equal the one-convers
 rounding.
 
 The cache's layout on disk, its manifest and its verification are in
-:mod:`jakiro_lib.data.feature_store`.
+:mod:`jakiro_lib.data.feature_store`; the pipeline around the target's forwards (shards tokenized ahead by
+worker processes, written behind on a thread) in :mod:`jakiro_lib.data.cache_pipeline`.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -23,15 +25,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 from tqdm import tqdm
 
+from .cache_pipeline import ShardTokens, ShardWriter, Tokens, store_shard, to_host, worker_count
 from .chat import conversation_id, messages_of, tokenize_conversation
 from .feature_store import (FORMAT, bytes_per_token, cache_settings, cached_shards, estimate_disk, feature_torch_dtype,
                             human_bytes, merge_sidecars, shard_name, sidecar_path, summarise)
 from ..layout import MANIFEST
-from ..files import atomic_path, file_sha256, write_json
-from ..machine import distributed_state, keep_freed_memory, run_metadata, world_size
+from ..files import write_json
+from ..machine import distributed_state, keep_freed_memory, run_metadata, synchronize, world_size
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +49,13 @@ def target_features(model: torch.nn.Module, input_ids: torch.Tensor,
     """The target's last hidden state after the final norm (the input of ``lm_head``): [B, L, H].
 
     ``input_ids`` may be [L] or [B, L]; works for Llama/Mistral/Qwen2 (``model.model`` is the decoder).
+    Inputs in pinned memory go to a GPU without waiting for it.
     """
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
     device = next(model.parameters()).device
-    out = model.model(input_ids=input_ids.to(device),
-                      attention_mask=None if attention_mask is None else attention_mask.to(device),
-                      use_cache=False)
+    mask = None if attention_mask is None else attention_mask.to(device, non_blocking=True)
+    out = model.model(input_ids=input_ids.to(device, non_blocking=True), attention_mask=mask, use_cache=False)
     return out.last_hidden_state
 
 
@@ -114,8 +116,9 @@ def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def batch_features(model: torch.nn.Module, seqs: Sequence[Sequence[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(hidden [L, H], full-vocabulary top-1 [L]) of each token sequence, from ONE right-padded forward.
+def batch_features(model: torch.nn.Module, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hidden rows [sum L, H] and full-vocabulary top-1 [sum L] of token sequences, one sequence after another,
+    from ONE right-padded forward, on the model's device (a GPU is not waited for: inputs go from pinned memory).
 
     Causal attention never lets a real position see a later (padded) one, and the attention mask hides
     padded keys, so every kept row equals the one-sequence forward's up to float rounding (tested). A
@@ -129,10 +132,12 @@ def batch_features(model: torch.nn.Module, seqs: Sequence[Sequence[int]]) -> lis
     for b, s in enumerate(seqs):
         ids[b, :len(s)] = torch.as_tensor(list(s), dtype=torch.long)
         mask[b, :len(s)] = 1
+    real = mask.view(-1).nonzero().squeeze(1)  # [sum L], the real positions of the flat [B * T], in order
+    if next(model.parameters()).is_cuda:
+        ids, mask, real = ids.pin_memory(), mask.pin_memory(), real.pin_memory()
     h = target_features(model, ids, None if min(lens) == T else mask)  # [B, T, H]
-    rows = h[mask.to(h.device).bool()]  # [sum L, H], the real positions sequence by sequence
-    top = target_top1(model, rows)  # [sum L]
-    return list(zip(rows.split(lens), top.split(lens)))
+    rows = h.reshape(-1, h.shape[-1]).index_select(0, real.to(h.device, non_blocking=True))  # [sum L, H]
+    return rows, target_top1(model, rows)  # [sum L, H], [sum L]
 
 
 def _cat(parts: list[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
@@ -140,23 +145,30 @@ def _cat(parts: list[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
 
 
 def shard_tensors(target: Any, convs: Sequence[Any], start: int, *, max_length: int, template: str, dtype: torch.dtype,
-                  bar: Any, batch_size: int = 1) -> tuple[dict[str, torch.Tensor], list[str], int]:
+                  bar: Any, batch_size: int = 1, formatted: Sequence[Tokens] | None = None,
+                  ) -> tuple[dict[str, torch.Tensor], list[str], int]:
     """One shard's tensors, its kept conversations' ids and its count of skipped (empty-mask) ones.
 
     Conversations run ``batch_size`` per target forward, sorted by length within the shard
-    (:func:`length_batches`), and are stored in input order whatever the batching.
+    (:func:`length_batches`), and are stored in input order whatever the batching. ``formatted``: the
+    conversations' (token ids, loss mask) made ahead (:class:`~jakiro_lib.data.cache_pipeline.ShardTokens`);
+    None tokenizes them here.
     """
-    formatted = [tokenize_conversation(target.tokenizer, conv, max_length, template) for conv in convs]
+    if formatted is None:
+        formatted = [tokenize_conversation(target.tokenizer, conv, max_length, template) for conv in convs]
     kept = [i for i, (_, mask) in enumerate(formatted) if sum(mask) > 0]
     if bar is not None:
         bar.update(len(convs) - len(kept))  # skipped ones are done
     feats: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # input position -> (hidden [L, H], top-1 [L])
     for group in length_batches([len(formatted[i][0]) for i in kept], batch_size):
         positions = [kept[g] for g in group]
-        for i, (h, top) in zip(positions, batch_features(target.model, [formatted[i][0] for i in positions])):
-            feats[i] = (h.to(dtype).cpu(), top.to(torch.int32).cpu())
+        lens = [len(formatted[i][0]) for i in positions]
+        rows, top = batch_features(target.model, [formatted[i][0] for i in positions])  # [sum L, H], [sum L]
+        rows, top = to_host(rows.to(dtype), top.to(torch.int32))  # one copy each: no wait for the device
+        feats.update(zip(positions, zip(rows.split(lens), top.split(lens))))
         if bar is not None:
             bar.update(len(group))
+    synchronize(target.device)  # the copies to the host have landed
     ends = np.cumsum([0] + [len(formatted[i][0]) for i in kept])  # [n + 1]
     H = target.model.config.hidden_size
     tensors = {
@@ -205,6 +217,7 @@ class _Job:
     batch_size: int
     world: World
     fixed: dict[str, Any]  # the settings a rerun must match
+    workers: int  # processes tokenizing ahead (cache_pipeline.worker_count); 0: tokenized in this one
 
     @property
     def n_shards(self) -> int:
@@ -221,12 +234,14 @@ class _Job:
 
 
 def _plan(target: Any, conversations: Sequence[Any], out_dir: str | Path, world: World | None, *, max_length: int,
-          shard_size: int, feature_dtype: str, template: str, batch_size: int) -> tuple[_Job, dict[str, Any]]:
+          shard_size: int, feature_dtype: str, template: str, batch_size: int,
+          workers: int) -> tuple[_Job, dict[str, Any]]:
     """The call's job and the settings its manifest records; the target on this process's device and
     ``out_dir`` made."""
     if shard_size < 1 or batch_size < 1:
         raise ValueError(f"shard_size and batch_size must be >= 1, got {shard_size} and {batch_size}")
     world = _world() if world is None else world
+    workers = worker_count(workers, world.size)
     if world.device is not None and target.model.device != torch.device(world.device):
         target.model.to(world.device)
     out_dir = Path(out_dir)
@@ -236,7 +251,8 @@ def _plan(target: Any, conversations: Sequence[Any], out_dir: str | Path, world:
                          feature_dtype=str(dtype).removeprefix("torch."), template=template,
                          num_input=len(conversations))
     fixed = {k: v for k, v in settings.items() if k != "num_input_conversations"}
-    job = _Job(target, conversations, out_dir, shard_size, max_length, template, dtype, batch_size, world, fixed)
+    job = _Job(target, conversations, out_dir, shard_size, max_length, template, dtype, batch_size, world, fixed,
+               workers)
     return job, settings
 
 
@@ -271,25 +287,22 @@ def _progress_bar(job: _Job, progress: bool) -> Any:
     return tqdm(total=total, desc=desc, unit="conv")
 
 
-def _write_shard(job: _Job, index: int, bar: Any) -> dict[str, Any]:
-    """Shard ``index`` computed and written atomically; returns its manifest entry."""
+def _store_shard(job: _Job, manifest: dict[str, Any], index: int, tensors: dict[str, torch.Tensor],
+                 conv_ids: list[str], skipped: int) -> dict[str, Any]:
+    """Shard ``index`` written atomically and recorded (on the writer's thread); returns its manifest entry."""
     name = shard_name(index)
     convs, start = job.shard(index), index * job.shard_size
-    tensors, conv_ids, skipped = shard_tensors(job.target, convs, start, max_length=job.max_length,
-                                                template=job.template, dtype=job.dtype, bar=bar,
-                                                batch_size=job.batch_size)
-    with atomic_path(job.out_dir / name) as tmp:
-        # one metadata key: safetensors writes several in hash order, and shards should be byte-identical
-        # when their content is
-        meta = json.dumps({"format": FORMAT, "conversation_ids": conv_ids})
-        save_file(tensors, str(tmp), metadata={"jakiro": meta})
-        size, sha = tmp.stat().st_size, file_sha256(tmp)
-    return {
+    # one metadata key: safetensors writes several in hash order, and shards are byte-identical when their content is
+    meta = json.dumps({"format": FORMAT, "conversation_ids": conv_ids})
+    size, sha = store_shard(job.out_dir / name, tensors, {"jakiro": meta})
+    entry = {
         "file": name, "index": index, "first_conversation": start, "input_conversations": len(convs),
         "conversations": int(tensors["offsets"].shape[0]), "skipped_empty_mask": skipped,
         "tokens": int(tensors["input_ids"].shape[0]), "loss_tokens": int(tensors["loss_mask"].sum()),
         "bytes": size, "sha256": sha, "source_sha256": _source_sha(convs, start), "batch_size": job.batch_size,
     }
+    _record_shard(job, manifest, index, entry)
+    return entry
 
 
 def _record_shard(job: _Job, manifest: dict[str, Any], index: int, entry: dict[str, Any]) -> None:
@@ -305,23 +318,26 @@ def _record_shard(job: _Job, manifest: dict[str, Any], index: int, entry: dict[s
 def _cache_shards(job: _Job, manifest: dict[str, Any], reuse: set[int], done: dict[str, dict[str, Any]],
                   damaged: dict[str, str], bar: Any,
                   on_shard: Callable[[int, dict[str, Any]], None] | None) -> None:
-    """Every shard in order: a reused one listed by the main process, each of this process's others computed."""
-    for s in range(job.n_shards):
-        name = shard_name(s)
-        if s in reuse:
-            if job.world.index == 0:
-                manifest["shards"].append(done[name])
-            if bar is not None and s in job.mine:
-                bar.update(len(job.shard(s)))
-            continue
-        if s not in job.mine:
-            continue
-        if name in damaged:
-            log.warning("rewriting damaged shard %s: %s", name, damaged[name])
-        entry = _write_shard(job, s, bar)
-        _record_shard(job, manifest, s, entry)
-        if on_shard is not None:
-            on_shard(s, entry)
+    """Every shard in order: a reused one listed by the main process, each of this process's others computed
+    while the next ones are tokenized (:class:`ShardTokens`) and the one before is written (:class:`ShardWriter`)."""
+    todo = [s for s in job.mine if s not in reuse]
+    with ShardTokens(job.target.tokenizer, job.shard, todo, max_length=job.max_length, template=job.template,
+                     workers=job.workers) as tokens, ShardWriter[dict[str, Any]](on_shard) as writer:
+        for s in range(job.n_shards):
+            if s in reuse:
+                writer.wait()  # the shard before is in the manifest first
+                if job.world.index == 0:
+                    manifest["shards"].append(done[shard_name(s)])
+                if bar is not None and s in job.mine:
+                    bar.update(len(job.shard(s)))
+            elif s in job.mine:
+                if shard_name(s) in damaged:
+                    log.warning("rewriting damaged shard %s: %s", shard_name(s), damaged[shard_name(s)])
+                computed = shard_tensors(job.target, job.shard(s), s * job.shard_size, max_length=job.max_length,
+                                         template=job.template, dtype=job.dtype, bar=bar, batch_size=job.batch_size,
+                                         formatted=tokens.get(s))
+                writer.put(s, functools.partial(_store_shard, job, manifest, s, *computed))
+        writer.wait()
 
 
 def cache_features(
@@ -337,16 +353,19 @@ def cache_features(
     on_shard: Callable[[int, dict[str, Any]], None] | None = None,
     world: World | None = None,
     batch_size: int = 1,
+    tokenize_workers: int = 0,
 ) -> Path:
     """Run the target over ``conversations`` and cache (ids, features, loss mask) in sharded safetensors.
 
     Resumable: shards listed in the manifest (or in a sidecar record) whose file verifies (size, header,
     counts) and whose input conversations are unchanged are skipped; the manifest is rewritten
-    atomically after each shard. ``on_shard(index, entry)`` is called after each newly written shard.
+    atomically after each shard. ``on_shard(index, entry)`` is called on this thread after each newly written
+    shard, in order, once the next shard is computed (a run stopped by an error may skip it for the last one).
     A resumed run logs how many shards it found, and a damaged shard (missing, truncated, corrupt) is
     rewritten with a warning that names it. ``batch_size`` conversations share one target forward
     (:func:`batch_features`); the stored tensors are the same up to float rounding whatever it is, so it
-    is recorded in the manifest but not among the settings a rerun must match.
+    is recorded in the manifest but not among the settings a rerun must match. ``tokenize_workers``: processes
+    tokenizing ahead (:func:`~jakiro_lib.data.cache_pipeline.worker_count`; the files are the same).
     Returns ``out_dir``. Raises :class:`~jakiro_lib.data.feature_store.CacheError` if ``out_dir`` holds a
     cache made with other settings.
 
@@ -357,7 +376,8 @@ def cache_features(
     (tests); by default it comes from accelerate when launched by it, else one process.
     """
     job, settings = _plan(target, conversations, out_dir, world, max_length=max_length, shard_size=shard_size,
-                          feature_dtype=feature_dtype, template=template, batch_size=batch_size)
+                          feature_dtype=feature_dtype, template=template, batch_size=batch_size,
+                          workers=tokenize_workers)
     old, done, damaged = cached_shards(job.out_dir, job.fixed)
     job.world.wait()  # every process has read the old state before the main process rewrites the manifest
     if target.device.type == "cpu":

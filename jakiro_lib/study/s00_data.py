@@ -94,7 +94,8 @@ def prepare_features(profile: str | Profile | StudyContext, run_dir: str | Path 
     if not d.online:
         t1 = time.perf_counter()
         kwargs = dict(max_length=d.max_length, shard_size=d.shard_size, feature_dtype=d.feature_dtype,
-                      template=prof.target.template, batch_size=d.cache_batch_size, progress=progress)
+                      template=prof.target.template, batch_size=d.cache_batch_size, progress=progress,
+                      tokenize_workers=d.tokenize_workers)
         try:
             cache_features(target, convs, cache_dir, **kwargs)
         except CacheError:

@@ -101,7 +101,7 @@ def measure(profile: Profile, *, conversations: int = 16, steps: int = 6, warmup
     with tempfile.TemporaryDirectory(prefix="jakiro-scale.") as tmp:
         cache_features(target, convs, tmp, max_length=d.max_length, shard_size=d.shard_size,
                        feature_dtype=d.feature_dtype, template=profile.target.template, progress=False,
-                       batch_size=d.cache_batch_size)
+                       batch_size=d.cache_batch_size, tokenize_workers=d.tokenize_workers)
         dataset = FeatureDataset(tmp, "all", 0.0)
         if len(dataset) == 0:  # a loader over nothing would never yield a step
             raise ScaleError(f"no trained token in the first {conversations} conversations within data.max_length="
@@ -132,6 +132,7 @@ def basis(profile: Profile, fixed: dict[str, Any]) -> dict[str, Any]:
     another ``bench.limit`` continues at the same scale), with the scale keys only where the user set them."""
     out = {k: v for k, v in profile.to_dict().items() if k in ("target", "data", "train", "drafts")}
     out["data"] = {k: v for k, v in out["data"].items() if k != "num_conversations" or "data.num_conversations" in fixed}
+    out["data"].pop("tokenize_workers", None)  # how caching tokenizes: neither the cache nor the measured rate changes
     out["train"] = {k: v for k, v in out["train"].items() if k != "epochs" or "train.epochs" in fixed}
     return json.loads(json.dumps(out, default=str))
 

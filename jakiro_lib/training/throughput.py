@@ -298,7 +298,7 @@ def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int 
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".features.") as tmp:
         cache_features(target, convs, tmp, max_length=d.max_length, shard_size=d.shard_size,
                        feature_dtype=d.feature_dtype, template=profile.target.template, progress=False,
-                       batch_size=max(cache_batch_sizes))
+                       batch_size=max(cache_batch_sizes), tokenize_workers=d.tokenize_workers)
         dataset = FeatureDataset(tmp, "all", 0.0)
         precisions = ["fp32"] + (["bf16"] if favoured else [])
         drafts_cfg = {n: profile.drafts[n] for n in names}
