@@ -84,6 +84,10 @@ case "${1:-}" in
     timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py -k "not inductor" 2>&1 | tail -40 | tee "$OUT/test_cuda.txt"
     clocks; gpucheck gpucheck; kill %% 2>/dev/null ;;
   again) unpack; env_for_repo; gpucheck gpucheck_again ;;  # the check stopped at its limit: it resumes
+  shortcache)  # HF's baseline and plain decoding over a cache the prompts fit (a 512-token context: 640 positions)
+    unpack; env_for_repo
+    CHECK_ARGS="--methods vanilla,hf_compiled,vanilla_static_compiled --set target.max_context=512 ${CHECK_ARGS:-}" \
+      gpucheck shortcache gpucheck-short ;;
   inductor)  # plain decoding and Jakiro captured through inductor instead (T=0), beside hf_compiled: which capture wins
     unpack; env_for_repo
     CHECK_ARGS="--set target.capture=inductor --set bench.temperatures=0 --profiled-prompts 1 \
@@ -136,5 +140,5 @@ PYEOF
     stage gpu_cache "${GP_CACHE_S:-240}" cache
     stage gpu_train "${GP_TRAIN_S:-240}" train --drafts "${GP_DRAFTS:-dense}"
     find runs/gpu -name '*.json' -size -1000k | tar -czf "$OUT/gpuprofile.tgz" -T - ;;
-  *) echo "usage: run.sh stash PART | check | again | inductor | papercost | notebooks | throughput | gpuprofile"; exit 2 ;;
+  *) echo "usage: run.sh stash PART | check | again | shortcache | inductor | papercost | notebooks | throughput | gpuprofile"; exit 2 ;;
 esac
