@@ -264,3 +264,15 @@ def test_the_setting_is_checked():
     assert get_profile("smoke", **{"data.tokenize_workers": "4"}).data.tokenize_workers == 4
     with pytest.raises(ConfigError, match=r"data.tokenize_workers.*>= 0"):
         get_profile("smoke", **{"data.tokenize_workers": "-1"})
+
+
+def test_the_estimate_tokenized_by_workers_counts_the_same(target, convs, monkeypatch):
+    """estimate_cache (every conversation tokenized before caching) counts the same with 2 workers as in this
+    process, across several worker tasks and the skipped conversation."""
+    monkeypatch.setattr(F, "ESTIMATE_CHUNK", 3)
+    alone = F.estimate_cache(target, convs, max_length=MAX_LEN)
+    made = [tokenize_conversation(target.tokenizer, c, MAX_LEN, "auto") for c in convs]
+    kept = [(ids, mask) for ids, mask in made if sum(mask)]
+    assert (alone["conversations"], alone["skipped_empty_mask"]) == (len(convs) - 1, 1)
+    assert (alone["tokens"], alone["loss_tokens"]) == (sum(len(i) for i, _ in kept), sum(sum(m) for _, m in kept))
+    assert F.estimate_cache(target, convs, max_length=MAX_LEN, tokenize_workers=2) == alone

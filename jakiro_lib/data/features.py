@@ -36,6 +36,7 @@ from ..files import write_json
 from ..machine import distributed_state, keep_freed_memory, run_metadata, synchronize, world_size
 
 log = logging.getLogger(__name__)
+ESTIMATE_CHUNK = 256  # conversations per worker task when estimate_cache tokenizes in workers
 
 
 # --------------------------------------------------------------------------------------------------
@@ -79,16 +80,16 @@ def _source_sha(convs: Sequence[Any], start: int) -> str:
 
 
 def estimate_cache(target: Any, conversations: Sequence[Any], *, max_length: int, template: str = "auto",
-                   feature_dtype: str = "float16") -> dict[str, Any]:
-    """Tokenize (no target forward) and return token counts and the disk the cache would take."""
+                   feature_dtype: str = "float16", tokenize_workers: int = 1) -> dict[str, Any]:
+    """Tokenize (no target forward; ``tokenize_workers`` as :func:`cache_features`'s: on the H200 of 2026-11-27
+    one thread tokenized ~220k tokens/s) and return token counts and the disk the cache would take."""
     tokens = loss_tokens = kept = 0
-    for conv in conversations:
-        ids, mask = tokenize_conversation(target.tokenizer, conv, max_length, template)
-        if sum(mask) == 0:
-            continue
-        kept += 1
-        tokens += len(ids)
-        loss_tokens += sum(mask)
+    n, chunk = math.ceil(len(conversations) / ESTIMATE_CHUNK), ESTIMATE_CHUNK
+    with ShardTokens(target.tokenizer, lambda i: conversations[i * chunk:(i + 1) * chunk], range(n),
+                     max_length=max_length, template=template, workers=worker_count(tokenize_workers)) as made:
+        for ids, mask in (pair for i in range(n) for pair in made.get(i)):
+            if sum(mask):
+                kept, tokens, loss_tokens = kept + 1, tokens + len(ids), loss_tokens + sum(mask)
     H = target.model.config.hidden_size
     size = estimate_disk(tokens, H, feature_dtype)
     return {"conversations": kept, "skipped_empty_mask": len(conversations) - kept, "tokens": tokens,

@@ -82,7 +82,7 @@ def prepare_features(profile: str | Profile | StudyContext, run_dir: str | Path 
     convs = load_training_conversations(prof, rdir, target, progress=progress)
     t_load = time.perf_counter() - t0
     estimate = estimate_cache(target, convs, max_length=d.max_length, template=prof.target.template,
-                              feature_dtype=d.feature_dtype)
+                              feature_dtype=d.feature_dtype, tokenize_workers=d.tokenize_workers)
     summary: dict[str, Any] = {
         "mode": "online" if d.online else "cache", "source": d.source, "path": d.path,
         "self_distill": d.self_distill,
