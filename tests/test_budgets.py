@@ -9,7 +9,7 @@ import pytest
 from helpers import single_thread
 from jakiro_lib.measure import budgets, costmodel
 from jakiro_lib.measure.budgets import TUNE_PROMPTS, resolve_tree_budgets, tuning_prompts
-from jakiro_lib.config import TargetConfig
+from jakiro_lib.config import TargetConfig, TreeConfig
 from jakiro_lib.config import EAGLE2_DRAFT, JAKIRO_DRAFT
 from jakiro_lib.profiles import get_profile
 from jakiro_lib.data.conversations import Question, load_conversations, load_questions
@@ -153,3 +153,45 @@ def test_a_source_shorter_than_num_conversations_is_split_as_training_splits_it(
     _, info = tuning_prompts(profile, target)
     assert [c["index"] for c in info["conversations"]] == split_indices(range(10), "heldout", 0.1)
     assert info["conversations_loaded"] == 10 and info["num_conversations"] == 600  # a short source shows
+
+
+def test_a_captured_method_runs_its_budgets_outright(target):
+    """On the static engine recorded as CUDA graphs the check also runs budgets.CAPTURED_SIZES (the estimate's eager
+    timings describe another engine there); inductor's capture (a compilation per budget) and the CPU run none."""
+    import copy
+    import types
+
+    import torch
+    from jakiro_lib.measure.methods import MethodSpec
+    from jakiro_lib.models.target import set_capture
+
+    spec = MethodSpec("spec", draft="d", tree=TreeConfig(), engine="static", compile=True)
+    model = copy.deepcopy(target.model)
+    on_gpu = types.SimpleNamespace(device=torch.device("cuda"), model=model)
+    assert budgets.measured_sizes(spec, on_gpu) == budgets.CAPTURED_SIZES
+    assert budgets.measured_sizes(dataclasses.replace(spec, compile=False), on_gpu) == ()
+    assert budgets.measured_sizes(spec, target) == ()  # a CPU
+    set_capture(model, "inductor")
+    assert budgets.measured_sizes(spec, on_gpu) == ()
+
+
+def test_the_check_keeps_the_fastest_measured_budget_and_the_reference_on_ties(target, monkeypatch):
+    draft = DraftModel.build(get_profile("smoke").drafts["dense"], target.model).eval()
+    speeds = {2: 10.0, 4: 30.0, 8: 20.0, 16: 30.0}
+    ran: list[tuple[int, ...]] = []
+
+    def measured(target, draft, tree, prompts, budgets_, **kw):
+        ran.append(tuple(budgets_))
+        return {n: speeds[n] for n in budgets_}
+
+    monkeypatch.setattr(costmodel, "measure_budget_speeds", measured)
+    common = dict(candidates=(2, 4, 8), max_new_tokens=8, context=16, target_costs={1: 0.01, 2: 0.01, 4: 0.01, 8: 0.01})
+    prompts = [target.tokenizer("hello there", return_tensors="pt").input_ids[0]]
+    out = costmodel.tune_total_tokens(target, draft, TreeConfig(depth=3, top_k=2), prompts, reference=8,
+                                      measure_sizes=(4, 16), **common)  # 16 is no candidate: not run
+    assert set(ran[-1]) == {out["estimated_best"], 4, 8} and out["best"] == 4
+    assert out["measured_tokens_per_s"]["4"] == 30.0
+    speeds[8] = 30.0  # a tie with the reference keeps the reference
+    out = costmodel.tune_total_tokens(target, draft, TreeConfig(depth=3, top_k=2), prompts, reference=8,
+                                      measure_sizes=(4,), **common)
+    assert out["best"] == 8

@@ -28,7 +28,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -42,6 +42,7 @@ from ..layout import RunLayout
 from .methods import SPEC, MethodSpec
 from ..files import file_sha256, read_json, write_json
 from ..machine import device_name
+from ..models.target import capture_of
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,10 @@ TUNER_VERSION = 2
 BUSY_CORES = 0.25
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 TUNE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # up to the paper's 60-token trees (GPU)
+# Budgets the check runs outright for a method recorded as CUDA graphs: the estimate times the target and the
+# draft eagerly, which a GPU's launches bound (29-34 ms a target forward at every tree size, against ~12 ms a
+# captured token: H200, 2026-11-27), and each captured budget costs a few replays to measure, no compilation.
+CAPTURED_SIZES = (4, 8, 16, 32, 64)
 
 
 def draft_fingerprint(path: str | Path | None) -> Any:
@@ -202,16 +207,23 @@ def _entry(entries: list[dict[str, Any]], key: dict[str, Any], target: Any) -> d
     return found
 
 
-def _choice_key(spec: MethodSpec, prompts: dict[str, Any], fixed: int) -> str:
+def _choice_key(spec: MethodSpec, prompts: dict[str, Any], fixed: int, measured: Sequence[int] = ()) -> str:
     """What a tuned budget depends on besides the machine: the draft's weights, the tree settings, the engine
     that runs the measured check (and whether it compiles), the conversations it is tuned on, the fixed tree it
-    must beat and the tuner's version."""
+    must beat, the budgets it runs outright (where any) and the tuner's version."""
     tree = {k: v for k, v in dataclasses.asdict(spec.tree).items()
             if k != "total_tokens" and not k.startswith("lookup_")}
     tuned_on = [prompts["source"], prompts["path"], [c["id"] for c in prompts["conversations"]]]
-    return json.dumps({"weights": draft_fingerprint(spec.draft), "tree": tree, "engine": spec.engine,
-                       "compile": spec.compile, "prompts": tuned_on, "fixed": fixed, "tuner": TUNER_VERSION},
-                      sort_keys=True, default=str)
+    key = {"weights": draft_fingerprint(spec.draft), "tree": tree, "engine": spec.engine, "compile": spec.compile,
+           "prompts": tuned_on, "fixed": fixed, "tuner": TUNER_VERSION}
+    return json.dumps({**key, "measured": list(measured)} if measured else key, sort_keys=True, default=str)
+
+
+def measured_sizes(spec: MethodSpec, target: Any) -> tuple[int, ...]:
+    """:data:`CAPTURED_SIZES` for a method on the static engine recorded as CUDA graphs, else none."""
+    captured = spec.engine == "static" and spec.compile and target.device.type == "cuda" \
+        and capture_of(target.model) == "graphs"
+    return CAPTURED_SIZES if captured else ()
 
 
 def _saved_entries(path: Path) -> list[dict[str, Any]]:
@@ -262,14 +274,15 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
     costs = {int(n): t for n, t in cache["target_costs_s"].items()}
     for name in auto:
         spec = methods[name]
-        key = _choice_key(spec, tuned_on, fixed)
+        sizes = measured_sizes(spec, target)
+        key = _choice_key(spec, tuned_on, fixed, sizes)
         if key not in cache["choices"]:
             t0 = time.perf_counter()
             draft = DraftModel.load(spec.draft, target.model)
             with _OthersLoad(f"the tree budget of {name}") as load:
                 tuned = costmodel.tune_total_tokens(target, draft, spec.tree, prompts, target_costs=costs,
                                                     candidates=[n for n in TUNE_SIZES if n >= 2], reference=fixed,
-                                                    engine=spec.engine, compile=spec.compile)
+                                                    engine=spec.engine, compile=spec.compile, measure_sizes=sizes)
             tuned.update(seconds=round(time.perf_counter() - t0, 1), others_cpu_cores=load.cores, prompts=tuned_on)
             cache["choices"][key] = tuned
             log.info("tree budget for %s: %d tokens (estimate %s, fixed tree %d; tuned in %.1f s)", name,

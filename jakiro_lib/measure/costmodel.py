@@ -253,7 +253,7 @@ def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts:
                       candidates: Sequence[int] = (2, 3, 4, 6, 8, 12, 16, 24, 32), max_new_tokens: int = 64,
                       context: int = 256, target_costs: dict[int, float] | None = None,
                       reference: int | None = None, engine: str = "loop", compile: bool = False,
-                      check_rounds: int = CHECK_ROUNDS) -> dict[str, Any]:
+                      check_rounds: int = CHECK_ROUNDS, measure_sizes: Sequence[int] = ()) -> dict[str, Any]:
     """Pick ``tree.total_tokens`` for this machine: measured T(n) + one greedy run at the largest budget.
 
     ``target_costs`` (from :func:`measure_target_costs`, covering ``candidates`` and n = 1) skips the
@@ -267,6 +267,8 @@ def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts:
     ``prompts`` on the method's engine (``engine``, ``compile``), interleaved, each the fastest of
     ``check_rounds`` (:func:`measure_budget_speeds`), and the reference is kept unless the tuned budget is
     strictly faster. Recorded: ``estimated_best``, ``fixed_tokens`` and ``measured_tokens_per_s`` (by budget).
+    ``measure_sizes``: budgets run in that check beside those two (the fastest wins, the reference on ties), where
+    the estimate's eager timings do not describe the engine (a captured one: ``budgets.CAPTURED_SIZES``).
     """
     big = dataclasses.replace(tree, total_tokens=max(candidates))
 
@@ -296,11 +298,10 @@ def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts:
     choice["cycles_observed"] = int(cycles)
     if reference is not None:
         choice["estimated_best"], choice["fixed_tokens"] = choice["best"], reference
-        if reference != choice["best"]:
-            speeds = measure_budget_speeds(target, draft, tree, prompts, (choice["best"], reference),
-                                           max_new_tokens=max_new_tokens, rounds=check_rounds, engine=engine,
-                                           compile=compile)
+        tried = sorted({choice["best"], reference, *(n for n in measure_sizes if n in candidates)})
+        if len(tried) > 1:
+            speeds = measure_budget_speeds(target, draft, tree, prompts, tried, max_new_tokens=max_new_tokens,
+                                           rounds=check_rounds, engine=engine, compile=compile)
             choice["measured_tokens_per_s"] = {str(n): v for n, v in speeds.items()}
-            if speeds[choice["best"]] <= speeds[reference]:
-                choice["best"] = reference
+            choice["best"] = max(tried, key=lambda n: (speeds[n], n == reference))  # the reference unless beaten
     return choice
