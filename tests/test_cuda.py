@@ -138,3 +138,28 @@ def test_static_decoder_equals_vanilla_on_cuda(cuda_setup, how):
                                         generator=torch.Generator(device="cuda").manual_seed(i)).output_ids
                 for c in (False, compile, compile)]
         assert runs[0] == runs[1] == runs[2] and len(runs[0]) == 24
+
+
+def test_captured_attention_windows_on_cuda(cuda_setup, monkeypatch):
+    """The captured engine across attention windows (docs/DESIGN.md section 12), real CUDA graphs: windows of 32
+    positions, so every prompt crosses several, each recorded once; vanilla's greedy text; after
+    prepare_windows (the benchmark's warm-up) a generation records nothing."""
+    from jakiro_lib.decoding import static
+    from jakiro_lib.decoding.compiled import graphs_compiled
+
+    target, draft = cuda_setup
+    set_capture(target.model, "graphs")
+    monkeypatch.setattr(static, "WINDOW_STEP", 32)
+    tree = TreeConfig(depth=3, top_k=2, total_tokens=6, decoupled=True, lookup_tokens=3)
+    prompts = [p.to("cuda") for p in random_prompts(3, seed=11)]
+    for ids in prompts:
+        ref = vanilla_generate(target.model, ids, max_new_tokens=40).output_ids
+        for d in (draft, None):  # Jakiro with a chain, and plain decoding
+            out = (static.static_generate(target.model, d, tree, ids, max_new_tokens=40, compile=True) if d else
+                   static.static_vanilla_generate(target.model, ids, max_new_tokens=40, compile=True))
+            assert out.output_ids == ref
+    static.prepare_windows(target.model, 512)
+    before = graphs_compiled()
+    for ids in prompts:
+        static.static_generate(target.model, draft, tree, ids, max_new_tokens=40, compile=True)
+    assert graphs_compiled() == before
