@@ -145,7 +145,7 @@ def test_captured_attention_windows_on_cuda(cuda_setup, monkeypatch):
     positions, so every prompt crosses several, each recorded once; vanilla's greedy text; after
     prepare_windows (the benchmark's warm-up) a generation records nothing."""
     from jakiro_lib.decoding import static
-    from jakiro_lib.decoding.compiled import graphs_compiled
+    from jakiro_lib.decoding.compiled import graphs_compiled, prepare_windows
 
     target, draft = cuda_setup
     set_capture(target.model, "graphs")
@@ -158,7 +158,7 @@ def test_captured_attention_windows_on_cuda(cuda_setup, monkeypatch):
             out = (static.static_generate(target.model, d, tree, ids, max_new_tokens=40, compile=True) if d else
                    static.static_vanilla_generate(target.model, ids, max_new_tokens=40, compile=True))
             assert out.output_ids == ref
-    static.prepare_windows(target.model, 512)
+    prepare_windows(target.model, 512)
     before = graphs_compiled()
     for ids in prompts:
         static.static_generate(target.model, draft, tree, ids, max_new_tokens=40, compile=True)

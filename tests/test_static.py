@@ -11,7 +11,8 @@ import torch
 
 from helpers import RecordingGraph, random_prompts, tiny_target, trained_draft
 from jakiro_lib.decoding import static
-from jakiro_lib.decoding.compiled import CompileError, graphs_compiled, call_compiled, compiled_cache_len, static_cache
+from jakiro_lib.decoding.compiled import (CompileError, call_compiled, compiled_cache_len, engine_cycles, graphs_compiled,
+                                         prepare_windows, static_cache)
 from jakiro_lib.models.target import scratch
 from jakiro_lib.config import DraftConfig, TreeConfig
 from jakiro_lib.decoding.loop import speculative_generate, vanilla_generate
@@ -204,15 +205,19 @@ def test_static_forwards_read_only_their_window(prompts, vanilla, monkeypatch):
 def test_prepared_windows_leave_nothing_to_record(prompts, vanilla, monkeypatch):
     """After one generation (the benchmark's warm-up), prepare_windows records every attention window up to the
     context, so later prompts record no graph (graphs_compiled, which the records' compiled_graphs read) and
-    still give vanilla's text: what the recording steps wrote is rewritten by the next prefill."""
+    still give vanilla's text: what the recording steps wrote is rewritten by the next prefill. An engine that
+    did not run since ``before`` (a tuner's other budget) records nothing."""
     monkeypatch.setattr(static, "_capture", lambda model: RecordingGraph())
     monkeypatch.setattr(static, "WINDOW_STEP", 32)
     model = copy.deepcopy(tiny_target("llama"))
     draft = trained_draft(model, "moe2")
     tree = TreeConfig(depth=3, top_k=3, total_tokens=8, decoupled=True, lookup_tokens=3)
+    other = dataclasses.replace(tree, total_tokens=4)
+    static_generate(model, draft, other, prompts[0][:4], max_new_tokens=2, compile=True, max_context=256)
+    snapshot = engine_cycles(model)
     static_generate(model, draft, tree, prompts[0][:4], max_new_tokens=2, compile=True, max_context=256)
     before = graphs_compiled()  # one cycle so far: its window's step warmed up, nothing recorded
-    static.prepare_windows(model, 256)
+    prepare_windows(model, 256, snapshot)
     windows = {static.attention_window(n, compiled_cache_len(256)) for n in range(257)}  # 128, 160, ..., 384
     assert graphs_compiled() - before == len(windows) > 5
     before = graphs_compiled()

@@ -165,3 +165,18 @@ def compiled_step(model: PreTrainedModel, step: Callable[..., torch.Tensor],
         return CapturedStep(step, capture)
     mode = "reduce-overhead" if model.device.type == "cuda" else "default"
     return torch.compile(step, mode=mode, fullgraph=True, dynamic=False)
+
+
+def engine_cycles(model: PreTrainedModel) -> dict[int, int]:
+    """Compiled cycles run so far by each engine kept on ``model`` (by id): what :func:`prepare_windows` compares."""
+    return {id(e): e.compiled_cycles for e in scratch(model).get("static_engines", {}).values()}
+
+
+@torch.inference_mode()  # as static_generate: the buffers are inference tensors
+def prepare_windows(model: PreTrainedModel, length: int, before: dict[int, int] | None = None) -> None:
+    """:meth:`~jakiro_lib.decoding.static.StaticEngine.prepare` for every compiled engine kept on ``model`` that has run since ``before``
+    (:func:`engine_cycles`; None: all), as a benchmark's warm-up ends: no timed prompt then records a CUDA graph,
+    and the tree-budget tuner's engines of other budgets record nothing."""
+    for engine in scratch(model).get("static_engines", {}).values():
+        if before is None or before.get(id(engine)) != engine.compiled_cycles:
+            engine.prepare(length)

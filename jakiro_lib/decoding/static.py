@@ -100,13 +100,12 @@ def attention_window(length: int, capacity: int) -> int:
 
 
 class _StaticLoop:
-    """What both static engines share: a :class:`~jakiro_lib.decoding.runner.TargetRunner` of ``cache_len`` positions,
-    given as device tensors, read in attention windows (:func:`attention_window`), the step (compiled on request,
-    :func:`~jakiro_lib.decoding.compiled.compiled_step`: one per window where recorded as CUDA graphs, else one for
-    the whole cache), and :meth:`generate`: the prefill, then one step per cycle with one host read. ``uniforms``: a cycle's ``draws`` (sampling), drawn before
-    each cycle from the caller's generator, outside any compiled step, and passed to the step as an argument
-    rather than marked as a static address: CPU inductor's freezing turns the static tensors a graph only
-    reads into constants (the compiled cycle reused the first draws for ever: tests/test_static.py)."""
+    """What both static engines share: a :class:`~jakiro_lib.decoding.runner.TargetRunner` of ``cache_len``
+    positions, given as device tensors, read in attention windows (:func:`attention_window`), the step (compiled on
+    request, :func:`~jakiro_lib.decoding.compiled.compiled_step`: one per window where recorded as CUDA graphs, else
+    one), and :meth:`generate`: the prefill, then one step per cycle with one host read. ``uniforms``: a cycle's
+    ``draws`` (sampling), drawn before each cycle outside any compiled step and passed to it as an argument: CPU
+    inductor's freezing turns static tensors a graph only reads into constants (tests/test_static.py)."""
 
     drafter: StaticTreeDrafter | None = None
 
@@ -390,11 +389,3 @@ def static_generate(model: PreTrainedModel, draft: DraftModel | None, tree: Tree
 def static_vanilla_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, **kwargs: Any) -> GenerationResult:
     """Plain decoding on the static engine (:class:`StaticDecoder`); the keywords of :func:`static_generate`."""
     return static_generate(model, None, None, prompt_ids, **kwargs)
-
-
-@torch.inference_mode()  # as static_generate: the buffers are inference tensors
-def prepare_windows(model: PreTrainedModel, length: int) -> None:
-    """:meth:`_StaticLoop.prepare` for every compiled engine kept on ``model`` (a benchmark's warm-up: then no
-    timed prompt records a CUDA graph)."""
-    for engine in scratch(model).get("static_engines", {}).values():
-        engine.prepare(length)

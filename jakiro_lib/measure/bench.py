@@ -18,8 +18,7 @@ from typing import Any, Iterable
 from tqdm import tqdm
 
 from ..data.chat import answer_message, format_prompt_ids
-from ..decoding.compiled import graphs_compiled
-from ..decoding.static import prepare_windows
+from ..decoding.compiled import engine_cycles, graphs_compiled, prepare_windows
 from ..layout import BENCH_CONFIG, RECORDS_FILE
 from .methods import SPEC, MethodRunner, MethodSpec, portable
 from ..models.target import Target
@@ -124,11 +123,12 @@ def _warm_up(target: Target, runners: dict[str, MethodRunner], question: Any, te
     """Each method ``times`` on the first question's first turn at every temperature (a compiled engine samples
     through a step of its own), then every captured engine's attention windows up to the context recorded."""
     ids = format_prompt_ids(target, [{"role": "user", "content": question.turns[0]}])
+    before = engine_cycles(target.model)
     for runner in runners.values():
         for temp in temperatures:
             for _ in range(times):
                 runner(ids, max_new_tokens=max_new_tokens, params=_params(temp, top_p), seed=seed)
-    prepare_windows(target.model, target.config.max_context)
+    prepare_windows(target.model, target.config.max_context, before)
 
 
 def _run_turns(target: Target, name: str, runner: MethodRunner, q: Any, params: SamplingParams, rep: int,
