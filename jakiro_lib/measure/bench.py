@@ -74,7 +74,8 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
     ``methods``: keyed by run label (:func:`~jakiro_lib.measure.methods.run_label`) or by method name; a record
     names the method (:func:`~jakiro_lib.measure.methods.method_name`) and the spec's engine and compile.
     Resumable: records already in the file (same run, temperature, question, turn, repeat; runs named by
-    their label before issue 45 read as the same run) are skipped. Multi-turn questions feed each method its own previous answer, as Spec-Bench does.
+    their label before issue 45 read as the same run) are skipped. Multi-turn questions feed each method its
+    own previous answer, as Spec-Bench does.
     ``tuning``: what the tuned tree budgets were tuned on (:func:`jakiro_lib.measure.budgets.tuning_prompts`), written
     to ``bench_config.json`` as ``tree_budget_tuning`` beside the prompts this run scores (None: no budget tuned).
     """
