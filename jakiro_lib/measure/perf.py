@@ -137,8 +137,8 @@ def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | 
 
     Each goal's method is named before the run, never picked by speed (:data:`PRIMARY`; issue 43): Jakiro is
     the first that ran of ``jakiro_auto_static_compiled``, ``jakiro_auto`` and ``jakiro`` (then the group's
-    other rows in registry order: on a GPU study without a tuned tree, ``jakiro_static_compiled``) against HF; against EAGLE-2 the first of ``jakiro_auto`` and ``jakiro`` on the first run of
-    :data:`SAME_RUNS` where both EAGLE-2 and Jakiro ran (the loop engine's; on a GPU study, whose drafted methods
+    other rows in registry order: on a GPU study without a tuned tree, ``jakiro_static_compiled``) against HF;
+    against EAGLE-2 the first of ``jakiro_auto`` and ``jakiro`` on the first run of :data:`SAME_RUNS` where both EAGLE-2 and Jakiro ran (the loop engine's; on a GPU study, whose drafted methods
     run captured, the captured one's), so that both sides run the same target runner; "our vanilla loop" the
     first of ``vanilla_static_compiled`` and ``vanilla``. Baselines are the fastest of
     theirs at each temperature: "HF generate" the faster of ``hf_generate`` and ``hf_compiled``, EAGLE-2 the

@@ -113,7 +113,8 @@ def acceptance_by_depth(records: list[dict[str, Any]], depths: int = 4) -> pd.Da
     drafted: dict[tuple[str, float], list[int]] = {}
     for r in records:
         if r["kind"] == SPEC:
-            drafted.setdefault((record_label(r), r["temperature"]), []).extend(a - 1 for a in r["accepted"])  # bonus excluded
+            # the bonus token excluded
+            drafted.setdefault((record_label(r), r["temperature"]), []).extend(a - 1 for a in r["accepted"])
     rows = []
     for (method, temp), xs in drafted.items():
         row: dict[str, Any] = {"method": method, "temperature": temp, "cycles": len(xs)}

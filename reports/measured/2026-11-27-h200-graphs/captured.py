@@ -56,7 +56,8 @@ def main(here: Path = HERE) -> None:
     keys = {(r["question_id"], r["turn"]) for r in inductor if record_label(r) == "vanilla_static_compiled"}
     both = [dict(r, method=record_label(r) + "[inductor]") for r in inductor] + [
         dict(r, method=record_label(r) + "[graphs]") for r in records
-        if r["temperature"] == 0 and record_label(r) in ("hf_compiled", "vanilla_static_compiled", "jakiro_auto_static_compiled")
+        if r["temperature"] == 0
+        and record_label(r) in ("hf_compiled", "vanilla_static_compiled", "jakiro_auto_static_compiled")
         and (r["question_id"], r["turn"]) in keys]
     rows = []
     for method in sorted({r["method"] for r in both}):
