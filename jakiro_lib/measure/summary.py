@@ -32,7 +32,9 @@ def load_records(path: str | Path) -> list[dict[str, Any]]:
     return [_current(r) for r in read_jsonl(path)]
 
 
-def _current(r: dict[str, Any]) -> dict[str, Any]:
+def _current(r: Any) -> Any:
+    if not (isinstance(r, dict) and isinstance(r.get("method"), str)):
+        return r  # not a record: the caller says so (commands._load_records)
     method, engine, compiled = record_run(r)
     return r if method == r["method"] else {**r, "method": method, "engine": engine, "compiled": compiled}
 
