@@ -23,7 +23,7 @@ from .models.draft import DraftModel
 from .data.feature_store import MANIFEST, CacheError, verify_cache
 from .measure.gpucheck import CHECK_METHODS, gpu_check
 from .layout import RunLayout
-from .measure.methods import SPEC, MethodSpec
+from .measure.methods import SPEC, MethodSpec, record_label
 from .measure.papercost import run_papercost
 from .measure.perf import performance_targets
 from .study.context import default_run_dir
@@ -194,7 +194,7 @@ def cmd_divergences(args: argparse.Namespace) -> int:
     try:
         records = _load_records(args.records)
         greedy = [r for r in records if r["temperature"] == 0]
-        vanilla = [r for r in greedy if r["method"] == "vanilla"]
+        vanilla = [r for r in greedy if record_label(r) == "vanilla"]
         if not vanilla:
             raise ValueError(f"{args.records} has no greedy (T=0) records of the 'vanilla' method to compare with")
         config = resolved_profile(args).target
@@ -206,8 +206,8 @@ def cmd_divergences(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"error: {exc}") from None
     print(f"target {config.model} in {config.dtype}; greedy outputs identical to vanilla's:")
-    for method in dict.fromkeys(r["method"] for r in greedy):
-        same, compared = greedy_agreement([r for r in greedy if r["method"] == method], vanilla)
+    for method in dict.fromkeys(record_label(r) for r in greedy):
+        same, compared = greedy_agreement([r for r in greedy if record_label(r) == method], vanilla)
         print(f"  {method:20s} {same}/{compared}")
     table = pd.DataFrame(greedy_divergences(target, records, questions))
     if table.empty:

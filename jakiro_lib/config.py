@@ -234,13 +234,13 @@ class BenchConfig:
     # that can beat the eager ones; off where torch.compile cannot run (inductor on a CPU needs a C++ compiler).
     compiled_baseline: bool = True
     # With static_engine: the static engine's methods also with their whole cycle compiled (CUDA graphs on a GPU),
-    # as <name>_static_compiled. Off by default: each method compiles once per cache length and sampling setting
-    # (about a minute each on a 2-core CPU).
+    # labelled <name>_static_compiled (records: engine "static", compiled true). Off by default: each method
+    # compiles once per cache length and sampling setting (about a minute each on a 2-core CPU).
     compiled_engine: bool = False
     # The main study also runs every method of ours (vanilla and each drafted or lookup method) on the static-shape
-    # engine (jakiro_lib.decoding.static, one host read per cycle) as <name>_static, side by side with the loop engine.
+    # engine (jakiro_lib.decoding.static, one host read per cycle), labelled <name>_static, beside the loop engine.
     static_engine: bool = False
-    # The engine the drafted and lookup methods run on under their own names (vanilla, the greedy reference,
+    # The engine the drafted and lookup methods run on, labelled accordingly (vanilla, the greedy reference,
     # stays on the loop engine): "loop" (the eager reference), "static", "static_compiled" (the static engine's
     # cycle captured), or "auto": static_compiled on CUDA, loop elsewhere, as measured side by side (docs/DESIGN.md
     # section 12: on an H200 the loop engine ran at 0.54x hf_compiled and the captured cycle at parity; on a

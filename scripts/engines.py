@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from jakiro_lib.measure.methods import record_label
 from jakiro_lib.measure.summary import greedy_agreement, load_records, ratio_interval, summarize_measure
 
 BASELINES = ("hf_compiled", "hf_prompt_lookup")
@@ -23,7 +24,7 @@ def engines_table(records: list[dict], methods: dict[str, dict]) -> pd.DataFrame
     rows = []
     for temp in sorted({r["temperature"] for r in records}):
         at = [r for r in records if r["temperature"] == temp]
-        by = {m: [r for r in at if r["method"] == m] for m in methods if any(r["method"] == m for r in at)}
+        by = {m: [r for r in at if record_label(r) == m] for m in methods if any(record_label(r) == m for r in at)}
         for method, recs in by.items():
             spec = methods[method]
             row = {"method": method, "kind": spec["kind"], "temperature": temp,

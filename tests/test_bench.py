@@ -7,7 +7,8 @@ import pytest
 
 from jakiro_lib.measure.summary import common_prompts, greedy_agreement, ratio_interval, summarize, versus
 from jakiro_lib.config import TreeConfig
-from jakiro_lib.measure.methods import MethodRunner, MethodSpec, resolve_engine, study_methods
+from jakiro_lib.measure.methods import (MethodRunner, MethodSpec, method_name, record_label, resolve_engine,
+                                       run_label, study_methods)
 
 
 def _recs(method, tps, bench="mt_bench", temp=0.0, kind="spec"):
@@ -218,8 +219,9 @@ def test_compile_means_the_static_engine_and_hf_only(tmp_path):
 
 def test_static_engine_adds_static_twins(tmp_path):
     """bench.static_engine runs vanilla, EAGLE-2 and Jakiro (fixed and tuned trees, CEPD) and the lookup
-    methods a second time on the static-shape engine, as <name>_static; a run at T=0 and T=1 records the static twin at both, vanilla's greedy output
-    at T=0, and sampled text at T=1 reproducible from the record's seed."""
+    methods a second time on the static-shape engine, labelled <name>_static; a run at T=0 and T=1 records the
+    static run at both, under the method's own name with its engine (issue 45), vanilla's greedy output at T=0,
+    and sampled text at T=1 reproducible from the record's seed."""
     from jakiro_lib.measure.bench import run_benchmark
     from jakiro_lib.measure.summary import load_records
     from jakiro_lib.config import DraftConfig, TargetConfig
@@ -255,13 +257,13 @@ def test_static_engine_adds_static_twins(tmp_path):
     path = run_benchmark(target, {"vanilla": MethodSpec("vanilla"), **static},
                          [Question("q1", "writing", ["Say something."], "mt_bench")], temperatures=(0.0, 1.0),
                          max_new_tokens=8, warmup=1, out_dir=tmp_path / "bench", progress=False)
-    recs = {(r["method"], r["temperature"]): r for r in load_records(path)}
+    recs = {(record_label(r), r["temperature"]): r for r in load_records(path)}
     assert set(recs) == {(m, t) for m in ("vanilla", *static) for t in (0.0, 1.0)}
     for name in static:
         assert recs[name, 0.0]["output_ids"] == recs["vanilla", 0.0]["output_ids"], name
-    # every record says how its method ran, not only its name
-    assert {(m, r["engine"], r["compiled"]) for (m, _), r in recs.items()} == {
-        ("vanilla", "loop", False), *((m, "static", False) for m in static)}
+    # every record names its method and says how it ran: the engine is a field, not part of the name
+    assert {(r["method"], r["engine"], r["compiled"]) for r in recs.values()} == {
+        ("vanilla", "loop", False), *((m.removesuffix("_static"), "static", False) for m in static)}
     again = run_benchmark(target, {"eagle2_static": dataclasses.replace(spec, engine="static")},
                           [Question("q1", "writing", ["Say something."], "mt_bench")], temperatures=(1.0,),
                           max_new_tokens=8, warmup=0, out_dir=tmp_path / "again", progress=False)
@@ -271,9 +273,9 @@ def test_static_engine_adds_static_twins(tmp_path):
 def test_bench_engine_runs_the_drafted_methods_where_they_measured_fastest(tmp_path):
     """bench.engine: "auto" is the captured static engine on CUDA and the loop elsewhere (side by side: 0.54x
     against parity with hf_compiled on an H200; the loop 4-5% ahead on a 2-core CPU). The drafted and lookup
-    methods run on it under their own names; vanilla stays the eager loop (the greedy reference) and plain
-    decoding runs on that engine too, as its twin (the baseline of the goals against our fastest plain
-    decoder), HF's methods are HF's, and the twins are what their names say whatever the engine."""
+    methods run on it, labelled as they run; vanilla stays the eager loop (the greedy reference) and plain
+    decoding runs on that engine too (the baseline of the goals against our fastest plain decoder), HF's
+    methods are HF's, and a run is one entry whatever the engine (issue 45)."""
     from jakiro_lib.profiles import get_profile
     from jakiro_lib.study import profile_methods
 
@@ -282,19 +284,20 @@ def test_bench_engine_runs_the_drafted_methods_where_they_measured_fastest(tmp_p
     tree = TreeConfig(total_tokens=8)
     names = set(study_methods(tree, tmp_path, study="main"))
     loop = study_methods(tree, tmp_path, study="main", static_engine=True, compiled_engine=True)
+    drafted = {n for n, m in loop.items() if n in names and m.kind == "spec"}
     for engine, compile in (("static", False), ("static_compiled", True)):
+        # one entry a run: a drafted method moved to the engine is the run its twin was, keyed by its label
         got = study_methods(tree, tmp_path, study="main", static_engine=True, compiled_engine=True, engine=engine)
-        assert set(got) == set(loop)
-        for name, spec in got.items():
-            moved = name in names and spec.kind == "spec"
-            assert spec == (dataclasses.replace(loop[name], engine="static", compile=compile) if moved
-                            else loop[name]), name
-        assert got["vanilla"].engine == "loop" and got["jakiro"].runs_on == "static"
-    for engine, twin in (("static", "vanilla_static"), ("static_compiled", "vanilla_static_compiled")):
+        assert set(got) == set(loop) - drafted and all(spec == loop[label] for label, spec in got.items())
+        assert got["vanilla"].engine == "loop" and got[run_label("jakiro", "static", compile)].runs_on == "static"
+    for engine, compile in (("static", False), ("static_compiled", True)):
         bare = study_methods(tree, tmp_path, study="main", engine=engine)
-        assert set(bare) - names == {twin} and bare[twin] == loop[twin], engine
-    assert study_methods(tree, tmp_path, study="ablations", engine="static_compiled").keys() == study_methods(
-        tree, tmp_path, study="ablations").keys()  # the ablations compare drafts, not baselines
+        moved = {run_label(n, "static", compile) for n in drafted}
+        assert set(bare) == names - drafted | moved | {run_label("vanilla", "static", compile)}, engine
+        assert all(spec == loop[label] for label, spec in bare.items()), engine
+    captured = study_methods(tree, tmp_path, study="ablations", engine="static_compiled")
+    assert {method_name(k, m) for k, m in captured.items()} == set(study_methods(
+        tree, tmp_path, study="ablations"))  # the ablations compare drafts, not baselines: the same methods
     with pytest.raises(ValueError, match="engine"):
         study_methods(tree, tmp_path, study="main", engine="graphs")
     cuda = profile_methods(get_profile("smoke", **{"target.device": "cuda"}), tmp_path, "main")
@@ -508,7 +511,9 @@ def test_no_compilation_inside_a_timed_prompt(tmp_path):
     path = run_benchmark(target, methods, [Question("q1", "writing", [text], "mt_bench")], temperatures=(0.0,),
                          max_new_tokens=1000, warmup=1, out_dir=tmp_path / "bench", progress=False)
     records = load_records(path)
-    assert [r["method"] for r in records] == list(methods)
+    assert [record_label(r) for r in records] == list(methods)
+    assert [(r["method"], r["engine"], r["compiled"]) for r in records] == [("vanilla", "static", True),
+                                                                            ("hf_compiled", "hf", True)]
     for r in records:
         assert r["stop_reason"] == "eos" and r["new_tokens"] <= 4, r
         assert r["compiled_graphs"] == 0, r

@@ -370,3 +370,24 @@ def test_lever_table_compares_each_lever_with_and_without_it():
     assert not any("eagle2" in m for _, m in levers)  # nothing invented for methods that did not run
 
 
+
+
+def test_goals_against_eagle2_pair_the_two_on_one_runner():
+    """A GPU study runs its drafted methods captured (labelled ``<name>_static_compiled``, issue 45): Jakiro meets
+    EAGLE-2 there, tokens/s, tau and the lookup extension alike; where the loop engine ran both, it is theirs."""
+    tps = {(0.0, "vanilla"): 19.0, (0.0, "vanilla_static_compiled"): 40.0, (0.0, "hf_compiled"): 25.0,
+           (0.0, "eagle2_static_compiled"): 50.0, (0.0, "eagle2_auto_static_compiled"): 55.0,
+           (0.0, "jakiro_static_compiled"): 52.0, (0.0, "jakiro_auto_static_compiled"): 60.0,
+           (0.0, "jakiro_lookup_static_compiled"): 62.0, (0.0, "eagle2_lookup_static_compiled"): 58.0}
+    tau = {"jakiro_static_compiled": 1.9, "eagle2_static_compiled": 1.8}
+    g = {r.goal: r for r in performance_targets(_main(tps, tau)).itertuples()}
+    speed, taus = g["Jakiro >= EAGLE-2 (tokens/s)"], g["Jakiro >= EAGLE-2 (tau)"]
+    assert (speed.method, speed.baseline) == ("jakiro_auto_static_compiled", "eagle2_auto_static_compiled")
+    assert speed.ratio == pytest.approx(60 / 55)
+    assert (taus.method, taus.baseline, taus.ratio) == ("jakiro_static_compiled", "eagle2_static_compiled",
+                                                        pytest.approx(1.9 / 1.8))
+    ext = g["Jakiro + lookup branch (extension) >= EAGLE-2 + lookup branch (tokens/s)"]
+    assert (ext.method, ext.baseline) == ("jakiro_lookup_static_compiled", "eagle2_lookup_static_compiled")
+    loop = performance_targets(_main({**tps, (0.0, "eagle2"): 28.0, (0.0, "jakiro"): 30.0}, tau))
+    row = loop[loop["goal"] == "Jakiro >= EAGLE-2 (tokens/s)"].iloc[0]
+    assert (row["method"], row["baseline"]) == ("jakiro", "eagle2")

@@ -4,7 +4,8 @@ A method is a name plus a spec (:class:`MethodSpec`): vanilla (our cached loop),
 ``generate``), ``pld`` (HF prompt lookup), or ``spec`` (a feature draft with a tree config: EAGLE-2 with
 the dense draft, Jakiro with a MoE draft, Jakiro + CEPD with ``ar_steps``). Every method sees the same
 prompts, chat template, token budget and machine, interleaved question by question so drift hits all
-methods alike. Records go to JSONL, one line per (method, temperature, question, turn, repeat).
+methods alike. Records go to JSONL, one line per (run, temperature, question, turn, repeat), a run being
+(method, engine, compiled): ``method`` is the registry's name, how it ran two fields of its own.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tqdm import tqdm
 from ..data.chat import answer_message, format_prompt_ids
 from ..decoding.compiled import engine_cycles, graphs_compiled, prepare_windows
 from ..layout import BENCH_CONFIG, RECORDS_FILE
-from .methods import SPEC, MethodRunner, MethodSpec, portable
+from .methods import SPEC, MethodRunner, MethodSpec, method_name, portable, record_run
 from ..models.target import Target
 from ..files import end_last_line, read_jsonl, write_json
 from ..machine import run_metadata
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Record:
-    method: str
+    method: str  # the registry's name (jakiro_auto), never a run's label: engine and compiled say how it ran
     kind: str
     benchmark: str
     question_id: str
@@ -69,8 +70,11 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
                   progress: bool = True, tuning: dict[str, Any] | None = None) -> Path:
     """Run every method on every question turn; append records to ``out_dir/records.jsonl``.
 
-    Resumable: records already in the file (same method, temperature, question, turn, repeat) are
-    skipped. Multi-turn questions feed each method its own previous answer, as Spec-Bench does.
+    ``methods``: keyed by run label (:func:`~jakiro_lib.measure.methods.run_label`) or by method name; a record
+    names the method (:func:`~jakiro_lib.measure.methods.method_name`) and the spec's engine and compile.
+    Resumable: records already in the file (same run, temperature, question, turn, repeat; runs named by
+    their label before issue 45 read as the same run) are skipped. Multi-turn questions feed each method its
+    own previous answer, as Spec-Bench does.
     ``tuning``: what the tuned tree budgets were tuned on (:func:`jakiro_lib.measure.budgets.tuning_prompts`), written
     to ``bench_config.json`` as ``tree_budget_tuning`` beside the prompts this run scores (None: no budget tuned).
     """
@@ -79,7 +83,7 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
     questions, temperatures = _with_distinct_ids(questions), list(temperatures)
     records_path = out_dir / RECORDS_FILE
     # a line cut by an interruption is skipped: that record is simply redone
-    done = {(r["method"], r["temperature"], r["benchmark"], r["question_id"], r["turn"], r["repeat"])
+    done = {(record_run(r), r["temperature"], r["benchmark"], r["question_id"], r["turn"], r["repeat"])
             for r in read_jsonl(records_path)}
     write_json(out_dir / BENCH_CONFIG, {
         "methods": {k: portable(v, relative_to=out_dir) for k, v in methods.items()},
@@ -135,8 +139,10 @@ def _run_turns(target: Target, name: str, runner: MethodRunner, q: Any, params: 
                done: set[tuple], fh: Any, *, max_new_tokens: int, seed: int) -> int:
     """One method on every turn of question ``q`` (fed its own earlier answers), a record per turn not yet
     ``done`` appended to ``fh``; returns how many turns compiled graphs while timed."""
-    temp = params.temperature
-    keys = [(name, temp, q.benchmark, str(q.question_id), t, rep) for t in range(len(q.turns))]
+    temp, spec = params.temperature, runner.spec
+    method = method_name(name, spec)
+    run = (method, spec.runs_on, spec.compile)
+    keys = [(run, temp, q.benchmark, str(q.question_id), t, rep) for t in range(len(q.turns))]
     if all(k in done for k in keys):
         return 0
     late, history = 0, []
@@ -151,14 +157,14 @@ def _run_turns(target: Target, name: str, runner: MethodRunner, q: Any, params: 
         if key in done:
             continue
         rec = Record(
-            method=name, kind=runner.spec.kind, benchmark=q.benchmark, question_id=str(q.question_id), turn=turn,
+            method=method, kind=spec.kind, benchmark=q.benchmark, question_id=str(q.question_id), turn=turn,
             repeat=rep, temperature=temp, new_tokens=res.new_tokens, cycles=res.cycles,
             accepted=res.accepted, wall_time=res.wall_time, prefill_time=res.prefill_time,
             draft_time=res.draft_time, verify_time=res.verify_time,
             draft_forwards=res.draft_forwards, tokens_per_second=res.tokens_per_second,
-            tau=res.tau if runner.spec.kind == SPEC else 1.0, stop_reason=res.stop_reason,
+            tau=res.tau if spec.kind == SPEC else 1.0, stop_reason=res.stop_reason,
             output_ids=res.output_ids, category=q.category, compiled_graphs=graphs,
-            engine=runner.spec.runs_on, compiled=runner.spec.compile,
+            engine=spec.runs_on, compiled=spec.compile,
         )
         fh.write(json.dumps(dataclasses.asdict(rec)) + "\n")
         fh.flush()

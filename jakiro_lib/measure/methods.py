@@ -1,4 +1,5 @@
-"""Every decoding method the project compares, in one registry: name -> kind, draft, tree settings, engine.
+"""Every decoding method the project compares, in one registry: name -> kind, draft, tree settings; a run is
+(method, engine, compile), in records as fields and in tables as a derived label (:func:`run_label`).
 
 A method is a name plus a :class:`MethodSpec`, which :class:`MethodRunner` runs: the kind table
 (``_GENERATE``) says which decoding function each kind calls, and the spec's ``engine`` and ``compile`` how. The
@@ -157,8 +158,9 @@ class Method:
 
     ``group`` names the role the performance goals give it (see :func:`group_names`); ``when`` the study
     switch it needs (``"compiled"``: bench.compiled_baseline; ``"tuned"``: bench.tuned with a fixed tree
-    budget). With bench.static_engine every main method of kind "spec" or "vanilla" also runs on the
-    static-shape engine (:mod:`jakiro_lib.decoding.static`) as ``<name>_static``.
+    budget). How it runs is no part of it: the study sets its spec's ``engine`` and ``compile`` (with
+    bench.static_engine every main method of kind "spec" or "vanilla" also runs on the static-shape engine,
+    :mod:`jakiro_lib.decoding.static`), and each run is labelled by :func:`run_label`.
     """
 
     name: str
@@ -267,10 +269,46 @@ def parse_names(text: str, known: Collection[str]) -> list[str]:
     return [n for n in names if n]
 
 
-def engine_twin(name: str, run: str) -> str:
-    """The name ``name`` runs under on the run engine ``run`` (a key of :data:`RUN_ENGINES`): ``<name>``,
-    ``<name>_static`` or ``<name>_static_compiled``."""
-    return name if run == "loop" else f"{name}_{run}"
+# a run's label past its method's name, by (engine, compiled): the static engine's runs only (docs/DESIGN.md 12)
+_RUN_SUFFIXES = {("static", True): "_static_compiled", ("static", False): "_static"}
+
+
+def run_label(method: str, engine: str = "loop", compiled: bool = False) -> str:
+    """How tables, goals and ``--methods`` name the run (``method``, ``engine``, ``compiled``): ``method`` on the
+    loop engine and HF's, ``<method>_static`` or ``<method>_static_compiled`` on the static engine; derived,
+    never stored (a record holds the three)."""
+    return method + _RUN_SUFFIXES.get((engine, bool(compiled)), "")
+
+
+def spec_label(name: str, spec: MethodSpec) -> str:
+    """The label of method ``name`` run as ``spec`` says (:func:`run_label`)."""
+    return run_label(name, spec.runs_on, spec.compile)
+
+
+def method_name(key: str, spec: MethodSpec) -> str:
+    """The method a run of ``spec`` keyed ``key`` belongs to: ``key`` less the label's suffix for ``spec``'s
+    engine where it ends with it (a study's keys are labels), else ``key`` itself (a bare method name)."""
+    suffix = _RUN_SUFFIXES.get((spec.runs_on, spec.compile), "")
+    return key[:-len(suffix)] if suffix and key.endswith(suffix) else key
+
+
+def record_run(r: dict[str, Any]) -> tuple[str, str, bool]:
+    """A benchmark record's run key (method, engine, compiled). Records written before issue 45 named a static
+    engine's run by its label (``jakiro_auto_static_compiled``, the oldest with no ``engine`` and ``compiled``):
+    such a name reads as its method on the static engine, compiled as its suffix says; a missing ``engine`` is
+    the loop's for our kinds, HF's for HF's."""
+    method, compiled = r["method"], bool(r.get("compiled", False))
+    engine = r.get("engine") or ("loop" if r.get("kind", SPEC) in OUR_KINDS else "hf")
+    if engine in ENGINES:
+        for (eng, comp), suffix in _RUN_SUFFIXES.items():
+            if method.endswith(suffix):
+                return method[:-len(suffix)], eng, comp
+    return method, engine, compiled
+
+
+def record_label(r: dict[str, Any]) -> str:
+    """A benchmark record's run label (:func:`run_label` of :func:`record_run`), old names read as new."""
+    return run_label(*record_run(r))
 
 
 def has_static_twin(m: Method) -> bool:
@@ -280,10 +318,10 @@ def has_static_twin(m: Method) -> bool:
 
 def group_names(group: str, *, twins: bool = False) -> tuple[str, ...]:
     """The main study's methods of a goals group (e.g. ``"jakiro"``), in registry order; with ``twins``
-    followed by their static-engine twins, then those compiled."""
+    followed by their static-engine runs' labels, then those compiled."""
     members = [m for m in MAIN if m.group == group]
-    runs = ("static", "static_compiled") if twins else ()
-    return tuple(m.name for m in members) + tuple(engine_twin(m.name, run) for run in runs
+    runs = (False, True) if twins else ()
+    return tuple(m.name for m in members) + tuple(run_label(m.name, "static", c) for c in runs
                                                   for m in members if has_static_twin(m))
 
 DRAFTED_METHODS = tuple(m.name for m in MAIN if m.kind == SPEC and m.draft)  # compared with published numbers
@@ -302,7 +340,9 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
                   static_engine: bool = False, drafts: Collection[str] | None = None,
                   engine: str = "loop", eagle2_draft: str = EAGLE2_DRAFT,
                   jakiro_draft: str = JAKIRO_DRAFT) -> dict[str, MethodSpec]:
-    """The method sets the notebooks compare; drafts are read from ``drafts_dir/<name>/draft``.
+    """The method sets the notebooks compare, one entry a run keyed by its label (:func:`run_label`: the
+    method's name, with ``_static`` or ``_static_compiled`` on the static engine); drafts are read from
+    ``drafts_dir/<name>/draft``.
 
     ``main``: the baselines, EAGLE-2 (on ``eagle2_draft``), Jakiro (decoupled, on ``jakiro_draft``) and Jakiro + CEPD on
     ``tree``; with ``tuned`` (and a fixed ``tree.total_tokens``) also ``eagle2_auto`` and ``jakiro_auto``,
@@ -318,12 +358,12 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     ``jakiro_xgate_u2``, ``jakiro_coupled_cepd_u2``), all on ``tree``. ``drafts``: the draft names a profile trains;
     a method on any other draft is left out (None: none left out). ``compiled``: the
     main study also times ``hf_compiled``. ``static_engine``: the main study also runs every method of
-    kind "vanilla" or "spec" on the static-shape engine (:mod:`jakiro_lib.decoding.static`), as ``<name>_static``;
-    with ``compiled_engine`` too also with its whole cycle compiled (CUDA graphs on a GPU), as
+    kind "vanilla" or "spec" on the static-shape engine (:mod:`jakiro_lib.decoding.static`), ``<name>_static``;
+    with ``compiled_engine`` too also with its whole cycle compiled (CUDA graphs on a GPU),
     ``<name>_static_compiled``. ``engine`` (resolved, :func:`resolve_engine`): what the methods of kind "spec"
-    run on under their own names ("loop", "static" or "static_compiled"); the twins are what their names say.
-    On an engine other than the loop the main study also runs plain decoding there (``vanilla_static`` or
-    ``vanilla_static_compiled``), the baseline of the goals against our fastest plain decoder.
+    run on ("loop", "static" or "static_compiled"), labelled accordingly. On an engine other than the loop
+    the main study also runs plain decoding there (``vanilla_static`` or ``vanilla_static_compiled``), the
+    baseline of the goals against our fastest plain decoder.
     """
     if study not in STUDIES:
         raise ValueError(f"unknown study {study!r}: use {' or '.join(repr(s) for s in STUDIES)}")
@@ -332,25 +372,23 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     registered = [m.on_drafts(eagle2_draft, jakiro_draft) for m in (MAIN if study == "main" else _ablation_methods(tree))]
     chosen = [m for m in registered if (m.when is None or switches[m.when]())
               and (drafts is None or m.draft is None or m.draft in drafts)]
-    methods = {m.name: m.spec(tree, drafts_dir, tuned=tuned) for m in chosen}
     if engine not in RUN_ENGINES:
         raise ValueError(f"unknown engine {engine!r}: use {', '.join(RUN_ENGINES)}")
-    loop = dict(methods)
+    loop = {m.name: m.spec(tree, drafts_dir, tuned=tuned) for m in chosen}
 
     def on(spec: MethodSpec, run: str) -> MethodSpec:
         engine, compile = RUN_ENGINES[run]
         return dataclasses.replace(spec, engine=engine, compile=compile)
 
-    for name, spec in loop.items():
-        if spec.kind == SPEC:
-            methods[name] = on(spec, engine)
+    runs = [(name, on(spec, engine) if spec.kind == SPEC else spec) for name, spec in loop.items()]
     if study == "main" and engine != "loop" and "vanilla" in loop:
         # plain decoding on the drafted methods' engine, beside the loop (the greedy reference): on a GPU the
         # captured plain decoder is the fast baseline the speculative methods are measured against
-        methods[engine_twin("vanilla", engine)] = on(loop["vanilla"], engine)
+        runs.append(("vanilla", on(loop["vanilla"], engine)))
     if study == "main" and static_engine:
-        runs = ("static", "static_compiled") if compiled_engine else ("static",)  # compiled: the captured cycle
-        for m in (m for m in chosen if has_static_twin(m)):
-            for run in runs:
-                methods[engine_twin(m.name, run)] = on(loop[m.name], run)
+        engines = ("static", "static_compiled") if compiled_engine else ("static",)  # compiled: the captured cycle
+        runs += [(m.name, on(loop[m.name], run)) for m in chosen if has_static_twin(m) for run in engines]
+    methods: dict[str, MethodSpec] = {}
+    for name, spec in runs:  # one entry a run: a twin the drafted methods' engine already runs is that run
+        methods.setdefault(spec_label(name, spec), spec)
     return methods

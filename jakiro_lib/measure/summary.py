@@ -19,13 +19,24 @@ from ..decoding.runner import TargetRunner
 from ..models.target import Target
 from ..config import SPEC, VANILLA_KINDS
 from ..files import read_jsonl
+from .methods import record_label, record_run, run_label
 
 
 def load_records(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a ``records.jsonl`` (records written before ``category`` existed load as they are)."""
+    """The records of a ``records.jsonl``, a run that an older record named by its label (``method:
+    "jakiro_auto_static"``) read as the same run (:func:`~jakiro_lib.measure.methods.record_run`: ``method``
+    the registry's name, ``engine`` and ``compiled`` set); records written before ``category``, ``engine`` or
+    ``compiled`` existed load otherwise as they are."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"no records file {path}")
-    return read_jsonl(path)
+    return [_current(r) for r in read_jsonl(path)]
+
+
+def _current(r: Any) -> Any:
+    if not (isinstance(r, dict) and isinstance(r.get("method"), str)):
+        return r  # not a record: the caller says so (commands._load_records)
+    method, engine, compiled = record_run(r)
+    return r if method == r["method"] else {**r, "method": method, "engine": engine, "compiled": compiled}
 
 
 def common_prompts(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -33,7 +44,7 @@ def common_prompts(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     methods are then compared on the same prompts (a run that stopped mid-method leaves the last ones short)."""
     groups: dict[tuple, dict[str, set]] = {}
     for r in records:
-        groups.setdefault((r["benchmark"], r["temperature"]), {}).setdefault(r["method"], set()).add(_turn_key(r))
+        groups.setdefault((r["benchmark"], r["temperature"]), {}).setdefault(record_label(r), set()).add(_turn_key(r))
     keep = {g: set.intersection(*by_method.values()) for g, by_method in groups.items()}
     return [r for r in records if _turn_key(r) in keep[(r["benchmark"], r["temperature"])]]
 
@@ -88,24 +99,30 @@ def ratio_interval(method_records: list[dict[str, Any]], baseline_records: list[
 
 
 def by_method_temperature(records: Iterable[dict[str, Any]]) -> dict[tuple[str, float], list[dict[str, Any]]]:
-    """The records grouped by (method, temperature), in the order they come."""
+    """The records grouped by (run label, temperature), in the order they come: a method's runs on two engines
+    are two groups (:func:`~jakiro_lib.measure.methods.record_label`)."""
     by: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for r in records:
-        by.setdefault((r["method"], r["temperature"]), []).append(r)
+        by.setdefault((record_label(r), r["temperature"]), []).append(r)
     return by
 
 
 def versus(records: list[dict[str, Any]], baseline: str, *, level: float = 0.95) -> list[dict[str, Any]]:
-    """Every drafted method against ``baseline`` (e.g. ``eagle2``) on the prompts both ran, per temperature:
+    """Every drafted run against method ``baseline`` (e.g. ``eagle2``) on the prompts both ran, per temperature:
     the ratios of tokens/s and of tau with paired bootstrap intervals (:func:`ratio_interval`), and whether
-    each interval lies wholly above 1 ("better"), wholly below ("worse") or straddles it ("unresolved")."""
+    each interval lies wholly above 1 ("better"), wholly below ("worse") or straddles it ("unresolved"). Each
+    run meets the baseline on its own engine where the records have that (``jakiro_static`` against
+    ``eagle2_static``), else the baseline's loop-engine run; the ``baseline`` column names the run."""
     by = by_method_temperature(records)
     rows = []
     for (method, temp), recs in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        base = by.get((baseline, temp))
-        if base is None or method == baseline or recs[0]["kind"] != SPEC:
+        _, engine, compiled = record_run(recs[0])
+        against = run_label(baseline, engine, compiled)
+        against = against if (against, temp) in by else baseline
+        base = by.get((against, temp))
+        if base is None or method == against or recs[0]["kind"] != SPEC:
             continue
-        row: dict[str, Any] = {"method": method, "baseline": baseline, "temperature": temp,
+        row: dict[str, Any] = {"method": method, "baseline": against, "temperature": temp,
                                "prompts": len({_turn_key(r) for r in recs} & {_turn_key(r) for r in base})}
         for measure in MEASURES:
             a, b = summarize_measure(recs, measure), summarize_measure(base, measure)
@@ -172,11 +189,11 @@ def greedy_divergences(target: Target, records: list[dict[str, Any]], questions:
     """
     by_key = {(q.benchmark, str(q.question_id)): q for q in questions}
     greedy = [r for r in records if r["temperature"] == 0]
-    vanilla = [r for r in greedy if r["method"] == "vanilla"]
+    vanilla = [r for r in greedy if record_label(r) == "vanilla"]  # our loop engine's, the greedy reference
     answers = {_turn_key(r): r["output_ids"] for r in vanilla}
     rows = []
-    for method in dict.fromkeys(r["method"] for r in greedy if r["method"] != "vanilla"):
-        for rec, expected in _greedy_pairs([r for r in greedy if r["method"] == method], vanilla):
+    for method in dict.fromkeys(record_label(r) for r in greedy if record_label(r) != "vanilla"):
+        for rec, expected in _greedy_pairs([r for r in greedy if record_label(r) == method], vanilla):
             out = rec["output_ids"]
             if out == expected:
                 continue
@@ -204,7 +221,9 @@ def greedy_divergences(target: Target, records: list[dict[str, Any]], questions:
 
 
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (method, benchmark, temperature): tokens/s, speedup vs the fastest vanilla, tau (two conventions).
+    """Per (run, benchmark, temperature): tokens/s, speedup vs the fastest vanilla, tau (two conventions); the
+    ``method`` column holds the run's label (:func:`~jakiro_lib.measure.methods.run_label`), ``engine`` and
+    ``compiled`` how it ran.
 
     Speedup = mean over questions of tokens/s (method) / mean tokens/s (fastest vanilla kind present),
     computed per repeat; mean and std are over repeats; ``speedup_ci_low``/``_high``: a 95% bootstrap
@@ -215,7 +234,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     groups: dict[tuple, list[dict]] = {}
     for r in records:
-        groups.setdefault((r["method"], r["benchmark"], r["temperature"]), []).append(r)
+        groups.setdefault((record_label(r), r["benchmark"], r["temperature"]), []).append(r)
 
     def per_repeat_tps(recs: list[dict]) -> dict[int, float]:
         by: dict[int, list[float]] = {}

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 
 from ..config import SPEC
 from ..files import atomic_path
+from ..measure.methods import record_label
 
 SERIES_ORDER = ("train loss", "train loss A (t+1)", "train loss B (t+2)", "train acc A", "held-out acc A",
                 "held-out acc B")
@@ -220,7 +221,7 @@ def accepted_lengths(records: Iterable[dict]) -> pd.DataFrame:
         if r.get("kind") != SPEC:
             continue
         for a in r.get("accepted") or []:
-            rows.append({"method": r["method"], "benchmark": r["benchmark"], "temperature": r["temperature"],
+            rows.append({"method": record_label(r), "benchmark": r["benchmark"], "temperature": r["temperature"],
                          "accepted": int(a)})
     return pd.DataFrame(rows, columns=["method", "benchmark", "temperature", "accepted"])
 

@@ -23,7 +23,8 @@ from ..config import Profile
 from ..data.conversations import DataError, Question, load_questions
 from ..layout import (BENCH_CONFIG, RECORDS_FILE, SKIPPED_FILE, STALE_RECORDS_FILE, STUDY_STAMP, STUDY_TREE_BUDGET,
                       RunLayout, draft_name, has_weights)
-from ..measure.methods import SPEC, STUDIES, MethodSpec, parse_names, portable, resolve_engine, study_methods
+from ..measure.methods import (SPEC, STUDIES, MethodSpec, method_name, parse_names, portable, resolve_engine,
+                                study_methods)
 from ..files import read_json, write_json
 from .context import StudyContext, _dirs, get_target
 from .tables import method_setting, study_table
@@ -79,14 +80,19 @@ def methods_table(profile: str | Profile | StudyContext, study: str = "main",
 
 
 def _select(methods: dict[str, MethodSpec], only: str | Sequence[str] | None, study: str) -> dict[str, MethodSpec]:
-    """The methods named in ``only``: names, or one comma-separated string of them (:func:`parse_names`)."""
+    """The runs named in ``only``: run labels (``jakiro_auto_static_compiled``), or one comma-separated string of
+    them (:func:`parse_names`); a method's bare name that labels no run selects every run of that method."""
     if not only:
         return methods
-    only = parse_names(only, methods) if isinstance(only, str) else only
-    unknown = sorted(set(only) - set(methods))
+    runs: dict[str, list[str]] = {}
+    for label, spec in methods.items():
+        runs.setdefault(method_name(label, spec), []).append(label)
+    only = parse_names(only, {*methods, *runs}) if isinstance(only, str) else only
+    unknown = sorted(set(only) - set(methods) - set(runs))
     if unknown:
         raise ValueError(f"unknown method(s) {unknown} for study {study!r}; choose from {', '.join(methods)}")
-    return {k: v for k, v in methods.items() if k in only}
+    chosen = {label for name in only for label in ([name] if name in methods else runs[name])}
+    return {k: v for k, v in methods.items() if k in chosen}
 
 
 def _stamp(study: str, methods: dict[str, MethodSpec], prof: Profile, temps: Sequence[float],

@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..measure.summary import load_records, summarize, summarize_by_category, versus
 from ..layout import STUDY_TREE_BUDGET, RunLayout, draft_name
-from ..measure.methods import EAGLE2_BASELINE, SPEC, MethodSpec
+from ..measure.methods import EAGLE2_BASELINE, SPEC, MethodSpec, record_label
 from ..files import atomic_path, read_json, write_json
 
 SETTING_COLUMNS = ("draft", "total_tokens", "decoupled", "ar_steps", "scoring", "lookup_tokens")
@@ -38,8 +38,8 @@ def write_table(csv_path: Path, df: pd.DataFrame) -> None:
 def study_table(records: list[dict[str, Any]], methods: dict[str, Any] | None = None) -> pd.DataFrame:
     """:func:`jakiro_lib.measure.summary.summarize` as a DataFrame in the study's method order, with the method
     settings (draft, decoupled, ar_steps, scoring) as columns."""
-    if methods is not None:
-        records = [r for r in records if r["method"] in methods]
+    if methods is not None:  # keyed by run label
+        records = [r for r in records if record_label(r) in methods]
     return _ordered(pd.DataFrame(summarize(records)), records, methods, ["temperature", "benchmark"])
 
 
@@ -48,7 +48,7 @@ def category_table(records: list[dict[str, Any]], methods: dict[str, Any] | None
     ``benchmark``), ordered like :func:`study_table`: empty unless some benchmark's questions carry
     more than one category (Spec-Bench's 13, MT-bench's 8)."""
     if methods is not None:
-        records = [r for r in records if r["method"] in methods]
+        records = [r for r in records if record_label(r) in methods]
     df = pd.DataFrame(summarize_by_category(records))
     if df.empty:
         return df
@@ -61,7 +61,7 @@ def _ordered(df: pd.DataFrame, records: list[dict[str, Any]], methods: dict[str,
     """Rows sorted by ``keys`` then the study's method order; with ``methods``, their settings as columns."""
     if df.empty:
         return df
-    order = list(methods) if methods is not None else list(dict.fromkeys(r["method"] for r in records))
+    order = list(methods) if methods is not None else list(dict.fromkeys(record_label(r) for r in records))
     df["_o"] = df["method"].map({m: i for i, m in enumerate(order)})
     df = df.sort_values([*keys, "_o"]).drop(columns="_o").reset_index(drop=True)
     if methods is not None:
@@ -113,7 +113,8 @@ def acceptance_by_depth(records: list[dict[str, Any]], depths: int = 4) -> pd.Da
     drafted: dict[tuple[str, float], list[int]] = {}
     for r in records:
         if r["kind"] == SPEC:
-            drafted.setdefault((r["method"], r["temperature"]), []).extend(a - 1 for a in r["accepted"])  # bonus excluded
+            # the bonus token excluded
+            drafted.setdefault((record_label(r), r["temperature"]), []).extend(a - 1 for a in r["accepted"])
     rows = []
     for (method, temp), xs in drafted.items():
         row: dict[str, Any] = {"method": method, "temperature": temp, "cycles": len(xs)}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from jakiro_lib.measure.methods import record_label
 from jakiro_lib.measure.summary import greedy_agreement, load_records, ratio_interval, summarize_measure
 
 HERE = Path(__file__).parent
@@ -29,7 +30,7 @@ def table(records: list[dict], vanilla: list[dict]) -> pd.DataFrame:
         at = [r for r in records if r["temperature"] == temp]
         by: dict[str, list[dict]] = {}
         for r in at:
-            by.setdefault(r["method"], []).append(r)
+            by.setdefault(record_label(r), []).append(r)  # a run by its label (issue 45)
         for method, recs in by.items():
             row = {"temperature": temp, "method": method, "prompts": len(recs),
                    "tokens_per_s": summarize_measure(recs, "tokens_per_s"), "tau": tau(recs)}
@@ -45,17 +46,18 @@ def table(records: list[dict], vanilla: list[dict]) -> pd.DataFrame:
 
 def main(here: Path = HERE) -> None:
     records = load_records(here / "records.jsonl")
-    vanilla = [r for r in records if r["method"] == "vanilla"]
+    vanilla = [r for r in records if record_label(r) == "vanilla"]
     out = table(records, vanilla)
     out.to_csv(here / "captured.csv", index=False, float_format="%.4g")
     print(out.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     if not (here / "inductor").is_dir():
         return
     inductor = load_records(HERE / "inductor" / "records.jsonl")
-    keys = {(r["question_id"], r["turn"]) for r in inductor if r["method"] == "vanilla_static_compiled"}
-    both = [dict(r, method=r["method"] + "[inductor]") for r in inductor] + [
-        dict(r, method=r["method"] + "[graphs]") for r in records
-        if r["temperature"] == 0 and r["method"] in ("hf_compiled", "vanilla_static_compiled", "jakiro_auto_static_compiled")
+    keys = {(r["question_id"], r["turn"]) for r in inductor if record_label(r) == "vanilla_static_compiled"}
+    both = [dict(r, method=record_label(r) + "[inductor]") for r in inductor] + [
+        dict(r, method=record_label(r) + "[graphs]") for r in records
+        if r["temperature"] == 0
+        and record_label(r) in ("hf_compiled", "vanilla_static_compiled", "jakiro_auto_static_compiled")
         and (r["question_id"], r["turn"]) in keys]
     rows = []
     for method in sorted({r["method"] for r in both}):
