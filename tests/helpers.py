@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from jakiro_lib.config import DraftConfig, TargetConfig
+from jakiro_lib.data.conversations import Conversation
 from jakiro_lib.data.dataset import collate
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.models.target import load_target
@@ -494,3 +495,21 @@ class RecordingGraph:
             self.replays += 1
             return out
         return replay
+
+
+WORDS = "the cat sat on a mat while dogs ran far away and birds sang in tall green trees".split()
+
+
+def word_conversations(n: int = 12, n_long_prompt: int = 2, long_chars: int = 200) -> list[Conversation]:
+    """``n`` short conversations of common words, plus ``n_long_prompt`` (inserted from the sixth on, so a shard
+    of a few holds one) whose prompt of ``long_chars`` characters fills a ``max_length`` of up to that many tokens
+    (the tiny tokenizer's are bytes): an empty loss mask, skipped."""
+    convs = []
+    for i in range(n):
+        q = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(3 + i % 4))
+        a = " ".join(WORDS[(3 * i + k) % len(WORDS)] for k in range(4 + i % 5))
+        convs.append(Conversation(f"c{i}", [{"role": "user", "content": q}, {"role": "assistant", "content": a}]))
+    for j in range(n_long_prompt):
+        convs.insert(5 + j, Conversation(f"long{j}", [{"role": "user", "content": "x" * long_chars},
+                                                       {"role": "assistant", "content": "ok"}]))
+    return convs

@@ -20,33 +20,17 @@ from jakiro_lib.data import cache_pipeline as P
 from jakiro_lib.data import feature_store as FS
 from jakiro_lib.data import features as F
 from jakiro_lib.data.chat import tokenize_conversation
-from jakiro_lib.data.conversations import Conversation
 from jakiro_lib.files import file_sha256
 from jakiro_lib.models.target import load_target
 from jakiro_lib.profiles import get_profile
+from helpers import single_thread, word_conversations
 
 MAX_LEN = 64
 SHARD = 4
-WORDS = "the cat sat on a mat while dogs ran far away and birds sang in tall green trees".split()
-
-
-def conversations(n: int = 14) -> list[Conversation]:
-    """``n`` short conversations; the sixth has a prompt that fills max_length (empty loss mask: skipped)."""
-    convs = []
-    for i in range(n):
-        q = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(3 + i % 4))
-        a = " ".join(WORDS[(3 * i + k) % len(WORDS)] for k in range(4 + i % 5))
-        convs.append(Conversation(f"c{i}", [{"role": "user", "content": "x" * 1000 if i == 5 else q},
-                                            {"role": "assistant", "content": a}]))
-    return convs
-
-
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+    with single_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +40,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def convs():
-    return conversations()
+    return word_conversations(13, 1, long_chars=1000)  # 14, the sixth skipped (also at max_length 256)
 
 
 def cache(target, convs, out, workers, **kw):

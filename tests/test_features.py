@@ -14,34 +14,16 @@ from jakiro_lib.data import feature_store as FS
 from jakiro_lib.data import features as F
 from jakiro_lib.data.chat import format_conversation
 from jakiro_lib.config import TargetConfig
-from jakiro_lib.data.conversations import Conversation
 from jakiro_lib.models.target import load_target
 from jakiro_lib.files import file_sha256
+from helpers import single_thread, word_conversations
 
 MAX_LEN = 64
 SHARD = 4
-WORDS = "the cat sat on a mat while dogs ran far away and birds sang in tall green trees".split()
-
-
-def make_conversations(n: int = 12, n_long_prompt: int = 2) -> list[Conversation]:
-    """n normal conversations + n_long_prompt whose prompt fills max_length (empty loss mask)."""
-    convs = []
-    for i in range(n):
-        q = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(3 + i % 4))
-        a = " ".join(WORDS[(3 * i + k) % len(WORDS)] for k in range(4 + i % 5))
-        convs.append(Conversation(f"c{i}", [{"role": "user", "content": q}, {"role": "assistant", "content": a}]))
-    for j in range(n_long_prompt):  # inserted in the middle so a shard holds a skipped conversation
-        convs.insert(5 + j, Conversation(f"long{j}", [{"role": "user", "content": "x" * 200},
-                                                       {"role": "assistant", "content": "ok"}]))
-    return convs
-
-
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+    with single_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +33,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def convs():
-    return make_conversations()
+    return word_conversations()
 
 
 @pytest.fixture(scope="module")

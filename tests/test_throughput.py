@@ -21,6 +21,7 @@ from jakiro_lib.config import TargetConfig, TrainConfig
 from jakiro_lib.profiles import get_profile
 from jakiro_lib.data.conversations import Conversation
 from jakiro_lib.models.target import load_target
+from helpers import single_thread
 
 WORDS = "the cat sat on a mat while dogs ran far away and birds sang in tall green trees".split()
 
@@ -40,10 +41,8 @@ def conversations_file(tmp_path):
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+    with single_thread():
+        yield
 
 
 @pytest.mark.parametrize("favoured", [None, "bfloat16"])

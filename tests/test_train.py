@@ -22,6 +22,7 @@ from jakiro_lib.profiles import get_profile
 from jakiro_lib.data.conversations import Conversation
 from jakiro_lib.models.draft import WEIGHTS_FILE, DraftModel
 from jakiro_lib.models.target import load_target
+from helpers import single_thread
 
 MAX_LEN = 48
 WORDS = "the cat sat on a mat while dogs ran far away and birds sang in tall green trees".split()
@@ -29,10 +30,8 @@ WORDS = "the cat sat on a mat while dogs ran far away and birds sang in tall gre
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny ops: threads only add overhead (and fight other processes)
-    yield
-    torch.set_num_threads(old)
+    with single_thread():  # tiny ops: threads only add overhead (and fight other processes)
+        yield
 
 
 @pytest.fixture(scope="module")
