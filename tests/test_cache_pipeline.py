@@ -27,6 +27,8 @@ from helpers import single_thread, word_conversations
 
 MAX_LEN = 64
 SHARD = 4
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     with single_thread():
