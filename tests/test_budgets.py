@@ -158,7 +158,6 @@ def test_a_source_shorter_than_num_conversations_is_split_as_training_splits_it(
 def test_a_captured_method_runs_its_budgets_outright(target):
     """On the static engine recorded as CUDA graphs the check also runs budgets.CAPTURED_SIZES (the estimate's eager
     timings describe another engine there); inductor's capture (a compilation per budget) and the CPU run none."""
-    import copy
     import types
 
     import torch
@@ -166,8 +165,8 @@ def test_a_captured_method_runs_its_budgets_outright(target):
     from jakiro_lib.models.target import set_capture
 
     spec = MethodSpec("spec", draft="d", tree=TreeConfig(), engine="static", compile=True)
-    model = copy.deepcopy(target.model)
-    on_gpu = types.SimpleNamespace(device=torch.device("cuda"), model=model)
+    model = types.SimpleNamespace(device=torch.device("cuda"))  # a target model on a GPU, as graph_capture sees it
+    on_gpu = types.SimpleNamespace(device=model.device, model=model)
     assert budgets.measured_sizes(spec, on_gpu) == budgets.CAPTURED_SIZES
     assert budgets.measured_sizes(dataclasses.replace(spec, compile=False), on_gpu) == ()
     assert budgets.measured_sizes(spec, target) == ()  # a CPU

@@ -160,7 +160,7 @@ def test_a_captured_step_replays_the_eager_one(prompts, vanilla, monkeypatch, ca
     every later one, across prompts; vanilla's greedy output (CEPD and a lookup chain: every branch, and
     plain decoding) and at T > 0 the eager engine's text (the uniforms are an argument)."""
     graph = RecordingGraph()
-    monkeypatch.setattr(static, "_capture", lambda model: graph)
+    monkeypatch.setattr(static, "graph_capture", lambda model: graph)
     monkeypatch.setattr(static, "WINDOW_STEP", 32)  # several attention windows per prompt, each its own graph
     model = copy.deepcopy(tiny_target("llama"))  # its own compiled state
     draft = None if case == "decoder" else trained_draft(model, "moe2")
@@ -182,7 +182,7 @@ def test_a_captured_step_replays_the_eager_one(prompts, vanilla, monkeypatch, ca
 def test_static_forwards_read_only_their_window(prompts, vanilla, monkeypatch):
     """Every target and draft forward of the static engine reads the first attention_window(length) positions
     of its cache, not the whole context's buffer (2,304 positions compiled), and the text stays vanilla's."""
-    monkeypatch.setattr(static, "_capture", lambda model: RecordingGraph())
+    monkeypatch.setattr(static, "graph_capture", lambda model: RecordingGraph())
     monkeypatch.setattr(static, "WINDOW_STEP", 32)
     model = copy.deepcopy(tiny_target("llama"))
     draft = trained_draft(model, "moe2")
@@ -207,7 +207,7 @@ def test_prepared_windows_leave_nothing_to_record(prompts, vanilla, monkeypatch)
     context, so later prompts record no graph (graphs_compiled, which the records' compiled_graphs read) and
     still give vanilla's text: what the recording steps wrote is rewritten by the next prefill. An engine that
     did not run since ``before`` (a tuner's other budget) records nothing."""
-    monkeypatch.setattr(static, "_capture", lambda model: RecordingGraph())
+    monkeypatch.setattr(static, "graph_capture", lambda model: RecordingGraph())
     monkeypatch.setattr(static, "WINDOW_STEP", 32)
     model = copy.deepcopy(tiny_target("llama"))
     draft = trained_draft(model, "moe2")

@@ -141,6 +141,11 @@ class TargetRunner:
     def length(self, value: int) -> None:
         self.where.length = value
 
+    @property
+    def window(self) -> int:
+        """Positions a forward with device positions reads (:class:`_Where`; the whole cache when unset)."""
+        return self.where.window or self.capacity
+
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
                  start: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and features [n] of ``ids`` [n] at positions ``pos`` [n], written from ``start``."""
@@ -195,8 +200,8 @@ class TargetRunner:
     def score(self, tokens: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
               start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and features [m] of a tree (``anc`` [m, m]) whose root sits at position ``start`` (0-dim),
-        attending over the first ``where.window`` positions (all when unset)."""
-        cols = self.cols[:self.where.window or self.capacity]  # [W]
+        attending over the first :attr:`window` positions."""
+        cols = self.cols[:self.window]  # [W]
         allowed = tree_rows(cols[None, :] < start, start, anc)  # [m, W]
         return self._forward(tokens, start + depths, additive_mask(allowed, self.dtype)[None, None], start)
 

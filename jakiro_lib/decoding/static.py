@@ -85,7 +85,7 @@ def _next_cycle(result: GenerationResult, start: torch.Tensor, length: int, max_
     return True
 
 
-def _capture(model: PreTrainedModel) -> Capture | None:
+def graph_capture(model: PreTrainedModel) -> Capture | None:
     """How a compiled step of ``model`` is recorded as CUDA graphs of its eager kernels (a CUDA target with
     ``target.capture`` "graphs": :func:`~jakiro_lib.models.target.capture_of`); None where inductor compiles it."""
     return cuda_graph if model.device.type == "cuda" and capture_of(model) == "graphs" else None
@@ -119,7 +119,7 @@ class _StaticLoop:
         self._step = step
         # windows where a step costs nothing per window (eager, or recorded as CUDA graphs); inductor compiles one
         # step for the whole cache (a compilation per window would cost more than it saves)
-        self.windowed = not compile or _capture(model) is not None
+        self.windowed = not compile or graph_capture(model) is not None
         self._compiled: dict[int, Callable[..., torch.Tensor]] = {}  # window -> its compiled step
 
     def _set_window(self, length: int) -> int:
@@ -135,8 +135,8 @@ class _StaticLoop:
         if not (self.compile and self.windowed) or (self.drafter is not None and self.drafter.root is None):
             return
         start = torch.zeros((), dtype=torch.long, device=self.model.device)
-        for end in range(WINDOW_STEP, attention_window(length, self.target.capacity) + 1, WINDOW_STEP):
-            start.fill_(text := max(0, min(end, self.target.capacity) - MAX_TREE_ROOM))  # a length of window `end`
+        for text in (*range(0, length, WINDOW_STEP), length):  # a length in every window up to `length`'s
+            start.fill_(text)
             window = self._set_window(text)
             while getattr(self._compiled.get(window), "replay", None) is None:  # its warm-up, then its recording
                 self._run_step(start)
@@ -144,10 +144,10 @@ class _StaticLoop:
     def _run_step(self, start: torch.Tensor) -> torch.Tensor:
         if not self.compile:
             return self._step(start, self.uniforms, *self.inputs)
-        window = self.target.where.window or self.target.capacity
+        window = self.target.window
         first = window not in self._compiled
         if first:
-            self._compiled[window] = compiled_step(self.model, self._step, _capture(self.model))
+            self._compiled[window] = compiled_step(self.model, self._step, graph_capture(self.model))
         read = _call_compiled(self.model, self._compiled[window], start, self.uniforms, *self.inputs, first=first)
         self.compiled_cycles += 1
         return read

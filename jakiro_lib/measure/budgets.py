@@ -42,7 +42,7 @@ from ..layout import RunLayout
 from .methods import SPEC, MethodSpec
 from ..files import file_sha256, read_json, write_json
 from ..machine import device_name
-from ..models.target import capture_of
+from ..decoding import static
 
 log = logging.getLogger(__name__)
 
@@ -220,9 +220,9 @@ def _choice_key(spec: MethodSpec, prompts: dict[str, Any], fixed: int, measured:
 
 
 def measured_sizes(spec: MethodSpec, target: Any) -> tuple[int, ...]:
-    """:data:`CAPTURED_SIZES` for a method on the static engine recorded as CUDA graphs, else none."""
-    captured = spec.engine == "static" and spec.compile and target.device.type == "cuda" \
-        and capture_of(target.model) == "graphs"
+    """:data:`CAPTURED_SIZES` for a method on the static engine recorded as CUDA graphs
+    (:func:`~jakiro_lib.decoding.static.graph_capture`, the engine's own test), else none."""
+    captured = spec.engine == "static" and spec.compile and static.graph_capture(target.model) is not None
     return CAPTURED_SIZES if captured else ()
 
 
