@@ -19,7 +19,7 @@ from jakiro_lib.decoding.loop import speculative_generate, vanilla_generate
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.decoding.drafting import FeatureDrafter, make_drafter
 from jakiro_lib.decoding.runner import KVLayer, SlidingWindowError, TargetRunner
-from jakiro_lib.decoding.static import StaticEngine, static_generate, static_vanilla_generate
+from jakiro_lib.decoding.static import static_generate, static_vanilla_generate
 from jakiro_lib.decoding.static_tree import StaticEngineError, StaticKV, StaticTreeDrafter, ancestor_mask, graft_chain, greedy_path
 from jakiro_lib.decoding.tree import Tree
 from jakiro_lib.decoding.verify import SamplingParams
@@ -312,8 +312,6 @@ def test_settings_the_static_engine_does_not_run():
     with pytest.raises(StaticEngineError, match="130 tokens does not fit"):
         static_generate(model, dense, TreeConfig(depth=3, top_k=8, total_tokens=120, lookup_tokens=10),
                         torch.tensor([1, 2, 3]), max_new_tokens=4)
-    with pytest.raises(StaticEngineError, match="lookup"):
-        StaticEngine(model, None, TreeConfig(), 256)
 
 
 def _random_tree(g: torch.Generator, vocab: int = 5) -> Tree:
@@ -385,7 +383,7 @@ def test_static_lookup_chains_equal_vanilla_and_the_loop(case):
 
 
 def test_static_decoder_equals_vanilla_with_one_read_per_token(prompts, vanilla, monkeypatch):
-    """Plain decoding on the static engine (StaticDecoder: the baseline a GPU captures as one graph per token):
+    """Plain decoding on the static engine (no draft, no chain: the baseline a GPU captures as one graph per token):
     vanilla's greedy output, eagerly and compiled (compiled once, by the first prompt), and the host reads one
     tensor per token after the first (the prefill's argmax)."""
     model = tiny_target("llama")

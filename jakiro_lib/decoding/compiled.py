@@ -57,27 +57,18 @@ def inductor_settings(device: torch.device) -> contextlib.AbstractContextManager
     return inductor_config.patch(freezing=True)
 
 
-def compile_settings(device: torch.device) -> contextlib.AbstractContextManager:
-    """Settings while a compiled step runs: room for every cache length and sampling setting, and
-    :func:`inductor_settings`."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT))
-    stack.enter_context(inductor_settings(device))
-    return stack
-
-
 def call_compiled(step: Callable[..., Any], *args: Any, device: torch.device, first: bool) -> Any:
-    """``step(*args)`` under :func:`compile_settings`; where the ``first`` call fails (it compiles), one
-    :class:`CompileError` that says what compiling needs."""
+    """``step(*args)`` with room for every cache length and sampling setting (:data:`RECOMPILE_LIMIT`) under
+    :func:`inductor_settings`; where the ``first`` call fails (it compiles), one :class:`CompileError` that says
+    what compiling needs."""
     try:
-        with compile_settings(device):
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), inductor_settings(device):
             return step(*args)
     except Exception as e:
         if not first:
             raise
         raise CompileError("torch.compile failed (inductor needs a C++ compiler on CPU, triton on CUDA); run the "
                            "method without compile") from e
-
 
 
 Capture = Callable[[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]], Callable[[], torch.Tensor]]

@@ -1,27 +1,23 @@
 """Static-shape speculative decoding: fixed shapes, tensors on the device, one host read per cycle.
 
-The loop of :mod:`jakiro_lib.decoding.loop` builds each tree in Python (lists, dicts, a ``.tolist()`` per draft
-step), which costs little on a CPU but stalls a GPU once per call. Here every step of a cycle is a
-function of tensors whose shapes depend only on the tree settings (docs/DESIGN.md section 12):
+The loop engine (:mod:`jakiro_lib.decoding.loop`) builds each tree in Python, which stalls a GPU once per call.
+Here a cycle is a function of tensors whose shapes depend only on the tree settings (docs/DESIGN.md section 12):
 
-1. **draft** (:meth:`~jakiro_lib.decoding.static_tree.StaticTreeDrafter.propose`): EAGLE-2's tree, K = ``top_k`` frontier nodes per layer,
-   each forwarded into fixed slots of a preallocated draft cache, their K x K children scored
-   (:func:`~jakiro_lib.decoding.drafting.candidate_tensors`, coupled or decoupled; under CEPD a forward also yields
-   the layer after, from branch B), the best K kept by a stable sort, and finally the best
-   ``total_tokens - 1`` of the pool: the same tree as :class:`~jakiro_lib.decoding.drafting.FeatureDrafter` builds
-   (tested); a prompt-lookup chain, found by the host, grafted on it (:func:`~jakiro_lib.decoding.static_tree.graft_chain`);
-2. **verify** (:meth:`TargetRunner.score <jakiro_lib.decoding.runner.TargetRunner.score>`): the target scores the
-   tree over its preallocated KV cache, positions given as device tensors;
-3. **evaluate** (:func:`~jakiro_lib.decoding.static_tree.greedy_path`, or ``sampling_path`` at T > 0): the accepted path and the bonus token,
-   as tensors;
-4. **update**: the target cache keeps the path's entries (moved inside the static buffers), the draft
-   encodes the accepted positions (padded to the deepest possible path) and takes its next root.
+1. **draft** (:meth:`~jakiro_lib.decoding.static_tree.StaticTreeDrafter.propose`): EAGLE-2's tree, the K best
+   frontier nodes per layer forwarded into fixed slots of a preallocated draft cache (coupled, decoupled or
+   CEPD), the best ``total_tokens - 1`` of the pool kept: the loop drafter's tree (tested); a prompt-lookup
+   chain found by the host grafted on it (:func:`~jakiro_lib.decoding.static_tree.graft_chain`);
+2. **verify** (:meth:`~jakiro_lib.decoding.runner.TargetRunner.score`): the tree scored over the target's
+   preallocated KV cache, positions given as device tensors;
+3. **evaluate** (:func:`~jakiro_lib.decoding.static_tree.evaluate`): the accepted path and the bonus token, as
+   tensors (greedy, or the loop engine's lossless sampling rule on uniforms drawn before the cycle);
+4. **update**: the target cache keeps the path's entries (moved inside its buffers), the draft encodes the
+   accepted positions (padded to the deepest path) and takes its next root.
 
-The host then reads one small tensor (the accepted count and tokens): the only synchronisation of a cycle.
-Positions live in device tensors, so a step captured as CUDA graphs (``target.capture``) replays at every
-length of its attention window. At T > 0, step 3 is :func:`sampling_path` (the loop engine's lossless rule in
-fixed shapes) on uniforms drawn before the step. Eager on a CPU it must give vanilla's greedy output token
-for token (tests/test_static.py) and the target's distribution when sampling (tests/test_verify.py).
+The host then reads one small tensor (the accepted count and tokens). Positions live in device tensors, so a
+cycle captured as CUDA graphs (``target.capture``) replays at every length of its attention window. Eager on a
+CPU it gives vanilla's greedy output token for token (tests/test_static.py) and the target's distribution when
+sampling (tests/test_verify.py).
 """
 from __future__ import annotations
 
@@ -99,33 +95,93 @@ def attention_window(length: int, capacity: int) -> int:
     return min(capacity, -(-(length + MAX_TREE_ROOM) // WINDOW_STEP) * WINDOW_STEP)
 
 
-class _StaticLoop:
-    """What both static engines share: a :class:`~jakiro_lib.decoding.runner.TargetRunner` of ``cache_len``
-    positions, given as device tensors, read in attention windows (:func:`attention_window`), the step (compiled on
-    request, :func:`~jakiro_lib.decoding.compiled.compiled_step`: one per window where recorded as CUDA graphs, else
-    one), and :meth:`generate`: the prefill, then one step per cycle with one host read. ``uniforms``: a cycle's
-    ``draws`` (sampling), drawn before each cycle outside any compiled step and passed to it as an argument: CPU
-    inductor's freezing turns static tensors a graph only reads into constants (tests/test_static.py)."""
+class StaticEngine:
+    """A target, an optional draft and tree settings bound to static buffers of ``cache_len`` positions.
 
-    drafter: StaticTreeDrafter | None = None
+    :meth:`cycle` is one draft-verify-evaluate-update step from ``start`` cached positions (a 0-dim device
+    tensor), a function of device tensors with fixed shapes; it returns what the host reads. ``draft`` None
+    and no lookup chain: plain decoding, each cycle the last token alone verified (argmax, or at T > 0
+    :func:`~jakiro_lib.decoding.static_tree.sampling_path`'s draw with no children): the baseline a GPU captures
+    as one graph per token, as HF's compiled ``generate`` does. With ``tree.lookup_tokens`` the host looks the
+    context's last n-gram up (:class:`~jakiro_lib.decoding.drafting.PromptLookup`, over the tokens it reads
+    anyway) and hands the chain to the cycle, which grafts it on the tree (``draft`` None: the root and the chain).
 
-    def __init__(self, model: PreTrainedModel, cache_len: int, step: Callable[..., torch.Tensor], *,
-                 params: SamplingParams, compile: bool, draws: int) -> None:
-        self.model, self.params, self.compile = model, params, compile
+    Attention reads windows of the cache (:func:`attention_window`); ``compile``: the cycle compiled
+    (:func:`~jakiro_lib.decoding.compiled.compiled_step`: one per window where recorded as CUDA graphs, else one),
+    the draft head's packed GEMM off inside it. A cycle's sampling draws (``uniforms``) are drawn before it,
+    outside any compiled step, and passed as an argument, as the chain is: CPU inductor's freezing turns static
+    tensors a graph only reads into constants (tests/test_static.py).
+    """
+
+    def __init__(self, model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None, cache_len: int, *,
+                 params: SamplingParams = SamplingParams(), compile: bool = False) -> None:
+        self.model, self.draft, self.params, self.compile = model, draft, params, compile
+        self.drafter = None if draft is None else StaticTreeDrafter(draft, tree, cache_len)
+        L = tree.lookup_tokens if tree is not None else 0
+        self.lookup = PromptLookup(L, max_ngram=tree.lookup_max_ngram, min_ngram=tree.lookup_min_ngram) if L else None
+        drafted_m, drafted_depth = (1, 0) if self.drafter is None else (self.drafter.m, self.drafter.max_depth)
+        self.m, self.max_depth = drafted_m + L, max(drafted_depth, L)  # the verified tree: drafted rows, then chain
+        if self.m > MAX_TREE_ROOM:
+            raise StaticEngineError(f"a tree of {self.m} tokens does not fit the {MAX_TREE_ROOM} positions kept past "
+                                    "the text")
+        # the root when there is no draft (the last token, written in place); the chain's count and tokens
+        self.token = fixed_address(torch.zeros((), dtype=torch.long, device=model.device))
+        self.chain = torch.zeros(L + 1, dtype=torch.long, device=model.device)
         self.target = _runner(model, cache_len, shared=compile)
-        self.uniforms = torch.zeros(draws, dtype=torch.float64, device=model.device)
+        self.uniforms = torch.zeros(self.max_depth * self.m + 1, dtype=torch.float64, device=model.device)
+        self.inputs = (self.chain,) if L else ()  # the step's inputs after the uniforms, set by the host per cycle
         self.compiled_cycles = 0  # cycles run through the compiled step (tests check that it was used)
-        self.inputs: tuple[torch.Tensor, ...] = ()  # the step's inputs after the uniforms, set by the host per cycle
-        self._step = step
         # windows where a step costs nothing per window (eager, or recorded as CUDA graphs); inductor compiles one
         # step for the whole cache (a compilation per window would cost more than it saves)
         self.windowed = not compile or graph_capture(model) is not None
         self._compiled: dict[int, Callable[..., torch.Tensor]] = {}  # window -> its compiled step
 
+    def cycle(self, start: torch.Tensor, uniforms: torch.Tensor, chain: torch.Tensor | None = None) -> torch.Tensor:
+        """[D + 2]: the accepted count, then the accepted tokens with the bonus token after them (padded).
+        ``uniforms``: this cycle's draws (sampling); ``chain``: the lookup chain
+        (:func:`~jakiro_lib.decoding.static_tree.graft_chain`)."""
+        drafter, target = self.drafter, self.target
+        if drafter is None and chain is None:  # plain decoding
+            return self._root_only(start, uniforms)
+        with record_function(STEP_RANGES["draft"]):
+            if drafter is not None:
+                tokens, parents, depths = drafter.propose(start)
+            else:
+                tokens = self.token.reshape(1)
+                parents = depths = torch.zeros(1, dtype=torch.long, device=start.device)
+            valid = None
+            if chain is not None:
+                tokens, parents, depths, valid = graft_chain(tokens, parents, depths, chain)
+            anc = ancestor_mask(parents, self.max_depth)  # [m, m], the chain's rows included
+        with record_function(STEP_RANGES["verify"]):
+            logits, hidden = target.score(tokens, depths, anc, start)
+        with record_function(STEP_RANGES["evaluate"]):
+            path, accepted, bonus = evaluate(self.params, tokens, parents, depths, anc, logits, uniforms,
+                                             self.max_depth, valid)
+        with record_function(STEP_RANGES["update"]):
+            target.move(start, path)  # the path's entries to start..; the next cycle writes after the accepted ones
+            new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1]: accepted tokens, bonus at `accepted`
+            new = new.scatter(0, accepted[None], bonus[None])
+            if drafter is not None:
+                drafter.extend(hidden[path], new, start, accepted)
+            else:
+                self.token.copy_(bonus)
+        return torch.cat([accepted[None], new])
+
+    def _root_only(self, start: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+        """The last token alone, verified (plain decoding; near the end of the context, where a whole tree no
+        longer fits): [0, the next token]."""
+        root = self.token if self.drafter is None else self.drafter.root_token
+        bonus = root_step(self.target, root, self.params, uniforms, start)
+        return torch.stack([torch.zeros_like(bonus), bonus])
+
     def _set_window(self, length: int) -> int:
-        """The positions this cycle's forwards read after ``length`` written ones (:func:`attention_window`)."""
+        """The positions this cycle's forwards read after ``length`` written ones (:func:`attention_window`), the
+        draft's attention the same ones."""
         capacity = self.target.capacity
         self.target.where.window = window = attention_window(length, capacity) if self.windowed else capacity
+        if self.drafter is not None:
+            self.drafter.cache.window = window
         return window
 
     def prepare(self, length: int) -> None:
@@ -143,29 +199,63 @@ class _StaticLoop:
 
     def _run_step(self, start: torch.Tensor) -> torch.Tensor:
         if not self.compile:
-            return self._step(start, self.uniforms, *self.inputs)
+            return self.cycle(start, self.uniforms, *self.inputs)
         window = self.target.window
         first = window not in self._compiled
         if first:
-            self._compiled[window] = compiled_step(self.model, self._step, graph_capture(self.model))
-        read = _call_compiled(self.model, self._compiled[window], start, self.uniforms, *self.inputs, first=first)
+            self._compiled[window] = compiled_step(self.model, self.cycle, graph_capture(self.model))
+        head = self.draft is not None and self.draft.packed_head
+        if self.draft is not None:
+            self.draft.packed_head = False  # inside the compiled step the plain GEMMs run (inductor packs them)
+            self.draft.head_weight()  # the draft vocabulary's rows, gathered outside the graph
+        try:
+            with kernels.plain_kernels(self.model, gqa=False):  # the target's plain GEMMs too
+                read = call_compiled(self._compiled[window], start, self.uniforms, *self.inputs,
+                                     device=self.model.device, first=first)
+        finally:
+            if self.draft is not None:
+                self.draft.packed_head = head
         self.compiled_cycles += 1
         return read
 
     def _begin(self, ids: torch.Tensor, hidden: torch.Tensor, first: int) -> None:
         """After the prefill of ``ids`` [n], whose last position chose ``first``."""
-        raise NotImplementedError
+        dev, n = ids.device, ids.shape[0]
+        if self.drafter is not None:
+            self.drafter.extend(hidden, torch.cat([ids[1:], torch.full((1,), first, device=dev)]),
+                                torch.zeros((), dtype=torch.long, device=dev), torch.full((), n - 1, device=dev))
+        else:
+            self.token.fill_(first)
+        if self.lookup is not None:
+            self.lookup.reset(ids.tolist() + [first])  # once per prompt (a host read of the prompt)
 
     def _advance(self, start: torch.Tensor, room: int) -> tuple[list[int], int | None]:
-        """One cycle from ``start`` with ``room`` positions left: (the tokens it emits, its tree size or None)."""
-        raise NotImplementedError
+        """One cycle from ``start`` with ``room`` positions left: (the tokens it emits, its tree size; None for
+        plain decoding)."""
+        whole = self.max_depth + 1 <= room
+        if whole and self.lookup is not None:
+            chain = self.lookup.propose()
+            L = self.lookup.num_tokens
+            self.chain.copy_(torch.tensor([len(chain), *chain, *[0] * (L - len(chain))]))
+        with record_function(STEP_RANGES["cycle"]):
+            step = self._run_step(start) if whole else self._root_only(start, self.uniforms)
+        with record_function(STEP_RANGES["read"]):
+            read = step.tolist()  # the one host read
+        emitted = read[1:read[0] + 2]
+        if self.lookup is not None:
+            self.lookup.extend(emitted)
+        if self.drafter is not None and whole:
+            self.drafter.forwards += self.drafter.n_steps - 1
+        plain = self.drafter is None and self.lookup is None
+        return emitted, None if plain else self.m if whole else 1
 
     def _forwards(self) -> int:
-        return 0  # draft forwards so far (none without a draft)
+        return 0 if self.drafter is None else self.drafter.forwards  # draft forwards so far
 
     def generate(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, eos_token_ids: list[int] = (),
                  max_context: int, generator: torch.Generator | None = None,
                  on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+        """The prefill, then one cycle per :meth:`cycle` with one host read each."""
         dev = self.model.device
         result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
         eos = set(eos_token_ids)
@@ -196,176 +286,17 @@ class _StaticLoop:
         return result
 
 
-class StaticEngine(_StaticLoop):
-    """A target, a draft and tree settings bound to static buffers of ``cache_len`` positions.
-
-    :meth:`cycle` is one draft-verify-evaluate-update step from ``start`` cached positions, a function of
-    device tensors with fixed shapes; it returns what the host reads. ``compile``: as :class:`_StaticLoop`,
-    the draft head's packed GEMM off inside the step. With ``tree.lookup_tokens`` the
-    host looks the context's last n-gram up (:class:`~jakiro_lib.decoding.drafting.PromptLookup`, over the tokens it
-    reads anyway) and hands the chain to the cycle, which grafts it on the tree (:func:`~jakiro_lib.decoding.static_tree.graft_chain`);
-    ``draft`` None: the tree is the root and the chain alone.
-    """
-
-    def __init__(self, model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig, cache_len: int, *,
-                 params: SamplingParams = SamplingParams(), compile: bool = False) -> None:
-        if draft is None and not tree.lookup_tokens:
-            raise StaticEngineError("without a draft, only a prompt-lookup chain proposes tokens: set "
-                                    "tree.lookup_tokens")
-        self.draft = draft
-        self.drafter = None if draft is None else StaticTreeDrafter(draft, tree, cache_len)
-        L = tree.lookup_tokens
-        self.lookup = PromptLookup(L, max_ngram=tree.lookup_max_ngram, min_ngram=tree.lookup_min_ngram) if L else None
-        drafted_m, drafted_depth = (1, 0) if self.drafter is None else (self.drafter.m, self.drafter.max_depth)
-        self.m, self.max_depth = drafted_m + L, max(drafted_depth, L)  # the verified tree: drafted rows, then chain
-        if self.m > MAX_TREE_ROOM:
-            raise StaticEngineError(f"a tree of {self.m} tokens does not fit the {MAX_TREE_ROOM} positions kept past "
-                                    "the text")
-        # the root when there is no draft (the last token, written in place); the chain's count and tokens
-        self.token = fixed_address(torch.zeros((), dtype=torch.long, device=model.device))
-        self.chain = torch.zeros(L + 1, dtype=torch.long, device=model.device)
-        super().__init__(model, cache_len, self.cycle, params=params, compile=compile,
-                         draws=self.max_depth * self.m + 1)
-        if L:
-            self.inputs = (self.chain,)  # an input, not a static address (see _StaticLoop on CPU freezing)
-
-    def cycle(self, start: torch.Tensor, uniforms: torch.Tensor, chain: torch.Tensor | None = None) -> torch.Tensor:
-        """[D + 2]: the accepted count, then the accepted tokens with the bonus token after them (padded).
-        ``uniforms``: this cycle's draws (sampling; see :class:`_StaticLoop`); ``chain``: the lookup chain
-        (:func:`~jakiro_lib.decoding.static_tree.graft_chain`)."""
-        drafter, target = self.drafter, self.target
-        with record_function(STEP_RANGES["draft"]):
-            if drafter is not None:
-                tokens, parents, depths = drafter.propose(start)
-            else:
-                tokens = self.token.reshape(1)
-                parents = depths = torch.zeros(1, dtype=torch.long, device=start.device)
-            valid = None
-            if chain is not None:
-                tokens, parents, depths, valid = graft_chain(tokens, parents, depths, chain)
-            anc = ancestor_mask(parents, self.max_depth)  # [m, m], the chain's rows included
-        with record_function(STEP_RANGES["verify"]):
-            logits, hidden = target.score(tokens, depths, anc, start)
-        with record_function(STEP_RANGES["evaluate"]):
-            path, accepted, bonus = evaluate(self.params, tokens, parents, depths, anc, logits, uniforms,
-                                             self.max_depth, valid)
-        with record_function(STEP_RANGES["update"]):
-            target.move(start, path)  # the path's entries to start..; the next cycle writes after the accepted ones
-            new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1]: accepted tokens, bonus at `accepted`
-            new = new.scatter(0, accepted[None], bonus[None])
-            if drafter is not None:
-                drafter.extend(hidden[path], new, start, accepted)
-            else:
-                self.token.copy_(bonus)
-        return torch.cat([accepted[None], new])
-
-    def _set_window(self, length: int) -> int:
-        window = super()._set_window(length)
-        if self.drafter is not None:
-            self.drafter.cache.window = window  # the draft's attention reads the same positions
-        return window
-
-    def _root(self) -> torch.Tensor:
-        return self.token if self.drafter is None else self.drafter.root_token
-
-    def _root_only(self, start: torch.Tensor) -> torch.Tensor:
-        """Near the end of the context, where a whole tree no longer fits: the root alone, verified."""
-        bonus = root_step(self.target, self._root(), self.params, self.uniforms, start)
-        return torch.stack([torch.zeros_like(bonus), bonus])
-
-    def _run_step(self, start: torch.Tensor) -> torch.Tensor:
-        if self.draft is None:
-            return super()._run_step(start)
-        head = self.draft.packed_head
-        if self.compile:
-            self.draft.packed_head = False  # inside the compiled step the plain GEMMs run (inductor packs them)
-            self.draft.head_weight()  # the draft vocabulary's rows, gathered outside the graph
-        try:
-            return super()._run_step(start)
-        finally:
-            self.draft.packed_head = head
-
-    def _begin(self, ids: torch.Tensor, hidden: torch.Tensor, first: int) -> None:
-        dev, n = ids.device, ids.shape[0]
-        if self.drafter is not None:
-            self.drafter.extend(hidden, torch.cat([ids[1:], torch.full((1,), first, device=dev)]),
-                                torch.zeros((), dtype=torch.long, device=dev), torch.full((), n - 1, device=dev))
-        else:
-            self.token.fill_(first)
-        if self.lookup is not None:
-            self.lookup.reset(ids.tolist() + [first])  # once per prompt (a host read of the prompt)
-
-    def _advance(self, start: torch.Tensor, room: int) -> tuple[list[int], int | None]:
-        whole = self.max_depth + 1 <= room
-        if whole and self.lookup is not None:
-            chain = self.lookup.propose()
-            L = self.lookup.num_tokens
-            self.chain.copy_(torch.tensor([len(chain), *chain, *[0] * (L - len(chain))]))
-        with record_function(STEP_RANGES["cycle"]):
-            step = self._run_step(start) if whole else self._root_only(start)
-        with record_function(STEP_RANGES["read"]):
-            read = step.tolist()  # the one host read
-        emitted = read[1:read[0] + 2]
-        if self.lookup is not None:
-            self.lookup.extend(emitted)
-        if self.drafter is not None and whole:
-            self.drafter.forwards += self.drafter.n_steps - 1
-        return emitted, self.m if whole else 1
-
-    def _forwards(self) -> int:
-        return 0 if self.drafter is None else self.drafter.forwards
-
-
-def _call_compiled(model: PreTrainedModel, step: Callable[..., torch.Tensor], *args: torch.Tensor,
-                   first: bool) -> torch.Tensor:
-    """A compiled step, with the compile settings and the target's plain GEMMs (inductor packs its own); a
-    failure of the ``first`` call (the compilation) is one :class:`~jakiro_lib.decoding.compiled.CompileError`."""
-    with kernels.plain_kernels(model, gqa=False):
-        return call_compiled(step, *args, device=model.device, first=first)
-
-
-class StaticDecoder(_StaticLoop):
-    """Plain decoding on the static target: each step scores the last token at ``start`` and chooses the next
-    (argmax, or :func:`sampling_path`'s inverse-CDF draw from the warped distribution at T > 0) in device
-    tensors; the host reads one token per step. ``compile``: the step captured as a CUDA graph on CUDA (as
-    :class:`StaticEngine`'s cycle), which HF's compiled ``generate`` does too: our loop's plain baseline on
-    a GPU, where the loop engine's eager step was 0.72x HF's (the H200 run of 2026-11-26)."""
-
-    def __init__(self, model: PreTrainedModel, cache_len: int, *, params: SamplingParams = SamplingParams(),
-                 compile: bool = False) -> None:
-        self.token = fixed_address(torch.zeros((), dtype=torch.long, device=model.device))  # the last token, in place
-        super().__init__(model, cache_len, self.step, params=params, compile=compile, draws=1)
-
-    def step(self, start: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-        """[1]: the token after the one at position ``start`` (0-dim), which becomes the last token."""
-        return root_step(self.target, self.token, self.params, uniforms, start).reshape(1)
-
-    def _begin(self, ids: torch.Tensor, hidden: torch.Tensor, first: int) -> None:
-        self.token.fill_(first)
-
-    def _advance(self, start: torch.Tensor, room: int) -> tuple[list[int], int | None]:
-        with record_function(STEP_RANGES["cycle"]):
-            step = self._run_step(start)
-        with record_function(STEP_RANGES["read"]):
-            return step.tolist(), None  # the one host read
-
-
 def _engine(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None, cache_len: int,
-            params: SamplingParams, compile: bool) -> StaticEngine | StaticDecoder:
-    """The engine for ``draft`` (None: plain decoding). A compiled one is kept on the model, one per draft, tree,
-    sampling settings and length: its step is specialised to its buffers (:func:`_runner`)."""
-    def build() -> StaticEngine | StaticDecoder:
-        if draft is None and (tree is None or not tree.lookup_tokens):
-            return StaticDecoder(model, cache_len, params=params, compile=compile)
-        return StaticEngine(model, draft, tree, cache_len, params=params, compile=compile)
-
+            params: SamplingParams, compile: bool) -> StaticEngine:
+    """The engine for ``draft`` and ``tree`` (both None: plain decoding). A compiled one is kept on the model, one per
+    draft, tree, sampling settings and length: its step is specialised to its buffers (:func:`_runner`)."""
     if not compile:
-        return build()
+        return StaticEngine(model, draft, tree, cache_len, params=params, compile=False)
     engines: dict = scratch(model).setdefault("static_engines", {})
     tree_key = None if tree is None else json.dumps(dataclasses.asdict(tree), sort_keys=True)
     key = (id(draft), tree_key, params, cache_len, capture_of(model))
     if key not in engines:  # the engine holds the draft, so its id is not reused while the entry lives
-        engines[key] = build()
+        engines[key] = StaticEngine(model, draft, tree, cache_len, params=params, compile=True)
     return engines[key]
 
 
@@ -375,7 +306,7 @@ def static_generate(model: PreTrainedModel, draft: DraftModel | None, tree: Tree
                     eos_token_ids: list[int] = (), max_context: int = 2048, generator: torch.Generator | None = None,
                     on_tokens: Callable[[list[int]], None] | None = None, compile: bool = False) -> GenerationResult:
     """Speculative decoding on the static engine: draft, verify, evaluate, update; one host read per cycle
-    (``draft`` None: plain decoding, :class:`StaticDecoder`). ``params``/``generator`` as in
+    (``draft`` None and no lookup chain: plain decoding). ``params``/``generator`` as in
     :func:`~jakiro_lib.decoding.loop.speculative_generate` (the generator on the model's device). ``compile``: the
     cycle compiled (CUDA graphs on CUDA; the first prompts of each length compile)."""
     check_prompt(prompt_ids, max_context, 1)
@@ -387,5 +318,5 @@ def static_generate(model: PreTrainedModel, draft: DraftModel | None, tree: Tree
 
 
 def static_vanilla_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, **kwargs: Any) -> GenerationResult:
-    """Plain decoding on the static engine (:class:`StaticDecoder`); the keywords of :func:`static_generate`."""
+    """Plain decoding on the static engine (:class:`StaticEngine` without a draft); the keywords of :func:`static_generate`."""
     return static_generate(model, None, None, prompt_ids, **kwargs)

@@ -75,8 +75,7 @@ def cycle_breakdown(model: Any, draft: DraftModel | None, tree: TreeConfig | Non
     copies) per cycle and their time (``device_ops``, ``device_total_ms``): whether a cycle's time is the
     GPU's work or waiting for the host. Each prompt runs once unprofiled first (the compiled engine compiles,
     or captures its CUDA graphs, there). Inside a compiled cycle the step ranges vanish: only ``cycle`` and
-    ``read`` remain. ``draft`` None: plain decoding (:class:`~jakiro_lib.decoding.static.StaticDecoder`, a token a
-    cycle)."""
+    ``read`` remain. ``draft`` None: plain decoding (the engine without a draft: a token a cycle)."""
     device = model.device
 
     def run(p: torch.Tensor) -> Any:
