@@ -12,7 +12,7 @@ import torch
 
 from jakiro_lib.config import DraftConfig, TreeConfig
 from jakiro_lib.models.draft import DraftModel, DraftOutput
-from jakiro_lib.decoding.drafting import FeatureDrafter, LookupDrafter, PromptLookup, _row, make_drafter
+from jakiro_lib.decoding.drafting import FeatureDrafter, LookupDrafter, PromptLookup, make_drafter
 
 from helpers import tiny_target
 
@@ -118,7 +118,7 @@ def test_decoupled_candidates_match_a_per_node_reference(experts, top_k, per_exp
     H = model.config.hidden_size
     with torch.inference_mode():
         outs = draft(torch.randn(1, 6, H), torch.randint(0, 200, (1, 6)), torch.arange(6)[None])
-        rows = [_row(outs, 0, i) for i in range(6)]
+        rows = [outs.map(lambda x, i=i: x[0, i]) for i in range(6)]
         got = drafter._candidates(rows)
         for row, cands in zip(rows, got):
             ref = _reference_candidates(draft, tree, row)

@@ -50,6 +50,20 @@ class _Node:
     ancestors: list[int] = field(default_factory=list)  # slots of forwarded ancestors
 
 
+def draft_schedule(draft: DraftModel, tree: TreeConfig, error: type[ValueError] = ValueError) -> list[int]:
+    """Layers each draft step yields for ``tree`` (:func:`schedule`), after checking that ``draft`` can draft it
+    (``error``: what a refusal raises). A tree of n tokens is at most n - 1 deep (a kept node's ancestors are
+    kept and outscore it), so deeper layers would never be selected: drafting them would be pure cost."""
+    if tree.total_tokens == "auto":
+        raise error("tree.total_tokens='auto' must be resolved to a number first (jakiro_lib.measure.budgets."
+                    "resolve_tree_budgets or `python -m jakiro_lib costs --draft ...`)")
+    if tree.decoupled and draft.cfg.num_experts < 2:
+        raise error("decoupled candidates need a draft with at least 2 experts")
+    if tree.ar_steps is not None and not draft.cfg.branch_b:
+        raise error("CEPD (ar_steps) needs a draft trained with branch B")
+    return schedule(min(tree.depth, tree.total_tokens - 1), tree.ar_steps, draft.cfg.branch_b)
+
+
 def schedule(depth: int, ar_steps: int | None, has_branch_b: bool) -> list[int]:
     """Layers produced by each draft step (1: branch A only; 2: A and B). Step 0 uses the root's output."""
     steps, done = [], 0
@@ -67,16 +81,7 @@ class FeatureDrafter:
     def __init__(self, draft: DraftModel, tree: TreeConfig) -> None:
         self.draft = draft
         self.cfg = tree
-        if tree.ar_steps is not None and not draft.cfg.branch_b:
-            raise ValueError("CEPD (ar_steps) needs a draft trained with branch B")
-        if tree.total_tokens == "auto":
-            raise ValueError("tree.total_tokens='auto' must be resolved to a number first "
-                             "(jakiro_lib.measure.budgets.resolve_tree_budgets or `python -m jakiro_lib costs --draft ...`)")
-        if tree.decoupled and draft.cfg.num_experts < 2:
-            raise ValueError("decoupled candidates need a draft with at least 2 experts")
-        # A tree of n tokens is at most n - 1 deep (a kept node's ancestors are kept and outscore it), so
-        # layers beyond that are never selected: drafting them would be pure cost.
-        self.steps = schedule(min(tree.depth, tree.total_tokens - 1), tree.ar_steps, draft.cfg.branch_b)
+        self.steps = draft_schedule(draft, tree)
         self.stats = DraftStats()
         self.cache = KVCache()
         self.root_out: DraftOutput | None = None
@@ -131,7 +136,7 @@ class FeatureDrafter:
         dtype = next(self.draft.parameters()).dtype
         out = self.draft(hidden[None].to(dtype), tokens[None], pos[None], self.cache, mask[None, None])
         self.pos += n
-        self.root_out = _row(out, 0, n - 1)
+        self.root_out = out.map(lambda x: x[0, n - 1])
 
     def _forward_layer(self, frontier: list[_Node], base: int, n_slots: int) -> None:
         n = len(frontier)
@@ -148,7 +153,7 @@ class FeatureDrafter:
                 mask[r, base + s] = True
         out = self.draft(feats, tokens, pos, self.cache, mask[None, None])
         for r, node in enumerate(frontier):
-            node.out = _row(out, 0, r)
+            node.out = out.map(lambda x: x[0, r])
 
     def _candidates(self, outs: list[DraftOutput]) -> list[list[tuple[int, float, torch.Tensor]]]:
         """(target token, log-prob, feature it carries) for each node's children via branch A: one
@@ -325,11 +330,3 @@ def make_drafter(draft: DraftModel | None, tree: TreeConfig) -> FeatureDrafter |
         return drafter
     return LookupDrafter(drafter, PromptLookup(tree.lookup_tokens, max_ngram=tree.lookup_max_ngram,
                                                min_ngram=tree.lookup_min_ngram))
-
-
-def _row(out: DraftOutput, b: int, i: int) -> DraftOutput:
-    return DraftOutput(
-        a=out.a[b, i], b=None if out.b is None else out.b[b, i],
-        experts=None if out.experts is None else out.experts[b, i],
-        gates=None if out.gates is None else out.gates[b, i],
-    )

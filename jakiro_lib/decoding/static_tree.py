@@ -9,7 +9,7 @@ import torch
 
 from ..config import TreeConfig
 from ..models.draft import DraftModel, DraftOutput
-from .drafting import candidate_tensors, schedule
+from .drafting import candidate_tensors, draft_schedule
 from .runner import TargetRunner, tree_rows
 from .tree import MAX_TREE_ROOM
 from .verify import SamplingParams, warp_probs
@@ -191,14 +191,8 @@ class StaticTreeDrafter:
     """EAGLE-2's dynamic tree (coupled or decoupled candidates) in fixed shapes over a :class:`StaticKV`."""
 
     def __init__(self, draft: DraftModel, tree: TreeConfig, capacity: int) -> None:
-        if tree.total_tokens == "auto":
-            raise StaticEngineError("tree.total_tokens='auto' must be resolved to a number first")
-        if tree.decoupled and draft.cfg.num_experts < 2:
-            raise StaticEngineError("decoupled candidates need a draft with at least 2 experts")
-        if tree.ar_steps is not None and not draft.cfg.branch_b:
-            raise StaticEngineError("CEPD (ar_steps) needs a draft trained with branch B")
         # layers per draft step, as the loop drafter: 1 (branch A), or 2 under CEPD (A, then B's grandchildren)
-        self.steps = schedule(min(tree.depth, tree.total_tokens - 1), tree.ar_steps, draft.cfg.branch_b)
+        self.steps = draft_schedule(draft, tree, StaticEngineError)
         self.draft = draft
         self.cfg = tree
         self.K = K = tree.top_k
@@ -223,10 +217,8 @@ class StaticTreeDrafter:
                  allowed: torch.Tensor) -> DraftOutput:
         """Rows [L] written at ``slots``, attending where ``allowed`` [L, window]; outputs without batch."""
         self.cache.slots = slots
-        out = self.draft(feats[None].to(self.dtype), tokens[None], pos[None], self.cache, allowed[None, None])
-        return DraftOutput(out.a[0], None if out.b is None else out.b[0],
-                           None if out.experts is None else out.experts[0],
-                           None if out.gates is None else out.gates[0])
+        return self.draft(feats[None].to(self.dtype), tokens[None], pos[None], self.cache,
+                          allowed[None, None]).map(lambda x: x[0])
 
     def extend(self, hidden: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor, last: torch.Tensor) -> None:
         """Encode positions start.. (features ``hidden`` [n, H], next tokens [n]); row ``last`` (0-dim)
@@ -263,7 +255,7 @@ class StaticTreeDrafter:
         zero = torch.zeros(1, dtype=torch.long, device=dev)
         tokens, parents, depths = [self.root_token.reshape(1)], [zero], [zero]
         scores = [torch.zeros(1, dtype=torch.float64, device=dev)]
-        out = _batch_of_one(self.root)  # the frontier's outputs: the root's, then each forward's
+        out = self.root.map(lambda x: x[None])  # the frontier's outputs: the root's, then each forward's
         front_idx, front_score, front_feat = zero, scores[0], None
         front_anc = torch.zeros(1, self.n_slots, dtype=torch.bool, device=dev)  # forwarded ancestors' slots
         prefix = torch.arange(self.cache.window, device=dev)[None, :] < base  # [1, W]
@@ -322,10 +314,3 @@ def select_tree(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tenso
     new_index = torch.zeros(tokens.shape[0], dtype=torch.long, device=dev)
     new_index[nodes] = torch.arange(m, device=dev)
     return tokens[nodes], new_index[parents[nodes]], depths[nodes]
-
-
-def _batch_of_one(out: DraftOutput) -> DraftOutput:
-    """A position's outputs as a batch of one row."""
-    return DraftOutput(out.a[None], None if out.b is None else out.b[None],
-                       None if out.experts is None else out.experts[None],
-                       None if out.gates is None else out.gates[None])

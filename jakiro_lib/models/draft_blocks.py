@@ -7,7 +7,7 @@ mask of unrolled steps.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +21,10 @@ class DraftOutput:
     b: torch.Tensor | None  # [B, L, H] branch B: predicts f_{t+2}
     experts: torch.Tensor | None  # [B, L, E, H] each expert's own feature r + e_i(u)
     gates: torch.Tensor | None  # [B, L, E] branch-A routing weights (zero outside the top-k)
+
+    def map(self, f: Callable[[torch.Tensor], torch.Tensor]) -> "DraftOutput":
+        """``f`` applied to every output present (a row taken, a batch dimension added)."""
+        return DraftOutput(*(None if x is None else f(x) for x in (self.a, self.b, self.experts, self.gates)))
 
 
 class _SoftCrossEntropy(torch.autograd.Function):
