@@ -27,7 +27,7 @@ from ..decoding.result import GenerationResult
 from ..models.draft import DraftModel
 from ..decoding.drafting import make_drafter
 from ..layout import draft_name, draft_path
-from ..decoding.static import static_generate, static_vanilla_generate
+from ..decoding.static import static_generate
 from ..models.target import Target
 from ..decoding.verify import SamplingParams
 
@@ -87,35 +87,24 @@ class MethodRunner:
         common = dict(max_new_tokens=max_new_tokens, params=params, eos_token_ids=t.eos_token_ids)
         return _GENERATE[self.spec.kind](self, prompt_ids, seed, on_tokens, common)
 
-    def _vanilla(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
-        t = self.target
-        if self.spec.engine == "static":
-            return static_vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context,
-                                           generator=self._gen(seed), on_tokens=on_tokens,
-                                           compile=self.spec.compile, **common)
-        return vanilla_generate(t.model, prompt_ids, max_context=t.config.max_context, generator=self._gen(seed),
-                                on_tokens=on_tokens, **common)
+    def _ours(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
+        """Plain decoding or a drafted (or lookup) tree, on the spec's engine."""
+        t, spec = self.target, self.spec
+        kw = dict(max_context=t.config.max_context, generator=self._gen(seed), on_tokens=on_tokens, **common)
+        if spec.engine == "static":
+            return static_generate(t.model, self.draft, spec.tree, prompt_ids, compile=spec.compile, **kw)
+        if spec.kind == "vanilla":
+            return vanilla_generate(t.model, prompt_ids, **kw)
+        return speculative_generate(t.model, make_drafter(self.draft, spec.tree), prompt_ids, **kw)
 
-    def _hf(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any],
-            prompt_lookup: int | None = None) -> GenerationResult:
-        result = hf_generate(self.target.model, prompt_ids, prompt_lookup_num_tokens=prompt_lookup, seed=seed,
+    def _hf(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
+        """HF ``generate``, with prompt lookup for kind "pld"."""
+        lookup = self.spec.prompt_lookup_tokens if self.spec.kind == "pld" else None
+        result = hf_generate(self.target.model, prompt_ids, prompt_lookup_num_tokens=lookup, seed=seed,
                              compile=self.spec.compile, max_context=self.target.config.max_context, **common)
         if on_tokens is not None:
             on_tokens(result.output_ids)
         return result
-
-    def _pld(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
-        return self._hf(prompt_ids, seed, on_tokens, common, prompt_lookup=self.spec.prompt_lookup_tokens)
-
-    def _spec(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
-        t = self.target
-        if self.spec.engine == "static":
-            return static_generate(t.model, self.draft, self.spec.tree, prompt_ids, max_context=t.config.max_context,
-                                   generator=self._gen(seed), on_tokens=on_tokens, compile=self.spec.compile,
-                                   **common)
-        drafter = make_drafter(self.draft, self.spec.tree)
-        return speculative_generate(t.model, drafter, prompt_ids, max_context=t.config.max_context,
-                                    generator=self._gen(seed), on_tokens=on_tokens, **common)
 
     def _gen(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.target.device).manual_seed(seed)
@@ -123,7 +112,7 @@ class MethodRunner:
 
 # how each method kind generates (methods.KINDS)
 _GENERATE: dict[str, Callable[..., GenerationResult]] = {
-    "vanilla": MethodRunner._vanilla, "hf": MethodRunner._hf, "pld": MethodRunner._pld, SPEC: MethodRunner._spec}
+    "vanilla": MethodRunner._ours, SPEC: MethodRunner._ours, "hf": MethodRunner._hf, "pld": MethodRunner._hf}
 
 
 def portable(spec: MethodSpec, relative_to: str | Path | None = None) -> dict[str, Any]:
@@ -311,18 +300,13 @@ def record_label(r: dict[str, Any]) -> str:
     return run_label(*record_run(r))
 
 
-def has_static_twin(m: Method) -> bool:
-    """A main method that runs on either engine: our plain decoding and every drafted or lookup method."""
-    return m.kind in OUR_KINDS
-
-
 def group_names(group: str, *, twins: bool = False) -> tuple[str, ...]:
     """The main study's methods of a goals group (e.g. ``"jakiro"``), in registry order; with ``twins``
     followed by their static-engine runs' labels, then those compiled."""
     members = [m for m in MAIN if m.group == group]
     runs = (False, True) if twins else ()
     return tuple(m.name for m in members) + tuple(run_label(m.name, "static", c) for c in runs
-                                                  for m in members if has_static_twin(m))
+                                                  for m in members if m.kind in OUR_KINDS)
 
 DRAFTED_METHODS = tuple(m.name for m in MAIN if m.kind == SPEC and m.draft)  # compared with published numbers
 
@@ -340,30 +324,23 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
                   static_engine: bool = False, drafts: Collection[str] | None = None,
                   engine: str = "loop", eagle2_draft: str = EAGLE2_DRAFT,
                   jakiro_draft: str = JAKIRO_DRAFT) -> dict[str, MethodSpec]:
-    """The method sets the notebooks compare, one entry a run keyed by its label (:func:`run_label`: the
-    method's name, with ``_static`` or ``_static_compiled`` on the static engine); drafts are read from
-    ``drafts_dir/<name>/draft``.
+    """The method sets the notebooks compare, one entry a run keyed by its label (:func:`run_label`); drafts are
+    read from ``drafts_dir/<name>/draft``.
 
-    ``main``: the baselines, EAGLE-2 (on ``eagle2_draft``), Jakiro (decoupled, on ``jakiro_draft``) and Jakiro + CEPD on
-    ``tree``; with ``tuned`` (and a fixed ``tree.total_tokens``) also ``eagle2_auto`` and ``jakiro_auto``,
-    the same drafts with the tree budget tuned for the machine (``total_tokens="auto"``); and this
-    repository's extension ``eagle2_lookup`` / ``jakiro_lookup``: that tree (tuned unless ``tuned`` is
-    off) with a prompt-lookup chain of ``LOOKUP_TOKENS`` grafted on (:class:`~jakiro_lib.decoding.drafting.LookupDrafter`),
-    and its control ``lookup_only``: the same chain without a draft, through the same engine.
-    ``ablations``: experts count, AR steps, contrastive on/off and decoupled on/off around Jakiro, and
-    the authors' released configuration (``jakiro_coupled_cepd``), the equal-parameter control
-    ``eagle2_h`` (EAGLE-2 trees on the H-wide ``dense_h``), Jakiro on the per-expert-loss drafts
-    (``jakiro_xgate``, ``jakiro_xequal``) and EAGLE-2, Jakiro and the released configuration on the drafts
-    trained with two unrolled steps (``eagle2_u2``, ``eagle2_h_u2``, ``jakiro_u2``, ``jakiro_coupled_u2``,
-    ``jakiro_xgate_u2``, ``jakiro_coupled_cepd_u2``), all on ``tree``. ``drafts``: the draft names a profile trains;
-    a method on any other draft is left out (None: none left out). ``compiled``: the
-    main study also times ``hf_compiled``. ``static_engine``: the main study also runs every method of
-    kind "vanilla" or "spec" on the static-shape engine (:mod:`jakiro_lib.decoding.static`), ``<name>_static``;
-    with ``compiled_engine`` too also with its whole cycle compiled (CUDA graphs on a GPU),
-    ``<name>_static_compiled``. ``engine`` (resolved, :func:`resolve_engine`): what the methods of kind "spec"
-    run on ("loop", "static" or "static_compiled"), labelled accordingly. On an engine other than the loop
-    the main study also runs plain decoding there (``vanilla_static`` or ``vanilla_static_compiled``), the
-    baseline of the goals against our fastest plain decoder.
+    ``main`` (:data:`MAIN`): the baselines, EAGLE-2 (on ``eagle2_draft``), Jakiro (decoupled, on ``jakiro_draft``)
+    and Jakiro + CEPD on ``tree``; with ``tuned`` (and a fixed ``tree.total_tokens``) also ``eagle2_auto`` and
+    ``jakiro_auto``, the budget tuned for the machine; this repository's extension ``eagle2_lookup`` /
+    ``jakiro_lookup`` (that tree with a prompt-lookup chain of :data:`LOOKUP_TOKENS` grafted on) and its control
+    ``lookup_only`` (the chain alone). ``ablations`` (:data:`ABLATIONS` and :func:`_ablation_methods`): experts,
+    CEPD steps, contrastive and decoupled on/off, the authors' released configuration, the equal-parameter
+    control and the per-expert-loss and two-step-trained drafts, all on ``tree``.
+
+    ``drafts``: the draft names a profile trains (methods on others are left out; None: none). ``compiled``: the
+    main study also times ``hf_compiled``. ``engine`` (resolved, :func:`resolve_engine`): what the methods of
+    kind "spec" run on ("loop", "static" or "static_compiled"); on an engine other than the loop the main study
+    also runs plain decoding there, the goals' baseline. ``static_engine``: every main method of kind "vanilla"
+    or "spec" also on the static engine (``<name>_static``), and with ``compiled_engine`` compiled too
+    (``<name>_static_compiled``).
     """
     if study not in STUDIES:
         raise ValueError(f"unknown study {study!r}: use {' or '.join(repr(s) for s in STUDIES)}")
@@ -387,7 +364,7 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
         runs.append(("vanilla", on(loop["vanilla"], engine)))
     if study == "main" and static_engine:
         engines = ("static", "static_compiled") if compiled_engine else ("static",)  # compiled: the captured cycle
-        runs += [(m.name, on(loop[m.name], run)) for m in chosen if has_static_twin(m) for run in engines]
+        runs += [(m.name, on(loop[m.name], run)) for m in chosen if m.kind in OUR_KINDS for run in engines]
     methods: dict[str, MethodSpec] = {}
     for name, spec in runs:  # one entry a run: a twin the drafted methods' engine already runs is that run
         methods.setdefault(spec_label(name, spec), spec)
