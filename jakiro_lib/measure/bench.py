@@ -1,11 +1,9 @@
 """One evaluation loop for every method (Spec-Bench style) and one results schema.
 
-A method is a name plus a spec (:class:`MethodSpec`): vanilla (our cached loop), ``hf`` (HF
-``generate``), ``pld`` (HF prompt lookup), or ``spec`` (a feature draft with a tree config: EAGLE-2 with
-the dense draft, Jakiro with a MoE draft, Jakiro + CEPD with ``ar_steps``). Every method sees the same
-prompts, chat template, token budget and machine, interleaved question by question so drift hits all
-methods alike. Records go to JSONL, one line per (run, temperature, question, turn, repeat), a run being
-(method, engine, compiled): ``method`` is the registry's name, how it ran two fields of its own.
+Every method of :mod:`jakiro_lib.measure.methods` sees the same prompts, chat template, token budget and machine,
+interleaved question by question so drift hits all methods alike. Records go to JSONL, one line per (run,
+temperature, question, turn, repeat), a run being (method, engine, compiled): ``method`` is the registry's name,
+how it ran two fields of its own.
 """
 from __future__ import annotations
 
