@@ -28,8 +28,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# One worker per core (at most 4), one torch thread each, whole files per worker, the longest first (tests/conftest.py;
+# --no-loadscope-reorder, pytest-xdist 3.8+, keeps that order: xdist would sort the files by their number of tests)
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 reproduce: $(STAMP)
 	$(BIN)/python -m jakiro_lib pipeline --profile $(PROFILE) $(foreach s,$(SET),--set $(s))

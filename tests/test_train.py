@@ -349,8 +349,10 @@ def test_compiled_step_trains_the_same_draft_and_a_failure_is_one_line(target, d
     torch._dynamo.utils.counters.clear()
     import torch._inductor.config as inductor_config  # loads inductor: only this test needs it
 
-    monkeypatch.setattr(inductor_config, "fallback_random", True)  # the noise from eager's generator, not inductor's
-    comp = T.train_draft(target, draft, train, held, tmp_path / "comp", cfg(epochs=1, compile="yes"), progress=False)
+    # the noise from eager's generator, not inductor's; the config's own patch (monkeypatch's undo deletes the option
+    # from the config module: every later compile in the process then failed, "fallback_random does not exist")
+    with inductor_config.patch(fallback_random=True):
+        comp = T.train_draft(target, draft, train, held, tmp_path / "comp", cfg(epochs=1, compile="yes"), progress=False)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it did compile
     assert comp["run_metadata"]["compiled_step"] and not eager["run_metadata"]["compiled_step"]
     assert comp["steps"] == eager["steps"] >= 2
