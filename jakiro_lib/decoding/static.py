@@ -121,6 +121,7 @@ class StaticEngine:
         self.lookup = PromptLookup(L, max_ngram=tree.lookup_max_ngram, min_ngram=tree.lookup_min_ngram) if L else None
         drafted_m, drafted_depth = (1, 0) if self.drafter is None else (self.drafter.m, self.drafter.max_depth)
         self.m, self.max_depth = drafted_m + L, max(drafted_depth, L)  # the verified tree: drafted rows, then chain
+        self.plain = draft is None and not L  # plain decoding: each cycle the last token alone
         if self.m > MAX_TREE_ROOM:
             raise StaticEngineError(f"a tree of {self.m} tokens does not fit the {MAX_TREE_ROOM} positions kept past "
                                     "the text")
@@ -141,7 +142,7 @@ class StaticEngine:
         ``uniforms``: this cycle's draws (sampling); ``chain``: the lookup chain
         (:func:`~jakiro_lib.decoding.static_tree.graft_chain`)."""
         drafter, target = self.drafter, self.target
-        if drafter is None and chain is None:  # plain decoding
+        if self.plain:
             return self._root_only(start, uniforms)
         with record_function(STEP_RANGES["draft"]):
             if drafter is not None:
@@ -246,8 +247,7 @@ class StaticEngine:
             self.lookup.extend(emitted)
         if self.drafter is not None and whole:
             self.drafter.forwards += self.drafter.n_steps - 1
-        plain = self.drafter is None and self.lookup is None
-        return emitted, None if plain else self.m if whole else 1
+        return emitted, None if self.plain else self.m if whole else 1
 
     def _forwards(self) -> int:
         return 0 if self.drafter is None else self.drafter.forwards  # draft forwards so far
