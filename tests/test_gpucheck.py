@@ -11,7 +11,7 @@ import pytest
 from jakiro_lib.cli import main
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.measure import costmodel
-from jakiro_lib.measure.gpucheck import CHECK_SETTINGS, check_profile, gpu_check
+from jakiro_lib.measure.gpucheck import BREAKDOWN_TOKENS, CHECK_SETTINGS, check_profile, gpu_check
 from jakiro_lib.models.target import load_target
 from jakiro_lib.config import EAGLE2_DRAFT, JAKIRO_DRAFT
 
@@ -53,6 +53,7 @@ def test_gpu_check_writes_records_goals_and_the_cycle_breakdown(tmp_path, monkey
     eager, compiled, plain = result["cycles"]  # Jakiro's cycle eager and compiled; plain decoding eager (CPU)
     assert not eager["compiled"] and compiled["compiled"] and eager["cycles"] > 0 and compiled["cycles"] > 0
     assert (plain["decoder"], plain["tau"], eager["decoder"]) == ("plain", 1.0, "speculative")
+    assert pd.read_csv(out / "cycles.csv")["new_tokens"].tolist() == [min(8, BREAKDOWN_TOKENS)] * 3
     assert plain["cycle_cpu_ms"] > 0 and math.isnan(plain["draft_cpu_ms"]) and math.isnan(plain["device_ops"])
     for step in ("draft", "verify", "evaluate", "update", "cycle", "read"):
         assert eager[f"{step}_cpu_ms"] > 0, step

@@ -54,6 +54,10 @@ CHECK_METHODS = ("vanilla", "hf_compiled", "vanilla_static_compiled", "jakiro_au
 # the method whose cycle the profiler takes apart (eager, then captured), at the tree its study run was tuned to:
 # the eager twin's own tuning cost 40 s of a lent H200 and, with it, the breakdown (2026-11-27)
 PROFILED = "jakiro_auto_static_compiled"
+# new tokens per profiled prompt in the breakdown: its figures are per cycle, and at the study's 64 the four
+# profiled runs (Jakiro and plain, eager and captured) did not finish in the 130 s a lent H100 had left after
+# the study (2026-11-27); each row is written as it is done, so a stopped check keeps those it finished
+BREAKDOWN_TOKENS = 32
 CHECK_SETTINGS = {"bench.static_engine": "true", "bench.compiled_engine": "true", "bench.compiled_baseline": "true",
                   "bench.benchmarks": "mt_bench", "bench.limit": "10", "bench.max_new_tokens": "64",
                   "bench.temperatures": "0,1", "target.dtype": "float32", "target.packed_gemm": "0"}
@@ -132,15 +136,18 @@ def gpu_check(profile: str = "default", *, run_dir: str | Path | None = None, ou
         draft = DraftModel.load(spec.draft, target.model)
         questions = study_questions(prof)[0][:profiled_prompts]
         prompts = [format_prompt_ids(target, [{"role": "user", "content": q.turns[0]}]) for q in questions]
-        for compile in (False, True):
-            rows.append(cycle_breakdown(target.model, draft, spec.tree, prompts, compile=compile,
-                                        max_new_tokens=prof.bench.max_new_tokens))
-        # plain decoding's step the same way: captured on a GPU (eager there too), eager only on a CPU, where
-        # compiling it would only add an inductor compilation to the check
-        for compile in (False, True) if target.device.type == "cuda" else (False,):
-            rows.append(cycle_breakdown(target.model, None, None, prompts, compile=compile,
-                                        max_new_tokens=prof.bench.max_new_tokens))
-        write_table(out / "cycles.csv", pd.DataFrame(rows))
+        new_tokens = min(prof.bench.max_new_tokens, BREAKDOWN_TOKENS)
+        # Jakiro's cycle eager and compiled, then plain decoding's step the same way: captured on a GPU (eager
+        # there too), eager only on a CPU, where compiling it would only add an inductor compilation to the check
+        runs = [(draft, spec.tree, False), (draft, spec.tree, True), (None, None, False)]
+        for d, tree, compile in runs + ([(None, None, True)] if target.device.type == "cuda" else []):
+            t = time.perf_counter()
+            rows.append({**cycle_breakdown(target.model, d, tree, prompts, compile=compile, max_new_tokens=new_tokens),
+                         "new_tokens": new_tokens})
+            write_table(out / "cycles.csv", pd.DataFrame(rows))
+            if progress:
+                print(f"breakdown: {rows[-1]['decoder']} {'captured' if compile else 'eager'} in "
+                      f"{time.perf_counter() - t:.1f} s", flush=True)
     result = {"profile": prof.name, "target": prof.target.model, "device": prof.target.device,
               "dtype": prof.target.dtype, "methods": chosen, "run_dir": str(rdir), "out_dir": str(out),
               "environment": run_metadata(prof.target.device), "minutes": (time.perf_counter() - t0) / 60,
