@@ -40,6 +40,9 @@ class _Where:
         self.start: int | torch.Tensor = 0
         self.length = 0
         self.window: int | None = None
+        # with device positions, the columns the forward writes ([n]: start..start+n), computed once for every
+        # layer: per layer it was two kernels a layer, 60 of a SmolLM2 step's ~825 on a GPU, replayed every token
+        self.cols: torch.Tensor | None = None
 
 
 class KVLayer(CacheLayerMixin):
@@ -77,7 +80,7 @@ class KVLayer(CacheLayerMixin):
             self.keys[:, :, start:end] = key_states
             self.values[:, :, start:end] = value_states
             return self.keys[:, :, :end], self.values[:, :, :end]
-        cols = start + torch.arange(n, device=key_states.device)
+        cols = self.where.cols
         self.keys.index_copy_(2, cols, key_states)
         self.values.index_copy_(2, cols, value_states)
         w = self.window
@@ -150,6 +153,7 @@ class TargetRunner:
                  start: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and features [n] of ``ids`` [n] at positions ``pos`` [n], written from ``start``."""
         self.where.start = start
+        self.where.cols = start + self.cols[:ids.shape[0]] if isinstance(start, torch.Tensor) else None
         out = self.model.model(input_ids=ids[None], position_ids=pos[None], attention_mask=mask,
                                past_key_values=self.cache, use_cache=True)
         hidden = out.last_hidden_state[0]
@@ -207,9 +211,9 @@ class TargetRunner:
 
     def move(self, start: torch.Tensor, path: torch.Tensor) -> None:
         """Entries ``start + path`` (tree rows, padded) moved to ``start..``."""
-        dst = start + torch.arange(path.shape[0], device=path.device)
+        src, dst = start + path, start + self.cols[:path.shape[0]]  # once, not once a layer
         for layer in self.cache.layers:
-            layer.move(start + path, dst)
+            layer.move(src, dst)
 
 
 def tree_rows(allowed_prefix: torch.Tensor, start: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
