@@ -27,47 +27,99 @@ from ..models.target import additive_mask
 from .tree import Tree
 
 
+def fixed_address(t: torch.Tensor) -> torch.Tensor:
+    """``t``, marked as a buffer whose address never changes: a captured CUDA graph reads and writes it in place
+    (while torch.compile traces, nothing to mark)."""
+    if not torch.compiler.is_compiling():
+        torch._dynamo.mark_static_address(t)
+    return t
+
+
 class SlidingWindowError(ValueError):
     """The target has sliding-window layers, which only the loop engine's dynamic layers hold."""
 
 
 class _Where:
-    """Where the next forward writes (a host int, or a 0-dim device tensor) and, with host positions, how many
-    positions hold the text; with device positions, ``window``: how many leading positions attention reads
-    (None: the whole buffer). Shared by a runner's layers."""
+    """What a runner's layers share: where the next forward writes (a host int, or a 0-dim device tensor) and,
+    with host positions, how many positions hold the text; with device positions, ``window``: how many leading
+    positions attention reads (None: the whole buffer); and ``stack``, the one buffer every layer's keys and
+    values live in, [L, 2, B, n_kv, capacity, head_dim] (made by the first layer's first write)."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int) -> None:
         self.start: int | torch.Tensor = 0
         self.length = 0
         self.window: int | None = None
         # with device positions, the columns the forward writes ([n]: start..start+n), computed once for every
         # layer: per layer it was two kernels a layer, 60 of a SmolLM2 step's ~825 on a GPU, replayed every token
         self.cols: torch.Tensor | None = None
+        self.capacity = capacity
+        self.layers: list[KVLayer] = []  # in stack order
+        # one buffer, so keeping an accepted path moves every layer's entries with one gather and one scatter:
+        # per layer it was four kernels, 120 of a SmolLM2 cycle (reports/measured/2026-11-27-h100-windows)
+        self.stack: torch.Tensor | None = None
+
+    def grow(self, like: torch.Tensor, capacity: int) -> None:
+        """``stack`` made (or remade, its entries kept) at ``capacity`` positions for layers shaped like ``like``
+        [B, n_kv, n, head_dim]."""
+        stack = like.new_zeros(len(self.layers), 2, *like.shape[:2], capacity, like.shape[-1])
+        if self.stack is not None:
+            stack[:, :, :, :, :self.capacity] = self.stack
+        self.stack, self.capacity = fixed_address(stack), capacity
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Every layer's entries ``src`` copied to ``dst`` (index tensors; gathered first, so they may overlap)."""
+        if self.stack is not None:
+            self.stack.index_copy_(4, dst, self.stack.index_select(4, src))
 
 
 class KVLayer(CacheLayerMixin):
-    """One layer's keys and values, [1, n_kv, capacity, head_dim], written at ``where.start`` (see module)."""
+    """One layer's keys and values, [1, n_kv, capacity, head_dim], written at ``where.start`` (see module): views of
+    its slot in the runner's one buffer (``where.stack``), taken at each use. So a compiled step's only input for
+    the cache is that buffer: views made once and read as attributes were inputs aliasing one another, which
+    inductor's frozen CPU graphs mixed up (another input given a view's shape)."""
 
     is_compileable = True
     is_sliding = False
 
-    def __init__(self, where: _Where, capacity: int) -> None:
+    def __init__(self, where: _Where) -> None:
         super().__init__()
-        self.where, self.capacity = where, capacity
+        self.where, self.slot = where, len(where.layers)
+        where.layers.append(self)
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return None if self.where.stack is None or not self.is_initialized else self.where.stack[self.slot, 0]
+
+    @keys.setter
+    def keys(self, value: None) -> None:  # CacheLayerMixin's __init__ clears them; they live in the stack
+        if value is not None:
+            raise AttributeError("a KVLayer's keys are its view of the runner's stack")
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self.where.stack is None or not self.is_initialized else self.where.stack[self.slot, 1]
+
+    @values.setter
+    def values(self, value: None) -> None:
+        if value is not None:
+            raise AttributeError("a KVLayer's values are its view of the runner's stack")
+
+    @property
+    def capacity(self) -> int:
+        return self.where.capacity
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self._allocate(key_states, value_states, self.capacity)
+        stack = self.where.stack
+        if stack is None:
+            self.where.grow(key_states, self.capacity)
+        elif stack.shape[2:4] + stack.shape[5:] != key_states.shape[:2] + key_states.shape[3:] or \
+                stack.dtype != key_states.dtype:
+            raise ValueError(f"layer {self.slot}'s keys {tuple(key_states.shape)} {key_states.dtype} differ from "
+                             f"the first layer's; the target cache needs one shape in every full-attention layer")
+        if value_states.shape != key_states.shape:
+            raise ValueError(f"values {tuple(value_states.shape)} and keys {tuple(key_states.shape)} differ in "
+                             "shape; the target cache needs them alike")
         self.is_initialized = True
-
-    def _allocate(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
-        keys = key_states.new_zeros(*key_states.shape[:2], capacity, key_states.shape[-1])
-        values = value_states.new_zeros(*value_states.shape[:2], capacity, value_states.shape[-1])
-        if self.is_initialized:
-            keys[:, :, :self.capacity], values[:, :, :self.capacity] = self.keys, self.values
-        self.keys, self.values, self.capacity = keys, values, capacity
-        if not torch.compiler.is_compiling():  # a captured graph reads and writes these in place
-            torch._dynamo.mark_static_address(self.keys)
-            torch._dynamo.mark_static_address(self.values)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -76,7 +128,7 @@ class KVLayer(CacheLayerMixin):
         if isinstance(start, int):
             end = start + n
             if end > self.capacity:  # host positions only (the loop engine): grow, never write past the end
-                self._allocate(key_states, value_states, max(256, 2 * end))
+                self.where.grow(key_states, max(256, 2 * end))
             self.keys[:, :, start:end] = key_states
             self.values[:, :, start:end] = value_states
             return self.keys[:, :, :end], self.values[:, :, :end]
@@ -101,12 +153,6 @@ class KVLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return self.capacity
 
-    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Entries ``src`` copied to ``dst`` (index tensors; gathered first, so they may overlap)."""
-        if self.is_initialized:
-            self.keys.index_copy_(2, dst, self.keys.index_select(2, src))
-            self.values.index_copy_(2, dst, self.values.index_select(2, src))
-
 
 class TargetRunner:
     """The target over one :class:`KVLayer` cache of ``capacity`` positions: the prefill, a token, a tree,
@@ -124,10 +170,10 @@ class TargetRunner:
         if share is not None:
             self.where, self.cache = share.where, share.cache
         else:
-            self.where = _Where()
+            self.where = _Where(capacity)
             # full-attention layers are ours; sliding-window ones (Mistral) keep transformers' dynamic layers
             hf_layers = DynamicCache(config=model.config).layers
-            self.cache = Cache(layers=[KVLayer(self.where, capacity) if type(layer) is DynamicLayer else layer
+            self.cache = Cache(layers=[KVLayer(self.where) if type(layer) is DynamicLayer else layer
                                        for layer in hf_layers])
         if positions_on_device and not all(isinstance(layer, KVLayer) for layer in self.cache.layers):
             raise SlidingWindowError("the static engine needs full attention in every layer; this target has "
@@ -191,10 +237,9 @@ class TargetRunner:
         """After a tree forward from ``start``: keep only ``nodes``' cache entries, moved to ``start..``."""
         idx = torch.tensor(nodes, dtype=torch.long, device=self.device)
         end = start + len(nodes)
+        self.where.move(start + idx, torch.arange(start, end, device=self.device))
         for layer in self.cache.layers:
-            if isinstance(layer, KVLayer):
-                layer.move(start + idx, torch.arange(start, end, device=self.device))
-            else:  # a sliding-window layer of transformers' (loop engine only)
+            if not isinstance(layer, KVLayer):  # a sliding-window layer of transformers' (loop engine only)
                 layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys[:, :, start + idx]], dim=2)
                 layer.values = torch.cat([layer.values[:, :, :start], layer.values[:, :, start + idx]], dim=2)
                 layer.cumulative_length = end
@@ -211,9 +256,7 @@ class TargetRunner:
 
     def move(self, start: torch.Tensor, path: torch.Tensor) -> None:
         """Entries ``start + path`` (tree rows, padded) moved to ``start..``."""
-        src, dst = start + path, start + self.cols[:path.shape[0]]  # once, not once a layer
-        for layer in self.cache.layers:
-            layer.move(src, dst)
+        self.where.move(start + path, start + self.cols[:path.shape[0]])
 
 
 def tree_rows(allowed_prefix: torch.Tensor, start: torch.Tensor, block: torch.Tensor) -> torch.Tensor:

@@ -38,10 +38,10 @@ from .result import GenerationResult, append_tokens, check_prompt, choose_token,
 from ..machine import synchronize
 from ..models.draft import DraftModel
 from .drafting import PromptLookup
-from .runner import TargetRunner
+from .runner import TargetRunner, fixed_address
 from .tree import MAX_TREE_ROOM
 from .verify import SamplingParams
-from .static_tree import StaticEngineError, StaticTreeDrafter, ancestor_mask, evaluate, fixed_address, graft_chain, root_step
+from .static_tree import StaticEngineError, StaticTreeDrafter, ancestor_mask, evaluate, graft_chain, root_step
 
 
 # the ranges a cycle is profiled by (jakiro_lib.measure.gpucheck.cycle_breakdown); inside a compiled cycle the four

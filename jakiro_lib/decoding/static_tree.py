@@ -10,15 +10,9 @@ import torch
 from ..config import TreeConfig
 from ..models.draft import DraftModel, DraftOutput
 from .drafting import candidate_tensors, draft_schedule
-from .runner import TargetRunner, tree_rows
+from .runner import TargetRunner, fixed_address, tree_rows
 from .tree import MAX_TREE_ROOM
 from .verify import SamplingParams, warp_probs
-
-
-def fixed_address(t: torch.Tensor) -> torch.Tensor:
-    """``t``, marked as a buffer whose address never changes: a captured CUDA graph reads and writes it in place."""
-    torch._dynamo.mark_static_address(t)
-    return t
 
 
 class StaticEngineError(ValueError):
