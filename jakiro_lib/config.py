@@ -58,12 +58,16 @@ class TargetConfig:
     gqa_attention: bool = True
     packed_gemm: int = 0
     gemm_backend: str = "auto"
+    # fused_norm: the target's RMSNorms through torch's rms_norm, one kernel on CUDA where transformers' forward
+    # is six (kernels.use_fused_norm); the same operators and results on a CPU
+    fused_norm: bool = True
     # capture: how the static engine's compiled step is captured on CUDA (jakiro_lib.decoding.compiled): "graphs" (the
     # eager kernels recorded as one CUDA graph, no compilation) or "inductor" (torch.compile: fused kernels,
     # ~40 s of compilation per step and sampling setting; ~5% faster on SmolLM2 on an H200, 2026-11-27). The
     # drafts and caches do not depend on it. A CPU compiles with inductor whatever it says.
     capture: str = "graphs"
-    KERNEL_FIELDS: ClassVar[tuple[str, ...]] = ("gqa_attention", "packed_gemm", "gemm_backend", "capture")
+    KERNEL_FIELDS: ClassVar[tuple[str, ...]] = ("gqa_attention", "packed_gemm", "gemm_backend", "fused_norm",
+                                                "capture")
 
     def identity(self) -> dict[str, Any]:
         """The fields that decide the target's outputs (not the kernels that compute them): what trained

@@ -48,7 +48,8 @@ def random_target(shape: str, dtype: str | torch.dtype = "float32", device: str 
                   max_context: int = 0, *, seed: int = 0) -> PreTrainedModel:
     """A random-weight ``LlamaForCausalLM`` of a named shape, built directly on ``device`` in ``dtype`` (a 7B
     target is never materialised in fp32 on the host), frozen, in eval mode, set up as
-    :func:`~jakiro_lib.models.target.load_target` sets up a target (:func:`~jakiro_lib.models.kernels.use_gqa_attention`)."""
+    :func:`~jakiro_lib.models.target.load_target` sets up a target (:func:`~jakiro_lib.models.kernels.use_gqa_attention`,
+    :func:`~jakiro_lib.models.kernels.use_fused_norm`)."""
     config = shape_config(shape, max_context)
     dt = _dtype(dtype) if isinstance(dtype, str) else dtype
     dev = check_device(device)
@@ -63,6 +64,7 @@ def random_target(shape: str, dtype: str | torch.dtype = "float32", device: str 
     model = model.to(device=dev, dtype=dt).eval()  # fp32 buffers too, as load_target
     model.requires_grad_(False)
     kernels.use_gqa_attention(model)
+    kernels.use_fused_norm(model)
     return model
 
 

@@ -113,6 +113,7 @@ class DraftModel(nn.Module):
         self.fc = nn.Linear(2 * H, H, bias=True)
         self.attn = DraftAttention(target_config)
         self.post_attention_layernorm = LlamaRMSNorm(H, eps=target_config.rms_norm_eps)
+        kernels.use_fused_norm(self.post_attention_layernorm)  # one kernel on CUDA, as the target's
         self.mlp = MoEBlock(H, cfg, mlp_width(cfg, target_config))
         rope_cfg = copy.deepcopy(target_config)
         self.rotary = LlamaRotaryEmbedding(rope_cfg)

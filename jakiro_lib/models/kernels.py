@@ -1,4 +1,5 @@
-"""CPU fast paths for the frozen target, used by every method alike (vanilla, HF, PLD, speculative).
+"""Fast paths for the frozen target, used by every method alike (vanilla, HF, PLD, speculative): CPU ones, and
+one for a GPU.
 
 Tree verification runs the target on a handful of rows (the tree's tokens). On a 2-core CPU two library
 defaults make that needlessly expensive (measured in ``reports/<profile>/cost_model_target.csv``):
@@ -24,6 +25,11 @@ defaults make that needlessly expensive (measured in ``reports/<profile>/cost_mo
 * transformers' SDPA path copies the KV cache once per layer (``repeat_kv``) whenever a custom mask is
   given, which every tree forward does. ``sdpa_gqa`` passes ``enable_gqa=True`` to torch's SDPA instead.
 
+One path is for a GPU: transformers' RMSNorm is six operators (pow, mean, add, rsqrt, mul, mul), each a kernel
+on CUDA, 61 norms a SmolLM2 step; :func:`use_fused_norm` runs torch's ``rms_norm`` instead, one fused kernel on
+CUDA (the same operators on a CPU). A captured step replays every kernel, and its time there is set by their
+number (reports/measured/2026-11-27-h100-windows).
+
 None changes the math: results agree with the plain path up to rounding (the plain sgemm itself rounds
 differently for different row counts), so greedy identity holds as before and is tested (fp32).
 """
@@ -43,6 +49,8 @@ from torch import nn
 
 GQA_ATTENTION = "sdpa_gqa"
 _ATTR = "_jakiro_packed_gemm"
+# transformers' RMSNorm of each supported family: weight * (x / rms(x)), the norm in fp32, eps variance_epsilon
+RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 
 
 # Fewest rows worth the packed copy, per weight dtype, where nothing was probed (measured on SmolLM2's
@@ -342,3 +350,20 @@ def use_gqa_attention(model: nn.Module) -> bool:
     _register_gqa_attention()
     model.set_attn_implementation(GQA_ATTENTION)
     return cfg._attn_implementation == GQA_ATTENTION
+
+
+def _fused_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """transformers' RMSNorm forward through torch's ``rms_norm``: the norm in fp32, then the weight in the
+    input's dtype, as transformers rounds (fp32: one call, the weight inside). Equal to it bit for bit on the
+    CPU (tested); on CUDA up to the fused reduction's rounding."""
+    if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.variance_epsilon)
+    return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.variance_epsilon).to(x.dtype)
+
+
+def use_fused_norm(model: nn.Module) -> int:
+    """Every transformers RMSNorm of ``model`` (:data:`RMS_NORMS`) run by :func:`_fused_norm_forward`; how many."""
+    norms = [m for m in model.modules() if type(m).__name__ in RMS_NORMS and hasattr(m, "variance_epsilon")]
+    for norm in norms:
+        norm.forward = types.MethodType(_fused_norm_forward, norm)
+    return len(norms)

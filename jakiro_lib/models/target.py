@@ -221,6 +221,8 @@ def load_target(config: TargetConfig | None = None) -> Target:
     set_capture(model, config.capture)
     if config.gqa_attention:
         kernels.use_gqa_attention(model)
+    if config.fused_norm:
+        kernels.use_fused_norm(model)
     if config.packed_gemm:
         gemm = kernels.enable_packed_gemm(model, max_rows=config.packed_gemm, backend=config.gemm_backend)
         probe = kernels.gemm_probe(model)
