@@ -128,8 +128,12 @@ def test_packed_head_serves_frontier_rows_and_follows_d2t(target, monkeypatch):
     assert calls == [4, 8, 64, 6, 6] and feats.grad is not None
 
 
-def test_router_load_counts_routed_tokens(target):
+def test_router_load_counts_routed_tokens_only_when_asked(target):
+    """The held-out evaluation counts routed tokens; decoding's forwards do not (no bookkeeping kernels)."""
     d = DraftModel.build(DraftConfig(num_experts=4, top_k_experts=1), target.model).eval()
+    d(*_inputs(L=10))
+    assert d.router_load() == [0.0] * 4 and float(d.mlp.load_tokens) == 0
+    d.mlp.count_load = True
     d(*_inputs(L=10))
     load = d.router_load(reset=True)
     assert len(load) == 4 and abs(sum(load) - 1.0) < 1e-6

@@ -51,7 +51,9 @@ class MoEBlock(nn.Module):
         self.router = nn.Linear(hidden, n_router, bias=False) if cfg.num_experts > 1 or cfg.branch_b else None
         self.register_buffer("load", torch.zeros(cfg.num_experts), persistent=False)
         self.register_buffer("load_tokens", torch.zeros(()), persistent=False)
-        self.count_load = True  # off while DraftModel.unroll runs its later steps (router_load: step 0 only)
+        # routed tokens counted (router_load) only while the held-out evaluation sets it, and there at step 0 only
+        # (DraftModel.unroll): decoding never pays for the count (five kernels a draft forward on a GPU)
+        self.count_load = False
 
     def _topk_weights(self, logits: torch.Tensor, k: int) -> torch.Tensor:
         gates = logits.softmax(-1)
@@ -222,7 +224,7 @@ class DraftModel(nn.Module):
         L = features.shape[1]
         cache = KVCache()
         outs = [self._step(features, input_ids, position_ids, cache, None)]
-        self.mlp.count_load = False
+        counting, self.mlp.count_load = self.mlp.count_load, False
         try:
             for j in range(1, steps):
                 prev = outs[-1].a  # [B, L, H]: step j-1's prediction of f_{t+1} at t
@@ -230,7 +232,7 @@ class DraftModel(nn.Module):
                 mask = unroll_mask(L, j, prev.device)[None, None]  # [1, 1, L, (j + 1) L]
                 outs.append(self._step(feats, input_ids, position_ids, cache, mask))
         finally:
-            self.mlp.count_load = True
+            self.mlp.count_load = counting
         return outs
 
     # -- training losses ------------------------------------------------------------------------
@@ -286,7 +288,8 @@ class DraftModel(nn.Module):
 
     # -- router statistics --------------------------------------------------------------------------
     def router_load(self, reset: bool = False) -> list[float]:
-        """Fraction of tokens routed to each expert (branch A top-k) since the last reset."""
+        """Fraction of tokens routed to each expert (branch A top-k) since the last reset, counted by forwards in
+        eval mode while ``mlp.count_load`` is set (the held-out evaluation sets it)."""
         tokens = float(self.mlp.load_tokens)
         load = (self.mlp.load / max(tokens, 1.0)).tolist()
         if reset:

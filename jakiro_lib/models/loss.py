@@ -272,8 +272,9 @@ def eval_sums(draft: Any, data: Any, *, batch_size: int = 8, p_weight: float = 0
     """:func:`evaluate`'s additive part: correct and counted tokens, token-weighted losses, batches, and the
     router's per-expert counts (``load_e<i>``, ``load_tokens``), over ``data``."""
     core = _core(draft)
-    was_training = core.training
+    was_training, counting = core.training, core.mlp.count_load
     core.eval()
+    core.mlp.count_load = True
     core.router_load(reset=True)
     device = next(core.parameters()).device
     sums: Sums = {"batches": 0.0}
@@ -293,6 +294,7 @@ def eval_sums(draft: Any, data: Any, *, batch_size: int = 8, p_weight: float = 0
         core.router_load(reset=True)
     finally:
         core.train(was_training)
+        core.mlp.count_load = counting
     return sums
 
 
