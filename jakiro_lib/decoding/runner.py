@@ -129,14 +129,15 @@ class KVLayer(CacheLayerMixin):
             end = start + n
             if end > self.capacity:  # host positions only (the loop engine): grow, never write past the end
                 self.where.grow(key_states, max(256, 2 * end))
-            self.keys[:, :, start:end] = key_states
-            self.values[:, :, start:end] = value_states
-            return self.keys[:, :, :end], self.values[:, :, :end]
-        cols = self.where.cols
-        self.keys.index_copy_(2, cols, key_states)
-        self.values.index_copy_(2, cols, value_states)
+            keys, values = self.keys, self.values
+            keys[:, :, start:end] = key_states
+            values[:, :, start:end] = value_states
+            return keys[:, :, :end], values[:, :, :end]
+        keys, values, cols = self.keys, self.values, self.where.cols
+        keys.index_copy_(2, cols, key_states)
+        values.index_copy_(2, cols, value_states)
         w = self.window
-        return self.keys[:, :, :w], self.values[:, :, :w]
+        return keys[:, :, :w], values[:, :, :w]
 
     @property
     def window(self) -> int:
