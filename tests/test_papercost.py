@@ -9,11 +9,13 @@ import math
 import pandas as pd
 import pytest
 import torch
+from transformers import AutoConfig
 
 from jakiro_lib.cli import main
 from jakiro_lib.measure.papercost import (CYCLE_COLUMNS, METHOD_NAMES, PAPER, TN_COLUMNS, modelled_speedup,
                                           paper_methods, run_papercost)
 from jakiro_lib.measure.random_models import SHAPES, random_target, shape_config
+from jakiro_lib.models.target import builtin_smollm2_path
 
 from helpers import single_thread
 
@@ -69,6 +71,13 @@ def test_the_vicuna_shape_is_llama_7b():
         params = sum(p.numel() for p in LlamaForCausalLM(cfg).parameters())
     assert params == 6_738_415_616  # Llama-1 7B / Vicuna-7B v1.3
     assert cfg.rms_norm_eps == 1e-6 and cfg.num_key_value_heads == 32 and not cfg.tie_word_embeddings
+
+
+def test_the_smollm2_shape_is_the_built_in_target_s():
+    """Its shape, not its weights: the tied embedding and rope base differ, which cost the same."""
+    real, cfg = AutoConfig.from_pretrained(builtin_smollm2_path()), shape_config("smollm2-135m")
+    for key in SHAPES["smollm2-135m"]:
+        assert getattr(cfg, key) == pytest.approx(getattr(real, key)), key
 
 
 def test_paper_methods_use_the_registry_drafts_and_tree():

@@ -17,6 +17,9 @@ from ..models.target import _dtype
 SHAPES: dict[str, dict[str, Any]] = {
     "vicuna-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-6),
+    # the built-in target's shape: its T(n) on a GPU's captured engine, without its weights in the kit
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rms_norm_eps=1e-5),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=260, max_position_embeddings=1024, rms_norm_eps=1e-6),
 }
