@@ -53,7 +53,7 @@ class _Where:
         # layer: per layer it was two kernels a layer, 60 of a SmolLM2 step's ~1,240 on a GPU, replayed every token
         self.cols: torch.Tensor | None = None
         self.capacity = capacity
-        self.layers: list[KVLayer] = []  # in stack order
+        self.slots = 0  # layers in the stack (each KVLayer takes the next slot)
         # one buffer, so keeping an accepted path moves every layer's entries with one gather and one scatter:
         # per layer it was four kernels, 120 of a SmolLM2 cycle (reports/measured/2026-11-27-h100-windows)
         self.stack: torch.Tensor | None = None
@@ -61,7 +61,7 @@ class _Where:
     def grow(self, like: torch.Tensor, capacity: int) -> None:
         """``stack`` made (or remade, its entries kept) at ``capacity`` positions for layers shaped like ``like``
         [B, n_kv, n, head_dim]."""
-        stack = like.new_zeros(len(self.layers), 2, *like.shape[:2], capacity, like.shape[-1])
+        stack = like.new_zeros(self.slots, 2, *like.shape[:2], capacity, like.shape[-1])
         if self.stack is not None:
             stack[:, :, :, :, :self.capacity] = self.stack
         self.stack, self.capacity = fixed_address(stack), capacity
@@ -70,6 +70,19 @@ class _Where:
         """Every layer's entries ``src`` copied to ``dst`` (index tensors; gathered first, so they may overlap)."""
         if self.stack is not None:
             self.stack.index_copy_(4, dst, self.stack.index_select(4, src))
+
+
+def _stack_view(part: int) -> property:
+    """A KVLayer's keys (``part`` 0) or values (1): its view of the stack, None before its first write. Settable
+    to None only (CacheLayerMixin's __init__ clears them; they live in the stack)."""
+    def get(self: "KVLayer") -> torch.Tensor | None:
+        stack = self.where.stack
+        return None if stack is None or not self.is_initialized else stack[self.slot, part]
+
+    def set(self: "KVLayer", value: None) -> None:
+        if value is not None:
+            raise AttributeError("a KVLayer's keys and values are its view of the runner's stack")
+    return property(get, set)
 
 
 class KVLayer(CacheLayerMixin):
@@ -83,26 +96,11 @@ class KVLayer(CacheLayerMixin):
 
     def __init__(self, where: _Where) -> None:
         super().__init__()
-        self.where, self.slot = where, len(where.layers)
-        where.layers.append(self)
+        self.where, self.slot = where, where.slots
+        where.slots += 1
 
-    @property
-    def keys(self) -> torch.Tensor | None:
-        return None if self.where.stack is None or not self.is_initialized else self.where.stack[self.slot, 0]
-
-    @keys.setter
-    def keys(self, value: None) -> None:  # CacheLayerMixin's __init__ clears them; they live in the stack
-        if value is not None:
-            raise AttributeError("a KVLayer's keys are its view of the runner's stack")
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        return None if self.where.stack is None or not self.is_initialized else self.where.stack[self.slot, 1]
-
-    @values.setter
-    def values(self, value: None) -> None:
-        if value is not None:
-            raise AttributeError("a KVLayer's values are its view of the runner's stack")
+    keys = _stack_view(0)
+    values = _stack_view(1)
 
     @property
     def capacity(self) -> int:
