@@ -11,12 +11,13 @@ import logging
 import os
 import platform
 import random
+import re
 import subprocess
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ import transformers
 from .files import REPO_ROOT, c_library, read_json
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def world_size() -> int:
@@ -126,6 +128,95 @@ def compiles_step(setting: str, precision: str) -> bool:
     """``TrainConfig.compile`` with ``"auto"`` resolved: compile the training step where it runs in bf16 (in fp32 the
     GEMMs dominate and compiling bought nothing on an AMX CPU; docs/DESIGN.md section 11)."""
     return setting == "yes" or setting == "auto" and precision == "bf16"
+
+
+_LIBRARY = re.compile(r"(/[^\s:'\"]+\.so)\b")  # a shared library's absolute path inside an error message
+SETTLED_S = 120  # an empty library of inductor's cache older than this is no build in progress
+REPAIRS = 3  # retries of a first compiled call, each after repair_compile_cache deleted something
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and the exceptions it was raised from or during, outermost first."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def compile_cause(error: BaseException, width: int = 240) -> str:
+    """The innermost exception behind a failed compilation, as one line ("ImportError: ...: file too short"),
+    so that an error saying what compiling needs also says what actually went wrong."""
+    root = list(_chain(error))[-1]
+    text = " ".join(str(root).split())
+    line = f"{type(root).__name__}: {text}" if text else type(root).__name__
+    return line if len(line) <= width else line[:width - 3] + "..."
+
+
+def _compile_cache() -> Path:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir  # loads inductor: only where something compiles
+
+    return Path(cache_dir()).resolve()
+
+
+def _empty_libraries(root: Path) -> set[Path]:
+    """The empty shared libraries under ``root`` older than :data:`SETTLED_S` (none another process is linking)."""
+    settled = time.time() - SETTLED_S
+    return {p.resolve() for p in root.rglob("*.so") if p.is_file() and p.stat().st_size == 0
+            and p.stat().st_mtime < settled}
+
+
+def _delete(libraries: set[Path]) -> list[Path]:
+    for p in sorted(libraries):
+        p.unlink(missing_ok=True)
+        log.warning("deleted %s from inductor's cache: it is empty or failed to load (a compilation cut short?); "
+                    "it will be rebuilt", p)
+    return sorted(libraries)
+
+
+@functools.cache
+def sweep_compile_cache() -> list[Path]:
+    """Once a process, before its first compilation: delete the empty shared libraries of inductor's on-disk cache;
+    returns them. A compilation cut short (Ctrl-C, a kill, a time limit) leaves the libraries it was linking empty
+    (one per build in flight), and inductor, which builds only what its cache lacks, then fails to load a kernel's
+    in every later process ("file too short"; pytorch/pytorch#102539) and, worse, silently takes a damaged probe of
+    a vector ISA for an ISA the CPU lacks (slower kernels). docs/DESIGN.md section 11."""
+    return _delete(_empty_libraries(_compile_cache()))
+
+
+def repair_compile_cache(error: BaseException) -> list[Path]:
+    """After a compilation failed: delete the shared libraries of inductor's cache that ``error`` (or an exception
+    behind it) names as failing to load (an empty one too recent for :func:`sweep_compile_cache`, or one cut short
+    but not empty) and, if there were any, every empty one there; returns those deleted, which the caller's retry
+    rebuilds. Only files under the cache directory are touched."""
+    root = _compile_cache()
+    named = {Path(m).resolve() for e in _chain(error) for m in _LIBRARY.findall(str(e))}
+    damaged = {p for p in named if p.is_relative_to(root) and p.is_file()}
+    return _delete(damaged | _empty_libraries(root)) if damaged else []
+
+
+def run_compiling(call: Callable[[], T], *, compiling: bool, error: Callable[[str], Exception]) -> T:
+    """``call()``. Where that compiles (``compiling``): after :func:`sweep_compile_cache`, and where it fails, again
+    while the failure named a damaged library of inductor's cache (:func:`repair_compile_cache` deleted it; nothing
+    ran before a compilation failed), at most :data:`REPAIRS` times, else ``error(cause)`` raised from the failure,
+    ``cause`` being :func:`compile_cause`'s line."""
+    if compiling:
+        sweep_compile_cache()
+    try:
+        return call()
+    except Exception as e:
+        if not compiling:
+            raise
+        failure = e
+    for _ in range(REPAIRS):
+        if not repair_compile_cache(failure):
+            break
+        try:
+            return call()
+        except Exception as e:
+            failure = e
+    raise error(compile_cause(failure)) from failure
 
 
 def run_metadata(device: str | torch.device = "cpu", **extra: Any) -> dict[str, Any]:

@@ -5,8 +5,8 @@ Faults: bad ``--set`` values; a truncated, altered or missing feature shard, a c
 made with other settings; SIGINT and SIGKILL of a ``cache`` / ``train`` / ``bench`` subprocess at several
 points (a driver slows the work down so that the signal lands mid-run); a corrupt checkpoint and a cut
 records file; a draft pointed at a target with another hidden size, vocabulary or family, a missing or
-one-folder-too-high draft path, corrupt draft weights. Trained drafts are compared by the sha256 of
-every file before and after.
+one-folder-too-high draft path, corrupt draft weights; an empty library left in inductor's cache by a
+compilation cut short. Trained drafts are compared by the sha256 of every file before and after.
 """
 from __future__ import annotations
 
@@ -691,3 +691,91 @@ def test_training_without_a_cache_names_the_cache_command(run, capsys):
     rc, err = cli(capsys, "train", "--profile", "smoke", "--run-dir", str(run), "--force", *sets())
     line = assert_one_error(rc, err, "no feature cache", "python -m jakiro_lib cache")
     assert "cache_features" not in line
+
+
+# A later process meeting a damaged library of inductor's cache (the damage only shows in a new process: one that
+# loaded the library keeps it): compiled once without the repair, then once with it.
+LATER_PROCESS = r"""
+import torch
+from torch._inductor.utils import clear_caches
+from jakiro_lib import machine
+from jakiro_lib.decoding.compiled import CompileError, call_compiled
+
+def f(x):
+    return (x * 2).sin() + 1
+
+def compiled():
+    torch._dynamo.reset()
+    clear_caches()
+    return call_compiled(torch.compile(f, fullgraph=True), X, device=torch.device("cpu"), first=True)
+
+X = torch.linspace(-3, 3, 64)
+repair = machine.repair_compile_cache
+machine.sweep_compile_cache = lambda: []  # the reactive repair alone: as where the libraries were cut just now
+machine.repair_compile_cache = lambda error: []
+try:
+    compiled()
+    print("unrepaired: compiled")
+except CompileError as e:
+    print("unrepaired:", e)
+machine.repair_compile_cache, machine.REPAIRS = repair, 1  # one repair mends every library the cut left empty
+print("repaired:", "same" if torch.allclose(compiled(), f(X), atol=1e-5) else "different")
+"""
+
+
+def test_a_compilation_cut_short_is_rebuilt_and_a_failure_names_its_cause(tmp_path):
+    """A compilation killed while linking leaves the libraries it was building empty in inductor's cache, which
+    inductor (building only what its cache lacks) then failed to load in every later process, under an error that
+    blamed a missing C++ compiler (seen 2026-11-28 after a timed-out dry run, two libraries left empty). The first
+    compiled call now deletes the one it failed on and every other empty one, then compiles again; without that
+    repair the error names the cause."""
+    from torch._inductor.utils import fresh_cache
+
+    from jakiro_lib.decoding.compiled import call_compiled
+
+    def f(x):  # as LATER_PROCESS's
+        return (x * 2).sin() + 1
+
+    def g(x):  # another kernel, whose library the later process never loads
+        return (x + 1).cos() * 3
+
+    with fresh_cache(dir=str(tmp_path)):
+        for fn in (f, g):
+            torch._dynamo.reset()
+            call_compiled(torch.compile(fn, fullgraph=True), torch.zeros(64), device=torch.device("cpu"), first=True)
+        torch._dynamo.reset()
+        libraries = sorted(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.main.so"))  # f's and g's kernels
+        assert len(libraries) == 2
+        cut = time.time() - 2 * machine.SETTLED_S
+        for lib in libraries:  # what a kill mid-link leaves (a new file: this process still maps the old one)
+            lib.unlink()
+            lib.write_bytes(b"")
+            os.utime(lib, (cut, cut))
+        out = subprocess.run([sys.executable, "-c", LATER_PROCESS], capture_output=True, text=True, cwd=REPO,
+                             timeout=300)
+        said = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "file too short" in said["unrepaired"] and "without compile" in said["unrepaired"], out.stdout
+        assert said["repaired"] == "same", out.stdout
+        assert all(lib.stat().st_size > 0 for lib in libraries if lib.exists())  # rebuilt (f's) or deleted (g's)
+
+
+def test_the_first_compilation_of_a_process_sweeps_out_empty_libraries(tmp_path, monkeypatch):
+    """Before a process compiles, the settled empty libraries of inductor's cache go (a damaged ISA probe would
+    otherwise silently cost the vector kernels); a library being linked now, and any whole one, stay."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    cut, fresh, whole = tmp_path / "ab" / "cut.so", tmp_path / "cd" / "fresh.so", tmp_path / "ab" / "whole.so"
+    for lib, data in ((cut, b""), (fresh, b""), (whole, b"\x7fELF")):
+        lib.parent.mkdir(exist_ok=True)
+        lib.write_bytes(data)
+    settled = time.time() - 2 * machine.SETTLED_S
+    for lib in (cut, whole):
+        os.utime(lib, (settled, settled))
+    assert machine.sweep_compile_cache.__wrapped__() == [cut.resolve()]
+    assert not cut.exists() and fresh.exists() and whole.exists()
+
+    swept: list[int] = []
+    monkeypatch.setattr(machine, "sweep_compile_cache", lambda: swept.append(1) or [])
+    never = lambda cause: AssertionError(cause)  # noqa: E731
+    assert machine.run_compiling(lambda: 3, compiling=False, error=never) == 3 and swept == []
+    assert machine.run_compiling(lambda: 4, compiling=True, error=never) == 4 and swept == [1]

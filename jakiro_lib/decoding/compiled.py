@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 from transformers import PreTrainedModel, StaticCache
 
+from ..machine import run_compiling
 from ..models.target import scratch
 from .tree import MAX_TREE_ROOM
 
@@ -59,16 +60,15 @@ def inductor_settings(device: torch.device) -> contextlib.AbstractContextManager
 
 def call_compiled(step: Callable[..., Any], *args: Any, device: torch.device, first: bool) -> Any:
     """``step(*args)`` with room for every cache length and sampling setting (:data:`RECOMPILE_LIMIT`) under
-    :func:`inductor_settings`; where the ``first`` call fails (it compiles), one :class:`CompileError` that says
-    what compiling needs."""
-    try:
+    :func:`inductor_settings`; where the ``first`` call (it compiles) fails, again once damaged libraries of
+    inductor's cache are deleted, or one :class:`CompileError` that says what compiling needs and what went wrong
+    (:func:`~jakiro_lib.machine.run_compiling`)."""
+    def call() -> Any:
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), inductor_settings(device):
             return step(*args)
-    except Exception as e:
-        if not first:
-            raise
-        raise CompileError("torch.compile failed (inductor needs a C++ compiler on CPU, triton on CUDA); run the "
-                           "method without compile") from e
+    return run_compiling(call, compiling=first, error=lambda cause: CompileError(
+        f"torch.compile failed ({cause}); it needs a C++ compiler on CPU, triton on CUDA; run the method without "
+        "compile"))
 
 
 Capture = Callable[[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]], Callable[[], torch.Tensor]]

@@ -22,7 +22,7 @@ from .runner import TargetRunner
 from .tree import MAX_TREE_ROOM, Tree
 from .result import GenerationResult, append_tokens, check_prompt, choose_token, text_positions
 from .verify import SamplingParams, verify
-from ..machine import synchronize
+from ..machine import run_compiling, synchronize
 
 
 @torch.inference_mode()
@@ -145,26 +145,25 @@ def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tok
     if compile:
         cache_len = compiled_cache_len(max_context or prompt_ids.numel() + max_new_tokens)
         cache = static_cache(model, cache_len)
-        cache.reset()
         kwargs.update(past_key_values=cache,
                       compile_config=_compile_config(model.device))
-    if seed is not None:
-        torch.manual_seed(seed)
     ids = prompt_ids.to(model.device)[None]
-    settings = inductor_settings(model.device) if compile else contextlib.nullcontext()
-    synchronize(model.device)
-    t0 = time.perf_counter()
-    try:
-        with settings:
+
+    def run() -> tuple[torch.Tensor, float]:
+        if compile:
+            cache.reset()
+        if seed is not None:
+            torch.manual_seed(seed)
+        synchronize(model.device)
+        t0 = time.perf_counter()
+        with inductor_settings(model.device) if compile else contextlib.nullcontext():
             out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
-    except Exception as e:
-        if not compile:
-            raise
-        raise RuntimeError("HF generate with a static cache and torch.compile failed (inductor needs a C++ "
-                           "compiler on CPU, triton on CUDA); leave the hf_compiled baseline out with "
-                           "--set bench.compiled_baseline=false") from e
-    synchronize(model.device)
-    wall = time.perf_counter() - t0
+        synchronize(model.device)
+        return out, time.perf_counter() - t0
+
+    out, wall = run_compiling(run, compiling=compile, error=lambda cause: RuntimeError(
+        f"HF generate with a static cache and torch.compile failed ({cause}); it needs a C++ compiler on CPU, "
+        "triton on CUDA; leave the hf_compiled baseline out with --set bench.compiled_baseline=false"))
     new = out[0, ids.shape[1]:].tolist()
     result = GenerationResult(prompt_len=ids.shape[1], output_ids=new, wall_time=wall)
     result.stop_reason = "eos" if new and new[-1] in set(eos_token_ids) else "max_new_tokens"

@@ -32,7 +32,8 @@ from ..data.dataset import build_draft_vocab, token_frequencies
 from ..models.draft import CONFIG_FILE, WEIGHTS_FILE, DraftModel
 from ..models.loss import evaluate, step_loss, train_collate, training_loss_options
 from ..files import atomic_path, read_json, write_json
-from ..machine import (compiles_step, favoured_dtype, keep_freed_memory, resolve_precision, run_metadata, seed_everything)
+from ..machine import (compiles_step, favoured_dtype, keep_freed_memory, resolve_precision, run_compiling, run_metadata,
+                       seed_everything)
 
 
 log = logging.getLogger(__name__)
@@ -263,14 +264,13 @@ class _Training:
         loader = self.accelerator.skip_first_batches(self.loader, skip) if skip else self.loader
         epoch_metrics, window = _Running(), _Running()
         for batch in loader:
-            try:
+            def forward() -> tuple[torch.Tensor, dict]:
                 with self.accelerator.autocast():
-                    loss, m = loss_of(batch)
-            except Exception as e:
-                if not self.compiled or self.global_step > self.first_step:
-                    raise
-                raise TrainError(f"torch.compile of the training step failed ({type(e).__name__}; it needs a C++ "
-                                 "compiler on a CPU, triton on a GPU): --set train.compile=no") from e
+                    return loss_of(batch)
+            loss, m = run_compiling(forward, compiling=self.compiled and self.global_step == self.first_step,
+                                    error=lambda cause: TrainError(
+                                        f"torch.compile of the training step failed ({cause}); it needs a C++ "
+                                        "compiler on a CPU, triton on a GPU: --set train.compile=no"))
             self.accelerator.backward(loss)
             self.accelerator.clip_grad_value_(self.model.parameters(), self.cfg.grad_clip_value)
             self.optimizer.step()
