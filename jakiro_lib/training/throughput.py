@@ -51,8 +51,8 @@ from ..models.target import load_target
 from ..models.loss import step_loss, train_collate, training_loss_options
 from .throughput_plan import stage_plan
 from ..files import write_json
-from ..machine import (compiles_step, cpu_flags, favoured_dtype, keep_freed_memory, run_metadata, seed_everything,
-                       synchronize)
+from ..machine import (compiles_step, cpu_flags, favoured_dtype, keep_freed_memory, run_compiling, run_metadata,
+                       seed_everything, synchronize)
 
 CSV = "throughput.csv"
 PLAN_CSV = "plan.csv"
@@ -200,8 +200,11 @@ def _train_variant(target: Any, draft_cfg: DraftConfig, d2t: torch.Tensor | None
     loss_of = step_loss(core, training_loss_options(draft_cfg, train_cfg),
                         compile_batch=train_cfg.batch_size if compiled else None)
     # a compiled step compiles at its first call, again at the first new sizes, and maybe at a new length
-    _steps(core, loss_of, optimizer, batches, max(warmup, COMPILED_WARMUP if compiled else 0), train_cfg, precision,
-           _Clock(device, sync=True))
+    run_compiling(lambda: _steps(core, loss_of, optimizer, batches, max(warmup, COMPILED_WARMUP if compiled else 0),
+                                 train_cfg, precision, _Clock(device, sync=True)),
+                  compiling=compiled, error=lambda cause: RuntimeError(
+                      f"torch.compile of the training step failed ({cause}); it needs a C++ compiler on a CPU, "
+                      "triton on a GPU: --set train.compile=no"))
     staged = _Clock(device, sync=True)
     _steps(core, loss_of, optimizer, batches, steps, train_cfg, precision, staged)
     free = _Clock(device, sync=False)
