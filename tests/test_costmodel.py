@@ -1,5 +1,4 @@
 import pytest
-import torch
 
 from helpers import full_logits, random_prompts, tiny_target
 from jakiro_lib.config import DraftConfig, TreeConfig
