@@ -17,6 +17,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
@@ -163,16 +164,17 @@ def _compile_cache() -> Path:
 def _empty_libraries(root: Path) -> set[Path]:
     """The empty shared libraries under ``root`` older than :data:`SETTLED_S` (none another process is linking)."""
     settled = time.time() - SETTLED_S
-    return {p.resolve() for p in root.rglob("*.so") if p.is_file() and p.stat().st_size == 0
-            and p.stat().st_mtime < settled}
+    return {p.resolve() for p in root.rglob("*.so")
+            if S_ISREG((st := p.stat()).st_mode) and st.st_size == 0 and st.st_mtime < settled}
 
 
 def _delete(libraries: set[Path]) -> list[Path]:
-    for p in sorted(libraries):
+    deleted = sorted(libraries)
+    for p in deleted:
         p.unlink(missing_ok=True)
         log.warning("deleted %s from inductor's cache: it is empty or failed to load (a compilation cut short?); "
                     "it will be rebuilt", p)
-    return sorted(libraries)
+    return deleted
 
 
 @functools.cache
@@ -196,11 +198,12 @@ def repair_compile_cache(error: BaseException) -> list[Path]:
     return _delete(damaged | _empty_libraries(root)) if damaged else []
 
 
-def run_compiling(call: Callable[[], T], *, compiling: bool, error: Callable[[str], Exception]) -> T:
+def run_compiling(call: Callable[[], T], *, compiling: bool, what: str, remedy: str,
+                  error: type[Exception] = RuntimeError) -> T:
     """``call()``. Where that compiles (``compiling``): after :func:`sweep_compile_cache`, and where it fails, again
     while the failure named a damaged library of inductor's cache (:func:`repair_compile_cache` deleted it; nothing
-    ran before a compilation failed), at most :data:`REPAIRS` times, else ``error(cause)`` raised from the failure,
-    ``cause`` being :func:`compile_cause`'s line."""
+    ran before a compilation failed), at most :data:`REPAIRS` times, else one ``error`` raised from the failure:
+    ``what`` failed, :func:`compile_cause`'s line, what compiling needs, then ``remedy``."""
     if compiling:
         sweep_compile_cache()
     try:
@@ -216,7 +219,8 @@ def run_compiling(call: Callable[[], T], *, compiling: bool, error: Callable[[st
             return call()
         except Exception as e:
             failure = e
-    raise error(compile_cause(failure)) from failure
+    raise error(f"{what} failed ({compile_cause(failure)}); it needs a C++ compiler on a CPU, triton on a GPU; "
+                f"{remedy}") from failure
 
 
 def run_metadata(device: str | torch.device = "cpu", **extra: Any) -> dict[str, Any]:

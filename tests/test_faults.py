@@ -776,6 +776,6 @@ def test_the_first_compilation_of_a_process_sweeps_out_empty_libraries(tmp_path,
 
     swept: list[int] = []
     monkeypatch.setattr(machine, "sweep_compile_cache", lambda: swept.append(1) or [])
-    never = lambda cause: AssertionError(cause)  # noqa: E731
-    assert machine.run_compiling(lambda: 3, compiling=False, error=never) == 3 and swept == []
-    assert machine.run_compiling(lambda: 4, compiling=True, error=never) == 4 and swept == [1]
+    named = {"what": "a test's call", "remedy": "none"}
+    assert machine.run_compiling(lambda: 3, compiling=False, **named) == 3 and swept == []
+    assert machine.run_compiling(lambda: 4, compiling=True, **named) == 4 and swept == [1]

@@ -66,9 +66,8 @@ def call_compiled(step: Callable[..., Any], *args: Any, device: torch.device, fi
     def call() -> Any:
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), inductor_settings(device):
             return step(*args)
-    return run_compiling(call, compiling=first, error=lambda cause: CompileError(
-        f"torch.compile failed ({cause}); it needs a C++ compiler on CPU, triton on CUDA; run the method without "
-        "compile"))
+    return run_compiling(call, compiling=first, what="torch.compile", remedy="run the method without compile",
+                         error=CompileError)
 
 
 Capture = Callable[[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]], Callable[[], torch.Tensor]]

@@ -161,9 +161,8 @@ def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tok
         synchronize(model.device)
         return out, time.perf_counter() - t0
 
-    out, wall = run_compiling(run, compiling=compile, error=lambda cause: RuntimeError(
-        f"HF generate with a static cache and torch.compile failed ({cause}); it needs a C++ compiler on CPU, "
-        "triton on CUDA; leave the hf_compiled baseline out with --set bench.compiled_baseline=false"))
+    out, wall = run_compiling(run, compiling=compile, what="HF generate with a static cache and torch.compile",
+                              remedy="leave the hf_compiled baseline out with --set bench.compiled_baseline=false")
     new = out[0, ids.shape[1]:].tolist()
     result = GenerationResult(prompt_len=ids.shape[1], output_ids=new, wall_time=wall)
     result.stop_reason = "eos" if new and new[-1] in set(eos_token_ids) else "max_new_tokens"

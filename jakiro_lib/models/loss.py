@@ -124,6 +124,10 @@ def training_loss_options(draft_cfg: DraftConfig, train_cfg: TrainConfig) -> dic
                 unroll_steps=draft_cfg.unroll_steps or train_cfg.unroll_steps, sync=False)
 
 
+# what a failed compile of step_loss says (machine.run_compiling's what and remedy), in train and throughput alike
+COMPILED_STEP = {"what": "torch.compile of the training step", "remedy": "run it eagerly with --set train.compile=no"}
+
+
 def step_loss(draft: Any, options: dict[str, Any], *, compile_batch: int | None = None
               ) -> Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, dict]]:
     """``batch -> draft_loss(draft, batch, **options)``; batches of ``compile_batch`` conversations through

@@ -48,7 +48,7 @@ from ..data.dataset import FeatureDataset, build_draft_vocab, token_frequencies
 from ..models.draft import DraftModel
 from ..data.features import cache_features, estimate_cache, length_batches, shard_tensors
 from ..models.target import load_target
-from ..models.loss import step_loss, train_collate, training_loss_options
+from ..models.loss import COMPILED_STEP, step_loss, train_collate, training_loss_options
 from .throughput_plan import stage_plan
 from ..files import write_json
 from ..machine import (compiles_step, cpu_flags, favoured_dtype, keep_freed_memory, run_compiling, run_metadata,
@@ -202,9 +202,7 @@ def _train_variant(target: Any, draft_cfg: DraftConfig, d2t: torch.Tensor | None
     # a compiled step compiles at its first call, again at the first new sizes, and maybe at a new length
     run_compiling(lambda: _steps(core, loss_of, optimizer, batches, max(warmup, COMPILED_WARMUP if compiled else 0),
                                  train_cfg, precision, _Clock(device, sync=True)),
-                  compiling=compiled, error=lambda cause: RuntimeError(
-                      f"torch.compile of the training step failed ({cause}); it needs a C++ compiler on a CPU, "
-                      "triton on a GPU: --set train.compile=no"))
+                  compiling=compiled, **COMPILED_STEP)
     staged = _Clock(device, sync=True)
     _steps(core, loss_of, optimizer, batches, steps, train_cfg, precision, staged)
     free = _Clock(device, sync=False)

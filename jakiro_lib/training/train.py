@@ -30,7 +30,7 @@ from ..config import DraftConfig, TrainConfig
 from ..layout import HISTORY, RESULTS
 from ..data.dataset import build_draft_vocab, token_frequencies
 from ..models.draft import CONFIG_FILE, WEIGHTS_FILE, DraftModel
-from ..models.loss import evaluate, step_loss, train_collate, training_loss_options
+from ..models.loss import COMPILED_STEP, evaluate, step_loss, train_collate, training_loss_options
 from ..files import atomic_path, read_json, write_json
 from ..machine import (compiles_step, favoured_dtype, keep_freed_memory, resolve_precision, run_compiling, run_metadata,
                        seed_everything)
@@ -268,9 +268,7 @@ class _Training:
                 with self.accelerator.autocast():
                     return loss_of(batch)
             loss, m = run_compiling(forward, compiling=self.compiled and self.global_step == self.first_step,
-                                    error=lambda cause: TrainError(
-                                        f"torch.compile of the training step failed ({cause}); it needs a C++ "
-                                        "compiler on a CPU, triton on a GPU: --set train.compile=no"))
+                                    error=TrainError, **COMPILED_STEP)
             self.accelerator.backward(loss)
             self.accelerator.clip_grad_value_(self.model.parameters(), self.cfg.grad_clip_value)
             self.optimizer.step()
