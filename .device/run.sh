@@ -21,7 +21,8 @@ unpack() {
   cat "$K"/part.* | tar -xf - -C "$K" || { echo "kit parts incomplete: $(ls "$K")"; exit 1; }
   local pip="$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $K/pylib"
   $pip "$K"/whl/transformers-*.whl "$K"/whl/gguf-*.whl  # apart: one unfit wheel stops a whole install
-  ls "$K"/whl/*.whl | grep -v '/transformers-\|/gguf-' | xargs -r $pip || echo "the notebooks' wheels did not install"
+  local others; others=$(ls "$K"/whl/*.whl | grep -v '/transformers-\|/gguf-')  # the notebooks' wheels (NOTEBOOKS=1)
+  [ -z "$others" ] || echo "$others" | xargs $pip || echo "the notebooks' wheels did not install"
   touch "$K/.unpacked"
 }
 full_data() {  # every packaged ShareGPT record in place of the kit's first 1000
@@ -101,6 +102,8 @@ case "${1:-}" in
     tar -C runs -czf "$OUT/papercost.tgz" papercost ;;
   notebooks)  # issue 42 item 1: all four notebooks through papermill on the GPU (profile gpu-quick), the report back
     unpack; env_for_repo; full_data
+    ls "$K"/whl/papermill-*.whl >/dev/null 2>&1 || "$PY" -c "import papermill" 2>/dev/null \
+      || { echo "no papermill in the kit: pack with NOTEBOOKS=1 FULL_DATA=1 bash .device/pack.sh" | tee "$OUT/notebooks.txt"; exit 1; }
     { nvidia-smi -L; "$PY" -c "import torch, transformers, papermill; print(torch.__version__, transformers.__version__, papermill.__version__)"; \
       echo "repo $(git rev-parse HEAD 2>/dev/null)"; calibrate; } 2>&1 | tee "$OUT/env.txt"
     "$PY" -m ipykernel install --prefix "$K/jupyter" --name python3 >/dev/null && export JUPYTER_PATH="$K/jupyter/share/jupyter"
