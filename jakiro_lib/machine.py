@@ -164,8 +164,18 @@ def _compile_cache() -> Path:
 def _empty_libraries(root: Path) -> set[Path]:
     """The empty shared libraries under ``root`` older than :data:`SETTLED_S` (none another process is linking)."""
     settled = time.time() - SETTLED_S
-    return {p.resolve() for p in root.rglob("*.so")
-            if S_ISREG((st := p.stat()).st_mode) and st.st_size == 0 and st.st_mtime < settled}
+    found: set[Path] = set()
+    for folder, _, names in os.walk(root):  # os.walk skips a folder that vanishes while it walks
+        for name in names:
+            if not name.endswith(".so"):
+                continue
+            try:
+                st = os.stat(os.path.join(folder, name))
+            except FileNotFoundError:  # gone since listed: another process's sweep (ranks start together), a rename
+                continue
+            if S_ISREG(st.st_mode) and st.st_size == 0 and st.st_mtime < settled:
+                found.add(Path(folder, name).resolve())
+    return found
 
 
 def _delete(libraries: set[Path]) -> list[Path]:

@@ -32,6 +32,7 @@ from jakiro_lib.config import DraftConfig
 from jakiro_lib.profiles import get_profile
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.data.features import MANIFEST
+from jakiro_lib.decoding.compiled import call_compiled
 from jakiro_lib.study import prepare_features, train_all
 from jakiro_lib.models.target import tiny_model
 from jakiro_lib.training.checkpoints import CHECKPOINTS, list_checkpoints
@@ -729,9 +730,7 @@ def test_a_compilation_cut_short_is_rebuilt_and_a_failure_names_its_cause(tmp_pa
     blamed a missing C++ compiler (seen 2026-11-28 after a timed-out dry run, two libraries left empty). The first
     compiled call now deletes the one it failed on and every other empty one, then compiles again; without that
     repair the error names the cause."""
-    from torch._inductor.utils import fresh_cache
-
-    from jakiro_lib.decoding.compiled import call_compiled
+    from torch._inductor.utils import fresh_cache  # loads inductor: only for the test that compiles
 
     def f(x):  # as LATER_PROCESS's
         return (x * 2).sin() + 1
@@ -768,6 +767,7 @@ def test_the_first_compilation_of_a_process_sweeps_out_empty_libraries(tmp_path,
     for lib, data in ((cut, b""), (fresh, b""), (whole, b"\x7fELF")):
         lib.parent.mkdir(exist_ok=True)
         lib.write_bytes(data)
+    (tmp_path / "cd" / "gone.so").symlink_to(tmp_path / "nowhere.so")  # listed, then gone: another rank's sweep
     settled = time.time() - 2 * machine.SETTLED_S
     for lib in (cut, whole):
         os.utime(lib, (settled, settled))
