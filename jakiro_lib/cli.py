@@ -15,11 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .commands import (cmd_bench, cmd_cache, cmd_costs, cmd_divergences, cmd_generate, cmd_gpucheck, cmd_papercost,
-                       cmd_profiles, cmd_summary, cmd_throughput, cmd_train)
+from .commands import (cmd_bench, cmd_cache, cmd_costs, cmd_cycles, cmd_divergences, cmd_generate, cmd_gpucheck,
+                       cmd_papercost, cmd_profiles, cmd_summary, cmd_throughput, cmd_train)
 from .errors import exit_status
 from .files import check_paths
 from .machine import busy_warning, main_rank, run_lock, world_size
+from .measure.cycles import CYCLE_METHODS
 from .measure.gpucheck import CHECK_METHODS
 from .measure.methods import KINDS, MAIN, SPEC, STUDIES
 from .measure.random_models import SHAPES
@@ -28,7 +29,7 @@ from .report.pipeline import add_cli
 from .study.context import default_run_dir
 
 # Sub-commands that run torch for a while: they check first whether another torch process is busy here.
-BUSY_COMMANDS = ("generate", "cache", "train", "bench", "costs", "divergences", "pipeline")
+BUSY_COMMANDS = ("generate", "cache", "train", "bench", "costs", "cycles", "divergences", "pipeline")
 
 
 def _bounded(kind: type, low: float, high: float | None = None, *, open_low: bool = False) -> Callable[[str], Any]:
@@ -123,6 +124,16 @@ def _args_costs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="write the numbers to this JSON file")
 
 
+def _args_cycles(p: argparse.ArgumentParser) -> None:
+    _args_run_dir(p)
+    p.add_argument("--methods", default=",".join(CYCLE_METHODS),
+                   help=f"comma-separated methods of the main study (default: {','.join(CYCLE_METHODS)})")
+    p.add_argument("--limit", type=_positive_int, help="first N questions of each benchmark, first turns (default: "
+                                                       "the profile's bench.limit)")
+    p.add_argument("--max-new-tokens", type=_positive_int, help="tokens a prompt (default: bench.max_new_tokens)")
+    p.add_argument("--out", type=Path, help="directory for cycles.csv and cycles_config.json")
+
+
 def _args_throughput(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="directory for throughput.csv (default runs/<profile>/throughput)")
     p.add_argument("--conversations", type=_positive_int, default=64, help="conversations to cache and train on")
@@ -176,6 +187,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int], Callable[[ar
     "bench": ("benchmark methods on the profile's benchmarks (notebook 02)", cmd_bench, _args_bench, True),
     "costs": ("measure target tree / draft step costs; with --draft, tune the tree budget", cmd_costs, _args_costs,
               True),
+    "cycles": ("what a decoding cycle costs on this machine, step by step, against a plain step (cycles.csv)",
+               cmd_cycles, _args_cycles, True),
     "throughput": ("tokens/s of feature caching and draft training steps on this machine", cmd_throughput,
                    _args_throughput, True),
     "gpucheck": ("issue 24's decoding goals on this machine's GPU in one run: plain and speculative decoding "
@@ -215,6 +228,7 @@ ONE_PROCESS = {
                 "cache` and `train` split their stages' work",
     "gpucheck": "it times decoding, and each process would run every prompt",
     "costs": "it times the target and the draft, and processes side by side would share the machine",
+    "cycles": "it times decoding cycles, and processes side by side would share the machine",
     "papercost": "it times the target, and processes side by side would share the device",
     "throughput": "it times each stage, and processes side by side would share the machine",
 }

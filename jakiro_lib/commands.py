@@ -23,7 +23,9 @@ from .models.draft import DraftModel
 from .data.feature_store import MANIFEST, CacheError, verify_cache
 from .measure.gpucheck import CHECK_METHODS, gpu_check
 from .layout import RunLayout
-from .measure.methods import SPEC, MethodSpec, record_label
+from .measure.cycles import COLUMNS as CYCLE_COLUMNS
+from .measure.cycles import cycle_methods, cycle_prompts, cycle_table
+from .measure.methods import SPEC, MethodSpec, portable, record_label
 from .measure.papercost import run_papercost
 from .measure.perf import performance_targets
 from .study.context import default_run_dir
@@ -34,7 +36,7 @@ from .study.tables import category_table, display_table, study_table, write_tabl
 from .models.target import load_target
 from .training.scale import SCALE_JSON, recorded_scale
 from .training.scale import set_keys as scale_keys
-from .training.throughput import format_table, plan_from, run_throughput
+from .training.throughput import environment, format_table, plan_from, run_throughput
 from .training.throughput_plan import format_plan
 from .files import write_json
 from .machine import main_rank, run_metadata
@@ -322,6 +324,26 @@ def cmd_costs(args: argparse.Namespace) -> int:
                   f"decoupled={tree.decoupled}: {ms:.2f} ms")
     if args.out:
         write_json(args.out, result)
+        print("written to", args.out)
+    return 0
+
+
+def cmd_cycles(args: argparse.Namespace) -> int:
+    """The cycle-cost table (jakiro_lib.measure.cycles) of the main study's methods on this machine."""
+    profile = resolved_profile(args)
+    run_dir = Path(args.run_dir or default_run_dir(profile.name))
+    target = load_target(profile.target)
+    methods = cycle_methods(profile, run_dir, target, [m.strip() for m in args.methods.split(",") if m.strip()])
+    prompts = cycle_prompts(profile, target, args.limit)
+    rows = cycle_table(target, methods, prompts, max_new_tokens=args.max_new_tokens or profile.bench.max_new_tokens)
+    table = pd.DataFrame(rows, columns=list(CYCLE_COLUMNS))
+    print(table.round(3).to_string(index=False))
+    if args.out:
+        write_table(Path(args.out) / "cycles.csv", table)
+        write_json(Path(args.out) / "cycles_config.json", {
+            "profile": profile.to_dict(), "run_dir": str(run_dir), "prompts": len(prompts),
+            "methods": {k: portable(v) for k, v in methods.items()},
+            "environment": environment(target.device)})
         print("written to", args.out)
     return 0
 

@@ -69,11 +69,11 @@ def test_static_trees_equal_the_loop_drafters(prompts, case, shape):
             n = p.numel()
             static.extend(hidden, torch.cat([p[1:], torch.tensor([root])]), torch.tensor(0), torch.tensor(n - 1))
             want = loop.propose()
-            tokens, parents, depths = static.propose(torch.tensor(n))
+            tokens, parents, depths, ranks = static.propose(torch.tensor(n))
             anc = ancestor_mask(parents, static.max_depth)
             assert tokens.tolist() == want.tokens.tolist(), (case, shape)
             assert parents.tolist()[1:] == want.parents[1:] and depths.tolist() == want.depths.tolist()
-            assert torch.equal(anc, want.ancestor_mask())
+            assert torch.equal(anc, want.ancestor_mask()) and ranks.tolist() == want.ranks
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -91,6 +91,8 @@ def test_static_greedy_equals_vanilla(prompts, vanilla, case):
         assert sum(r.accepted) == MAX_NEW - 1 and len(r.tree_sizes) == r.cycles
         loop = speculative_generate(model, FeatureDrafter(draft, tree), p, max_new_tokens=MAX_NEW)
         assert r.accepted == loop.accepted and r.draft_forwards == loop.draft_forwards, (case, i)
+        ranked = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW, ranked=True)
+        assert ranked.output_ids == r.output_ids and ranked.path_ranks == loop.path_ranks, (case, i)
         emitted, cycles, longest = emitted + sum(r.accepted), cycles + r.cycles, max(longest, max(r.accepted))
     # CEPD's two-ahead layers come from the tiny drafts' weaker branch B: 1.64 tokens a cycle, longest path 3
     # with ar_steps=0 (2026-11-27); the one-layer cases reach 4
@@ -433,7 +435,7 @@ LOOKUP_CASES = {  # the main study's lookup methods: EAGLE-2 and Jakiro trees wi
 @pytest.mark.parametrize("case", list(LOOKUP_CASES))
 def test_static_lookup_chains_equal_vanilla_and_the_loop(case):
     """Prompts that repeat themselves (so the chain is accepted): vanilla's greedy output and the loop engine's
-    accepted lengths, cycle by cycle. Tokens a cycle (2026-11-27): the chain alone 1.73; dense 1.90 without
+    accepted lengths and tree sizes, cycle by cycle. Tokens a cycle (2026-11-27): the chain alone 1.73; dense 1.90 without
     the chain, 2.48 with it; moe2 decoupled 1.77 and 2.40: floors 1.5 and 2."""
     model = tiny_target("llama")
     name, opts = LOOKUP_CASES[case]
@@ -448,6 +450,7 @@ def test_static_lookup_chains_equal_vanilla_and_the_loop(case):
         assert r.output_ids == want, (case, i)
         loop = speculative_generate(model, make_drafter(draft, tree), p, max_new_tokens=MAX_NEW)
         assert r.accepted == loop.accepted, (case, i)
+        assert r.tree_sizes == loop.tree_sizes, (case, i)  # eager: only the chain's new nodes verified, no padding
         emitted, cycles = emitted + sum(r.accepted), cycles + r.cycles
     assert emitted / cycles > (1.5 if draft is None else 2.0), emitted / cycles
 

@@ -27,7 +27,6 @@ import time
 from typing import Any, Callable
 
 import torch
-from torch.profiler import record_function
 from transformers import PreTrainedModel
 
 from ..models import kernels
@@ -37,16 +36,15 @@ from ..config import TreeConfig
 from .result import GenerationResult, append_tokens, check_prompt, choose_token, text_positions
 from ..machine import synchronize
 from ..models.draft import DraftModel
+from .clock import StepClock, step
 from .drafting import PromptLookup
 from .runner import TargetRunner, fixed_address
 from .tree import MAX_TREE_ROOM
 from .verify import SamplingParams
-from .static_tree import StaticEngineError, StaticTreeDrafter, ancestor_mask, evaluate, graft_chain, root_step
+from .static_tree import (StaticEngineError, StaticTreeDrafter, ancestor_mask, drop_invalid, evaluate, graft_chain,
+                          root_step)
 
 
-# the ranges a cycle is profiled by (jakiro_lib.measure.gpucheck.cycle_breakdown); inside a compiled cycle the four
-# steps vanish (record_function is a no-op there) and the captured cycle shows as "cycle"
-STEP_RANGES = {s: f"jakiro::{s}" for s in ("draft", "verify", "evaluate", "update", "cycle", "read")}
 CACHE_STEP = 128  # eager engines round their cache lengths up to this (no compiled step binds to a length)
 WINDOW_STEP = 256  # a static forward attends over the text in steps of this
 
@@ -114,14 +112,16 @@ class StaticEngine:
     """
 
     def __init__(self, model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None, cache_len: int, *,
-                 params: SamplingParams = SamplingParams(), compile: bool = False) -> None:
-        self.model, self.draft, self.params, self.compile = model, draft, params, compile
+                 params: SamplingParams = SamplingParams(), compile: bool = False, ranked: bool = False) -> None:
+        self.model, self.draft, self.params, self.compile, self.ranked = model, draft, params, compile, ranked
         self.drafter = None if draft is None else StaticTreeDrafter(draft, tree, cache_len)
         L = tree.lookup_tokens if tree is not None else 0
         self.lookup = PromptLookup(L, max_ngram=tree.lookup_max_ngram, min_ngram=tree.lookup_min_ngram) if L else None
         drafted_m, drafted_depth = (1, 0) if self.drafter is None else (self.drafter.m, self.drafter.max_depth)
         self.m, self.max_depth = drafted_m + L, max(drafted_depth, L)  # the verified tree: drafted rows, then chain
         self.plain = draft is None and not L  # plain decoding: each cycle the last token alone
+        if ranked and (draft is None or L):
+            raise StaticEngineError("selection ranks are a drafted tree's: rank without a lookup chain")
         if self.m > MAX_TREE_ROOM:
             raise StaticEngineError(f"a tree of {self.m} tokens does not fit the {MAX_TREE_ROOM} positions kept past "
                                     "the text")
@@ -135,31 +135,49 @@ class StaticEngine:
         # windows where a step costs nothing per window (eager, or recorded as CUDA graphs); inductor compiles one
         # step for the whole cache (a compilation per window would cost more than it saves)
         self.windowed = not compile or graph_capture(model) is not None
+        # positions a cycle writes past the text: the verified tree, the draft's tree rows, the accepted path encoded
+        self.room = max(self.m, self.max_depth + 1, 0 if self.drafter is None else self.drafter.n_slots)
+        self.clock: StepClock | None = None  # listens to an eager engine's steps (the cycle-cost table)
         self._compiled: dict[int, Callable[..., torch.Tensor]] = {}  # window -> its compiled step
 
+    def listen(self, clock: StepClock | None) -> None:
+        """``clock`` times and counts this engine's steps from now on (None: nobody). Eager engines only: a
+        compiled step runs as one call."""
+        if clock is not None and self.compile:
+            raise ValueError("a compiled engine's cycle is one call: time it whole")
+        self.clock = clock
+        if self.drafter is not None:
+            self.drafter.clock = clock
+
     def cycle(self, start: torch.Tensor, uniforms: torch.Tensor, chain: torch.Tensor | None = None) -> torch.Tensor:
-        """[D + 2]: the accepted count, then the accepted tokens with the bonus token after them (padded).
+        """[D + 3]: the accepted count, the rows verified, the accepted tokens with the bonus token after them
+        (padded); with :attr:`ranked`, [D] more: the running maximum of the selection ranks along the path.
         ``uniforms``: this cycle's draws (sampling); ``chain``: the lookup chain
         (:func:`~jakiro_lib.decoding.static_tree.graft_chain`)."""
-        drafter, target = self.drafter, self.target
+        drafter, target, clock = self.drafter, self.target, self.clock
         if self.plain:
             return self._root_only(start, uniforms)
-        with record_function(STEP_RANGES["draft"]):
+        with step(clock, "draft"):
+            ranks = None
             if drafter is not None:
-                tokens, parents, depths = drafter.propose(start)
+                tokens, parents, depths, ranks = drafter.propose(start)
             else:
                 tokens = self.token.reshape(1)
                 parents = depths = torch.zeros(1, dtype=torch.long, device=start.device)
             valid = None
             if chain is not None:
                 tokens, parents, depths, valid = graft_chain(tokens, parents, depths, chain)
+                if not self.compile:  # eager: the rows the chain did not need are left out, not verified as padding
+                    tokens, parents, depths, uniforms = drop_invalid(tokens, parents, depths, valid, uniforms,
+                                                                     self.max_depth, self.m)
+                    valid = None
             anc = ancestor_mask(parents, self.max_depth)  # [m, m], the chain's rows included
-        with record_function(STEP_RANGES["verify"]):
+        with step(clock, "verify"):
             logits, hidden = target.score(tokens, depths, anc, start)
-        with record_function(STEP_RANGES["evaluate"]):
+        with step(clock, "evaluate"):
             path, accepted, bonus = evaluate(self.params, tokens, parents, depths, anc, logits, uniforms,
                                              self.max_depth, valid)
-        with record_function(STEP_RANGES["update"]):
+        with step(clock, "update"):
             target.move(start, path)  # the path's entries to start..; the next cycle writes after the accepted ones
             new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1]: accepted tokens, bonus at `accepted`
             new = new.scatter(0, accepted[None], bonus[None])
@@ -167,20 +185,30 @@ class StaticEngine:
                 drafter.extend(hidden[path], new, start, accepted)
             else:
                 self.token.copy_(bonus)
-        return torch.cat([accepted[None], new])
+        rows = torch.full((1,), tokens.shape[0], dtype=torch.long, device=start.device)
+        read = [accepted[None], rows, new]
+        if self.ranked:  # the running maximum of the selection rank along the accepted path (the budget tuner's)
+            read.append(ranks[path[1:]].cummax(0).values)  # [D]
+        return torch.cat(read)
 
     def _root_only(self, start: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
         """The last token alone, verified (plain decoding; near the end of the context, where a whole tree no
-        longer fits): [0, the next token]."""
+        longer fits): [0, 1 row verified, the next token]."""
         root = self.token if self.drafter is None else self.drafter.root_token
-        bonus = root_step(self.target, root, self.params, uniforms, start)
-        return torch.stack([torch.zeros_like(bonus), bonus])
+        with step(self.clock, "verify"):
+            bonus = root_step(self.target, root, self.params, uniforms, start)
+        return torch.stack([torch.zeros_like(bonus), torch.ones_like(bonus), bonus])
 
     def _set_window(self, length: int) -> int:
-        """The positions this cycle's forwards read after ``length`` written ones (:func:`attention_window`), the
-        draft's attention the same ones."""
+        """The positions this cycle's forwards read after ``length`` written ones, the draft's attention the same
+        ones: eager, the text and what this cycle writes past it (:attr:`room`); compiled, whole windows
+        (:func:`attention_window`) where one step serves each, else the whole cache."""
         capacity = self.target.capacity
-        self.target.where.window = window = attention_window(length, capacity) if self.windowed else capacity
+        if not self.compile:
+            window = min(capacity, length + self.room)
+        else:
+            window = attention_window(length, capacity) if self.windowed else capacity
+        self.target.where.window = window
         if self.drafter is not None:
             self.drafter.cache.window = window
         return window
@@ -230,24 +258,33 @@ class StaticEngine:
         if self.lookup is not None:
             self.lookup.reset(ids.tolist() + [first])  # once per prompt (a host read of the prompt)
 
-    def _advance(self, start: torch.Tensor, room: int) -> tuple[list[int], int | None]:
-        """One cycle from ``start`` with ``room`` positions left: (the tokens it emits, its tree size; None for
-        plain decoding)."""
+    def _advance(self, start: torch.Tensor, room: int) -> tuple[list[int], int | None, list[int] | None]:
+        """One cycle from ``start`` with ``room`` positions left: (the tokens it emits, the rows it verified (None
+        for plain decoding), the running maximum of the selection ranks along the accepted path (:attr:`ranked`, whole trees; else None))."""
         whole = self.max_depth + 1 <= room
         if whole and self.lookup is not None:
-            chain = self.lookup.propose()
-            L = self.lookup.num_tokens
-            self.chain.copy_(torch.tensor([len(chain), *chain, *[0] * (L - len(chain))]))
-        with record_function(STEP_RANGES["cycle"]):
-            step = self._run_step(start) if whole else self._root_only(start, self.uniforms)
-        with record_function(STEP_RANGES["read"]):
-            read = step.tolist()  # the one host read
-        emitted = read[1:read[0] + 2]
+            self._set_chain(self.lookup.propose())
+        with step(self.clock, "cycle"):
+            out = self._run_step(start) if whole else self._root_only(start, self.uniforms)
+        with step(self.clock, "read"):
+            read = out.tolist()  # the one host read
+        accepted, D = read[0], self.max_depth
+        emitted = read[2:accepted + 3]
         if self.lookup is not None:
             self.lookup.extend(emitted)
         if self.drafter is not None and whole:
             self.drafter.forwards += self.drafter.n_steps - 1
-        return emitted, None if self.plain else self.m if whole else 1
+        ranks = read[D + 3:D + 3 + accepted] if self.ranked and whole else None
+        return emitted, None if self.plain else read[1], ranks
+
+    def _set_chain(self, chain: list[int]) -> None:
+        """The step's lookup chain (count, then tokens): written into the fixed buffer a compiled step reads,
+        padded; eager, a tensor of the chain's own length."""
+        if self.compile:
+            L = self.lookup.num_tokens
+            self.chain.copy_(torch.tensor([len(chain), *chain, *[0] * (L - len(chain))]))
+        else:
+            self.inputs = (torch.tensor([len(chain), *chain], device=self.model.device),)
 
     def _forwards(self) -> int:
         return 0 if self.drafter is None else self.drafter.forwards  # draft forwards so far
@@ -263,20 +300,23 @@ class StaticEngine:
         synchronize(dev)
         t0 = time.perf_counter()
         ids = prompt_ids.to(dev)
-        logits, hidden = self.target.prefill(ids)
-        first = choose_token(logits[-1], self.params, generator)
-        length = ids.shape[0]
-        self._set_window(length)
-        self._begin(ids, hidden, first)
+        with step(self.clock, "prefill"):
+            logits, hidden = self.target.prefill(ids)
+            first = choose_token(logits[-1], self.params, generator)
+            length = ids.shape[0]
+            self._set_window(length)
+            self._begin(ids, hidden, first)
         start = torch.full((), length, device=dev)  # torch.full, not torch.tensor: a CPU value copied to a GPU syncs
         done = append_tokens(result, [first], eos, max_new_tokens, on_tokens)
         result.prefill_time = time.perf_counter() - t0
         while not done and _next_cycle(result, start, length, max_context, self.uniforms, self.params, generator):
             self._set_window(length)
-            emitted, tree_size = self._advance(start, max_context - length)
+            emitted, tree_size, ranks = self._advance(start, max_context - length)
             length += len(emitted)
             if tree_size is not None:
                 result.tree_sizes.append(tree_size)
+            if ranks is not None:
+                result.path_ranks.append(ranks)
             before = len(result.output_ids)
             done = append_tokens(result, emitted, eos, max_new_tokens, on_tokens)
             result.accepted.append(len(result.output_ids) - before)
@@ -287,16 +327,16 @@ class StaticEngine:
 
 
 def _engine(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None, cache_len: int,
-            params: SamplingParams, compile: bool) -> StaticEngine:
+            params: SamplingParams, compile: bool, ranked: bool) -> StaticEngine:
     """The engine for ``draft`` and ``tree`` (both None: plain decoding). A compiled one is kept on the model, one per
     draft, tree, sampling settings and length: its step is specialised to its buffers (:func:`_runner`)."""
     if not compile:
-        return StaticEngine(model, draft, tree, cache_len, params=params, compile=False)
+        return StaticEngine(model, draft, tree, cache_len, params=params, compile=False, ranked=ranked)
     engines: dict = scratch(model).setdefault("static_engines", {})
     tree_key = None if tree is None else json.dumps(dataclasses.asdict(tree), sort_keys=True)
-    key = (id(draft), tree_key, params, cache_len, capture_of(model))
+    key = (id(draft), tree_key, params, cache_len, capture_of(model), ranked)
     if key not in engines:  # the engine holds the draft, so its id is not reused while the entry lives
-        engines[key] = StaticEngine(model, draft, tree, cache_len, params=params, compile=True)
+        engines[key] = StaticEngine(model, draft, tree, cache_len, params=params, compile=True, ranked=ranked)
     return engines[key]
 
 
@@ -304,17 +344,24 @@ def _engine(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig |
 def static_generate(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None, prompt_ids: torch.Tensor,
                     *, max_new_tokens: int = 128, params: SamplingParams = SamplingParams(),
                     eos_token_ids: list[int] = (), max_context: int = 2048, generator: torch.Generator | None = None,
-                    on_tokens: Callable[[list[int]], None] | None = None, compile: bool = False) -> GenerationResult:
+                    on_tokens: Callable[[list[int]], None] | None = None, compile: bool = False,
+                    clock: StepClock | None = None, ranked: bool = False) -> GenerationResult:
     """Speculative decoding on the static engine: draft, verify, evaluate, update; one host read per cycle
     (``draft`` None and no lookup chain: plain decoding). ``params``/``generator`` as in
     :func:`~jakiro_lib.decoding.loop.speculative_generate` (the generator on the model's device). ``compile``: the
-    cycle compiled (CUDA graphs on CUDA; the first prompts of each length compile)."""
+    cycle compiled (CUDA graphs on CUDA; the first prompts of each length compile). ``clock``: times and counts
+    the cycles' steps (eager only; :mod:`~jakiro_lib.decoding.clock`). ``ranked``: each cycle's path ranks in
+    ``path_ranks`` (the tree-budget tuner's; no lookup chain)."""
     check_prompt(prompt_ids, max_context, 1)
     needed = text_positions(prompt_ids, max_new_tokens, max_context) + MAX_TREE_ROOM  # room for a tree past the text
     cache_len = compiled_cache_len(max_context) if compile else engine_cache_len(needed)
-    engine = _engine(model, draft, tree, cache_len, params, compile)
-    return engine.generate(prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
-                           max_context=max_context, generator=generator, on_tokens=on_tokens)
+    engine = _engine(model, draft, tree, cache_len, params, compile, ranked)
+    engine.listen(clock)
+    try:
+        return engine.generate(prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
+                               max_context=max_context, generator=generator, on_tokens=on_tokens)
+    finally:
+        engine.listen(None)
 
 
 def static_vanilla_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, **kwargs: Any) -> GenerationResult:

@@ -9,6 +9,7 @@ import torch
 
 from ..config import TreeConfig
 from ..models.draft import DraftModel, DraftOutput
+from .clock import StepClock, step
 from .drafting import candidate_tensors, draft_schedule
 from .runner import TargetRunner, fixed_address, tree_rows
 from .tree import MAX_TREE_ROOM
@@ -169,6 +170,20 @@ def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
             torch.cat([torch.ones(m, dtype=torch.bool, device=dev), v]))
 
 
+def drop_invalid(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, valid: torch.Tensor,
+                 uniforms: torch.Tensor, max_depth: int, width: int) -> tuple[torch.Tensor, ...]:
+    """The tree without the rows :func:`graft_chain` marked invalid (data-dependent shapes: eager only), and the
+    cycle's ``uniforms`` re-indexed to match (:func:`sampling_path` reads one per level and row): each kept row
+    keeps the draws it has in a tree of ``width`` rows (the drafted ones and the whole chain's, as a compiled
+    step verifies it), so a sampled cycle decides as the compiled step does. Parents are re-indexed; an invalid
+    row is nobody's parent, so every kept node keeps its own."""
+    keep = valid.nonzero()[:, 0]  # [m']
+    new_index = valid.long().cumsum(0) - 1  # [m]: a kept row's index among the kept
+    draws = uniforms[:max_depth * width].view(max_depth, width)[:, keep]  # [D, m']
+    return (tokens[keep], new_index[parents[keep]], depths[keep],
+            torch.cat([draws.flatten(), uniforms[-1:]]))  # the bonus draw stays last
+
+
 def root_step(target: TargetRunner, token: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor,
               start: torch.Tensor) -> torch.Tensor:
     """The last token (``token``, 0-dim, at position ``start``) alone, verified as a one-node tree: the next
@@ -202,6 +217,7 @@ class StaticTreeDrafter:
         self.cache = StaticKV(capacity)
         self.dtype = next(draft.parameters()).dtype
         self.forwards = 0  # draft forwards inside trees, counted by the engine (no Python state inside a compiled step)
+        self.clock: StepClock | None = None  # the engine's (eager)
         # The last position's outputs (a [H], experts [E, H], gates [E]) and token: buffers allocated by the
         # first extend and then written in place, so a captured cycle reads and writes the same memory
         self.root: DraftOutput | None = None
@@ -211,8 +227,9 @@ class StaticTreeDrafter:
                  allowed: torch.Tensor) -> DraftOutput:
         """Rows [L] written at ``slots``, attending where ``allowed`` [L, window]; outputs without batch."""
         self.cache.slots = slots
-        return self.draft(feats[None].to(self.dtype), tokens[None], pos[None], self.cache,
-                          allowed[None, None]).map(lambda x: x[0])
+        with step(self.clock, "draft_forward"):
+            return self.draft(feats[None].to(self.dtype), tokens[None], pos[None], self.cache,
+                              allowed[None, None]).map(lambda x: x[0])
 
     def extend(self, hidden: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor, last: torch.Tensor) -> None:
         """Encode positions start.. (features ``hidden`` [n, H], next tokens [n]); row ``last`` (0-dim)
@@ -235,9 +252,9 @@ class StaticTreeDrafter:
     def _children(self, out: DraftOutput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return candidate_tensors(self.draft, self.cfg, out.a, out.experts, out.gates)
 
-    def propose(self, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def propose(self, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The tree rooted at the last token, drafted after ``base`` (0-dim) cached positions:
-        tokens, parents (root's: 0) and depths [m], all on the device (the engine builds the ancestor mask
+        tokens, parents (root's: 0), depths and selection ranks [m] (:func:`select_tree`), all on the device (the engine builds the ancestor mask
         once, after any lookup chain is grafted: :func:`ancestor_mask`).
 
         Each step expands the frontier (the root, then the K rows forwarded in one draft call) by branch A;
@@ -297,14 +314,17 @@ class StaticTreeDrafter:
 
 
 def select_tree(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, depths: torch.Tensor,
-                m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """EAGLE-2's selection from a candidate pool (tokens, parents, scores, depths [P], the root first): the root
     and the best ``m - 1`` candidates (ties: shallower, then earlier; pool index order is depth order), kept in
     index order so that every parent precedes its children; returns their tokens, parents re-indexed into the
-    tree (the root's: 0) and depths [m]."""
+    tree (the root's: 0), depths and ranks [m] (a node's place in the score order, the root's -1: the nodes a
+    smaller budget keeps are those of rank below it)."""
     dev = tokens.device
-    keep = scores[1:].sort(descending=True, stable=True).indices[:m - 1].sort().values + 1  # [m - 1]
-    nodes = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), keep])
+    best = scores[1:].sort(descending=True, stable=True).indices[:m - 1]  # [m - 1], best first
+    kept = best.sort()  # pool order; .indices: each kept node's place among the best, its rank
+    nodes = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), kept.values + 1])
     new_index = torch.zeros(tokens.shape[0], dtype=torch.long, device=dev)
     new_index[nodes] = torch.arange(m, device=dev)
-    return tokens[nodes], new_index[parents[nodes]], depths[nodes]
+    ranks = torch.cat([torch.full((1,), -1, dtype=torch.long, device=dev), kept.indices])
+    return tokens[nodes], new_index[parents[nodes]], depths[nodes], ranks

@@ -36,7 +36,8 @@ from ..models.draft import DraftModel
 from ..layout import RECORDS_FILE, RunLayout
 from .methods import parse_names
 from .perf import performance_targets
-from ..decoding.static import STEP_RANGES, static_generate
+from ..decoding.clock import STEP_RANGES
+from ..decoding.static import static_generate
 from ..study.context import default_run_dir, get_target
 from ..study.s02_bench import profile_methods, run_study, study_questions
 from ..study.tables import write_table

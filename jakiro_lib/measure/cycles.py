@@ -1,0 +1,176 @@
+"""What a decoding cycle costs, taken apart, on the machine it runs on (docs/DESIGN.md section 12).
+
+For each method: the time of a plain step (plain decoding's cycle on the same engine), of the method's cycle, their
+ratio, and the cycle split into its steps (:mod:`jakiro_lib.decoding.clock`): the target's verify forward over the
+tree's n rows (also timed alone, T(n)), the draft forwards, tree building and selection (the rest of drafting, the
+lookup chain's graft and the masks), evaluation, the update (the accepted path's move and the draft's bookkeeping),
+the host read, and what the host does between steps; operators per cycle beside the times. ``overhead`` is
+(cycle - T(n)) / T(1): what a cycle costs beyond verifying its tree, in plain steps.
+
+Times are means over the timed generations' cycles (an eager engine: every step runs when it is called, and the
+clock waits for the device at each step's edges); operators are counted on a separate generation of the first
+prompt (counting slows the operators down).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from ..config import SPEC, Profile
+from ..data.chat import format_prompt_ids
+from ..data.conversations import load_questions
+from ..decoding.clock import StepClock
+from ..decoding.result import GenerationResult
+from ..decoding.runner import TargetRunner
+from ..decoding.static import engine_cache_len, static_generate
+from ..decoding.static_tree import ancestor_mask
+from ..models.draft import DraftModel
+from ..models.target import Target
+from ..layout import RunLayout
+from .budgets import resolve_tree_budgets
+from .costmodel import _time_once
+from .methods import OUR_KINDS, MethodSpec, study_methods
+
+# the methods the table shows by default: plain decoding, EAGLE-2 and Jakiro at the fixed and tuned trees, CEPD, a chain
+CYCLE_METHODS = ("vanilla", "eagle2_auto", "jakiro_auto", "eagle2", "jakiro", "jakiro_cepd", "jakiro_lookup")
+
+# a cycle's parts as the table names them, each the clock steps it sums
+PARTS = {"verify": ("verify",), "draft_forward": ("draft_forward",), "tree": ("draft", "cycle"),
+         "evaluate": ("evaluate",), "update": ("update",), "read": ("read",)}
+COLUMNS = ("method", "rows", "cycles", "tau", "draft_forwards", "plain_ms", "cycle_ms", "cycle_per_plain", "tn_ms",
+           *(f"{p}_ms" for p in PARTS), "host_ms", "overhead", "overhead_per_forward",
+           *(f"{p}_ops" for p in PARTS), "cycle_ops")
+
+
+@dataclass
+class _Timed:
+    """One method's timed generations: their clock, cycles, emitted tokens and verified rows."""
+
+    clock: StepClock
+    wall: float = 0.0  # seconds of cycles (generation less prefill)
+    cycles: int = 0
+    emitted: int = 0
+    rows: int = 0
+    context: int = 0  # positions summed over cycles (the mean context T(n) is timed at)
+
+    def add(self, r: GenerationResult) -> None:
+        self.wall += r.wall_time - r.prefill_time
+        self.cycles += r.cycles
+        self.emitted += sum(r.accepted)
+        self.rows += sum(r.tree_sizes) if r.tree_sizes else r.cycles
+        length = r.prompt_len + 1
+        for a in r.accepted:
+            self.context += length
+            length += a
+
+
+def _generate(target: Target, draft: DraftModel | None, spec: MethodSpec, ids: torch.Tensor, max_new_tokens: int,
+              clock: StepClock | None) -> GenerationResult:
+    tree = spec.tree if spec.kind == SPEC else None
+    return static_generate(target.model, draft, tree, ids, max_new_tokens=max_new_tokens,
+                           eos_token_ids=target.eos_token_ids, max_context=target.config.max_context, clock=clock)
+
+
+
+def time_method(target: Target, spec: MethodSpec, prompts: Sequence[torch.Tensor], *,
+                max_new_tokens: int) -> tuple[_Timed, StepClock]:
+    """The method's greedy generations of ``prompts`` timed step by step (after one warm-up), and one of the first
+    prompt with its operators counted."""
+    draft = DraftModel.load(spec.draft, target.model) if spec.kind == SPEC and spec.draft else None
+    _generate(target, draft, spec, prompts[0], min(8, max_new_tokens), None)  # first calls load kernels
+    timed = _Timed(StepClock(target.device))
+    for ids in prompts:
+        timed.add(_generate(target, draft, spec, ids, max_new_tokens, timed.clock))
+    counted = StepClock(target.device, count_ops=True)
+    with counted:
+        _generate(target, draft, spec, prompts[0], max_new_tokens, counted)
+    return timed, counted
+
+
+@torch.inference_mode()
+def verify_seconds(target: Target, sizes: Sequence[int], *, context: int, repeats: int = 7) -> dict[int, float]:
+    """T(n): the median seconds of the target's forward over a tree of n rows (each node with up to 4 children)
+    after ``context`` cached positions, as the engine scores it (its eager window: the text and the tree)."""
+    model = target.model
+    runner = TargetRunner(model, engine_cache_len(context + max(sizes)), positions_on_device=True)
+    prompt = torch.randint(0, model.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0))
+    runner.prefill(prompt.to(target.device))
+    start = torch.full((), context, device=target.device)
+    out: dict[int, float] = {}
+    for n in sizes:
+        parents = torch.tensor([0] + [(i - 1) // 4 for i in range(1, n)], device=target.device)
+        depths = torch.zeros(n, dtype=torch.long, device=target.device)
+        for i in range(1, n):
+            depths[i] = depths[parents[i]] + 1
+        anc = ancestor_mask(parents, int(depths.max()))
+        tokens = torch.arange(100, 100 + n, device=target.device)
+        runner.where.window = context + n
+
+        def once() -> None:
+            runner.score(tokens, depths, anc, start)
+
+        once()
+        out[n] = statistics.median(_time_once(once, target.device) for _ in range(repeats))
+    return out
+
+
+def cycle_row(name: str, timed: _Timed, counted: StepClock, plain_s: float, tn: dict[int, float]) -> dict[str, Any]:
+    """One method's row of the table (:data:`COLUMNS`), times in ms per cycle."""
+    cycles = max(timed.cycles, 1)
+    per_cycle = {p: 1e3 * sum(timed.clock.seconds.get(s, 0.0) for s in steps) / cycles for p, steps in PARTS.items()}
+    cycle_ms = 1e3 * timed.wall / cycles
+    rows = timed.rows / cycles
+    tn_ms = 1e3 * tn[max(1, round(rows))]
+    forwards = timed.clock.entries.get("draft_forward", 0) / cycles  # the tree's and the accepted path's
+    overhead = (cycle_ms - tn_ms) / (1e3 * plain_s)
+    n_counted = max(counted.entries["cycle"], 1)
+    row: dict[str, Any] = {
+        "method": name, "rows": rows, "cycles": timed.cycles, "tau": timed.emitted / cycles,
+        "draft_forwards": forwards, "plain_ms": 1e3 * plain_s, "cycle_ms": cycle_ms,
+        "cycle_per_plain": cycle_ms / (1e3 * plain_s), "tn_ms": tn_ms,
+        **{f"{p}_ms": v for p, v in per_cycle.items()}, "host_ms": cycle_ms - sum(per_cycle.values()),
+        "overhead": overhead, "overhead_per_forward": overhead / forwards if forwards else float("nan"),
+        **{f"{p}_ops": sum(counted.ops.get(s, 0) for s in steps) / n_counted for p, steps in PARTS.items()}}
+    row["cycle_ops"] = sum(row[f"{p}_ops"] for p in PARTS)
+    return row
+
+
+def cycle_table(target: Target, methods: dict[str, MethodSpec], prompts: Sequence[torch.Tensor], *,
+                max_new_tokens: int = 64, plain: str = "vanilla") -> list[dict[str, Any]]:
+    """The rows of the cycle-cost table for ``methods`` (our kinds; ``plain``, plain decoding, among them: its
+    cycle is the plain step) on ``prompts``, greedy, in the order given; T(n) timed alone at the mean context."""
+    if plain not in methods:
+        raise ValueError(f"the cycle-cost table needs plain decoding ({plain!r}) among the methods")
+    timings = {name: time_method(target, spec, prompts, max_new_tokens=max_new_tokens)
+               for name, spec in methods.items()}
+    base = timings[plain][0]
+    plain_s = base.wall / max(base.cycles, 1)
+    context = round(base.context / max(base.cycles, 1))
+    sizes = sorted({1, *(max(1, round(t.rows / max(t.cycles, 1))) for t, _ in timings.values())})
+    tn = verify_seconds(target, sizes, context=context)
+    return [cycle_row(name, timed, counted, plain_s, tn) for name, (timed, counted) in timings.items()]
+
+
+def cycle_methods(profile: Profile, run_dir: Path, target: Target, names: Sequence[str]) -> dict[str, MethodSpec]:
+    """The main study's methods ``names`` (of our kinds) on ``profile``'s drafts in ``run_dir``, tuned budgets
+    resolved as the benchmark resolves them (the run's ``tree_budgets.json``, tuned where missing)."""
+    main = study_methods(profile.tree, RunLayout(run_dir).drafts, tuned=profile.bench.tuned, compiled=False,
+                         drafts=profile.drafts, eagle2_draft=profile.bench.eagle2_draft,
+                         jakiro_draft=profile.bench.jakiro_draft)
+    unknown = [n for n in names if n not in main or main[n].kind not in OUR_KINDS]
+    if unknown:
+        ours = [n for n, m in main.items() if m.kind in OUR_KINDS]
+        raise ValueError(f"no cycle to time for {', '.join(unknown)}: choose from {', '.join(ours)}")
+    methods, _ = resolve_tree_budgets(profile, run_dir, {n: main[n] for n in names}, target)
+    return methods
+
+
+def cycle_prompts(profile: Profile, target: Target, limit: int | None) -> list[torch.Tensor]:
+    """The first turns of the profile's benchmarks' first ``limit`` questions (default ``bench.limit``), as ids."""
+    limit = profile.bench.limit if limit is None else limit
+    questions = [q for b in profile.bench.benchmarks for q in load_questions(b, limit=limit)]
+    return [format_prompt_ids(target, [{"role": "user", "content": q.turns[0]}]) for q in questions]

@@ -1,0 +1,65 @@
+"""The cycle-cost table (jakiro_lib.measure.cycles) and the step clock under it (jakiro_lib.decoding.clock): each step
+of a cycle counted once and in its own name, the prompt's work kept out of the cycles, and rows that add up."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from helpers import random_prompts, tiny_target, trained_draft
+from jakiro_lib.config import TargetConfig, TreeConfig
+from jakiro_lib.decoding.clock import StepClock
+from jakiro_lib.decoding.static import static_generate
+from jakiro_lib.measure.cycles import COLUMNS, PARTS, cycle_table
+from jakiro_lib.measure.methods import MethodSpec
+from jakiro_lib.models.target import Target, tiny_tokenizer
+
+TREE = TreeConfig(depth=4, top_k=3, total_tokens=8, decoupled=True)
+
+
+def test_the_clock_counts_each_step_of_each_cycle_and_not_the_prompt():
+    """Every cycle enters "cycle" and "read" once; the draft forwards the clock sees are the tree's (the engine's
+    count) plus one a cycle for the accepted path, none for the prompt (its forward is the prefill's); operator
+    counts repeat exactly on a second run."""
+    model = tiny_target("llama")
+    draft = trained_draft(model, "moe2")
+    prompt = random_prompts(1, seed=3, min_len=12, max_len=12)[0]
+    counts = []
+    for _ in range(2):
+        clock = StepClock(model.device, count_ops=True)
+        with clock:
+            r = static_generate(model, draft, TREE, prompt, max_new_tokens=24, clock=clock)
+        assert clock.entries["prefill"] == 1
+        assert clock.entries["cycle"] == clock.entries["read"] == r.cycles
+        assert clock.entries["draft_forward"] == r.draft_forwards + r.cycles
+        assert all(clock.ops[s] > 0 for s in ("prefill", "draft", "draft_forward", "verify", "evaluate", "update"))
+        counts.append(dict(clock.ops))
+    assert counts[0] == counts[1]
+
+
+def test_a_compiled_engine_refuses_a_clock():
+    model = tiny_target("llama")
+    with pytest.raises(ValueError, match="one call"):
+        static_generate(model, None, None, random_prompts(1, seed=3)[0], max_new_tokens=4, compile=True,
+                        clock=StepClock(model.device))
+
+
+def test_cycle_table_rows_add_up(tmp_path):
+    """Plain decoding verifies one row with no draft forward; a drafted tree its 8 rows with 3 tree forwards and one
+    for the accepted path; the parts and the host's share make the cycle; overhead is (cycle - T(n)) / T(1)."""
+    model = tiny_target("llama")
+    target = Target(model=model, tokenizer=tiny_tokenizer(), config=TargetConfig(model="tiny:llama"))
+    path = trained_draft(model, "moe2").save(tmp_path / "moe2")
+    methods = {"vanilla": MethodSpec("vanilla"), "jakiro": MethodSpec("spec", draft=str(path), tree=TREE)}
+    rows = {r["method"]: r for r in cycle_table(target, methods, random_prompts(2, seed=5, min_len=6, max_len=16),
+                                                max_new_tokens=20)}
+    for r in rows.values():
+        assert set(r) == set(COLUMNS)
+        assert math.isclose(sum(r[f"{p}_ms"] for p in PARTS) + r["host_ms"], r["cycle_ms"], rel_tol=1e-9)
+        assert math.isclose(r["overhead"], (r["cycle_ms"] - r["tn_ms"]) / r["plain_ms"], rel_tol=1e-9)
+        assert r["cycle_ops"] == sum(r[f"{p}_ops"] for p in PARTS) > 0
+    plain, jakiro = rows["vanilla"], rows["jakiro"]
+    assert (plain["rows"], plain["draft_forwards"], plain["tau"]) == (1, 0, 1)
+    assert math.isclose(plain["cycle_per_plain"], 1.0)
+    assert 1 < jakiro["rows"] <= 8 and jakiro["draft_forwards"] == 4 and jakiro["tau"] > 1
+    assert jakiro["draft_forward_ops"] > 0 and plain["draft_forward_ops"] == 0
