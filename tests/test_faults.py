@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 from jakiro_lib.report import pipeline
-from jakiro_lib import files, machine
+from jakiro_lib import files, machine, runlock
 from jakiro_lib.cli import main
 from jakiro_lib.config import DraftConfig
 from jakiro_lib.profiles import get_profile
@@ -471,7 +471,7 @@ def test_the_swap_replaces_a_whole_directory(tmp_path):
 
 HOLDER = r"""
 import sys, time
-from jakiro_lib.machine import run_lock
+from jakiro_lib.runlock import run_lock
 with run_lock(*sys.argv[1:], command="holder --of the lock"):
     print("locked", flush=True)
     time.sleep(300)
@@ -513,7 +513,7 @@ def test_two_trainings_at_once_the_second_is_refused_and_the_first_completes_sta
     env = {**os.environ, "FAULT_PAUSE": "0.2", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     first = subprocess.Popen([sys.executable, "-c", DRIVER, *argv], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
-    lock = run / machine.LOCK_FILE
+    lock = run / runlock.LOCK_FILE
     deadline = time.monotonic() + 60
     while (files.read_json(lock) or {}).get("pid") != first.pid:
         assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()

@@ -46,7 +46,7 @@ from ..study.context import default_report_dir, default_run_dir, resolve_profile
 from ..measure.summary import headline_table
 from ..errors import exit_status
 from ..files import check_paths, write_json
-from ..machine import run_lock
+from ..runlock import run_lock
 from ..files import REPO_ROOT
 from ..machine import busy_warning
 
