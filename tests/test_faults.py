@@ -763,11 +763,18 @@ def test_the_first_compilation_of_a_process_sweeps_out_empty_libraries(tmp_path,
     """Before a process compiles, the settled empty libraries of inductor's cache go (a damaged ISA probe would
     otherwise silently cost the vector kernels); a library being linked now, and any whole one, stay."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    cut, fresh, whole = tmp_path / "ab" / "cut.so", tmp_path / "cd" / "fresh.so", tmp_path / "ab" / "whole.so"
+
+    def library(seed: str) -> Path:  # as inductor names and places one: <cache>/<hash[1:3]>/c<hash>.so
+        name = "c" + (seed * 51)[:51]
+        return tmp_path / name[1:3] / f"{name}.so"
+
+    cut, fresh, whole, gone = library("ab"), library("cd"), library("ab7"), library("cd7")
     for lib, data in ((cut, b""), (fresh, b""), (whole, b"\x7fELF")):
         lib.parent.mkdir(exist_ok=True)
         lib.write_bytes(data)
-    (tmp_path / "cd" / "gone.so").symlink_to(tmp_path / "nowhere.so")  # listed, then gone: another rank's sweep
+        lib.with_suffix(".cpp").write_text("// source")
+    gone.with_suffix(".cpp").write_text("// source")
+    gone.symlink_to(tmp_path / "nowhere.so")  # listed, then gone: another rank's sweep
     settled = time.time() - 2 * machine.SETTLED_S
     for lib in (cut, whole):
         os.utime(lib, (settled, settled))
