@@ -48,7 +48,7 @@ from ..errors import exit_status
 from ..files import check_paths, write_json
 from ..runlock import run_lock
 from ..files import REPO_ROOT
-from ..machine import busy_warning
+from ..busy import busy_warning
 
 log = logging.getLogger(__name__)
 
