@@ -257,17 +257,40 @@ def repair_compile_cache(error: BaseException) -> list[Path]:
     return _delete(damaged | _empty_libraries(root)) if damaged else []
 
 
+class DeviceMemoryError(RuntimeError):
+    """The device (or the host) ran out of memory: the message says where and what to do."""
+
+
+_OUT_OF_MEMORY = re.compile(r"out of memory|can't allocate memory", re.IGNORECASE)  # CUDA's, the CPU allocator's
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether ``error``, or an exception behind it, is running out of memory (CUDA's OutOfMemoryError, a
+    RuntimeError saying so, MemoryError)."""
+    return any(isinstance(e, (torch.cuda.OutOfMemoryError, MemoryError))
+               or isinstance(e, RuntimeError) and _OUT_OF_MEMORY.search(str(e)) is not None for e in _chain(error))
+
+
+def _say_out_of_memory(error: Exception, what: str) -> None:
+    """Raise ``error`` as the :class:`DeviceMemoryError` it is, where it is running out of memory."""
+    if out_of_memory(error):
+        raise DeviceMemoryError(f"{what} ran out of memory ({compile_cause(error)}); free the device's memory (is "
+                                "another process using it?) or ask for less: a smaller batch, context or tree") from error
+
+
 def run_compiling(call: Callable[[], T], *, compiling: bool, what: str, remedy: str,
                   error: type[Exception] = RuntimeError) -> T:
     """``call()``. Where that compiles (``compiling``): after :func:`sweep_compile_cache`, and where it fails, again
     while the failure named a damaged library of inductor's cache (:func:`repair_compile_cache` deleted it; nothing
     ran before a compilation failed), at most :data:`REPAIRS` times, else one ``error`` raised from the failure:
-    ``what`` failed, :func:`compile_cause`'s line, what compiling needs, then ``remedy``."""
+    ``what`` failed, :func:`compile_cause`'s line, what compiling needs, then ``remedy``. Running out of memory,
+    compiling or not, is one :class:`DeviceMemoryError` instead (no repair: nothing was damaged)."""
     if compiling:
         sweep_compile_cache()
     try:
         return call()
     except Exception as e:
+        _say_out_of_memory(e, what)
         if not compiling:
             raise
         failure = e
@@ -277,6 +300,7 @@ def run_compiling(call: Callable[[], T], *, compiling: bool, what: str, remedy: 
         try:
             return call()
         except Exception as e:
+            _say_out_of_memory(e, what)
             failure = e
     raise error(f"{what} failed ({compile_cause(failure)}); it needs a C++ compiler on a CPU, triton on a GPU; "
                 f"{remedy}") from failure

@@ -12,7 +12,15 @@ import pytest
 import torch
 
 from jakiro_lib import machine
+from jakiro_lib.config import TargetConfig, TrainConfig
+from jakiro_lib.data.dataset import FeatureDataset
+from jakiro_lib.data.features import cache_features
 from jakiro_lib.decoding.compiled import CapturedStep, CompileError, call_compiled
+from jakiro_lib.models.target import load_target
+from jakiro_lib.profiles import get_profile
+from jakiro_lib.training.train import TrainError, train_draft
+
+from helpers import word_conversations
 
 SETTLED = time.time() - 2 * machine.SETTLED_S
 
@@ -122,3 +130,96 @@ def test_the_cuda_graph_path_neither_sweeps_nor_repairs(monkeypatch):
     with pytest.raises(RuntimeError, match="eager step failed") as info:
         call_compiled(CapturedStep(fails), torch.zeros(2), device=torch.device("cpu"), first=True)
     assert not isinstance(info.value, CompileError) and calls == []
+
+
+# --------------------------------------------------------------------------------------------------
+# Out of memory is said as such, not as a compile error; the training step's backward is under the repair
+# --------------------------------------------------------------------------------------------------
+
+
+def cuda_oom() -> Exception:
+    return torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.1 GiB total)")
+
+
+def wrapped_oom() -> Exception:
+    """An out-of-memory RuntimeError behind the error a compiler raised."""
+    try:
+        try:
+            raise RuntimeError("CUDA error: out of memory")
+        except RuntimeError as e:
+            raise CompileError("backend compiler failed") from e
+    except CompileError as outer:
+        return outer
+
+
+@pytest.mark.parametrize("oom", [cuda_oom, wrapped_oom], ids=["OutOfMemoryError", "RuntimeError-behind"])
+@pytest.mark.parametrize("captured", [False, True], ids=["inductor", "captured"])
+def test_out_of_memory_in_a_first_step_is_one_line_naming_memory(oom, captured, monkeypatch):
+    """A first step that runs out of memory (a captured step's eager warm-up included) ends in one line that names
+    memory and what to do, not in "torch.compile failed ... needs a C++ compiler"; nothing is repaired."""
+    from jakiro_lib.errors import error_line, known_error
+
+    repaired: list[int] = []
+    monkeypatch.setattr(machine, "sweep_compile_cache", lambda: [])
+    monkeypatch.setattr(machine, "repair_compile_cache", lambda error: repaired.append(1) or [])
+
+    def step(x):
+        raise oom()
+    with pytest.raises(machine.DeviceMemoryError) as info:
+        call_compiled(CapturedStep(step) if captured else step, torch.zeros(2), device=torch.device("cpu"), first=True)
+    line = error_line(info.value)
+    assert known_error(info.value) and "\n" not in line and repaired == []
+    assert "out of memory" in line and "C++" not in line and "smaller" in line, line
+
+
+@pytest.fixture(scope="module")
+def training(tmp_path_factory):
+    """``train(out_dir, **train settings)``: a dense smoke draft trained on a tiny target's cached features."""
+    target = load_target(TargetConfig(model="tiny:llama"))
+    cache = cache_features(target, word_conversations(8, n_long_prompt=0), tmp_path_factory.mktemp("features"),
+                           max_length=48, shard_size=4, progress=False)
+    train, held = FeatureDataset(cache, "train", 0.25), FeatureDataset(cache, "heldout", 0.25)
+    draft = get_profile("smoke").drafts["dense"]
+
+    def run(out: Path, **settings):
+        cfg = TrainConfig(**{"epochs": 1, "batch_size": 2, "warmup_steps": 1, "seed": 0, **settings})
+        return train_draft(target, draft, train, held, out, cfg, progress=False)
+    return run
+
+
+def test_the_training_steps_backward_compiles_under_the_repair(training, tmp_path, monkeypatch):
+    """The compiled training step's backward compiles at its first call, after the forward: a backward that fails on
+    a library its compilation left empty is repaired and retried like the forward; one that fails otherwise is the
+    one-line TrainError naming train.compile=no."""
+    cache = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    damaged = inductor_library(cache, "ab", b"")  # just cut: too recent for the sweep
+    failures: list[str] = []
+
+    class Backward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, loss):
+            return loss.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            if damaged.exists():
+                failures.append("backward")
+                raise RuntimeError(f"backward compile: ImportError: {damaged}: file too short")
+            return grad
+
+    def compile_with_failing_backward(step, **kwargs):
+        def compiled(batch):
+            loss, metrics = step(batch)
+            return Backward.apply(loss), metrics
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", compile_with_failing_backward)
+    results = training(tmp_path / "draft", compile="yes")
+    assert failures == ["backward"] and not damaged.exists() and results["steps"] >= 2
+
+    damaged.write_bytes(b"")  # again, but no longer beside its source: not provably inductor's, so not repaired
+    damaged.with_suffix(".cpp").unlink()
+    with pytest.raises(TrainError, match="train.compile=no"):
+        training(tmp_path / "again", compile="yes")
+    assert damaged.exists()
