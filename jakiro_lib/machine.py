@@ -110,8 +110,18 @@ def cpu_flags() -> frozenset[str]:
 def favoured_dtype(device: torch.device) -> str | None:
     """``"bfloat16"`` where the device has bf16 matrix units, else None (fp32 only)."""
     if device.type == "cuda":
-        return "bfloat16" if torch.cuda.is_bf16_supported() else None
+        return "bfloat16" if cuda_bf16_units(device) else None
     return "bfloat16" if cpu_flags() & set(BF16_CPU_FLAGS) else None
+
+
+def cuda_bf16_units(device: torch.device) -> bool:
+    """Whether the GPU ``device`` (the current one where it names no index) computes bf16 natively: compute
+    capability 8.0 or more (Ampere on). ``torch.cuda.is_bf16_supported()`` also counts emulation (a T4 or V100 says
+    yes, and runs bf16 slower than fp32) and asks the current device, not this one."""
+    if not torch.cuda.is_available():
+        return False
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return torch.cuda.get_device_capability(index) >= (8, 0)
 
 
 def resolve_precision(setting: str, favoured: str | None) -> str:

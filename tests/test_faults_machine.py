@@ -223,3 +223,21 @@ def test_the_training_steps_backward_compiles_under_the_repair(training, tmp_pat
     with pytest.raises(TrainError, match="train.compile=no"):
         training(tmp_path / "again", compile="yes")
     assert damaged.exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# "auto" precision: bf16 only where the configured GPU computes it natively
+# --------------------------------------------------------------------------------------------------
+
+
+def test_auto_precision_asks_the_configured_gpu_for_native_bf16(monkeypatch):
+    """A T4 (7.5) or V100 (7.0) emulates bf16 (torch.cuda.is_bf16_supported() says yes): "auto" keeps fp32 there.
+    The device asked is the configured one, not the current one."""
+    capability = {0: (8, 0), 1: (7, 5), 2: (7, 0), 3: (9, 0)}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)  # emulation counted
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability[index])
+    favoured = {d: machine.favoured_dtype(torch.device(d)) for d in ("cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda")}
+    assert favoured == {"cuda:0": "bfloat16", "cuda:1": None, "cuda:2": None, "cuda:3": "bfloat16", "cuda": None}
+    assert machine.resolve_precision("auto", favoured["cuda:1"]) == "no"
