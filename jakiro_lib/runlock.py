@@ -28,6 +28,12 @@ def run_lock(*dirs: str | Path, command: str | None = None) -> Iterator[None]:
     time; a second process fails at once with a :class:`RunLockError` naming the holder. The kernel drops the
     lock when its holder exits, however it ends (SIGKILL included), so a lock is never stale. Under
     ``accelerate launch`` only the main process (``RANK`` 0) locks: the others are the same run.
+
+    On NFS, Linux takes ``flock`` as a lock the server arbitrates (NFSv4, or v3 with its lock daemon), so runs on
+    two machines sharing a run directory exclude each other too, and a lock of a machine that crashed lasts until
+    the server lets it go (NFSv4's lease, about 90 s); a mount with ``nolock`` keeps locks to one machine. Where
+    the file system cannot lock at all (``ENOLCK``: NFS without its lock daemon; ``EOPNOTSUPP``: some FUSE
+    mounts), a :class:`RunLockError` says so before anything is written.
     """
     if not main_rank():
         yield
@@ -43,23 +49,43 @@ def run_lock(*dirs: str | Path, command: str | None = None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _locked(directory: Path, holder: str) -> Iterator[None]:
-    lock = directory / LOCK_FILE
+    fd = _open(directory)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise RunLockError(f"cannot lock {directory} for this run: {exc.strerror} ({exc.filename})") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RunLockError(f"{directory} is in use by another run ({_holder(lock)}); one run per directory "
-                               f"at a time: wait for it to end, or stop it") from None
+        if not _flock(fd, directory):
+            raise _in_use(directory)
         os.ftruncate(fd, 0)
         os.pwrite(fd, holder.encode(), 0)
         yield
     finally:
         os.close(fd)  # releases the lock (the file stays: removing it would race with a waiting process)
+
+
+def _open(directory: Path) -> int:
+    """A descriptor of ``directory``'s lock file (both made if missing)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        return os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise RunLockError(f"cannot lock {directory} for this run: {exc.strerror} ({exc.filename})") from None
+
+
+def _flock(fd: int, directory: Path) -> bool:
+    """Take the lock of ``fd``: True; False where another process holds it; a :class:`RunLockError` where the file
+    system cannot lock."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        raise RunLockError(f"cannot lock {directory} for this run: flock failed ({exc.strerror}); its file system "
+                           "takes no locks (NFS without its lock daemon, some FUSE mounts): use a run directory on a "
+                           "local disk") from None
+    return True
+
+
+def _in_use(directory: Path) -> RunLockError:
+    return RunLockError(f"{directory} is in use by another run ({_holder(directory / LOCK_FILE)}); one run per "
+                        "directory at a time: wait for it to end, or stop it")
 
 
 def _holder(lock: Path) -> str:

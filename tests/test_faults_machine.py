@@ -3,6 +3,8 @@ built in its own cache), an out-of-memory error said as one, the precision a GPU
 the file system cannot lock. Outside files are compared byte for byte before and after."""
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import struct
 import time
@@ -11,11 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from jakiro_lib import machine
+from jakiro_lib import machine, runlock
+from jakiro_lib.cli import main
 from jakiro_lib.config import TargetConfig, TrainConfig
 from jakiro_lib.data.dataset import FeatureDataset
 from jakiro_lib.data.features import cache_features
 from jakiro_lib.decoding.compiled import CapturedStep, CompileError, call_compiled
+from jakiro_lib.errors import error_line, known_error
 from jakiro_lib.models.target import load_target
 from jakiro_lib.profiles import get_profile
 from jakiro_lib.training.train import TrainError, train_draft
@@ -157,8 +161,6 @@ def wrapped_oom() -> Exception:
 def test_out_of_memory_in_a_first_step_is_one_line_naming_memory(oom, captured, monkeypatch):
     """A first step that runs out of memory (a captured step's eager warm-up included) ends in one line that names
     memory and what to do, not in "torch.compile failed ... needs a C++ compiler"; nothing is repaired."""
-    from jakiro_lib.errors import error_line, known_error
-
     repaired: list[int] = []
     monkeypatch.setattr(machine, "sweep_compile_cache", lambda: [])
     monkeypatch.setattr(machine, "repair_compile_cache", lambda error: repaired.append(1) or [])
@@ -241,3 +243,30 @@ def test_auto_precision_asks_the_configured_gpu_for_native_bf16(monkeypatch):
     favoured = {d: machine.favoured_dtype(torch.device(d)) for d in ("cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda")}
     assert favoured == {"cuda:0": "bfloat16", "cuda:1": None, "cuda:2": None, "cuda:3": "bfloat16", "cuda": None}
     assert machine.resolve_precision("auto", favoured["cuda:1"]) == "no"
+
+
+# --------------------------------------------------------------------------------------------------
+# The run lock where the file system cannot lock
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.EOPNOTSUPP, errno.EIO], ids=["ENOLCK", "EOPNOTSUPP", "EIO"])
+def test_a_file_system_that_cannot_lock_is_one_line(tmp_path, monkeypatch, capsys, code):
+    """flock failing otherwise than "held by another" (an NFS mount without lockd, a FUSE mount without locks) ends
+    in one RunLockError line naming the directory and the cause, before anything is written; no descriptor leaks."""
+    def flock(fd, operation):
+        raise OSError(code, os.strerror(code))
+    monkeypatch.setattr(fcntl, "flock", flock)
+    monkeypatch.setenv("JAKIRO_NO_BUSY_CHECK", "1")  # a busy torch process here would add a warning line
+    opened = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(runlock.RunLockError) as info:
+        with runlock.run_lock(tmp_path / "run"):
+            pytest.fail("ran without the lock")
+    line = error_line(info.value)
+    assert known_error(info.value) and "\n" not in line and str(tmp_path / "run") in line, line
+    assert os.strerror(code) in line and "local" in line, line
+    assert len(os.listdir("/proc/self/fd")) == opened
+    rc = main(["cache", "--profile", "smoke", "--run-dir", str(tmp_path / "cli")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and err[0].startswith("error: cannot lock") and os.strerror(code) in err[0], err
+    assert not (tmp_path / "cli" / "features").exists()
