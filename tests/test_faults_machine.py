@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
+import signal
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -270,3 +274,91 @@ def test_a_file_system_that_cannot_lock_is_one_line(tmp_path, monkeypatch, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and len(err) == 1 and err[0].startswith("error: cannot lock") and os.strerror(code) in err[0], err
     assert not (tmp_path / "cli" / "features").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# A notebook's kernel holds the run lock; one started under a lock works under it and dies with its holder
+# --------------------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOK = r"""
+import sys, time
+import IPython.display
+IPython.display.display = lambda *objects: None  # no notebook to show the header in
+from jakiro_lib.study import notebook_setup
+notebook_setup("smoke", run_dir=sys.argv[1], report_dir=sys.argv[2])
+print("ready", flush=True)
+time.sleep(300)
+"""
+
+
+def cli_lines(capsys, *argv: str) -> tuple[int, list[str]]:
+    capsys.readouterr()
+    rc = main(list(argv))
+    return rc, [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+
+
+def test_a_notebook_holds_its_run_directory_against_a_cli_run(tmp_path, monkeypatch, capsys):
+    """A notebook's setup cell takes the run lock of its run and report directories for the kernel's life: a
+    `train` there meanwhile is refused in one line naming the notebook; once the kernel ends, it runs."""
+    monkeypatch.setenv("JAKIRO_NO_BUSY_CHECK", "1")
+    run, report = tmp_path / "run", tmp_path / "report"
+    kernel = subprocess.Popen([sys.executable, "-c", NOTEBOOK, str(run), str(report)], cwd=REPO,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert kernel.stdout.readline().strip() == "ready"
+        rc, errors = cli_lines(capsys, "train", "--profile", "smoke", "--run-dir", str(run))
+        assert rc == 1 and len(errors) == 1, errors
+        assert "in use by another run" in errors[0] and f"pid {kernel.pid}" in errors[0] and "notebook" in errors[0]
+    finally:
+        kernel.kill()
+        kernel.wait()
+    rc, errors = cli_lines(capsys, "train", "--profile", "smoke", "--run-dir", str(run))
+    assert not any("in use" in e for e in errors), errors  # it ran (and stopped: there is no feature cache)
+
+
+HOLDER = r"""
+import subprocess, sys, time
+from jakiro_lib.runlock import run_lock
+with run_lock(sys.argv[1], command="a pipeline", for_children=True):
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[1], sys.argv[3]])
+    time.sleep(300)
+"""
+WORKER = r"""
+import os, sys, time
+from pathlib import Path
+from jakiro_lib.runlock import hold_run_lock
+hold_run_lock(sys.argv[1], command="a notebook's kernel")
+beats = Path(sys.argv[2])
+beats.write_text(f"{os.getpid()}\n")
+while True:
+    with beats.open("a") as f:
+        f.write(f"{time.time()}\n")
+    time.sleep(0.02)
+"""
+
+
+def test_a_child_working_under_its_parents_lock_dies_with_the_parent(tmp_path):
+    """A process started under its parent's run lock (as the pipeline's notebook kernels are) takes that lock as
+    its own, leaves the lock file naming the parent, and dies the moment the parent is killed: it never writes
+    into the run directory unguarded."""
+    run, beats = tmp_path / "run", tmp_path / "beats.txt"
+    parent = subprocess.Popen([sys.executable, "-c", HOLDER, str(run), WORKER, str(beats)], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while not (beats.is_file() and len(beats.read_text().splitlines()) > 3):
+            assert parent.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        assert json.loads((run / runlock.LOCK_FILE).read_text())["pid"] == parent.pid
+        child = int(beats.read_text().splitlines()[0])
+        killed = time.time()
+        parent.kill()
+    finally:
+        parent.kill()
+        parent.wait()
+    time.sleep(1.0)
+    last = float(beats.read_text().splitlines()[-1])
+    gone = not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text()
+    if not gone:
+        os.kill(child, signal.SIGKILL)
+    assert gone and last < killed + 0.25, (gone, last - killed)

@@ -179,7 +179,7 @@ def run_pipeline(
     with _progress_logging(log_output):
         log.info("pipeline %s: stages %s; runs in %s, reports in %s", prof.name, ", ".join(selected), run_dir,
                  report_dir)
-        with run_lock(run_dir, report_dir):  # one run per run directory (the notebooks' kernels take none)
+        with run_lock(run_dir, report_dir, for_children=True):  # one run per run directory: the kernels work under it
             prof, overrides = _apply_scale(profile, prof, overrides, run_dir, report_dir)
             parameters = {"profile": prof.name, "overrides": overrides, "run_dir": str(run_dir),
                           "report_dir": str(report_dir), "force": bool(force)}

@@ -29,6 +29,7 @@ from ..models.target import load_target
 from ..files import write_json
 from ..files import REPO_ROOT
 from ..machine import run_metadata
+from ..runlock import hold_run_lock
 
 log = logging.getLogger(__name__)
 
@@ -131,12 +132,17 @@ def setup(profile: str | Profile = "default", overrides: dict[str, Any] | None =
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     ctx.report_dir.mkdir(parents=True, exist_ok=True)
     if write_config:
-        write_json(ctx.report_dir / "run_config.json", {
-            "profile": prof.name, "overrides": ctx.overrides, "config": prof.to_dict(),
-            "run_dir": str(ctx.run_dir), "report_dir": str(ctx.report_dir),
-            "run_metadata": run_metadata(prof.target.device),
-        })
+        write_run_config(ctx)
     return ctx
+
+
+def write_run_config(ctx: StudyContext) -> None:
+    """``report_dir/run_config.json``: the profile, its overrides and settings, the directories, the machine."""
+    write_json(ctx.report_dir / "run_config.json", {
+        "profile": ctx.profile.name, "overrides": ctx.overrides, "config": ctx.profile.to_dict(),
+        "run_dir": str(ctx.run_dir), "report_dir": str(ctx.report_dir),
+        "run_metadata": run_metadata(ctx.profile.target.device),
+    })
 
 
 _TARGETS: dict[str, Any] = {}
@@ -190,16 +196,20 @@ def quiet_libraries() -> None:
 def notebook_setup(profile: str | Profile = "default", overrides: dict[str, Any] | None = None, *,
                    run_dir: str | Path | None = None, report_dir: str | Path | None = None,
                    describe: bool = False) -> StudyContext:
-    """The notebooks' first cell: logging to stdout, table display options, :func:`setup`, and a header
-    naming the profile and directories (on the smoke profile, a banner that its numbers mean nothing).
-    ``describe``: also show the profile's settings. Returns the :class:`StudyContext`."""
+    """The notebooks' first cell: logging to stdout, table display options, :func:`setup`, the run lock of the run
+    and report directories for the kernel's life (:func:`~jakiro_lib.runlock.hold_run_lock`: a ``train`` there
+    meanwhile is refused, and the pipeline's kernels work under the pipeline's lock), and a header naming the profile
+    and directories (on the smoke profile, a banner that its numbers mean nothing). ``describe``: also show the
+    profile's settings. Returns the :class:`StudyContext`."""
     from IPython.display import Markdown, display  # only notebooks call this; IPython comes with Jupyter
 
     quiet_libraries()
     configure_logging()
     pd.set_option("display.precision", 3)
     pd.set_option("display.max_colwidth", 80)
-    ctx = setup(profile, overrides, run_dir=run_dir, report_dir=report_dir)
+    ctx = setup(profile, overrides, run_dir=run_dir, report_dir=report_dir, write_config=False)
+    hold_run_lock(ctx.run_dir, ctx.report_dir, command=f"a notebook's kernel, profile {ctx.profile.name}")
+    write_run_config(ctx)
     if ctx.profile.name == "smoke":
         display(Markdown(f"> **{SMOKE_BANNER}**"))
     display(Markdown(f"**Profile `{ctx.profile.name}`**, overrides `{ctx.overrides}`  \n"
