@@ -19,7 +19,7 @@ import torch
 
 from jakiro_lib import machine, runlock
 from jakiro_lib.cli import main
-from jakiro_lib.config import TargetConfig, TrainConfig
+from jakiro_lib.config import ConfigError, TargetConfig, TrainConfig
 from jakiro_lib.data.dataset import FeatureDataset
 from jakiro_lib.data.features import cache_features
 from jakiro_lib.decoding.compiled import CapturedStep, CompileError, call_compiled
@@ -362,3 +362,73 @@ def test_a_child_working_under_its_parents_lock_dies_with_the_parent(tmp_path):
     if not gone:
         os.kill(child, signal.SIGKILL)
     assert gone and last < killed + 0.25, (gone, last - killed)
+
+
+# --------------------------------------------------------------------------------------------------
+# Notebook parameters as papermill passes them (-p gives strings): checked, coerced, or one line naming the parameter
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def setup_notebook(tmp_path, monkeypatch):
+    """``notebook_setup`` as the notebooks call it, displaying nothing, with the run and report dirs under tmp."""
+    import logging
+
+    import IPython.display
+
+    from jakiro_lib.study import notebook_setup
+
+    monkeypatch.setattr(IPython.display, "display", lambda *objects: None)
+    monkeypatch.setattr(logging.root, "handlers", list(logging.root.handlers))  # restored after the test
+
+    def run(profile="smoke", overrides=None, *, force=False, run_dir=str(tmp_path / "run"),
+            report_dir=str(tmp_path / "report")):
+        return notebook_setup(profile, overrides, run_dir=run_dir, report_dir=report_dir, force=force)
+    return run
+
+
+@pytest.mark.parametrize("given, meant", [(False, False), (True, True), ("false", False), ("False", False),
+                                          ("no", False), ("0", False), (0, False), ("true", True), ("YES", True),
+                                          ("1", True), (1, True)])
+def test_force_from_papermill_strings(setup_notebook, given, meant):
+    assert setup_notebook(force=given).force is meant
+
+
+@pytest.mark.parametrize("given", ['{"bench.limit": 2, "train.epochs": 3}', "bench.limit: 2\ntrain.epochs: 3",
+                                   "{bench.limit: 2, train.epochs: 3}", {"bench.limit": 2, "train.epochs": "3"}],
+                         ids=["json", "yaml", "yaml-flow", "dict"])
+def test_overrides_as_a_dict_or_its_json_or_yaml_text(setup_notebook, given):
+    ctx = setup_notebook(overrides=given)
+    assert ctx.profile.bench.limit == 2 and ctx.profile.train.epochs == 3
+
+
+def test_empty_overrides_and_paths(setup_notebook, tmp_path):
+    ctx = setup_notebook(overrides="", run_dir=tmp_path / "a", report_dir=str(tmp_path / "b"))
+    assert ctx.overrides == {} and ctx.run_dir == (tmp_path / "a").resolve() and ctx.report_dir == tmp_path / "b"
+
+
+@pytest.mark.parametrize("name, value, said", [
+    ("force", "maybe", "true or false"), ("force", 2, "true or false"), ("force", None, "true or false"),
+    ("overrides", "[1, 2]", "mapping"), ("overrides", "{bench.limit: [", "neither JSON nor YAML"),
+    ("overrides", 5, "mapping"), ("overrides", {1: 2}, "mapping"),
+    ("run_dir", 123, "a path"), ("run_dir", "", "a path"), ("report_dir", ["x"], "a path"),
+    ("profile", 5, "profile name"), ("profile", "", "profile name"),
+])
+def test_a_bad_notebook_parameter_is_one_line_naming_it(setup_notebook, tmp_path, name, value, said):
+    with pytest.raises(ConfigError) as info:
+        setup_notebook(**{name: value})
+    line = error_line(info.value)
+    assert known_error(info.value) and "\n" not in line and f"notebook parameter {name}" in line and said in line, line
+    assert not (tmp_path / "run").exists() and not (tmp_path / "report").exists()  # checked before anything
+
+
+@pytest.mark.parametrize("notebook", sorted((REPO / "notebooks").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_the_notebooks_use_the_checked_force(notebook):
+    """Every notebook hands its parameters to notebook_setup and passes on ``ctx.force``, never the raw parameter
+    (papermill's ``-p force false`` is the string "false", which is true)."""
+    cells = ["".join(c["source"]) for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+    code = "\n".join(cells[1:])  # after the parameters cell
+    assert "notebook_setup(profile, overrides, run_dir=run_dir, report_dir=report_dir" in code
+    calls = [line for line in code.splitlines() if "force" in line and "notebook_setup(" not in line]
+    assert all("force=ctx.force" in line and "force=force" not in line for line in calls), calls
+    assert [line for line in code.splitlines() if "notebook_setup(" in line][0].count("force=force") == 1
