@@ -38,7 +38,7 @@ def run_lock(*dirs: str | Path, command: str | None = None, for_children: bool =
 
     On NFS, Linux takes ``flock`` as a lock the server arbitrates (NFSv4, or v3 with its lock daemon), so runs on
     two machines sharing a run directory exclude each other too, and a lock of a machine that crashed lasts until
-    the server lets it go (NFSv4's lease, about 90 s); a mount with ``nolock`` keeps locks to one machine. Where
+    the server lets it go (about 90 s on NFSv4); a mount with ``nolock`` keeps locks to one machine. Where
     the file system cannot lock at all (``ENOLCK``: NFS without its lock daemon; ``EOPNOTSUPP``: some FUSE
     mounts), a :class:`RunLockError` says so before anything is written.
     """
