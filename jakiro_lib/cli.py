@@ -19,8 +19,10 @@ from .commands import (cmd_bench, cmd_cache, cmd_costs, cmd_cycles, cmd_divergen
                        cmd_papercost, cmd_profiles, cmd_summary, cmd_throughput, cmd_train)
 from .errors import exit_status
 from .files import check_paths
-from .machine import busy_warning, main_rank, run_lock, world_size
+from .busy import busy_warning
+from .machine import main_rank, world_size
 from .measure.cycles import CYCLE_METHODS
+from .runlock import run_lock
 from .measure.gpucheck import CHECK_METHODS
 from .measure.methods import KINDS, MAIN, SPEC, STUDIES
 from .measure.random_models import SHAPES

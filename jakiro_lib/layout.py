@@ -3,7 +3,7 @@
 ::
 
     run_dir/
-      .lock                         held by the one cache / train / bench / pipeline run writing here (machine.run_lock)
+      .lock                         held by the one cache / train / bench / pipeline run writing here (runlock.run_lock)
       features/                     the target-feature cache (manifest.json + shards), notebook 00
       features_summary.json
       distill/conversations.jsonl   self-distilled answers (data.self_distill)

@@ -1,19 +1,16 @@
 """This machine and process: the distributed launch, seeding, the device and CPU features (bf16 units), the
-mixed precision they favour, run metadata, glibc's freed-memory policy, other torch processes busy here, and the
-run lock (one command writing a run directory at a time)."""
+mixed precision they favour, inductor's on-disk cache and compile failures, run metadata and glibc's freed-memory
+policy. Other torch processes busy here are :mod:`jakiro_lib.busy`'s, the run lock :mod:`jakiro_lib.runlock`'s."""
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
-import json
 import logging
 import os
 import platform
 import random
 import re
+import struct
 import subprocess
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,7 +21,7 @@ import numpy as np
 import torch
 import transformers
 
-from .files import REPO_ROOT, c_library, read_json
+from .files import REPO_ROOT, c_library
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -113,8 +110,18 @@ def cpu_flags() -> frozenset[str]:
 def favoured_dtype(device: torch.device) -> str | None:
     """``"bfloat16"`` where the device has bf16 matrix units, else None (fp32 only)."""
     if device.type == "cuda":
-        return "bfloat16" if torch.cuda.is_bf16_supported() else None
+        return "bfloat16" if cuda_bf16_units(device) else None
     return "bfloat16" if cpu_flags() & set(BF16_CPU_FLAGS) else None
+
+
+def cuda_bf16_units(device: torch.device) -> bool:
+    """Whether the GPU ``device`` (the current one where it names no index) computes bf16 natively: compute
+    capability 8.0 or more (Ampere on). ``torch.cuda.is_bf16_supported()`` also counts emulation (a T4 or V100 says
+    yes, and runs bf16 slower than fp32) and asks the current device, not this one."""
+    if not torch.cuda.is_available():
+        return False
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return torch.cuda.get_device_capability(index) >= (8, 0)
 
 
 def resolve_precision(setting: str, favoured: str | None) -> str:
@@ -132,6 +139,7 @@ def compiles_step(setting: str, precision: str) -> bool:
 
 
 _LIBRARY = re.compile(r"(/[^\s:'\"]+\.so)\b")  # a shared library's absolute path inside an error message
+_INDUCTOR_LIBRARY = re.compile(r"c[a-z2-7]{51}(?:\.main)?\.so")  # inductor's name for a library it built
 SETTLED_S = 120  # an empty library of inductor's cache older than this is no build in progress
 REPAIRS = 3  # retries of a first compiled call, each after repair_compile_cache deleted something
 
@@ -156,56 +164,128 @@ def compile_cause(error: BaseException, width: int = 240) -> str:
 
 
 def _compile_cache() -> Path:
+    """Inductor's cache directory, resolved: ``TORCHINDUCTOR_CACHE_DIR`` where the user set it, else the one inductor
+    makes (``/tmp/torchinductor_<user>``)."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir  # loads inductor: only where something compiles
 
     return Path(cache_dir()).resolve()
 
 
+def _inductors(path: Path, root: Path) -> os.stat_result | None:
+    """``path``'s own ``lstat`` where it is a library inductor built in its cache ``root``, else None: a regular file
+    (no link) named as inductor names one, ``c`` and a base32 hash, in the folder named by the hash's first two
+    characters right under ``root`` (no link either), beside its C++ source."""
+    folder = path.parent
+    if not (_INDUCTOR_LIBRARY.fullmatch(path.name) and folder.name == path.name[1:3]):
+        return None
+    try:
+        if folder.is_symlink() or folder.resolve() != root / folder.name:
+            return None
+        st, source = os.lstat(path), os.lstat(path.with_suffix(".cpp"))
+    except OSError:  # gone since listed: another process's sweep (ranks start together), a rename
+        return None
+    return st if S_ISREG(st.st_mode) and S_ISREG(source.st_mode) else None
+
+
+def _libraries(root: Path) -> Iterator[Path]:
+    """The ``.so`` files of inductor's layout in ``root``: ``<root>/<two characters>/*.so``, nothing deeper (a broad
+    cache directory may hold virtual environments)."""
+    try:
+        folders = [e.path for e in os.scandir(root) if len(e.name) == 2 and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for folder in folders:
+        try:
+            names = os.listdir(folder)
+        except OSError:  # vanished since listed
+            continue
+        yield from (Path(folder, name) for name in names if name.endswith(".so"))
+
+
 def _empty_libraries(root: Path) -> set[Path]:
-    """The empty shared libraries under ``root`` older than :data:`SETTLED_S` (none another process is linking)."""
+    """Inductor's empty libraries in its cache ``root`` older than :data:`SETTLED_S` (none another process is linking)."""
     settled = time.time() - SETTLED_S
     found: set[Path] = set()
-    for folder, _, names in os.walk(root):  # os.walk skips a folder that vanishes while it walks
-        for name in names:
-            if not name.endswith(".so"):
-                continue
-            try:
-                st = os.stat(os.path.join(folder, name))
-            except FileNotFoundError:  # gone since listed: another process's sweep (ranks start together), a rename
-                continue
-            if S_ISREG(st.st_mode) and st.st_size == 0 and st.st_mtime < settled:
-                found.add(Path(folder, name).resolve())
+    for path in _libraries(root):
+        st = _inductors(path, root)
+        if st is not None and st.st_size == 0 and st.st_mtime < settled:
+            found.add(path)
     return found
+
+
+def _whole_elf(path: Path, size: int) -> bool:
+    """Whether ``path`` (``size`` bytes) is an ELF file as long as its header says: the magic, and its program and
+    section header tables inside it (a library whose linking was cut short is not)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return True  # unreadable: not judged damaged, so not deleted
+    wide = head[4:5] == b"\x02"  # 64-bit
+    if len(head) < (64 if wide else 52) or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
+        return False
+    order = "<" if head[5] == 1 else ">"
+    phoff, shoff = struct.unpack_from(order + ("QQ" if wide else "II"), head, 0x20 if wide else 0x1C)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", head, 0x36 if wide else 0x2A)
+    return size >= max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+
+
+def _damaged(path: Path, root: Path) -> bool:
+    """Whether ``path`` is a library inductor built in its cache ``root`` and is not a whole one (empty or cut short)."""
+    st = _inductors(path, root)
+    return st is not None and (st.st_size == 0 or not _whole_elf(path, st.st_size))
 
 
 def _delete(libraries: set[Path]) -> list[Path]:
     deleted = sorted(libraries)
     for p in deleted:
         p.unlink(missing_ok=True)
-        log.warning("deleted %s from inductor's cache: it is empty or failed to load (a compilation cut short?); "
+        log.warning("deleted %s from inductor's cache: it is empty or cut short (a compilation cut short?); "
                     "it will be rebuilt", p)
     return deleted
 
 
 @functools.cache
 def sweep_compile_cache() -> list[Path]:
-    """Once a process, before its first compilation: delete the empty shared libraries of inductor's on-disk cache;
+    """Once a process, before its first compilation: delete the empty libraries inductor built in its on-disk cache;
     returns them. A compilation cut short (Ctrl-C, a kill, a time limit) leaves the libraries it was linking empty
     (one per build in flight), and inductor, which builds only what its cache lacks, then fails to load a kernel's
     in every later process ("file too short"; pytorch/pytorch#102539) and, worse, silently takes a damaged probe of
-    a vector ISA for an ISA the CPU lacks (slower kernels). docs/DESIGN.md section 11."""
+    a vector ISA for an ISA the CPU lacks (slower kernels). Only regular files of inductor's own layout are touched
+    (:func:`_inductors`; docs/DESIGN.md section 11)."""
     return _delete(_empty_libraries(_compile_cache()))
 
 
 def repair_compile_cache(error: BaseException) -> list[Path]:
-    """After a compilation failed: delete the shared libraries of inductor's cache that ``error`` (or an exception
-    behind it) names as failing to load (an empty one too recent for :func:`sweep_compile_cache`, or one cut short
-    but not empty) and, if there were any, every empty one there; returns those deleted, which the caller's retry
-    rebuilds. Only files under the cache directory are touched."""
+    """After a compilation failed: delete the libraries inductor built in its cache that ``error`` (or an exception
+    behind it) names and that are damaged (empty, too recent for :func:`sweep_compile_cache`, or an ELF file shorter
+    than its header says) and, if there were any, every settled empty one there; returns those deleted, which the
+    caller's retry rebuilds. A whole library, and any file not of inductor's own layout, is never touched."""
     root = _compile_cache()
-    named = {Path(m).resolve() for e in _chain(error) for m in _LIBRARY.findall(str(e))}
-    damaged = {p for p in named if p.is_relative_to(root) and p.is_file()}
+    named = {Path(os.path.abspath(m)) for e in _chain(error) for m in _LIBRARY.findall(str(e))}
+    damaged = {p for p in named if _damaged(p, root)}
     return _delete(damaged | _empty_libraries(root)) if damaged else []
+
+
+class DeviceMemoryError(RuntimeError):
+    """The device (or the host) ran out of memory: the message says where and what to do."""
+
+
+_OUT_OF_MEMORY = re.compile(r"out of memory|can't allocate memory", re.IGNORECASE)  # CUDA's, the CPU allocator's
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether ``error``, or an exception behind it, is running out of memory (CUDA's OutOfMemoryError, a
+    RuntimeError saying so, MemoryError)."""
+    return any(isinstance(e, (torch.cuda.OutOfMemoryError, MemoryError))
+               or isinstance(e, RuntimeError) and _OUT_OF_MEMORY.search(str(e)) is not None for e in _chain(error))
+
+
+def _say_out_of_memory(error: Exception, what: str) -> None:
+    """Raise ``error`` as the :class:`DeviceMemoryError` it is, where it is running out of memory."""
+    if out_of_memory(error):
+        raise DeviceMemoryError(f"{what} ran out of memory ({compile_cause(error)}); free the device's memory (is "
+                                "another process using it?) or ask for less: a smaller batch, context or tree") from error
 
 
 def run_compiling(call: Callable[[], T], *, compiling: bool, what: str, remedy: str,
@@ -213,12 +293,14 @@ def run_compiling(call: Callable[[], T], *, compiling: bool, what: str, remedy: 
     """``call()``. Where that compiles (``compiling``): after :func:`sweep_compile_cache`, and where it fails, again
     while the failure named a damaged library of inductor's cache (:func:`repair_compile_cache` deleted it; nothing
     ran before a compilation failed), at most :data:`REPAIRS` times, else one ``error`` raised from the failure:
-    ``what`` failed, :func:`compile_cause`'s line, what compiling needs, then ``remedy``."""
+    ``what`` failed, :func:`compile_cause`'s line, what compiling needs, then ``remedy``. Running out of memory,
+    compiling or not, is one :class:`DeviceMemoryError` instead (no repair: nothing was damaged)."""
     if compiling:
         sweep_compile_cache()
     try:
         return call()
     except Exception as e:
+        _say_out_of_memory(e, what)
         if not compiling:
             raise
         failure = e
@@ -228,6 +310,7 @@ def run_compiling(call: Callable[[], T], *, compiling: bool, what: str, remedy: 
         try:
             return call()
         except Exception as e:
+            _say_out_of_memory(e, what)
             failure = e
     raise error(f"{what} failed ({compile_cause(failure)}); it needs a C++ compiler on a CPU, triton on a GPU; "
                 f"{remedy}") from failure
@@ -280,119 +363,3 @@ def keep_freed_memory(keep: bool = True) -> bool:
               and libc.mallopt(M_TRIM_THRESHOLD, 2 * GLIBC_MMAP_THRESHOLD_MAX))
     _HEAP_KEPT = keep and bool(ok)
     return _HEAP_KEPT
-
-
-def busy_torch_processes(sample_s: float = 0.2, proc: Path = Path("/proc")) -> list[tuple[int, str]]:
-    """``(pid, command)`` of the other processes on this machine that have torch loaded and used more
-    than a quarter of a core during a ``sample_s`` second sample (Linux: reads ``/proc``; elsewhere []).
-
-    Measured 2026-11-23 on the 2-core build machine: a second torch process (a notebook beside a caching
-    run) slowed feature caching from ~0.4 to ~7 s per conversation, because both size their thread pools
-    to all cores.
-    """
-    if not proc.is_dir():
-        return []
-    before = _cpu_ticks(proc)
-    time.sleep(sample_s)
-    after = _cpu_ticks(proc)
-    threshold = 0.25 * sample_s * os.sysconf("SC_CLK_TCK")
-    busy = [pid for pid, t in after.items() if pid != os.getpid() and t - before.get(pid, t) > threshold]
-    return [(pid, _command(proc, pid)) for pid in busy if _has_torch(proc, pid)]
-
-
-def busy_warning() -> str | None:
-    """One warning line when another torch process is busy here (``JAKIRO_NO_BUSY_CHECK=1``: no check)."""
-    if os.environ.get("JAKIRO_NO_BUSY_CHECK"):
-        return None
-    others = busy_torch_processes()
-    if not others:
-        return None
-    pid, cmd = others[0]
-    more = f" and {len(others) - 1} more" if len(others) > 1 else ""
-    return (f"warning: another torch process is busy on this machine (pid {pid}: {cmd}{more}); both will run "
-            f"slower and timings will be unreliable (their threads compete for {os.cpu_count()} cores)")
-
-
-def _cpu_ticks(proc: Path) -> dict[int, int]:
-    """pid -> user + system CPU ticks so far."""
-    out = {}
-    for stat in proc.glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            out[int(stat.parent.name)] = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
-
-
-def _has_torch(proc: Path, pid: int) -> bool:
-    try:
-        return b"libtorch" in (proc / str(pid) / "maps").read_bytes()
-    except OSError:
-        return False
-
-
-def _command(proc: Path, pid: int, width: int = 80) -> str:
-    try:
-        cmd = " ".join((proc / str(pid) / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ").split())
-    except OSError:
-        cmd = "?"
-    return cmd if len(cmd) <= width else cmd[:width - 3] + "..."
-
-
-LOCK_FILE = ".lock"  # in a run directory (or a benchmark's --out folder) while a command writes there
-
-
-class RunLockError(RuntimeError):
-    """Another process holds a run directory's lock (the message names it), or the lock cannot be taken."""
-
-
-@contextlib.contextmanager
-def run_lock(*dirs: str | Path, command: str | None = None) -> Iterator[None]:
-    """Hold an exclusive lock on each of ``dirs`` (created if missing) while the block runs: one writing run
-    per run directory. Each is a ``flock`` on ``<dir>/.lock``, which holds the holder's pid, command and start
-    time; a second process fails at once with a :class:`RunLockError` naming the holder. The kernel drops the
-    lock when its holder exits, however it ends (SIGKILL included), so a lock is never stale. Under
-    ``accelerate launch`` only the main process (``RANK`` 0) locks: the others are the same run.
-    """
-    if not main_rank():
-        yield
-        return
-    paths = list(dict.fromkeys(Path(d).expanduser().resolve() for d in dirs))  # one lock per directory
-    holder = json.dumps({"pid": os.getpid(), "command": command or " ".join(sys.argv),
-                         "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}) + "\n"
-    with contextlib.ExitStack() as stack:
-        for d in paths:
-            stack.enter_context(_locked(d, holder))
-        yield
-
-
-@contextlib.contextmanager
-def _locked(directory: Path, holder: str) -> Iterator[None]:
-    lock = directory / LOCK_FILE
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise RunLockError(f"cannot lock {directory} for this run: {exc.strerror} ({exc.filename})") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RunLockError(f"{directory} is in use by another run ({_holder(lock)}); one run per directory "
-                               f"at a time: wait for it to end, or stop it") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, holder.encode(), 0)
-        yield
-    finally:
-        os.close(fd)  # releases the lock (the file stays: removing it would race with a waiting process)
-
-
-def _holder(lock: Path) -> str:
-    """Who holds ``lock``, from what it wrote there (it may not have written yet: a short wait)."""
-    for _ in range(20):
-        info = read_json(lock)
-        if isinstance(info, dict) and "pid" in info:
-            return f"pid {info['pid']}: {info.get('command', '?')}, since {info.get('started', '?')}"
-        time.sleep(0.05)
-    return "pid unknown"

@@ -300,7 +300,7 @@ def test_train_prints_a_short_table(tmp_path, monkeypatch, capsys):
 
 
 def test_a_busy_torch_process_is_warned_about_once(tmp_path, monkeypatch, capsys):
-    from jakiro_lib.machine import busy_torch_processes
+    from jakiro_lib.busy import busy_torch_processes
 
     monkeypatch.delenv("JAKIRO_NO_BUSY_CHECK", raising=False)
     code = "import torch, sys, time\nsys.stdout.write('ready\\n'); sys.stdout.flush()\n"

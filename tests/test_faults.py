@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 from jakiro_lib.report import pipeline
-from jakiro_lib import files, machine
+from jakiro_lib import files, machine, runlock
 from jakiro_lib.cli import main
 from jakiro_lib.config import DraftConfig
 from jakiro_lib.profiles import get_profile
@@ -471,7 +471,7 @@ def test_the_swap_replaces_a_whole_directory(tmp_path):
 
 HOLDER = r"""
 import sys, time
-from jakiro_lib.machine import run_lock
+from jakiro_lib.runlock import run_lock
 with run_lock(*sys.argv[1:], command="holder --of the lock"):
     print("locked", flush=True)
     time.sleep(300)
@@ -513,7 +513,7 @@ def test_two_trainings_at_once_the_second_is_refused_and_the_first_completes_sta
     env = {**os.environ, "FAULT_PAUSE": "0.2", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     first = subprocess.Popen([sys.executable, "-c", DRIVER, *argv], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
-    lock = run / machine.LOCK_FILE
+    lock = run / runlock.LOCK_FILE
     deadline = time.monotonic() + 60
     while (files.read_json(lock) or {}).get("pid") != first.pid:
         assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
@@ -763,11 +763,18 @@ def test_the_first_compilation_of_a_process_sweeps_out_empty_libraries(tmp_path,
     """Before a process compiles, the settled empty libraries of inductor's cache go (a damaged ISA probe would
     otherwise silently cost the vector kernels); a library being linked now, and any whole one, stay."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    cut, fresh, whole = tmp_path / "ab" / "cut.so", tmp_path / "cd" / "fresh.so", tmp_path / "ab" / "whole.so"
+
+    def library(seed: str) -> Path:  # as inductor names and places one: <cache>/<hash[1:3]>/c<hash>.so
+        name = "c" + (seed * 51)[:51]
+        return tmp_path / name[1:3] / f"{name}.so"
+
+    cut, fresh, whole, gone = library("ab"), library("cd"), library("ab7"), library("cd7")
     for lib, data in ((cut, b""), (fresh, b""), (whole, b"\x7fELF")):
         lib.parent.mkdir(exist_ok=True)
         lib.write_bytes(data)
-    (tmp_path / "cd" / "gone.so").symlink_to(tmp_path / "nowhere.so")  # listed, then gone: another rank's sweep
+        lib.with_suffix(".cpp").write_text("// source")
+    gone.with_suffix(".cpp").write_text("// source")
+    gone.symlink_to(tmp_path / "nowhere.so")  # listed, then gone: another rank's sweep
     settled = time.time() - 2 * machine.SETTLED_S
     for lib in (cut, whole):
         os.utime(lib, (settled, settled))

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -76,12 +79,12 @@ if os.environ.get("JAKIRO_TEST_FAIL") == "{stage}":
 """
 
 
-def _standins(folder: Path) -> Path:
+def _standins(folder: Path, body: str = STANDIN) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for stage in STAGES:
         params = new_code_cell('profile = "default"\noverrides = {}\nrun_dir = None\nreport_dir = None\nforce = False')
         params.metadata["tags"] = ["parameters"]
-        nb = new_notebook(cells=[params, new_code_cell(STANDIN.format(stage=stage))])
+        nb = new_notebook(cells=[params, new_code_cell(body.format(stage=stage))])
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nbformat.write(nb, str(folder / f"{stage}.ipynb"))
     return folder
@@ -135,6 +138,66 @@ def test_pipeline_failure_names_notebook_and_partial_copy(tmp_path, monkeypatch)
     assert failed.is_file() and not (report / ".stamps" / f"{STAGES[0]}.json").exists()
     nb = nbformat.read(str(failed), as_version=4)
     assert any(o.get("output_type") == "error" for c in nb.cells for o in c.get("outputs", []))
+
+
+# The setup cell of a notebook under the pipeline: it takes the run lock as the pipeline's kernel, then says who
+# holds the lock file, or (BEATS) writes a heartbeat into the run directory until the kernel ends.
+SETUP = """
+import json, os, pathlib, time
+from jakiro_lib import study as S
+ctx = S.notebook_setup(profile, overrides, run_dir=run_dir, report_dir=report_dir)
+holder = json.loads((ctx.run_dir / ".lock").read_text())["pid"]
+pathlib.Path(report_dir, "{stage}.lock.json").write_text(json.dumps({{"kernel": os.getpid(), "holder": holder}}))
+"""
+BEATS = SETUP + """
+beats = ctx.run_dir / "beats.txt"
+beats.write_text(f"{{os.getpid()}}\\n")
+for _ in range(6000):
+    with beats.open("a") as f:
+        f.write(f"{{time.time()}}\\n")
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.notebooks
+def test_the_pipelines_kernels_work_under_its_run_lock(tmp_path):
+    """Each notebook's setup takes the run lock; under the pipeline, which holds it, the kernel works under the
+    pipeline's lock (the lock file still names the pipeline) instead of refusing or waiting."""
+    report = tmp_path / "report"
+    run_pipeline("smoke", report_dir=report, run_dir=tmp_path / "runs", notebook_dir=_standins(tmp_path / "nbs", SETUP),
+                 stages="00,01")
+    assert _statuses(report) == {STAGES[0]: "executed", STAGES[1]: "executed"}
+    for stage in STAGES[:2]:
+        said = json.loads((report / f"{stage}.lock.json").read_text())
+        assert said["holder"] == os.getpid() != said["kernel"]
+
+
+@pytest.mark.notebooks
+def test_a_killed_pipeline_takes_its_notebook_kernel_with_it(tmp_path):
+    """SIGKILL of the pipeline while a notebook writes into the run directory: the kernel ends at once, not a
+    heartbeat later (ipykernel's own parent poller looks once a second), so nothing writes there unguarded."""
+    runs, nbs = tmp_path / "runs", _standins(tmp_path / "nbs", BEATS)
+    code = (f"from jakiro_lib.report.pipeline import run_pipeline; run_pipeline('smoke', run_dir={str(runs)!r}, "
+            f"report_dir={str(tmp_path / 'report')!r}, notebook_dir={str(nbs)!r}, stages='00')")
+    pipeline = subprocess.Popen([sys.executable, "-c", code], cwd=NOTEBOOK_DIR.parent, stderr=subprocess.DEVNULL)
+    beats = runs / "beats.txt"
+    try:
+        deadline = time.monotonic() + 180
+        while not (beats.is_file() and len(beats.read_text().splitlines()) > 3):
+            assert pipeline.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        kernel = int(beats.read_text().splitlines()[0])
+        killed = time.time()
+    finally:
+        pipeline.kill()
+        pipeline.wait()
+    time.sleep(1.5)
+    last = float(beats.read_text().splitlines()[-1])
+    status = Path(f"/proc/{kernel}/status")
+    alive = status.exists() and "zombie" not in status.read_text()
+    if alive:
+        os.kill(kernel, signal.SIGKILL)
+    assert not alive and last < killed + 0.25, (alive, last - killed)
 
 
 # --------------------------------------------------------------------------------------------------

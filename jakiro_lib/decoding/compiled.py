@@ -60,14 +60,16 @@ def inductor_settings(device: torch.device) -> contextlib.AbstractContextManager
 
 def call_compiled(step: Callable[..., Any], *args: Any, device: torch.device, first: bool) -> Any:
     """``step(*args)`` with room for every cache length and sampling setting (:data:`RECOMPILE_LIMIT`) under
-    :func:`inductor_settings`; where the ``first`` call (it compiles) fails, again once damaged libraries of
-    inductor's cache are deleted, or one :class:`CompileError` that says what compiling needs and what went wrong
-    (:func:`~jakiro_lib.machine.run_compiling`)."""
+    :func:`inductor_settings`; where the ``first`` call of a step inductor compiles fails, again once damaged
+    libraries of inductor's cache are deleted, or one :class:`CompileError` that says what compiling needs and what
+    went wrong (:func:`~jakiro_lib.machine.run_compiling`). A :class:`CapturedStep` compiles nothing: no cache is
+    swept or repaired for it. Out of memory is one error line that says so, for either."""
     def call() -> Any:
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), inductor_settings(device):
             return step(*args)
-    return run_compiling(call, compiling=first, what="torch.compile", remedy="run the method without compile",
-                         error=CompileError)
+    inductor = not isinstance(step, CapturedStep)
+    return run_compiling(call, compiling=first and inductor, what="torch.compile" if inductor else "the captured step",
+                         remedy="run the method without compile", error=CompileError)
 
 
 Capture = Callable[[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]], Callable[[], torch.Tensor]]

@@ -46,9 +46,9 @@ from ..study.context import default_report_dir, default_run_dir, resolve_profile
 from ..measure.summary import headline_table
 from ..errors import exit_status
 from ..files import check_paths, write_json
-from ..machine import run_lock
+from ..runlock import run_lock
 from ..files import REPO_ROOT
-from ..machine import busy_warning
+from ..busy import busy_warning
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ def run_pipeline(
     with _progress_logging(log_output):
         log.info("pipeline %s: stages %s; runs in %s, reports in %s", prof.name, ", ".join(selected), run_dir,
                  report_dir)
-        with run_lock(run_dir, report_dir):  # one run per run directory (the notebooks' kernels take none)
+        with run_lock(run_dir, report_dir, for_children=True):  # one run per run directory: the kernels work under it
             prof, overrides = _apply_scale(profile, prof, overrides, run_dir, report_dir)
             parameters = {"profile": prof.name, "overrides": overrides, "run_dir": str(run_dir),
                           "report_dir": str(report_dir), "force": bool(force)}

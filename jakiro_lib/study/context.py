@@ -22,18 +22,20 @@ import pandas as pd
 import torch
 import transformers
 
-from ..config import Profile
+from ..config import ConfigError, Profile
 from ..profiles import get_profile, override
 from ..layout import RunLayout
 from ..models.target import load_target
 from ..files import write_json
 from ..files import REPO_ROOT
 from ..machine import run_metadata
+from ..runlock import hold_run_lock
 
 log = logging.getLogger(__name__)
 
 SMOKE_BANNER = "smoke profile: a random tiny target, numbers for plumbing only"
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
+TRUE, FALSE = ("true", "yes", "1"), ("false", "no", "0")  # a notebook's flag parameter given as text
 
 
 def runs_root() -> Path:
@@ -74,6 +76,7 @@ class StudyContext:
     overrides: dict[str, Any] = field(default_factory=dict)
     run_dir: Path = Path()
     report_dir: Path = Path()
+    force: bool = False  # the notebooks' ``force`` parameter: retrain drafts, rerun benchmarks
 
     @property
     def layout(self) -> RunLayout:
@@ -131,12 +134,17 @@ def setup(profile: str | Profile = "default", overrides: dict[str, Any] | None =
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     ctx.report_dir.mkdir(parents=True, exist_ok=True)
     if write_config:
-        write_json(ctx.report_dir / "run_config.json", {
-            "profile": prof.name, "overrides": ctx.overrides, "config": prof.to_dict(),
-            "run_dir": str(ctx.run_dir), "report_dir": str(ctx.report_dir),
-            "run_metadata": run_metadata(prof.target.device),
-        })
+        write_run_config(ctx)
     return ctx
+
+
+def write_run_config(ctx: StudyContext) -> None:
+    """``report_dir/run_config.json``: the profile, its overrides and settings, the directories, the machine."""
+    write_json(ctx.report_dir / "run_config.json", {
+        "profile": ctx.profile.name, "overrides": ctx.overrides, "config": ctx.profile.to_dict(),
+        "run_dir": str(ctx.run_dir), "report_dir": str(ctx.report_dir),
+        "run_metadata": run_metadata(ctx.profile.target.device),
+    })
 
 
 _TARGETS: dict[str, Any] = {}
@@ -187,19 +195,26 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", message=r".*`past_key_values` is deprecated", category=FutureWarning)
 
 
-def notebook_setup(profile: str | Profile = "default", overrides: dict[str, Any] | None = None, *,
-                   run_dir: str | Path | None = None, report_dir: str | Path | None = None,
-                   describe: bool = False) -> StudyContext:
-    """The notebooks' first cell: logging to stdout, table display options, :func:`setup`, and a header
-    naming the profile and directories (on the smoke profile, a banner that its numbers mean nothing).
-    ``describe``: also show the profile's settings. Returns the :class:`StudyContext`."""
+def notebook_setup(profile: Any = "default", overrides: Any = None, *, run_dir: Any = None, report_dir: Any = None,
+                   force: Any = False, describe: bool = False) -> StudyContext:
+    """The notebooks' first cell: their parameters checked (:func:`notebook_parameters`), logging to stdout, table
+    display options, :func:`setup`, the run lock of the run and report directories for the kernel's life
+    (:func:`~jakiro_lib.runlock.hold_run_lock`: a ``train`` there meanwhile is refused, and the pipeline's kernels
+    work under the pipeline's lock), and a header naming the profile and directories (on the smoke profile, a banner
+    that its numbers mean nothing). ``describe``: also show the profile's settings. Returns the
+    :class:`StudyContext`, whose ``force`` the notebooks pass on."""
     from IPython.display import Markdown, display  # only notebooks call this; IPython comes with Jupyter
 
+    params = notebook_parameters(profile, overrides, run_dir, report_dir, force)
     quiet_libraries()
     configure_logging()
     pd.set_option("display.precision", 3)
     pd.set_option("display.max_colwidth", 80)
-    ctx = setup(profile, overrides, run_dir=run_dir, report_dir=report_dir)
+    ctx = setup(params["profile"], params["overrides"], run_dir=params["run_dir"], report_dir=params["report_dir"],
+                write_config=False)
+    ctx.force = params["force"]
+    hold_run_lock(ctx.run_dir, ctx.report_dir, command=f"a notebook's kernel, profile {ctx.profile.name}")
+    write_run_config(ctx)
     if ctx.profile.name == "smoke":
         display(Markdown(f"> **{SMOKE_BANNER}**"))
     display(Markdown(f"**Profile `{ctx.profile.name}`**, overrides `{ctx.overrides}`  \n"
@@ -209,3 +224,52 @@ def notebook_setup(profile: str | Profile = "default", overrides: dict[str, Any]
     return ctx
 
 
+def notebook_parameters(profile: Any, overrides: Any, run_dir: Any, report_dir: Any, force: Any) -> dict[str, Any]:
+    """The notebooks' papermill parameters checked and coerced, by name; a :class:`ConfigError` naming the first
+    bad one. papermill's ``-p`` hands over strings (``-p force false`` is "false", ``-p overrides '{...}'`` text,
+    ``-p run_dir 123`` a number): ``force`` is a bool or true/false, yes/no, 1/0; ``overrides`` a dict of dotted
+    keys or its JSON or YAML text; ``run_dir`` and ``report_dir`` a path or None (the default); ``profile`` a
+    profile's name (or a :class:`Profile`)."""
+    if not (isinstance(profile, Profile) or isinstance(profile, str) and profile.strip()):
+        raise ConfigError(f"notebook parameter profile must be a profile name, got {profile!r}")
+    return {"profile": profile, "overrides": _mapping("overrides", overrides), "run_dir": _path("run_dir", run_dir),
+            "report_dir": _path("report_dir", report_dir), "force": _flag("force", force)}
+
+
+def _flag(name: str, value: Any) -> bool:
+    text = str(value).strip().lower() if isinstance(value, (bool, int, str)) else None
+    if text in TRUE + FALSE:
+        return text in TRUE
+    raise ConfigError(f"notebook parameter {name} must be true or false (or yes/no, 1/0), got {value!r}")
+
+
+def _path(name: str, value: Any) -> Path | None:
+    if value is None or isinstance(value, os.PathLike) or isinstance(value, str) and value.strip():
+        return None if value is None else Path(value)
+    raise ConfigError(f"notebook parameter {name} must be a path (a string; None: the default), got {value!r}")
+
+
+def _mapping(name: str, value: Any) -> dict[str, Any]:
+    """A dict of dotted keys from a dict or its JSON or YAML text (empty text or None: no overrides)."""
+    if isinstance(value, str):
+        value = _parse_mapping(name, value)
+    if value is None:
+        return {}
+    if not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
+        raise ConfigError(f"notebook parameter {name} must be a mapping of dotted keys to values (a dict, or its "
+                          f"JSON or YAML text, e.g. '{{\"bench.limit\": 2}}'), got {value!r}")
+    return dict(value)
+
+
+def _parse_mapping(name: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    import yaml  # papermill's own dependency: there wherever notebooks run
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"notebook parameter {name} is neither JSON nor YAML ({' '.join(str(exc).split())}): "
+                          f"{text!r}") from None

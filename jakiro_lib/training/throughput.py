@@ -51,8 +51,8 @@ from ..models.target import load_target
 from ..models.loss import COMPILED_STEP, step_loss, train_collate, training_loss_options
 from .throughput_plan import stage_plan
 from ..files import write_json
-from ..machine import (compiles_step, cpu_flags, favoured_dtype, keep_freed_memory, run_compiling, run_metadata,
-                       seed_everything, synchronize)
+from ..machine import (compiles_step, cpu_flags, cuda_bf16_units, favoured_dtype, keep_freed_memory, run_compiling,
+                       run_metadata, seed_everything, synchronize)
 
 CSV = "throughput.csv"
 PLAN_CSV = "plan.csv"
@@ -78,7 +78,7 @@ def environment(device: torch.device) -> dict[str, Any]:
                        cpu_flags=sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))),
                        favoured_dtype=favoured_dtype(device))
     if device.type == "cuda":
-        env["cuda"] = {"name": torch.cuda.get_device_name(device), "bf16": torch.cuda.is_bf16_supported(),
+        env["cuda"] = {"name": torch.cuda.get_device_name(device), "bf16": cuda_bf16_units(device),
                        "capability": torch.cuda.get_device_capability(device), "cuda_version": torch.version.cuda}
     return env
 

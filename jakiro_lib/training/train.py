@@ -264,12 +264,8 @@ class _Training:
         loader = self.accelerator.skip_first_batches(self.loader, skip) if skip else self.loader
         epoch_metrics, window = _Running(), _Running()
         for batch in loader:
-            def forward() -> tuple[torch.Tensor, dict]:
-                with self.accelerator.autocast():
-                    return loss_of(batch)
-            loss, m = run_compiling(forward, compiling=self.compiled and self.global_step == self.first_step,
-                                    error=TrainError, **COMPILED_STEP)
-            self.accelerator.backward(loss)
+            m = run_compiling(lambda: self._gradients(loss_of, batch), error=TrainError, **COMPILED_STEP,
+                              compiling=self.compiled and self.global_step == self.first_step)
             self.accelerator.clip_grad_value_(self.model.parameters(), self.cfg.grad_clip_value)
             self.optimizer.step()
             self.scheduler.step()
@@ -291,6 +287,15 @@ class _Training:
             if self.global_step >= self.total_steps:
                 break
         return epoch_metrics.mean()
+
+    def _gradients(self, loss_of: Callable, batch: dict[str, torch.Tensor]) -> dict:
+        """One batch's forward and backward, from no gradients (a retried first step too); returns its metrics.
+        A compiled step compiles its forward, then its backward, at the first call of each."""
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.accelerator.autocast():
+            loss, m = loss_of(batch)
+        self.accelerator.backward(loss)
+        return m
 
     def held_out(self) -> dict[str, Any]:
         """The held-out metrics of the whole set; under several processes each evaluates every n-th item and

@@ -1,0 +1,64 @@
+"""Other torch processes busy on this machine: they share its cores, so both run slower and timings mislead."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def busy_torch_processes(sample_s: float = 0.2, proc: Path = Path("/proc")) -> list[tuple[int, str]]:
+    """``(pid, command)`` of the other processes on this machine that have torch loaded and used more
+    than a quarter of a core during a ``sample_s`` second sample (Linux: reads ``/proc``; elsewhere []).
+
+    Measured 2026-11-23 on the 2-core build machine: a second torch process (a notebook beside a caching
+    run) slowed feature caching from ~0.4 to ~7 s per conversation, because both size their thread pools
+    to all cores.
+    """
+    if not proc.is_dir():
+        return []
+    before = _cpu_ticks(proc)
+    time.sleep(sample_s)
+    after = _cpu_ticks(proc)
+    threshold = 0.25 * sample_s * os.sysconf("SC_CLK_TCK")
+    busy = [pid for pid, t in after.items() if pid != os.getpid() and t - before.get(pid, t) > threshold]
+    return [(pid, _command(proc, pid)) for pid in busy if _has_torch(proc, pid)]
+
+
+def busy_warning() -> str | None:
+    """One warning line when another torch process is busy here (``JAKIRO_NO_BUSY_CHECK=1``: no check)."""
+    if os.environ.get("JAKIRO_NO_BUSY_CHECK"):
+        return None
+    others = busy_torch_processes()
+    if not others:
+        return None
+    pid, cmd = others[0]
+    more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+    return (f"warning: another torch process is busy on this machine (pid {pid}: {cmd}{more}); both will run "
+            f"slower and timings will be unreliable (their threads compete for {os.cpu_count()} cores)")
+
+
+def _cpu_ticks(proc: Path) -> dict[int, int]:
+    """pid -> user + system CPU ticks so far."""
+    out = {}
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            out[int(stat.parent.name)] = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def _has_torch(proc: Path, pid: int) -> bool:
+    try:
+        return b"libtorch" in (proc / str(pid) / "maps").read_bytes()
+    except OSError:
+        return False
+
+
+def _command(proc: Path, pid: int, width: int = 80) -> str:
+    try:
+        cmd = " ".join((proc / str(pid) / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ").split())
+    except OSError:
+        cmd = "?"
+    return cmd if len(cmd) <= width else cmd[:width - 3] + "..."

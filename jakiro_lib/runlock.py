@@ -1,0 +1,181 @@
+"""The run lock: one command writing a run directory at a time (an exclusive ``flock`` on ``<dir>/.lock``), taken
+by the commands for their run (:func:`run_lock`) and by a notebook's kernel for its life (:func:`hold_run_lock`)."""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+from .files import c_library, read_json
+from .machine import main_rank
+
+LOCK_FILE = ".lock"  # in a run directory (or a benchmark's --out folder) while a command writes there
+HOLDER_ENV = "JAKIRO_RUN_LOCK_HOLDER"  # the pid whose run locks its child processes work under (the pipeline's)
+PR_SET_PDEATHSIG = 1  # prctl: the signal this process gets when its parent ends (Linux)
+_HELD: dict[Path, int | None] = {}  # directory -> lock descriptor held for this process's life; None: the parent's
+
+
+class RunLockError(RuntimeError):
+    """Another process holds a run directory's lock (the message names it), or the lock cannot be taken."""
+
+
+@contextlib.contextmanager
+def run_lock(*dirs: str | Path, command: str | None = None, for_children: bool = False) -> Iterator[None]:
+    """Hold an exclusive lock on each of ``dirs`` (created if missing) while the block runs: one writing run
+    per run directory. Each is a ``flock`` on ``<dir>/.lock``, which holds the holder's pid, command and start
+    time; a second process fails at once with a :class:`RunLockError` naming the holder. The kernel drops the
+    lock when its holder exits, however it ends (SIGKILL included), so a lock is never stale. Under
+    ``accelerate launch`` only the main process (``RANK`` 0) locks: the others are the same run. A directory this
+    process holds for its life (:func:`hold_run_lock`) is its already. ``for_children``: child processes that call
+    :func:`hold_run_lock` meanwhile (the pipeline's notebook kernels) work under these locks.
+
+    On NFS, Linux takes ``flock`` as a lock the server arbitrates (NFSv4, or v3 with its lock daemon), so runs on
+    two machines sharing a run directory exclude each other too, and a lock of a machine that crashed lasts until
+    the server lets it go (about 90 s on NFSv4); a mount with ``nolock`` keeps locks to one machine. Where
+    the file system cannot lock at all (``ENOLCK``: NFS without its lock daemon; ``EOPNOTSUPP``: some FUSE
+    mounts), a :class:`RunLockError` says so before anything is written.
+    """
+    if not main_rank():
+        yield
+        return
+    holder = _holder_line(command)
+    with contextlib.ExitStack() as stack:
+        for d in _directories(dirs):
+            if d not in _HELD:
+                stack.enter_context(_locked(d, holder))
+        if for_children:
+            stack.enter_context(_environment(HOLDER_ENV, str(os.getpid())))
+        yield
+
+
+def hold_run_lock(*dirs: str | Path, command: str) -> None:
+    """For the rest of this process (a notebook's kernel, from its setup cell): the run lock of each of ``dirs``,
+    as :func:`run_lock` takes it; those an earlier call held and these are not are let go. A process started
+    under its parent's lock (``run_lock(..., for_children=True)``: the pipeline's kernels) works under that lock
+    instead, leaving it to the parent, and dies with the parent (Linux's parent-death signal; elsewhere ipykernel's
+    parent poller ends a kernel within a second), so it never writes there unguarded."""
+    if not main_rank():
+        return
+    paths = _directories(dirs)
+    holder = _holder_line(command)
+    for d in paths:
+        if d not in _HELD:
+            _HELD[d] = _take_or_share(d, holder)
+    for d in [d for d in _HELD if d not in paths]:
+        fd = _HELD.pop(d)
+        if fd is not None:
+            os.close(fd)
+
+
+def _directories(dirs: tuple[str | Path, ...]) -> list[Path]:
+    return list(dict.fromkeys(Path(d).expanduser().resolve() for d in dirs))  # one lock per directory
+
+
+def _holder_line(command: str | None) -> str:
+    """What a lock file says of its holder: pid, command, start time."""
+    return json.dumps({"pid": os.getpid(), "command": command or " ".join(sys.argv),
+                       "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}) + "\n"
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+def _take_or_share(directory: Path, holder: str) -> int | None:
+    """The descriptor of ``directory``'s lock, taken; None where the parent holds it for this process (see
+    :func:`hold_run_lock`); else a :class:`RunLockError`."""
+    fd = _open(directory)
+    try:
+        if _flock(fd, directory):
+            _write(fd, holder)
+            return fd
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    if not _parent_holds(directory):
+        raise _in_use(directory)
+    return None
+
+
+def _parent_holds(directory: Path) -> bool:
+    """Whether this process's parent holds ``directory``'s lock for it (:data:`HOLDER_ENV` and the lock file name
+    the parent); if so, this process is set to die with it."""
+    parent, said = os.getppid(), read_json(directory / LOCK_FILE)
+    if os.environ.get(HOLDER_ENV) != str(parent) or not (isinstance(said, dict) and said.get("pid") == parent):
+        return False
+    libc = c_library()
+    if libc is not None and hasattr(libc, "prctl"):
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    return os.getppid() == parent  # the parent did not end before the signal was set
+
+
+@contextlib.contextmanager
+def _locked(directory: Path, holder: str) -> Iterator[None]:
+    fd = _open(directory)
+    try:
+        if not _flock(fd, directory):
+            raise _in_use(directory)
+        _write(fd, holder)
+        yield
+    finally:
+        os.close(fd)  # releases the lock (the file stays: removing it would race with a waiting process)
+
+
+def _open(directory: Path) -> int:
+    """A descriptor of ``directory``'s lock file (both made if missing)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        return os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise RunLockError(f"cannot lock {directory} for this run: {exc.strerror} ({exc.filename})") from None
+
+
+def _flock(fd: int, directory: Path) -> bool:
+    """Take the lock of ``fd``: True; False where another process holds it; a :class:`RunLockError` where the file
+    system cannot lock."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        raise RunLockError(f"cannot lock {directory} for this run: flock failed ({exc.strerror}); its file system "
+                           "takes no locks (NFS without its lock daemon, some FUSE mounts): use a run directory on a "
+                           "local disk") from None
+    return True
+
+
+def _write(fd: int, holder: str) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, holder.encode(), 0)
+
+
+def _in_use(directory: Path) -> RunLockError:
+    return RunLockError(f"{directory} is in use by another run ({_holder(directory / LOCK_FILE)}); one run per "
+                        "directory at a time: wait for it to end, or stop it")
+
+
+def _holder(lock: Path) -> str:
+    """Who holds ``lock``, from what it wrote there (it may not have written yet: a short wait)."""
+    for _ in range(20):
+        info = read_json(lock)
+        if isinstance(info, dict) and "pid" in info:
+            return f"pid {info['pid']}: {info.get('command', '?')}, since {info.get('started', '?')}"
+        time.sleep(0.05)
+    return "pid unknown"
