@@ -21,7 +21,7 @@ from ..decoding.compiled import engine_cycles, graphs_compiled, prepare_windows
 from ..layout import BENCH_CONFIG, RECORDS_FILE
 from .methods import SPEC, MethodRunner, MethodSpec, method_name, portable, record_run
 from ..models.target import Target
-from ..files import end_last_line, read_jsonl, write_json
+from ..files import end_last_line, read_jsonl, sweep_temps, write_json
 from ..machine import run_metadata
 from ..decoding.verify import SamplingParams
 
@@ -78,6 +78,7 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    sweep_temps(out_dir)  # what a killed writer left of a summary or config
     questions, temperatures = _with_distinct_ids(questions), list(temperatures)
     records_path = out_dir / RECORDS_FILE
     # a line cut by an interruption is skipped: that record is simply redone
