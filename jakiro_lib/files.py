@@ -168,6 +168,17 @@ def end_last_line(path: str | Path) -> None:
             fh.write(b"\n")
 
 
+def free_name(path: str | Path) -> Path:
+    """``path`` if nothing is there, else the first free one of ``<stem>.1<suffix>``, ``<stem>.2<suffix>``, ...
+    (where a file moved aside goes, never over an earlier one)."""
+    path = Path(path)
+    stem, suffix, n = path.stem, path.suffix, 0
+    while path.exists():
+        n += 1
+        path = path.with_name(f"{stem}.{n}{suffix}")
+    return path
+
+
 def write_text(path: str | Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)

@@ -25,7 +25,7 @@ from ..layout import (BENCH_CONFIG, RECORDS_FILE, SKIPPED_FILE, STALE_RECORDS_FI
                       RunLayout, draft_name, has_weights)
 from ..measure.methods import (SPEC, STUDIES, MethodSpec, method_name, parse_names, portable, resolve_engine,
                                 study_methods)
-from ..files import read_json, write_json
+from ..files import free_name, read_json, write_json
 from .context import StudyContext, _dirs, get_target
 from .tables import method_setting, study_table
 
@@ -162,22 +162,13 @@ def _renew_stamp(out_dir: Path, stamp: dict[str, Any], study: str, force: bool) 
     """Move old records aside when they were made with other settings (or ``force``); write the stamp."""
     records = out_dir / RECORDS_FILE
     if records.exists() and (force or not _describes(read_json(out_dir / STUDY_STAMP), stamp)):
-        aside = _free_name(out_dir / STALE_RECORDS_FILE)  # never over earlier stale records
+        aside = free_name(out_dir / STALE_RECORDS_FILE)  # never over earlier stale records
         log.info("study %s: %s; old records moved to %s", study,
                  "forced" if force else "settings or drafts changed", aside.name)
         os.replace(records, aside)
         if (out_dir / STUDY_STAMP).is_file():
             os.replace(out_dir / STUDY_STAMP, aside.with_suffix(".stamp.json"))
     write_json(out_dir / STUDY_STAMP, stamp)
-
-
-def _free_name(path: Path) -> Path:
-    """``path`` if nothing is there, else the first of ``<stem>.1<suffix>``, ``<stem>.2<suffix>``, ..."""
-    n = 0
-    while path.exists():
-        n += 1
-        path = path.with_name(f"{Path(STALE_RECORDS_FILE).stem}.{n}{path.suffix}")
-    return path
 
 
 def _describes(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
