@@ -248,13 +248,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         with run_lock(*_written_dirs(args), command=f"python -m jakiro_lib {shlex.join(argv)}"):
             return args.func(args)
 
-    return exit_status(run, hint=lambda: _hint(args))
+    return exit_status(run, hint=lambda: _hint(args), written=lambda: _written_dirs(args))
 
 
 def _written_dirs(args: argparse.Namespace) -> list[Path]:
-    """The directories a cache / train / bench run writes: its run directory, and bench's ``--out``."""
-    run_dir = args.run_dir if args.run_dir is not None else default_run_dir(args.profile)
-    return [run_dir, *([args.out] if getattr(args, "out", None) is not None else [])]
+    """The directories a command writes: its run directory (where it has one), and its ``--out``."""
+    run_dir = getattr(args, "run_dir", None)
+    if run_dir is None and hasattr(args, "run_dir"):
+        run_dir = default_run_dir(args.profile)
+    return [p for p in (run_dir, getattr(args, "out", None)) if p is not None]
 
 
 def _hint(args: argparse.Namespace) -> str:

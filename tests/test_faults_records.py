@@ -14,10 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from jakiro_lib import files
+from jakiro_lib.cli import main
 from jakiro_lib.profiles import get_profile
 from jakiro_lib.study import prepare_features
+
+from helpers import single_thread
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -96,3 +100,83 @@ def test_the_feature_cache_sweeps_a_killed_writers_shard_when_it_starts(tmp_path
     before = (tmp_path / "features" / "manifest.json").read_bytes()
     prepare_features(profile, tmp_path, progress=False)
     assert not dead.exists() and (tmp_path / "features" / "manifest.json").read_bytes() == before
+
+
+# --------------------------------------------------------------------------------------------------
+# A full disk: one line naming the disk and the path, whatever write met it
+# --------------------------------------------------------------------------------------------------
+
+SMALL = {"data.num_conversations": "6", "data.shard_size": "3", "data.max_length": "96", "data.heldout_fraction": "0.34",
+         "train.epochs": "1",
+         "train.max_steps": "2", "bench.limit": "1", "bench.max_new_tokens": "4", "bench.warmup": "0",
+         "bench.temperatures": "0", "bench.tuned": "false", "bench.compiled_baseline": "false"}
+
+
+def sets(extra: dict[str, str] | None = None) -> list[str]:
+    return [x for k, v in {**SMALL, **(extra or {})}.items() for x in ("--set", f"{k}={v}")]
+
+
+def cli(capsys, *argv: str) -> tuple[int, str]:
+    """(exit status, stderr) of the CLI run in this process, as a shell would see them."""
+    capsys.readouterr()
+    try:
+        with single_thread():
+            rc = main(list(argv))
+    except SystemExit as exc:  # argparse, or a handler's SystemExit("error: ...")
+        rc = exc.code if isinstance(exc.code, int) else (print(exc.code, file=sys.stderr) or 1)
+    return rc, capsys.readouterr().err
+
+
+def assert_one_error(rc: int, err: str, *fragments: str, status: int = 1) -> str:
+    """Exit ``status``, no traceback, exactly one ``error:`` line holding every fragment; returns it."""
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert rc == status and "Traceback" not in err and len(lines) == 1, err
+    assert all(f in lines[0] for f in fragments), lines[0]
+    return lines[0]
+
+
+def full_disk_on(monkeypatch, cls: type, method: str, code: int = errno.ENOSPC) -> None:
+    """``cls.method`` fails as a write to a full disk does: an OSError that names no file."""
+    def full(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+    monkeypatch.setattr(cls, method, full)
+
+
+def mount_of(path: Path) -> str:
+    return str(next(p for p in (path, *path.parents) if os.path.ismount(p)))
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_a_full_disk_while_caching_is_one_line_naming_the_disk_and_the_file(tmp_path, capsys, monkeypatch, code):
+    full_disk_on(monkeypatch, Path, "write_bytes", code)  # the shard's write
+    rc, err = cli(capsys, "cache", "--profile", "smoke", "--run-dir", str(tmp_path), *sets())
+    line = assert_one_error(rc, err, os.strerror(code), str(tmp_path / "features" / "shard_00000.safetensors"),
+                            f"the disk {mount_of(tmp_path)}", "free")
+    assert "finished work is kept" in line
+
+
+def test_a_full_disk_under_torch_save_is_one_line_naming_the_disk_and_the_run(tmp_path, capsys, monkeypatch):
+    prepare_features(get_profile("smoke", **SMALL), tmp_path, progress=False)
+
+    def save(*args, **kwargs):  # as torch.save fails on a full disk: a second error while closing the file
+        try:
+            raise RuntimeError("basic_ios::clear: iostream error")
+        except RuntimeError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 54592 vs 54480")
+
+    monkeypatch.setattr(torch, "save", save)
+    rc, err = cli(capsys, "train", "--profile", "smoke", "--run-dir", str(tmp_path), "--drafts", "dense", *sets())
+    assert_one_error(rc, err, "disk", mount_of(tmp_path), str(tmp_path), "free")
+
+
+def test_a_full_disk_while_benchmarking_is_one_line_and_keeps_the_records(tmp_path, capsys, monkeypatch):
+    argv = ["bench", "--profile", "smoke", "--methods", "vanilla", "--run-dir", str(tmp_path), *sets()]
+    rc, err = cli(capsys, *argv)
+    assert rc == 0, err
+    records = tmp_path / "bench" / "main" / "records.jsonl"
+    before = records.read_bytes()
+    records.write_bytes(before[:before.index(b"\n") + 1])  # one record left to redo
+    full_disk_on(monkeypatch, Path, "write_text")  # the benchmark's config and stamp
+    rc, err = cli(capsys, *argv)
+    assert_one_error(rc, err, "No space left on device", "the disk", str(tmp_path / "bench" / "main"))
+    assert records.read_bytes() == before[:before.index(b"\n") + 1]
