@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 from .commands import (cmd_bench, cmd_cache, cmd_costs, cmd_divergences, cmd_generate, cmd_gpucheck, cmd_papercost,
                        cmd_profiles, cmd_summary, cmd_throughput, cmd_train)
+from .data.conversations import not_text
 from .errors import exit_status
 from .files import check_paths
 from .machine import busy_warning, main_rank, run_lock, world_size
@@ -58,6 +59,14 @@ def _positive_ints(value: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {value!r}") from None
 
 
+def _text(value: str) -> str:
+    """argparse ``type``: text (a prompt); bytes that are not UTF-8 are refused."""
+    problem = not_text(value)
+    if problem:
+        raise argparse.ArgumentTypeError(f"the prompt {problem}")
+    return value
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="default", choices=PROFILE_NAMES, help="named configuration")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -69,7 +78,7 @@ def _args_profiles(p: argparse.ArgumentParser) -> None:
 
 
 def _args_generate(p: argparse.ArgumentParser) -> None:
-    p.add_argument("prompt")
+    p.add_argument("prompt", type=_text)
     p.add_argument("--method", default=SPEC, choices=KINDS, help="method kind (jakiro_lib.measure.methods)")
     p.add_argument("--draft", help="directory of a saved draft (method spec)")
     p.add_argument("--decoupled", action="store_true", help="Jakiro decoupled expert candidates")

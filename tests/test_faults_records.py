@@ -17,7 +17,9 @@ import pytest
 import torch
 
 from jakiro_lib import files
+from jakiro_lib.api import generate
 from jakiro_lib.cli import main
+from jakiro_lib.models.target import load_target
 from jakiro_lib.profiles import get_profile
 from jakiro_lib.study import prepare_features
 
@@ -180,3 +182,48 @@ def test_a_full_disk_while_benchmarking_is_one_line_and_keeps_the_records(tmp_pa
     rc, err = cli(capsys, *argv)
     assert_one_error(rc, err, "No space left on device", "the disk", str(tmp_path / "bench" / "main"))
     assert records.read_bytes() == before[:before.index(b"\n") + 1]
+
+
+# --------------------------------------------------------------------------------------------------
+# Unchecked input: one line naming the problem, before anything runs
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pair, fragments", [
+    ("target.device=foo", ("target.device", "'foo'", "'cuda:<index>'")),
+    ("bench.jakiro_draft=moe2_xgatee", ("bench.jakiro_draft", "'moe2_xgatee'", "moe2_xgate")),
+    ("bench.eagle2_draft=dence", ("bench.eagle2_draft", "'dence'", "dense")),
+    ("bench.temperatures=", ("bench.temperatures", "empty")),
+])
+def test_a_bad_setting_is_one_line_before_anything_is_written(tmp_path, capsys, pair, fragments):
+    rc, err = cli(capsys, "bench", "--profile", "smoke", "--methods", "vanilla", "--run-dir", str(tmp_path / "run"),
+                  *sets(), "--set", pair)
+    assert_one_error(rc, err, *fragments)
+    assert written(tmp_path / "run") == []
+
+
+def written(run: Path) -> list[str]:
+    """What a command wrote in ``run`` besides the run lock it takes first."""
+    return sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.name != ".lock") if run.exists() else []
+
+
+def test_a_device_torch_reads_is_allowed():
+    assert get_profile("smoke", **{"target.device": "cuda:1"}).target.device == "cuda:1"
+
+
+def test_a_prompt_of_bytes_that_are_not_utf8_is_one_line(capsys):
+    rc, err = cli(capsys, "generate", "--profile", "smoke", "--method", "vanilla", "--max-new-tokens", "2",
+                  "hi \udcff\udcfe there")  # what Python makes of the argument bytes b"hi \xff\xfe there"
+    line = [x for x in err.splitlines() if "error:" in x]
+    assert rc == 2 and "Traceback" not in err and len(line) == 1 and "'\\udcff' at character 4" in line[0], err
+    with pytest.raises(ValueError, match="not text"):
+        generate(load_target(get_profile("smoke").target), "a \ud800 b", method="vanilla", max_new_tokens=2)
+
+
+def test_a_question_file_with_a_lone_surrogate_is_one_line_before_anything_runs(tmp_path, capsys):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"question_id": 1, "turns": ["fine"]}\n{"question_id": 2, "turns": ["ok", "hi \\ud800"]}\n')
+    rc, err = cli(capsys, "bench", "--profile", "smoke", "--methods", "vanilla", "--run-dir", str(tmp_path / "run"),
+                  "--questions", str(questions), *sets())
+    assert_one_error(rc, err, f"line 2 in {questions}", "turn 2", "'\\ud800'", "not text")
+    assert written(tmp_path / "run") == []
