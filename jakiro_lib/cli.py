@@ -112,15 +112,15 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--questions", type=Path, metavar="FILE",
                    help="an EAGLE / Spec-Bench / FastChat question.jsonl (question_id, category, turns) "
                         "instead of --bench; per-category rows when it has categories")
-    p.add_argument("--name", help="benchmark name for --questions (default: the file's name, or its "
-                                  "folder's for question.jsonl)")
+    p.add_argument("--name", help="benchmark name for --questions, a plain name (default: the file's name, or "
+                                  "its folder's for question.jsonl)")
     p.add_argument("--temperature", type=float, action="append",
                    help="sampling temperature (repeatable; default: the profile's)")
     p.add_argument("--limit", type=_positive_int, help="first N questions of each benchmark (or of --questions)")
     p.add_argument("--skip", type=int, default=0,
                    help="pass over the first N questions of each benchmark (held-out checks)")
-    p.add_argument("--out", type=Path, help="directory for records.jsonl and summary.csv (default "
-                                           "runs/<profile>/bench/<study>, with --questions "
+    p.add_argument("--out", type=Path, help="directory for records.jsonl and summary.csv, written either way "
+                                           "(default runs/<profile>/bench/<study>, with --questions "
                                            "runs/<profile>/bench/<study>-<name>)")
 
 

@@ -19,7 +19,9 @@ import torch
 from jakiro_lib import files
 from jakiro_lib.api import generate
 from jakiro_lib.cli import main
-from jakiro_lib.models.target import load_target
+from jakiro_lib.config import TargetConfig
+from jakiro_lib.models.target import TargetError, load_target
+from jakiro_lib.report.plots import plot_speedup
 from jakiro_lib.profiles import get_profile
 from jakiro_lib.study import prepare_features
 
@@ -227,3 +229,59 @@ def test_a_question_file_with_a_lone_surrogate_is_one_line_before_anything_runs(
                   "--questions", str(questions), *sets())
     assert_one_error(rc, err, f"line 2 in {questions}", "turn 2", "'\\ud800'", "not text")
     assert written(tmp_path / "run") == []
+
+
+# --------------------------------------------------------------------------------------------------
+# Names, paths and words
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_question_file_name_that_is_not_a_plain_name_is_refused(tmp_path, capsys):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"question_id": 1, "turns": ["hi"]}\n')
+    run = tmp_path / "a" / "run"
+    rc, err = cli(capsys, "bench", "--profile", "smoke", "--methods", "vanilla", "--run-dir", str(run),
+                  "--questions", str(questions), "--name", "../../x", *sets())
+    assert_one_error(rc, err, "--name '../../x'", "plain name")
+    assert written(run) == [] and not (tmp_path / "a" / "x").exists() and not (run / "x").exists()
+
+
+@pytest.fixture(scope="module")
+def vanilla_run(tmp_path_factory) -> Path:
+    """A run directory where ``bench --methods vanilla`` ran without --out."""
+    run = tmp_path_factory.mktemp("vanilla") / "run"
+    with single_thread():
+        assert main(["bench", "--profile", "smoke", "--methods", "vanilla", "--run-dir", str(run), *sets()]) == 0
+    return run
+
+
+def test_bench_without_out_writes_its_summary_beside_the_records(vanilla_run):
+    study = vanilla_run / "bench" / "main"
+    assert (study / "summary.csv").is_file() and (study / "summary.json").is_file()
+
+
+def test_summary_counts_a_records_file_given_twice_once(vanilla_run, capsys):
+    records = vanilla_run / "bench" / "main" / "records.jsonl"
+    capsys.readouterr()
+    assert main(["summary", "--records", str(records)]) == 0
+    once = capsys.readouterr().out
+    assert main(["summary", "--records", str(records), str(records.parent / ".." / "main" / records.name)]) == 0
+    assert capsys.readouterr().out == once
+
+
+def test_the_headline_figure_says_its_baseline_is_the_fastest_plain_decoder():
+    row = {"method": "eagle2", "kind": "spec", "benchmark": "mt_bench", "temperature": 0.0, "speedup": 1.2,
+           "speedup_ci_low": 1.1, "speedup_ci_high": 1.3}
+    fig = plot_speedup([row, {**row, "method": "hf_generate", "kind": "hf", "speedup": 1.0, "speedup_ci_low": 1.0,
+                              "speedup_ci_high": 1.0}])
+    title = fig._suptitle.get_text()
+    assert "fastest plain decoder" in title and "vanilla" not in title
+
+
+@pytest.mark.parametrize("model, fragments", [("builtin:smollm3", ("unknown built-in", "builtin:smollm2")),
+                                              ("{file}", ("is a file", "folder of a saved model"))])
+def test_a_target_that_names_no_model_says_what_it_is_not_the_hub(tmp_path, model, fragments):
+    (tmp_path / "weights.bin").write_bytes(b"0")
+    with pytest.raises(TargetError) as info:
+        load_target(TargetConfig(model=model.format(file=tmp_path / "weights.bin")))
+    assert all(f in str(info.value) for f in fragments) and "hub" not in str(info.value), info.value
