@@ -21,6 +21,7 @@ KNOWN_ERRORS: dict[str, tuple[str, ...]] = {
     "jakiro_lib.report.stages": ("PipelineError",), "jakiro_lib.models.target": ("TargetError",),
     "jakiro_lib.decoding.result": ("ContextLengthError",), "jakiro_lib.decoding.compiled": ("CompileError",),
     "jakiro_lib.files": ("PathError",), "jakiro_lib.machine": ("LaunchError", "RunLockError"),
+    "jakiro_lib.study.stamps": ("RecordsError",),
 }
 
 

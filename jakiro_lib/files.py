@@ -126,6 +126,11 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def text_sha256(text: str) -> str:
+    """Hex SHA-256 of a text's UTF-8 bytes (a lone surrogate kept as it is)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def write_json(path: str | Path, obj: Any) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")

@@ -13,17 +13,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
+import jakiro_lib.measure.methods as methods
 from jakiro_lib import files
 from jakiro_lib.api import generate
 from jakiro_lib.cli import main
 from jakiro_lib.config import TargetConfig
+from jakiro_lib.data.conversations import Question, load_question_file
+from jakiro_lib.measure.bench import question_sha, run_benchmark
+from jakiro_lib.measure.methods import MethodSpec
+from jakiro_lib.measure.summary import load_records
 from jakiro_lib.models.target import TargetError, load_target
 from jakiro_lib.report.plots import plot_speedup
 from jakiro_lib.profiles import get_profile
 from jakiro_lib.study import prepare_features
+from jakiro_lib.study.tables import study_table
 
 from helpers import single_thread
 
@@ -110,9 +117,9 @@ def test_the_feature_cache_sweeps_a_killed_writers_shard_when_it_starts(tmp_path
 # A full disk: one line naming the disk and the path, whatever write met it
 # --------------------------------------------------------------------------------------------------
 
-SMALL = {"data.num_conversations": "6", "data.shard_size": "3", "data.max_length": "96", "data.heldout_fraction": "0.34",
-         "train.epochs": "1",
-         "train.max_steps": "2", "bench.limit": "1", "bench.max_new_tokens": "4", "bench.warmup": "0",
+SMALL = {"data.num_conversations": "6", "data.shard_size": "3", "data.max_length": "96",
+         "data.heldout_fraction": "0.34", "train.epochs": "1", "train.max_steps": "2", "bench.limit": "1",
+         "bench.max_new_tokens": "4", "bench.warmup": "0",
          "bench.temperatures": "0", "bench.tuned": "false", "bench.compiled_baseline": "false"}
 
 
@@ -285,3 +292,154 @@ def test_a_target_that_names_no_model_says_what_it_is_not_the_hub(tmp_path, mode
     with pytest.raises(TargetError) as info:
         load_target(TargetConfig(model=model.format(file=tmp_path / "weights.bin")))
     assert all(f in str(info.value) for f in fragments) and "hub" not in str(info.value), info.value
+
+
+# --------------------------------------------------------------------------------------------------
+# Benchmark records: keyed by what was asked; a narrower or failing run displaces nothing
+# --------------------------------------------------------------------------------------------------
+
+PLAIN = "vanilla,hf_generate,lookup_only"  # main-study methods that need no trained draft
+
+
+def bench(capsys, run: Path, *extra: str, methods: str = PLAIN, limit: str = "2") -> tuple[int, str]:
+    return cli(capsys, "bench", "--profile", "smoke", "--methods", methods, "--run-dir", str(run), *sets(),
+               "--limit", limit, *extra)
+
+
+def folder_hash(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A run directory whose main study ran :data:`PLAIN` on 2 questions (2 turns each) to the end."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    with single_thread():
+        assert main(["bench", "--profile", "smoke", "--methods", PLAIN, "--run-dir", str(run), *sets(),
+                     "--limit", "2"]) == 0
+    return run
+
+
+@pytest.fixture
+def study(finished, tmp_path) -> Path:
+    """A fresh copy of :func:`finished`'s run directory; returns its main study's folder."""
+    return Path(shutil.copytree(finished, tmp_path / "run")) / "bench" / "main"
+
+
+def counted_runs(monkeypatch) -> list[str]:
+    calls: list[str] = []
+    real = methods.MethodRunner.__call__
+
+    def counted(self, *args, **kwargs):
+        calls.append(self.spec.kind)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(methods.MethodRunner, "__call__", counted)
+    return calls
+
+
+def test_a_subset_of_a_finished_study_reuses_its_records_and_moves_nothing(study, capsys, monkeypatch):
+    before, calls = folder_hash(study), counted_runs(monkeypatch)
+    rc, err = bench(capsys, study.parent.parent, methods="vanilla")
+    assert rc == 0 and calls == [] and "moved" not in err, err
+    assert sorted(p.name for p in study.iterdir()) == sorted(before) and len(study_lines(study)) == 12
+    rc, err = bench(capsys, study.parent.parent, "--temperature", "0", limit="1")
+    assert rc == 0 and calls == [] and not list(study.glob("records.stale*")), err
+
+
+def study_lines(study: Path) -> list[str]:
+    return (study / "records.jsonl").read_text().splitlines()
+
+
+def test_a_narrower_run_with_other_settings_is_refused_and_moves_nothing(study, capsys):
+    before = folder_hash(study)
+    rc, err = bench(capsys, study.parent.parent, "--set", "bench.max_new_tokens=5", methods="vanilla")
+    assert_one_error(rc, err, str(study), "bench.max_new_tokens", "part of them", "--out")
+    assert folder_hash(study) == before
+
+
+def test_a_run_that_fails_its_context_check_moves_nothing(study, capsys):
+    before = folder_hash(study)
+    rc, err = bench(capsys, study.parent.parent, "--set", "bench.max_new_tokens=100000", limit="1")
+    assert_one_error(rc, err, "bench.max_new_tokens", "target.max_context=512", "at most")
+    assert folder_hash(study) == before
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_any_record(tmp_path, capsys):
+    questions = tmp_path / "long.jsonl"
+    questions.write_text("".join(json.dumps({"question_id": i, "turns": [t]}) + "\n"
+                                 for i, t in enumerate(["short", "word " * 200, "short again"])))
+    rc, err = bench(capsys, tmp_path / "run", "--questions", str(questions), methods="vanilla", limit="3")
+    assert_one_error(rc, err, "question '1' of 'long'", "the prompt alone does not fit")
+    assert written(tmp_path / "run") == []
+
+
+def write_questions(path: Path, texts: list[list[str]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"question_id": i, "turns": t}) + "\n" for i, t in enumerate(texts)))
+    return path
+
+
+def test_another_question_file_with_the_same_ids_is_run_not_answered_from_the_first(tmp_path, capsys):
+    run = tmp_path / "run"
+    first = write_questions(tmp_path / "a" / "q.jsonl", [["Say hi."], ["Count to three."]])
+    assert bench(capsys, run, "--questions", str(first), methods="vanilla")[0] == 0
+    folder = run / "bench" / "main-q"
+    answers = [json.loads(line)["output_ids"] for line in study_lines(folder)]
+    second = write_questions(tmp_path / "b" / "q.jsonl", [["Name a colour."], ["Spell 'cat'."]])
+    rc, err = bench(capsys, run, "--questions", str(second), methods="vanilla")
+    assert rc == 0 and "records.stale.jsonl" in err and "the text of question '0'" in err, err
+    records = [json.loads(line) for line in study_lines(folder)]
+    assert {r["question_sha256"] for r in records} == {question_sha(q) for q in load_question_file(second, "q")}
+    assert [r["output_ids"] for r in records] != answers
+    write_questions(second, [["Name a colour."], ["Spell 'dog'."]])  # one text edited in place
+    rc, err = bench(capsys, run, "--questions", str(second), methods="vanilla")
+    assert rc == 0 and "the text of question '1'" in err and (folder / "records.stale.1.jsonl").is_file(), err
+
+
+def as_written_before_hashes(folder: Path) -> None:
+    """Make a study folder's records and stamp as the benchmark wrote them before they named question texts."""
+    lines = [json.loads(line) for line in study_lines(folder)]
+    (folder / "records.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "question_sha256"})
+                                                  + "\n" for r in lines))
+    stamp = json.loads((folder / "study_stamp.json").read_text())
+    stamp["questions"] = [q[:2] for q in stamp["questions"]]
+    (folder / "study_stamp.json").write_text(json.dumps(stamp))
+
+
+def test_records_without_question_texts_are_kept_for_the_packaged_benchmarks(study, capsys, monkeypatch):
+    as_written_before_hashes(study)
+    calls = counted_runs(monkeypatch)
+    rc, err = bench(capsys, study.parent.parent)
+    assert rc == 0 and calls == [] and not list(study.glob("records.stale*")), err
+
+
+def test_records_without_question_texts_are_not_reused_for_a_question_file(tmp_path, capsys, monkeypatch):
+    run, questions = tmp_path / "run", write_questions(tmp_path / "q.jsonl", [["Say hi."]])
+    assert bench(capsys, run, "--questions", str(questions), methods="vanilla")[0] == 0
+    as_written_before_hashes(run / "bench" / "main-q")
+    calls = counted_runs(monkeypatch)
+    rc, err = bench(capsys, run, "--questions", str(questions), methods="vanilla")
+    assert rc == 0 and calls and "texts (not recorded then)" in err, err
+
+
+def test_the_benchmark_refuses_records_of_another_text_in_its_folder(tmp_path):
+    target = load_target(get_profile("smoke").target)
+    asked = [Question("q1", "writing", ["Say hi."], "mine")]
+    run_benchmark(target, {"vanilla": MethodSpec("vanilla")}, asked, max_new_tokens=2, warmup=0, out_dir=tmp_path,
+                  progress=False)
+    with pytest.raises(ValueError, match="another text of question 'q1'"):
+        run_benchmark(target, {"vanilla": MethodSpec("vanilla")}, [Question("q1", "writing", ["Other."], "mine")],
+                      max_new_tokens=2, warmup=0, out_dir=tmp_path, progress=False)
+
+
+COLUMNS = ("method", "benchmark", "temperature", "questions", "tokens_per_s", "speedup", "tau")
+
+
+@pytest.mark.parametrize("records", sorted(p for p in (REPO / "reports" / "measured").rglob("records.jsonl")
+                                           if (p.parent / "summary.csv").is_file()), ids=lambda p: p.parent.name)
+def test_committed_records_summarize_to_their_committed_summary(records):
+    """Records written before they named question texts read as they did: the summary committed beside them."""
+    committed = pd.read_csv(records.parent / "summary.csv")[list(COLUMNS)]
+    again = study_table(load_records(records))[list(COLUMNS)]
+    pd.testing.assert_frame_equal(again.reset_index(drop=True), committed, check_dtype=False, rtol=1e-6)

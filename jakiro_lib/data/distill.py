@@ -14,7 +14,6 @@ source; each answer carries the sha256 of the prompt it answers, so that an answ
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -24,18 +23,13 @@ from typing import Any, Sequence
 import torch
 from tqdm import tqdm
 
-from ..files import end_last_line, free_name
+from ..files import end_last_line, free_name, text_sha256
 from .chat import format_prompt
 from .conversations import Conversation
 
 log = logging.getLogger(__name__)
 
 HEADER_KEY = "__settings__"
-
-
-def prompt_sha(text: str) -> str:
-    """The sha256 of a prompt's text, as its answer's record names it."""
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _read(path: Path) -> tuple[dict[str, Any] | None, dict[str, tuple[str | None, str]]]:
@@ -118,7 +112,7 @@ def regenerate(target: Any, conversations: Sequence[Conversation], out_path: str
         if user is None:
             continue
         firsts[conv.id] = user
-        if answers.get(conv.id, (None,))[0] != prompt_sha(user):
+        if answers.get(conv.id, (None,))[0] != text_sha256(user):
             answers.pop(conv.id, None)
             ids = format_prompt(target.tokenizer, [{"role": "user", "content": user}], template=template)
             if len(ids) <= max_prompt_tokens:
@@ -130,7 +124,7 @@ def regenerate(target: Any, conversations: Sequence[Conversation], out_path: str
             chunk = todo[s:s + batch_size]
             for (cid, _), ans in zip(chunk, _generate_batch(target, [c[1] for c in chunk], max_new_tokens)):
                 text = target.tokenizer.decode(ans, skip_special_tokens=True)
-                answers[cid] = (prompt_sha(firsts[cid]), text)
+                answers[cid] = (text_sha256(firsts[cid]), text)
                 fh.write(json.dumps({"id": cid, "prompt_sha256": answers[cid][0], "answer": text}) + "\n")
             fh.flush()
             bar.update(len(chunk))
