@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 
 from .data.chat import format_prompt
+from .data.conversations import not_text
 from .config import TreeConfig
 from .decoding.result import ContextLengthError, GenerationResult
 from .measure.methods import KINDS, SPEC, MethodRunner, MethodSpec
@@ -41,6 +42,9 @@ def generate(target: Target, prompt: str | list[dict[str, str]], *, method: str 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    problem = next((p for m in messages if (p := not_text(m["content"]))), None)
+    if problem:
+        raise ValueError(f"the prompt {problem}")
     ids = torch.tensor(format_prompt(target.tokenizer, messages, template=target.config.template), dtype=torch.long)
     max_new_tokens = _within_context(target, ids.numel(), max_new_tokens)
     spec = MethodSpec(method, draft=None if draft is None else str(draft),

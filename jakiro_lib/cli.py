@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 from .commands import (cmd_bench, cmd_cache, cmd_costs, cmd_cycles, cmd_divergences, cmd_generate, cmd_gpucheck,
                        cmd_papercost, cmd_profiles, cmd_summary, cmd_throughput, cmd_train)
+from .data.conversations import not_text
 from .errors import exit_status
 from .files import check_paths
 from .busy import busy_warning
@@ -61,6 +62,14 @@ def _positive_ints(value: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {value!r}") from None
 
 
+def _text(value: str) -> str:
+    """argparse ``type``: text (a prompt); bytes that are not UTF-8 are refused."""
+    problem = not_text(value)
+    if problem:
+        raise argparse.ArgumentTypeError(f"the prompt {problem}")
+    return value
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="default", choices=PROFILE_NAMES, help="named configuration")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -72,7 +81,7 @@ def _args_profiles(p: argparse.ArgumentParser) -> None:
 
 
 def _args_generate(p: argparse.ArgumentParser) -> None:
-    p.add_argument("prompt")
+    p.add_argument("prompt", type=_text)
     p.add_argument("--method", default=SPEC, choices=KINDS, help="method kind (jakiro_lib.measure.methods)")
     p.add_argument("--draft", help="directory of a saved draft (method spec)")
     p.add_argument("--decoupled", action="store_true", help="Jakiro decoupled expert candidates")
@@ -106,15 +115,15 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--questions", type=Path, metavar="FILE",
                    help="an EAGLE / Spec-Bench / FastChat question.jsonl (question_id, category, turns) "
                         "instead of --bench; per-category rows when it has categories")
-    p.add_argument("--name", help="benchmark name for --questions (default: the file's name, or its "
-                                  "folder's for question.jsonl)")
+    p.add_argument("--name", help="benchmark name for --questions, a plain name (default: the file's name, or "
+                                  "its folder's for question.jsonl)")
     p.add_argument("--temperature", type=float, action="append",
                    help="sampling temperature (repeatable; default: the profile's)")
     p.add_argument("--limit", type=_positive_int, help="first N questions of each benchmark (or of --questions)")
     p.add_argument("--skip", type=int, default=0,
                    help="pass over the first N questions of each benchmark (held-out checks)")
-    p.add_argument("--out", type=Path, help="directory for records.jsonl and summary.csv (default "
-                                           "runs/<profile>/bench/<study>, with --questions "
+    p.add_argument("--out", type=Path, help="directory for records.jsonl and summary.csv, written either way "
+                                           "(default runs/<profile>/bench/<study>, with --questions "
                                            "runs/<profile>/bench/<study>-<name>)")
 
 
@@ -264,13 +273,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         with run_lock(*_written_dirs(args), command=f"python -m jakiro_lib {shlex.join(argv)}"):
             return args.func(args)
 
-    return exit_status(run, hint=lambda: _hint(args))
+    return exit_status(run, hint=lambda: _hint(args), written=lambda: _written_dirs(args))
 
 
 def _written_dirs(args: argparse.Namespace) -> list[Path]:
-    """The directories a cache / train / bench run writes: its run directory, and bench's ``--out``."""
-    run_dir = args.run_dir if args.run_dir is not None else default_run_dir(args.profile)
-    return [run_dir, *([args.out] if getattr(args, "out", None) is not None else [])]
+    """The directories a command writes: its run directory (where it has one), and its ``--out``."""
+    run_dir = getattr(args, "run_dir", None)
+    if run_dir is None and hasattr(args, "run_dir"):
+        run_dir = default_run_dir(args.profile)
+    return [p for p in (run_dir, getattr(args, "out", None)) if p is not None]
 
 
 def _hint(args: argparse.Namespace) -> str:

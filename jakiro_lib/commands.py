@@ -159,12 +159,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, DataError) as exc:
         raise SystemExit(f"error: {exc}") from None
     print(display_table(table).to_string())
-    by_category = _print_categories(load_records(Path(table.attrs["records"])))
-    if out:
-        write_table(Path(out) / "summary.csv", table)
-        if not by_category.empty:
-            write_table(Path(out) / "summary_by_category.csv", by_category)
-        print("records and summary.csv in", out)
+    out = Path(table.attrs["records"]).parent  # --out, or the study's folder in the run directory
+    by_category = _print_categories(load_records(out / "records.jsonl"))
+    write_table(out / "summary.csv", table)
+    if not by_category.empty:
+        write_table(out / "summary_by_category.csv", by_category)
+    print("records and summary.csv in", out)
     return 0
 
 
@@ -175,6 +175,8 @@ def _question_file(args: argparse.Namespace) -> list[Question]:
     if not path.is_file():
         raise FileNotFoundError(f"no question file {path}")
     name = args.name or (path.parent.name if path.stem == "question" else path.stem)
+    if Path(name).name != name or name in (".", ".."):
+        raise ValueError(f"--name {name!r} is not a plain name: it names a folder under bench/ (no / or ..)")
     stop = None if args.limit is None else args.skip + args.limit
     questions = load_question_file(path, name)[args.skip:stop]
     if not questions:
@@ -245,8 +247,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
     missing = [str(p) for p in args.records if not p.is_file()]
     if missing:
         raise SystemExit(f"error: no records file {', '.join(missing)}")
-    try:
-        records = [r for path in args.records for r in _load_records(path)]
+    try:  # a file given twice (by any path to it) counts once
+        records = [r for path in {p.resolve(): p for p in args.records}.values() for r in _load_records(path)]
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     if not records:

@@ -260,6 +260,8 @@ class BenchConfig:
             raise ValueError("bench.eagle2_draft and bench.jakiro_draft name trained drafts: give a name")
         if self.skip < 0 or (self.limit is not None and self.limit < 0):
             raise ValueError(f"bench.skip and bench.limit must be >= 0, got {self.skip} and {self.limit}")
+        if not self.temperatures:
+            raise ValueError("bench.temperatures is empty: give at least one, e.g. 0 or 0,1")
 
 
 @dataclass

@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import errno
+import os
+import shutil
 import sys
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .files import DISK_FULL
 
 
 # The errors a command line reports as one line (no traceback): module -> class. A class is looked up only
@@ -16,7 +21,7 @@ KNOWN_ERRORS: dict[str, tuple[str, ...]] = {
     "jakiro_lib.report.stages": ("PipelineError",), "jakiro_lib.models.target": ("TargetError",),
     "jakiro_lib.decoding.result": ("ContextLengthError",), "jakiro_lib.decoding.compiled": ("CompileError",),
     "jakiro_lib.files": ("PathError",), "jakiro_lib.machine": ("LaunchError", "DeviceMemoryError"),
-    "jakiro_lib.runlock": ("RunLockError",),
+    "jakiro_lib.runlock": ("RunLockError",), "jakiro_lib.study.stamps": ("RecordsError",),
 }
 
 
@@ -24,30 +29,67 @@ INTERRUPTED = "error: interrupted; finished work is kept (rerun the same command
 
 
 # Refusals of the file system that the user fixes, not the code: said in one line like the known errors
-UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+# What torch.save's writer raises when a write fails (a full disk): its C++ stream's errors, the second one raised
+# while closing the file during the first
+TORCH_WRITE_FAILED = ("iostream error", "PytorchStreamWriter failed", "file write failed")
 
 
 def known_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is one of :data:`KNOWN_ERRORS` (its message is meant for the user as it is), or the file
-    system refusing a path (:data:`UNWRITABLE`: no permission, read-only, full)."""
-    if isinstance(exc, OSError) and exc.errno in UNWRITABLE and exc.filename is not None:
+    """Whether ``exc`` is one of :data:`KNOWN_ERRORS` (its message is meant for the user as it is), the file
+    system refusing a path (:data:`UNWRITABLE`: no permission, read-only) or a full disk (:func:`disk_full`)."""
+    if isinstance(exc, OSError) and exc.errno in UNWRITABLE and exc.filename is not None or disk_full(exc):
         return True
     classes = [getattr(sys.modules[m], n, None) for m, names in KNOWN_ERRORS.items() if m in sys.modules
                for n in names]
     return any(isinstance(exc, c) for c in classes if isinstance(c, type))
 
 
-def error_line(exc: BaseException) -> str:
-    """``error: <message>`` on one line (a multi-line message is joined)."""
+def disk_full(exc: BaseException | None) -> BaseException | None:
+    """The full-disk error in ``exc`` or in the errors it was raised from or while handling: an OSError of
+    :data:`~jakiro_lib.files.DISK_FULL` (no space, over quota), or torch.save's writer failing
+    (:data:`TORCH_WRITE_FAILED`); None if there is none."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+            return exc
+        if isinstance(exc, RuntimeError) and any(m in str(exc) for m in TORCH_WRITE_FAILED):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def error_line(exc: BaseException, written: Sequence[Path] = ()) -> str:
+    """``error: <message>`` on one line (a multi-line message is joined); a full disk names the path written (or
+    else the first of the command's ``written`` folders) and the disk, with its free space."""
+    failure = disk_full(exc)
+    if failure is not None:
+        return _disk_full_line(failure, written)
     if isinstance(exc, OSError) and exc.errno in UNWRITABLE and exc.filename is not None:
         return f"error: {exc.strerror}: {exc.filename}"
     return "error: " + " ".join(str(exc).split())
 
 
+def _disk_full_line(failure: BaseException, written: Sequence[Path]) -> str:
+    named = isinstance(failure, OSError) and failure.filename is not None
+    path = Path(os.fsdecode(failure.filename)) if named else (Path(written[0]) if written else Path.cwd())
+    there = next(p for p in (path.absolute(), *path.absolute().parents) if p.exists())
+    disk = next(p for p in (there, *there.parents) if os.path.ismount(p))
+    free = f"{shutil.disk_usage(there).free / 2 ** 20:.1f} MiB free"
+    advice = "free some space there (or write elsewhere) and rerun: finished work is kept"
+    if isinstance(failure, OSError):
+        return f"error: {failure.strerror} writing {path}: the disk {disk} is full ({free}); {advice}"
+    cause = " ".join(str(failure).split())
+    return (f"error: writing under {path} failed ({cause}): is the disk {disk} full? ({free}); {advice}")
+
+
 def exit_status(call: Callable[[], int | None], *, hint: Callable[[], str] = lambda: "",
-                also: tuple[type[BaseException], ...] = ()) -> int:
+                also: tuple[type[BaseException], ...] = (),
+                written: Callable[[], Sequence[Path]] = lambda: ()) -> int:
     """A command's exit status: ``call()``'s, or 130 after Ctrl-C and 1 after a known error (or one of
-    ``also``), each said in one line on stderr instead of a traceback. Other exceptions propagate."""
+    ``also``), each said in one line on stderr instead of a traceback. Other exceptions propagate.
+    ``written``: the folders the command writes in, named where a full disk stopped a write that named no path."""
     try:
         return int(call() or 0)
     except KeyboardInterrupt:
@@ -58,7 +100,7 @@ def exit_status(call: Callable[[], int | None], *, hint: Callable[[], str] = lam
         if not (known_error(exc) or isinstance(exc, also)):
             raise
         close_progress_bars()
-        print(error_line(exc) + hint(), file=sys.stderr)
+        print(error_line(exc, written()) + hint(), file=sys.stderr)
         return 1
 
 

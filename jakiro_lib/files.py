@@ -11,7 +11,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -28,17 +30,27 @@ def cache_dir() -> Path:
     return path
 
 
+# The folder an atomic write builds its content in, beside the destination: ``.<name>.tmp<pid>@<host>.<random>``,
+# so that a later run can tell the leftovers of a writer that is gone (killed mid-write) from a live writer's
+_TEMP_NAME = re.compile(r"^\..+\.tmp(?P<pid>\d+)@(?P<host>[^/]+)\.[a-z0-9_]{8}$")
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # what a write meets on a full disk, or past the user's quota
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary sibling path; on success it replaces ``path`` (file or directory) atomically.
 
-    A crash leaves the old content (or nothing) in place, never a half-written file.
+    A crash leaves the old content (or nothing) in place, never a half-written file: the new content is
+    flushed to the disk before it takes the name, and the name's folder after. A kill leaves the temporary
+    folder (:func:`sweep_temps` removes it); a full disk raises an OSError that names ``path``.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)) / path.name
+    prefix = f".{path.name}.tmp{os.getpid()}@{socket.gethostname()}."
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=path.parent)) / path.name
     try:
         yield tmp
+        _fsync_tree(tmp)
         if path.is_dir() and tmp.is_dir():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -47,8 +59,62 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)
+        fsync_path(path.parent)
+    except OSError as exc:
+        if exc.errno in DISK_FULL and exc.filename is None:  # a write on an open file names no path
+            exc.filename = str(path)
+        raise
     finally:
         shutil.rmtree(tmp.parent, ignore_errors=True)
+
+
+def fsync_path(path: str | Path) -> None:
+    """Flush a file's or a folder's content (a folder: its entries) to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EBADF):  # a file system that cannot sync a folder
+            raise
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    """:func:`fsync_path` of a written file, or of every file and folder of a written folder (itself last)."""
+    if path.is_dir():
+        for p in sorted(path.rglob("*"), key=lambda p: -len(p.parts)):  # the deepest first
+            if p.is_file() or p.is_dir():
+                fsync_path(p)
+    fsync_path(path)
+
+
+def sweep_temps(directory: str | Path) -> list[str]:
+    """Remove the temporary folders that atomic writes (:func:`atomic_path`) of processes of this machine that
+    are gone left in ``directory`` (a writer killed mid-write); a live writer's, another machine's and anything
+    else are left alone. Returns the names removed (said in one log line)."""
+    directory, host = Path(directory), socket.gethostname()
+    gone = []
+    for entry in (os.scandir(directory) if directory.is_dir() else ()):
+        m = _TEMP_NAME.match(entry.name)
+        if m and m["host"] == host and entry.is_dir(follow_symlinks=False) and not _alive(int(m["pid"])):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            gone.append(entry.name)
+    if gone:
+        log.info("%s: removed %d temporary folder(s) left by writes cut short: %s", directory, len(gone),
+                 ", ".join(sorted(gone)))
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def file_sha256(path: str | Path) -> str:
@@ -58,6 +124,11 @@ def file_sha256(path: str | Path) -> str:
         for block in iter(lambda: fh.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def text_sha256(text: str) -> str:
+    """Hex SHA-256 of a text's UTF-8 bytes (a lone surrogate kept as it is)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def write_json(path: str | Path, obj: Any) -> None:
@@ -100,6 +171,17 @@ def end_last_line(path: str | Path) -> None:
         fh.seek(-1, os.SEEK_END)
         if fh.read(1) != b"\n":
             fh.write(b"\n")
+
+
+def free_name(path: str | Path) -> Path:
+    """``path`` if nothing is there, else the first free one of ``<stem>.1<suffix>``, ``<stem>.2<suffix>``, ...
+    (where a file moved aside goes, never over an earlier one)."""
+    path = Path(path)
+    stem, suffix, n = path.stem, path.suffix, 0
+    while path.exists():
+        n += 1
+        path = path.with_name(f"{stem}.{n}{suffix}")
+    return path
 
 
 def write_text(path: str | Path, text: str) -> None:

@@ -238,6 +238,18 @@ def override(profile: Profile, **overrides: Any) -> Profile:
         _check_field(obj, leaf, path, given=repr(value))
         _post_init(obj, path, value)
     validate(out)
+    _check_bench_drafts(out)
     return out
+
+
+def _check_bench_drafts(profile: Profile) -> None:
+    """bench.eagle2_draft and bench.jakiro_draft name drafts of the catalogue (one the profile does not train
+    leaves its rows out; a name no draft has is a typo)."""
+    known = {*_study_drafts(None), *profile.drafts}
+    for key in ("eagle2_draft", "jakiro_draft"):
+        name = getattr(profile.bench, key)
+        if name not in known:
+            raise ConfigError(f"bench.{key} = {name!r} is not allowed: expected a draft's name, one of "
+                              f"{', '.join(sorted(known))}")
 
 

@@ -37,12 +37,15 @@ def _one_of(*choices: str) -> Rule:
 
 
 _UNIT: Rule = ((lambda v: 0 <= v < 1), "in [0, 1)")
+# the devices a target runs on, as torch.device reads them ("cuda:1": the second GPU)
+_DEVICE: Rule = ((lambda v: re.fullmatch(r"(cpu|cuda|mps|xpu)(:\d+)?", v) is not None),
+                 "one of 'cpu', 'cuda', 'cuda:<index>', 'mps', 'xpu'")
 _DTYPE = _one_of("float32", "float16", "bfloat16")
 
 # Ranges by "Class.field"; fields not listed fall back to the name patterns of _PATTERN_RULES.
 RULES: dict[str, Rule] = {
     "TargetConfig.dtype": _DTYPE, "TargetConfig.max_context": _at_least(1), "TargetConfig.packed_gemm": _at_least(0),
-    "TargetConfig.gemm_backend": _one_of("auto", "mkl", "onednn"),
+    "TargetConfig.gemm_backend": _one_of("auto", "mkl", "onednn"), "TargetConfig.device": _DEVICE,
     "BenchConfig.engine": _one_of("auto", *RUN_ENGINE_NAMES), "TargetConfig.capture": _one_of(*CAPTURES),
     "DataConfig.feature_dtype": _DTYPE, "DataConfig.scale": _one_of("fixed", "auto"), "DataConfig.cache_dtype": _one_of("float32", "float16", "bfloat16", "auto"),
     "DataConfig.tokenize_workers": _at_least(0),

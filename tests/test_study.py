@@ -144,8 +144,12 @@ def test_a_method_added_to_a_study_reuses_the_records_already_there(tmp_path, mo
     assert load_study_records(tmp_path, "main")[:len(first)] == first
     assert not (tmp_path / "bench" / "main" / "records.stale.jsonl").exists()
     calls.clear()
-    with single_thread():  # a subset afterwards: the stamp no longer describes the other records
-        run_study(profile, run_dir=tmp_path, only=["vanilla"], target=target, progress=False)
+    with single_thread():  # a subset afterwards: its records are there, the others kept
+        table = run_study(profile, run_dir=tmp_path, only=["vanilla"], target=target, progress=False)
+    assert calls == [] and not (tmp_path / "bench" / "main" / "records.stale.jsonl").exists()
+    assert list(table["method"]) == ["vanilla"] and len(load_study_records(tmp_path, "main")) == 4
+    with single_thread():  # forced: moved aside and run again
+        run_study(profile, run_dir=tmp_path, only=["vanilla"], target=target, progress=False, force=True)
     assert set(calls) == {"vanilla"} and (tmp_path / "bench" / "main" / "records.stale.jsonl").is_file()
     with single_thread():  # forced again: the first stale records stay, the second set goes beside them
         run_study(profile, run_dir=tmp_path, only=["vanilla"], target=target, progress=False, force=True)

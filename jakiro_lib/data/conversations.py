@@ -217,7 +217,21 @@ def _take(items: Iterable[Question], limit: int | None) -> list[Question]:
 def _turns_or_error(value: Any, where: str) -> list[str]:
     if not isinstance(value, list) or not value or not all(isinstance(t, str) for t in value):
         raise DataError(f"{where}: 'turns' must be a non-empty list of strings, got {value!r:.80}")
+    bad = next((f"turn {i + 1} {problem}" for i, t in enumerate(value) if (problem := not_text(t))), None)
+    if bad:
+        raise DataError(f"{where}: {bad}")
     return list(value)
+
+
+def not_text(text: str) -> str | None:
+    """What keeps ``text`` from being text a tokenizer reads (a lone surrogate: bytes that were not UTF-8, or a
+    JSON ``\\ud800`` escape without its pair), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"holds {text[exc.start]!a} at character {exc.start + 1}, which is not text (invalid UTF-8, or half "
+                "of a surrogate pair)")
+    return None
 
 
 def _iter_question_file(path: Path, benchmark: str) -> Iterator[Question]:

@@ -9,11 +9,13 @@ which follow the paper (ShareGPT answers as they are).
 
 :func:`regenerate` keeps each conversation's first user turn, decodes the target's greedy answer in
 left-padded batches with HF ``generate``, and appends one JSON line per conversation to a file that a
-rerun resumes from (a torn last line is redone).
+rerun resumes from (a torn last line is ended and redone). The file's first line names the settings and the data
+source; each answer carries the sha256 of the prompt it answers, so that an answer is reused only for that prompt.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -21,14 +23,17 @@ from typing import Any, Sequence
 import torch
 from tqdm import tqdm
 
+from ..files import end_last_line, free_name, text_sha256
 from .chat import format_prompt
 from .conversations import Conversation
+
+log = logging.getLogger(__name__)
 
 HEADER_KEY = "__settings__"
 
 
-def _read(path: Path) -> tuple[dict[str, Any] | None, dict[str, str]]:
-    """(settings header, {conversation id: answer}) of an existing file; torn lines are ignored."""
+def _read(path: Path) -> tuple[dict[str, Any] | None, dict[str, tuple[str | None, str]]]:
+    """(settings header, {conversation id: (prompt sha256, answer)}) of an existing file; torn lines are ignored."""
     settings, answers = None, {}
     if not path.is_file():
         return settings, answers
@@ -40,8 +45,27 @@ def _read(path: Path) -> tuple[dict[str, Any] | None, dict[str, str]]:
         if HEADER_KEY in rec:
             settings = rec[HEADER_KEY]
         elif "id" in rec and "answer" in rec:
-            answers[rec["id"]] = rec["answer"]
+            answers[rec["id"]] = (rec.get("prompt_sha256"), rec["answer"])
     return settings, answers
+
+
+def _open_answers(out_path: Path, settings: dict[str, Any]) -> dict[str, tuple[str | None, str]]:
+    """The answers ``out_path`` holds for ``settings``, ready to append to (a torn last line ended); a file of
+    other settings or another source is moved aside (said, never overwritten) and a new one begun."""
+    old, answers = _read(out_path)
+    if old is not None and old != settings:
+        aside = free_name(out_path.with_name(f"{out_path.stem}.stale{out_path.suffix}"))
+        changed = sorted(k for k in {*old, *settings} if old.get(k) != settings.get(k))
+        os.replace(out_path, aside)
+        log.warning("self-distillation: %s was made with other %s; moved to %s, answers regenerated",
+                    out_path, ", ".join(changed), aside.name)
+        old, answers = None, {}
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    if old is None:
+        with out_path.open("w") as fh:
+            fh.write(json.dumps({HEADER_KEY: settings}) + "\n")
+    end_last_line(out_path)
+    return answers
 
 
 @torch.inference_mode()
@@ -67,26 +91,20 @@ def _generate_batch(target: Any, prompts: list[list[int]], max_new_tokens: int) 
 
 def regenerate(target: Any, conversations: Sequence[Conversation], out_path: str | Path, *,
                max_prompt_tokens: int = 256, max_new_tokens: int = 256, batch_size: int = 16,
-               template: str = "auto", progress: bool = True) -> list[Conversation]:
+               template: str = "auto", progress: bool = True, source: str = "") -> list[Conversation]:
     """Conversations ``[first user turn, the target's greedy answer]``, in input order.
 
     Conversations without a user turn, or whose first user turn formats to more than
-    ``max_prompt_tokens`` tokens, are dropped. Answers are appended to ``out_path`` after every batch; a
-    file written with other settings is moved aside to ``<name>.stale`` and regenerated.
+    ``max_prompt_tokens`` tokens, are dropped. Answers are appended to ``out_path`` after every batch, each
+    with its prompt's sha256 (an answer to another text of the same conversation id is redone); a file written
+    with other settings or from another ``source`` (where the conversations come from) is moved aside to
+    ``<stem>.stale[.N]<suffix>`` and regenerated.
     """
     out_path = Path(out_path)
     settings = {"target": str(getattr(target.model.config, "_name_or_path", "")),
                 "vocab_size": target.model.config.vocab_size, "max_prompt_tokens": max_prompt_tokens,
-                "max_new_tokens": max_new_tokens, "template": template}
-    old, answers = _read(out_path)
-    if old is not None and old != settings:
-        os.replace(out_path, out_path.with_name(out_path.name + ".stale"))
-        old, answers = None, {}
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    if old is None:
-        with out_path.open("w") as fh:
-            fh.write(json.dumps({HEADER_KEY: settings}) + "\n")
-
+                "max_new_tokens": max_new_tokens, "template": template, "source": source}
+    answers = _open_answers(out_path, settings)
     todo: list[tuple[str, list[int]]] = []
     firsts: dict[str, str] = {}
     for conv in conversations:
@@ -94,7 +112,8 @@ def regenerate(target: Any, conversations: Sequence[Conversation], out_path: str
         if user is None:
             continue
         firsts[conv.id] = user
-        if conv.id not in answers:
+        if answers.get(conv.id, (None,))[0] != text_sha256(user):
+            answers.pop(conv.id, None)
             ids = format_prompt(target.tokenizer, [{"role": "user", "content": user}], template=template)
             if len(ids) <= max_prompt_tokens:
                 todo.append((conv.id, ids))
@@ -105,11 +124,11 @@ def regenerate(target: Any, conversations: Sequence[Conversation], out_path: str
             chunk = todo[s:s + batch_size]
             for (cid, _), ans in zip(chunk, _generate_batch(target, [c[1] for c in chunk], max_new_tokens)):
                 text = target.tokenizer.decode(ans, skip_special_tokens=True)
-                answers[cid] = text
-                fh.write(json.dumps({"id": cid, "answer": text}) + "\n")
+                answers[cid] = (text_sha256(firsts[cid]), text)
+                fh.write(json.dumps({"id": cid, "prompt_sha256": answers[cid][0], "answer": text}) + "\n")
             fh.flush()
             bar.update(len(chunk))
     bar.close()
     return [Conversation(id=c.id, messages=[{"role": "user", "content": firsts[c.id]},
-                                            {"role": "assistant", "content": answers[c.id]}])
-            for c in conversations if c.id in answers and c.id in firsts and answers[c.id].strip()]
+                                            {"role": "assistant", "content": answers[c.id][1]}])
+            for c in conversations if c.id in answers and c.id in firsts and answers[c.id][1].strip()]

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from ..files import file_sha256, read_json, write_json
+from ..files import file_sha256, read_json, sweep_temps, write_json
 from ..layout import MANIFEST
 
 FORMAT = "jakiro-features-v1"
@@ -191,6 +191,7 @@ def cached_shards(out_dir: Path, fixed: dict[str, Any]
             detail = ", ".join(f"{k}: cached {a!r} vs now {b!r}" for k, (a, b) in clash.items())
             raise CacheError(f"{out_dir} holds a feature cache made with other settings ({detail}); "
                              "use another directory or delete this one")
+    sweep_temps(out_dir)  # shards whose writer was killed mid-write
     # shards finished by a multi-process run that stopped before the main process merged them
     entries += [e for p in sorted(out_dir.glob("shard_*.json")) if (e := read_sidecar(p, fixed))]
     done: dict[str, dict[str, Any]] = {}

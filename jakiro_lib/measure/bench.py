@@ -21,7 +21,8 @@ from ..decoding.compiled import engine_cycles, graphs_compiled, prepare_windows
 from ..layout import BENCH_CONFIG, RECORDS_FILE
 from .methods import SPEC, MethodRunner, MethodSpec, method_name, portable, record_run
 from ..models.target import Target
-from ..files import end_last_line, read_jsonl, write_json
+from ..decoding.result import ContextLengthError
+from ..files import end_last_line, read_jsonl, sweep_temps, text_sha256, write_json
 from ..machine import run_metadata
 from ..decoding.verify import SamplingParams
 
@@ -56,6 +57,13 @@ class Record:
     # not; records written before these existed load without them
     engine: str = "loop"
     compiled: bool = False
+    # what was asked: the sha256 of the question's turns (question_sha); absent in records written before it was
+    question_sha256: str | None = None
+
+
+def question_sha(question: Any) -> str:
+    """The sha256 of a question's turns: records answer this text (their benchmark and id only name it)."""
+    return text_sha256(json.dumps(list(question.turns)))
 
 
 def _params(temperature: float, top_p: float) -> SamplingParams:
@@ -78,11 +86,13 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    sweep_temps(out_dir)  # what a killed writer left of a summary or config
     questions, temperatures = _with_distinct_ids(questions), list(temperatures)
     records_path = out_dir / RECORDS_FILE
-    # a line cut by an interruption is skipped: that record is simply redone
-    done = {(record_run(r), r["temperature"], r["benchmark"], r["question_id"], r["turn"], r["repeat"])
-            for r in read_jsonl(records_path)}
+    check_context(target, questions, max_new_tokens)
+    old = read_jsonl(records_path)  # a line cut by an interruption is skipped: that record is simply redone
+    _same_texts(old, questions, records_path)
+    done = {(record_run(r), r["temperature"], r["benchmark"], r["question_id"], r["turn"], r["repeat"]) for r in old}
     write_json(out_dir / BENCH_CONFIG, {
         "methods": {k: portable(v, relative_to=out_dir) for k, v in methods.items()},
         "temperatures": temperatures, "max_new_tokens": max_new_tokens, "repeats": repeats, "warmup": warmup,
@@ -118,6 +128,34 @@ def _with_distinct_ids(questions: Iterable[Any]) -> list[Any]:
             raise ValueError(f"question_id {key[1]!r} of {key[0]!r} is given twice: each question needs an id of its own")
         seen.add(key)
     return questions
+
+
+def _same_texts(records: list[Any], questions: list[Any], path: Path) -> None:
+    """Refuse records that answer another text of a question asked now (records name it by benchmark and id)."""
+    asked = {(q.benchmark, str(q.question_id)): question_sha(q) for q in questions}
+    for r in records:
+        key, sha = (r["benchmark"], str(r["question_id"])), r.get("question_sha256")
+        if sha is not None and asked.get(key, sha) != sha:
+            raise ValueError(f"{path} holds answers to another text of question {key[1]!r} of {key[0]!r}: write "
+                             "these questions' records to another folder")
+
+
+def check_context(target: Target, questions: Iterable[Any], max_new_tokens: int) -> None:
+    """Refuse, before anything runs, a question whose last turn cannot fit the target's context after the earlier
+    turns and answers of up to ``max_new_tokens`` each (the last answer stops at the context)."""
+    limit = target.config.max_context
+    for q in questions:
+        empty = {"role": "assistant", "content": ""}  # every turn, an empty answer after each but the last
+        history = [m for text in q.turns for m in ({"role": "user", "content": text}, empty)][:-1]
+        base, answers = len(format_prompt_ids(target, history)), len(q.turns) - 1
+        if base + answers * max_new_tokens + 1 <= limit:
+            continue
+        room = (limit - 1 - base) // answers if answers else 0
+        fits = (f"; at most {room} new tokens (bench.max_new_tokens) fit" if room > 0 else
+                ": the prompt alone does not fit")
+        raise ContextLengthError(f"question {q.question_id!r} of {q.benchmark!r}: its {len(q.turns)} turn(s) with "
+                                 f"answers of up to {max_new_tokens} tokens need {base + answers * max_new_tokens + 1} "
+                                 f"positions, more than target.max_context={limit}{fits}")
 
 
 def _warm_up(target: Target, runners: dict[str, MethodRunner], question: Any, temperatures: list[float],
@@ -162,7 +200,7 @@ def _run_turns(target: Target, name: str, runner: MethodRunner, q: Any, params: 
             draft_forwards=res.draft_forwards, tokens_per_second=res.tokens_per_second,
             tau=res.tau if spec.kind == SPEC else 1.0, stop_reason=res.stop_reason,
             output_ids=res.output_ids, category=q.category, compiled_graphs=graphs,
-            engine=spec.runs_on, compiled=spec.compile,
+            engine=spec.runs_on, compiled=spec.compile, question_sha256=question_sha(q),
         )
         fh.write(json.dumps(dataclasses.asdict(rec)) + "\n")
         fh.flush()

@@ -186,6 +186,21 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
+def _check_name(name: str) -> None:
+    """Refuse a ``target.model`` that names no model, saying what it is instead: an unknown built-in, a
+    file, a local path that does not exist (a hub id is left to the hub)."""
+    if name.startswith("builtin:") and name != "builtin:smollm2":
+        raise TargetError(f"unknown built-in target {name!r} (target.model): the built-in one is builtin:smollm2 "
+                          "(tiny:llama, tiny:mistral and tiny:qwen2 are random test models)")
+    local = Path(name).expanduser()
+    if name.startswith(("/", ".", "~")) or os.sep in name and local.exists():
+        if local.is_file():
+            raise TargetError(f"target.model {name} is a file: give the folder of a saved model (config.json, "
+                              "weights and tokenizer files, as save_pretrained writes them)")
+        if not local.exists():
+            raise TargetError(f"target path {name} does not exist")
+
+
 def load_target(config: TargetConfig | None = None) -> Target:
     """Load the target model and tokenizer described by ``config``, frozen and in eval mode."""
     config = config or TargetConfig()
@@ -197,10 +212,8 @@ def load_target(config: TargetConfig | None = None) -> Target:
         model = tiny_model(name.split(":", 1)[1], seed=config.seed, max_positions=config.max_context)
         tokenizer = tiny_tokenizer()
     else:
+        _check_name(name)
         path: str | Path = builtin_smollm2_path() if name == "builtin:smollm2" else name
-        if isinstance(path, str) and (path.startswith(("/", ".", "~")) or os.sep in path and Path(path).exists()):
-            if not Path(path).expanduser().exists():
-                raise TargetError(f"target path {path} does not exist")
         try:
             hf_config = AutoConfig.from_pretrained(path)
         except OSError as exc:

@@ -166,8 +166,8 @@ def plot_metric(summary: pd.DataFrame | Iterable[dict], metric: str = "speedup",
 
 
 def plot_speedup(summary: pd.DataFrame | Iterable[dict]) -> Figure:
-    """Speedup over the fastest vanilla loop per method, benchmark and temperature (dashed line: 1x)."""
-    return plot_metric(summary, "speedup", title="Speedup vs vanilla decoding (bars: 95% bootstrap interval over prompts)")
+    """Speedup over the fastest plain decoder (ours or HF's) per method, benchmark and temperature (1x dashed)."""
+    return plot_metric(summary, "speedup", title="Speedup vs the fastest plain decoder (bars: 95% bootstrap CI over prompts)")
 
 
 def plot_tau(summary: pd.DataFrame | Iterable[dict]) -> Figure:

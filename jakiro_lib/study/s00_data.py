@@ -44,9 +44,11 @@ def load_training_conversations(profile: Profile, run_dir: Path | None = None, t
     if not d.self_distill:
         return convs
     rdir = run_dir if run_dir is not None else default_run_dir(profile.name)
+    source = d.source if d.path is None else f"{d.source}:{Path(d.path).expanduser().resolve()}"
     return regenerate(target or get_target(profile), convs, RunLayout(rdir).distill_conversations,
                       max_prompt_tokens=d.max_length // 2, max_new_tokens=d.distill_max_new_tokens,
-                      batch_size=d.distill_batch_size, template=profile.target.template, progress=progress)
+                      batch_size=d.distill_batch_size, template=profile.target.template, progress=progress,
+                      source=source)
 
 
 def cache_dtype(prof: Profile, cache_dir: Path, *, force: bool = False) -> str:

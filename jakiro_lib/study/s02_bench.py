@@ -1,32 +1,29 @@
 """Stage 02 (notebook 02, the ``bench`` CLI): the studies' methods benchmarked on the profile's questions.
 
 :func:`run_study`: ``study="main"`` / ``"ablations"`` -> ``run_dir/bench/<study>/records.jsonl`` and a
-summary table. Records are reused while the methods, drafts and settings are unchanged (else they are
-moved aside to ``records.stale[.N].jsonl``, never overwriting, and rerun).
+summary table. Records are reused and added to while the settings, and the methods and questions both runs
+have, are unchanged; else a run covering the old one moves them aside to ``records.stale[.N].jsonl``, never
+overwriting, and reruns, and a narrower run is refused (:mod:`jakiro_lib.study.stamps`).
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
 
-from ..measure.bench import run_benchmark
+from ..measure.bench import check_context, run_benchmark
 from ..measure.summary import load_records
-from ..measure.budgets import draft_fingerprint, resolve_tree_budgets
+from ..measure.budgets import resolve_tree_budgets
 from ..config import Profile
 from ..data.conversations import DataError, Question, load_questions
-from ..layout import (BENCH_CONFIG, RECORDS_FILE, SKIPPED_FILE, STALE_RECORDS_FILE, STUDY_STAMP, STUDY_TREE_BUDGET,
-                      RunLayout, draft_name, has_weights)
-from ..measure.methods import (SPEC, STUDIES, MethodSpec, method_name, parse_names, portable, resolve_engine,
-                                study_methods)
+from ..layout import BENCH_CONFIG, RECORDS_FILE, SKIPPED_FILE, STUDY_TREE_BUDGET, RunLayout, draft_name, has_weights
+from ..measure.methods import SPEC, STUDIES, MethodSpec, method_name, parse_names, resolve_engine, study_methods
 from ..files import read_json, write_json
 from .context import StudyContext, _dirs, get_target
+from .stamps import claim_records, make_stamp
 from .tables import method_setting, study_table
 
 log = logging.getLogger(__name__)
@@ -95,17 +92,6 @@ def _select(methods: dict[str, MethodSpec], only: str | Sequence[str] | None, st
     return {k: v for k, v in methods.items() if k in chosen}
 
 
-def _stamp(study: str, methods: dict[str, MethodSpec], prof: Profile, temps: Sequence[float],
-           questions: Sequence[Question]) -> dict[str, Any]:
-    """What the records depend on, as it reads back from JSON (drafts by name and weights' digest)."""
-    return json.loads(json.dumps({
-        "study": study, "methods": {k: portable(v) for k, v in methods.items()},
-        "drafts": {k: draft_fingerprint(v.draft) for k, v in methods.items()},
-        "bench": dataclasses.asdict(prof.bench), "target": dataclasses.asdict(prof.target),
-        "temperatures": temps, "questions": [[q.benchmark, str(q.question_id)] for q in questions],
-    }, default=str))
-
-
 def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None = None, study: str = "main", *,
               target: Any = None, force: bool = False, progress: bool = True,
               only: str | Sequence[str] | None = None, out_dir: str | Path | None = None,
@@ -117,8 +103,12 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     comma-separated string of them).
     Returns the summary table.
 
-    Records are reused (the benchmark resumes) while the methods, drafts and settings are unchanged;
-    otherwise, or with ``force``, the old file (and its stamp) is moved to ``records.stale[.N].jsonl`` first.
+    Records are reused (the benchmark resumes) while the settings, and the methods, drafts and question texts
+    both runs have, are unchanged; otherwise, or with ``force``, the old file (and its stamp) is moved to
+    ``records.stale[.N].jsonl`` first, except that a run of part of the old records' methods, questions or
+    temperatures raises :class:`~jakiro_lib.study.stamps.RecordsError` instead. Every prompt is checked against
+    the context first (:func:`~jakiro_lib.measure.bench.check_context`): nothing is moved or written before.
+    The table holds the records of this run's questions and temperatures.
     """
     if study not in STUDIES:
         raise ValueError(f"unknown study {study!r}: use {' or '.join(STUDIES)}")
@@ -130,6 +120,7 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
         raise FileNotFoundError(f"study {study!r} needs trained drafts {missing} in {layout.drafts}: run "
                                 "notebook 01 (or `python -m jakiro_lib train`) first")
     skipped: dict[str, str] = {}
+    asked = questions is not None  # a question file's texts, not the packaged benchmarks'
     if questions is None:
         questions, skipped = study_questions(prof)
     if not questions:
@@ -138,12 +129,14 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     temps = study_temperatures(prof, study)
     out_dir = Path(out_dir).expanduser().resolve() if out_dir is not None else layout.bench(study)
     target = target or get_target(prof)
+    check_context(target, questions, prof.bench.max_new_tokens)
     methods, budgets = resolve_tree_budgets(prof, rdir, methods, target, force=force,
                                             exclude=[t for q in questions for t in q.turns])
     out_dir.mkdir(parents=True, exist_ok=True)
+    claim_records(out_dir, make_stamp(study, methods, prof, temps, questions), study, force=force,
+                  unhashed_ok=not asked)
     if budgets:
         write_json(out_dir / STUDY_TREE_BUDGET, budgets)
-    _renew_stamp(out_dir, _stamp(study, methods, prof, temps, questions), study, force)
     b = prof.bench
     t0 = time.perf_counter()
     run_benchmark(target, methods, questions, temperatures=temps, max_new_tokens=b.max_new_tokens,
@@ -151,45 +144,18 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
                   tuning=budgets.get("tuning_prompts"))
     log.info("study %s: %d methods x %d questions x %d temperatures in %.1f s", study, len(methods),
              len(questions), len(temps), time.perf_counter() - t0)
-    table = study_table(load_records(out_dir / RECORDS_FILE), methods)
+    table = study_table(_asked_now(load_records(out_dir / RECORDS_FILE), questions, temps), methods)
     table.attrs["skipped_benchmarks"] = skipped
     table.attrs["records"] = str(out_dir / RECORDS_FILE)
     write_json(out_dir / SKIPPED_FILE, skipped)
     return table
 
 
-def _renew_stamp(out_dir: Path, stamp: dict[str, Any], study: str, force: bool) -> None:
-    """Move old records aside when they were made with other settings (or ``force``); write the stamp."""
-    records = out_dir / RECORDS_FILE
-    if records.exists() and (force or not _describes(read_json(out_dir / STUDY_STAMP), stamp)):
-        aside = _free_name(out_dir / STALE_RECORDS_FILE)  # never over earlier stale records
-        log.info("study %s: %s; old records moved to %s", study,
-                 "forced" if force else "settings or drafts changed", aside.name)
-        os.replace(records, aside)
-        if (out_dir / STUDY_STAMP).is_file():
-            os.replace(out_dir / STUDY_STAMP, aside.with_suffix(".stamp.json"))
-    write_json(out_dir / STUDY_STAMP, stamp)
-
-
-def _free_name(path: Path) -> Path:
-    """``path`` if nothing is there, else the first of ``<stem>.1<suffix>``, ``<stem>.2<suffix>``, ..."""
-    n = 0
-    while path.exists():
-        n += 1
-        path = path.with_name(f"{Path(STALE_RECORDS_FILE).stem}.{n}{path.suffix}")
-    return path
-
-
-def _describes(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
-    """Whether records made under stamp ``old`` are valid under ``new``: the same settings, and every old
-    method in the new set with the same settings and draft (a method added to a study, or a run with
-    ``only`` a subset followed by the whole set, reruns nothing already there)."""
-    if old is None:
-        return False
-    per_method = ("methods", "drafts")
-    if {k: v for k, v in old.items() if k not in per_method} != {k: v for k, v in new.items() if k not in per_method}:
-        return False
-    return all(k in new.get(key, {}) and new[key][k] == v for key in per_method for k, v in old.get(key, {}).items())
+def _asked_now(records: list[dict[str, Any]], questions: Sequence[Question], temps: Sequence[float]
+               ) -> list[dict[str, Any]]:
+    """The records of these questions at these temperatures (the folder may hold more of a wider run)."""
+    keys = {(q.benchmark, str(q.question_id)) for q in questions}
+    return [r for r in records if (r["benchmark"], str(r["question_id"])) in keys and r["temperature"] in temps]
 
 
 def bench_environment(run_dir: str | Path, study: str = "main") -> dict[str, Any]:

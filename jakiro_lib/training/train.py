@@ -31,7 +31,7 @@ from ..layout import HISTORY, RESULTS
 from ..data.dataset import build_draft_vocab, token_frequencies
 from ..models.draft import CONFIG_FILE, WEIGHTS_FILE, DraftModel
 from ..models.loss import COMPILED_STEP, evaluate, step_loss, train_collate, training_loss_options
-from ..files import atomic_path, read_json, write_json
+from ..files import atomic_path, read_json, sweep_temps, write_json
 from ..machine import (compiles_step, favoured_dtype, keep_freed_memory, resolve_precision, run_compiling, run_metadata,
                        seed_everything)
 
@@ -205,6 +205,8 @@ class _Training:
 
     def resume(self) -> None:
         """Continue from the newest readable checkpoint, refusing one made for another draft or data."""
+        if self.accelerator.is_main_process:
+            sweep_temps(self.out_dir / CHECKPOINTS)  # checkpoints whose writer was killed mid-write
         if not self.checkpoints:
             return
         ckpt, weights, state = readable_checkpoint(self.checkpoints)
