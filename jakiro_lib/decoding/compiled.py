@@ -18,7 +18,7 @@ from transformers import PreTrainedModel, StaticCache
 
 from ..machine import run_compiling
 from ..models.target import scratch
-from .tree import MAX_TREE_ROOM
+from .runner import MAX_TREE_ROOM
 
 RECOMPILE_LIMIT = 64  # dynamo's default (8) is below the cache lengths x sampling settings one process may compile
 

@@ -1,30 +1,27 @@
-"""The target behind one preallocated KV cache: the runner both decoding engines use.
+"""The target behind one preallocated KV cache: the runner the engine drives.
 
 gpt-fast's way (docs/DESIGN.md section 12): each layer's keys and values are plain tensors of ``capacity``
 positions (:class:`KVLayer`), written where the runner says, and an accepted tree path is kept by moving
 its entries inside them. Where the next forward writes is said in one of two ways:
 
-* a host int (the loop engine, :mod:`jakiro_lib.decoding.loop`): attention reads the positions written so far
-  (a view), so its cost follows the text's length; a write past the end doubles the buffers. On this
-  project's 2-core EPYC an 8-token tree after 200 positions took 82 ms over 1024 cached positions against
-  65-69 over only the written ones (SmolLM2-135M fp32, 2026-11-25): reading the whole buffer is not free
-  on a CPU;
-* a 0-dim device tensor (the static engine, :mod:`jakiro_lib.decoding.static`): every shape is fixed, attention
-  reads the first ``window`` positions (the engine's host-side choice per cycle, whole steps of
-  :data:`~jakiro_lib.decoding.static.WINDOW_STEP`; the whole buffer when unset) under the caller's mask, and
-  nothing is read on the host, so a CUDA graph captured for one window replays at every length inside it.
+* a host int (the prompt's prefill, and the reference's loop engine): attention reads the positions written so far
+  (a view); a write past the end doubles the buffers;
+* a 0-dim device tensor (every decoding cycle): attention reads the first ``window`` positions (the engine's
+  host-side choice per cycle; the whole buffer when unset) under the caller's mask, and nothing is read on the
+  host, so a CUDA graph captured for one window replays at every length inside it.
 
-Targets with sliding-window layers (Mistral with ``sliding_window`` set) keep transformers' own dynamic
-layers for those, in the loop engine only; the static engine refuses them.
+Sliding-window layers (Mistral with ``sliding_window`` set) attend like full ones while the cache holds no more
+positions than the window (the same attention exactly); a larger cache is refused.
 """
 from __future__ import annotations
 
 import torch
-from transformers import Cache, DynamicCache, PreTrainedModel
-from transformers.cache_utils import CacheLayerMixin, DynamicLayer
+from transformers import Cache, PreTrainedModel
+from transformers.cache_utils import CacheLayerMixin
 
 from ..models.target import additive_mask
-from .tree import Tree
+
+MAX_TREE_ROOM = 128  # cache positions kept past the text for a tree forward (a larger tree is refused)
 
 
 def fixed_address(t: torch.Tensor) -> torch.Tensor:
@@ -36,7 +33,7 @@ def fixed_address(t: torch.Tensor) -> torch.Tensor:
 
 
 class SlidingWindowError(ValueError):
-    """The target has sliding-window layers, which only the loop engine's dynamic layers hold."""
+    """The target's sliding window is shorter than the cache: its layers would attend differently from full ones."""
 
 
 class _Where:
@@ -154,29 +151,22 @@ class KVLayer(CacheLayerMixin):
 
 
 class TargetRunner:
-    """The target over one :class:`KVLayer` cache of ``capacity`` positions: the prefill, a token, a tree,
-    and keeping an accepted path.
+    """The target over one :class:`KVLayer` cache of ``capacity`` positions: the prefill (host positions), a tree
+    scored and an accepted path kept with positions in device tensors (:meth:`score`, :meth:`move`).
+    ``share``: another runner, to share its buffers (a compiled step binds to its buffers, and a 7B target's
+    cache is large)."""
 
-    The loop engine's calls keep ``length`` on the host (:meth:`prefill`, :meth:`step`, :meth:`tree`,
-    :meth:`keep`); the static engine's pass positions as device tensors (:meth:`score`, :meth:`move`).
-    ``positions_on_device``: the static engine's runner (full attention required); ``cache``: another
-    runner's, to share its buffers (a compiled step binds to its buffers, and a 7B target's cache is large).
-    """
-
-    def __init__(self, model: PreTrainedModel, capacity: int = 256, *, positions_on_device: bool = False,
-                 share: "TargetRunner | None" = None) -> None:
+    def __init__(self, model: PreTrainedModel, capacity: int = 256, *, share: "TargetRunner | None" = None) -> None:
         self.model, self.device, self.dtype = model, model.device, model.dtype
         if share is not None:
             self.where, self.cache = share.where, share.cache
         else:
+            window = getattr(model.config, "sliding_window", None)
+            if window is not None and getattr(model.config, "use_sliding_window", True) and capacity > window:
+                raise SlidingWindowError(f"the target's sliding window ({window} positions) is shorter than the "
+                                         f"{capacity}-position cache: lower target.max_context to fit the window")
             self.where = _Where(capacity)
-            # full-attention layers are ours; sliding-window ones (Mistral) keep transformers' dynamic layers
-            hf_layers = DynamicCache(config=model.config).layers
-            self.cache = Cache(layers=[KVLayer(self.where) if type(layer) is DynamicLayer else layer
-                                       for layer in hf_layers])
-        if positions_on_device and not all(isinstance(layer, KVLayer) for layer in self.cache.layers):
-            raise SlidingWindowError("the static engine needs full attention in every layer; this target has "
-                                     "sliding-window layers (run it on the loop engine)")
+            self.cache = Cache(layers=[KVLayer(self.where) for _ in range(model.config.num_hidden_layers)])
         self.capacity = capacity
         self.cols = torch.arange(capacity, device=self.device)
 
@@ -204,47 +194,13 @@ class TargetRunner:
         hidden = out.last_hidden_state[0]
         return self.model.lm_head(hidden), hidden
 
-    # -- the loop engine: positions on the host ------------------------------------------------------------
     def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and last hidden states (the lm_head input: the draft's features) of the prompt."""
-        if not all(isinstance(layer, KVLayer) for layer in self.cache.layers):  # sliding-window layers start anew
-            fresh = DynamicCache(config=self.model.config).layers
-            self.cache.layers = [mine if isinstance(mine, KVLayer) else new for mine, new in zip(self.cache.layers, fresh)]
         n = ids.shape[0]
         out = self._forward(ids, torch.arange(n, device=self.device), None, 0)
         self.length = n
         return out
 
-    def step(self, token: int) -> torch.Tensor:
-        """Logits after one more token."""
-        ids = torch.tensor([token], device=self.device)
-        logits, _ = self._forward(ids, torch.tensor([self.length], device=self.device), None, self.length)
-        self.length += 1
-        return logits[0]
-
-    def tree(self, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
-        """Score every node of ``tree`` after the ``length`` written positions; each node sees the prefix and
-        its ancestors (position = prefix length + depth)."""
-        anc = tree.ancestor_mask().to(self.device)
-        allowed = torch.cat([torch.ones(len(tree), self.length, dtype=torch.bool, device=self.device), anc], 1)
-        start = self.length
-        self.length += len(tree)
-        return self._forward(tree.tokens.to(self.device), start + tree.depths.to(self.device),
-                             additive_mask(allowed, self.dtype)[None, None], start)
-
-    def keep(self, start: int, nodes: list[int]) -> None:
-        """After a tree forward from ``start``: keep only ``nodes``' cache entries, moved to ``start..``."""
-        idx = torch.tensor(nodes, dtype=torch.long, device=self.device)
-        end = start + len(nodes)
-        self.where.move(start + idx, torch.arange(start, end, device=self.device))
-        for layer in self.cache.layers:
-            if not isinstance(layer, KVLayer):  # a sliding-window layer of transformers' (loop engine only)
-                layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys[:, :, start + idx]], dim=2)
-                layer.values = torch.cat([layer.values[:, :, :start], layer.values[:, :, start + idx]], dim=2)
-                layer.cumulative_length = end
-        self.length = end
-
-    # -- the static engine: positions in device tensors ----------------------------------------------------
     def score(self, tokens: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
               start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and features [m] of a tree (``anc`` [m, m]) whose root sits at position ``start`` (0-dim),

@@ -39,7 +39,7 @@ from ..models.draft import DraftModel
 from .clock import StepClock, step
 from .drafting import PromptLookup
 from .runner import TargetRunner, fixed_address
-from .tree import MAX_TREE_ROOM
+from .runner import MAX_TREE_ROOM
 from .verify import SamplingParams
 from .static_tree import (StaticEngineError, StaticTreeDrafter, ancestor_mask, drop_invalid, evaluate, graft_chain,
                           root_step)
@@ -59,11 +59,11 @@ def _runner(model: PreTrainedModel, cache_len: int, *, shared: bool) -> TargetRu
     """A runner of ``cache_len`` positions given on the device; ``shared``: over the model's one cache of that
     length (what compiled steps bind to: a new cache would compile again, and a 7B target's is large)."""
     if not shared:
-        return TargetRunner(model, cache_len, positions_on_device=True)
+        return TargetRunner(model, cache_len)
     runners: dict[int, TargetRunner] = scratch(model).setdefault("static_runners", {})
     if cache_len not in runners:
-        runners[cache_len] = TargetRunner(model, cache_len, positions_on_device=True)
-    return TargetRunner(model, cache_len, positions_on_device=True, share=runners[cache_len])
+        runners[cache_len] = TargetRunner(model, cache_len)
+    return TargetRunner(model, cache_len, share=runners[cache_len])
 
 
 def _next_cycle(result: GenerationResult, start: torch.Tensor, length: int, max_context: int,

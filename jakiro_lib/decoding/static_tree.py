@@ -12,7 +12,7 @@ from ..models.draft import DraftModel, DraftOutput
 from .clock import StepClock, step
 from .drafting import candidate_tensors, draft_schedule
 from .runner import TargetRunner, fixed_address, tree_rows
-from .tree import MAX_TREE_ROOM
+from .runner import MAX_TREE_ROOM
 from .verify import SamplingParams, warp_probs
 
 

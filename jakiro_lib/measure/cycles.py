@@ -96,7 +96,7 @@ def verify_seconds(target: Target, sizes: Sequence[int], *, context: int, repeat
     """T(n): the median seconds of the target's forward over a tree of n rows (each node with up to 4 children)
     after ``context`` cached positions, as the engine scores it (its eager window: the text and the tree)."""
     model = target.model
-    runner = TargetRunner(model, engine_cache_len(context + max(sizes)), positions_on_device=True)
+    runner = TargetRunner(model, engine_cache_len(context + max(sizes)))
     prompt = torch.randint(0, model.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0))
     runner.prefill(prompt.to(target.device))
     start = torch.full((), context, device=target.device)

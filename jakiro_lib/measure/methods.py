@@ -1,15 +1,14 @@
-"""Every decoding method the project compares, in one registry: name -> kind, draft, tree settings; a run is
-(method, engine, compile), in records as fields and in tables as a derived label (:func:`run_label`).
+"""Every decoding method the project compares, in one registry: name -> kind, draft, tree settings.
 
-A method is a name plus a :class:`MethodSpec`, which :class:`MethodRunner` runs: the kind table
-(``_GENERATE``) says which decoding function each kind calls, and the spec's ``engine`` and ``compile`` how. The
-studies' method sets (:func:`study_methods`), the CLI's method kinds, the performance goals' method
-groups (:func:`group_names`) and the serialised form in stamps and ``bench_config.json``
-(:func:`portable`) are all read from here.
+A method is a name plus a :class:`MethodSpec`, which :class:`MethodRunner` runs: our kinds (``vanilla``, plain decoding,
+and ``spec``, a drafted tree or a lookup chain) on the one engine (:func:`~jakiro_lib.decoding.static.static_generate`),
+eager or captured as ``target.capture`` says; HF's kinds (``hf``, ``pld``) through HF's ``generate``. The studies'
+method sets (:func:`study_methods`), the CLI's method kinds, the performance goals' method groups
+(:func:`group_names`) and the serialised form in stamps and ``bench_config.json`` (:func:`portable`) are all read from
+here; :func:`record_label` reads a record's run, old records' included.
 
-Kinds: ``vanilla`` (our cached loop), ``hf`` (HF ``generate``), ``pld`` (HF prompt lookup) and ``spec``
-(a feature draft with a tree config: EAGLE-2 with the dense draft, Jakiro with a MoE draft (``bench.jakiro_draft``), Jakiro +
-CEPD with ``ar_steps``; docs/DESIGN.md section 3).
+``spec`` is a feature draft with a tree config: EAGLE-2 with the dense draft, Jakiro with a MoE draft
+(``bench.jakiro_draft``), Jakiro + CEPD with ``ar_steps`` (docs/DESIGN.md section 3).
 """
 from __future__ import annotations
 
@@ -21,19 +20,15 @@ from typing import Any, Callable, Collection
 
 import torch
 
-from ..config import EAGLE2_DRAFT, JAKIRO_DRAFT, KINDS, OUR_KINDS, RUN_ENGINE_NAMES, SPEC, TreeConfig
-from ..decoding.loop import hf_generate, speculative_generate, vanilla_generate
+from ..config import EAGLE2_DRAFT, JAKIRO_DRAFT, KINDS, OUR_KINDS, SPEC, TreeConfig
+from ..decoding.hf import hf_generate
 from ..decoding.result import GenerationResult
-from ..models.draft import DraftModel
-from ..decoding.drafting import make_drafter
-from ..layout import draft_name, draft_path
 from ..decoding.static import static_generate
-from ..models.target import Target
 from ..decoding.verify import SamplingParams
+from ..layout import draft_name, draft_path
+from ..models.draft import DraftModel
+from ..models.target import Target, capture_of
 
-ENGINES = ("loop", "static")  # how a "spec" method runs: decoding.speculative_generate or static.static_generate
-# bench.engine's choices once resolved: the engine, and whether its step is compiled
-RUN_ENGINES = dict(zip(RUN_ENGINE_NAMES, [("loop", False), ("static", False), ("static", True)]))
 STUDIES = ("main", "ablations")
 LOOKUP_TOKENS = 10  # chain length of the lookup-branch methods: HF prompt lookup's default
 
@@ -44,32 +39,30 @@ class MethodSpec:
     draft: str | None = None  # path of a saved draft (kind "spec"; None: the lookup chain alone)
     tree: TreeConfig | None = None  # kind "spec"
     prompt_lookup_tokens: int = 10  # kind "pld" (HF's default)
-    # The decoding step compiled: kind "hf", HF generate over a static KV cache (decoding.hf_generate);
-    # kinds "vanilla" and "spec" on the static engine, its whole cycle (CUDA graphs on a GPU)
+    # kind "hf": HF generate over a static KV cache, compiled (decoding.hf.hf_generate); our kinds run as the
+    # target's capture says (target.capture), never per method
     compile: bool = False
-    # kinds "spec" and "vanilla": the loop engine (the eager reference) or the static-shape one
-    # (jakiro_lib.decoding.static: every tree option, one host read per cycle)
-    engine: str = "loop"
 
     def __post_init__(self) -> None:
-        if self.engine not in ENGINES:
-            raise ValueError(f"unknown engine {self.engine!r}: use {' or '.join(ENGINES)}")
-        if self.engine == "static" and self.kind not in OUR_KINDS:
-            raise ValueError("the static engine runs 'spec' and 'vanilla' methods only")
         if self.kind not in KINDS:
             raise ValueError(f"unknown method kind {self.kind!r}: use {', '.join(KINDS[:-1])} or {KINDS[-1]}")
-        if self.compile and self.kind == "pld":
-            raise ValueError("compile does not apply to kind 'pld' (HF prompt lookup has no static-cache path)")
-        if self.compile and self.kind in OUR_KINDS and self.engine == "loop":
-            raise ValueError("the loop engine is the eager reference: compile runs on the static engine "
-                             "(engine='static')")
+        if self.compile and self.kind != "hf":
+            raise ValueError("compile applies to kind 'hf' only (HF generate over a static cache); our methods run "
+                             "as target.capture says")
         if self.kind == SPEC and (self.tree is None or self.draft is None and not self.tree.lookup_tokens):
             raise ValueError("a 'spec' method needs a tree config and a draft path (or tree.lookup_tokens)")
 
     @property
     def runs_on(self) -> str:
-        """The engine a record names: ``engine`` ("loop" or "static") for our kinds, "hf" for HF's."""
-        return self.engine if self.kind in OUR_KINDS else "hf"
+        """The engine a record names: "static" (ours, the one engine) or "hf"."""
+        return "static" if self.kind in OUR_KINDS else "hf"
+
+    def capture(self, target: Target) -> str:
+        """How its decoding step runs on ``target``: ours as the target's capture says (none, graphs, inductor),
+        HF's compiled by inductor (``hf_compiled``) or not."""
+        if self.kind in OUR_KINDS:
+            return capture_of(target.model)
+        return "inductor" if self.compile else "none"
 
 
 class MethodRunner:
@@ -88,14 +81,11 @@ class MethodRunner:
         return _GENERATE[self.spec.kind](self, prompt_ids, seed, on_tokens, common)
 
     def _ours(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
-        """Plain decoding or a drafted (or lookup) tree, on the spec's engine."""
+        """Plain decoding or a drafted (or lookup) tree on the engine, captured where the target says."""
         t, spec = self.target, self.spec
-        kw = dict(max_context=t.config.max_context, generator=self._gen(seed), on_tokens=on_tokens, **common)
-        if spec.engine == "static":
-            return static_generate(t.model, self.draft, spec.tree, prompt_ids, compile=spec.compile, **kw)
-        if spec.kind == "vanilla":
-            return vanilla_generate(t.model, prompt_ids, **kw)
-        return speculative_generate(t.model, make_drafter(self.draft, spec.tree), prompt_ids, **kw)
+        return static_generate(t.model, self.draft, spec.tree, prompt_ids, compile=spec.capture(t) != "none",
+                               max_context=t.config.max_context, generator=self._gen(seed), on_tokens=on_tokens,
+                               **common)
 
     def _hf(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
         """HF ``generate``, with prompt lookup for kind "pld"."""
@@ -147,9 +137,7 @@ class Method:
 
     ``group`` names the role the performance goals give it (see :func:`group_names`); ``when`` the study
     switch it needs (``"compiled"``: bench.compiled_baseline; ``"tuned"``: bench.tuned with a fixed tree
-    budget). How it runs is no part of it: the study sets its spec's ``engine`` and ``compile`` (with
-    bench.static_engine every main method of kind "spec" or "vanilla" also runs on the static-shape engine,
-    :mod:`jakiro_lib.decoding.static`), and each run is labelled by :func:`run_label`.
+    budget). How it runs is no part of it (``target.capture``), but for ``hf_compiled``, HF's compiled generate.
     """
 
     name: str
@@ -258,74 +246,50 @@ def parse_names(text: str, known: Collection[str]) -> list[str]:
     return [n for n in names if n]
 
 
-# a run's label past its method's name, by (engine, compiled): the static engine's runs only (docs/DESIGN.md 12)
-_RUN_SUFFIXES = {("static", True): "_static_compiled", ("static", False): "_static"}
+# old records' run labels past the method's name, by (engine, compiled): written when a method could run on two
+# engines in one study (the loop engine's run under the bare name); records of the one engine carry "capture"
+_OLD_SUFFIXES = {("static", True): "_static_compiled", ("static", False): "_static"}
 
 
-def run_label(method: str, engine: str = "loop", compiled: bool = False) -> str:
-    """How tables, goals and ``--methods`` name the run (``method``, ``engine``, ``compiled``): ``method`` on the
-    loop engine and HF's, ``<method>_static`` or ``<method>_static_compiled`` on the static engine; derived,
-    never stored (a record holds the three)."""
-    return method + _RUN_SUFFIXES.get((engine, bool(compiled)), "")
-
-
-def spec_label(name: str, spec: MethodSpec) -> str:
-    """The label of method ``name`` run as ``spec`` says (:func:`run_label`)."""
-    return run_label(name, spec.runs_on, spec.compile)
-
-
-def method_name(key: str, spec: MethodSpec) -> str:
-    """The method a run of ``spec`` keyed ``key`` belongs to: ``key`` less the label's suffix for ``spec``'s
-    engine where it ends with it (a study's keys are labels), else ``key`` itself (a bare method name)."""
-    suffix = _RUN_SUFFIXES.get((spec.runs_on, spec.compile), "")
-    return key[:-len(suffix)] if suffix and key.endswith(suffix) else key
-
-
-def record_run(r: dict[str, Any]) -> tuple[str, str, bool]:
-    """A benchmark record's run key (method, engine, compiled). Records written before issue 45 named a static
-    engine's run by its label (``jakiro_auto_static_compiled``, the oldest with no ``engine`` and ``compiled``):
-    such a name reads as its method on the static engine, compiled as its suffix says; a missing ``engine`` is
-    the loop's for our kinds, HF's for HF's."""
+def _old_run(r: dict[str, Any]) -> tuple[str, str, bool]:
+    """An old record's run (method, engine, compiled): the oldest named a static engine's run by its label
+    (``jakiro_auto_static_compiled``, no ``engine`` or ``compiled``); a missing ``engine`` is the loop's for our
+    kinds, HF's for HF's."""
     method, compiled = r["method"], bool(r.get("compiled", False))
     engine = r.get("engine") or ("loop" if r.get("kind", SPEC) in OUR_KINDS else "hf")
-    if engine in ENGINES:
-        for (eng, comp), suffix in _RUN_SUFFIXES.items():
+    if engine in ("loop", "static"):
+        for (eng, comp), suffix in _OLD_SUFFIXES.items():
             if method.endswith(suffix):
                 return method[:-len(suffix)], eng, comp
     return method, engine, compiled
 
 
 def record_label(r: dict[str, Any]) -> str:
-    """A benchmark record's run label (:func:`run_label` of :func:`record_run`), old names read as new."""
-    return run_label(*record_run(r))
+    """A benchmark record's run label: its method. Old records (no ``capture``) keep the labels they were
+    tabled under: a static engine's run ``<method>_static`` or ``<method>_static_compiled``, the loop's the name."""
+    if "capture" in r:
+        return r["method"]
+    method, engine, compiled = _old_run(r)
+    return method + _OLD_SUFFIXES.get((engine, compiled), "")
 
 
-def group_names(group: str, *, twins: bool = False) -> tuple[str, ...]:
-    """The main study's methods of a goals group (e.g. ``"jakiro"``), in registry order; with ``twins``
-    followed by their static-engine runs' labels, then those compiled."""
-    members = [m for m in MAIN if m.group == group]
-    runs = (False, True) if twins else ()
-    return tuple(m.name for m in members) + tuple(run_label(m.name, "static", c) for c in runs
-                                                  for m in members if m.kind in OUR_KINDS)
+def record_method(r: dict[str, Any]) -> str:
+    """The registry method a record (old or new) is a run of."""
+    return r["method"] if "capture" in r else _old_run(r)[0]
+
+
+def group_names(group: str) -> tuple[str, ...]:
+    """The main study's methods of a goals group (e.g. ``"jakiro"``), in registry order."""
+    return tuple(m.name for m in MAIN if m.group == group)
+
 
 DRAFTED_METHODS = tuple(m.name for m in MAIN if m.kind == SPEC and m.draft)  # compared with published numbers
 
 
-def resolve_engine(engine: str, device: str) -> str:
-    """``bench.engine`` on ``device``: "auto" is the captured static engine on CUDA and the loop elsewhere
-    (the faster of the two measured side by side on each: docs/DESIGN.md section 12)."""
-    if engine == "auto":
-        return "static_compiled" if device.startswith("cuda") else "loop"
-    return engine
-
-
-def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "main",
-                  tuned: bool = True, compiled: bool = True, compiled_engine: bool = False,
-                  static_engine: bool = False, drafts: Collection[str] | None = None,
-                  engine: str = "loop", eagle2_draft: str = EAGLE2_DRAFT,
+def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "main", tuned: bool = True,
+                  compiled: bool = True, drafts: Collection[str] | None = None, eagle2_draft: str = EAGLE2_DRAFT,
                   jakiro_draft: str = JAKIRO_DRAFT) -> dict[str, MethodSpec]:
-    """The method sets the notebooks compare, one entry a run keyed by its label (:func:`run_label`); drafts are
-    read from ``drafts_dir/<name>/draft``.
+    """The method sets the notebooks compare, keyed by name; drafts are read from ``drafts_dir/<name>/draft``.
 
     ``main`` (:data:`MAIN`): the baselines, EAGLE-2 (on ``eagle2_draft``), Jakiro (decoupled, on ``jakiro_draft``)
     and Jakiro + CEPD on ``tree``; with ``tuned`` (and a fixed ``tree.total_tokens``) also ``eagle2_auto`` and
@@ -336,11 +300,7 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     control and the per-expert-loss and two-step-trained drafts, all on ``tree``.
 
     ``drafts``: the draft names a profile trains (methods on others are left out; None: none). ``compiled``: the
-    main study also times ``hf_compiled``. ``engine`` (resolved, :func:`resolve_engine`): what the methods of
-    kind "spec" run on ("loop", "static" or "static_compiled"); on an engine other than the loop the main study
-    also runs plain decoding there, the goals' baseline. ``static_engine``: every main method of kind "vanilla"
-    or "spec" also on the static engine (``<name>_static``), and with ``compiled_engine`` compiled too
-    (``<name>_static_compiled``).
+    main study also times ``hf_compiled``.
     """
     if study not in STUDIES:
         raise ValueError(f"unknown study {study!r}: use {' or '.join(repr(s) for s in STUDIES)}")
@@ -349,23 +309,4 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     registered = [m.on_drafts(eagle2_draft, jakiro_draft) for m in (MAIN if study == "main" else _ablation_methods(tree))]
     chosen = [m for m in registered if (m.when is None or switches[m.when]())
               and (drafts is None or m.draft is None or m.draft in drafts)]
-    if engine not in RUN_ENGINES:
-        raise ValueError(f"unknown engine {engine!r}: use {', '.join(RUN_ENGINES)}")
-    loop = {m.name: m.spec(tree, drafts_dir, tuned=tuned) for m in chosen}
-
-    def on(spec: MethodSpec, run: str) -> MethodSpec:
-        engine, compile = RUN_ENGINES[run]
-        return dataclasses.replace(spec, engine=engine, compile=compile)
-
-    runs = [(name, on(spec, engine) if spec.kind == SPEC else spec) for name, spec in loop.items()]
-    if study == "main" and engine != "loop" and "vanilla" in loop:
-        # plain decoding on the drafted methods' engine, beside the loop (the greedy reference): on a GPU the
-        # captured plain decoder is the fast baseline the speculative methods are measured against
-        runs.append(("vanilla", on(loop["vanilla"], engine)))
-    if study == "main" and static_engine:
-        engines = ("static", "static_compiled") if compiled_engine else ("static",)  # compiled: the captured cycle
-        runs += [(m.name, on(loop[m.name], run)) for m in chosen if m.kind in OUR_KINDS for run in engines]
-    methods: dict[str, MethodSpec] = {}
-    for name, spec in runs:  # one entry a run: a twin the drafted methods' engine already runs is that run
-        methods.setdefault(spec_label(name, spec), spec)
-    return methods
+    return {m.name: m.spec(tree, drafts_dir, tuned=tuned) for m in chosen}

@@ -130,7 +130,7 @@ def measure_tn(model: PreTrainedModel, sizes: Sequence[int] = TREE_SIZES, *, con
     cache_len = cache_len or compiled_cache_len(context + max(sizes))
     if context + max(sizes) > cache_len:
         raise ValueError(f"a {max(sizes)}-token tree after {context} positions does not fit {cache_len} cached ones")
-    runner = TargetRunner(model, cache_len, positions_on_device=True)
+    runner = TargetRunner(model, cache_len)
     g = torch.Generator().manual_seed(1)
     runner.prefill(torch.randint(0, model.config.vocab_size, (context,), generator=g).to(dev))
     start = torch.full((), context, dtype=torch.long, device=dev)

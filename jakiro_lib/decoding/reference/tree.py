@@ -1,4 +1,5 @@
-"""Token trees: candidate pools, the EAGLE-2 top-N selection, and the tensors the target needs to verify.
+"""The loop engine's token trees (the reference): a :class:`Tree` of Python nodes, the candidate pool and EAGLE-2's
+top-N selection over it (:class:`CandidatePool`).
 
 Node 0 is the root (the last generated token, not yet in the target's cache); every other node has a
 parent with a smaller index, so a tree is valid by construction and masks are built in one pass.
@@ -8,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-
-MAX_TREE_ROOM = 128  # cache positions kept past the text for a tree forward (a larger tree is refused)
 
 GRAFTED_RANK = 1 << 30  # selection rank of grafted (not drafted) nodes: no draft budget would keep them
 

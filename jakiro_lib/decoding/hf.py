@@ -1,0 +1,70 @@
+"""Hugging Face's own decoders, timed like ours: ``generate`` eager, with prompt lookup, or over a static KV cache
+compiled by ``torch.compile`` (``hf_compiled``: transformers' fast path, a baseline every method is measured
+against where it is the fastest plain decoder)."""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+from transformers import CompileConfig, PreTrainedModel
+
+from ..machine import run_compiling, synchronize
+from .compiled import compiled_cache_len, inductor_settings, static_cache
+from .result import GenerationResult
+from .verify import SamplingParams
+
+
+def _compile_config(device: torch.device) -> CompileConfig:
+    """transformers' compile settings for ``generate`` on ``device``: off CUDA, inductor's default mode
+    (``reduce-overhead`` means CUDA graphs), and ``_compile_all_devices`` because ``generate`` compiles only
+    on accelerators unless told otherwise."""
+    config = CompileConfig() if device.type == "cuda" else CompileConfig(mode="default")
+    config._compile_all_devices = True
+    return config
+
+
+@torch.inference_mode()
+def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tokens: int = 128,
+                params: SamplingParams = SamplingParams(), eos_token_ids: list[int] = (),
+                prompt_lookup_num_tokens: int | None = None, seed: int | None = None,
+                compile: bool = False, max_context: int | None = None) -> GenerationResult:
+    """Hugging Face ``generate`` (optionally with prompt-lookup decoding) timed like our loops.
+
+    ``compile``: a static KV cache and ``torch.compile`` of the decoding step (transformers' own
+    fast path; the first calls compile, so warm up before timing). It is plain decoding too, and on some
+    machines the fastest one, so benchmarks carry it as a baseline. ``max_context``: the cache then holds the
+    whole context, one length for every prompt (:func:`~jakiro_lib.decoding.compiled.compiled_cache_len`), so a warm-up
+    on a short prompt compiles what every timed one runs.
+    """
+    kwargs: dict = {"max_new_tokens": max_new_tokens, "do_sample": not params.greedy,
+                    "eos_token_id": list(eos_token_ids) or None, "pad_token_id": (list(eos_token_ids) or [0])[0]}
+    if not params.greedy:
+        kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None)
+    if prompt_lookup_num_tokens:
+        kwargs["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
+    if compile:
+        cache_len = compiled_cache_len(max_context or prompt_ids.numel() + max_new_tokens)
+        cache = static_cache(model, cache_len)
+        kwargs.update(past_key_values=cache,
+                      compile_config=_compile_config(model.device))
+    ids = prompt_ids.to(model.device)[None]
+
+    def run() -> tuple[torch.Tensor, float]:
+        if compile:
+            cache.reset()
+        if seed is not None:
+            torch.manual_seed(seed)
+        synchronize(model.device)
+        t0 = time.perf_counter()
+        with inductor_settings(model.device) if compile else contextlib.nullcontext():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+        synchronize(model.device)
+        return out, time.perf_counter() - t0
+
+    out, wall = run_compiling(run, compiling=compile, what="HF generate with a static cache and torch.compile",
+                              remedy="leave the hf_compiled baseline out with --set bench.compiled_baseline=false")
+    new = out[0, ids.shape[1]:].tolist()
+    result = GenerationResult(prompt_len=ids.shape[1], output_ids=new, wall_time=wall)
+    result.stop_reason = "eos" if new and new[-1] in set(eos_token_ids) else "max_new_tokens"
+    return result
