@@ -30,6 +30,7 @@ from .study.context import default_run_dir
 from .study.s00_data import prepare_features
 from .study.s01_train import train_all, training_table
 from .study.s02_bench import run_study
+from .study.heads import export_draft
 from .study.tables import category_table, display_table, study_table, write_table
 from .models.target import load_target
 from .training.scale import SCALE_JSON, recorded_scale
@@ -383,3 +384,11 @@ def cmd_papercost(args: argparse.Namespace) -> int:
     print(cycles.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print("modelled_speedup: tau_paper x ms_per_token_plain / ms_per_cycle (random weights: acceptance not measured)")
     return 1 if result["errors"] else 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """A saved draft in EAGLE's or the Jakiro authors' layout, for their code, vLLM and SGLang (study.heads)."""
+    target = load_target(resolved_profile(args).target)
+    done = export_draft(args.draft, target, args.format, args.out)
+    print(f"{done['layout']} layout: {', '.join(done['files'])} in {done['out']}")
+    return 0
