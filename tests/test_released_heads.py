@@ -109,3 +109,28 @@ def test_export_command_writes_a_head_and_refuses_eagle3_in_one_line(tmp_path, c
     assert not (tmp_path / "out3").exists()
     with pytest.raises(SystemExit):  # the format is one of three
         cli.main(["export", "--draft", str(saved), "--format", "onnx", "--out", str(tmp_path / "o")])
+
+
+def test_our_rows_stand_beside_the_published_ones_whatever_engine_ran_them():
+    """On a GPU the drafted methods run captured (labels ``*_static_compiled``): they are still compared with the
+    published numbers, each beside the rows of the method it stands for, same target and temperature."""
+    import pandas as pd
+
+    from jakiro_lib.study.published import beside_published, comparison_table
+
+    main = pd.DataFrame([{"method": m, "temperature": t, "benchmark": "mt_bench", "tokens_per_s": 50.0, "speedup": 2.0,
+                          "tau": 4.0, "tau_ref": 4.5, "questions": 10}
+                         for t in (0.0, 1.0) for m in ("vanilla", "eagle2_static_compiled",
+                                                       "jakiro_coupled_cepd_static_compiled", "jakiro_star_static_compiled")])
+    table = comparison_table(main, target_model="lmsys/vicuna-7b-v1.3", environment={})
+    ours = table[table["source"] == "ours (this run)"]
+    assert set(ours["method"]) == {"eagle2_static_compiled", "jakiro_coupled_cepd_static_compiled",
+                                   "jakiro_star_static_compiled"}
+    beside = beside_published(table)
+    pairs = {(r.method, r.temperature, r.published_source) for r in beside.itertuples()}
+    assert ("jakiro_star_static_compiled", 1.0, "Jakiro README figure") in pairs
+    assert ("jakiro_coupled_cepd_static_compiled", 0.0, "Jakiro authors' A40 logs (recomputed)") in pairs
+    assert ("eagle2_static_compiled", 0.0, "EAGLE-2 paper") in pairs
+    assert not any(m.startswith("jakiro_star") and t == 0.0 for m, t, _ in pairs)  # no published Jakiro* at T=0
+    assert set(beside["published_method"]) == {"eagle2", "jakiro", "jakiro*"}
+    assert all(r.speedup_ratio == 2.0 / r.published_speedup for r in beside.itertuples())
