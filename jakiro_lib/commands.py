@@ -129,7 +129,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not main_rank():  # under `accelerate launch`: the main process prints the table
         return 0
     table = training_table(results)
-    table.insert(1, "status", ["skipped" if r.get("skipped") else "trained" for r in results.values()])
+    table.insert(1, "status", ["skipped" if r.get("skipped") else "imported" if r.get("imported") else "trained"
+                               for r in results.values()])
     print(table[list(TRAIN_COLUMNS)].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print("results.json and history.json of each draft in", (args.run_dir or default_run_dir(profile.name)) / "drafts")
     return 0

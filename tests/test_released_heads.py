@@ -94,6 +94,10 @@ def test_a_head_that_does_not_fit_stops_stage_01_in_one_line_and_writes_nothing(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and err[-1].startswith("error: ") and "hidden_size is 4096, but the target has 64" in err[-1]
     assert not (run / "drafts" / "moe2").exists() and not list((run / "drafts").glob(".moe2*"))
+    export_head(moe, tiny_target(), "jakiro", tmp_path / "head")  # the head made right: imported, and the table says so
+    assert cli.main(["train", "--profile", "smoke", "--run-dir", str(run), "--set", "drafts=moe2",
+                     "--set", f"drafts.moe2.import_from={tmp_path / 'head'}"]) == 0
+    assert " moe2 imported " in capsys.readouterr().out
 
 
 def test_export_command_writes_a_head_and_refuses_eagle3_in_one_line(tmp_path, capsys):

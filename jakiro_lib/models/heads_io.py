@@ -192,7 +192,7 @@ def _export_config(draft: DraftModel, target_model: nn.Module, layout: str, fmt:
            "bos_token_id": tc.bos_token_id, "eos_token_id": tc.eos_token_id, "pad_token_id": tc.pad_token_id,
            # the head carries no lm_head: the target's gives the logits (EAGLE's and Jakiro's configs say false)
            "tie_word_embeddings": False, "torch_dtype": str(draft.fc.weight.dtype).removeprefix("torch."),
-           "bias": True}
+           "bias": True, "eagle_fc_bias": True}  # fc has a bias: EAGLE's code reads "bias", older vLLM "eagle_fc_bias"
     if draft.attn.q_proj.bias is not None:
         out["qkv_bias"] = True
     if layout != "eagle":
