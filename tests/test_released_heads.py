@@ -138,3 +138,17 @@ def test_our_rows_stand_beside_the_published_ones_whatever_engine_ran_them():
     assert not any(m.startswith("jakiro_star") and t == 0.0 for m, t, _ in pairs)  # no published Jakiro* at T=0
     assert set(beside["published_method"]) == {"eagle2", "jakiro", "jakiro*"}
     assert all(r.speedup_ratio == 2.0 / r.published_speedup for r in beside.itertuples())
+
+
+def test_the_pipeline_hands_its_kernels_local_head_folders_as_absolute_paths(tmp_path, monkeypatch):
+    """The notebooks' kernels run in the repository root: a head folder named relative to where the pipeline was
+    started would be looked up there (and, shaped like owner/name, on the hub). Hub ids stay as they are."""
+    from jakiro_lib.report.pipeline import _local_paths
+
+    (tmp_path / "exports" / "dense-eagle").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    out = _local_paths({"drafts.dense.import_from": "exports/dense-eagle", "drafts.moe2.import_from": "owner/head",
+                        "train.init_from": "exports", "bench.limit": "2"})
+    assert out == {"drafts.dense.import_from": str(tmp_path / "exports" / "dense-eagle"),
+                   "drafts.moe2.import_from": "owner/head", "train.init_from": str(tmp_path / "exports"),
+                   "bench.limit": "2"}

@@ -54,8 +54,9 @@ def _download(repo_id: str) -> Path:
         return Path(snapshot_download(repo_id, allow_patterns=[HEAD_CONFIG, *HEAD_WEIGHTS]))
     except Exception as exc:  # offline, unknown or gated id: the hub raises many kinds
         reason = (str(exc).strip().splitlines() or [""])[0][:160]
-        raise DraftLoadError(f"cannot download the head {repo_id} from the hub ({type(exc).__name__}: {reason}); "
-                             "offline, download it elsewhere and give its folder") from exc
+        raise DraftLoadError(f"cannot download the head {repo_id} from the hub ({type(exc).__name__}: {reason}), and "
+                             f"no folder of that name is in {Path.cwd()}; offline, download it elsewhere and give its "
+                             "folder") from exc
 
 
 def read_head(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], Path]:
