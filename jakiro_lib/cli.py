@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .commands import (cmd_bench, cmd_cache, cmd_costs, cmd_cycles, cmd_divergences, cmd_generate, cmd_gpucheck,
-                       cmd_papercost, cmd_profiles, cmd_summary, cmd_throughput, cmd_train)
+from .commands import (cmd_bench, cmd_cache, cmd_costs, cmd_cycles, cmd_divergences, cmd_export, cmd_generate,
+                       cmd_gpucheck, cmd_papercost, cmd_profiles, cmd_summary, cmd_throughput, cmd_train)
 from .data.conversations import not_text
 from .errors import exit_status
 from .files import check_paths
@@ -188,6 +188,15 @@ def _args_summary(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="directory for summary.csv and performance_targets.csv")
 
 
+def _args_export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft", type=Path, required=True, help="a saved draft: <run>/drafts/<name> (or its draft/ folder)")
+    p.add_argument("--format", required=True, choices=("eagle", "eagle3", "jakiro"),
+                   help="eagle: EAGLE-1 layout (EAGLE-2, vLLM method 'eagle', SGLang EAGLE); jakiro: the Jakiro "
+                        "authors' layout (Jakiro's or Jakiro*'s); eagle3: refused, with the reason")
+    p.add_argument("--out", type=Path, required=True, help="folder for config.json and model.safetensors (new, "
+                                                           "empty, or a previous export, which is replaced)")
+
+
 # name -> (help, handler, its arguments, whether it takes --profile/--set): one row per sub-command
 COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int], Callable[[argparse.ArgumentParser], None], bool]] = {
     "profiles": ("list the named profiles (or --show NAME as JSON)", cmd_profiles, _args_profiles, False),
@@ -211,6 +220,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int], Callable[[ar
                     "low-precision runs)", cmd_divergences, _args_divergences, True),
     "summary": ("tables and speed goals of benchmark records (one or more records.jsonl)", cmd_summary,
                 _args_summary, False),
+    "export": ("write a saved draft as an EAGLE or Jakiro head (config.json + model.safetensors); --profile names "
+               "its target", cmd_export, _args_export, True),
 }
 
 

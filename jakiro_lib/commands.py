@@ -32,6 +32,7 @@ from .study.context import default_run_dir
 from .study.s00_data import prepare_features
 from .study.s01_train import train_all, training_table
 from .study.s02_bench import run_study
+from .study.heads import export_draft
 from .study.tables import category_table, display_table, study_table, write_table
 from .models.target import load_target
 from .training.scale import SCALE_JSON, recorded_scale
@@ -130,7 +131,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not main_rank():  # under `accelerate launch`: the main process prints the table
         return 0
     table = training_table(results)
-    table.insert(1, "status", ["skipped" if r.get("skipped") else "trained" for r in results.values()])
+    table.insert(1, "status", ["skipped" if r.get("skipped") else "imported" if r.get("imported") else "trained"
+                               for r in results.values()])
     print(table[list(TRAIN_COLUMNS)].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print("results.json and history.json of each draft in", (args.run_dir or default_run_dir(profile.name)) / "drafts")
     return 0
@@ -407,3 +409,11 @@ def cmd_papercost(args: argparse.Namespace) -> int:
     print(cycles.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print("modelled_speedup: tau_paper x ms_per_token_plain / ms_per_cycle (random weights: acceptance not measured)")
     return 1 if result["errors"] else 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """A saved draft in EAGLE's or the Jakiro authors' layout, for their code, vLLM and SGLang (study.heads)."""
+    target = load_target(resolved_profile(args).target)
+    done = export_draft(args.draft, target, args.format, args.out)
+    print(f"{done['layout']} layout: {', '.join(done['files'])} in {done['out']}")
+    return 0

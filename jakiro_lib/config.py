@@ -99,8 +99,28 @@ class DraftConfig:
     expert_loss: str = "off"  # "off", "gate" or "equal"
     expert_loss_weight: float = 1.0
     unroll_steps: int | None = None  # None: train.unroll_steps
+    # Each expert's MLP: "swiglu" (down(silu(gate(x)) * up(x)), EAGLE's and Jakiro's) or "gelu" (proj(gelu(fc(x))),
+    # the experts of the authors' Jakiro* heads)
+    expert_mlp: str = "swiglu"
+    # A released or exported head to load instead of training: a folder or a hub id (jakiro_lib.models.heads_io).
+    # Stage 01 imports it; the head's own layout decides the architecture, the fields above describe it.
+    import_from: str | None = None
+    # fields added after drafts were first stamped, with their defaults: left out of a stamp at these values, so
+    # that drafts trained before them still match (identity)
+    LATER_FIELDS: ClassVar[dict[str, Any]] = {"expert_mlp": "swiglu", "import_from": None}
+
+    @classmethod
+    def stamped(cls, fields: dict[str, Any]) -> dict[str, Any]:
+        """A draft config's fields (``dataclasses.asdict``) as stamped: the later fields at their defaults left out."""
+        return {k: v for k, v in fields.items() if k not in cls.LATER_FIELDS or v != cls.LATER_FIELDS[k]}
+
+    def identity(self) -> dict[str, Any]:
+        """What trainings and their stamps compare (:meth:`stamped` of the fields)."""
+        return self.stamped(dataclasses.asdict(self))
 
     def __post_init__(self) -> None:
+        if self.expert_mlp not in ("swiglu", "gelu"):
+            raise ValueError(f"DraftConfig.expert_mlp must be 'swiglu' or 'gelu', got {self.expert_mlp!r}")
         if self.mlp not in ("dense", "moe"):
             raise ValueError(f"DraftConfig.mlp must be 'dense' or 'moe', got {self.mlp!r}")
         if self.mlp == "dense" and self.num_experts != 1:

@@ -139,6 +139,26 @@ def _gpu_quick(gpu: Profile) -> Profile:
     )
 
 
+# The heads the paper compares, as released, imported in stage 01 instead of trained (DraftConfig.import_from): EAGLE's
+# head for Vicuna-7B v1.3, which EAGLE-2 decodes with, and the Jakiro authors' Jakiro and Jakiro* heads. Hub ids; a
+# downloaded folder works the same (--set drafts.moe2.import_from=DIR).
+RELEASED_HEADS = {"dense": "yuhuili/EAGLE-Vicuna-7B-v1.3", "moe2": "Hhaiduo/Jakiro-Vicuna-7B-v1.3",
+                  "jakiro_star": "Hhaiduo/Jakiro_star-Vicuna-7B-v1.3"}
+
+
+def _released(paper: Profile) -> Profile:
+    """``vicuna-7b`` on the released heads (docs/DESIGN.md section 13): nothing cached or trained (online data, read only
+    for the notebooks' estimates), the paper's tree and benchmarks at T=0 and T=1, 10 questions each, one repeat."""
+    star = DraftConfig(num_experts=2, top_k_experts=2, intermediate_size="target", branch_b=False, contrastive=False,
+                       expert_mlp="gelu")
+    drafts = {"dense": paper.drafts["dense"], "moe2": paper.drafts["moe2"], "jakiro_star": star}
+    return dataclasses.replace(
+        paper, name="vicuna-7b-released", data=dataclasses.replace(paper.data, online=True, num_conversations=64),
+        bench=dataclasses.replace(paper.bench, limit=10, repeats=1, tuned=False, eagle2_draft="dense",
+                                  jakiro_draft="moe2"),
+        drafts={k: dataclasses.replace(v, import_from=RELEASED_HEADS[k]) for k, v in drafts.items()})
+
+
 def _profiles() -> dict[str, Profile]:
     gpu = _gpu()
     profiles = {"smoke": _smoke(), "default": _default(), "gpu": gpu, "gpu-quick": _gpu_quick(gpu)}
@@ -151,6 +171,7 @@ def _profiles() -> dict[str, Profile]:
         p = _paper(model, template)
         p.name = name
         profiles[name] = p
+    profiles["vicuna-7b-released"] = _released(profiles["vicuna-7b"])
     return profiles
 
 

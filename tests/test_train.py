@@ -620,3 +620,15 @@ def test_held_out_shards_combined_give_the_whole_sets_metrics(target, data):
     assert combined["acc_experts"] == pytest.approx(whole["acc_experts"])
     one = L.evaluate(draft, torch.utils.data.Subset(train, range(0, len(train), 2)), batch_size=2)
     assert one["tokens_a"] < whole["tokens_a"]  # without the combine a shard is only a shard
+
+
+def test_gelu_expert_draft_trains_and_reloads(target, data, tmp_path):
+    """Jakiro*'s experts (DraftConfig.expert_mlp="gelu": fc, GELU, proj) train like SwiGLU ones; the results record
+    their width."""
+    train, held = data
+    star = dataclasses.replace(smoke_drafts()["moe2"], branch_b=False, contrastive=False, expert_mlp="gelu",
+                               intermediate_size=96)
+    res = T.train_draft(target, star, train, held, tmp_path, cfg(epochs=1), progress=False)
+    assert res["intermediate_size"] == 96 and res["acc_b"] is None
+    draft = DraftModel.load(tmp_path / "draft", target.model)
+    assert draft.cfg.expert_mlp == "gelu" and draft.mlp.experts[1].fc.out_features == 96

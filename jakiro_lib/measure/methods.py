@@ -137,7 +137,8 @@ class Method:
 
     ``group`` names the role the performance goals give it (see :func:`group_names`); ``when`` the study
     switch it needs (``"compiled"``: bench.compiled_baseline; ``"tuned"``: bench.tuned with a fixed tree
-    budget). How it runs is no part of it (``target.capture``), but for ``hf_compiled``, HF's compiled generate.
+    budget; ``"imported"``: the profile imports heads). How it runs is no part of it (``target.capture``), but for
+    ``hf_compiled``, HF's compiled generate.
     """
 
     name: str
@@ -177,6 +178,10 @@ def cepd_steps(tree: TreeConfig) -> int:
 
 _JAKIRO = {"decoupled": True}
 _LOOKUP = {"total_tokens": TUNED, "lookup_tokens": LOOKUP_TOKENS}
+# The Jakiro authors' released configuration: the coupled mixture (one candidate list from the mixed
+# expert output) with CEPD on the last layer
+_RELEASED_TREE = {"decoupled": False, "ar_steps": CEPD}
+JAKIRO_STAR_DRAFT = "jakiro_star"  # the draft the jakiro_star row drafts from: the authors' Jakiro* head, imported
 
 MAIN = (
     Method("vanilla", "vanilla", group="our_vanilla"),
@@ -191,6 +196,11 @@ MAIN = (
     Method("lookup_only", SPEC, None, {"lookup_tokens": LOOKUP_TOKENS}, group="lookup_only"),
     Method("eagle2_lookup", SPEC, EAGLE2, _LOOKUP, group="eagle2_lookup"),
     Method("jakiro_lookup", SPEC, JAKIRO, {**_JAKIRO, **_LOOKUP}, group="jakiro_lookup"),
+    # Where the profile imports heads (DraftConfig.import_from; profile vicuna-7b-released): the authors' released
+    # configuration on the Jakiro draft, and the Jakiro* head (a draft of that name) with decoupled candidates (each
+    # expert's own output, as its sampler drafts)
+    Method("jakiro_coupled_cepd", SPEC, JAKIRO, _RELEASED_TREE, group="jakiro_released", when="imported"),
+    Method("jakiro_star", SPEC, JAKIRO_STAR_DRAFT, _JAKIRO, group="jakiro_star", when="imported"),
 )
 
 ABLATIONS = (
@@ -213,9 +223,7 @@ ABLATIONS = (
     Method("jakiro_coupled_u2", SPEC, "moe2_u2", {"decoupled": False}),  # "experts=2, coupled" on moe2_u2
     Method("jakiro_xgate_u2", SPEC, "moe2_xgate_u2", _JAKIRO),
 )
-# The Jakiro authors' released configuration: the coupled mixture (one candidate list from the mixed
-# expert output) with CEPD on the last layer, on the 2-expert draft (and on its multi-step-trained twin).
-_RELEASED_TREE = {"decoupled": False, "ar_steps": CEPD}
+# The Jakiro authors' released configuration on the 2-expert draft (and on its multi-step-trained twin).
 RELEASED = Method("jakiro_coupled_cepd", SPEC, "moe2", _RELEASED_TREE)
 RELEASED_U2 = Method("jakiro_coupled_cepd_u2", SPEC, "moe2_u2", _RELEASED_TREE)
 
@@ -288,7 +296,7 @@ DRAFTED_METHODS = tuple(m.name for m in MAIN if m.kind == SPEC and m.draft)  # c
 
 def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "main", tuned: bool = True,
                   compiled: bool = True, drafts: Collection[str] | None = None, eagle2_draft: str = EAGLE2_DRAFT,
-                  jakiro_draft: str = JAKIRO_DRAFT) -> dict[str, MethodSpec]:
+                  jakiro_draft: str = JAKIRO_DRAFT, imported: bool = False) -> dict[str, MethodSpec]:
     """The method sets the notebooks compare, keyed by name; drafts are read from ``drafts_dir/<name>/draft``.
 
     ``main`` (:data:`MAIN`): the baselines, EAGLE-2 (on ``eagle2_draft``), Jakiro (decoupled, on ``jakiro_draft``)
@@ -300,11 +308,13 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     control and the per-expert-loss and two-step-trained drafts, all on ``tree``.
 
     ``drafts``: the draft names a profile trains (methods on others are left out; None: none). ``compiled``: the
-    main study also times ``hf_compiled``.
+    main study also times ``hf_compiled``. ``imported``: the profile imports heads (the authors'), so the main study
+    also runs their released configuration on the Jakiro draft (``jakiro_coupled_cepd``) and the Jakiro* head
+    (``jakiro_star``).
     """
     if study not in STUDIES:
         raise ValueError(f"unknown study {study!r}: use {' or '.join(repr(s) for s in STUDIES)}")
-    switches: dict[str, Callable[[], bool]] = {"compiled": lambda: compiled,
+    switches: dict[str, Callable[[], bool]] = {"compiled": lambda: compiled, "imported": lambda: imported,
                                                "tuned": lambda: tuned and tree.total_tokens != "auto"}
     registered = [m.on_drafts(eagle2_draft, jakiro_draft) for m in (MAIN if study == "main" else _ablation_methods(tree))]
     chosen = [m for m in registered if (m.when is None or switches[m.when]())

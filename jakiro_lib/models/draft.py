@@ -27,7 +27,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from . import kernels
-from .draft_blocks import DraftAttention, DraftOutput, KVCache, SwiGLU, soft_cross_entropy, unroll_mask
+from .draft_blocks import EXPERT_MLPS, DraftAttention, DraftOutput, KVCache, soft_cross_entropy, unroll_mask
 from ..config import DraftConfig
 from ..layout import CONFIG_FILE, WEIGHTS_FILE
 from ..files import atomic_path
@@ -41,12 +41,13 @@ class DraftLoadError(RuntimeError):
 
 
 class MoEBlock(nn.Module):
-    """E SwiGLU experts with a router split into branch A (top-k mixture) and branch B (CEPD)."""
+    """E experts (SwiGLU, or GELU: ``DraftConfig.expert_mlp``) with a router split into branch A (top-k mixture)
+    and branch B (CEPD)."""
 
     def __init__(self, hidden: int, cfg: DraftConfig, inter: int) -> None:
         super().__init__()
         self.cfg = cfg
-        self.experts = nn.ModuleList(SwiGLU(hidden, inter) for _ in range(cfg.num_experts))
+        self.experts = nn.ModuleList(EXPERT_MLPS[cfg.expert_mlp](hidden, inter) for _ in range(cfg.num_experts))
         n_router = cfg.num_experts * (2 if cfg.branch_b else 1)
         self.router = nn.Linear(hidden, n_router, bias=False) if cfg.num_experts > 1 or cfg.branch_b else None
         self.register_buffer("load", torch.zeros(cfg.num_experts), persistent=False)

@@ -1,5 +1,5 @@
 """The draft head's config-free building blocks: its output record, the soft cross-entropy its losses use,
-its KV cache, a SwiGLU expert, self-attention with the target's head layout and RoPE, and the attention
+its KV cache, the experts (SwiGLU, or GELU as in Jakiro*'s heads), self-attention with the target's head layout and RoPE, and the attention
 mask of unrolled steps.
 
 :mod:`jakiro_lib.models.draft` assembles them with the MoE block into the draft (docs/DESIGN.md sections 2-3).
@@ -81,12 +81,29 @@ class SwiGLU(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
+        self.width = intermediate
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class GeluMLP(nn.Module):
+    """One expert of the Jakiro* heads (``DraftConfig.expert_mlp="gelu"``): proj(gelu(fc(x))), erf GELU."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.width = intermediate
+        self.fc = nn.Linear(hidden, intermediate, bias=False)
+        self.proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))
+
+
+EXPERT_MLPS: dict[str, type[nn.Module]] = {"swiglu": SwiGLU, "gelu": GeluMLP}  # DraftConfig.expert_mlp -> module
 
 
 def unroll_mask(L: int, j: int, device: torch.device | None = None) -> torch.Tensor:

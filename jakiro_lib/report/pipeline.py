@@ -73,6 +73,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
+PATH_KEYS = ("import_from", "init_from")  # override keys (last part) that may name a local folder
+
+
+def _local_paths(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Overrides naming a folder relative to here made absolute: the notebooks' kernels run in the repository root."""
+    def local(key: str, value: Any) -> bool:
+        return key.rsplit(".", 1)[-1] in PATH_KEYS and isinstance(value, str) and Path(value).expanduser().exists()
+    return {k: str(Path(v).expanduser().resolve()) if local(k, v) else v for k, v in overrides.items()}
+
+
 def _fingerprint(profile_dict: dict[str, Any], run_dir: Path, report_dir: Path) -> str:
     """Canonical JSON of what the notebooks compute from: the resolved profile and the two directories."""
     return json.dumps({"profile": profile_dict, "run_dir": str(run_dir), "report_dir": str(report_dir)},
@@ -172,7 +182,7 @@ def run_pipeline(
     """
     import papermill as pm  # optional, heavy: only the pipeline runs notebooks
 
-    overrides = _plain(dict(overrides or {}))
+    overrides = _local_paths(_plain(dict(overrides or {})))
     prof = resolve_profile(profile, overrides)  # fails early on unknown profiles or keys
     selected = select_stages(stages)
     run_dir, report_dir, nb_dir = _directories(prof.name, run_dir, report_dir, selected, notebook_dir)

@@ -296,7 +296,7 @@ def plot_heldout_accuracy(training: pd.DataFrame | Iterable[dict]) -> Figure:
     """Held-out top-1 accuracy of each draft's branches (A: next token, B: two ahead)."""
     df = _frame(training)
     cols = [c for c in ("acc_a", "acc_b") if c in df]
-    if df.empty or not cols:
+    if df.empty or not cols or df[cols].isna().all().all():  # none, or imported drafts only (none evaluated)
         return _message_figure("no held-out accuracies")
     long = df.melt(id_vars=["draft"], value_vars=cols, var_name="branch", value_name="accuracy").dropna()
     long["branch"] = long["branch"].map({"acc_a": "A (t+1)", "acc_b": "B (t+2)"})

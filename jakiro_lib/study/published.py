@@ -1,12 +1,20 @@
 """Published speedups (Jakiro, EAGLE-2, Spec-Bench) and our run's numbers beside them (notebook 03)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
 
-from ..measure.methods import DRAFTED_METHODS
+from ..config import SPEC
+from ..measure.methods import DRAFTED_METHODS, record_run
 from ..measure.summary import headline_table
+
+OURS = "ours (this run)"
+# The published method each of our drafted rows stands for (the profile vicuna-7b-released runs EAGLE's head and the
+# authors' Jakiro and Jakiro* heads)
+PAPER_METHOD = {"eagle2": "eagle2", "jakiro": "jakiro", "jakiro_cepd": "jakiro", "jakiro_coupled_cepd": "jakiro",
+                "jakiro_star": "jakiro*"}
 
 
 # docs/DESIGN.md section 8, verbatim numbers (speedup over vanilla, tau where published).
@@ -54,7 +62,8 @@ def comparison_table(main: pd.DataFrame, *, target_model: str, environment: dict
                      methods: Sequence[str] = DRAFTED_METHODS) -> pd.DataFrame:
     """Our speculative methods (mean over our benchmarks) next to the published numbers.
 
-    Ours is labelled with the target, machine and date of the run; theirs with paper and hardware.
+    Ours is labelled with the target, machine and date of the run; theirs with paper and hardware. A method run on
+    the static engine keeps its run's label (``eagle2_static_compiled``).
     Both tau conventions are given for ours (tokens / cycles, and the reference's tokens / (cycles-1)).
     """
     rows = []
@@ -63,10 +72,10 @@ def comparison_table(main: pd.DataFrame, *, target_model: str, environment: dict
         benches = ", ".join(sorted(main["benchmark"].unique()))
         n_q = int(main.groupby("benchmark")["questions"].max().sum()) if "questions" in main else None
         for r in head.itertuples(index=False):
-            if r.method not in methods:
+            if run_method(r.method) not in methods:
                 continue
             rows.append({
-                "source": "ours (this run)", "method": r.method, "target": target_model,
+                "source": OURS, "method": r.method, "target": target_model,
                 "benchmarks": f"mean of {benches} ({n_q} prompts)" if r.benchmarks > 1 else f"{benches} ({n_q} prompts)",
                 "temperature": r.temperature,
                 "hardware": f"{environment.get('device_name', '?')} [{environment.get('device', '?')}]",
@@ -74,4 +83,34 @@ def comparison_table(main: pd.DataFrame, *, target_model: str, environment: dict
                 "note": f"measured {environment.get('date', '?')}, torch {environment.get('torch', '?')}",
             })
     rows += [dict(p) for p in PUBLISHED]
+    return pd.DataFrame(rows)
+
+
+def run_method(label: str) -> str:
+    """The registry method a run's label names (``eagle2_static_compiled`` -> ``eagle2``)."""
+    return record_run({"method": label, "kind": SPEC})[0]
+
+
+def _same_target(ours: str, published: str) -> bool:
+    """Whether our target (a hub id or path) is the published one: ``lmsys/vicuna-7b-v1.3`` is ``Vicuna-7B``."""
+    return Path(ours).name.lower().startswith(published.lower())
+
+
+def beside_published(comparison: pd.DataFrame) -> pd.DataFrame:
+    """Each of our rows of :func:`comparison_table` beside every published row of the method it stands for
+    (:data:`PAPER_METHOD`) at its temperature on the same target model, with the ratio of the speedups (other
+    machines and prompt sets: a check of the shape, not a ranking). Empty where no row pairs."""
+    ours = comparison[comparison["source"] == OURS]
+    theirs = comparison[comparison["source"] != OURS]
+    rows = []
+    for o in ours.itertuples(index=False):
+        paper = PAPER_METHOD.get(run_method(o.method))
+        for t in theirs.itertuples(index=False):
+            if t.method == paper and t.temperature == o.temperature and _same_target(o.target, t.target):
+                rows.append({"method": o.method, "temperature": o.temperature, "speedup": o.speedup, "tau": o.tau,
+                             "tau_cycles_minus_1": o.tau_cycles_minus_1, "published_method": t.method,
+                             "published_source": t.source, "published_benchmarks": t.benchmarks,
+                             "published_hardware": t.hardware, "published_speedup": t.speedup,
+                             "published_tau_cycles_minus_1": t.tau_cycles_minus_1,
+                             "speedup_ratio": o.speedup / t.speedup if t.speedup else None, "published_note": t.note})
     return pd.DataFrame(rows)

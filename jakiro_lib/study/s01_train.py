@@ -28,6 +28,7 @@ from ..training.train import RESULTS, train_draft, train_identity
 from ..files import read_json, replace_dir_atomically, restore_replaced_dir, write_json
 from ..machine import distributed_state, world_size
 from .context import StudyContext, _dirs, _layout, get_target
+from .heads import import_draft, imported_drafts
 from .s00_data import load_training_conversations
 from .tables import write_table
 
@@ -56,8 +57,10 @@ def _features_fingerprint(profile: Profile, run_dir: Path) -> Any:
 
 
 def _train_stamp(profile: Profile, name: str, run_dir: Path) -> dict[str, Any]:
+    if profile.drafts[name].import_from:  # imported, not trained: the head and the target decide it
+        return json.loads(json.dumps({"draft": profile.drafts[name].identity(), "target": profile.target.identity()}))
     return json.loads(json.dumps({
-        "draft": dataclasses.asdict(profile.drafts[name]), "train": train_identity(profile.train),
+        "draft": profile.drafts[name].identity(), "train": train_identity(profile.train),
         "target": profile.target.identity(), "features": _features_fingerprint(profile, run_dir),
     }, default=str))
 
@@ -90,6 +93,8 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     ``force`` too (``force`` retrains a finished draft; it never throws away an unfinished one's epochs:
     delete ``drafts/.<name>.training`` to start that over). With ``draft_vocab_size`` set, the reduced draft vocabulary (most frequent tokens of the
     training split, EOS forced in) is built once and shared by all drafts of that size.
+    A draft whose ``import_from`` names a released or exported head is imported instead
+    (:func:`jakiro_lib.study.heads.import_draft`: no features, no training), and the log says so.
     Returns ``{name: results}`` (each results dict also gets ``skipped`` and ``vocab_coverage``).
     Nothing that exists is lost: the feature cache is verified before anything starts, each draft trains
     in ``drafts/.<name>.training/`` (an interrupted training resumes there from its newest checkpoint)
@@ -103,6 +108,10 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
         _check_cache_settings(prof, layout, manifest)
     main_process, wait = _process_state()  # under `accelerate launch`: one process manages the files
     out, todo = _trained_already(prof, layout, names, force, main_process)
+    for name in imported_drafts(prof, todo):  # drafts.<name>.import_from: loaded, not trained
+        target = target or get_target(prof)
+        out[name] = import_draft(prof, layout, name, target, _train_stamp(prof, name, rdir), main_process)
+        todo.remove(name)
     if not todo:
         return {n: out[n] for n in names}
     starts = _warm_starts(prof, todo)
@@ -153,7 +162,10 @@ def _trained_already(prof: Profile, layout: RunLayout, names: list[str], force: 
                 and _same_training(old, _train_stamp(prof, name, layout.root)) and not force:
             res["skipped"] = True
             out[name] = res
-            log.info("draft %s: already trained (held-out acc_a %s), skipped", name, _fmt(res.get("acc_a")))
+            if res.get("imported"):
+                log.info("draft %s: already imported from %s, skipped", name, res["imported"].get("source"))
+            else:
+                log.info("draft %s: already trained (held-out acc_a %s), skipped", name, _fmt(res.get("acc_a")))
         else:
             todo.append(name)
             if d.exists():
@@ -289,7 +301,8 @@ def training_table(results: dict[str, dict[str, Any]]) -> pd.DataFrame:
             "draft_vocab_size": cfg.get("draft_vocab_size"), "vocab_coverage": r.get("vocab_coverage"),
             "train_conversations": data.get("train_conversations"), "train_tokens": data.get("train_tokens"),
             "heldout_conversations": data.get("heldout_conversations"), "epochs": r.get("epochs_completed"),
-            "steps": r.get("steps"), "acc_a": r.get("acc_a"), "acc_b": r.get("acc_b"),
+            "steps": r.get("steps"), "imported_from": (r.get("imported") or {}).get("source"),
+            "acc_a": r.get("acc_a"), "acc_b": r.get("acc_b"),
             **{f"acc_depth_{d}": depth[d - 1] if d <= len(depth) else None for d in range(1, ACC_DEPTHS + 1)},
             "acc_experts": _joined(r.get("acc_experts")), "heldout_loss": r.get("heldout_loss"),
             "router_load": _joined(load),

@@ -54,13 +54,14 @@ def study_temperatures(profile: Profile, study: str) -> tuple[float, ...]:
 def profile_methods(prof: Profile, drafts_dir: Path, study: str) -> dict[str, MethodSpec]:
     """The methods of ``study`` under the profile's switches (tuned budgets, the compiled HF baseline, the
     drafted methods' engine on the profile's device, the static engine's twins eager and compiled); methods on a
-    draft the profile does not train are left out."""
+    draft the profile does not train are left out, the authors' configurations run where the profile imports heads."""
     return study_methods(prof.tree, drafts_dir, study=study, tuned=prof.bench.tuned,
                          compiled=prof.bench.compiled_baseline, compiled_engine=prof.bench.compiled_engine,
                          static_engine=prof.bench.static_engine,
                          engine=resolve_engine(prof.bench.engine, prof.target.device),
                          drafts=prof.drafts, eagle2_draft=prof.bench.eagle2_draft,
-                         jakiro_draft=prof.bench.jakiro_draft)
+                         jakiro_draft=prof.bench.jakiro_draft,
+                         imported=any(d.import_from for d in prof.drafts.values()))
 
 
 def methods_table(profile: str | Profile | StudyContext, study: str = "main",

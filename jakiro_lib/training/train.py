@@ -115,7 +115,7 @@ def train_draft(
         draft_cfg = dataclasses.replace(draft_cfg, draft_vocab_size=int(d2t.numel()))
     stats = _data_stats(train_data, heldout_data)
     same_math = {k: v for k, v in train_identity(train_cfg).items() if k != "compile"}  # compiled or not
-    fingerprint = _jsonable({"draft": dataclasses.asdict(draft_cfg), "train": same_math,
+    fingerprint = _jsonable({"draft": draft_cfg.identity(), "train": same_math,
                              "data": stats, "target": getattr(target.config, "model", None)})
     done = read_json(out_dir / RESULTS)
     if done is not None and done.get("fingerprint") == fingerprint and (out_dir / "draft" / WEIGHTS_FILE).is_file():
@@ -211,7 +211,7 @@ class _Training:
             return
         ckpt, weights, state = readable_checkpoint(self.checkpoints)
         saved_cfg = (read_json(ckpt / "draft" / CONFIG_FILE) or {}).get("draft")
-        if saved_cfg != _jsonable(dataclasses.asdict(self.draft_cfg)):
+        if DraftConfig.stamped(saved_cfg or {}) != _jsonable(self.draft_cfg.identity()):
             raise TrainError(f"{ckpt} holds a draft with another architecture ({saved_cfg}); use another "
                              f"out_dir or delete {self.out_dir / CHECKPOINTS}")
         if self.d2t is not None and ("d2t" not in weights or not torch.equal(weights["d2t"].cpu(), self.d2t)):
@@ -350,7 +350,7 @@ class _Training:
             "wall_time_s": self.elapsed_before + time.perf_counter() - self.t0,
             "train_tokens": tokens, "train_tokens_per_s": tokens / self.train_time if self.train_time > 0 else None,
             "n_params": core.n_params(), "unroll_steps": self.step_kw["unroll_steps"],
-            "intermediate_size": core.mlp.experts[0].up_proj.out_features,  # each expert's MLP width, as built
+            "intermediate_size": core.mlp.experts[0].width,  # each expert's MLP width, as built
             "acc_depth": last_eval.get("acc_depth"), "acc_experts": last_eval.get("acc_experts"),
             "draft_config": dataclasses.asdict(self.draft_cfg), "train_config": dataclasses.asdict(self.cfg),
             "data": stats, "fingerprint": fingerprint,
