@@ -87,12 +87,12 @@ case "${1:-}" in
   again) unpack; env_for_repo; gpucheck gpucheck_again ;;  # the check stopped at its limit: it resumes
   shortcache)  # HF's baseline and plain decoding over a cache the prompts fit (a 512-token context: 640 positions)
     unpack; env_for_repo
-    CHECK_ARGS="--methods vanilla,hf_compiled,vanilla_static_compiled --set target.max_context=512 ${CHECK_ARGS:-}" \
+    CHECK_ARGS="--methods vanilla,hf_compiled --set target.max_context=512 ${CHECK_ARGS:-}" \
       gpucheck shortcache gpucheck-short ;;
   inductor)  # plain decoding and Jakiro captured through inductor instead (T=0), beside hf_compiled: which capture wins
     unpack; env_for_repo
     CHECK_ARGS="--set target.capture=inductor --set bench.temperatures=0 --profiled-prompts 1 \
-      --methods hf_compiled,vanilla_static_compiled,jakiro_auto_static_compiled ${CHECK_ARGS:-}" \
+      --methods hf_compiled,vanilla,jakiro_auto ${CHECK_ARGS:-}" \
       gpucheck inductor gpucheck-inductor ;;
   papercost)  # issue 42 item 4: a random Vicuna-7B-shaped target in bf16: T(n), captured cycles, modelled speedups
     unpack; env_for_repo

@@ -108,9 +108,8 @@ def _args_train(p: argparse.ArgumentParser) -> None:
 def _args_bench(p: argparse.ArgumentParser) -> None:
     _args_run_dir(p)
     p.add_argument("--study", default="main", choices=STUDIES)
-    p.add_argument("--methods", help="comma-separated subset of the study's runs (jakiro_lib.measure.methods), "
-                                     "by label (e.g. vanilla,eagle2,jakiro_auto_static_compiled) or a method's "
-                                     f"name for all its runs; main: {', '.join(m.name for m in MAIN)}")
+    p.add_argument("--methods", help="comma-separated subset of the study's methods (jakiro_lib.measure.methods); "
+                                     f"main: {', '.join(m.name for m in MAIN)}")
     p.add_argument("--bench", help="benchmarks, e.g. mt_bench,humaneval,gsm8k (default: the profile's)")
     p.add_argument("--questions", type=Path, metavar="FILE",
                    help="an EAGLE / Spec-Bench / FastChat question.jsonl (question_id, category, turns) "

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 
-CAPTURES = ("graphs", "inductor")  # TargetConfig.capture's choices (jakiro_lib.decoding.compiled)
+CAPTURES = ("auto", "none", "graphs", "inductor")  # TargetConfig.capture's choices (jakiro_lib.models.target.set_capture)
 # The drafts the main study's EAGLE-2 and Jakiro rows draft from (BenchConfig's defaults). Jakiro's: the 2-expert draft
 # whose selected experts' own outputs are trained too, chosen side by side over moe2 (docs/DESIGN.md section 11)
 EAGLE2_DRAFT, JAKIRO_DRAFT = "dense", "moe2_xgate"
@@ -24,9 +24,8 @@ EAGLE2_DRAFT, JAKIRO_DRAFT = "dense", "moe2_xgate"
 # readers and the plots, which tell kinds apart without loading the decoders
 SPEC = "spec"
 KINDS = ("vanilla", "hf", "pld", SPEC)
-OUR_KINDS = ("vanilla", SPEC)  # the kinds our engines run (either engine); "hf" and "pld" are HF's generate
+OUR_KINDS = ("vanilla", SPEC)  # the kinds our engine runs; "hf" and "pld" are HF's generate
 VANILLA_KINDS = ("vanilla", "hf")  # the baselines a speedup is measured against
-RUN_ENGINE_NAMES = ("loop", "static", "static_compiled")  # BenchConfig.engine's, "auto" resolved (jakiro_lib.measure.methods)
 
 
 class ConfigError(ValueError):
@@ -61,11 +60,11 @@ class TargetConfig:
     # fused_norm: the target's RMSNorms through torch's rms_norm, one kernel on CUDA where transformers' forward
     # is six (kernels.use_fused_norm); the same operators and results on a CPU
     fused_norm: bool = True
-    # capture: how the static engine's compiled step is captured on CUDA (jakiro_lib.decoding.compiled): "graphs" (the
-    # eager kernels recorded as one CUDA graph, no compilation) or "inductor" (torch.compile: fused kernels,
-    # ~40 s of compilation per step and sampling setting; ~5% faster on SmolLM2 on an H200, 2026-11-27). The
-    # drafts and caches do not depend on it. A CPU compiles with inductor whatever it says.
-    capture: str = "graphs"
+    # capture: how every method of ours runs its decoding cycle (jakiro_lib.decoding.compiled): "none" (eager),
+    # "graphs" (the eager kernels recorded as CUDA graphs, no compilation; CUDA only), "inductor" (torch.compile:
+    # fused kernels, then CUDA graphs on a GPU; about 40 s of compilation per step and sampling setting), or "auto":
+    # graphs on CUDA, none elsewhere (docs/DESIGN.md section 12). The drafts and caches do not depend on it.
+    capture: str = "auto"
     KERNEL_FIELDS: ClassVar[tuple[str, ...]] = ("gqa_attention", "packed_gemm", "gemm_backend", "fused_norm",
                                                 "capture")
 
@@ -257,19 +256,6 @@ class BenchConfig:
     # The main study also times HF generate with a static KV cache and torch.compile (hf_compiled), a plain decoder
     # that can beat the eager ones; off where torch.compile cannot run (inductor on a CPU needs a C++ compiler).
     compiled_baseline: bool = True
-    # With static_engine: the static engine's methods also with their whole cycle compiled (CUDA graphs on a GPU),
-    # labelled <name>_static_compiled (records: engine "static", compiled true). Off by default: each method
-    # compiles once per cache length and sampling setting (about a minute each on a 2-core CPU).
-    compiled_engine: bool = False
-    # The main study also runs every method of ours (vanilla and each drafted or lookup method) on the static-shape
-    # engine (jakiro_lib.decoding.static, one host read per cycle), labelled <name>_static, beside the loop engine.
-    static_engine: bool = False
-    # The engine the drafted and lookup methods run on, labelled accordingly (vanilla, the greedy reference,
-    # stays on the loop engine): "loop" (the eager reference), "static", "static_compiled" (the static engine's
-    # cycle captured), or "auto": static_compiled on CUDA, loop elsewhere, as measured side by side (docs/DESIGN.md
-    # section 12: on an H200 the loop engine ran at 0.54x hf_compiled and the captured cycle at parity; on a
-    # 2-core CPU the loop engine was 4-5% faster than the static one and compiling made it slower).
-    engine: str = "auto"
     # The trained drafts (names under drafts/) the main study's EAGLE-2 and Jakiro rows draft from; a profile that
     # trains neither leaves those rows out. E.g. bench.jakiro_draft=moe2: Jakiro on the paper's loss.
     eagle2_draft: str = EAGLE2_DRAFT

@@ -15,7 +15,7 @@ import types
 import typing
 from typing import Any, Callable, Literal, Union
 
-from .config import CAPTURES, RUN_ENGINE_NAMES, ConfigError
+from .config import CAPTURES, ConfigError
 
 
 Rule = tuple[Callable[[Any], bool], str]  # (allowed?, what is allowed), applied to each number of a value
@@ -46,7 +46,7 @@ _DTYPE = _one_of("float32", "float16", "bfloat16")
 RULES: dict[str, Rule] = {
     "TargetConfig.dtype": _DTYPE, "TargetConfig.max_context": _at_least(1), "TargetConfig.packed_gemm": _at_least(0),
     "TargetConfig.gemm_backend": _one_of("auto", "mkl", "onednn"), "TargetConfig.device": _DEVICE,
-    "BenchConfig.engine": _one_of("auto", *RUN_ENGINE_NAMES), "TargetConfig.capture": _one_of(*CAPTURES),
+    "TargetConfig.capture": _one_of(*CAPTURES),
     "DataConfig.feature_dtype": _DTYPE, "DataConfig.scale": _one_of("fixed", "auto"), "DataConfig.cache_dtype": _one_of("float32", "float16", "bfloat16", "auto"),
     "DataConfig.tokenize_workers": _at_least(0),
     "TrainConfig.epochs": _at_least(1), "TrainConfig.lr": _above(0), "TrainConfig.betas": _UNIT,

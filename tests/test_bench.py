@@ -4,11 +4,11 @@ import dataclasses
 import math
 
 import pytest
+import torch
 
 from jakiro_lib.measure.summary import common_prompts, greedy_agreement, ratio_interval, summarize, versus
 from jakiro_lib.config import TreeConfig
-from jakiro_lib.measure.methods import (MethodRunner, MethodSpec, method_name, record_label, resolve_engine,
-                                       run_label, study_methods)
+from jakiro_lib.measure.methods import MethodRunner, MethodSpec, record_label, study_methods
 
 
 def _recs(method, tps, bench="mt_bench", temp=0.0, kind="spec"):
@@ -196,32 +196,43 @@ def test_main_study_carries_compiled_hf_generate_as_a_baseline(tmp_path):
     methods = study_methods(TreeConfig(total_tokens=8), tmp_path, study="main")
     assert methods["hf_compiled"] == MethodSpec("hf", compile=True)
     assert not methods["hf_generate"].compile
-    with pytest.raises(ValueError, match="compile does not apply to kind 'pld'"):
+    with pytest.raises(ValueError, match="compile applies to kind 'hf' only"):
         MethodSpec("pld", compile=True)
     assert "hf_compiled" not in study_methods(TreeConfig(total_tokens=8), tmp_path, study="main", compiled=False)
 
 
-def test_compile_means_the_static_engine_and_hf_only(tmp_path):
-    """One meaning of compile: HF generate over a static cache, or the static engine's whole cycle. The loop
-    engine is the eager reference (its compiled runner, 1.01-1.04x on the CPU and 0.72x hf_compiled on an
-    H200, is gone): a loop method asked to compile is refused, and bench.compiled_engine adds compiled
-    twins only beside the static ones."""
+def test_compile_is_hf_compiled_alone_and_our_methods_run_as_the_target_captures(tmp_path, monkeypatch):
+    """One meaning of compile in a spec: HF generate over a static cache (hf_compiled). Our methods (plain decoding,
+    drafted trees, lookup chains) run on the one engine, eager or captured as target.capture says, never per method:
+    a spec of ours asked to compile is refused, and the runner compiles exactly where the target's capture is not
+    "none"."""
+    from jakiro_lib.measure import methods as methods_module
+    from jakiro_lib.config import TargetConfig
+    from jakiro_lib.decoding.verify import SamplingParams
+    from jakiro_lib.models.target import load_target, set_capture
+
     tree = TreeConfig(total_tokens=8)
     for kind in ("vanilla", "spec"):
-        with pytest.raises(ValueError, match="loop engine is the eager reference"):
+        with pytest.raises(ValueError, match="target.capture"):
             MethodSpec(kind, draft="d", tree=tree, compile=True)
-    plain = study_methods(tree, tmp_path, study="main")
-    assert study_methods(tree, tmp_path, study="main", compiled_engine=True) == plain
-    assert not any(m.compile for k, m in plain.items() if k != "hf_compiled")
-    assert study_methods(tree, tmp_path, study="ablations", compiled_engine=True, static_engine=True) == study_methods(
-        tree, tmp_path, study="ablations")
+    main = study_methods(tree, tmp_path, study="main")
+    assert not any(m.compile for k, m in main.items() if k != "hf_compiled")
+    assert {m.runs_on for k, m in main.items() if m.kind in ("vanilla", "spec")} == {"static"}
+    target = load_target(TargetConfig(model="tiny:llama"))
+    seen = []
+    monkeypatch.setattr(methods_module, "static_generate", lambda *a, compile, **kw: seen.append(compile))
+    runner = MethodRunner(target, MethodSpec("vanilla"))
+    for capture, compiles in (("none", False), ("inductor", True)):
+        set_capture(target.model, capture)
+        runner(torch.tensor([1, 2, 3]), max_new_tokens=2, params=SamplingParams(), seed=0)
+        assert seen[-1] is compiles and runner.spec.capture(target) == capture
+    with pytest.raises(ValueError, match="CUDA graphs"):
+        set_capture(target.model, "graphs")  # the tiny target is on the CPU
 
 
-def test_static_engine_adds_static_twins(tmp_path):
-    """bench.static_engine runs vanilla, EAGLE-2 and Jakiro (fixed and tuned trees, CEPD) and the lookup
-    methods a second time on the static-shape engine, labelled <name>_static; a run at T=0 and T=1 records the
-    static run at both, under the method's own name with its engine (issue 45), vanilla's greedy output at T=0,
-    and sampled text at T=1 reproducible from the record's seed."""
+def test_every_record_names_its_method_and_how_it_ran(tmp_path):
+    """A run at T=0 and T=1 records each method under its own name with its engine and capture, vanilla's greedy
+    output at T=0 from every drafted and lookup method, and sampled text at T=1 reproducible from the record's seed."""
     from jakiro_lib.measure.bench import run_benchmark
     from jakiro_lib.measure.summary import load_records
     from jakiro_lib.config import DraftConfig, TargetConfig
@@ -229,20 +240,6 @@ def test_static_engine_adds_static_twins(tmp_path):
     from jakiro_lib.models.draft import DraftModel
     from jakiro_lib.models.target import load_target
 
-    tree = TreeConfig(total_tokens=8)
-    plain = study_methods(tree, tmp_path, study="main")
-    both = study_methods(tree, tmp_path, study="main", static_engine=True)
-    twins = {"vanilla_static", "eagle2_static", "jakiro_static", "jakiro_cepd_static", "eagle2_auto_static",
-             "jakiro_auto_static", "lookup_only_static", "eagle2_lookup_static", "jakiro_lookup_static"}
-    assert set(both) - set(plain) == twins and all(m.engine == "loop" for m in plain.values())
-    for name in twins:
-        assert both[name] == dataclasses.replace(both[name.removesuffix("_static")], engine="static")
-    captured = study_methods(tree, tmp_path, study="main", static_engine=True, compiled_engine=True)
-    assert set(captured) - set(both) == {f"{n}_compiled" for n in twins}
-    assert all(captured[f"{n}_compiled"] == dataclasses.replace(both[n], compile=True) for n in twins)
-    for bad in (dict(kind="hf", engine="static"), dict(kind="spec", engine="graph")):
-        with pytest.raises(ValueError, match="engine"):
-            MethodSpec(**bad, draft="d", tree=tree)
     target = load_target(TargetConfig(model="tiny:llama"))
     draft = tmp_path / "d" / "draft"
     DraftModel.build(DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False, contrastive=False),
@@ -250,62 +247,22 @@ def test_static_engine_adds_static_twins(tmp_path):
     moe = tmp_path / "m" / "draft"
     DraftModel.build(DraftConfig(num_experts=2), target.model).save(moe)
     spec = MethodSpec("spec", draft=str(draft), tree=TreeConfig(depth=3, top_k=2, total_tokens=4))
-    static = {"eagle2_static": dataclasses.replace(spec, engine="static"),
-              "jakiro_cepd_static": MethodSpec("spec", draft=str(moe), engine="static", tree=TreeConfig(
-                  depth=3, top_k=2, total_tokens=6, decoupled=True, ar_steps=1)),
-              "lookup_only_static": MethodSpec("spec", engine="static", tree=TreeConfig(lookup_tokens=4))}
-    path = run_benchmark(target, {"vanilla": MethodSpec("vanilla"), **static},
+    ours = {"eagle2": spec,
+            "jakiro_cepd": MethodSpec("spec", draft=str(moe), tree=TreeConfig(
+                depth=3, top_k=2, total_tokens=6, decoupled=True, ar_steps=1)),
+            "lookup_only": MethodSpec("spec", tree=TreeConfig(lookup_tokens=4))}
+    path = run_benchmark(target, {"vanilla": MethodSpec("vanilla"), "hf_generate": MethodSpec("hf"), **ours},
                          [Question("q1", "writing", ["Say something."], "mt_bench")], temperatures=(0.0, 1.0),
                          max_new_tokens=8, warmup=1, out_dir=tmp_path / "bench", progress=False)
     recs = {(record_label(r), r["temperature"]): r for r in load_records(path)}
-    assert set(recs) == {(m, t) for m in ("vanilla", *static) for t in (0.0, 1.0)}
-    for name in static:
+    assert set(recs) == {(m, t) for m in ("vanilla", "hf_generate", *ours) for t in (0.0, 1.0)}
+    for name in ours:
         assert recs[name, 0.0]["output_ids"] == recs["vanilla", 0.0]["output_ids"], name
-    # every record names its method and says how it ran: the engine is a field, not part of the name
-    assert {(r["method"], r["engine"], r["compiled"]) for r in recs.values()} == {
-        ("vanilla", "loop", False), *((m.removesuffix("_static"), "static", False) for m in static)}
-    again = run_benchmark(target, {"eagle2_static": dataclasses.replace(spec, engine="static")},
-                          [Question("q1", "writing", ["Say something."], "mt_bench")], temperatures=(1.0,),
-                          max_new_tokens=8, warmup=0, out_dir=tmp_path / "again", progress=False)
-    assert load_records(again)[0]["output_ids"] == recs["eagle2_static", 1.0]["output_ids"]
-
-
-def test_bench_engine_runs_the_drafted_methods_where_they_measured_fastest(tmp_path):
-    """bench.engine: "auto" is the captured static engine on CUDA and the loop elsewhere (side by side: 0.54x
-    against parity with hf_compiled on an H200; the loop 4-5% ahead on a 2-core CPU). The drafted and lookup
-    methods run on it, labelled as they run; vanilla stays the eager loop (the greedy reference) and plain
-    decoding runs on that engine too (the baseline of the goals against our fastest plain decoder), HF's
-    methods are HF's, and a run is one entry whatever the engine (issue 45)."""
-    from jakiro_lib.profiles import get_profile
-    from jakiro_lib.study import profile_methods
-
-    assert resolve_engine("auto", "cuda") == resolve_engine("auto", "cuda:1") == "static_compiled"
-    assert resolve_engine("auto", "cpu") == "loop" and resolve_engine("static", "cuda") == "static"
-    tree = TreeConfig(total_tokens=8)
-    names = set(study_methods(tree, tmp_path, study="main"))
-    loop = study_methods(tree, tmp_path, study="main", static_engine=True, compiled_engine=True)
-    drafted = {n for n, m in loop.items() if n in names and m.kind == "spec"}
-    for engine, compile in (("static", False), ("static_compiled", True)):
-        # one entry a run: a drafted method moved to the engine is the run its twin was, keyed by its label
-        got = study_methods(tree, tmp_path, study="main", static_engine=True, compiled_engine=True, engine=engine)
-        assert set(got) == set(loop) - drafted and all(spec == loop[label] for label, spec in got.items())
-        assert got["vanilla"].engine == "loop" and got[run_label("jakiro", "static", compile)].runs_on == "static"
-    for engine, compile in (("static", False), ("static_compiled", True)):
-        bare = study_methods(tree, tmp_path, study="main", engine=engine)
-        moved = {run_label(n, "static", compile) for n in drafted}
-        assert set(bare) == names - drafted | moved | {run_label("vanilla", "static", compile)}, engine
-        assert all(spec == loop[label] for label, spec in bare.items()), engine
-    captured = study_methods(tree, tmp_path, study="ablations", engine="static_compiled")
-    assert {method_name(k, m) for k, m in captured.items()} == set(study_methods(
-        tree, tmp_path, study="ablations"))  # the ablations compare drafts, not baselines: the same methods
-    with pytest.raises(ValueError, match="engine"):
-        study_methods(tree, tmp_path, study="main", engine="graphs")
-    cuda = profile_methods(get_profile("smoke", **{"target.device": "cuda"}), tmp_path, "main")
-    assert all(m.compile and m.engine == "static" for m in cuda.values() if m.kind == "spec")
-    assert cuda["vanilla_static_compiled"].compile and cuda["vanilla"].engine == "loop"
-    cpu = profile_methods(get_profile("smoke"), tmp_path, "main")
-    assert all(m.engine == "loop" and not m.compile for m in cpu.values() if m.kind == "spec")
-    assert not any(m.engine == "static" for m in cpu.values())
+    assert {(r["method"], r["engine"], r["capture"]) for r in recs.values()} == {
+        ("vanilla", "static", "none"), ("hf_generate", "hf", "none"), *((m, "static", "none") for m in ours)}
+    again = run_benchmark(target, {"eagle2": spec}, [Question("q1", "writing", ["Say something."], "mt_bench")],
+                          temperatures=(1.0,), max_new_tokens=8, warmup=0, out_dir=tmp_path / "again", progress=False)
+    assert load_records(again)[0]["output_ids"] == recs["eagle2", 1.0]["output_ids"]
 
 
 def test_ablations_carry_the_authors_released_configuration(tmp_path):
@@ -403,14 +360,11 @@ def test_perf_goal_groups_come_from_the_registry():
     from jakiro_lib.measure.methods import MAIN
 
     names = {m.name for m in MAIN}
-    assert set(perf.JAKIRO_EAGER) <= names and set(perf.EAGLE_METHODS) <= names and set(perf.HF_METHODS) <= names
-    assert perf.JAKIRO_EAGER == ("jakiro", "jakiro_cepd", "jakiro_auto")
-    assert perf.JAKIRO_METHODS == (*perf.JAKIRO_EAGER, "jakiro_static", "jakiro_cepd_static", "jakiro_auto_static",
-                                   "jakiro_static_compiled", "jakiro_cepd_static_compiled",
-                                   "jakiro_auto_static_compiled")
-    assert perf.OUR_VANILLA == ("vanilla", "vanilla_static", "vanilla_static_compiled")
+    assert set(perf.JAKIRO_METHODS) <= names and set(perf.EAGLE_METHODS) <= names and set(perf.HF_METHODS) <= names
+    assert perf.JAKIRO_METHODS == ("jakiro", "jakiro_cepd", "jakiro_auto")
+    assert perf.OUR_VANILLA == ("vanilla",)
     assert perf.HF_METHODS == ("hf_generate", "hf_compiled")
-    assert perf.LOOKUP_METHODS == ("jakiro_lookup", "jakiro_lookup_static", "jakiro_lookup_static_compiled")
+    assert perf.LOOKUP_METHODS == ("jakiro_lookup",)
     assert perf.LOOKUP_METHOD == "jakiro_lookup"
 
 
@@ -438,9 +392,9 @@ def test_every_kind_dispatches_to_its_generator_and_greedy_matches_vanilla(monke
     from jakiro_lib.decoding.verify import SamplingParams
 
     calls = []
-    for name in ("vanilla_generate", "hf_generate", "speculative_generate"):
+    for name in ("static_generate", "hf_generate"):
         def logged(*args, _real=getattr(methods, name), _name=name, **kwargs):
-            calls.append((_name, kwargs.get("prompt_lookup_num_tokens")))
+            calls.append((_name, kwargs.get("prompt_lookup_num_tokens", args[1] is None if len(args) > 1 else None)))
             return _real(*args, **kwargs)
         monkeypatch.setattr(methods, name, logged)
     target = load_target(TargetConfig(model="tiny:llama"))
@@ -455,8 +409,8 @@ def test_every_kind_dispatches_to_its_generator_and_greedy_matches_vanilla(monke
                                          on_tokens=streamed.extend)
         outs[kind] = res.output_ids
         assert streamed == res.output_ids, kind
-    assert calls == [("vanilla_generate", None), ("hf_generate", None), ("hf_generate", 3),
-                     ("speculative_generate", None)]
+    # our kinds on the one engine (plain decoding: no draft), HF's on its generate (prompt lookup for pld)
+    assert calls == [("static_generate", True), ("hf_generate", None), ("hf_generate", 3), ("static_generate", True)]
     assert len(outs["vanilla"]) == 12 and all(o == outs["vanilla"] for o in outs.values()), outs
 
 
@@ -491,29 +445,29 @@ def test_method_lists_split_on_commas_but_keep_names_that_hold_one():
 def test_no_compilation_inside_a_timed_prompt(tmp_path):
     """The warm-up compiles what the timed prompts run: every compiled path's cache is one length per context
     (compiled.compiled_cache_len), so a 16-token warm-up covers a prompt allowed 1000 new tokens. With caches
-    sized to prompt + max_new_tokens (before 2026-11-27) the static engine's captured step compiled again in
-    the timed prompt (its record's compiled_graphs was 1), as HF's compiled generate did. The answer ends at an EOS chosen from its own greedy
+    sized to prompt + max_new_tokens the engine's captured step compiled again in the timed prompt (its record's
+    compiled_graphs was 1), as HF's compiled generate did. The answer ends at an EOS chosen from its own greedy
     text, so the long budget costs no decoding."""
     from jakiro_lib.data.chat import format_prompt_ids
     from jakiro_lib.measure.bench import run_benchmark
     from jakiro_lib.measure.summary import load_records
     from jakiro_lib.config import TargetConfig
     from jakiro_lib.data.conversations import Question
-    from jakiro_lib.decoding.loop import vanilla_generate
-    from jakiro_lib.models.target import load_target
+    from jakiro_lib.decoding.reference.loop import vanilla_generate
+    from jakiro_lib.models.target import load_target, set_capture
 
     target = load_target(TargetConfig(model="tiny:llama", max_context=2048))
+    set_capture(target.model, "inductor")  # our plain decoding compiled
     text = "Say something about the sea."
     ids = format_prompt_ids(target, [{"role": "user", "content": text}])
     target.model.generation_config.eos_token_id = vanilla_generate(target.model, ids, max_new_tokens=4).output_ids[3]
-    methods = {"vanilla_static_compiled": MethodSpec("vanilla", engine="static", compile=True),
-               "hf_compiled": MethodSpec("hf", compile=True)}
+    methods = {"vanilla": MethodSpec("vanilla"), "hf_compiled": MethodSpec("hf", compile=True)}
     path = run_benchmark(target, methods, [Question("q1", "writing", [text], "mt_bench")], temperatures=(0.0,),
                          max_new_tokens=1000, warmup=1, out_dir=tmp_path / "bench", progress=False)
     records = load_records(path)
     assert [record_label(r) for r in records] == list(methods)
-    assert [(r["method"], r["engine"], r["compiled"]) for r in records] == [("vanilla", "static", True),
-                                                                            ("hf_compiled", "hf", True)]
+    assert [(r["method"], r["engine"], r["capture"]) for r in records] == [("vanilla", "static", "inductor"),
+                                                                           ("hf_compiled", "hf", "inductor")]
     for r in records:
         assert r["stop_reason"] == "eos" and r["new_tokens"] <= 4, r
         assert r["compiled_graphs"] == 0, r

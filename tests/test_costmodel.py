@@ -4,9 +4,9 @@ from helpers import full_logits, random_prompts, tiny_target
 from jakiro_lib.config import DraftConfig, TreeConfig
 from jakiro_lib.measure.costmodel import (choose_total_tokens, expected_accepted, measure_draft_costs, measure_draft_cycle,
                                   measure_target_costs)
-from jakiro_lib.decoding.loop import speculative_generate
+from jakiro_lib.decoding.reference.loop import speculative_generate
 from jakiro_lib.models.draft import DraftModel
-from jakiro_lib.decoding.tree import CandidatePool
+from jakiro_lib.decoding.reference.tree import CandidatePool
 
 
 class TargetScoredDrafter:
@@ -101,21 +101,25 @@ def test_tuning_does_not_count_a_warm_up_generation(monkeypatch):
     from jakiro_lib.measure.costmodel import tune_total_tokens
     from jakiro_lib.models.target import load_target
 
-    real, calls = costmodel.speculative_generate, []
+    real, calls = costmodel.static_generate, []
 
-    def first_call_slow(*args, **kwargs):
-        res = real(*args, **kwargs)
-        res.draft_time = 100.0 if not calls else 0.001 * res.cycles  # 1 ms per warm cycle
-        calls.append(res.cycles)
+    def spy(*args, clock=None, ranked=False, **kwargs):
+        res = real(*args, clock=clock, ranked=ranked, **kwargs)
+        calls.append((clock, ranked, res.cycles))
         return res
 
-    monkeypatch.setattr(costmodel, "speculative_generate", first_call_slow)
+    monkeypatch.setattr(costmodel, "static_generate", spy)
     target = load_target(TargetConfig(model="tiny:llama"))
     draft = DraftModel.build(DraftConfig(), target.model).eval()
     out = tune_total_tokens(target, draft, TreeConfig(depth=3, top_k=2), random_prompts(2, seed=1),
                             candidates=(2, 4), max_new_tokens=8, context=16, target_costs={1: 0.01, 2: 0.01, 4: 0.01})
-    assert len(calls) == 3 and out["cycles_observed"] == sum(calls[1:])
-    assert out["draft_time_per_cycle_s"] == pytest.approx(0.001)
+    (warm, *timed) = calls
+    assert warm[0] is None and not warm[1] and len(timed) == 2  # the warm-up: no clock, no ranks
+    clock = timed[0][0]
+    assert all(c is clock and ranked for c, ranked, _ in timed)  # the timed runs: one clock, path ranks read
+    assert out["cycles_observed"] == sum(n for *_, n in timed) == clock.entries["cycle"]
+    drafting = sum(clock.seconds[s] for s in ("draft", "draft_forward", "update"))  # the tree, forwards, encoding
+    assert out["draft_time_per_cycle_s"] == pytest.approx(drafting / out["cycles_observed"])
 
 
 def test_small_budgets_are_charged_fewer_draft_forwards():
@@ -163,14 +167,14 @@ def test_budget_speeds_interleave_budgets_and_keep_each_runs_fastest_round(monke
 
     order = []
 
-    def fake_generate(model, drafter, ids, **kw):
-        n = drafter.cfg.total_tokens
+    def fake_generate(model, draft, tree, ids, *, compile, **kw):
+        n = tree.total_tokens
         order.append(n)
         slow = len(order) <= 4  # round 1 (2 prompts x 2 budgets) under load
         wall = 10.0 if slow else {4: 1.0, 8: 1.25}[n]
         return GenerationResult(prompt_len=len(ids), output_ids=[1] * 10, wall_time=wall)
 
-    monkeypatch.setattr(costmodel, "speculative_generate", fake_generate)
+    monkeypatch.setattr(costmodel, "static_generate", fake_generate)
     target = load_target(TargetConfig(model="tiny:llama"))
     draft = DraftModel.build(DraftConfig(), target.model).eval()
     speeds = measure_budget_speeds(target, draft, TreeConfig(depth=3, top_k=2), random_prompts(2, seed=1), (4, 8),
@@ -178,14 +182,14 @@ def test_budget_speeds_interleave_budgets_and_keep_each_runs_fastest_round(monke
     assert order == [4, 8, 4, 8, 4, 8, 4, 8]  # budgets back to back per prompt, every round
     assert speeds == pytest.approx({4: 20 / 2.0, 8: 20 / 2.5})
 
-    def fake_static(model, draft, tree, ids, *, compile, **kw):  # a method on the static engine is checked there
+    def fake_static(model, draft, tree, ids, *, compile, **kw):  # as the method runs it: captured, say
         order.append(("static", tree.total_tokens, tree.lookup_tokens, compile))
         return GenerationResult(prompt_len=len(ids), output_ids=[1] * 10, wall_time=1.0)
 
     monkeypatch.setattr(costmodel, "static_generate", fake_static)
     order.clear()
     measure_budget_speeds(target, draft, TreeConfig(depth=3, top_k=2, lookup_tokens=4), random_prompts(1, seed=1),
-                          (4, 8), rounds=2, engine="static", compile=True)
+                          (4, 8), rounds=2, compile=True)
     assert order == [("static", 4, 0, True), ("static", 8, 0, True)] * 2  # the drafted tree, not the chain
     with pytest.raises(ValueError, match="rounds"):
         measure_budget_speeds(target, draft, TreeConfig(), random_prompts(1, seed=1), (4, 8), rounds=1)
@@ -212,9 +216,9 @@ def test_tuned_budget_is_kept_only_where_it_beats_the_fixed_tree_measured(monkey
     steep = {1: 0.01, 2: 0.01, 4: 0.05, 8: 0.5}  # the estimate: 2 tokens
     out = tune_total_tokens(target, draft, TreeConfig(depth=3, top_k=2), random_prompts(2, seed=1),
                             candidates=(2, 4, 8), max_new_tokens=8, context=16, target_costs=steep, reference=8,
-                            engine="static", compile=False)
+                            compile=False)
     assert out["estimated_best"] == 2 and out["fixed_tokens"] == 8 and seen["budgets"] == (2, 8)
-    assert seen["engine"] == "static" and seen["compile"] is False and seen["rounds"] >= 2  # the method's engine
+    assert seen["compile"] is False and seen["rounds"] >= 2  # as the method runs
     assert out["best"] == (2 if tuned_faster else 8)
     assert out["measured_tokens_per_s"] == {"2": 30.0 if tuned_faster else 25.0, "8": 27.0}
     same = tune_total_tokens(target, draft, TreeConfig(depth=3, top_k=2), random_prompts(2, seed=1),

@@ -14,15 +14,18 @@ import random
 import pytest
 import torch
 
-import jakiro_lib.decoding.loop as decoding
+import jakiro_lib.decoding.reference.loop as decoding
 from jakiro_lib.models import kernels
 from jakiro_lib.config import DraftConfig, TreeConfig
-from jakiro_lib.decoding.loop import hf_generate, speculative_generate, vanilla_generate
+from jakiro_lib.decoding.compiled import compiled_cache_len
+from jakiro_lib.decoding.hf import hf_generate
+from jakiro_lib.decoding.reference.loop import speculative_generate, vanilla_generate
 from jakiro_lib.decoding.result import ContextLengthError
-from jakiro_lib.decoding.runner import TargetRunner
+from jakiro_lib.decoding.reference.loop import LoopRunner
 from jakiro_lib.models.draft import DraftModel
-from jakiro_lib.decoding.drafting import FeatureDrafter, LookupDrafter, PromptLookup, schedule
-from jakiro_lib.decoding.tree import Tree
+from jakiro_lib.decoding.drafting import PromptLookup, schedule
+from jakiro_lib.decoding.reference.drafting import FeatureDrafter, LookupDrafter
+from jakiro_lib.decoding.reference.tree import Tree
 
 from helpers import FAMILIES, OracleDrafter, random_prompts, single_thread, tiny_target, trained_draft
 
@@ -78,7 +81,7 @@ def test_runner_prefill_and_chain_match_causal_forward(family, attn):
     prompt = random_prompts(1, seed=10, min_len=17, max_len=17)[0]
     chain = [int(t) for t in torch.randint(0, 256, (6,), generator=torch.Generator().manual_seed(1))]
     ref_logits, ref_hidden = _reference(model, prompt.tolist() + chain)
-    runner = TargetRunner(model)
+    runner = LoopRunner(model)
     with torch.inference_mode():
         logits, hidden = runner.prefill(prompt)
         assert runner.length == len(prompt)
@@ -99,7 +102,7 @@ def test_runner_tree_nodes_and_keep_match_fresh_prefill(family, attn):
     rng = random.Random(f"{family}-{attn}")
     prompt = random_prompts(1, seed=11, min_len=9, max_len=9)[0]
     seq = prompt.tolist()
-    runner = TargetRunner(model)
+    runner = LoopRunner(model)
     with torch.inference_mode():
         runner.prefill(prompt)
         for cycle in range(3):
@@ -117,7 +120,7 @@ def test_runner_tree_nodes_and_keep_match_fresh_prefill(family, attn):
             seq += tree.tokens[path].tolist()
             assert runner.length == len(seq)
             assert runner.cache.get_seq_length() == len(seq)
-            fresh = TargetRunner(model)
+            fresh = LoopRunner(model)
             fresh.prefill(torch.tensor(seq))
             n = len(seq)
             for kept, ref in zip(runner.cache.layers, fresh.cache.layers):  # preallocated: the text's positions
@@ -383,7 +386,7 @@ def test_hf_generate_static_compiled_greedy_equals_vanilla(prompts, vanilla):
         h = hf_generate(model, prompts[i], max_new_tokens=24, compile=True)
         assert h.output_ids == vanilla[i][:24], i
     assert hasattr(model, "_compiled_call")
-    assert decoding.compiled_cache_len(2048) == 2304 and decoding.compiled_cache_len(100) == 256
+    assert compiled_cache_len(2048) == 2304 and compiled_cache_len(100) == 256
 
 
 def test_hf_generate_names_a_failed_compile_and_how_to_skip_it(prompts, monkeypatch):
@@ -521,7 +524,7 @@ def test_feature_drafter_trees_reach_full_depth(draft_name, opts, depth):
     if opts:
         drafter = FeatureDrafter(drafter.draft, TreeConfig(**{**drafter.cfg.__dict__, **opts}))
     prompt = random_prompts(1, seed=3, min_len=12, max_len=12)[0]
-    runner = TargetRunner(model)
+    runner = LoopRunner(model)
     with torch.inference_mode():
         logits, hidden = runner.prefill(prompt)
         root = int(logits[-1].argmax())
@@ -553,7 +556,7 @@ def test_small_budget_drafts_no_deeper_than_it_can_keep(draft_name, total):
     assert sum(capped.steps) == total - 1 < sum(full.steps)
     prompt = random_prompts(1, seed=5, min_len=10, max_len=10)[0]
     with torch.inference_mode():
-        logits, hidden = TargetRunner(model).prefill(prompt)
+        logits, hidden = LoopRunner(model).prefill(prompt)
         trees = []
         for d in (capped, full):
             d.begin(prompt, hidden, int(logits[-1].argmax()))

@@ -1,5 +1,5 @@
 """The GPU check (jakiro_lib.measure.gpucheck), run on this CPU with the smoke profile and untrained drafts: its files,
-both temperatures on both engines, greedy identity counted, and the cycle's breakdown by named step."""
+both temperatures, greedy identity counted, and the cycle's breakdown by named step."""
 from __future__ import annotations
 
 import json
@@ -23,7 +23,7 @@ SMALL = {"bench.limit": "1", "bench.max_new_tokens": "8", "bench.warmup": "0", "
 def test_check_profile_is_the_exact_setting_on_the_device():
     prof = check_profile("smoke", "cpu", **{"bench.limit": "2"})
     assert prof.target.dtype == "float32" and prof.target.device == "cpu" and prof.target.packed_gemm == 0
-    assert prof.bench.static_engine and prof.bench.compiled_engine and prof.bench.temperatures == (0.0, 1.0)
+    assert prof.bench.compiled_baseline and prof.bench.temperatures == (0.0, 1.0)
     assert prof.bench.limit == 2 and CHECK_SETTINGS["bench.limit"] == "10"  # MT-bench q1-10, both turns: 20 prompts
 
 
@@ -35,7 +35,7 @@ def test_gpu_check_writes_records_goals_and_the_cycle_breakdown(tmp_path, monkey
     target = load_target(prof.target)
     for name in (EAGLE2_DRAFT, JAKIRO_DRAFT):  # the main study's drafts
         DraftModel.build(prof.drafts[name], target.model).eval().save(tmp_path / "drafts" / name / "draft")
-    methods = ("vanilla", "hf_generate", "vanilla_static", "jakiro_auto")  # the profiled method need not be one
+    methods = ("vanilla", "hf_generate", "jakiro_auto", "jakiro_lookup")  # the profiled method need not be one
     with single_thread():
         result = gpu_check("smoke", run_dir=tmp_path, device="cpu", overrides=SMALL, methods=methods,
                            profiled_prompts=1, progress=False)
@@ -45,7 +45,7 @@ def test_gpu_check_writes_records_goals_and_the_cycle_breakdown(tmp_path, monkey
     assert json.loads((out / "gpu_check.json").read_text())["methods"] == list(methods)
     summary = pd.DataFrame(result["summary"])
     assert set(zip(summary["method"], summary["temperature"])) == {(m, t) for m in methods for t in (0.0, 1.0)}
-    for name in ("vanilla_static", "jakiro_auto"):
+    for name in ("jakiro_auto", "jakiro_lookup"):
         row = summary[(summary["method"] == name) & (summary["temperature"] == 0.0)].iloc[0]
         assert row["greedy_compared"] == 2 and row["greedy_same"] == 2, name
     goals = pd.DataFrame(result["goals"])

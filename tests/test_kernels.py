@@ -9,10 +9,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from jakiro_lib.models import kernels
 from jakiro_lib.config import DraftConfig, TargetConfig
-from jakiro_lib.decoding.runner import TargetRunner
+from jakiro_lib.decoding.reference.loop import LoopRunner
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.models.target import load_target
-from jakiro_lib.decoding.tree import Tree
+from jakiro_lib.decoding.reference.tree import Tree
 
 from helpers import tiny_target
 
@@ -151,7 +151,7 @@ def test_load_target_wires_the_fast_paths_and_plain_kernels_switches_them_off():
     prompt = torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(0))
     tree = Tree(torch.tensor([5, 6, 7, 8, 9]), [-1, 0, 0, 1, 1], torch.tensor([0, 1, 1, 2, 2]))
     def tree_logits():
-        runner = TargetRunner(model)
+        runner = LoopRunner(model)
         with torch.inference_mode():
             runner.prefill(prompt)
             return runner.tree(tree)[0]
@@ -178,7 +178,7 @@ def test_gqa_attention_matches_sdpa_with_tree_masks():
     tree = Tree(torch.tensor([3, 4, 5, 6]), [-1, 0, 0, 2], torch.tensor([0, 1, 1, 2]))
     outs = []
     for model in (plain, fast):
-        runner = TargetRunner(model)
+        runner = LoopRunner(model)
         with torch.inference_mode():
             a = runner.prefill(prompt)[0]
             b = runner.tree(tree)[0]

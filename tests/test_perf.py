@@ -17,7 +17,7 @@ from jakiro_lib.config import EAGLE2_DRAFT, JAKIRO_DRAFT, TargetConfig, TreeConf
 from jakiro_lib.profiles import get_profile
 from jakiro_lib.decoding.runner import TargetRunner
 from jakiro_lib.models.draft import DraftModel
-from jakiro_lib.decoding.drafting import FeatureDrafter
+from jakiro_lib.decoding.reference.drafting import FeatureDrafter
 from jakiro_lib.measure.perf import cost_model, lever_table, performance_targets
 from jakiro_lib.study import tree_budget_table
 from jakiro_lib.models.target import load_target
@@ -67,21 +67,17 @@ def test_hf_goals_are_judged_against_the_faster_hf_generate():
 
 
 def test_plain_goals_are_judged_against_our_fastest_plain_decoder():
-    """On a GPU the captured plain decoder (vanilla_static_compiled) is the baseline the issue's goals name
-    (Jakiro >= 1.5x at T=0, >= 1.3x at T=1): the fastest of our plain decoders that ran, whichever it is."""
-    tps = {(0.0, "vanilla"): 19.0, (0.0, "vanilla_static_compiled"): 40.0, (0.0, "hf_compiled"): 25.0,
-           (0.0, "jakiro_auto_static_compiled"): 64.0, (1.0, "vanilla"): 19.0,
-           (1.0, "vanilla_static_compiled"): 40.0, (1.0, "jakiro_auto_static_compiled"): 50.0}
+    """Our plain decoder (captured on a GPU as the target says) is the baseline the goals name (Jakiro >= 1.5x at
+    T=0, >= 1.3x at T=1)."""
+    tps = {(0.0, "vanilla"): 40.0, (0.0, "hf_compiled"): 25.0, (0.0, "jakiro_auto"): 64.0, (1.0, "vanilla"): 40.0,
+           (1.0, "jakiro_auto"): 50.0}
     g = {(r.goal, r.temperature): r for r in performance_targets(_main(tps, {})).itertuples()}
     t0 = g[("Jakiro >= 1.5x our fastest plain decoder (greedy)", 0.0)]
-    assert (t0.method, t0.baseline) == ("jakiro_auto_static_compiled", "vanilla_static_compiled")
+    assert (t0.method, t0.baseline) == ("jakiro_auto", "vanilla")
     assert t0.ratio == pytest.approx(64 / 40) and t0.met
     t1 = g[("Jakiro >= 1.3x our fastest plain decoder (T=1)", 1.0)]
     assert t1.ratio == pytest.approx(50 / 40) and not t1.met
     assert g[("Jakiro >= 1.5x HF generate (greedy)", 0.0)].ratio == pytest.approx(64 / 25)
-    cpu = performance_targets(_main({(0.0, "vanilla"): 19.0, (0.0, "jakiro"): 30.0}, {}))
-    row = cpu[cpu["goal"] == "Jakiro >= 1.5x our fastest plain decoder (greedy)"].iloc[0]
-    assert row["baseline"] == "vanilla" and row["met"]  # only the loop ran: it is the fastest we have
 
 
 def test_goal_ratios_get_a_bootstrap_interval_from_the_records():
@@ -130,52 +126,25 @@ def test_lookup_extension_is_held_to_the_goals_apart_from_paper_jakiro():
     assert math.isnan(g[(f"{ext} >= EAGLE-2 + lookup branch (tokens/s)", 1.0)].ratio)  # not measured: unknown
 
 
-def test_static_twins_count_as_jakiro_and_as_our_vanilla_loop():
-    """With bench.static_engine and bench.compiled_engine the goals take the compiled static twin where the run
-    has it (faster or not: the primary method is named before the run), EAGLE-2 is compared with the loop's
-    Jakiro only, and the lever table shows what each engine step bought, pair by pair."""
-    tps = {(0.0, "vanilla"): 19.0, (0.0, "vanilla_static"): 19.5, (0.0, "vanilla_static_compiled"): 20.0,
-           (0.0, "hf_generate"): 20.0, (0.0, "hf_compiled"): 21.0, (0.0, "jakiro_auto"): 23.0,
-           (0.0, "jakiro_auto_static"): 23.2, (0.0, "jakiro_auto_static_compiled"): 24.0,
-           (0.0, "eagle2_auto"): 23.5, (0.0, "eagle2_lookup"): 29.5,
-           (0.0, "jakiro_lookup"): 30.0, (0.0, "jakiro_lookup_static"): 29.5,
-           (0.0, "jakiro_lookup_static_compiled"): 29.0,
-           (1.0, "hf_generate"): 20.0, (1.0, "jakiro_auto"): 21.0,
-           (1.0, "jakiro_lookup"): 22.0, (1.0, "jakiro_lookup_static_compiled"): 23.0}
+def test_an_old_studys_engine_labels_are_no_goals_methods():
+    """An old study's runs on the static engine (``*_static_compiled``) are not today's methods: the goals take the
+    runs named as the registry names them, and the lever table has no engine levers left."""
+    tps = {(0.0, "vanilla"): 19.0, (0.0, "vanilla_static_compiled"): 20.0, (0.0, "hf_generate"): 20.0,
+           (0.0, "jakiro_auto"): 23.0, (0.0, "jakiro_auto_static_compiled"): 24.0, (0.0, "eagle2_auto"): 23.5}
     main = _main(tps, {})
-    goals = performance_targets(main)
-    g = {r.goal: r for r in goals.itertuples() if r.temperature == 0}
-    assert g["Jakiro >= 1.5x HF generate (greedy)"].method == "jakiro_auto_static_compiled"
-    # EAGLE-2's rows run on the loop engine: only the loop's Jakiro is compared with them (24 vs 23.5 would flatter)
-    eagle = g["Jakiro >= EAGLE-2 (tokens/s)"]
-    assert eagle.method == "jakiro_auto" and eagle.ratio == pytest.approx(23 / 23.5) and not eagle.met
-    only_compiled = performance_targets(_main({(0.0, "jakiro_auto_static_compiled"): 24.0,
-                                               (0.0, "eagle2_auto"): 23.5}, {}))
-    row = only_compiled[only_compiled["goal"] == "Jakiro >= EAGLE-2 (tokens/s)"].iloc[0]
-    assert math.isnan(row["ratio"]) and row["met"] is None  # no loop Jakiro ran: unknown, not static vs loop
-    vanilla = g["our vanilla loop within 5% of HF generate"]
-    assert vanilla.method == "vanilla_static_compiled" and vanilla.ratio == pytest.approx(20 / 21) and vanilla.met
-    ext = "Jakiro + lookup branch (extension)"
-    lookup = g[f"{ext} >= 1.5x HF generate (greedy)"]
-    assert lookup.method == "jakiro_lookup_static_compiled" and lookup.ratio == pytest.approx(29 / 21)  # the slowest
-    t1 = goals[(goals["temperature"] == 1.0) & (goals["goal"] == f"{ext} >= 1.3x HF sampling (T=1)")].iloc[0]
-    assert t1["method"] == "jakiro_lookup_static_compiled" and t1["ratio"] == pytest.approx(23 / 20)
-    assert g[f"{ext} >= EAGLE-2 + lookup branch (tokens/s)"].method == "jakiro_lookup"  # loop vs loop
-    levers = lever_table(pd.DataFrame(), pd.DataFrame(), main)
-    engine = levers[levers["lever"].str.startswith("static engine")]
-    assert engine["speedup"].tolist() == pytest.approx([19.5 / 19, 23.2 / 23, 29.5 / 30])
-    captured = levers[levers["lever"].str.startswith("the static engine's cycle compiled")]
-    assert captured["speedup"].tolist() == pytest.approx([20 / 19.5, 24 / 23.2, 29 / 29.5])
+    g = {r.goal: r for r in performance_targets(main).itertuples() if r.temperature == 0}
+    assert g["Jakiro >= 1.5x HF generate (greedy)"].method == "jakiro_auto"
+    assert g["our vanilla loop within 5% of HF generate"].method == "vanilla"
+    assert not lever_table(pd.DataFrame(), pd.DataFrame(), main)["lever"].str.contains("engine").any()
 
 
 def test_goals_compare_a_primary_method_named_before_the_run_not_the_fastest_row():
     """Picking the fastest of several Jakiro rows and bootstrapping the ratio as if that row had been named in
-    advance flatters the goal (issue 43). Each goal's method is the first of a fixed order that the run has
+    advance flatters the goal. Each goal's method is the first of a fixed order that the run has
     (:data:`jakiro_lib.measure.perf.PRIMARY`); baselines stay the fastest of theirs, which can only lower the ratio."""
     tps = {(0.0, "hf_generate"): 20.0, (0.0, "hf_compiled"): 21.0, (0.0, "hf_prompt_lookup"): 22.0,
-           (0.0, "eagle2"): 21.0, (0.0, "eagle2_auto"): 22.0, (0.0, "vanilla"): 20.5, (0.0, "vanilla_static"): 21.0,
-           (0.0, "jakiro"): 27.0, (0.0, "jakiro_cepd"): 31.0, (0.0, "jakiro_auto"): 23.0,
-           (0.0, "jakiro_auto_static"): 35.0}
+           (0.0, "eagle2"): 21.0, (0.0, "eagle2_auto"): 22.0, (0.0, "vanilla"): 20.5,
+           (0.0, "jakiro"): 27.0, (0.0, "jakiro_cepd"): 31.0, (0.0, "jakiro_auto"): 23.0}
     per_prompt = {m: [v, v, v, v] for (_, m), v in tps.items()}
     per_prompt["jakiro_cepd"] = [10.0, 52.0, 10.0, 52.0]  # the fastest row by a lucky spread
     records = [{"method": m, "benchmark": "mt_bench", "temperature": 0.0, "question_id": q, "turn": 0, "repeat": 0,
@@ -186,8 +155,8 @@ def test_goals_compare_a_primary_method_named_before_the_run_not_the_fastest_row
     assert (hf.method, hf.baseline) == ("jakiro_auto", "hf_compiled") and hf.ratio == pytest.approx(23 / 21)
     assert "primary" in hf.selection and "fastest of hf_generate, hf_compiled" in hf.selection
     assert g["Jakiro >= EAGLE-2 (tokens/s)"].method == "jakiro_auto"
-    assert g["our vanilla loop within 5% of HF generate"].method == "vanilla"  # not the faster static row
-    assert perf.PRIMARY["jakiro"][:3] == ("jakiro_auto_static_compiled", "jakiro_auto", "jakiro")
+    assert g["our vanilla loop within 5% of HF generate"].method == "vanilla"
+    assert perf.PRIMARY["jakiro"][:2] == ("jakiro_auto", "jakiro")
     assert set(perf.PRIMARY["jakiro"]) == set(perf.JAKIRO_METHODS)  # every row has its place, fixed in advance
     without_tuned = performance_targets(_main({k: v for k, v in tps.items() if "auto" not in k[1]}, {}))
     assert set(without_tuned.loc[without_tuned["goal"].str.startswith("Jakiro >="), "method"]) == {"jakiro"}
@@ -315,19 +284,19 @@ def test_tree_budget_table_shows_the_measured_check_against_the_fixed_tree(tmp_p
 def test_cost_model_times_sizes_round_robin_with_and_without_fast_paths_back_to_back(tiny_run, monkeypatch):
     """Every round times each size once, its kernel variants back to back: drift hits all alike."""
     target, _, root = tiny_run
-    real_tree, real_prefill = TargetRunner.tree, TargetRunner.prefill
+    real_tree, real_prefill = TargetRunner.score, TargetRunner.prefill
     seen, prefills = [], []
 
-    def tree_spy(self, tree):
+    def tree_spy(self, tokens, depths, anc, start):
         gemm = kernels.packed_gemm(target.model)
-        seen.append((len(tree), target.model.config._attn_implementation, gemm is not None and gemm.active))
-        return real_tree(self, tree)
+        seen.append((len(tokens), target.model.config._attn_implementation, gemm is not None and gemm.active))
+        return real_tree(self, tokens, depths, anc, start)
 
     def prefill_spy(self, ids):
         prefills.append(len(ids))
         return real_prefill(self, ids)
 
-    monkeypatch.setattr(TargetRunner, "tree", tree_spy)
+    monkeypatch.setattr(TargetRunner, "score", tree_spy)
     monkeypatch.setattr(TargetRunner, "prefill", prefill_spy)
     kernels.enable_packed_gemm(target.model)
     try:
@@ -372,22 +341,15 @@ def test_lever_table_compares_each_lever_with_and_without_it():
 
 
 
-def test_goals_against_eagle2_pair_the_two_on_one_runner():
-    """A GPU study runs its drafted methods captured (labelled ``<name>_static_compiled``, issue 45): Jakiro meets
-    EAGLE-2 there, tokens/s, tau and the lookup extension alike; where the loop engine ran both, it is theirs."""
-    tps = {(0.0, "vanilla"): 19.0, (0.0, "vanilla_static_compiled"): 40.0, (0.0, "hf_compiled"): 25.0,
-           (0.0, "eagle2_static_compiled"): 50.0, (0.0, "eagle2_auto_static_compiled"): 55.0,
-           (0.0, "jakiro_static_compiled"): 52.0, (0.0, "jakiro_auto_static_compiled"): 60.0,
-           (0.0, "jakiro_lookup_static_compiled"): 62.0, (0.0, "eagle2_lookup_static_compiled"): 58.0}
-    tau = {"jakiro_static_compiled": 1.9, "eagle2_static_compiled": 1.8}
-    g = {r.goal: r for r in performance_targets(_main(tps, tau)).itertuples()}
+def test_goals_against_eagle2_meet_jakiro_and_eagle2_as_named():
+    """Every method runs on the one engine, so Jakiro meets EAGLE-2 directly: tokens/s (the primary Jakiro against
+    the faster EAGLE-2), tau (the fixed trees) and the lookup extension alike."""
+    tps = {(0.0, "vanilla"): 40.0, (0.0, "hf_compiled"): 25.0, (0.0, "eagle2"): 50.0, (0.0, "eagle2_auto"): 55.0,
+           (0.0, "jakiro"): 52.0, (0.0, "jakiro_auto"): 60.0, (0.0, "jakiro_lookup"): 62.0,
+           (0.0, "eagle2_lookup"): 58.0}
+    g = {r.goal: r for r in performance_targets(_main(tps, {"jakiro": 1.9, "eagle2": 1.8})).itertuples()}
     speed, taus = g["Jakiro >= EAGLE-2 (tokens/s)"], g["Jakiro >= EAGLE-2 (tau)"]
-    assert (speed.method, speed.baseline) == ("jakiro_auto_static_compiled", "eagle2_auto_static_compiled")
-    assert speed.ratio == pytest.approx(60 / 55)
-    assert (taus.method, taus.baseline, taus.ratio) == ("jakiro_static_compiled", "eagle2_static_compiled",
-                                                        pytest.approx(1.9 / 1.8))
+    assert (speed.method, speed.baseline, speed.ratio) == ("jakiro_auto", "eagle2_auto", pytest.approx(60 / 55))
+    assert (taus.method, taus.baseline, taus.ratio) == ("jakiro", "eagle2", pytest.approx(1.9 / 1.8))
     ext = g["Jakiro + lookup branch (extension) >= EAGLE-2 + lookup branch (tokens/s)"]
-    assert (ext.method, ext.baseline) == ("jakiro_lookup_static_compiled", "eagle2_lookup_static_compiled")
-    loop = performance_targets(_main({**tps, (0.0, "eagle2"): 28.0, (0.0, "jakiro"): 30.0}, tau))
-    row = loop[loop["goal"] == "Jakiro >= EAGLE-2 (tokens/s)"].iloc[0]
-    assert (row["method"], row["baseline"]) == ("jakiro", "eagle2")
+    assert (ext.method, ext.baseline, ext.ratio) == ("jakiro_lookup", "eagle2_lookup", pytest.approx(62 / 58))

@@ -15,13 +15,13 @@ from jakiro_lib.decoding.compiled import (CompileError, call_compiled, compiled_
                                          prepare_windows, static_cache)
 from jakiro_lib.models.target import scratch
 from jakiro_lib.config import DraftConfig, TreeConfig
-from jakiro_lib.decoding.loop import speculative_generate, vanilla_generate
+from jakiro_lib.decoding.reference.loop import LoopRunner, speculative_generate, vanilla_generate
 from jakiro_lib.models.draft import DraftModel
-from jakiro_lib.decoding.drafting import FeatureDrafter, make_drafter
+from jakiro_lib.decoding.reference.drafting import FeatureDrafter, make_drafter
 from jakiro_lib.decoding.runner import KVLayer, SlidingWindowError, TargetRunner, _Where
 from jakiro_lib.decoding.static import static_generate, static_vanilla_generate
 from jakiro_lib.decoding.static_tree import StaticEngineError, StaticKV, StaticTreeDrafter, ancestor_mask, graft_chain, greedy_path
-from jakiro_lib.decoding.tree import Tree
+from jakiro_lib.decoding.reference.tree import Tree
 from jakiro_lib.decoding.verify import SamplingParams
 
 MAX_NEW = 40
@@ -132,7 +132,7 @@ def test_compiled_cycle_equals_vanilla(prompts, vanilla):
             r = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW, compile=True)
         assert r.output_ids == vanilla[i]
         cycles += r.cycles
-    (engine,) = scratch(model)["static_engines"].values()
+    (engine,) = scratch(model)["engines"].values()
     assert engine.compiled_cycles == cycles and engine.draft.packed_head  # the head's packing is back on
 
 
@@ -150,7 +150,7 @@ def test_compiled_sampling_cycle_equals_eager(prompts):
             compiled = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW, params=params,
                                        generator=torch.Generator().manual_seed(i), compile=True)
         assert compiled.output_ids == eager.output_ids and compiled.accepted == eager.accepted
-    (engine,) = [e for e in scratch(model)["static_engines"].values() if e.params == params]
+    (engine,) = [e for e in scratch(model)["engines"].values() if e.params == params]
     assert engine.compiled_cycles > 0
 
 
@@ -176,7 +176,7 @@ def test_a_captured_step_replays_the_eager_one(prompts, vanilla, monkeypatch, ca
                                    compile=compile).output_ids
         got = run(True)
         assert got == (run(False) if case == "sampling" else vanilla[i]), i
-    (engine,) = scratch(model)["static_engines"].values()
+    (engine,) = scratch(model)["engines"].values()
     windows = len(engine._compiled)  # each window's step: warmed up by its first cycle, recorded by its second
     assert windows > 2 and graph.replays == engine.compiled_cycles - windows > 2 * len(prompts[:3])
 
@@ -311,7 +311,7 @@ def test_every_layer_lives_in_one_buffer():
     """The runner's layers are views of one buffer, so the loop engine's growth keeps them there with their
     entries, and a move at the runner moves every layer's."""
     model = tiny_target("llama")
-    runner = TargetRunner(model, 8)
+    runner = LoopRunner(model, 8)
     runner.prefill(torch.arange(6))
     before = [layer.keys[:, :, :6].clone() for layer in runner.cache.layers]
     for token in range(5):  # past 8 positions: the buffer grows
@@ -363,13 +363,24 @@ def test_greedy_path_on_a_hand_built_tree():
     assert path.tolist()[:2] == [0, 2] and int(n) == 1 and int(bonus) == 1
 
 
-def test_settings_the_static_engine_does_not_run():
+def test_a_sliding_window_the_cache_fits_in_attends_as_full_and_a_shorter_one_is_refused():
+    """Sliding-window layers (Mistral) attend like full ones while the cache holds no more positions than the window:
+    then plain decoding gives HF's own greedy tokens; a shorter window is refused in one line."""
     mistral = copy.deepcopy(tiny_target("mistral"))
     mistral.config.sliding_window = 16
-    with pytest.raises(SlidingWindowError, match="sliding-window"):
-        TargetRunner(mistral, 256, positions_on_device=True)
-    with pytest.raises(SlidingWindowError, match="sliding-window"):
+    with pytest.raises(SlidingWindowError, match="shorter than"):
+        TargetRunner(mistral, 256)
+    with pytest.raises(SlidingWindowError, match="sliding window"):
         static_vanilla_generate(mistral, torch.tensor([1, 2, 3]), max_new_tokens=4)
+    mistral.config.sliding_window = 4096
+    p = torch.tensor([5, 17, 40, 3, 99, 12])
+    with torch.inference_mode():
+        want = mistral.generate(p[None], attention_mask=torch.ones_like(p)[None], max_new_tokens=12,
+                                min_new_tokens=12, do_sample=False, pad_token_id=0)[0, p.numel():].tolist()
+    assert static_vanilla_generate(mistral, p, max_new_tokens=12).output_ids == want
+
+
+def test_settings_the_static_engine_does_not_run():
     model = tiny_target("llama")
     torch.manual_seed(0)
     dense = DraftModel.build(DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False,
@@ -502,10 +513,10 @@ def test_a_copy_of_a_model_does_not_share_its_compiled_state():
     assert static_vanilla_generate(twin, p, max_new_tokens=4, compile=True).output_ids == want
 
 
-def test_every_registered_method_runs_on_both_engines(prompts, vanilla, tmp_path):
+def test_every_registered_method_runs_on_the_engine_as_on_the_reference(prompts, vanilla, tmp_path):
     """Each main and ablation method's tree settings (the profile's default tree; 'auto' budgets as 8 tokens),
-    on a tiny draft of its kind (trained dense or moe2; moe4 random), on the loop and the static engine: vanilla's
-    greedy tokens, and the same tokens per cycle on both engines. Settings shared by several methods run once."""
+    on a tiny draft of its kind (trained dense or moe2; moe4 random), on the engine and the reference loop:
+    vanilla's greedy tokens, and the same tokens per cycle on both. Settings shared by several methods run once."""
     from jakiro_lib.profiles import get_profile
     from jakiro_lib.measure.methods import study_methods
 

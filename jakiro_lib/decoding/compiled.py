@@ -1,12 +1,10 @@
 """What the compiled decoding paths share: cache lengths, inductor settings, per-model state, the error.
 
-Two paths compile: HF's ``generate`` with a static cache (``hf_compiled``, :func:`~jakiro_lib.decoding.loop.hf_generate`)
-and the static engine's step (:mod:`jakiro_lib.decoding.static`: the whole cycle, captured as CUDA graphs on a GPU). On
-a GPU the step is captured one of two ways (``target.capture``, :data:`CAPTURES`): "graphs" (the default),
+Two paths compile: HF's ``generate`` with a static cache (``hf_compiled``, :func:`~jakiro_lib.decoding.hf.hf_generate`)
+and the engine's step (:mod:`jakiro_lib.decoding.static`: the whole cycle), as ``target.capture`` says: "graphs",
 :class:`CapturedStep` (the eager kernels recorded as one CUDA graph: no compilation), or "inductor",
-``torch.compile(mode="reduce-overhead")`` (fused kernels, then CUDA graphs: about 40 s of compilation per
-step on the H200, 2026-11-26, for about 5% more speed on SmolLM2, 2026-11-27). On a CPU a compiled step is
-always inductor's. The loop engine is never compiled: it is the eager reference (docs/DESIGN.md section 11).
+``torch.compile`` (fused kernels; on CUDA ``reduce-overhead``, CUDA graphs too), the only way on a CPU
+(docs/DESIGN.md section 12).
 """
 from __future__ import annotations
 
@@ -29,11 +27,8 @@ class CompileError(RuntimeError):
 
 def compiled_cache_len(max_context: int) -> int:
     """Positions of a compiled path's KV cache: the whole context and a tree's room past it, rounded up to 256.
-
     One length per context, whatever the prompt and ``max_new_tokens``: a compiled step binds to its cache's
-    shape, and the earlier rule (a power of two of at least prompt + max_new_tokens) gave the benchmark's
-    warm-up, 16 new tokens, a shorter cache than timed prompts asking for 1024 (the paper profiles), so every
-    compiled method, ``hf_compiled`` included, compiled again inside its first timed prompt (issue 45)."""
+    shape, so a short warm-up compiles what every timed prompt runs."""
     return -(-(max_context + MAX_TREE_ROOM) // 256) * 256
 
 
@@ -46,11 +41,9 @@ def graphs_compiled() -> int:
 
 def inductor_settings(device: torch.device) -> contextlib.AbstractContextManager:
     """Inductor settings while the target compiles. On CPU, ``freezing``: weights become constants, so
-    inductor pre-packs them for its GEMMs and folds what it can. On this project's 2-core CPU it made HF's
-    compiled decoding step about 10% faster than inductor's default (SmolLM2-135M fp32, 28.7 against 26.3
-    tokens/s, 2026-11-23). It must be set while the graph compiles (passed to HF as ``CompileConfig``
-    options it did not pay). Frozen, a graph also binds to the KV buffers it was compiled with, hence
-    :func:`static_cache` and the static engine's shared runners."""
+    inductor pre-packs them for its GEMMs and folds what it can (HF's compiled step about 10% faster,
+    docs/results.md). It must be set while the graph compiles. Frozen, a graph also binds to the KV buffers it was
+    compiled with, hence :func:`static_cache` and the engine's shared runners."""
     if device.type == "cuda":
         return contextlib.nullcontext()
     import torch._inductor.config as inductor_config  # heavy (loads inductor): only when compiling
@@ -161,7 +154,7 @@ def compiled_step(model: PreTrainedModel, step: Callable[..., torch.Tensor],
 
 def engine_cycles(model: PreTrainedModel) -> dict[int, int]:
     """Compiled cycles run so far by each engine kept on ``model`` (by id): what :func:`prepare_windows` compares."""
-    return {id(e): e.compiled_cycles for e in scratch(model).get("static_engines", {}).values()}
+    return {id(e): e.compiled_cycles for e in scratch(model).get("engines", {}).values()}
 
 
 @torch.inference_mode()  # as static_generate: the buffers are inference tensors
@@ -169,6 +162,6 @@ def prepare_windows(model: PreTrainedModel, length: int, before: dict[int, int] 
     """:meth:`~jakiro_lib.decoding.static.StaticEngine.prepare` for every compiled engine kept on ``model`` that has run since ``before``
     (:func:`engine_cycles`; None: all), as a benchmark's warm-up ends: no timed prompt then records a CUDA graph,
     and the tree-budget tuner's engines of other budgets record nothing."""
-    for engine in scratch(model).get("static_engines", {}).values():
+    for engine in scratch(model).get("engines", {}).values():
         if before is None or before.get(id(engine)) != engine.compiled_cycles:
             engine.prepare(length)

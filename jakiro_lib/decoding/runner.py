@@ -51,8 +51,7 @@ class _Where:
         self.cols: torch.Tensor | None = None
         self.capacity = capacity
         self.slots = 0  # layers in the stack (each KVLayer takes the next slot)
-        # one buffer, so keeping an accepted path moves every layer's entries with one gather and one scatter:
-        # per layer it was four kernels, 120 of a SmolLM2 cycle (reports/measured/2026-11-27-h100-windows)
+        # one buffer, so keeping an accepted path moves every layer's entries with one gather and one scatter
         self.stack: torch.Tensor | None = None
 
     def grow(self, like: torch.Tensor, capacity: int) -> None:
@@ -171,15 +170,6 @@ class TargetRunner:
         self.cols = torch.arange(capacity, device=self.device)
 
     @property
-    def length(self) -> int:
-        """Positions that hold the text (host positions only)."""
-        return self.where.length
-
-    @length.setter
-    def length(self, value: int) -> None:
-        self.where.length = value
-
-    @property
     def window(self) -> int:
         """Positions a forward with device positions reads (:class:`_Where`; the whole cache when unset)."""
         return self.where.window or self.capacity
@@ -198,7 +188,7 @@ class TargetRunner:
         """Logits and last hidden states (the lm_head input: the draft's features) of the prompt."""
         n = ids.shape[0]
         out = self._forward(ids, torch.arange(n, device=self.device), None, 0)
-        self.length = n
+        self.where.length = n
         return out
 
     def score(self, tokens: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,

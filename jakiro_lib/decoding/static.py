@@ -1,7 +1,7 @@
-"""Static-shape speculative decoding: fixed shapes, tensors on the device, one host read per cycle.
+"""The engine: every method of ours, plain or speculative, as one cycle of tensors with one host read.
 
-The loop engine (:mod:`jakiro_lib.decoding.loop`) builds each tree in Python, which stalls a GPU once per call.
-Here a cycle is a function of tensors whose shapes depend only on the tree settings (docs/DESIGN.md section 12):
+A cycle is a function of tensors whose shapes depend only on the tree settings where it is captured, and follow the
+text and the chain where it runs eagerly (docs/DESIGN.md section 12):
 
 1. **draft** (:meth:`~jakiro_lib.decoding.static_tree.StaticTreeDrafter.propose`): EAGLE-2's tree, the K best
    frontier nodes per layer forwarded into fixed slots of a preallocated draft cache (coupled, decoupled or
@@ -15,9 +15,9 @@ Here a cycle is a function of tensors whose shapes depend only on the tree setti
    accepted positions (padded to the deepest path) and takes its next root.
 
 The host then reads one small tensor (the accepted count and tokens). Positions live in device tensors, so a
-cycle captured as CUDA graphs (``target.capture``) replays at every length of its attention window. Eager on a
-CPU it gives vanilla's greedy output token for token (tests/test_static.py) and the target's distribution when
-sampling (tests/test_verify.py).
+cycle captured as CUDA graphs (``target.capture``) replays at every length of its attention window. It gives the
+reference loop's greedy output token for token (tests/test_static.py) and the target's distribution when sampling
+(tests/test_verify.py).
 """
 from __future__ import annotations
 
@@ -87,9 +87,8 @@ def graph_capture(model: PreTrainedModel) -> Capture | None:
 
 def attention_window(length: int, capacity: int) -> int:
     """Positions a static forward reads after ``length`` written ones: the text and a tree's room past it, in
-    whole :data:`WINDOW_STEP` s, at most ``capacity``. Over the compiled cache's whole 2,304 positions a
-    captured SmolLM2 step took 10.6 ms of GPU time, eager over ~384 3.0 ms (H200, 2026-11-27: docs/DESIGN.md
-    section 12). One captured graph per window replays at every length inside it."""
+    whole :data:`WINDOW_STEP` s, at most ``capacity`` (attention over the whole cache cost a captured step most of
+    its time: docs/DESIGN.md section 12). One captured graph per window replays at every length inside it."""
     return min(capacity, -(-(length + MAX_TREE_ROOM) // WINDOW_STEP) * WINDOW_STEP)
 
 
@@ -332,7 +331,7 @@ def _engine(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig |
     draft, tree, sampling settings and length: its step is specialised to its buffers (:func:`_runner`)."""
     if not compile:
         return StaticEngine(model, draft, tree, cache_len, params=params, compile=False, ranked=ranked)
-    engines: dict = scratch(model).setdefault("static_engines", {})
+    engines: dict = scratch(model).setdefault("engines", {})
     tree_key = None if tree is None else json.dumps(dataclasses.asdict(tree), sort_keys=True)
     key = (id(draft), tree_key, params, cache_len, capture_of(model), ranked)
     if key not in engines:  # the engine holds the draft, so its id is not reused while the entry lives

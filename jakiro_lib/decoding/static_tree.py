@@ -17,17 +17,13 @@ from .verify import SamplingParams, warp_probs
 
 
 class StaticEngineError(ValueError):
-    """A setting the static engine does not run (an unresolved 'auto' budget, sliding windows, a tree larger
-    than the room kept past the text)."""
+    """A setting the engine does not run (an unresolved 'auto' budget, a tree larger than the room past the text)."""
 
 
 class StaticKV:
-    """The draft's key/value cache as one preallocated buffer of ``capacity`` positions.
-
-    ``slots`` [L] (a device tensor, set before each forward) says where the forward's L rows are written;
-    attention reads the first ``window`` positions (the engine's choice per cycle, as the target's
-    :class:`~jakiro_lib.decoding.runner.KVLayer`) under the caller's mask, so shapes stay fixed inside a window.
-    """
+    """The draft's key/value cache, one preallocated buffer of ``capacity`` positions: ``slots`` [L] (a device
+    tensor, set before each forward) says where the forward's L rows are written; attention reads the first
+    ``window`` positions (the engine's choice per cycle, as the target's) under the caller's mask."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = self.window = capacity
@@ -83,19 +79,14 @@ def greedy_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
 def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, params: SamplingParams,
                   uniforms: torch.Tensor, max_depth: int,
                   valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sampling verification in tensors, the rule of :func:`jakiro_lib.decoding.verify.verify_sampling`: at each node
-    the children are tried in index order, child j accepted with probability p(x_j) / R_j, where R_j is the
-    node's mass left after zeroing the tokens of the children tried before it; when all are rejected, or at
-    a leaf, the bonus token is drawn from what is left. Returns (path [max_depth + 1], accepted count, bonus)
-    as :func:`greedy_path` does.
-
-    ``uniforms`` [max_depth * m + 1] float64: one draw per (depth, node), the walk taking the first child
-    whose draw falls under its acceptance probability (the same law as drawing child by child), and one for
-    the bonus (inverse CDF, as :func:`~jakiro_lib.decoding.verify.inverse_cdf`). R_j is the exact sum of the
-    residual (children's tokens zeroed) plus the untried children's mass, so the last child with any mass
-    left is accepted with probability exactly 1, as in the loop engine. A child repeating an earlier
-    sibling's token has no mass (its token was zeroed by that sibling's rejection). ``valid``: as in
-    :func:`greedy_path`; an invalid node is nobody's child.
+    """Sampling verification in tensors (docs/DESIGN.md sections 6 and 12): at each node the children are tried in
+    index order, child j accepted with probability p(x_j) / R_j, R_j the node's mass left once the tokens of the
+    children tried before it are zeroed (the exact residual sum plus the untried children's mass: the last child
+    with mass left is accepted with probability 1; a repeated sibling has none); when all are rejected, or at a
+    leaf, the bonus token is drawn from what is left. Returns (path, accepted count, bonus) as :func:`greedy_path`.
+    ``uniforms`` [max_depth * m + 1] float64: one draw per (depth, node), the walk taking the first child whose
+    draw falls under its acceptance probability (the law of drawing child by child), one for the bonus (inverse
+    CDF). ``valid``: as in :func:`greedy_path`; an invalid node is nobody's child.
     """
     m = tokens.shape[0]
     idx = torch.arange(m, device=tokens.device)
@@ -140,9 +131,9 @@ def evaluate(params: SamplingParams, tokens: torch.Tensor, parents: torch.Tensor
 
 def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
                 chain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A tree of m nodes with a prompt-lookup chain merged in, in fixed shapes: :meth:`Tree.graft
-    <jakiro_lib.decoding.tree.Tree.graft>`'s rule (the chain follows existing nodes while their tokens agree, then
-    continues as new nodes, last among their siblings) on device tensors.
+    """A tree of m nodes with a prompt-lookup chain merged in, in fixed shapes: the chain follows existing nodes
+    while their tokens agree, then continues as new nodes, last among their siblings (the reference's
+    ``Tree.graft``).
 
     ``chain`` [L + 1] long: the number of chain tokens c, then the tokens (padded). Returns tokens,
     parents, depths and ``valid`` [m + L]: rows m.. hold the new nodes; a row the chain did not need

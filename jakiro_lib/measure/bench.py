@@ -1,9 +1,9 @@
 """One evaluation loop for every method (Spec-Bench style) and one results schema.
 
 Every method of :mod:`jakiro_lib.measure.methods` sees the same prompts, chat template, token budget and machine,
-interleaved question by question so drift hits all methods alike. Records go to JSONL, one line per (run,
-temperature, question, turn, repeat), a run being (method, engine, compiled): ``method`` is the registry's name,
-how it ran two fields of its own.
+interleaved question by question so drift hits all methods alike. Records go to JSONL, one line per (method,
+temperature, question, turn, repeat): ``method`` is the registry's name, how it ran two fields of its own (engine,
+capture).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tqdm import tqdm
 from ..data.chat import answer_message, format_prompt_ids
 from ..decoding.compiled import engine_cycles, graphs_compiled, prepare_windows
 from ..layout import BENCH_CONFIG, RECORDS_FILE
-from .methods import SPEC, MethodRunner, MethodSpec, method_name, portable, record_run
+from .methods import SPEC, MethodRunner, MethodSpec, portable, record_label
 from ..models.target import Target
 from ..decoding.result import ContextLengthError
 from ..files import end_last_line, read_jsonl, sweep_temps, text_sha256, write_json
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Record:
-    method: str  # the registry's name (jakiro_auto), never a run's label: engine and compiled say how it ran
+    method: str  # the registry's name (jakiro_auto): engine and capture say how it ran
     kind: str
     benchmark: str
     question_id: str
@@ -51,12 +51,12 @@ class Record:
     stop_reason: str
     output_ids: list[int] = field(default_factory=list)
     category: str | None = None  # the question's category (Spec-Bench's 13, MT-bench's 8); absent in older records
-    # graphs torch.compile compiled during this timed prompt: 0 when the warm-up covered what it runs (issue 45)
+    # graphs compiled or recorded during this timed prompt: 0 when the warm-up covered what it runs
     compiled_graphs: int = 0
-    # how the method ran (MethodSpec.runs_on, .compile): "loop" or "static" (our engines) or "hf", compiled or
-    # not; records written before these existed load without them
-    engine: str = "loop"
-    compiled: bool = False
+    # how the method ran (MethodSpec.runs_on, .capture): "static" (our engine) or "hf"; "none", "graphs" or "inductor".
+    # Records written before "capture" ran on an engine of two (jakiro_lib.measure.methods.record_label reads them)
+    engine: str = "static"
+    capture: str = "none"
     # what was asked: the sha256 of the question's turns (question_sha); absent in records written before it was
     question_sha256: str | None = None
 
@@ -76,10 +76,8 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
                   progress: bool = True, tuning: dict[str, Any] | None = None) -> Path:
     """Run every method on every question turn; append records to ``out_dir/records.jsonl``.
 
-    ``methods``: keyed by run label (:func:`~jakiro_lib.measure.methods.run_label`) or by method name; a record
-    names the method (:func:`~jakiro_lib.measure.methods.method_name`) and the spec's engine and compile.
-    Resumable: records already in the file (same run, temperature, question, turn, repeat; runs named by
-    their label before issue 45 read as the same run) are skipped. Multi-turn questions feed each method its
+    ``methods``: keyed by method name; a record names the method and how it ran (engine, capture). Resumable:
+    records already in the file (same run, temperature, question, turn, repeat) are skipped. Multi-turn questions feed each method its
     own previous answer, as Spec-Bench does.
     ``tuning``: what the tuned tree budgets were tuned on (:func:`jakiro_lib.measure.budgets.tuning_prompts`), written
     to ``bench_config.json`` as ``tree_budget_tuning`` beside the prompts this run scores (None: no budget tuned).
@@ -92,7 +90,7 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
     check_context(target, questions, max_new_tokens)
     old = read_jsonl(records_path)  # a line cut by an interruption is skipped: that record is simply redone
     _same_texts(old, questions, records_path)
-    done = {(record_run(r), r["temperature"], r["benchmark"], r["question_id"], r["turn"], r["repeat"]) for r in old}
+    done = {(record_label(r), r["temperature"], r["benchmark"], r["question_id"], r["turn"], r["repeat"]) for r in old}
     write_json(out_dir / BENCH_CONFIG, {
         "methods": {k: portable(v, relative_to=out_dir) for k, v in methods.items()},
         "temperatures": temperatures, "max_new_tokens": max_new_tokens, "repeats": repeats, "warmup": warmup,
@@ -176,9 +174,7 @@ def _run_turns(target: Target, name: str, runner: MethodRunner, q: Any, params: 
     """One method on every turn of question ``q`` (fed its own earlier answers), a record per turn not yet
     ``done`` appended to ``fh``; returns how many turns compiled graphs while timed."""
     temp, spec = params.temperature, runner.spec
-    method = method_name(name, spec)
-    run = (method, spec.runs_on, spec.compile)
-    keys = [(run, temp, q.benchmark, str(q.question_id), t, rep) for t in range(len(q.turns))]
+    keys = [(name, temp, q.benchmark, str(q.question_id), t, rep) for t in range(len(q.turns))]
     if all(k in done for k in keys):
         return 0
     late, history = 0, []
@@ -193,14 +189,14 @@ def _run_turns(target: Target, name: str, runner: MethodRunner, q: Any, params: 
         if key in done:
             continue
         rec = Record(
-            method=method, kind=spec.kind, benchmark=q.benchmark, question_id=str(q.question_id), turn=turn,
+            method=name, kind=spec.kind, benchmark=q.benchmark, question_id=str(q.question_id), turn=turn,
             repeat=rep, temperature=temp, new_tokens=res.new_tokens, cycles=res.cycles,
             accepted=res.accepted, wall_time=res.wall_time, prefill_time=res.prefill_time,
             draft_time=res.draft_time, verify_time=res.verify_time,
             draft_forwards=res.draft_forwards, tokens_per_second=res.tokens_per_second,
             tau=res.tau if spec.kind == SPEC else 1.0, stop_reason=res.stop_reason,
             output_ids=res.output_ids, category=q.category, compiled_graphs=graphs,
-            engine=spec.runs_on, compiled=spec.compile, question_sha256=question_sha(q),
+            engine=spec.runs_on, capture=spec.capture(target), question_sha256=question_sha(q),
         )
         fh.write(json.dumps(dataclasses.asdict(rec)) + "\n")
         fh.flush()

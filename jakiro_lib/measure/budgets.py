@@ -42,7 +42,6 @@ from ..layout import RunLayout
 from .methods import SPEC, MethodSpec
 from ..files import file_sha256, read_json, write_json
 from ..machine import device_name
-from ..decoding import static
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +50,9 @@ TUNE_PROMPTS = 4  # held-out ShareGPT first turns the tree budget is tuned on (t
 # turns run from a line to pasted documents, and the benchmark's prompts are questions of a few lines.
 TUNE_PROMPT_TOKENS = 256
 PAPER_TREE_TOKENS = 8  # the fixed tree where a profile's own total_tokens is "auto" (EAGLE-2's CPU-sized tree here)
-# What a choice's key records of how it was made: 2 since issue 43 (held-out prompts, minimum timings, the
-# check against the fixed tree); choices made by an earlier tuner are not reused.
-TUNER_VERSION = 2
+# What a choice's key records of how it was made (held-out prompts, minimum timings, the check against the fixed
+# tree, ranks and drafting times read off the one engine); choices made by an earlier tuner are not reused.
+TUNER_VERSION = 3
 # Other processes' CPU use, in cores beyond those this process leaves idle, above which the tuner's timings
 # are named unreliable in a warning (the busy-machine check of the CLI samples only torch processes).
 BUSY_CORES = 0.25
@@ -207,23 +206,21 @@ def _entry(entries: list[dict[str, Any]], key: dict[str, Any], target: Any) -> d
     return found
 
 
-def _choice_key(spec: MethodSpec, prompts: dict[str, Any], fixed: int, measured: Sequence[int] = ()) -> str:
-    """What a tuned budget depends on besides the machine: the draft's weights, the tree settings, the engine
-    that runs the measured check (and whether it compiles), the conversations it is tuned on, the fixed tree it
-    must beat, the budgets it runs outright (where any) and the tuner's version."""
+def _choice_key(spec: MethodSpec, capture: str, prompts: dict[str, Any], fixed: int,
+                measured: Sequence[int] = ()) -> str:
+    """What a tuned budget depends on besides the machine: the draft's weights, the tree settings, how the engine
+    runs the measured check (``capture``), the conversations it is tuned on, the fixed tree it must beat, the
+    budgets it runs outright (where any) and the tuner's version."""
     tree = {k: v for k, v in dataclasses.asdict(spec.tree).items()
             if k != "total_tokens" and not k.startswith("lookup_")}
     tuned_on = [prompts["source"], prompts["path"], [c["id"] for c in prompts["conversations"]]]
-    key = {"weights": draft_fingerprint(spec.draft), "tree": tree, "engine": spec.engine, "compile": spec.compile,
-           "prompts": tuned_on, "fixed": fixed, "tuner": TUNER_VERSION}
+    key = {"weights": draft_fingerprint(spec.draft), "tree": tree, "capture": capture, "prompts": tuned_on, "fixed": fixed, "tuner": TUNER_VERSION}
     return json.dumps({**key, "measured": list(measured)} if measured else key, sort_keys=True, default=str)
 
 
-def measured_sizes(spec: MethodSpec, target: Any) -> tuple[int, ...]:
-    """:data:`CAPTURED_SIZES` for a method on the static engine recorded as CUDA graphs
-    (:func:`~jakiro_lib.decoding.static.graph_capture`, the engine's own test), else none."""
-    captured = spec.engine == "static" and spec.compile and static.graph_capture(target.model) is not None
-    return CAPTURED_SIZES if captured else ()
+def measured_sizes(capture: str) -> tuple[int, ...]:
+    """:data:`CAPTURED_SIZES` where the engine records its cycles as CUDA graphs (``capture`` "graphs"), else none."""
+    return CAPTURED_SIZES if capture == "graphs" else ()
 
 
 def _saved_entries(path: Path) -> list[dict[str, Any]]:
@@ -274,15 +271,16 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
     costs = {int(n): t for n, t in cache["target_costs_s"].items()}
     for name in auto:
         spec = methods[name]
-        sizes = measured_sizes(spec, target)
-        key = _choice_key(spec, tuned_on, fixed, sizes)
+        capture = spec.capture(target)
+        sizes = measured_sizes(capture)
+        key = _choice_key(spec, capture, tuned_on, fixed, sizes)
         if key not in cache["choices"]:
             t0 = time.perf_counter()
             draft = DraftModel.load(spec.draft, target.model)
             with _OthersLoad(f"the tree budget of {name}") as load:
                 tuned = costmodel.tune_total_tokens(target, draft, spec.tree, prompts, target_costs=costs,
                                                     candidates=[n for n in TUNE_SIZES if n >= 2], reference=fixed,
-                                                    engine=spec.engine, compile=spec.compile, measure_sizes=sizes)
+                                                    compile=capture != "none", measure_sizes=sizes)
             tuned.update(seconds=round(time.perf_counter() - t0, 1), others_cpu_cores=load.cores, prompts=tuned_on)
             cache["choices"][key] = tuned
             log.info("tree budget for %s: %d tokens (estimate %s, fixed tree %d; tuned in %.1f s)", name,

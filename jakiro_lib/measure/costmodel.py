@@ -19,14 +19,14 @@ from typing import Any, Callable, ContextManager, Mapping, Sequence
 import torch
 
 from ..config import TreeConfig
-from ..decoding.loop import speculative_generate
+from ..decoding.clock import StepClock
+from ..decoding.drafting import schedule
 from ..decoding.result import GenerationResult
+from ..decoding.runner import MAX_TREE_ROOM, TargetRunner
+from ..decoding.static import engine_cache_len, static_generate
+from ..decoding.static_tree import StaticTreeDrafter, ancestor_mask
 from ..machine import synchronize
 from ..models.draft import DraftModel, KVCache
-from ..decoding.drafting import FeatureDrafter, schedule
-from ..decoding.runner import TargetRunner
-from ..decoding.static import static_generate
-from ..decoding.tree import Tree
 
 
 def _time_once(fn, device: torch.device) -> float:
@@ -52,20 +52,23 @@ STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {"median": statistic
 CHECK_ROUNDS = 3
 
 
-def _bushy_tree(n: int, width: int = 4) -> Tree:
-    """A tree of n nodes, each node with up to ``width`` children (the shape drafts produce)."""
-    parents = [-1] + [(i - 1) // width for i in range(1, n)]
+def bushy_tree(n: int, device: torch.device, width: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tokens, depths and the ancestor mask [n, n] of a tree of n nodes, each with up to ``width`` children (the
+    shape drafts produce)."""
+    parents = [0] + [(i - 1) // width for i in range(1, n)]
     depths = [0]
     for p in parents[1:]:
         depths.append(depths[p] + 1)
-    return Tree(torch.arange(100, 100 + n), parents, torch.tensor(depths))
+    anc = ancestor_mask(torch.tensor(parents, device=device), max(depths))
+    return torch.arange(100, 100 + n, device=device), torch.tensor(depths, device=device), anc
 
 
 def measure_target_costs(model: torch.nn.Module, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 32), *,
                          context: int = 256, repeats: int = 7, stat: str = "median") -> dict[int, float]:
     """Seconds for the target to score an n-token tree on top of a ``context``-token cache.
 
-    Each size is timed as the loop engine runs it (with the model's :mod:`~jakiro_lib.models.kernels` fast paths).
+    Each size is timed as the engine scores it eagerly (its window the text and the tree, with the model's
+    :mod:`~jakiro_lib.models.kernels` fast paths).
     ``stat``: how the ``repeats`` rounds become one number (:data:`STATISTICS`; the tuner takes the minimum).
     """
     table = measure_target_cost_variants(model, sizes, {"s": nullcontext}, context=context, repeats=repeats,
@@ -88,15 +91,17 @@ def measure_target_cost_variants(model: torch.nn.Module, sizes: Sequence[int],
     """
     if stat not in STATISTICS:
         raise ValueError(f"unknown stat {stat!r}: use {' or '.join(STATISTICS)}")
-    runner = TargetRunner(model, context + max(sizes))
+    runner = TargetRunner(model, engine_cache_len(context + max(sizes)))
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0)).to(runner.device)
     runner.prefill(prompt)
-    trees = {n: _bushy_tree(n) for n in sizes}
+    start = torch.full((), context, device=runner.device)
+    trees = {n: bushy_tree(n, runner.device) for n in sizes}
 
     def verify_once(n: int) -> None:
-        runner.tree(trees[n])
-        runner.keep(context, [])
+        tokens, depths, anc = trees[n]
+        runner.where.window = context + n
+        runner.score(tokens, depths, anc, start)
 
     for n in sizes:
         for switch in variants.values():
@@ -149,15 +154,18 @@ def measure_draft_cycle(draft: DraftModel, tree: TreeConfig, *, context: int = 2
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, draft.target_config.vocab_size, (context,), generator=g).to(p.device)
     hidden = torch.randn(context, draft.target_config.hidden_size, generator=g).to(p)
-    drafter = FeatureDrafter(draft, tree)
-    drafter.begin(ids, hidden, int(ids[-1]))
-    tokens = ids[:accepted].tolist()
+    drafter = StaticTreeDrafter(draft, tree, engine_cache_len(context + MAX_TREE_ROOM))
+    room = max(drafter.m, drafter.max_depth + 1, drafter.n_slots)  # what a cycle writes past the text (the engine's)
+    drafter.cache.window = context + room
+    zero, base = (torch.full((), n, device=p.device) for n in (0, context))
+    drafter.extend(hidden, ids, zero, base - 1)
+    path = drafter.max_depth + 1
+    last = torch.full((), accepted - 1, device=p.device)
 
     def run() -> None:
-        for _ in range(cycles):
-            drafter.propose()
-            drafter.accept(hidden[:accepted], tokens)
-            drafter.rewind(context)  # the same context every cycle, so every cycle costs alike
+        for _ in range(cycles):  # from the same context every cycle (its rows rewritten), so every cycle costs alike
+            drafter.propose(base)
+            drafter.extend(hidden[:path], ids[:path], base, last)
 
     run()  # warm-up
     return _median_time(run, repeats, p.device) / cycles
@@ -198,7 +206,7 @@ def draft_time_per_budget(measured: float, tree: TreeConfig, has_branch_b: bool,
                           budgets: Sequence[int]) -> dict[int, float]:
     """Draft seconds per cycle at each budget, from ``measured`` at the largest one.
 
-    A budget of n drafts at most n - 1 layers (:class:`~jakiro_lib.decoding.drafting.FeatureDrafter`), so a cycle
+    A budget of n drafts at most n - 1 layers (:func:`~jakiro_lib.decoding.drafting.draft_schedule`), so a cycle
     costs fewer draft forwards; the estimate scales the measured time by the forwards per cycle (the
     ones inside the tree plus the one that encodes the accepted tokens). An estimate: per-forward
     Python overhead is assumed proportional too.
@@ -213,13 +221,13 @@ def draft_time_per_budget(measured: float, tree: TreeConfig, has_branch_b: bool,
 @torch.inference_mode()
 def measure_budget_speeds(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequence[torch.Tensor],
                           budgets: Sequence[int], *, max_new_tokens: int = 64, rounds: int = CHECK_ROUNDS,
-                          engine: str = "loop", compile: bool = False) -> dict[int, float]:
+                          compile: bool = False) -> dict[int, float]:
     """Greedy tokens/s of ``draft`` on ``tree`` at each of ``budgets`` on ``prompts``, counted as the benchmark
     counts them: new tokens over the wall time of whole generations.
 
     Each round runs every prompt at every budget back to back, so drift and load hit all budgets alike, and
     each (prompt, budget) keeps its fastest of ``rounds`` runs (at least 2): load only adds time, and the first
-    run of a new tree shape pays for its set-up (a compilation, for a method on the static engine with ``compile``).
+    run of a new tree shape pays for its set-up (a compilation or a recording, with ``compile``).
     Greedy decoding is lossless, so every budget writes the same tokens: the comparison is one of time alone.
     """
     if rounds < 2:
@@ -230,7 +238,7 @@ def measure_budget_speeds(target: Any, draft: DraftModel, tree: TreeConfig, prom
         for i, ids in enumerate(prompts):
             for n in budgets:
                 res = _generate(target, draft, dataclasses.replace(tree, total_tokens=n), ids, max_new_tokens,
-                                engine=engine, compile=compile)
+                                compile=compile)
                 fastest[i, n] = min(fastest.get((i, n), math.inf), res.wall_time)
                 tokens[i, n] = res.new_tokens
     return {n: sum(tokens[i, n] for i in range(len(prompts))) / sum(fastest[i, n] for i in range(len(prompts)))
@@ -238,21 +246,18 @@ def measure_budget_speeds(target: Any, draft: DraftModel, tree: TreeConfig, prom
 
 
 def _generate(target: Any, draft: DraftModel, tree: TreeConfig, ids: torch.Tensor, max_new_tokens: int, *,
-              engine: str, compile: bool) -> GenerationResult:
+              compile: bool = False, clock: StepClock | None = None, ranked: bool = False) -> GenerationResult:
     """Greedy decoding of ``ids`` with ``draft`` on ``tree`` (its drafted part: a lookup chain is not what the
-    budget sizes), on the loop engine or the static one."""
-    common = dict(max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids,
-                  max_context=target.config.max_context)
-    if engine == "static":
-        return static_generate(target.model, draft, dataclasses.replace(tree, lookup_tokens=0), ids, compile=compile,
-                               **common)
-    return speculative_generate(target.model, FeatureDrafter(draft, tree), ids, **common)
+    budget sizes); ``clock``, ``ranked``: as :func:`~jakiro_lib.decoding.static.static_generate` takes them."""
+    return static_generate(target.model, draft, dataclasses.replace(tree, lookup_tokens=0), ids, compile=compile,
+                           max_new_tokens=max_new_tokens, eos_token_ids=target.eos_token_ids,
+                           max_context=target.config.max_context, clock=clock, ranked=ranked)
 
 
 def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequence[torch.Tensor], *,
                       candidates: Sequence[int] = (2, 3, 4, 6, 8, 12, 16, 24, 32), max_new_tokens: int = 64,
                       context: int = 256, target_costs: dict[int, float] | None = None,
-                      reference: int | None = None, engine: str = "loop", compile: bool = False,
+                      reference: int | None = None, compile: bool = False,
                       check_rounds: int = CHECK_ROUNDS, measure_sizes: Sequence[int] = ()) -> dict[str, Any]:
     """Pick ``tree.total_tokens`` for this machine: measured T(n) + one greedy run at the largest budget.
 
@@ -264,27 +269,24 @@ def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts:
     synthetic tree, draft time scaled from the largest budget), and its timings move with the machine's load:
     on a 2-core EPYC (2026-11-26, issue 43) it chose 16 tokens, which then ran at 0.99x ``hf_compiled`` where
     the fixed 8-token ``jakiro_cepd`` ran at 1.15x. So where the estimate's choice is not the reference, both run on
-    ``prompts`` on the method's engine (``engine``, ``compile``), interleaved, each the fastest of
+    ``prompts`` as the method runs (eager, or ``compile``: captured), interleaved, each the fastest of
     ``check_rounds`` (:func:`measure_budget_speeds`), and the reference is kept unless the tuned budget is
     strictly faster. Recorded: ``estimated_best``, ``fixed_tokens`` and ``measured_tokens_per_s`` (by budget).
     ``measure_sizes``: budgets run in that check beside those two (the fastest wins, the reference on ties), where
     the estimate's eager timings do not describe the engine (a captured one: ``budgets.CAPTURED_SIZES``).
     """
     big = dataclasses.replace(tree, total_tokens=max(candidates))
-
-    def run(ids: torch.Tensor, new_tokens: int) -> Any:
-        return _generate(target, draft, big, ids, new_tokens, engine="loop", compile=False)
-
-    # Not counted: first calls pay for kernel loading and library handles. On an H100 (2026-11-22, no warm-up
-    # yet) the draft tuned first in a process was charged 55-75 ms of drafting per cycle, the second 13-17 ms.
-    run(prompts[0], min(8, max_new_tokens))
+    # Not counted: first calls pay for kernel loading and library handles (a draft tuned first in a process was
+    # once charged four times the drafting per cycle of the second)
+    _generate(target, draft, big, prompts[0], min(8, max_new_tokens))
     ranks: list[list[int]] = []
-    draft_time = cycles = 0.0
+    clock = StepClock(target.device)  # eager: drafting is the tree's steps, its forwards and the path's encoding
+    cycles = 0
     for ids in prompts:
-        res = run(ids, max_new_tokens)
+        res = _generate(target, draft, big, ids, max_new_tokens, clock=clock, ranked=True)
         ranks += res.path_ranks
-        draft_time += res.draft_time
         cycles += res.cycles
+    draft_time = sum(clock.seconds[s] for s in ("draft", "draft_forward", "update"))
     if target_costs is None:
         target_costs = measure_target_costs(target.model, sizes=sorted({1, *candidates}), context=context)
     missing = sorted({1, *candidates} - set(target_costs))
@@ -301,7 +303,7 @@ def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts:
         tried = sorted({choice["best"], reference, *(n for n in measure_sizes if n in candidates)})
         if len(tried) > 1:
             speeds = measure_budget_speeds(target, draft, tree, prompts, tried, max_new_tokens=max_new_tokens,
-                                           rounds=check_rounds, engine=engine, compile=compile)
+                                           rounds=check_rounds, compile=compile)
             choice["measured_tokens_per_s"] = {str(n): v for n, v in speeds.items()}
             choice["best"] = max(tried, key=lambda n: (speeds[n], n == reference))  # the reference unless beaten
     return choice

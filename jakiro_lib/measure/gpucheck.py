@@ -1,16 +1,15 @@
-"""The GPU check: issue 24's decoding goals measured in one command on a lent GPU (docs/usage.md).
+"""The GPU check: the decoding goals measured in one command on a GPU (docs/usage.md).
 
-``python -m jakiro_lib gpucheck`` runs, on the default profile's trained drafts (copied to ``runs/default``
-as reports/measured/h100-bf16-2026-11-22/README.md tells), in fp32 on the device:
+``python -m jakiro_lib gpucheck`` runs, on the default profile's trained drafts (in ``runs/default``), in fp32 on the
+device:
 
-1. the greedy reference (our eager loop), ``hf_compiled``, and plain decoding, Jakiro's and EAGLE-2's tuned
-   trees on the static engine, captured (:data:`CHECK_METHODS`; their eager kernels recorded as CUDA graphs,
-   ``target.capture``'s default "graphs": no compilation, where inductor's took most of a 15-minute lease on the H200
-   on 2026-11-26; ``--set target.capture=inductor`` for inductor's), MT-bench q1-10 both turns, 64 new tokens,
-   T=0 and T=1: ``records.jsonl``,
-   ``summary.csv`` and ``performance_targets.csv`` (the goals against ``hf_compiled``, greedy identity);
-2. :func:`cycle_breakdown`: the static engine's cycle under ``torch.profiler``, eager (time per named step:
-   draft, verify, evaluate, update) and compiled (the captured cycle, the host read): ``cycles.csv``;
+1. plain decoding, ``hf_compiled``, Jakiro's and EAGLE-2's tuned trees, Jakiro + CEPD and Jakiro + a lookup chain
+   (:data:`CHECK_METHODS`), ours captured as ``target.capture`` says (on CUDA by default their eager kernels
+   recorded as CUDA graphs, no compilation; ``--set target.capture=inductor`` for inductor's), MT-bench q1-10 both
+   turns, 64 new tokens, T=0 and T=1: ``records.jsonl``, ``summary.csv`` and ``performance_targets.csv`` (the goals
+   against the fastest plain decoder, greedy identity);
+2. :func:`cycle_breakdown`: the engine's cycle under ``torch.profiler``, eager (time per named step: draft, verify,
+   evaluate, update) and compiled (the captured cycle, the host read): ``cycles.csv``;
 3. ``gpu_check.json``: the settings, the environment, the goals and the breakdown, one file to commit.
 
 Everything runs on a CPU too (the tests run it on the smoke profile); its numbers mean something on a GPU.
@@ -45,21 +44,17 @@ from ..files import write_json
 from ..machine import run_metadata
 from ..decoding.verify import SamplingParams
 
-# vanilla: the greedy reference; hf_compiled: the baseline (HF's eager generate, 0.22x it on an H100, would
-# only cost time); plain decoding, Jakiro's and EAGLE-2's tuned trees, Jakiro + CEPD (the paper's hybrid step)
-# and Jakiro + a lookup chain on the static engine, captured (CEPD and chains run there since 2026-11-27). The
-# eager loop-engine and static rows (0.29-0.31x hf_compiled on the H200, 2026-11-26) cost two minutes of the
-# nine a fresh machine has; the eager static cycle is still taken apart by the profiler.
-CHECK_METHODS = ("vanilla", "hf_compiled", "vanilla_static_compiled", "jakiro_auto_static_compiled",
-                 "eagle2_auto_static_compiled", "jakiro_cepd_static_compiled", "jakiro_lookup_static_compiled")
-# the method whose cycle the profiler takes apart (eager, then captured), at the tree its study run was tuned to:
-# the eager twin's own tuning cost 40 s of a lent H200 and, with it, the breakdown (2026-11-27)
-PROFILED = "jakiro_auto_static_compiled"
+# vanilla: plain decoding on the engine (captured on a GPU: the fast baseline); hf_compiled: HF's (its eager
+# generate would only cost time); Jakiro's and EAGLE-2's tuned trees, Jakiro + CEPD (the paper's hybrid step) and
+# Jakiro + a lookup chain, all captured as the target says (target.capture "auto": CUDA graphs)
+CHECK_METHODS = ("vanilla", "hf_compiled", "jakiro_auto", "eagle2_auto", "jakiro_cepd", "jakiro_lookup")
+# the method whose cycle the profiler takes apart (eager, then captured), at the tree its study run was tuned to
+PROFILED = "jakiro_auto"
 # new tokens per profiled prompt in the breakdown: its figures are per cycle, and at the study's 64 the four
 # profiled runs (Jakiro and plain, eager and captured) did not finish in the 130 s a lent H100 had left after
 # the study (2026-11-27); each row is written as it is done, so a stopped check keeps those it finished
 BREAKDOWN_TOKENS = 32
-CHECK_SETTINGS = {"bench.static_engine": "true", "bench.compiled_engine": "true", "bench.compiled_baseline": "true",
+CHECK_SETTINGS = {"bench.compiled_baseline": "true",
                   "bench.benchmarks": "mt_bench", "bench.limit": "10", "bench.max_new_tokens": "64",
                   "bench.temperatures": "0,1", "target.dtype": "float32", "target.packed_gemm": "0"}
 
@@ -74,7 +69,7 @@ def check_profile(profile: str = "default", device: str | None = None, **overrid
 def cycle_breakdown(model: Any, draft: DraftModel | None, tree: TreeConfig | None, prompts: Sequence[torch.Tensor],
                     *, compile: bool, params: SamplingParams = SamplingParams(), max_new_tokens: int = 64,
                     seed: int = 0) -> dict[str, Any]:
-    """Milliseconds per cycle of the static engine, by named range (:data:`jakiro_lib.decoding.static.STEP_RANGES`),
+    """Milliseconds per cycle of the static engine, by named range (:data:`jakiro_lib.decoding.clock.STEP_RANGES`),
     on the host (``cpu_ms``) and on the device (``device_ms``: kernels launched inside the range; on a CPU
     the host times are the work), plus the wall time per cycle and, on a GPU, the device operations (kernels,
     copies) per cycle and their time (``device_ops``, ``device_total_ms``): whether a cycle's time is the

@@ -272,18 +272,27 @@ def _old_run(r: dict[str, Any]) -> tuple[str, str, bool]:
     return method, engine, compiled
 
 
-def record_label(r: dict[str, Any]) -> str:
+def record_label(r: dict[str, Any], method: str | None = None) -> str:
     """A benchmark record's run label: its method. Old records (no ``capture``) keep the labels they were
-    tabled under: a static engine's run ``<method>_static`` or ``<method>_static_compiled``, the loop's the name."""
+    tabled under: a static engine's run ``<method>_static`` or ``<method>_static_compiled``, the loop's the name.
+    ``method``: the label that method's run has on the engine ``r`` ran on (an old study's pairs)."""
     if "capture" in r:
-        return r["method"]
-    method, engine, compiled = _old_run(r)
-    return method + _OLD_SUFFIXES.get((engine, compiled), "")
+        return method or r["method"]
+    name, engine, compiled = _old_run(r)
+    return (method or name) + _OLD_SUFFIXES.get((engine, compiled), "")
 
 
 def record_method(r: dict[str, Any]) -> str:
     """The registry method a record (old or new) is a run of."""
     return r["method"] if "capture" in r else _old_run(r)[0]
+
+
+def record_capture(r: dict[str, Any]) -> str:
+    """How a record's run ran its decoding step: its ``capture``; an old record's "compiled" (how it was captured
+    was not recorded) or "none"."""
+    if "capture" in r:
+        return r["capture"]
+    return "compiled" if _old_run(r)[2] else "none"
 
 
 def group_names(group: str) -> tuple[str, ...]:

@@ -242,7 +242,7 @@ def _build_target(plan: _Plan, result: dict[str, Any], log: Callable[[str], None
     """The random target, its compiled static step captured as CUDA graphs; its size goes into ``result``."""
     log(f"[papercost] {plan.shape} {plan.dtype} on {result['environment']['device_name']}: building the random target")
     model = random_target(plan.shape, plan.dtype, plan.device, plan.max_context, seed=plan.seed)
-    set_capture(model, "graphs")  # on CUDA a compiled static step is its eager kernels as CUDA graphs
+    set_capture(model, "auto")  # on CUDA a compiled static step is its eager kernels as CUDA graphs
     result["target_params"] = sum(p.numel() for p in model.parameters())
     log(f"[papercost] target: {result['target_params'] / 1e6:,.1f} M parameters on {plan.device}")
     return model

@@ -28,15 +28,14 @@ from ..config import EAGLE2_DRAFT, JAKIRO_DRAFT, TreeConfig
 from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_cost_variants
 from ..models.draft import DraftModel
 from ..layout import draft_path, has_weights
-from .methods import group_names, run_label
+from .methods import group_names
 
 # the goals' method groups, from the registry (jakiro_lib.measure.methods.MAIN)
-JAKIRO_EAGER = group_names("jakiro")  # the rows compared with EAGLE-2 (the loop engine's, as EAGLE-2's)
-JAKIRO_METHODS = group_names("jakiro", twins=True)
+JAKIRO_METHODS = group_names("jakiro")
 EAGLE_METHODS = group_names("eagle2")
 HF_METHODS = group_names("hf")  # HF generate eager, and with a static cache + torch.compile
-OUR_VANILLA = group_names("our_vanilla", twins=True)  # our plain decoders: loop and static engines, eager, compiled
-LOOKUP_METHODS = group_names("jakiro_lookup", twins=True)  # Jakiro's tuned tree + a prompt-lookup chain (extension)
+OUR_VANILLA = group_names("our_vanilla")  # our plain decoder (eager or captured, as the target's capture says)
+LOOKUP_METHODS = group_names("jakiro_lookup")  # Jakiro's tuned tree + a prompt-lookup chain (extension)
 LOOKUP_METHOD = LOOKUP_METHODS[0]
 
 
@@ -46,22 +45,15 @@ def _primary_order(group: tuple[str, ...], *first: str) -> tuple[str, ...]:
 
 # Each goal's own method: the first of these that the run has (which methods a run has is the profile's
 # choice, made before it; their speeds never enter). Picking the fastest of several rows instead, with an
-# interval that treats the pick as if named in advance, flatters the goal (issue 43). The order puts each
-# method's most optimised runner first (the static engine compiled, then the loop engine: a profile switches
-# the faster runners on where it expects them to pay), then the tuned tree before the paper's fixed one; the
-# other rows of a group follow in registry order, only for runs that have none of those.
+# interval that treats the pick as if named in advance, flatters the goal. The tuned tree comes before the paper's
+# fixed one; the other rows of a group follow in registry order, only for runs that have none of those.
 PRIMARY = {
-    "jakiro": _primary_order(JAKIRO_METHODS, "jakiro_auto_static_compiled", "jakiro_auto", "jakiro"),
-    "jakiro_eager": _primary_order(JAKIRO_EAGER, "jakiro_auto", "jakiro"),  # against EAGLE-2: the same runner
-    "our_vanilla": _primary_order(OUR_VANILLA, "vanilla_static_compiled", "vanilla"),
-    "jakiro_lookup": _primary_order(LOOKUP_METHODS, "jakiro_lookup_static_compiled", "jakiro_lookup"),
+    "jakiro": _primary_order(JAKIRO_METHODS, "jakiro_auto", "jakiro"),
+    "our_vanilla": OUR_VANILLA,
+    "jakiro_lookup": LOOKUP_METHODS,
 }
 PACKED_GEMM_LEVER = "packed GEMM weights (MKL or oneDNN, chosen at load)"
 PACKED_HEAD_LEVER = "packed draft head (the target's packed GEMM)"
-ENGINE_LEVER_METHODS = ("vanilla", "jakiro_auto", "jakiro_lookup")  # the levers table's pairs across engines
-# the runs (engine, compiled) a goal between two fixed methods is measured on, the first that has both: the loop
-# engine's (EAGLE-2's reference runner), then the captured static engine's, then the eager static engine's
-SAME_RUNS = (("loop", False), ("static", True), ("static", False))
 
 
 def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (EAGLE2_DRAFT, JAKIRO_DRAFT),
@@ -135,20 +127,16 @@ def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | 
     when the interval straddles the threshold: ``met`` (from the point estimate) is then not settled by
     these prompts either way.
 
-    Each goal's method is named before the run, never picked by speed (:data:`PRIMARY`; issue 43): Jakiro is
-    the first that ran of ``jakiro_auto_static_compiled``, ``jakiro_auto`` and ``jakiro`` (then the group's
-    other rows in registry order: on a GPU study without a tuned tree, ``jakiro_static_compiled``) against HF;
-    against EAGLE-2 the first of ``jakiro_auto`` and ``jakiro`` on the first run of :data:`SAME_RUNS` where both EAGLE-2 and Jakiro ran (the loop engine's; on a GPU study, whose drafted methods
-    run captured, the captured one's), so that both sides run the same target runner; "our vanilla loop" the
-    first of ``vanilla_static_compiled`` and ``vanilla``. Baselines are the fastest of
-    theirs at each temperature: "HF generate" the faster of ``hf_generate`` and ``hf_compiled``, EAGLE-2 the
-    faster of ``eagle2`` and ``eagle2_auto``, "our fastest plain decoder" the fastest of :data:`OUR_VANILLA` (on a GPU
-    the captured ``vanilla_static_compiled``, which the main study runs wherever ``bench.engine`` is not the
-    loop; issue 42's goals: Jakiro >= 1.5x it at T=0, >= 1.3x at T>0) (a goal against a weaker baseline would flatter; picking the
-    fastest baseline can only lower the ratio, so its interval, which ignores that pick, errs against us).
-    Tau compares ``jakiro`` with ``eagle2`` on the same tree and run. The ``selection`` column says so row by row.
-    ``jakiro_lookup`` (an extension, not the paper's method; its compiled or captured twin where the run has
-    it) gets its own rows against the same baselines, and the eager one against ``eagle2_lookup``. Ratios of
+    Each goal's method is named before the run, never picked by speed (:data:`PRIMARY`): Jakiro is the first that
+    ran of ``jakiro_auto`` and ``jakiro`` (then the group's other rows in registry order); "our vanilla loop" is
+    ``vanilla``. Baselines are the fastest of theirs at each temperature: "HF generate" the faster of
+    ``hf_generate`` and ``hf_compiled``, EAGLE-2 the faster of ``eagle2`` and ``eagle2_auto``, "our fastest plain
+    decoder" the fastest of :data:`OUR_VANILLA` (Jakiro >= 1.5x it at T=0, >= 1.3x at T>0) (a goal against a weaker
+    baseline would flatter; picking the fastest baseline can only lower the ratio, so its interval, which ignores
+    that pick, errs against us). Every method of ours runs on the one engine, captured as the target says, so both
+    sides of a goal run the same target runner. Tau compares ``jakiro`` with ``eagle2`` on the same tree. The
+    ``selection`` column says so row by row. ``jakiro_lookup`` (an extension, not the paper's method) gets its own
+    rows against the same baselines, and against ``eagle2_lookup``. Ratios of
     means of tokens/s, as in the main table.
     """
     goals = _Goals(headline_table(main), records)  # mean over benchmarks per (temperature, method)
@@ -189,15 +177,6 @@ class _Goals:
         names = PRIMARY[group] if isinstance(group, str) else group
         return next((m for m in names if not math.isnan(self.value(temp, m))), None)
 
-    def same_run(self, temp: float, ours: Sequence[str], theirs: Sequence[str]) -> tuple[list[str], list[str]]:
-        """``ours`` and ``theirs`` labelled for the first run of :data:`SAME_RUNS` on which the study has one of
-        each (the loop engine's where it has none): both sides of a goal then run on one engine."""
-        for engine, compiled in SAME_RUNS:
-            a, b = ([run_label(m, engine, compiled) for m in names] for names in (ours, theirs))
-            if self.primary(temp, a) and self.primary(temp, b):
-                return a, b
-        return list(ours), list(theirs)
-
     def add(self, goal: str, temp: float, ours: str, base: str, threshold: float, strict: bool = False,
             col: str = "tokens_per_s", selection: str = "") -> None:
         a, b = self.value(temp, ours, col), self.value(temp, base, col)
@@ -221,11 +200,7 @@ class _Goals:
         jakiro = self.primary(temp, "jakiro")
         if jakiro is None:
             return
-        # against EAGLE-2, Jakiro and EAGLE-2 on one runner (the loop engine's, on a GPU the captured one's)
-        (*eagers, fixed), (*eagles, eagle_fixed) = self.same_run(temp, (*PRIMARY["jakiro_eager"], "jakiro"),
-                                                                 (*EAGLE_METHODS, "eagle2"))
-        best_eagle = self.fastest(temp, eagles) or eagle_fixed
-        eager = self.primary(temp, eagers) or fixed  # missing: unknown, never another runner's row
+        best_eagle = self.fastest(temp, EAGLE_METHODS) or "eagle2"
         hf = self.fastest(temp, HF_METHODS) or "hf_generate"
         plain = self.fastest(temp, OUR_VANILLA) or "vanilla"
         if temp == 0:
@@ -239,8 +214,8 @@ class _Goals:
             self.add(f"Jakiro >= 1.3x HF sampling (T={temp:g})", temp, jakiro, hf, 1.3, selection=_against(HF_METHODS))
             self.add(f"Jakiro >= 1.3x our fastest plain decoder (T={temp:g})", temp, jakiro, plain, 1.3,
                      selection=_against(OUR_VANILLA))
-        self.add("Jakiro >= EAGLE-2 (tokens/s)", temp, eager, best_eagle, 1.0, selection=_against(eagles))
-        self.add("Jakiro >= EAGLE-2 (tau)", temp, fixed, eagle_fixed, 1.0, col="tau", selection=_FIXED)
+        self.add("Jakiro >= EAGLE-2 (tokens/s)", temp, jakiro, best_eagle, 1.0, selection=_against(EAGLE_METHODS))
+        self.add("Jakiro >= EAGLE-2 (tau)", temp, "jakiro", "eagle2", 1.0, col="tau", selection=_FIXED)
         self.add_lookup(temp, hf)
 
     def add_lookup(self, temp: float, hf: str) -> None:
@@ -254,17 +229,13 @@ class _Goals:
             self.add(f"{ext} > HF prompt lookup", temp, lookup, "hf_prompt_lookup", 1.0, strict=True, selection=_NAMED)
         else:
             self.add(f"{ext} >= 1.3x HF sampling (T={temp:g})", temp, lookup, hf, 1.3, selection=_against(HF_METHODS))
-        (ours,), (theirs,) = self.same_run(temp, (LOOKUP_METHOD,), ("eagle2_lookup",))
-        self.add(f"{ext} >= EAGLE-2 + lookup branch (tokens/s)", temp, ours, theirs, 1.0, selection=_FIXED)
+        self.add(f"{ext} >= EAGLE-2 + lookup branch (tokens/s)", temp, LOOKUP_METHOD, "eagle2_lookup", 1.0,
+                 selection=_FIXED)
 
 
 LEVER_COLUMNS = ["lever", "measured", "without", "with", "speedup"]
 # The main study's levers compared by greedy tokens/s: (lever, ((method without it, method with it), ...))
 _DECODER_LEVERS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
-    ("static engine (one host read per cycle) instead of the loop engine",
-     tuple((k, run_label(k, "static")) for k in ENGINE_LEVER_METHODS)),
-    ("the static engine's cycle compiled (CUDA graphs on a GPU)",
-     tuple((run_label(k, "static"), run_label(k, "static", True)) for k in ENGINE_LEVER_METHODS)),
     ("tree budget tuned on this machine", (("eagle2", "eagle2_auto"), ("jakiro", "jakiro_auto"))),
     ("prompt-lookup chain grafted on the tuned tree (extension)",
      (("eagle2_auto", "eagle2_lookup"), ("jakiro_auto", "jakiro_lookup"))),

@@ -19,24 +19,15 @@ from ..decoding.runner import TargetRunner
 from ..models.target import Target
 from ..config import SPEC, VANILLA_KINDS
 from ..files import read_jsonl
-from .methods import record_label, record_run, run_label
+from .methods import record_capture, record_label
 
 
 def load_records(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a ``records.jsonl``, a run that an older record named by its label (``method:
-    "jakiro_auto_static"``) read as the same run (:func:`~jakiro_lib.measure.methods.record_run`: ``method``
-    the registry's name, ``engine`` and ``compiled`` set); records written before ``category``, ``engine`` or
-    ``compiled`` existed load otherwise as they are."""
+    """The records of a ``records.jsonl`` as written (old ones are read by
+    :func:`~jakiro_lib.measure.methods.record_label`, the one adapter for their run names)."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"no records file {path}")
-    return [_current(r) for r in read_jsonl(path)]
-
-
-def _current(r: Any) -> Any:
-    if not (isinstance(r, dict) and isinstance(r.get("method"), str)):
-        return r  # not a record: the caller says so (commands._load_records)
-    method, engine, compiled = record_run(r)
-    return r if method == r["method"] else {**r, "method": method, "engine": engine, "compiled": compiled}
+    return read_jsonl(path)
 
 
 def common_prompts(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -99,8 +90,8 @@ def ratio_interval(method_records: list[dict[str, Any]], baseline_records: list[
 
 
 def by_method_temperature(records: Iterable[dict[str, Any]]) -> dict[tuple[str, float], list[dict[str, Any]]]:
-    """The records grouped by (run label, temperature), in the order they come: a method's runs on two engines
-    are two groups (:func:`~jakiro_lib.measure.methods.record_label`)."""
+    """The records grouped by (run label, temperature), in the order they come (an old study's runs of one method on
+    two engines are two groups: :func:`~jakiro_lib.measure.methods.record_label`)."""
     by: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for r in records:
         by.setdefault((record_label(r), r["temperature"]), []).append(r)
@@ -110,14 +101,13 @@ def by_method_temperature(records: Iterable[dict[str, Any]]) -> dict[tuple[str, 
 def versus(records: list[dict[str, Any]], baseline: str, *, level: float = 0.95) -> list[dict[str, Any]]:
     """Every drafted run against method ``baseline`` (e.g. ``eagle2``) on the prompts both ran, per temperature:
     the ratios of tokens/s and of tau with paired bootstrap intervals (:func:`ratio_interval`), and whether
-    each interval lies wholly above 1 ("better"), wholly below ("worse") or straddles it ("unresolved"). Each
-    run meets the baseline on its own engine where the records have that (``jakiro_static`` against
-    ``eagle2_static``), else the baseline's loop-engine run; the ``baseline`` column names the run."""
+    each interval lies wholly above 1 ("better"), wholly below ("worse") or straddles it ("unresolved"). In an old
+    study with two engines, each run meets the baseline's run on its own engine where there is one (``jakiro_static``
+    against ``eagle2_static``); the ``baseline`` column names the run."""
     by = by_method_temperature(records)
     rows = []
     for (method, temp), recs in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        _, engine, compiled = record_run(recs[0])
-        against = run_label(baseline, engine, compiled)
+        against = record_label(recs[0], baseline)  # the baseline's label on this run's engine
         against = against if (against, temp) in by else baseline
         base = by.get((against, temp))
         if base is None or method == against or recs[0]["kind"] != SPEC:
@@ -222,8 +212,8 @@ def greedy_divergences(target: Target, records: list[dict[str, Any]], questions:
 
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (run, benchmark, temperature): tokens/s, speedup vs the fastest vanilla, tau (two conventions); the
-    ``method`` column holds the run's label (:func:`~jakiro_lib.measure.methods.run_label`), ``engine`` and
-    ``compiled`` how it ran.
+    ``method`` column holds the run's label (:func:`~jakiro_lib.measure.methods.record_label`), ``engine`` and
+    ``capture`` how it ran.
 
     Speedup = mean over questions of tokens/s (method) / mean tokens/s (fastest vanilla kind present),
     computed per repeat; mean and std are over repeats; ``speedup_ci_low``/``_high``: a 95% bootstrap
@@ -266,7 +256,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         reference = groups.get(("vanilla", bench, temp)) if temp == 0 else None
         same, compared = greedy_agreement(recs, reference) if reference else (None, None)
         rows.append({
-            "method": method, "kind": kind, "engine": recs[0].get("engine"), "compiled": recs[0].get("compiled"),
+            "method": method, "kind": kind, "engine": recs[0].get("engine"), "capture": record_capture(recs[0]),
             "benchmark": bench, "temperature": temp, "questions": len({(r["question_id"], r["turn"]) for r in recs}),
             "tokens_per_s": tps_m, "tokens_per_s_std": tps_s, "speedup": sp_m, "speedup_std": sp_s,
             "speedup_ci_low": ci[0], "speedup_ci_high": ci[1],

@@ -48,16 +48,27 @@ def scratch(model: PreTrainedModel) -> dict[str, Any]:
     return state
 
 
-def set_capture(model: PreTrainedModel, how: str) -> None:
-    """How ``model``'s compiled static steps are built on CUDA (:data:`CAPTURES`; ``target.capture``)."""
+def resolve_capture(how: str, device: torch.device) -> str:
+    """``target.capture`` on ``device`` (:data:`CAPTURES`): "auto" is CUDA graphs on CUDA and eager elsewhere;
+    graphs need CUDA."""
     if how not in CAPTURES:
-        raise ValueError(f"capture must be one of {', '.join(CAPTURES)}, got {how!r}")
-    scratch(model)["capture"] = how
+        raise ValueError(f"target.capture must be one of {', '.join(CAPTURES)}, got {how!r}")
+    if how == "auto":
+        return "graphs" if device.type == "cuda" else "none"
+    if how == "graphs" and device.type != "cuda":
+        raise ValueError(f"target.capture=graphs records CUDA graphs, and the target is on {device.type}: use "
+                         "inductor (compiled) or none (eager)")
+    return how
+
+
+def set_capture(model: PreTrainedModel, how: str) -> None:
+    """How ``model``'s decoding cycles run (``target.capture``, resolved on its device: :func:`resolve_capture`)."""
+    scratch(model)["capture"] = resolve_capture(how, model.device)
 
 
 def capture_of(model: PreTrainedModel) -> str:
-    """:func:`set_capture`'s choice for ``model`` (``target.capture``'s default, "graphs", where none was made)."""
-    return scratch(model).get("capture", "graphs")
+    """:func:`set_capture`'s choice for ``model`` ("none", "graphs" or "inductor"; "auto"'s where none was made)."""
+    return scratch(model).get("capture") or resolve_capture("auto", model.device)
 
 
 class TargetError(RuntimeError):
@@ -231,7 +242,10 @@ def load_target(config: TargetConfig | None = None) -> Target:
             raise TargetError(f"cannot load target {name!r} (target.model): {_first_line(exc)}") from exc
     model = model.to(device=config.device, dtype=dtype).eval()
     model.requires_grad_(False)
-    set_capture(model, config.capture)
+    try:
+        set_capture(model, config.capture)
+    except ValueError as exc:
+        raise TargetError(str(exc)) from None
     if config.gqa_attention:
         kernels.use_gqa_attention(model)
     if config.fused_norm:

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..config import SPEC
-from ..measure.methods import DRAFTED_METHODS, record_run
+from ..measure.methods import DRAFTED_METHODS, record_method
 from ..measure.summary import headline_table
 
 OURS = "ours (this run)"
@@ -62,8 +62,8 @@ def comparison_table(main: pd.DataFrame, *, target_model: str, environment: dict
                      methods: Sequence[str] = DRAFTED_METHODS) -> pd.DataFrame:
     """Our speculative methods (mean over our benchmarks) next to the published numbers.
 
-    Ours is labelled with the target, machine and date of the run; theirs with paper and hardware. A method run on
-    the static engine keeps its run's label (``eagle2_static_compiled``).
+    Ours is labelled with the target, machine and date of the run; theirs with paper and hardware. An old study's
+    run on the static engine keeps the label it was tabled under (:func:`~jakiro_lib.measure.methods.record_label`).
     Both tau conventions are given for ours (tokens / cycles, and the reference's tokens / (cycles-1)).
     """
     rows = []
@@ -87,8 +87,8 @@ def comparison_table(main: pd.DataFrame, *, target_model: str, environment: dict
 
 
 def run_method(label: str) -> str:
-    """The registry method a run's label names (``eagle2_static_compiled`` -> ``eagle2``)."""
-    return record_run({"method": label, "kind": SPEC})[0]
+    """The registry method a run's label names (an old study's engine label -> its method)."""
+    return record_method({"method": label, "kind": SPEC})
 
 
 def _same_target(ours: str, published: str) -> bool:

@@ -20,7 +20,7 @@ from ..measure.budgets import resolve_tree_budgets
 from ..config import Profile
 from ..data.conversations import DataError, Question, load_questions
 from ..layout import BENCH_CONFIG, RECORDS_FILE, SKIPPED_FILE, STUDY_TREE_BUDGET, RunLayout, draft_name, has_weights
-from ..measure.methods import SPEC, STUDIES, MethodSpec, method_name, parse_names, resolve_engine, study_methods
+from ..measure.methods import SPEC, STUDIES, MethodSpec, parse_names, study_methods
 from ..files import read_json, write_json
 from .context import StudyContext, _dirs, get_target
 from .stamps import claim_records, make_stamp
@@ -52,14 +52,10 @@ def study_temperatures(profile: Profile, study: str) -> tuple[float, ...]:
 
 
 def profile_methods(prof: Profile, drafts_dir: Path, study: str) -> dict[str, MethodSpec]:
-    """The methods of ``study`` under the profile's switches (tuned budgets, the compiled HF baseline, the
-    drafted methods' engine on the profile's device, the static engine's twins eager and compiled); methods on a
+    """The methods of ``study`` under the profile's switches (tuned budgets, the compiled HF baseline); methods on a
     draft the profile does not train are left out, the authors' configurations run where the profile imports heads."""
     return study_methods(prof.tree, drafts_dir, study=study, tuned=prof.bench.tuned,
-                         compiled=prof.bench.compiled_baseline, compiled_engine=prof.bench.compiled_engine,
-                         static_engine=prof.bench.static_engine,
-                         engine=resolve_engine(prof.bench.engine, prof.target.device),
-                         drafts=prof.drafts, eagle2_draft=prof.bench.eagle2_draft,
+                         compiled=prof.bench.compiled_baseline, drafts=prof.drafts, eagle2_draft=prof.bench.eagle2_draft,
                          jakiro_draft=prof.bench.jakiro_draft,
                          imported=any(d.import_from for d in prof.drafts.values()))
 
@@ -70,7 +66,7 @@ def methods_table(profile: str | Profile | StudyContext, study: str = "main",
     prof, rdir = _dirs(profile, run_dir)
     rows = []
     for name, m in profile_methods(prof, RunLayout(rdir).drafts, study).items():
-        row: dict[str, Any] = {"method": name, "kind": m.kind, "engine": m.runs_on, "compiled": m.compile}
+        row: dict[str, Any] = {"method": name, "kind": m.kind, "engine": m.runs_on}
         if m.kind == SPEC:
             row.update({k: method_setting(m, k) for k in METHOD_COLUMNS})
         rows.append(row)
@@ -78,19 +74,14 @@ def methods_table(profile: str | Profile | StudyContext, study: str = "main",
 
 
 def _select(methods: dict[str, MethodSpec], only: str | Sequence[str] | None, study: str) -> dict[str, MethodSpec]:
-    """The runs named in ``only``: run labels (``jakiro_auto_static_compiled``), or one comma-separated string of
-    them (:func:`parse_names`); a method's bare name that labels no run selects every run of that method."""
+    """The methods named in ``only``, or in one comma-separated string of them (:func:`parse_names`)."""
     if not only:
         return methods
-    runs: dict[str, list[str]] = {}
-    for label, spec in methods.items():
-        runs.setdefault(method_name(label, spec), []).append(label)
-    only = parse_names(only, {*methods, *runs}) if isinstance(only, str) else only
-    unknown = sorted(set(only) - set(methods) - set(runs))
+    only = parse_names(only, set(methods)) if isinstance(only, str) else only
+    unknown = sorted(set(only) - set(methods))
     if unknown:
         raise ValueError(f"unknown method(s) {unknown} for study {study!r}; choose from {', '.join(methods)}")
-    chosen = {label for name in only for label in ([name] if name in methods else runs[name])}
-    return {k: v for k, v in methods.items() if k in chosen}
+    return {k: v for k, v in methods.items() if k in set(only)}
 
 
 def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None = None, study: str = "main", *,

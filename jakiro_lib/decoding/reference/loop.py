@@ -28,6 +28,15 @@ class LoopRunner(TargetRunner):
     """The target runner with its write position on the host: a token, a tree after the written positions, and
     keeping an accepted path (attention reads the positions written so far)."""
 
+    @property
+    def length(self) -> int:
+        """Positions that hold the text."""
+        return self.where.length
+
+    @length.setter
+    def length(self, value: int) -> None:
+        self.where.length = value
+
     def step(self, token: int) -> torch.Tensor:
         """Logits after one more token."""
         ids = torch.tensor([token], device=self.device)
