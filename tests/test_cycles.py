@@ -8,7 +8,7 @@ import pytest
 
 from helpers import random_prompts, tiny_target, trained_draft
 from jakiro_lib.config import TargetConfig, TreeConfig
-from jakiro_lib.decoding.clock import StepClock
+from jakiro_lib.measure.clock import StepClock
 from jakiro_lib.decoding.static import static_generate
 from jakiro_lib.measure.cycles import COLUMNS, PARTS, cycle_table
 from jakiro_lib.measure.methods import MethodSpec

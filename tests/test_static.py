@@ -273,12 +273,14 @@ class _OpsInside(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 def test_a_layer_only_writes_its_entries_and_a_move_is_one_gather_and_one_scatter(prompts, vanilla, monkeypatch):
-    """In a static cycle each layer's cache runs only its own writes (two index_copy_), and keeping the accepted
-    path moves every layer's entries with one index_select and one index_copy_ (one buffer for all layers):
-    the columns and positions are computed once per forward, not once per layer. A captured GPU step replays
-    every kernel; per layer they were 2 of a SmolLM2 step's ~40 operators, and the per-layer move 120 of a
-    4-token Jakiro cycle's (reports/measured/2026-11-27-h100-windows). The text stays vanilla's."""
-    model = tiny_target("llama")
+    """In a captured cycle (device positions) each layer's cache runs only its own writes (two index_copy_), and
+    keeping the accepted path moves every layer's entries with one index_select and one index_copy_ (one buffer
+    for all layers): the columns and positions are computed once per forward, not once per layer. A captured GPU
+    step replays every kernel; per layer they were 2 of a SmolLM2 step's ~40 operators, and the per-layer move 120
+    of a 4-token Jakiro cycle's. The text stays vanilla's. (The CPU stand-in for CUDA graphs replays the eager
+    step over device positions.)"""
+    monkeypatch.setattr(static, "graph_capture", lambda model: RecordingGraph())
+    model = copy.deepcopy(tiny_target("llama"))  # its own compiled state
     draft = trained_draft(model, "moe2")
     mode = _OpsInside()
 
@@ -298,7 +300,7 @@ def test_a_layer_only_writes_its_entries_and_a_move_is_one_gather_and_one_scatte
     monkeypatch.setattr(_Where, "move", watched("move", _Where.move))
     with mode:
         r = static_generate(model, draft, TreeConfig(depth=3, top_k=3, total_tokens=8), prompts[0],
-                            max_new_tokens=MAX_NEW)
+                            max_new_tokens=MAX_NEW, compile=True)
     assert r.output_ids == vanilla[0]
     assert calls["update"] >= r.cycles * model.config.num_hidden_layers > 0
     assert 0 < calls["move"] <= r.cycles
@@ -414,7 +416,8 @@ def _random_tree(g: torch.Generator, vocab: int = 5) -> Tree:
 
 def test_graft_chain_equals_the_loop_graft():
     """graft_chain (fixed shapes) merges a chain as Tree.graft does: the same nodes with the same tokens and
-    depths, on the same root paths; rows the chain did not need are invalid."""
+    depths, on the same root paths, and the ancestor mask of the whole tree; rows the chain did not need are
+    invalid."""
     g = torch.Generator().manual_seed(0)
     grafted_somewhere = followed_somewhere = 0
     for _ in range(300):
@@ -424,13 +427,16 @@ def test_graft_chain_equals_the_loop_graft():
         chain = torch.randint(5, (c,), generator=g).tolist()
         want = tree.graft(chain) if chain else tree
         parents = torch.tensor([0] + tree.parents[1:])
-        tokens, got_parents, depths, valid = graft_chain(tree.tokens, parents, tree.depths,
-                                                         torch.tensor([c, *chain, *[0] * (L - c)]))
+        anc = ancestor_mask(parents, int(tree.depths.max()))
+        tokens, got_parents, depths, got_anc, valid = graft_chain(tree.tokens, parents, tree.depths, anc,
+                                                                  torch.tensor([c, *chain, *[0] * (L - c)]))
         assert tokens.shape[0] == len(tree) + L and valid[:len(tree)].all()
+        assert torch.equal(got_anc, ancestor_mask(got_parents, int(depths.max())))  # every row, the invalid ones too
         keep = valid.nonzero()[:, 0].tolist()  # the real nodes, in index order (parents first)
         assert tokens[keep].tolist() == want.tokens.tolist() and depths[keep].tolist() == want.depths.tolist()
         index = {old: new for new, old in enumerate(keep)}
         assert [index[int(got_parents[i])] for i in keep[1:]] == want.parents[1:]
+        assert torch.equal(got_anc[keep][:, keep], want.ancestor_mask())
         grafted_somewhere += len(want) > len(tree)
         followed_somewhere += bool(chain) and len(want) - len(tree) < len(chain)
     assert grafted_somewhere > 50 and followed_somewhere > 50, (grafted_somewhere, followed_somewhere)

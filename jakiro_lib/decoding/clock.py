@@ -1,92 +1,28 @@
-"""Named steps of a decoding cycle: profiler ranges always, and, where a :class:`StepClock` listens, the seconds and
-operators each step spends (the cycle-cost table, :mod:`jakiro_lib.measure.cycles`; docs/DESIGN.md section 12).
-
-A step nested in another counts in its own name only (exclusive time and operators): a draft forward inside the
-drafting step is "draft_forward", the rest of the drafting step (candidates, selection, masks) stays "draft".
+"""Named steps of a decoding cycle (docs/DESIGN.md section 12): each a profiler range while a profiler runs, and
+what a listening clock (:class:`Clock`; the one that measures, :class:`jakiro_lib.measure.clock.StepClock`) is told.
 """
 from __future__ import annotations
 
 import contextlib
-import time
-from collections import defaultdict
-from typing import Iterator
+from typing import ContextManager, Protocol
 
 import torch
 from torch.profiler import record_function
-from torch.utils._python_dispatch import TorchDispatchMode
-
-from ..machine import synchronize
 
 # the steps of a cycle, each a profiler range "jakiro::<step>" (jakiro_lib.measure.gpucheck reads them)
 STEPS = ("prefill", "draft", "draft_forward", "verify", "evaluate", "update", "cycle", "read")
-OPAQUE = ("prefill",)  # steps that keep what runs inside them (the prompt's draft forward is the prefill's)
 STEP_RANGES = {s: f"jakiro::{s}" for s in STEPS}
 
 
-class StepClock:
-    """Exclusive seconds, operators and entries of each step while attached to an engine (eager only: a compiled
-    step is one opaque call). ``count_ops``: every aten operator counted to the innermost open step (slower:
-    keep the timed runs apart from the counted ones). Times wait for the device before each reading."""
-
-    def __init__(self, device: torch.device, *, count_ops: bool = False) -> None:
-        self.device, self.count_ops = device, count_ops
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.ops: dict[str, int] = defaultdict(int)
-        self.entries: dict[str, int] = defaultdict(int)
-        self._open: list[tuple[str, float]] = []  # (step, start) of the open steps, innermost last
-        self._counter = _OpCounter(self) if count_ops else None
-
-    @contextlib.contextmanager
-    def step(self, name: str) -> Iterator[None]:
-        if self._open and self._open[-1][0] in OPAQUE:
-            yield
-            return
-        synchronize(self.device)
-        now = time.perf_counter()
-        if self._open:  # the enclosing step's time stops while this one runs
-            outer, since = self._open[-1]
-            self.seconds[outer] += now - since
-        self._open.append((name, now))
-        self.entries[name] += 1
-        try:
-            with record_function(STEP_RANGES[name]):
-                yield
-        finally:
-            synchronize(self.device)
-            now = time.perf_counter()
-            _, since = self._open.pop()
-            self.seconds[name] += now - since
-            if self._open:
-                outer, _ = self._open[-1]
-                self._open[-1] = (outer, now)
-
-    @property
-    def current(self) -> str | None:
-        return self._open[-1][0] if self._open else None
-
-    def __enter__(self) -> "StepClock":
-        if self._counter is not None:
-            self._counter.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._counter is not None:
-            self._counter.__exit__(*exc)
+class Clock(Protocol):
+    def step(self, name: str) -> ContextManager[None]: ...
 
 
-class _OpCounter(TorchDispatchMode):
-    """Counts each aten operator to the clock's innermost open step ("outside" when none is)."""
-
-    def __init__(self, clock: StepClock) -> None:
-        super().__init__()
-        self.clock = clock
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch's signature)
-        self.clock.ops[self.clock.current or "outside"] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def step(clock: StepClock | None, name: str) -> contextlib.AbstractContextManager:
-    """The context of step ``name``: the clock's where one listens, else the profiler range alone (a no-op inside a
-    compiled step)."""
-    return clock.step(name) if clock is not None else record_function(STEP_RANGES[name])
+def step(clock: Clock | None, name: str) -> contextlib.AbstractContextManager:
+    """The context of step ``name``: the clock's where one listens, else the profiler's range while a profiler runs
+    (a no-op inside a compiled step), else nothing (a range costs two operators even with no profiler)."""
+    if clock is not None:
+        return clock.step(name)
+    if torch.compiler.is_compiling() or not torch._C._autograd._profiler_enabled():
+        return contextlib.nullcontext()
+    return record_function(STEP_RANGES[name])

@@ -191,13 +191,19 @@ class TargetRunner:
         self.where.length = n
         return out
 
-    def score(self, tokens: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
-              start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits and features [m] of a tree (``anc`` [m, m]) whose root sits at position ``start`` (0-dim),
-        attending over the first :attr:`window` positions."""
-        cols = self.cols[:self.window]  # [W]
-        allowed = tree_rows(cols[None, :] < start, start, anc)  # [m, W]
-        return self._forward(tokens, start + depths, additive_mask(allowed, self.dtype)[None, None], start)
+    def score(self, tokens: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor | None,
+              start: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and features [m] of a tree (``anc`` [m, m]) whose root sits at position ``start``: a 0-dim device
+        tensor (attention over the first :attr:`window` positions), or a host int (eager: over the text and the
+        tree, written where the text ends). ``anc`` None: one row that sees them all."""
+        host = not isinstance(start, torch.Tensor)
+        if host:
+            self.where.length = start
+        mask = None
+        if anc is not None:
+            cols = self.cols[:start + tokens.shape[0] if host else self.window]  # [W]
+            mask = additive_mask(tree_rows(cols[None, :] < start, start, anc), self.dtype)[None, None]  # [1, 1, m, W]
+        return self._forward(tokens, start + depths, mask, start)
 
     def move(self, start: torch.Tensor, path: torch.Tensor) -> None:
         """Entries ``start + path`` (tree rows, padded) moved to ``start..``."""

@@ -36,7 +36,7 @@ from ..config import TreeConfig
 from .result import GenerationResult, append_tokens, check_prompt, choose_token, text_positions
 from ..machine import synchronize
 from ..models.draft import DraftModel
-from .clock import StepClock, step
+from .clock import Clock, step
 from .drafting import PromptLookup
 from .runner import TargetRunner, fixed_address
 from .runner import MAX_TREE_ROOM
@@ -93,21 +93,16 @@ def attention_window(length: int, capacity: int) -> int:
 
 
 class StaticEngine:
-    """A target, an optional draft and tree settings bound to static buffers of ``cache_len`` positions.
+    """A target, an optional draft and tree settings bound to buffers of ``cache_len`` positions.
 
-    :meth:`cycle` is one draft-verify-evaluate-update step from ``start`` cached positions (a 0-dim device
-    tensor), a function of device tensors with fixed shapes; it returns what the host reads. ``draft`` None
-    and no lookup chain: plain decoding, each cycle the last token alone verified (argmax, or at T > 0
-    :func:`~jakiro_lib.decoding.static_tree.sampling_path`'s draw with no children): the baseline a GPU captures
-    as one graph per token, as HF's compiled ``generate`` does. With ``tree.lookup_tokens`` the host looks the
-    context's last n-gram up (:class:`~jakiro_lib.decoding.drafting.PromptLookup`, over the tokens it reads
-    anyway) and hands the chain to the cycle, which grafts it on the tree (``draft`` None: the root and the chain).
-
-    Attention reads windows of the cache (:func:`attention_window`); ``compile``: the cycle compiled
-    (:func:`~jakiro_lib.decoding.compiled.compiled_step`: one per window where recorded as CUDA graphs, else one),
-    the draft head's packed GEMM off inside it. A cycle's sampling draws (``uniforms``) are drawn before it,
-    outside any compiled step, and passed as an argument, as the chain is: CPU inductor's freezing turns static
-    tensors a graph only reads into constants (tests/test_static.py).
+    :meth:`cycle` is one draft-verify-evaluate-update step; it returns what the host reads. ``draft`` None and no
+    lookup chain: plain decoding (the last token alone verified each cycle: one graph per token where captured). With
+    ``tree.lookup_tokens`` the host looks the context's last n-gram up (:class:`~jakiro_lib.decoding.drafting.
+    PromptLookup`, over the tokens it reads anyway) and hands the chain to the cycle, which grafts it on the tree.
+    ``compile``: the cycle compiled or captured (:func:`~jakiro_lib.decoding.compiled.compiled_step`: one per
+    attention window where recorded as CUDA graphs, else one), its positions and the draws of a sampled cycle
+    (``uniforms``, drawn before it: CPU inductor's freezing turns tensors a graph only reads into constants) passed
+    as device tensors; eager, the cycle runs from the host's int, its shapes following the text and the chain.
     """
 
     def __init__(self, model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None, cache_len: int, *,
@@ -118,6 +113,7 @@ class StaticEngine:
         self.lookup = PromptLookup(L, max_ngram=tree.lookup_max_ngram, min_ngram=tree.lookup_min_ngram) if L else None
         drafted_m, drafted_depth = (1, 0) if self.drafter is None else (self.drafter.m, self.drafter.max_depth)
         self.m, self.max_depth = drafted_m + L, max(drafted_depth, L)  # the verified tree: drafted rows, then chain
+        self.drafted_depth = drafted_depth
         self.plain = draft is None and not L  # plain decoding: each cycle the last token alone
         if ranked and (draft is None or L):
             raise StaticEngineError("selection ranks are a drafted tree's: rank without a lookup chain")
@@ -136,10 +132,11 @@ class StaticEngine:
         self.windowed = not compile or graph_capture(model) is not None
         # positions a cycle writes past the text: the verified tree, the draft's tree rows, the accepted path encoded
         self.room = max(self.m, self.max_depth + 1, 0 if self.drafter is None else self.drafter.n_slots)
-        self.clock: StepClock | None = None  # listens to an eager engine's steps (the cycle-cost table)
+        self.clock: Clock | None = None  # listens to an eager engine's steps (the cycle-cost table)
+        self._accepted_path: tuple[torch.Tensor, torch.Tensor] | None = None  # eager: to encode after the read
         self._compiled: dict[int, Callable[..., torch.Tensor]] = {}  # window -> its compiled step
 
-    def listen(self, clock: StepClock | None) -> None:
+    def listen(self, clock: Clock | None) -> None:
         """``clock`` times and counts this engine's steps from now on (None: nobody). Eager engines only: a
         compiled step runs as one call."""
         if clock is not None and self.compile:
@@ -148,9 +145,10 @@ class StaticEngine:
         if self.drafter is not None:
             self.drafter.clock = clock
 
-    def cycle(self, start: torch.Tensor, uniforms: torch.Tensor, chain: torch.Tensor | None = None) -> torch.Tensor:
-        """[D + 3]: the accepted count, the rows verified, the accepted tokens with the bonus token after them
-        (padded); with :attr:`ranked`, [D] more: the running maximum of the selection ranks along the path.
+    def cycle(self, start: int | torch.Tensor, uniforms: torch.Tensor, chain: torch.Tensor | None = None) -> torch.Tensor:
+        """The accepted count, the rows verified, with :attr:`ranked` the running maximum of the selection ranks along
+        the path, then the accepted tokens with the bonus token after them: padded to the deepest path where the
+        cycle is compiled or sampled ([D + 3], [2D + 3] ranked), eager greedy the accepted path alone.
         ``uniforms``: this cycle's draws (sampling); ``chain``: the lookup chain
         (:func:`~jakiro_lib.decoding.static_tree.graft_chain`)."""
         drafter, target, clock = self.drafter, self.target, self.clock
@@ -162,40 +160,42 @@ class StaticEngine:
                 tokens, parents, depths, ranks = drafter.propose(start)
             else:
                 tokens = self.token.reshape(1)
-                parents = depths = torch.zeros(1, dtype=torch.long, device=start.device)
-            valid = None
+                parents = depths = torch.zeros(1, dtype=torch.long, device=tokens.device)
+            anc, valid = ancestor_mask(parents, self.drafted_depth), None  # [m, m]
             if chain is not None:
-                tokens, parents, depths, valid = graft_chain(tokens, parents, depths, chain)
+                tokens, parents, depths, anc, valid = graft_chain(tokens, parents, depths, anc, chain)
                 if not self.compile:  # eager: the rows the chain did not need are left out, not verified as padding
-                    tokens, parents, depths, uniforms = drop_invalid(tokens, parents, depths, valid, uniforms,
-                                                                     self.max_depth, self.m)
+                    tokens, parents, depths, anc, uniforms = drop_invalid(tokens, parents, depths, anc, valid,
+                                                                          uniforms, self.max_depth, self.m)
                     valid = None
-            anc = ancestor_mask(parents, self.max_depth)  # [m, m], the chain's rows included
         with step(clock, "verify"):
             logits, hidden = target.score(tokens, depths, anc, start)
         with step(clock, "evaluate"):
             path, accepted, bonus = evaluate(self.params, tokens, parents, depths, anc, logits, uniforms,
-                                             self.max_depth, valid)
+                                             self.max_depth, valid, exact=not self.compile)
         with step(clock, "update"):
             target.move(start, path)  # the path's entries to start..; the next cycle writes after the accepted ones
-            new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1]: accepted tokens, bonus at `accepted`
-            new = new.scatter(0, accepted[None], bonus[None])
-            if drafter is not None:
+            new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1] (eager greedy: [accepted + 1])
+            if new.shape[0] == self.max_depth + 1:  # padded: the bonus at `accepted`
+                new = new.scatter(0, accepted[None], bonus[None])
+            if drafter is not None and self.compile:
                 drafter.extend(hidden[path], new, start, accepted)
+            elif drafter is not None:  # eager: once the host has read how many were accepted (_advance)
+                self._accepted_path = (hidden[path], new)
             else:
                 self.token.copy_(bonus)
-        rows = torch.full((1,), tokens.shape[0], dtype=torch.long, device=start.device)
-        read = [accepted[None], rows, new]
+        rows = torch.full((1,), tokens.shape[0], dtype=torch.long, device=tokens.device)
+        read = [accepted[None], rows]
         if self.ranked:  # the running maximum of the selection rank along the accepted path (the budget tuner's)
-            read.append(ranks[path[1:]].cummax(0).values)  # [D]
-        return torch.cat(read)
+            read.append(ranks[path[1:]].cummax(0).values)  # [D] (or [accepted])
+        return torch.cat([*read, new])
 
-    def _root_only(self, start: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    def _root_only(self, start: int | torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
         """The last token alone, verified (plain decoding; near the end of the context, where a whole tree no
         longer fits): [0, 1 row verified, the next token]."""
         root = self.token if self.drafter is None else self.drafter.root_token
-        with step(self.clock, "verify"):
-            bonus = root_step(self.target, root, self.params, uniforms, start)
+        with step(self.clock, "verify"):  # eager plain decoding reads exactly the text and the root: no mask
+            bonus = root_step(self.target, root, self.params, uniforms, start, masked=self.compile or not self.plain)
         return torch.stack([torch.zeros_like(bonus), torch.ones_like(bonus), bonus])
 
     def _set_window(self, length: int) -> int:
@@ -223,11 +223,13 @@ class StaticEngine:
             start.fill_(text)
             window = self._set_window(text)
             while getattr(self._compiled.get(window), "replay", None) is None:  # its warm-up, then its recording
-                self._run_step(start)
+                self._run_step(start, text)
 
-    def _run_step(self, start: torch.Tensor) -> torch.Tensor:
+    def _run_step(self, start: torch.Tensor, length: int) -> torch.Tensor:
+        """The cycle from ``length`` written positions: eagerly with the host's int (the target's cache written and
+        read as the loop engine does, by slices), compiled with ``start``, the same as a 0-dim device tensor."""
         if not self.compile:
-            return self.cycle(start, self.uniforms, *self.inputs)
+            return self.cycle(length, self.uniforms, *self.inputs)
         window = self.target.window
         first = window not in self._compiled
         if first:
@@ -257,24 +259,38 @@ class StaticEngine:
         if self.lookup is not None:
             self.lookup.reset(ids.tolist() + [first])  # once per prompt (a host read of the prompt)
 
-    def _advance(self, start: torch.Tensor, room: int) -> tuple[list[int], int | None, list[int] | None]:
-        """One cycle from ``start`` with ``room`` positions left: (the tokens it emits, the rows it verified (None
-        for plain decoding), the running maximum of the selection ranks along the accepted path (:attr:`ranked`, whole trees; else None))."""
+    def _advance(self, start: torch.Tensor, length: int, room: int) -> tuple[list[int], int | None, list[int] | None]:
+        """One cycle from ``length`` written positions (``start`` on the device) with ``room`` positions left: (the
+        tokens it emits, the rows it verified (None for plain decoding), the running maximum of the selection ranks
+        along the accepted path (:attr:`ranked`, whole trees; else None))."""
         whole = self.max_depth + 1 <= room
         if whole and self.lookup is not None:
             self._set_chain(self.lookup.propose())
         with step(self.clock, "cycle"):
-            out = self._run_step(start) if whole else self._root_only(start, self.uniforms)
+            out = self._run_step(start, length) if whole else self._root_only(start if self.compile else length,
+                                                                              self.uniforms)
         with step(self.clock, "read"):
-            read = out.tolist()  # the one host read
-        accepted, D = read[0], self.max_depth
-        emitted = read[2:accepted + 3]
+            read = out.tolist()  # the one host read: [accepted, rows, ranks (ranked), the tokens]
+        accepted = read[0]
+        ranked = self.ranked and whole
+        # the path padded to the deepest (a compiled cycle's, or sampled), else the accepted one alone
+        n_ranks = (self.max_depth if self.compile or not self.params.greedy else accepted) if ranked else 0
+        emitted = read[2 + n_ranks:3 + n_ranks + accepted]
+        if self._accepted_path is not None:
+            self._encode(length, accepted)
         if self.lookup is not None:
             self.lookup.extend(emitted)
         if self.drafter is not None and whole:
             self.drafter.forwards += self.drafter.n_steps - 1
-        ranks = read[D + 3:D + 3 + accepted] if self.ranked and whole else None
-        return emitted, None if self.plain else read[1], ranks
+        return emitted, None if self.plain else read[1], read[2:2 + accepted] if ranked else None
+
+    def _encode(self, start: int, accepted: int) -> None:
+        """Eager: the accepted path's positions (its ``accepted`` tokens and the bonus) encoded by the draft, its
+        last row the next root: the rows a compiled cycle encodes, without the padding past them."""
+        (hidden, new), self._accepted_path = self._accepted_path, None
+        with step(self.clock, "update"):
+            last = torch.full((), accepted, device=self.model.device)
+            self.drafter.extend(hidden[:accepted + 1], new[:accepted + 1], start, last)
 
     def _set_chain(self, chain: list[int]) -> None:
         """The step's lookup chain (count, then tokens): written into the fixed buffer a compiled step reads,
@@ -310,7 +326,7 @@ class StaticEngine:
         result.prefill_time = time.perf_counter() - t0
         while not done and _next_cycle(result, start, length, max_context, self.uniforms, self.params, generator):
             self._set_window(length)
-            emitted, tree_size, ranks = self._advance(start, max_context - length)
+            emitted, tree_size, ranks = self._advance(start, length, max_context - length)
             length += len(emitted)
             if tree_size is not None:
                 result.tree_sizes.append(tree_size)
@@ -344,7 +360,7 @@ def static_generate(model: PreTrainedModel, draft: DraftModel | None, tree: Tree
                     *, max_new_tokens: int = 128, params: SamplingParams = SamplingParams(),
                     eos_token_ids: list[int] = (), max_context: int = 2048, generator: torch.Generator | None = None,
                     on_tokens: Callable[[list[int]], None] | None = None, compile: bool = False,
-                    clock: StepClock | None = None, ranked: bool = False) -> GenerationResult:
+                    clock: Clock | None = None, ranked: bool = False) -> GenerationResult:
     """Speculative decoding on the static engine: draft, verify, evaluate, update; one host read per cycle
     (``draft`` None and no lookup chain: plain decoding). ``params``/``generator`` as in
     :func:`~jakiro_lib.decoding.loop.speculative_generate` (the generator on the model's device). ``compile``: the

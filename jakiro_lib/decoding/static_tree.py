@@ -9,7 +9,7 @@ import torch
 
 from ..config import TreeConfig
 from ..models.draft import DraftModel, DraftOutput
-from .clock import StepClock, step
+from .clock import Clock, step
 from .drafting import candidate_tensors, draft_schedule
 from .runner import TargetRunner, fixed_address, tree_rows
 from .runner import MAX_TREE_ROOM
@@ -54,22 +54,25 @@ def ancestor_mask(parents: torch.Tensor, depth: int) -> torch.Tensor:
 
 
 def greedy_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
-                logits: torch.Tensor, max_depth: int,
-                valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                logits: torch.Tensor, max_depth: int, valid: torch.Tensor | None = None,
+                exact: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Greedy verification in tensors: (path [max_depth + 1] node indices by depth, accepted count, bonus).
 
     A node is accepted when it and every ancestor equal the target's argmax at their parent. Siblings
     hold distinct tokens, so the accepted nodes form one root path; its deepest node gives the bonus
-    token. Path entries past the accepted count point at the root (padding the caller never emits).
-    ``valid`` [m] bool: nodes that may be accepted (None: all; :func:`graft_chain`'s unused rows may not).
+    token. Path entries past the accepted count point at the root (padding the caller never emits); ``exact``
+    (eager: data-dependent shapes): the path alone, [accepted + 1] (ancestors precede their nodes: index order is
+    depth order). ``valid`` [m] bool: nodes that may be accepted (None: all; :func:`graft_chain`'s unused rows may not).
     """
     pred = logits.argmax(-1)  # [m]
     match = (tokens == pred[parents]) | (depths == 0)  # [m]; the root (depth 0) always matches
     if valid is not None:
         match = match & valid
-    accepted = ~(anc & ~match[None, :]).any(-1)  # [m]
+    accepted = (anc <= match[None, :]).all(-1)  # [m]: the node and every ancestor match
     best = torch.where(accepted, depths, -1).argmax().reshape(1)
     on_path = anc.index_select(0, best)[0]  # [m]: the best node and its ancestors
+    if exact:
+        return on_path.nonzero()[:, 0], depths.index_select(0, best)[0], pred.index_select(0, best)[0]
     levels = torch.arange(max_depth + 1, device=tokens.device)
     hit = on_path[None, :] & (depths[None, :] == levels[:, None])  # [D + 1, m]
     path = hit.long().argmax(-1)  # [D + 1]; rows past the path find nothing: index 0
@@ -122,47 +125,47 @@ def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Ten
 
 def evaluate(params: SamplingParams, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
              anc: torch.Tensor, logits: torch.Tensor, uniforms: torch.Tensor, max_depth: int,
-             valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Step 3 of a cycle: :func:`greedy_path` at T=0, else :func:`sampling_path` (path, accepted count, bonus)."""
+             valid: torch.Tensor | None = None, exact: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step 3 of a cycle: :func:`greedy_path` at T=0 (``exact``: its path unpadded), else :func:`sampling_path`
+    (path, accepted count, bonus)."""
     if params.greedy:
-        return greedy_path(tokens, parents, depths, anc, logits, max_depth, valid)
+        return greedy_path(tokens, parents, depths, anc, logits, max_depth, valid, exact)
     return sampling_path(tokens, parents, logits, params, uniforms, max_depth, valid)
 
 
-def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
-                chain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A tree of m nodes with a prompt-lookup chain merged in, in fixed shapes: the chain follows existing nodes
-    while their tokens agree, then continues as new nodes, last among their siblings (the reference's
-    ``Tree.graft``).
+def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
+                chain: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A tree of m nodes (``anc`` [m, m] its :func:`ancestor_mask`) with a prompt-lookup chain merged in, in fixed
+    shapes: the chain follows existing nodes while their tokens agree, then continues as new nodes, last among their
+    siblings (the reference's ``Tree.graft``). The node it follows to is the deepest whose root path spells the
+    chain's first tokens (siblings are distinct: at most one a depth), found at once for every node.
 
-    ``chain`` [L + 1] long: the number of chain tokens c, then the tokens (padded). Returns tokens,
-    parents, depths and ``valid`` [m + L]: rows m.. hold the new nodes; a row the chain did not need
-    (followed an existing node, or past c) is invalid: parent the root, never accepted (verified by the
-    target all the same, as padding)."""
+    ``chain`` [L + 1] long: the number of chain tokens c, then the tokens (padded). Returns tokens, parents, depths,
+    the ancestor mask and ``valid`` [m + L]: rows m.. hold the new nodes; a row the chain did not need (followed an
+    existing node, or past c) is invalid: parent the root, never accepted (verified by the target all the same)."""
     m, L, dev = tokens.shape[0], chain.shape[0] - 1, tokens.device
-    idx = torch.arange(m, device=dev)
-    zero = torch.zeros((), dtype=torch.long, device=dev)
-    node, depth, following = zero, zero, torch.ones((), dtype=torch.bool, device=dev)
-    new: list[tuple[torch.Tensor, ...]] = []
-    for i in range(L):
-        token, live = chain[i + 1], chain[0] > i
-        hit = (parents == node) & (tokens == token) & (idx > 0)  # [m]: node's child holding the token
-        found = following & live & hit.any()
-        real = live & ~found  # a new node, child of `node`
-        new.append((torch.where(real, token, 0), torch.where(real, node, 0), torch.where(real, depth + 1, 1), real))
-        at = hit.long().argmax()
-        depth = torch.where(found, depths.index_select(0, at[None])[0], torch.where(real, depth + 1, depth))
-        node = torch.where(found, at, torch.where(real, m + i, node))
-        following = following & found
-    if not new:
-        return tokens, parents, depths, torch.ones(m, dtype=torch.bool, device=dev)
-    t, p, d, v = (torch.stack(x) for x in zip(*new))
-    return (torch.cat([tokens, t]), torch.cat([parents, p]), torch.cat([depths, d]),
-            torch.cat([torch.ones(m, dtype=torch.bool, device=dev), v]))
+    yes = torch.ones(m, dtype=torch.bool, device=dev)
+    if L == 0:
+        return tokens, parents, depths, anc, yes
+    steps = torch.arange(L, device=dev)  # [L]: chain index i, a new node at depth i + 1
+    c, words = chain[0], chain[1:]  # 0-dim, [L]
+    spelled = words.index_select(0, (depths - 1).clamp(0, L - 1))  # [m]: the chain's token at each node's depth
+    ok = ((tokens == spelled) & (depths <= c)) | (depths == 0)  # [m]
+    on = (anc <= ok[None, :]).all(-1)  # [m]: the node's root path spells the chain's first tokens
+    best = torch.where(on, depths, -1).argmax().reshape(1)  # [1]: the deepest such node
+    d = depths.index_select(0, best)  # [1]: chain tokens followed
+    valid = (steps >= d) & (steps < c)  # [L]
+    new_parents = torch.where(valid, torch.where(steps == d, best, m + steps - 1), 0)
+    sees = (anc.index_select(0, best) & valid[:, None]) | (torch.arange(m, device=dev) == 0)  # [L, m]: best's path
+    own = ((steps[None, :] <= steps[:, None]) & (steps[None, :] >= d) & valid[:, None]) | torch.eye(
+        L, dtype=torch.bool, device=dev)  # [L, L]: the new rows from d to the row itself
+    full = torch.cat([torch.cat([anc, torch.zeros(m, L, dtype=torch.bool, device=dev)], 1), torch.cat([sees, own], 1)])
+    return (torch.cat([tokens, torch.where(valid, words, 0)]), torch.cat([parents, new_parents]),
+            torch.cat([depths, torch.where(valid, steps + 1, 1)]), full, torch.cat([yes, valid]))
 
 
-def drop_invalid(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, valid: torch.Tensor,
-                 uniforms: torch.Tensor, max_depth: int, width: int) -> tuple[torch.Tensor, ...]:
+def drop_invalid(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
+                 valid: torch.Tensor, uniforms: torch.Tensor, max_depth: int, width: int) -> tuple[torch.Tensor, ...]:
     """The tree without the rows :func:`graft_chain` marked invalid (data-dependent shapes: eager only), and the
     cycle's ``uniforms`` re-indexed to match (:func:`sampling_path` reads one per level and row): each kept row
     keeps the draws it has in a tree of ``width`` rows (the drafted ones and the whole chain's, as a compiled
@@ -171,18 +174,20 @@ def drop_invalid(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tens
     keep = valid.nonzero()[:, 0]  # [m']
     new_index = valid.long().cumsum(0) - 1  # [m]: a kept row's index among the kept
     draws = uniforms[:max_depth * width].view(max_depth, width)[:, keep]  # [D, m']
-    return (tokens[keep], new_index[parents[keep]], depths[keep],
+    return (tokens[keep], new_index[parents[keep]], depths[keep], anc[keep][:, keep],
             torch.cat([draws.flatten(), uniforms[-1:]]))  # the bonus draw stays last
 
 
 def root_step(target: TargetRunner, token: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor,
-              start: torch.Tensor) -> torch.Tensor:
-    """The last token (``token``, 0-dim, at position ``start``) alone, verified as a one-node tree: the next
-    token (0-dim, greedy or sampled), written into ``token``; the target's cache then holds start + 1."""
-    zero = torch.zeros(1, dtype=torch.long, device=start.device)  # the node's index, parent and depth
-    tokens, anc = token.reshape(1), torch.ones(1, 1, dtype=torch.bool, device=start.device)
-    logits, _ = target.score(tokens, zero, anc, start)  # [1, V]
-    bonus = evaluate(params, tokens, zero, zero, anc, logits, uniforms, 0)[2]
+              start: int | torch.Tensor, *, masked: bool = True) -> torch.Tensor:
+    """The last token (``token``, 0-dim, at position ``start``: a 0-dim device tensor, or a host int eagerly) alone,
+    verified as a one-node tree: the next token (0-dim, greedy or sampled), written into ``token``; the target's
+    cache then holds start + 1.
+    ``masked`` False: the target's window is the text and this token, attended whole (no mask to build)."""
+    zero = torch.zeros(1, dtype=torch.long, device=token.device)  # the node's index, parent and depth
+    tokens, anc = token.reshape(1), torch.ones(1, 1, dtype=torch.bool, device=token.device)
+    logits, _ = target.score(tokens, zero, anc if masked else None, start)  # [1, V]
+    bonus = logits[0].argmax() if params.greedy else evaluate(params, tokens, zero, zero, anc, logits, uniforms, 0)[2]
     token.copy_(bonus)
     return bonus
 
@@ -208,7 +213,7 @@ class StaticTreeDrafter:
         self.cache = StaticKV(capacity)
         self.dtype = next(draft.parameters()).dtype
         self.forwards = 0  # draft forwards inside trees, counted by the engine (no Python state inside a compiled step)
-        self.clock: StepClock | None = None  # the engine's (eager)
+        self.clock: Clock | None = None  # the engine's (eager)
         # The last position's outputs (a [H], experts [E, H], gates [E]) and token: buffers allocated by the
         # first extend and then written in place, so a captured cycle reads and writes the same memory
         self.root: DraftOutput | None = None
@@ -222,7 +227,7 @@ class StaticTreeDrafter:
             return self.draft(feats[None].to(self.dtype), tokens[None], pos[None], self.cache,
                               allowed[None, None]).map(lambda x: x[0])
 
-    def extend(self, hidden: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor, last: torch.Tensor) -> None:
+    def extend(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int | torch.Tensor, last: torch.Tensor) -> None:
         """Encode positions start.. (features ``hidden`` [n, H], next tokens [n]); row ``last`` (0-dim)
         is the newest real one: its output and token root the next tree. Rows after it are padding,
         written past the text and overwritten later."""
@@ -243,8 +248,8 @@ class StaticTreeDrafter:
     def _children(self, out: DraftOutput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return candidate_tensors(self.draft, self.cfg, out.a, out.experts, out.gates)
 
-    def propose(self, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The tree rooted at the last token, drafted after ``base`` (0-dim) cached positions:
+    def propose(self, base: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The tree rooted at the last token, drafted after ``base`` cached positions (0-dim, or a host int eagerly):
         tokens, parents (root's: 0), depths and selection ranks [m] (:func:`select_tree`), all on the device (the engine builds the ancestor mask
         once, after any lookup chain is grafted: :func:`ancestor_mask`).
 
@@ -253,7 +258,7 @@ class StaticTreeDrafter:
         real parent's branch-B distribution as children (the grandparent's prediction two ahead: the
         skipped node is never forwarded), from which the next frontier is chosen; docs/DESIGN.md section 3.
         """
-        K, dev = self.K, base.device
+        K, dev = self.K, self.root_token.device
         zero = torch.zeros(1, dtype=torch.long, device=dev)
         tokens, parents, depths = [self.root_token.reshape(1)], [zero], [zero]
         scores = [torch.zeros(1, dtype=torch.float64, device=dev)]
@@ -276,29 +281,35 @@ class StaticTreeDrafter:
             size += child.shape[0]
             return child
 
+        front_tok = self.root_token.reshape(1)
         for k, n_layers in enumerate(self.steps):
-            own = front_anc
+            own, last = front_anc, k == self.n_steps - 1
             if k > 0:  # one draft forward for the whole frontier, into slots s0.. of the draft cache
                 s0 = (k - 1) * K
                 own = front_anc.clone()
                 own[:, s0:s0 + K] = eye  # each row also sees itself
                 slots = base + s0 + torch.arange(K, device=dev)
-                out = self._forward(front_feat, torch.cat(tokens)[front_idx], (base - 1 + depth).expand(K), slots,
-                                    tree_rows(prefix, base, own))
+                pos = torch.full((K,), depth - 1, device=dev) + base  # [K]
+                out = self._forward(front_feat, front_tok, pos, slots, tree_rows(prefix, base, own))
             ids, vals, feats = self._children(out)  # [N, K], [N, K], [N, K, H]
             first = size
             child = add(ids, front_idx, front_score, vals)
+            if last and n_layers == 1:
+                break  # the last layer's children are candidates, never forwarded: no frontier to choose
             order = child.sort(descending=True, stable=True).indices[:K]  # the best K, best first
-            front_idx, front_score = first + order, child[order]
+            front_idx, front_score, front_tok = first + order, child[order], ids.flatten()[order]
             front_feat, front_anc = feats.flatten(0, 1)[order], own.repeat_interleave(K, 0)[order]
             depth += 1
             if n_layers == 2:  # CEPD: the survivors' children from their parents' branch B
                 rows = order // K  # [K]: each survivor's parent, a row of `out`
                 top = self.draft.logits(out.b).float().log_softmax(-1).topk(K, dim=-1)  # [N, K]
                 first = size
-                grand = add(self.draft.to_target_ids(top.indices)[rows], front_idx, front_score, top.values[rows])
+                grand_ids = self.draft.to_target_ids(top.indices)[rows]  # [K, K]
+                grand = add(grand_ids, front_idx, front_score, top.values[rows])
+                if last:
+                    break
                 order = grand.sort(descending=True, stable=True).indices[:K]
-                front_idx, front_score = first + order, grand[order]
+                front_idx, front_score, front_tok = first + order, grand[order], grand_ids.flatten()[order]
                 front_feat, front_anc = out.b[rows][order // K], front_anc[order // K]
                 depth += 1
         return select_tree(*(torch.cat(x) for x in (tokens, parents, scores, depths)), self.m)

@@ -19,7 +19,7 @@ from typing import Any, Callable, ContextManager, Mapping, Sequence
 import torch
 
 from ..config import TreeConfig
-from ..decoding.clock import StepClock
+from .clock import StepClock
 from ..decoding.drafting import schedule
 from ..decoding.result import GenerationResult
 from ..decoding.runner import MAX_TREE_ROOM, TargetRunner
@@ -101,7 +101,7 @@ def measure_target_cost_variants(model: torch.nn.Module, sizes: Sequence[int],
     def verify_once(n: int) -> None:
         tokens, depths, anc = trees[n]
         runner.where.window = context + n
-        runner.score(tokens, depths, anc, start)
+        runner.score(tokens, depths, anc if n > 1 else None, start)  # one row: the plain step, no mask
 
     for n in sizes:
         for switch in variants.values():

@@ -18,10 +18,9 @@ import json
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from jakiro_lib.decoding import clock as clock_module
-from jakiro_lib.decoding.clock import StepClock
+from jakiro_lib.measure.clock import StepClock
 from jakiro_lib.decoding.reference import drafting, loop
 from jakiro_lib.decoding.reference.drafting import make_drafter
 from jakiro_lib.measure.cycles import COLUMNS, CYCLE_METHODS, _Timed, cycle_methods, cycle_prompts, cycle_row, verify_seconds

@@ -4,8 +4,9 @@
 
 MT-bench q1-10, both turns (20 prompts; each run continues from its own answer), 64 new tokens, T=0, fp32, the
 default profile's target and drafts. Question by question, turn by turn, every method runs on the engine
-(``decoding.static``, eager) and on the loop engine (``decoding.reference``, the runtime engine on a CPU before), and
-plain decoding on both and HF's compiled generate are timed beside them. Writes records.jsonl and engines.csv: per
+(``decoding.static``, eager) and on the loop engine (``decoding.reference``, the runtime engine on a CPU before), the
+two runs of a method back to back, which goes first alternating prompt by prompt; plain decoding on both and HF's
+compiled generate are timed beside them. Writes records.jsonl and engines.csv: per
 method, tokens/s on each engine, the ratio engine / loop with its paired 95% bootstrap interval, greedy identity with
 the loop's plain decoding, and for jakiro (the fixed tree) and jakiro_auto the ratio against the fastest plain
 decoder of the run with its interval. The tuned budgets are the engine's (tree_budgets.json), the same on both.
@@ -76,10 +77,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     records = []
     t0 = time.perf_counter()
-    for q in questions:
+    for qi, q in enumerate(questions):
         histories = {r: [] for r in runs}
         for turn, text in enumerate(q.turns):
-            for key in runs:
+            flip = (2 * qi + turn) % 2 == 1  # which engine of a pair goes first alternates prompt by prompt
+            for key in _ordered(runs, flip):
                 histories[key].append({"role": "user", "content": text})
                 res = run(*key, format_prompt_ids(target, histories[key]))
                 histories[key].append(answer_message(target, res.output_ids))
@@ -99,6 +101,18 @@ def main() -> None:
                                                       "tree": m.tree and m.tree.__dict__} for k, m in ours.items()},
         "questions": args.limit, "max_new_tokens": args.max_new_tokens,
         "environment": run_metadata(target.device, threads=torch.get_num_threads())}, indent=2, default=str))
+
+
+def _ordered(runs: list[tuple[str, str]], flip: bool) -> list[tuple[str, str]]:
+    """``runs`` with each method's (static, loop) pair swapped where ``flip``: neither engine always runs right after
+    the other one's run of the same method (warm caches of its draft), nor always right after another method."""
+    if not flip:
+        return runs
+    out = list(runs)
+    for i in range(0, len(out) - 1, 2):
+        if out[i][0] == out[i + 1][0]:
+            out[i], out[i + 1] = out[i + 1], out[i]
+    return out
 
 
 def engines_table(records: list[dict], names: list[str]) -> pd.DataFrame:
