@@ -458,9 +458,12 @@ class _Storages(torch.utils._python_dispatch.TorchDispatchMode):
         self.made: set[int] = set()
         self.outside: set[int] = set()
         self.host_reads = 0
+        self.kernels: list[tuple[str, tuple]] = []  # each operator with its tensors' shapes, in order
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.host_reads += str(func) in self.HOST_READS
+        self.kernels.append((str(func), tuple(tuple(t.shape) for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                                              if isinstance(t, torch.Tensor))))
         for t in torch.utils._pytree.tree_leaves((args, kwargs or {})):
             if isinstance(t, torch.Tensor) and t.numel():
                 ptr = t.untyped_storage().data_ptr()
@@ -476,22 +479,25 @@ class _Storages(torch.utils._python_dispatch.TorchDispatchMode):
 class RecordingGraph:
     """A stand-in for :func:`jakiro_lib.decoding.compiled.cuda_graph` on a CPU. Recording runs nothing (as CUDA's);
     each replay runs the step over the recorded arguments and fails where it reads the host (a capture would
-    fail) or touches other outside storages than the first replay did (a tensor attribute set anew between
-    cycles: a real graph would go on reading the old one). ``replays`` counts them."""
+    fail), touches other outside storages than the first replay did (a tensor attribute set anew between
+    cycles: a real graph would go on reading the old one) or runs other kernels or shapes than the first replay
+    (a graph replayed under another attention window than it was recorded for: a real one would run the recorded
+    window's). ``replays`` counts them."""
 
     def __init__(self) -> None:
         self.replays = 0
 
     def __call__(self, step: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...]) -> Callable[[], torch.Tensor]:
-        recorded: list[set[int]] = []
+        recorded: list[_Storages] = []
 
         def replay() -> torch.Tensor:
             with _Storages() as seen:
                 out = step(*args)
             assert seen.host_reads == 0, "the step reads the host"
             if not recorded:
-                recorded.append(seen.outside)
-            assert seen.outside == recorded[0], "the replayed step touched buffers the first replay did not"
+                recorded.append(seen)
+            assert seen.outside == recorded[0].outside, "the replayed step touched buffers the first replay did not"
+            assert seen.kernels == recorded[0].kernels, "the replayed step ran other kernels or shapes than recorded"
             self.replays += 1
             return out
         return replay

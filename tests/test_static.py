@@ -181,6 +181,38 @@ def test_a_captured_step_replays_the_eager_one(prompts, vanilla, monkeypatch, ca
     assert windows > 2 and graph.replays == engine.compiled_cycles - windows > 2 * len(prompts[:3])
 
 
+def test_the_graph_stand_in_fails_a_replay_under_another_window():
+    """RecordingGraph re-runs the Python step at each replay; a step whose shapes follow an attention window set
+    between replays (a graph recorded for one window replayed under another, where a real graph runs the recorded
+    window's kernels) fails the replay instead of passing."""
+    graph, window = RecordingGraph(), {"n": 4}
+    replay = graph(lambda x: x[:window["n"]].sum(), (torch.arange(8.0),))
+    assert replay() == replay() == 6.0
+    window["n"] = 6
+    with pytest.raises(AssertionError, match="other kernels or shapes"):
+        replay()
+
+
+@pytest.mark.parametrize("case", ["tree", "decoder"])
+def test_a_captured_generation_runs_to_the_end_of_the_context(prompts, monkeypatch, case):
+    """A captured generation (the graph stand-in, several attention windows) asked for more tokens than its context
+    holds stops at the context's end with reason "context", its text vanilla's token for token to the last
+    position: the cycles near the end, where a whole tree no longer fits, verify the root alone."""
+    monkeypatch.setattr(static, "graph_capture", lambda model: RecordingGraph())
+    monkeypatch.setattr(static, "WINDOW_STEP", 32)
+    model = copy.deepcopy(tiny_target("llama"))  # its own compiled state
+    draft = None if case == "decoder" else trained_draft(model, "moe2")
+    tree = None if case == "decoder" else TreeConfig(depth=3, top_k=3, total_tokens=8, decoupled=True, lookup_tokens=3)
+    p, context = prompts[1], 100
+    want = vanilla_generate(model, p, max_new_tokens=500, max_context=context)
+    got = static_generate(model, draft, tree, p, max_new_tokens=500, max_context=context, compile=True)
+    # every position written, and the token chosen at the last one emitted (it is never written)
+    assert want.stop_reason == got.stop_reason == "context" and p.numel() + len(want.output_ids) == context + 1
+    assert got.output_ids == want.output_ids
+    (engine,) = scratch(model)["engines"].values()
+    assert engine.compiled_cycles > 0 and len(engine._compiled) > 2
+
+
 def test_static_forwards_read_only_their_window(prompts, vanilla, monkeypatch):
     """Every target and draft forward of the static engine reads the first attention_window(length) positions
     of its cache, not the whole context's buffer (2,304 positions compiled), and the text stays vanilla's."""

@@ -23,6 +23,7 @@ from jakiro_lib.decoding.reference.loop import speculative_generate, vanilla_gen
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.decoding.reference.drafting import make_drafter
 from jakiro_lib.decoding.static import static_generate, static_vanilla_generate
+import jakiro_lib.decoding.static_tree as static_tree
 from jakiro_lib.decoding.static_tree import sampling_path
 from jakiro_lib.decoding.reference.tree import Tree
 from jakiro_lib.decoding.reference.verify import verify, verify_greedy, verify_sampling
@@ -367,6 +368,47 @@ def test_verify_sampling_power(broken):
     verdict = two_stage_chi2(partial(_verifier_samples, broken, params), exact, 8000, seed=11)
     print(f"broken verifier {broken.__name__}: {verdict}")
     assert not verdict.passed, (broken.__name__, verdict)
+
+
+def _static_bonus_from_target(tree, logits, params, generator):
+    """BROKEN on purpose: the static verifier's path, the bonus drawn from the node's whole distribution instead of
+    what its rejected children left."""
+    depth, m = int(tree.depths.max()), len(tree)
+    parents = torch.tensor([max(p, 0) for p in tree.parents])
+    u = torch.rand(depth * m + 1, generator=generator, dtype=torch.float64)
+    path, accepted, _ = sampling_path(tree.tokens, parents, logits, params, u, depth)
+    node = int(path[int(accepted)])
+    return path[:int(accepted) + 1].tolist(), int(inverse_cdf(warp_probs(logits[node], params).double(), u[-1]))
+
+
+def _static_one_draw_a_depth(tree, logits, params, generator):
+    """BROKEN on purpose: the static verifier given one uniform per depth, reused by every child tried there."""
+    depth, m = int(tree.depths.max()), len(tree)
+    parents = torch.tensor([max(p, 0) for p in tree.parents])
+    u = torch.rand(depth + 1, generator=generator, dtype=torch.float64)
+    path, accepted, bonus = sampling_path(tree.tokens, parents, logits, params,
+                                          torch.cat([u[:depth].repeat_interleave(m), u[depth:]]), depth)
+    return path[:int(accepted) + 1].tolist(), int(bonus)
+
+
+def _static_repeat_keeps_mass(tree, logits, params, generator, monkeypatch):
+    """BROKEN on purpose: the static verifier with a repeated sibling tried as if its token still had mass."""
+    monkeypatch.setattr(static_tree, "repeated_siblings", lambda tokens, children: torch.zeros_like(children))
+    return _static_verify(tree, logits, params, generator)
+
+
+@pytest.mark.parametrize("broken", ["bonus_from_target", "one_draw_a_depth", "repeat_keeps_mass"])
+def test_static_verify_sampling_power(broken, monkeypatch):
+    """The static engine's sampling_path, broken three ways (the bonus drawn from the target's distribution rather
+    than the residual; one draw shared by the children of a depth; a repeated sibling keeping its token's mass),
+    is rejected by the rule that passes it whole (test_verify_sampling_exact_distribution)."""
+    verifier = {"bonus_from_target": _static_bonus_from_target, "one_draw_a_depth": _static_one_draw_a_depth,
+                "repeat_keeps_mass": partial(_static_repeat_keeps_mass, monkeypatch=monkeypatch)}[broken]
+    params = SamplingParams(1.0)
+    exact = _exact_emitted(_hand_sampling_tree(), _hand_logits(), params, 3)
+    verdict = two_stage_chi2(partial(_verifier_samples, verifier, params), exact, 8000, seed=11)
+    print(f"broken static verifier {broken}: {verdict}")
+    assert not verdict.passed, (broken, verdict)
 
 
 @pytest.mark.parametrize("verifier", [verify_sampling, _static_verify], ids=["loop", "static"])

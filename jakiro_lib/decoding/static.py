@@ -41,8 +41,8 @@ from .drafting import PromptLookup
 from .runner import TargetRunner, fixed_address
 from .runner import MAX_TREE_ROOM
 from .verify import SamplingParams
-from .static_tree import (StaticEngineError, StaticTreeDrafter, ancestor_mask, drop_invalid, evaluate, graft_chain,
-                          root_step)
+from .static_tree import (StaticEngineError, StaticTreeDrafter, ancestor_mask, chain_path, drop_invalid, evaluate,
+                          graft_chain, root_step)
 
 
 CACHE_STEP = 128  # eager engines round their cache lengths up to this (no compiled step binds to a length)
@@ -155,13 +155,18 @@ class StaticEngine:
         if self.plain:
             return self._root_only(start, uniforms)
         with step(clock, "draft"):
-            ranks = None
+            ranks = valid = None
             if drafter is not None:
                 tokens, parents, depths, ranks = drafter.propose(start)
-            else:
+                anc = ancestor_mask(parents, self.drafted_depth)  # [m, m]
+            elif chain is not None and not self.compile:  # eager lookup alone: the root, then the chain, one path
+                tokens, parents, depths, anc, uniforms = chain_path(self.token, chain, uniforms, self.max_depth,
+                                                                    self.m)
+                chain = None
+            else:  # the root alone, the chain grafted on it below
                 tokens = self.token.reshape(1)
                 parents = depths = torch.zeros(1, dtype=torch.long, device=tokens.device)
-            anc, valid = ancestor_mask(parents, self.drafted_depth), None  # [m, m]
+                anc = torch.ones(1, 1, dtype=torch.bool, device=tokens.device)
             if chain is not None:
                 tokens, parents, depths, anc, valid = graft_chain(tokens, parents, depths, anc, chain)
                 if not self.compile:  # eager: the rows the chain did not need are left out, not verified as padding
@@ -215,9 +220,11 @@ class StaticEngine:
     def prepare(self, length: int) -> None:
         """Every attention window up to ``length`` positions recorded now, so that no timed generation records
         one (a compiled, windowed engine that has generated once: its buffers exist). What the recording
-        steps write is rewritten by the next prefill."""
+        steps write is rewritten by the next prefill. ``length`` is bounded by the cache: no cycle runs from more
+        than its capacity less a tree's room (:data:`MAX_TREE_ROOM`), and none is recorded from there."""
         if not (self.compile and self.windowed) or (self.drafter is not None and self.drafter.root is None):
             return
+        length = min(length, self.target.capacity - MAX_TREE_ROOM)
         start = torch.zeros((), dtype=torch.long, device=self.model.device)
         for text in (*range(0, length, WINDOW_STEP), length):  # a length in every window up to `length`'s
             start.fill_(text)

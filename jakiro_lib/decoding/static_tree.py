@@ -79,6 +79,14 @@ def greedy_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     return path, depths.index_select(0, best)[0], pred.index_select(0, best)[0]
 
 
+def repeated_siblings(tokens: torch.Tensor, children: torch.Tensor) -> torch.Tensor:
+    """[m, m] bool: node i has a child before j holding j's token (``children`` [m, m]: j a child of i). For j a
+    child of i, a repeated sibling: no mass is left for it when it is tried, the earlier one took its token's."""
+    idx = torch.arange(tokens.shape[0], device=tokens.device)
+    earlier_same = (tokens[:, None] == tokens[None, :]) & (idx[None, :] < idx[:, None])  # [m, m]: k < j, same token
+    return (children.float() @ earlier_same.float().T) > 0
+
+
 def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, params: SamplingParams,
                   uniforms: torch.Tensor, max_depth: int,
                   valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -96,8 +104,7 @@ def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Ten
     children = (parents[None, :] == idx[:, None]) & (idx[None, :] > 0)  # [m, m]: j is a child of i
     if valid is not None:
         children = children & valid[None, :]
-    earlier_same = (tokens[:, None] == tokens[None, :]) & (idx[None, :] < idx[:, None])  # [m, m]: k < j, same token
-    repeated = (children.float() @ earlier_same.float().T) > 0  # [m, m]: an earlier sibling of j holds its token
+    repeated = repeated_siblings(tokens, children)  # [m, m]
     probs = warp_probs(logits, params)  # [m, V]
     cand = torch.where(children, tokens[None, :], 0)  # [m, m]: children's tokens (0 elsewhere: the root may be any id)
     pc = probs.gather(1, cand).double() * (children & ~repeated)  # [m, m]: p_i(x_j) of i's children
@@ -162,6 +169,20 @@ def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     full = torch.cat([torch.cat([anc, torch.zeros(m, L, dtype=torch.bool, device=dev)], 1), torch.cat([sees, own], 1)])
     return (torch.cat([tokens, torch.where(valid, words, 0)]), torch.cat([parents, new_parents]),
             torch.cat([depths, torch.where(valid, steps + 1, 1)]), full, torch.cat([yes, valid]))
+
+
+def chain_path(root: torch.Tensor, chain: torch.Tensor, uniforms: torch.Tensor, max_depth: int,
+               width: int) -> tuple[torch.Tensor, ...]:
+    """Eager lookup without a draft: the root and the chain's c tokens as one path (what :func:`graft_chain` and
+    :func:`drop_invalid` make of a root alone, built at once). ``chain`` [c + 1]: c, then exactly c tokens. Returns
+    tokens, parents, depths, the ancestor mask [c + 1, c + 1] and the draws each row keeps in a tree of ``width``
+    rows (:func:`drop_invalid`)."""
+    n = chain.shape[0]  # the root and c tokens
+    depths = torch.arange(n, device=chain.device)  # [n]
+    anc = torch.ones(n, n, dtype=torch.bool, device=chain.device).tril_()  # [n, n]: a path sees all before it
+    draws = uniforms[:max_depth * width].view(max_depth, width)[:, :n]  # [D, n]
+    return (torch.cat([root.reshape(1), chain[1:]]), (depths - 1).clamp_min_(0), depths, anc,
+            torch.cat([draws.flatten(), uniforms[-1:]]))
 
 
 def drop_invalid(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
