@@ -20,7 +20,8 @@ from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.decoding.reference.drafting import FeatureDrafter, make_drafter
 from jakiro_lib.decoding.runner import KVLayer, SlidingWindowError, TargetRunner, _Where
 from jakiro_lib.decoding.static import static_generate, static_vanilla_generate
-from jakiro_lib.decoding.static_tree import StaticEngineError, StaticKV, StaticTreeDrafter, ancestor_mask, graft_chain, greedy_path
+from jakiro_lib.decoding.static_tree import (StaticEngineError, StaticKV, StaticTreeDrafter, ancestor_mask, graft_chain,
+                                             graft_chain_eager, greedy_path)
 from jakiro_lib.decoding.reference.tree import Tree
 from jakiro_lib.decoding.verify import SamplingParams
 
@@ -449,7 +450,8 @@ def _random_tree(g: torch.Generator, vocab: int = 5) -> Tree:
 def test_graft_chain_equals_the_loop_graft():
     """graft_chain (fixed shapes) merges a chain as Tree.graft does: the same nodes with the same tokens and
     depths, on the same root paths, and the ancestor mask of the whole tree; rows the chain did not need are
-    invalid."""
+    invalid. graft_chain_eager makes the valid rows alone, with the sampling draws those rows have in the fixed
+    shape (a sampled eager cycle decides as the compiled one)."""
     g = torch.Generator().manual_seed(0)
     grafted_somewhere = followed_somewhere = 0
     for _ in range(300):
@@ -469,6 +471,14 @@ def test_graft_chain_equals_the_loop_graft():
         index = {old: new for new, old in enumerate(keep)}
         assert [index[int(got_parents[i])] for i in keep[1:]] == want.parents[1:]
         assert torch.equal(got_anc[keep][:, keep], want.ancestor_mask())
+        # eager: the rows the chain needs alone, each keeping the draws it has in the whole fixed-shape tree
+        D, width = 6, len(tree) + L
+        draws = torch.rand(D * width + 1, generator=g, dtype=torch.float64)
+        e_tokens, e_parents, e_depths, e_anc, e_draws = graft_chain_eager(tree.tokens, parents, tree.depths, anc,
+                                                                          chain, draws, D, width)
+        assert e_tokens.tolist() == want.tokens.tolist() and e_depths.tolist() == want.depths.tolist()
+        assert e_parents[1:].tolist() == want.parents[1:] and torch.equal(e_anc, want.ancestor_mask())
+        assert torch.equal(e_draws, torch.cat([draws[:-1].view(D, width)[:, keep].flatten(), draws[-1:]]))
         grafted_somewhere += len(want) > len(tree)
         followed_somewhere += bool(chain) and len(want) - len(tree) < len(chain)
     assert grafted_somewhere > 50 and followed_somewhere > 50, (grafted_somewhere, followed_somewhere)

@@ -41,8 +41,8 @@ from .drafting import PromptLookup
 from .runner import TargetRunner, fixed_address
 from .runner import MAX_TREE_ROOM
 from .verify import SamplingParams
-from .static_tree import (StaticEngineError, StaticTreeDrafter, ancestor_mask, chain_path, drop_invalid, evaluate,
-                          graft_chain, root_step)
+from .static_tree import (StaticEngineError, StaticTreeDrafter, ancestor_mask, evaluate, graft_chain,
+                          graft_chain_eager, root_step)
 
 
 CACHE_STEP = 128  # eager engines round their cache lengths up to this (no compiled step binds to a length)
@@ -145,12 +145,13 @@ class StaticEngine:
         if self.drafter is not None:
             self.drafter.clock = clock
 
-    def cycle(self, start: int | torch.Tensor, uniforms: torch.Tensor, chain: torch.Tensor | None = None) -> torch.Tensor:
+    def cycle(self, start: int | torch.Tensor, uniforms: torch.Tensor,
+              chain: torch.Tensor | list[int] | None = None) -> torch.Tensor:
         """The accepted count, the rows verified, with :attr:`ranked` the running maximum of the selection ranks along
         the path, then the accepted tokens with the bonus token after them: padded to the deepest path where the
         cycle is compiled or sampled ([D + 3], [2D + 3] ranked), eager greedy the accepted path alone.
-        ``uniforms``: this cycle's draws (sampling); ``chain``: the lookup chain
-        (:func:`~jakiro_lib.decoding.static_tree.graft_chain`)."""
+        ``uniforms``: this cycle's draws (sampling); ``chain``: the lookup chain (compiled, a fixed buffer:
+        :func:`~jakiro_lib.decoding.static_tree.graft_chain`; eager, the host's list of its tokens)."""
         drafter, target, clock = self.drafter, self.target, self.clock
         if self.plain:
             return self._root_only(start, uniforms)
@@ -159,20 +160,15 @@ class StaticEngine:
             if drafter is not None:
                 tokens, parents, depths, ranks = drafter.propose(start)
                 anc = ancestor_mask(parents, self.drafted_depth)  # [m, m]
-            elif chain is not None and not self.compile:  # eager lookup alone: the root, then the chain, one path
-                tokens, parents, depths, anc, uniforms = chain_path(self.token, chain, uniforms, self.max_depth,
-                                                                    self.m)
-                chain = None
             else:  # the root alone, the chain grafted on it below
                 tokens = self.token.reshape(1)
                 parents = depths = torch.zeros(1, dtype=torch.long, device=tokens.device)
                 anc = torch.ones(1, 1, dtype=torch.bool, device=tokens.device)
-            if chain is not None:
+            if chain is not None and self.compile:  # the chain's rows all verified, those it did not need invalid
                 tokens, parents, depths, anc, valid = graft_chain(tokens, parents, depths, anc, chain)
-                if not self.compile:  # eager: the rows the chain did not need are left out, not verified as padding
-                    tokens, parents, depths, anc, uniforms = drop_invalid(tokens, parents, depths, anc, valid,
-                                                                          uniforms, self.max_depth, self.m)
-                    valid = None
+            elif chain is not None:  # eager: only the rows the chain needs
+                tokens, parents, depths, anc, uniforms = graft_chain_eager(tokens, parents, depths, anc, chain,
+                                                                           uniforms, self.max_depth, self.m)
         with step(clock, "verify"):
             logits, hidden = target.score(tokens, depths, anc, start)
         with step(clock, "evaluate"):
@@ -300,13 +296,13 @@ class StaticEngine:
             self.drafter.extend(hidden[:accepted + 1], new[:accepted + 1], start, last)
 
     def _set_chain(self, chain: list[int]) -> None:
-        """The step's lookup chain (count, then tokens): written into the fixed buffer a compiled step reads,
-        padded; eager, a tensor of the chain's own length."""
+        """The step's lookup chain: written into the fixed buffer a compiled step reads (count, then the tokens
+        padded); eager, the host's list."""
         if self.compile:
             L = self.lookup.num_tokens
             self.chain.copy_(torch.tensor([len(chain), *chain, *[0] * (L - len(chain))]))
         else:
-            self.inputs = (torch.tensor([len(chain), *chain], device=self.model.device),)
+            self.inputs = (chain,)
 
     def _forwards(self) -> int:
         return 0 if self.drafter is None else self.drafter.forwards  # draft forwards so far

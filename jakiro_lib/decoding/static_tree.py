@@ -171,32 +171,34 @@ def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
             torch.cat([depths, torch.where(valid, steps + 1, 1)]), full, torch.cat([yes, valid]))
 
 
-def chain_path(root: torch.Tensor, chain: torch.Tensor, uniforms: torch.Tensor, max_depth: int,
-               width: int) -> tuple[torch.Tensor, ...]:
-    """Eager lookup without a draft: the root and the chain's c tokens as one path (what :func:`graft_chain` and
-    :func:`drop_invalid` make of a root alone, built at once). ``chain`` [c + 1]: c, then exactly c tokens. Returns
-    tokens, parents, depths, the ancestor mask [c + 1, c + 1] and the draws each row keeps in a tree of ``width``
-    rows (:func:`drop_invalid`)."""
-    n = chain.shape[0]  # the root and c tokens
-    depths = torch.arange(n, device=chain.device)  # [n]
-    anc = torch.ones(n, n, dtype=torch.bool, device=chain.device).tril_()  # [n, n]: a path sees all before it
-    draws = uniforms[:max_depth * width].view(max_depth, width)[:, :n]  # [D, n]
-    return (torch.cat([root.reshape(1), chain[1:]]), (depths - 1).clamp_min_(0), depths, anc,
-            torch.cat([draws.flatten(), uniforms[-1:]]))
-
-
-def drop_invalid(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
-                 valid: torch.Tensor, uniforms: torch.Tensor, max_depth: int, width: int) -> tuple[torch.Tensor, ...]:
-    """The tree without the rows :func:`graft_chain` marked invalid (data-dependent shapes: eager only), and the
-    cycle's ``uniforms`` re-indexed to match (:func:`sampling_path` reads one per level and row): each kept row
-    keeps the draws it has in a tree of ``width`` rows (the drafted ones and the whole chain's, as a compiled
-    step verifies it), so a sampled cycle decides as the compiled step does. Parents are re-indexed; an invalid
-    row is nobody's parent, so every kept node keeps its own."""
-    keep = valid.nonzero()[:, 0]  # [m']
-    new_index = valid.long().cumsum(0) - 1  # [m]: a kept row's index among the kept
-    draws = uniforms[:max_depth * width].view(max_depth, width)[:, keep]  # [D, m']
-    return (tokens[keep], new_index[parents[keep]], depths[keep], anc[keep][:, keep],
-            torch.cat([draws.flatten(), uniforms[-1:]]))  # the bonus draw stays last
+def graft_chain_eager(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
+                      chain: list[int], uniforms: torch.Tensor, max_depth: int,
+                      width: int) -> tuple[torch.Tensor, ...]:
+    """Eager: :func:`graft_chain` with the chain on the host, only the rows it needs made (data-dependent shapes):
+    the chain follows existing nodes while their tokens agree (one host read of the tree's tokens and parents),
+    then continues as new nodes. Returns tokens, parents, depths, the ancestor mask and the cycle's ``uniforms``
+    re-indexed (:func:`sampling_path` reads one per level and row): each row keeps the draws it has in a tree of
+    ``width`` rows (the drafted ones and the whole chain's, as a compiled step verifies it), so a sampled cycle
+    decides as the compiled step does."""
+    m, dev = tokens.shape[0], tokens.device
+    node = followed = 0
+    if m > 1:
+        words, up = torch.stack([tokens, parents]).tolist()
+        for word in chain:  # siblings hold distinct tokens: at most one child to follow
+            child = next((j for j in range(1, m) if up[j] == node and words[j] == word), None)
+            if child is None:
+                break
+            node, followed = child, followed + 1
+    k = len(chain) - followed  # new nodes, at depths followed + 1 ..
+    steps = torch.arange(k, device=dev)
+    new_parents = torch.where(steps == 0, node, m + steps - 1)  # [k]
+    sees = anc[node].expand(k, m)  # [k, m]: the followed node's path
+    own = torch.ones(k, k, dtype=torch.bool, device=dev).tril_()  # [k, k]
+    full = torch.cat([torch.cat([anc, anc.new_zeros(m, k)], 1), torch.cat([sees, own], 1)])
+    draws = uniforms[:max_depth * width].view(max_depth, width)
+    kept = torch.cat([draws[:, :m], draws[:, m + followed:m + followed + k]], 1)  # [D, m + k]
+    return (torch.cat([tokens, torch.tensor(chain[followed:], dtype=torch.long, device=dev)]), torch.cat([parents, new_parents]),
+            torch.cat([depths, steps + followed + 1]), full, torch.cat([kept.flatten(), uniforms[-1:]]))
 
 
 def root_step(target: TargetRunner, token: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor,
