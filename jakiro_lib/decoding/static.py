@@ -167,8 +167,9 @@ class StaticEngine:
             if chain is not None and self.compile:  # the chain's rows all verified, those it did not need invalid
                 tokens, parents, depths, anc, valid = graft_chain(tokens, parents, depths, anc, chain)
             elif chain is not None:  # eager: only the rows the chain needs
-                tokens, parents, depths, anc, uniforms = graft_chain_eager(tokens, parents, depths, anc, chain,
-                                                                           uniforms, self.max_depth, self.m)
+                draws = None if self.params.greedy else uniforms
+                tokens, parents, depths, anc, uniforms = graft_chain_eager(tokens, parents, depths, anc, chain, draws,
+                                                                           self.max_depth, self.m)
         with step(clock, "verify"):
             logits, hidden = target.score(tokens, depths, anc, start)
         with step(clock, "evaluate"):

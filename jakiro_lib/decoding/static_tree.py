@@ -172,14 +172,12 @@ def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
 
 
 def graft_chain_eager(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
-                      chain: list[int], uniforms: torch.Tensor, max_depth: int,
+                      chain: list[int], uniforms: torch.Tensor | None, max_depth: int,
                       width: int) -> tuple[torch.Tensor, ...]:
-    """Eager: :func:`graft_chain` with the chain on the host, only the rows it needs made (data-dependent shapes):
-    the chain follows existing nodes while their tokens agree (one host read of the tree's tokens and parents),
-    then continues as new nodes. Returns tokens, parents, depths, the ancestor mask and the cycle's ``uniforms``
-    re-indexed (:func:`sampling_path` reads one per level and row): each row keeps the draws it has in a tree of
-    ``width`` rows (the drafted ones and the whole chain's, as a compiled step verifies it), so a sampled cycle
-    decides as the compiled step does."""
+    """Eager: :func:`graft_chain` with the chain on the host and only the rows it needs (data-dependent shapes), the
+    nodes it follows found from one host read of the tree's tokens and parents. Returns tokens, parents, depths, the
+    ancestor mask and ``uniforms`` (None at T=0) re-indexed: each row keeps the draws it has in a tree of ``width``
+    rows (the drafted ones and the whole chain's), so a sampled cycle decides as the compiled step does."""
     m, dev = tokens.shape[0], tokens.device
     node = followed = 0
     if m > 1:
@@ -190,15 +188,20 @@ def graft_chain_eager(tokens: torch.Tensor, parents: torch.Tensor, depths: torch
                 break
             node, followed = child, followed + 1
     k = len(chain) - followed  # new nodes, at depths followed + 1 ..
-    steps = torch.arange(k, device=dev)
-    new_parents = torch.where(steps == 0, node, m + steps - 1)  # [k]
-    sees = anc[node].expand(k, m)  # [k, m]: the followed node's path
-    own = torch.ones(k, k, dtype=torch.bool, device=dev).tril_()  # [k, k]
-    full = torch.cat([torch.cat([anc, anc.new_zeros(m, k)], 1), torch.cat([sees, own], 1)])
-    draws = uniforms[:max_depth * width].view(max_depth, width)
-    kept = torch.cat([draws[:, :m], draws[:, m + followed:m + followed + k]], 1)  # [D, m + k]
-    return (torch.cat([tokens, torch.tensor(chain[followed:], dtype=torch.long, device=dev)]), torch.cat([parents, new_parents]),
-            torch.cat([depths, steps + followed + 1]), full, torch.cat([kept.flatten(), uniforms[-1:]]))
+    new = torch.tensor([chain[followed:], [node, *range(m, m + k - 1)][:k], range(followed + 1, followed + k + 1)],
+                       dtype=torch.long, device=dev)  # [3, k]: tokens, parents, depths
+    if m == 1:  # the root and the chain: one path
+        full = torch.ones(k + 1, k + 1, dtype=torch.bool, device=dev).tril_()
+    else:
+        full = anc.new_zeros(m + k, m + k)  # [m + k, m + k]
+        full[:m, :m] = anc
+        full[m:, :m] = anc[node]  # the followed node's path
+        full[m:, m:] = torch.ones(k, k, dtype=torch.bool, device=dev).tril_()
+    if uniforms is not None:
+        draws = uniforms[:max_depth * width].view(max_depth, width)
+        kept = torch.cat([draws[:, :m], draws[:, m + followed:m + followed + k]], 1)  # [D, m + k]
+        uniforms = torch.cat([kept.flatten(), uniforms[-1:]])
+    return (torch.cat([tokens, new[0]]), torch.cat([parents, new[1]]), torch.cat([depths, new[2]]), full, uniforms)
 
 
 def root_step(target: TargetRunner, token: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor,
