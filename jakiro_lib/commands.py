@@ -13,7 +13,8 @@ import pandas as pd
 import torch
 
 from .api import generate
-from .measure.summary import load_records, common_prompts, greedy_agreement, greedy_divergences, versus
+from .measure.summary import (common_prompts, greedy_agreement, greedy_divergences, load_bench_records, load_records,
+                              versus)
 from .measure.budgets import fixed_tree_tokens, resolve_tree_budgets, tuning_prompts
 from .config import Profile, TargetConfig
 from .profiles import PROFILE_NAMES, get_profile, override, parse_overrides
@@ -91,14 +92,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         spec = MethodSpec(SPEC, draft=str(Path(args.draft).expanduser().resolve()), tree=tree)
         tree = resolve_tree_budgets(profile, default_run_dir(profile.name), {SPEC: spec}, target)[0][SPEC].tree
         print(f"[tree budget: {tree.total_tokens} tokens, tuned for this machine]", file=sys.stderr)
-
-    def show(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
     out = generate(target, args.prompt, method=args.method, draft=args.draft, tree=tree,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                   seed=args.seed, on_text=show)
+                   seed=args.seed, on_text=lambda text: print(text, end="", flush=True))
     r = out.result
     print(f"\n\n[{r.new_tokens} tokens in {r.wall_time:.2f} s = {r.tokens_per_second:.1f} tok/s"
           + (f", tau {r.tau:.2f} over {r.cycles} cycles" if args.method == SPEC else "")
@@ -198,7 +194,7 @@ def _print_categories(records: list[dict]) -> pd.DataFrame:
 def cmd_divergences(args: argparse.Namespace) -> int:
     """Check a benchmark's greedy records position by position against vanilla's (low-precision runs)."""
     try:
-        records = _load_records(args.records)
+        records = load_bench_records(args.records)
         greedy = [r for r in records if r["temperature"] == 0]
         vanilla = [r for r in greedy if record_label(r) == "vanilla"]
         if not vanilla:
@@ -228,21 +224,6 @@ def cmd_divergences(args: argparse.Namespace) -> int:
     return 0
 
 
-# what names a benchmark record (bench.Record): a JSON-lines file whose objects lack them is something else
-RECORD_KEYS = ("method", "kind", "benchmark", "question_id", "turn", "repeat", "temperature")
-
-
-def _load_records(path: Path) -> list[dict]:
-    """:func:`load_records`, with a ValueError naming the file when what it holds are not benchmark records."""
-    records = load_records(path)
-    for i, r in enumerate(records, 1):
-        missing = [k for k in RECORD_KEYS if k not in r] if isinstance(r, dict) else list(RECORD_KEYS)
-        if missing:
-            raise ValueError(f"{path} is not benchmark records: entry {i} has no {', '.join(map(repr, missing[:3]))}"
-                             f"{' ...' if len(missing) > 3 else ''} (give a records.jsonl that `bench` wrote)")
-    return records
-
-
 def cmd_summary(args: argparse.Namespace) -> int:
     """The main table and the speed goals of benchmark records (several files are pooled: e.g. a T=0 and a
     T=1 run, or records copied back from a GPU machine)."""
@@ -250,7 +231,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
     if missing:
         raise SystemExit(f"error: no records file {', '.join(missing)}")
     try:  # a file given twice (by any path to it) counts once
-        records = [r for path in {p.resolve(): p for p in args.records}.values() for r in _load_records(path)]
+        records = [r for path in {p.resolve(): p for p in args.records}.values() for r in load_bench_records(path)]
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     if not records:
@@ -339,8 +320,8 @@ def cmd_cycles(args: argparse.Namespace) -> int:
     target = load_target(profile.target)
     methods = cycle_methods(profile, run_dir, target, [m.strip() for m in args.methods.split(",") if m.strip()])
     prompts = cycle_prompts(profile, target, args.limit)
-    rows = cycle_table(target, methods, prompts, max_new_tokens=args.max_new_tokens or profile.bench.max_new_tokens)
-    table = pd.DataFrame(rows, columns=list(CYCLE_COLUMNS))
+    table = pd.DataFrame(cycle_table(target, methods, prompts, max_new_tokens=args.max_new_tokens
+                                     or profile.bench.max_new_tokens), columns=list(CYCLE_COLUMNS))
     print(table.round(3).to_string(index=False))
     if args.out:
         write_table(Path(args.out) / "cycles.csv", table)

@@ -21,7 +21,7 @@ from jakiro_lib.decoding.reference.drafting import FeatureDrafter, make_drafter
 from jakiro_lib.decoding.runner import KVLayer, SlidingWindowError, TargetRunner, _Where
 from jakiro_lib.decoding.static import static_generate, static_vanilla_generate
 from jakiro_lib.decoding.static_tree import (StaticEngineError, StaticKV, StaticTreeDrafter, ancestor_mask, graft_chain,
-                                             graft_chain_eager, greedy_path)
+                                             graft_chain_eager, greedy_path, greedy_walk)
 from jakiro_lib.decoding.reference.tree import Tree
 from jakiro_lib.decoding.verify import SamplingParams
 
@@ -361,13 +361,14 @@ def test_every_layer_lives_in_one_buffer():
         assert torch.equal(layer.keys[:, :, :2], old[:, :, 4:6])
 
 
-@pytest.mark.parametrize("params,first", [(SamplingParams(), 1), (SamplingParams(temperature=0.8), 3)],
+@pytest.mark.parametrize("params,first,per_cycle", [(SamplingParams(), 1, 2), (SamplingParams(temperature=0.8), 3, 1)],
                          ids=["greedy", "sampling"])
-def test_one_host_read_per_cycle(prompts, monkeypatch, params, first):
-    """Drafting, verification and the cache updates never read a value on the host: per cycle the host
-    reads one tensor (the accepted tokens), plus the first token after the prefill (greedy: its argmax;
-    sampling: a uniform, the distribution's total and the token). The loop engine reads many times per
-    cycle (which shows that the counter sees reads)."""
+def test_host_reads_per_cycle(prompts, monkeypatch, params, first, per_cycle):
+    """Drafting and the cache updates never read a value on the host: per eager cycle the host reads the cycle's
+    result (the accepted tokens) and, at T=0, the verified tree to walk its greedy path (greedy_walk, the loop
+    engine's way); plus the first token after the prefill (greedy: its argmax; sampling: a uniform, the
+    distribution's total and the token). A captured step reads nothing (the graph stand-in fails on a read). The
+    loop engine reads many times per cycle (which shows that the counter sees reads)."""
     model = tiny_target("llama")
     draft = trained_draft(model, "moe2")
     tree = TreeConfig(depth=4, top_k=3, total_tokens=12, decoupled=True)
@@ -375,7 +376,7 @@ def test_one_host_read_per_cycle(prompts, monkeypatch, params, first):
     with _HostReads(monkeypatch) as static:
         r = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW, params=params,
                             generator=torch.Generator().manual_seed(0))
-    assert (static.scalars, static.lists) == (first, r.cycles)
+    assert (static.scalars, static.lists) == (first, per_cycle * r.cycles)
     with _HostReads(monkeypatch) as loop:
         speculative_generate(model, FeatureDrafter(draft, tree), p, max_new_tokens=MAX_NEW, params=params,
                              generator=torch.Generator().manual_seed(0))
@@ -393,9 +394,13 @@ def test_greedy_path_on_a_hand_built_tree():
     assert torch.equal(anc, tree.ancestor_mask())
     path, n, bonus = greedy_path(tree.tokens, parents, tree.depths, anc, logits, 3)
     assert path.tolist()[:3] == [0, 1, 3] and int(n) == 2 and int(bonus) == 8
+    walked = greedy_walk(tree.tokens, parents, logits)  # eager: the path alone, walked on the host
+    assert (walked[0].tolist(), int(walked[1]), int(walked[2])) == ([0, 1, 3], 2, 8)
     logits[0, 5], logits[0, 6] = -1.0, 2.0  # now the root's argmax is 6: node 2, then node 2's argmax 1
     path, n, bonus = greedy_path(tree.tokens, parents, tree.depths, anc, logits, 3)
     assert path.tolist()[:2] == [0, 2] and int(n) == 1 and int(bonus) == 1
+    walked = greedy_walk(tree.tokens, parents, logits)
+    assert (walked[0].tolist(), int(walked[1]), int(walked[2])) == ([0, 2], 1, 1)
 
 
 def test_a_sliding_window_the_cache_fits_in_attends_as_full_and_a_shorter_one_is_refused():

@@ -58,13 +58,8 @@ def append_tokens(result: GenerationResult, new: list[int], eos: set[int], max_n
     done = False
     for t in new:
         result.output_ids.append(t)
-        if t in eos:
-            result.stop_reason = "eos"
-            done = True
-            break
-        if len(result.output_ids) >= max_new_tokens:
-            result.stop_reason = "max_new_tokens"
-            done = True
+        if t in eos or len(result.output_ids) >= max_new_tokens:
+            result.stop_reason, done = ("eos" if t in eos else "max_new_tokens"), True
             break
     if on_tokens is not None:
         on_tokens(result.output_ids[start:])

@@ -1,23 +1,18 @@
-"""The engine: every method of ours, plain or speculative, as one cycle of tensors with one host read.
+"""The engine: every method of ours, plain or speculative, as one cycle of tensors (docs/DESIGN.md section 12).
 
-A cycle is a function of tensors whose shapes depend only on the tree settings where it is captured, and follow the
-text and the chain where it runs eagerly (docs/DESIGN.md section 12):
+1. **draft** (:meth:`~jakiro_lib.decoding.static_tree.StaticTreeDrafter.propose`): EAGLE-2's tree (coupled, decoupled
+   or CEPD), the K best frontier nodes per layer forwarded into slots of a preallocated draft cache, the best
+   ``total_tokens - 1`` of the pool kept; a prompt-lookup chain found by the host grafted on it;
+2. **verify** (:meth:`~jakiro_lib.decoding.runner.TargetRunner.score`): the tree scored over the target's cache;
+3. **evaluate**: the accepted path and the bonus token (greedy, or the lossless sampling rule on uniforms drawn
+   before the cycle);
+4. **update**: the target cache keeps the path's entries, the draft encodes the accepted positions.
 
-1. **draft** (:meth:`~jakiro_lib.decoding.static_tree.StaticTreeDrafter.propose`): EAGLE-2's tree, the K best
-   frontier nodes per layer forwarded into fixed slots of a preallocated draft cache (coupled, decoupled or
-   CEPD), the best ``total_tokens - 1`` of the pool kept: the loop drafter's tree (tested); a prompt-lookup
-   chain found by the host grafted on it (:func:`~jakiro_lib.decoding.static_tree.graft_chain`);
-2. **verify** (:meth:`~jakiro_lib.decoding.runner.TargetRunner.score`): the tree scored over the target's
-   preallocated KV cache, positions given as device tensors;
-3. **evaluate** (:func:`~jakiro_lib.decoding.static_tree.evaluate`): the accepted path and the bonus token, as
-   tensors (greedy, or the loop engine's lossless sampling rule on uniforms drawn before the cycle);
-4. **update**: the target cache keeps the path's entries (moved inside its buffers), the draft encodes the
-   accepted positions (padded to the deepest path) and takes its next root.
-
-The host then reads one small tensor (the accepted count and tokens). Positions live in device tensors, so a
-cycle captured as CUDA graphs (``target.capture``) replays at every length of its attention window. It gives the
-reference loop's greedy output token for token (tests/test_static.py) and the target's distribution when sampling
-(tests/test_verify.py).
+Captured, a cycle's shapes depend only on the tree settings and its positions live in device tensors, so CUDA graphs
+(``target.capture``) replay it at every length of an attention window, and the host reads one small tensor a cycle;
+eager, its shapes follow the text, the tree and the chain, from the host's int position (a greedy path is walked on
+the host). Greedy output is the reference loop's token for token (tests/test_static.py), sampling the target's
+distribution (tests/test_verify.py).
 """
 from __future__ import annotations
 
@@ -42,7 +37,7 @@ from .runner import TargetRunner, fixed_address
 from .runner import MAX_TREE_ROOM
 from .verify import SamplingParams
 from .static_tree import (StaticEngineError, StaticTreeDrafter, ancestor_mask, evaluate, graft_chain,
-                          graft_chain_eager, root_step)
+                          graft_chain_eager, greedy_walk, root_step)
 
 
 CACHE_STEP = 128  # eager engines round their cache lengths up to this (no compiled step binds to a length)
@@ -96,13 +91,11 @@ class StaticEngine:
     """A target, an optional draft and tree settings bound to buffers of ``cache_len`` positions.
 
     :meth:`cycle` is one draft-verify-evaluate-update step; it returns what the host reads. ``draft`` None and no
-    lookup chain: plain decoding (the last token alone verified each cycle: one graph per token where captured). With
-    ``tree.lookup_tokens`` the host looks the context's last n-gram up (:class:`~jakiro_lib.decoding.drafting.
-    PromptLookup`, over the tokens it reads anyway) and hands the chain to the cycle, which grafts it on the tree.
+    lookup chain: plain decoding (the last token alone each cycle). With ``tree.lookup_tokens`` the host looks the
+    context's last n-gram up (:class:`~jakiro_lib.decoding.drafting.PromptLookup`) and hands the chain to the cycle.
     ``compile``: the cycle compiled or captured (:func:`~jakiro_lib.decoding.compiled.compiled_step`: one per
-    attention window where recorded as CUDA graphs, else one), its positions and the draws of a sampled cycle
-    (``uniforms``, drawn before it: CPU inductor's freezing turns tensors a graph only reads into constants) passed
-    as device tensors; eager, the cycle runs from the host's int, its shapes following the text and the chain.
+    attention window where recorded as CUDA graphs, else one), its positions and a sampled cycle's draws
+    (``uniforms``: CPU inductor's freezing turns tensors a graph only reads into constants) as device tensors.
     """
 
     def __init__(self, model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None, cache_len: int, *,
@@ -173,8 +166,11 @@ class StaticEngine:
         with step(clock, "verify"):
             logits, hidden = target.score(tokens, depths, anc, start)
         with step(clock, "evaluate"):
-            path, accepted, bonus = evaluate(self.params, tokens, parents, depths, anc, logits, uniforms,
-                                             self.max_depth, valid, exact=not self.compile)
+            if self.params.greedy and not self.compile:  # eager greedy: walked on the host, the path alone
+                path, accepted, bonus = greedy_walk(tokens, parents, logits)
+            else:
+                path, accepted, bonus = evaluate(self.params, tokens, parents, depths, anc, logits, uniforms,
+                                                 self.max_depth, valid)
         with step(clock, "update"):
             target.move(start, path)  # the path's entries to start..; the next cycle writes after the accepted ones
             new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1] (eager greedy: [accepted + 1])
@@ -255,9 +251,10 @@ class StaticEngine:
     def _begin(self, ids: torch.Tensor, hidden: torch.Tensor, first: int) -> None:
         """After the prefill of ``ids`` [n], whose last position chose ``first``."""
         dev, n = ids.device, ids.shape[0]
-        if self.drafter is not None:
-            self.drafter.extend(hidden, torch.cat([ids[1:], torch.full((1,), first, device=dev)]),
-                                torch.zeros((), dtype=torch.long, device=dev), torch.full((), n - 1, device=dev))
+        if self.drafter is not None:  # from position 0, its last row the root (host ints eagerly)
+            at = (torch.zeros((), dtype=torch.long, device=dev), torch.full((), n - 1, device=dev)) if self.compile \
+                else (0, n - 1)
+            self.drafter.extend(hidden, torch.cat([ids[1:], torch.full((1,), first, device=dev)]), *at)
         else:
             self.token.fill_(first)
         if self.lookup is not None:
@@ -293,8 +290,7 @@ class StaticEngine:
         last row the next root: the rows a compiled cycle encodes, without the padding past them."""
         (hidden, new), self._accepted_path = self._accepted_path, None
         with step(self.clock, "update"):
-            last = torch.full((), accepted, device=self.model.device)
-            self.drafter.extend(hidden[:accepted + 1], new[:accepted + 1], start, last)
+            self.drafter.extend(hidden[:accepted + 1], new[:accepted + 1], start, accepted)
 
     def _set_chain(self, chain: list[int]) -> None:
         """The step's lookup chain: written into the fixed buffer a compiled step reads (count, then the tokens

@@ -54,15 +54,14 @@ def ancestor_mask(parents: torch.Tensor, depth: int) -> torch.Tensor:
 
 
 def greedy_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
-                logits: torch.Tensor, max_depth: int, valid: torch.Tensor | None = None,
-                exact: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                logits: torch.Tensor, max_depth: int,
+                valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Greedy verification in tensors: (path [max_depth + 1] node indices by depth, accepted count, bonus).
 
     A node is accepted when it and every ancestor equal the target's argmax at their parent. Siblings
     hold distinct tokens, so the accepted nodes form one root path; its deepest node gives the bonus
-    token. Path entries past the accepted count point at the root (padding the caller never emits); ``exact``
-    (eager: data-dependent shapes): the path alone, [accepted + 1] (ancestors precede their nodes: index order is
-    depth order). ``valid`` [m] bool: nodes that may be accepted (None: all; :func:`graft_chain`'s unused rows may not).
+    token. Path entries past the accepted count point at the root (padding the caller never emits).
+    ``valid`` [m] bool: nodes that may be accepted (None: all; :func:`graft_chain`'s unused rows may not).
     """
     pred = logits.argmax(-1)  # [m]
     match = (tokens == pred[parents]) | (depths == 0)  # [m]; the root (depth 0) always matches
@@ -71,12 +70,24 @@ def greedy_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     accepted = (anc <= match[None, :]).all(-1)  # [m]: the node and every ancestor match
     best = torch.where(accepted, depths, -1).argmax().reshape(1)
     on_path = anc.index_select(0, best)[0]  # [m]: the best node and its ancestors
-    if exact:
-        return on_path.nonzero()[:, 0], depths.index_select(0, best)[0], pred.index_select(0, best)[0]
     levels = torch.arange(max_depth + 1, device=tokens.device)
     hit = on_path[None, :] & (depths[None, :] == levels[:, None])  # [D + 1, m]
     path = hit.long().argmax(-1)  # [D + 1]; rows past the path find nothing: index 0
     return path, depths.index_select(0, best)[0], pred.index_select(0, best)[0]
+
+
+def greedy_walk(tokens: torch.Tensor, parents: torch.Tensor,
+                logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eager greedy verification walked on the host, as the loop engine walks it, from one read of the tree's tokens,
+    parents and argmaxes: the accepted path alone [accepted + 1], the accepted count and the bonus."""
+    words, up, best = torch.stack([tokens, parents, logits.argmax(-1)]).tolist()
+    path = [0]  # siblings hold distinct tokens and children follow their parent: the first match is the one
+    while (child := next((j for j in range(path[-1] + 1, len(words))
+                          if up[j] == path[-1] and words[j] == best[path[-1]]), None)) is not None:
+        path.append(child)
+    dev = tokens.device
+    return (torch.tensor(path, device=dev), torch.tensor(len(path) - 1, device=dev),
+            torch.tensor(best[path[-1]], device=dev))
 
 
 def repeated_siblings(tokens: torch.Tensor, children: torch.Tensor) -> torch.Tensor:
@@ -95,10 +106,8 @@ def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Ten
     children tried before it are zeroed (the exact residual sum plus the untried children's mass: the last child
     with mass left is accepted with probability 1; a repeated sibling has none); when all are rejected, or at a
     leaf, the bonus token is drawn from what is left. Returns (path, accepted count, bonus) as :func:`greedy_path`.
-    ``uniforms`` [max_depth * m + 1] float64: one draw per (depth, node), the walk taking the first child whose
-    draw falls under its acceptance probability (the law of drawing child by child), one for the bonus (inverse
-    CDF). ``valid``: as in :func:`greedy_path`; an invalid node is nobody's child.
-    """
+    ``uniforms`` [max_depth * m + 1] float64: one draw per (depth, node), the walk taking the first child whose draw
+    falls under its acceptance probability, one for the bonus (inverse CDF). ``valid``: as in :func:`greedy_path`."""
     m = tokens.shape[0]
     idx = torch.arange(m, device=tokens.device)
     children = (parents[None, :] == idx[:, None]) & (idx[None, :] > 0)  # [m, m]: j is a child of i
@@ -132,11 +141,11 @@ def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Ten
 
 def evaluate(params: SamplingParams, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
              anc: torch.Tensor, logits: torch.Tensor, uniforms: torch.Tensor, max_depth: int,
-             valid: torch.Tensor | None = None, exact: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Step 3 of a cycle: :func:`greedy_path` at T=0 (``exact``: its path unpadded), else :func:`sampling_path`
+             valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step 3 of a cycle: :func:`greedy_path` at T=0, else :func:`sampling_path`
     (path, accepted count, bonus)."""
     if params.greedy:
-        return greedy_path(tokens, parents, depths, anc, logits, max_depth, valid, exact)
+        return greedy_path(tokens, parents, depths, anc, logits, max_depth, valid)
     return sampling_path(tokens, parents, logits, params, uniforms, max_depth, valid)
 
 
@@ -145,15 +154,10 @@ def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     """A tree of m nodes (``anc`` [m, m] its :func:`ancestor_mask`) with a prompt-lookup chain merged in, in fixed
     shapes: the chain follows existing nodes while their tokens agree, then continues as new nodes, last among their
     siblings (the reference's ``Tree.graft``). The node it follows to is the deepest whose root path spells the
-    chain's first tokens (siblings are distinct: at most one a depth), found at once for every node.
-
-    ``chain`` [L + 1] long: the number of chain tokens c, then the tokens (padded). Returns tokens, parents, depths,
+    chain's first tokens (siblings are distinct: at most one a depth), found at once for every node. ``chain`` [L + 1]: the number of chain tokens c, then the tokens (padded). Returns tokens, parents, depths,
     the ancestor mask and ``valid`` [m + L]: rows m.. hold the new nodes; a row the chain did not need (followed an
     existing node, or past c) is invalid: parent the root, never accepted (verified by the target all the same)."""
-    m, L, dev = tokens.shape[0], chain.shape[0] - 1, tokens.device
-    yes = torch.ones(m, dtype=torch.bool, device=dev)
-    if L == 0:
-        return tokens, parents, depths, anc, yes
+    m, L, dev = tokens.shape[0], chain.shape[0] - 1, tokens.device  # L >= 1
     steps = torch.arange(L, device=dev)  # [L]: chain index i, a new node at depth i + 1
     c, words = chain[0], chain[1:]  # 0-dim, [L]
     spelled = words.index_select(0, (depths - 1).clamp(0, L - 1))  # [m]: the chain's token at each node's depth
@@ -168,7 +172,8 @@ def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
         L, dtype=torch.bool, device=dev)  # [L, L]: the new rows from d to the row itself
     full = torch.cat([torch.cat([anc, torch.zeros(m, L, dtype=torch.bool, device=dev)], 1), torch.cat([sees, own], 1)])
     return (torch.cat([tokens, torch.where(valid, words, 0)]), torch.cat([parents, new_parents]),
-            torch.cat([depths, torch.where(valid, steps + 1, 1)]), full, torch.cat([yes, valid]))
+            torch.cat([depths, torch.where(valid, steps + 1, 1)]), full,
+            torch.cat([torch.ones(m, dtype=torch.bool, device=dev), valid]))
 
 
 def graft_chain_eager(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
@@ -253,14 +258,19 @@ class StaticTreeDrafter:
             return self.draft(feats[None].to(self.dtype), tokens[None], pos[None], self.cache,
                               allowed[None, None]).map(lambda x: x[0])
 
-    def extend(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int | torch.Tensor, last: torch.Tensor) -> None:
-        """Encode positions start.. (features ``hidden`` [n, H], next tokens [n]); row ``last`` (0-dim)
-        is the newest real one: its output and token root the next tree. Rows after it are padding,
+    def extend(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int | torch.Tensor,
+               last: int | torch.Tensor) -> None:
+        """Encode positions start.. (features ``hidden`` [n, H], next tokens [n]); row ``last`` (0-dim, or a host
+        int eagerly) is the newest real one: its output and token root the next tree. Rows after it are padding,
         written past the text and overwritten later."""
         n = tokens.shape[0]
         pos = start + torch.arange(n, device=tokens.device)  # [n]
         cols = torch.arange(self.cache.window, device=tokens.device)  # [W]
         out = self._forward(hidden, tokens, pos, pos, cols[None, :] <= pos[:, None])
+        if isinstance(last, int):  # eager: the row's outputs as they are (no buffer a captured step must find)
+            self.root = DraftOutput(*(None if x is None else x[last] for x in (out.a, out.b, out.experts, out.gates)))
+            self.root_token = tokens[last]
+            return
         at = last.reshape(1)  # index_select, not tensor[last]: a 0-dim index would be read on the host
         new = [None if x is None else x.index_select(0, at)[0] for x in (out.a, out.b, out.experts, out.gates, tokens)]
         if self.root is None:

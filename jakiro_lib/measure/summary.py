@@ -30,6 +30,21 @@ def load_records(path: str | Path) -> list[dict[str, Any]]:
     return read_jsonl(path)
 
 
+# what names a benchmark record (bench.Record): a JSON-lines file whose objects lack them is something else
+RECORD_KEYS = ("method", "kind", "benchmark", "question_id", "turn", "repeat", "temperature")
+
+
+def load_bench_records(path: Path) -> list[dict[str, Any]]:
+    """:func:`load_records`, with a ValueError naming the file when what it holds are not benchmark records."""
+    records = load_records(path)
+    for i, r in enumerate(records, 1):
+        missing = [k for k in RECORD_KEYS if k not in r] if isinstance(r, dict) else list(RECORD_KEYS)
+        if missing:
+            raise ValueError(f"{path} is not benchmark records: entry {i} has no {', '.join(map(repr, missing[:3]))}"
+                             f"{' ...' if len(missing) > 3 else ''} (give a records.jsonl that `bench` wrote)")
+    return records
+
+
 def common_prompts(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The records of prompts that every method of their (benchmark, temperature) ran: an interrupted run's
     methods are then compared on the same prompts (a run that stopped mid-method leaves the last ones short)."""
