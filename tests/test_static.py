@@ -18,7 +18,7 @@ from jakiro_lib.config import DraftConfig, TreeConfig
 from jakiro_lib.decoding.reference.loop import LoopRunner, speculative_generate, vanilla_generate
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.decoding.reference.drafting import FeatureDrafter, make_drafter
-from jakiro_lib.decoding.runner import KVLayer, SlidingWindowError, TargetRunner, _Where
+from jakiro_lib.decoding.runner import MAX_TREE_ROOM, KVLayer, SlidingWindowError, TargetRunner, _Where
 from jakiro_lib.decoding.static import static_generate, static_vanilla_generate
 from jakiro_lib.decoding.static_tree import (StaticEngineError, StaticKV, StaticTreeDrafter, ancestor_mask, graft_chain,
                                              graft_chain_eager, greedy_path, greedy_walk)
@@ -260,6 +260,26 @@ def test_prepared_windows_leave_nothing_to_record(prompts, vanilla, monkeypatch)
         assert static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW, compile=True,
                                max_context=256).output_ids == vanilla[i]
     assert graphs_compiled() == before
+
+
+def test_prepare_records_only_from_lengths_inside_the_cache(prompts, monkeypatch):
+    """prepare(length) with a length far past the engine's cache runs its recording steps only from lengths a cycle
+    can start at (at most the capacity less a tree's room) and records each window of the cache once."""
+    monkeypatch.setattr(static, "graph_capture", lambda model: RecordingGraph())
+    monkeypatch.setattr(static, "WINDOW_STEP", 32)
+    model = copy.deepcopy(tiny_target("llama"))
+    draft = trained_draft(model, "moe2")
+    tree = TreeConfig(depth=3, top_k=3, total_tokens=8, decoupled=True)
+    static_generate(model, draft, tree, prompts[0][:4], max_new_tokens=2, compile=True, max_context=256)
+    (engine,) = scratch(model)["engines"].values()
+    starts: list[int] = []
+    run_step = engine._run_step
+    monkeypatch.setattr(engine, "_run_step", lambda start, length: starts.append(int(start)) or run_step(start, length))
+    with torch.inference_mode():
+        engine.prepare(10 * engine.target.capacity)
+    capacity = engine.target.capacity
+    assert starts and max(starts) <= capacity - MAX_TREE_ROOM
+    assert set(engine._compiled) == {static.attention_window(n, capacity) for n in range(capacity - MAX_TREE_ROOM + 1)}
 
 
 def _width(kv: tuple[torch.Tensor, torch.Tensor], widths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
