@@ -1,6 +1,6 @@
 """The one engine against the loop engine it replaces, every main-study method, one interleaved run (CPU).
 
-    python reports/measured/2026-11-29-engines-cpu/engines.py --run-dir runs/default --out reports/measured/2026-11-29-engines-cpu/run-a
+    python reports/measured/2026-11-29-engines-cpu/engines.py --run-dir runs/default --out reports/measured/2026-11-29-engines-cpu
 
 MT-bench q1-10, both turns (20 prompts; each run continues from its own answer), 64 new tokens, T=0, fp32, the
 default profile's target and drafts. Question by question, turn by turn, every method runs on the engine
