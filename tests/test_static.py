@@ -214,6 +214,26 @@ def test_a_captured_generation_runs_to_the_end_of_the_context(prompts, monkeypat
     assert engine.compiled_cycles > 0 and len(engine._compiled) > 2
 
 
+@pytest.mark.parametrize("case", ["moe2-decoupled-cepd1", "dense-lookup"])
+def test_a_draft_in_another_precision_keeps_greedy_exact(prompts, vanilla, case):
+    """A draft whose own layers run in bf16 on the fp32 target (the target's embedding and head rows stay fp32:
+    the head is given the draft's features in its precision): vanilla's greedy text on every prompt, with drafts
+    accepted (seen failing before the cast: the head's GEMM refused bf16 features)."""
+    model = tiny_target("llama")
+    name, tree = {"moe2-decoupled-cepd1": ("moe2", TreeConfig(depth=3, top_k=3, total_tokens=8, decoupled=True,
+                                                              ar_steps=1)),
+                  "dense-lookup": ("dense", TreeConfig(depth=4, top_k=3, total_tokens=12, lookup_tokens=3,
+                                                       lookup_min_ngram=1))}[case]
+    draft = trained_draft(model, name).to(torch.bfloat16)
+    assert draft.fc.weight.dtype == torch.bfloat16 and draft.head_weight().dtype == torch.float32
+    accepted: list[int] = []
+    for i, p in enumerate(prompts):
+        r = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW)
+        assert r.output_ids == vanilla[i], (case, i)
+        accepted += r.accepted
+    assert sum(accepted) / len(accepted) > 1.4, (case, sum(accepted) / len(accepted))
+
+
 def test_static_forwards_read_only_their_window(prompts, vanilla, monkeypatch):
     """Every target and draft forward of the static engine reads the first attention_window(length) positions
     of its cache, not the whole context's buffer (2,304 positions compiled), and the text stays vanilla's."""

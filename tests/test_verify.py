@@ -606,14 +606,17 @@ def _static_samples(model, draft, tree, prompt, params, accepted: list[int], n: 
 STATIC_SAMPLING = {"dense": ("dense", TreeConfig(depth=2, top_k=3, total_tokens=10), 0.45),
                    "moe2-decoupled": ("moe2", TreeConfig(depth=2, top_k=3, total_tokens=10, decoupled=True), 0.15),
                    "moe2-decoupled-cepd0": (*TRAINED_SAMPLING["moe2-decoupled-cepd0"][:2], 0.08),
-                   "moe2-coupled-cepd1": (*TRAINED_SAMPLING["moe2-coupled-cepd1"][:2], 0.12)}
+                   "moe2-coupled-cepd1": (*TRAINED_SAMPLING["moe2-coupled-cepd1"][:2], 0.12),
+                   # a draft in another precision than the target: its layers bf16, the fp32 target's head
+                   "moe2-decoupled-bf16": ("moe2", TreeConfig(depth=2, top_k=3, total_tokens=10, decoupled=True), 0.15,
+                                           torch.bfloat16)}
 
 
 @pytest.mark.parametrize("name", list(STATIC_SAMPLING))
 def test_static_engine_sampling_matches_target(e2e_setup, name):
     model, params, prompt, _ = e2e_setup["T1"]
-    draft_name, tree, floor = STATIC_SAMPLING[name]
-    draft = trained_draft(model, draft_name)
+    draft_name, tree, floor, *dtype = STATIC_SAMPLING[name]
+    draft = trained_draft(model, draft_name).to(*dtype)
     n = 400
     exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / n)
     accepted: list[int] = []

@@ -163,8 +163,10 @@ class DraftModel(nn.Module):
         A tree's frontier asks for 4-64 rows at a time; on the CPU those go through a packed copy of the
         head rows (:mod:`~jakiro_lib.models.kernels`; fp32: 8 rows of SmolLM2's 8192-row head in 0.42 instead of
         1.05 ms, measured 2026-11-22; bf16: from one row on). The full-vocabulary head is the target's
-        ``lm_head`` module, which has the target's own fast path.
+        ``lm_head`` module, which has the target's own fast path. A draft in another precision than the target gives
+        the head its features in the head's.
         """
+        features = features.to(self._shared[1].weight.dtype)
         if self.d2t is None:
             head = self._shared[1]
             return head(features) if self.packed_head else F.linear(features, head.weight, head.bias)
