@@ -317,10 +317,14 @@ def _verify_no_renorm(tree, logits, params, generator):
         path.append(node)
 
 
+def _static_inputs(tree):
+    """A reference Tree as sampling_path takes it: its depth, its size and its parents (the root's 0)."""
+    return int(tree.depths.max()), len(tree), torch.tensor([max(p, 0) for p in tree.parents])
+
+
 def _static_verify(tree, logits, params, generator):
     """The static engine's tensor verifier (jakiro_lib.decoding.static_tree.sampling_path) behind verify_sampling's signature."""
-    depth, m = int(tree.depths.max()), len(tree)
-    parents = torch.tensor([max(p, 0) for p in tree.parents])
+    depth, m, parents = _static_inputs(tree)
     u = torch.rand(depth * m + 1, generator=generator, dtype=torch.float64)
     path, accepted, bonus = sampling_path(tree.tokens, parents, logits, params, u, depth)
     return path[:int(accepted) + 1].tolist(), int(bonus)
@@ -373,8 +377,7 @@ def test_verify_sampling_power(broken):
 def _static_bonus_from_target(tree, logits, params, generator):
     """BROKEN on purpose: the static verifier's path, the bonus drawn from the node's whole distribution instead of
     what its rejected children left."""
-    depth, m = int(tree.depths.max()), len(tree)
-    parents = torch.tensor([max(p, 0) for p in tree.parents])
+    depth, m, parents = _static_inputs(tree)
     u = torch.rand(depth * m + 1, generator=generator, dtype=torch.float64)
     path, accepted, _ = sampling_path(tree.tokens, parents, logits, params, u, depth)
     node = int(path[int(accepted)])
@@ -383,8 +386,7 @@ def _static_bonus_from_target(tree, logits, params, generator):
 
 def _static_one_draw_a_depth(tree, logits, params, generator):
     """BROKEN on purpose: the static verifier given one uniform per depth, reused by every child tried there."""
-    depth, m = int(tree.depths.max()), len(tree)
-    parents = torch.tensor([max(p, 0) for p in tree.parents])
+    depth, m, parents = _static_inputs(tree)
     u = torch.rand(depth + 1, generator=generator, dtype=torch.float64)
     path, accepted, bonus = sampling_path(tree.tokens, parents, logits, params,
                                           torch.cat([u[:depth].repeat_interleave(m), u[depth:]]), depth)

@@ -107,6 +107,7 @@ class StaticEngine:
         drafted_m, drafted_depth = (1, 0) if self.drafter is None else (self.drafter.m, self.drafter.max_depth)
         self.m, self.max_depth = drafted_m + L, max(drafted_depth, L)  # the verified tree: drafted rows, then chain
         self.drafted_depth = drafted_depth
+        self.padded = compile or not params.greedy  # a cycle's path padded to the deepest (eager greedy: walked)
         self.plain = draft is None and not L  # plain decoding: each cycle the last token alone
         if ranked and (draft is None or L):
             raise StaticEngineError("selection ranks are a drafted tree's: rank without a lookup chain")
@@ -166,7 +167,7 @@ class StaticEngine:
         with step(clock, "verify"):
             logits, hidden = target.score(tokens, depths, anc, start)
         with step(clock, "evaluate"):
-            if self.params.greedy and not self.compile:  # eager greedy: walked on the host, the path alone
+            if not self.padded:  # eager greedy: walked on the host, the path alone
                 path, accepted, bonus = greedy_walk(tokens, parents, logits)
             else:
                 path, accepted, bonus = evaluate(self.params, tokens, parents, depths, anc, logits, uniforms,
@@ -174,7 +175,7 @@ class StaticEngine:
         with step(clock, "update"):
             target.move(start, path)  # the path's entries to start..; the next cycle writes after the accepted ones
             new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1] (eager greedy: [accepted + 1])
-            if new.shape[0] == self.max_depth + 1:  # padded: the bonus at `accepted`
+            if self.padded:  # the bonus at `accepted`
                 new = new.scatter(0, accepted[None], bonus[None])
             if drafter is not None and self.compile:
                 drafter.extend(hidden[path], new, start, accepted)
@@ -274,8 +275,7 @@ class StaticEngine:
             read = out.tolist()  # the one host read: [accepted, rows, ranks (ranked), the tokens]
         accepted = read[0]
         ranked = self.ranked and whole
-        # the path padded to the deepest (a compiled cycle's, or sampled), else the accepted one alone
-        n_ranks = (self.max_depth if self.compile or not self.params.greedy else accepted) if ranked else 0
+        n_ranks = (self.max_depth if self.padded else accepted) if ranked else 0
         emitted = read[2 + n_ranks:3 + n_ranks + accepted]
         if self._accepted_path is not None:
             self._encode(length, accepted)

@@ -76,14 +76,18 @@ def greedy_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     return path, depths.index_select(0, best)[0], pred.index_select(0, best)[0]
 
 
+def _child(words: list[int], up: list[int], node: int, token: int) -> int | None:
+    """The child of ``node`` holding ``token`` in a host-read tree (siblings hold distinct tokens), or None."""
+    return next((j for j in range(node + 1, len(words)) if up[j] == node and words[j] == token), None)
+
+
 def greedy_walk(tokens: torch.Tensor, parents: torch.Tensor,
                 logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eager greedy verification walked on the host, as the loop engine walks it, from one read of the tree's tokens,
     parents and argmaxes: the accepted path alone [accepted + 1], the accepted count and the bonus."""
     words, up, best = torch.stack([tokens, parents, logits.argmax(-1)]).tolist()
-    path = [0]  # siblings hold distinct tokens and children follow their parent: the first match is the one
-    while (child := next((j for j in range(path[-1] + 1, len(words))
-                          if up[j] == path[-1] and words[j] == best[path[-1]]), None)) is not None:
+    path = [0]
+    while (child := _child(words, up, path[-1], best[path[-1]])) is not None:
         path.append(child)
     dev = tokens.device
     return (torch.tensor(path, device=dev), torch.tensor(len(path) - 1, device=dev),
@@ -179,18 +183,14 @@ def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
 def graft_chain_eager(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
                       chain: list[int], uniforms: torch.Tensor | None, max_depth: int,
                       width: int) -> tuple[torch.Tensor, ...]:
-    """Eager: :func:`graft_chain` with the chain on the host and only the rows it needs (data-dependent shapes), the
-    nodes it follows found from one host read of the tree's tokens and parents. Returns tokens, parents, depths, the
-    ancestor mask and ``uniforms`` (None at T=0) re-indexed: each row keeps the draws it has in a tree of ``width``
-    rows (the drafted ones and the whole chain's), so a sampled cycle decides as the compiled step does."""
+    """Eager: :func:`graft_chain` with the chain on the host and only the rows it needs, the nodes it follows found
+    from one read of the tree's tokens and parents. Returns tokens, parents, depths, the ancestor mask and ``uniforms``
+    (None at T=0) with each row's draws in a tree of ``width`` rows, so a sampled cycle decides as a compiled one."""
     m, dev = tokens.shape[0], tokens.device
     node = followed = 0
     if m > 1:
         words, up = torch.stack([tokens, parents]).tolist()
-        for word in chain:  # siblings hold distinct tokens: at most one child to follow
-            child = next((j for j in range(1, m) if up[j] == node and words[j] == word), None)
-            if child is None:
-                break
+        while followed < len(chain) and (child := _child(words, up, node, chain[followed])) is not None:
             node, followed = child, followed + 1
     k = len(chain) - followed  # new nodes, at depths followed + 1 ..
     new = torch.tensor([chain[followed:], [node, *range(m, m + k - 1)][:k], range(followed + 1, followed + k + 1)],
