@@ -10,13 +10,13 @@ import torch
 
 from .data.chat import format_prompt
 from .data.conversations import not_text
-from .config import TreeConfig
+from .config import KINDS, SPEC, TreeConfig
+from .decoding.methods import MethodRunner, MethodSpec
 from .decoding.result import ContextLengthError, GenerationResult
-from .measure.methods import KINDS, SPEC, MethodRunner, MethodSpec
 from .models.target import Target
 from .decoding.verify import SamplingParams
 
-METHODS = KINDS  # generate() takes a method kind (jakiro_lib.measure.methods)
+METHODS = KINDS  # generate() takes a method kind (jakiro_lib.decoding.methods)
 log = logging.getLogger(__name__)
 
 

@@ -24,8 +24,9 @@ from .busy import busy_warning
 from .machine import main_rank, world_size
 from .measure.cycles import CYCLE_METHODS
 from .runlock import run_lock
-from .measure.gpucheck import CHECK_METHODS
-from .measure.methods import KINDS, MAIN, SPEC, STUDIES
+from .study.gpucheck import CHECK_METHODS
+from .config import KINDS, SPEC
+from .measure.methods import MAIN, STUDIES
 from .measure.random_models import SHAPES
 from .profiles import PROFILE_NAMES
 from .report.pipeline import add_cli

@@ -22,25 +22,27 @@ from .measure.costmodel import measure_draft_costs, measure_draft_cycle, measure
 from .data.conversations import DataError, Question, load_question_file, load_questions
 from .models.draft import DraftModel
 from .data.feature_store import MANIFEST, CacheError, verify_cache
-from .measure.gpucheck import CHECK_METHODS, gpu_check
 from .layout import RunLayout
 from .measure.cycles import COLUMNS as CYCLE_COLUMNS
 from .measure.cycles import cycle_methods, cycle_prompts, cycle_table
-from .measure.methods import SPEC, MethodSpec, portable, record_label
+from .decoding.methods import MethodSpec
+from .measure.methods import SPEC, portable, record_label
 from .measure.papercost import run_papercost
 from .measure.perf import performance_targets
 from .study.context import default_run_dir
+from .study.gpucheck import CHECK_METHODS, gpu_check
+from .report.plots import plot_papercost, save_figure
 from .study.s00_data import prepare_features
 from .study.s01_train import train_all, training_table
 from .study.s02_bench import run_study
 from .study.heads import export_draft
-from .study.tables import category_table, display_table, study_table, write_table
+from .study.tables import category_table, display_table, study_table
 from .models.target import load_target
 from .training.scale import SCALE_JSON, recorded_scale
 from .training.scale import set_keys as scale_keys
 from .training.throughput import environment, format_table, plan_from, run_throughput
 from .training.throughput_plan import format_plan
-from .files import write_json
+from .files import write_json, write_table
 from .machine import main_rank, run_metadata
 
 TRAIN_COLUMNS = ("draft", "status", "steps", "acc_a", "acc_b", "heldout_loss", "wall_time_s")
@@ -359,7 +361,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
 
 
 def cmd_gpucheck(args: argparse.Namespace) -> int:
-    """Issue 24's goals in one run on the device (jakiro_lib.measure.gpucheck): records, goals, cycle breakdown."""
+    """Issue 24's goals in one run on the device (jakiro_lib.study.gpucheck): records, goals, cycle breakdown."""
     try:
         result = gpu_check(args.profile, run_dir=args.run_dir, out_dir=args.out, device=args.device,
                            overrides=parse_overrides(args.set), profiled_prompts=args.profiled_prompts,
@@ -386,6 +388,7 @@ def cmd_papercost(args: argparse.Namespace) -> int:
                                new_tokens=args.new_tokens, out_dir=args.out)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
+    save_figure(plot_papercost(result["tn"], result["cycles"]), Path(args.out) / "papercost.png")
     cycles = pd.DataFrame(result["cycles"]).drop(columns=["speedup_basis"])
     print(cycles.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print("modelled_speedup: tau_paper x ms_per_token_plain / ms_per_cycle (random weights: acceptance not measured)")

@@ -16,7 +16,10 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent  # the checkout this package runs from
@@ -134,6 +137,13 @@ def text_sha256(text: str) -> str:
 def write_json(path: str | Path, obj: Any) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def write_table(csv_path: Path, df: pd.DataFrame) -> None:
+    """``df`` as ``csv_path`` and as records in the ``.json`` beside it (both written atomically)."""
+    with atomic_path(csv_path) as tmp:
+        df.to_csv(tmp, index=False)
+    write_json(csv_path.with_suffix(".json"), json.loads(df.to_json(orient="records")))
 
 
 def read_json(path: str | Path) -> Any:

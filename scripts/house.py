@@ -1,17 +1,37 @@
-"""The house's numbers (issue 44): import layers and cycles, the largest modules and the longest functions.
+"""The house's numbers: floors and upward imports, import layers and cycles, module and function sizes, history.
 
-Reads the source only (no imports run): ``python scripts/house.py [--top N]`` from the repository root.
-A module's layer is 0 if it imports nothing of the package, else one more than the highest layer it imports
-(importing ``a.b.c`` imports the packages ``a.b`` and ``a`` first, so their ``__init__`` counts as imported);
-a cycle is reported instead of a layer.
+Reads the source only (no imports run): ``python scripts/house.py [--top N]`` from the repository root; exits 1 when a
+module imports from a higher floor, two packages import each other, or the code carries history (dates, issue
+numbers, lent GPUs). A module's layer is 0 if it imports nothing of the package, else one more than the highest
+layer it imports (importing ``a.b.c`` imports the packages ``a.b`` and ``a`` first, so their ``__init__`` counts).
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import re
+import statistics
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "jakiro_lib"
+
+# The floors, lowest first (docs/DESIGN.md section 14): a module may import its own floor and the floors below.
+# A name is a subpackage or a top-level module of the package; the package's own __init__ is on the ground floor.
+FLOORS = (
+    ("base", ("errors", "files", "validation", "config", "layout", "machine", "precision", "distributed", "runlock",
+              "busy", "profiles")),
+    ("data", ("data",)),
+    ("models", ("models",)),
+    ("decoding", ("decoding",)),
+    ("measure", ("measure",)),
+    ("training", ("training",)),
+    ("study", ("study",)),
+    ("report", ("report",)),
+    ("entry", ("api", "commands", "cli", "__main__")),
+)
+# History in the code: a date, an issue number, a lent GPU or its lease (whole words: "released" is not a lease)
+HISTORY = re.compile(r"\b(20\d\d-\d\d-\d\d|[Ii]ssue \d+|lent|lease)\b")
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -41,11 +61,18 @@ def imports(path: Path, modules: set[str], package_dir: Path = PACKAGE) -> set[s
     return {m for m in found if m in modules and m != name and not name.startswith(m + ".")}
 
 
-def measure(package: Path = PACKAGE) -> dict:
-    """Modules, lines, import layers and arrows, cycles, module sizes and function lengths of ``package``."""
-    files = sorted(package.rglob("*.py"))
-    modules = {module_name(f, package): f for f in files}
-    graph = {m: imports(f, set(modules), package) for m, f in modules.items()}
+def room(module: str) -> str:
+    """The subpackage or top-level module ``module`` lives in ("" for the package's own __init__)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def floor(module: str, floors: tuple = FLOORS) -> int:
+    """The floor index of ``module`` (0 for a room no floor names: the ground floor)."""
+    return next((i for i, (_, rooms) in enumerate(floors) if room(module) in rooms), 0)
+
+
+def _cycles(graph: dict[str, set[str]]) -> tuple[dict[str, int], set[str]]:
     layer: dict[str, int] = {}
     cycles: set[str] = set()
 
@@ -57,31 +84,63 @@ def measure(package: Path = PACKAGE) -> dict:
             layer[m] = 1 + max((visit(d, (*stack, m)) for d in graph[m]), default=-1)
         return layer[m]
 
-    for m in modules:
+    for m in graph:
         visit(m, ())
-    sizes = sorted(((len(f.read_text().splitlines()), m) for m, f in modules.items()), reverse=True)
-    funcs = sorted(((node.end_lineno - node.lineno + 1, f"{m}.{node.name}") for m, f in modules.items()
-                    for node in ast.walk(ast.parse(f.read_text()))
+    return layer, cycles
+
+
+def measure(package: Path = PACKAGE, floors: tuple = FLOORS) -> dict:
+    """Modules, lines, import layers and arrows, cycles (module and package), upward imports, sizes, history."""
+    files = sorted(package.rglob("*.py"))
+    modules = {module_name(f, package): f for f in files}
+    graph = {m: imports(f, set(modules), package) for m, f in modules.items()}
+    layer, cycles = _cycles(graph)
+    rooms: dict[str, set[str]] = {}
+    for m, deps in graph.items():
+        rooms.setdefault(room(m), set()).update(room(d) for d in deps if room(d) != room(m) and room(m))
+    _, room_cycles = _cycles({r: {d for d in ds if d} for r, ds in rooms.items() if r})
+    upward = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps if floor(d, floors) > floor(m, floors))
+    texts = {m: f.read_text() for m, f in modules.items()}
+    sizes = sorted(((len(t.splitlines()), m) for m, t in texts.items()), reverse=True)
+    funcs = sorted(((node.end_lineno - node.lineno + 1, f"{m}.{node.name}") for m, t in texts.items()
+                    for node in ast.walk(ast.parse(t))
                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))), reverse=True)
+    history = [f"{m}:{i}: {line.strip()}" for m, t in texts.items() for i, line in enumerate(t.splitlines(), 1)
+               if HISTORY.search(line)]
     return {"modules": len(modules), "lines": sum(n for n, _ in sizes), "layers": max(layer.values()) + 1,
-            "arrows": sum(len(v) for v in graph.values()), "cycles": sorted(cycles), "sizes": sizes,
-            "functions": funcs}
+            "arrows": sum(len(v) for v in graph.values()), "cycles": sorted(cycles),
+            "package_cycles": sorted(room_cycles), "upward": upward, "sizes": sizes, "functions": funcs,
+            "history": history}
 
 
-def main() -> None:
+def distribution(values: list[int], marks: tuple[int, ...]) -> str:
+    """Quartiles and the count over each mark, e.g. ``median 180, p90 330, max 399; >300: 9, >380: 2``."""
+    q = statistics.quantiles(values, n=10) if len(values) > 1 else values * 9
+    over = ", ".join(f">{m}: {sum(v > m for v in values)}" for m in marks)
+    return f"median {statistics.median(values):.0f}, p90 {q[8]:.0f}, max {max(values)}; {over}"
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--top", type=int, default=5)
     args = ap.parse_args()
     h = measure()
     print(f"{h['modules']} modules, {h['lines']} lines, {h['layers']} import layers, {h['arrows']} import arrows, "
-          f"{len(h['cycles'])} cycles")
-    for c in h["cycles"]:
+          f"{len(h['cycles'])} cycles, {len(h['package_cycles'])} package-level cycles, {len(h['upward'])} upward "
+          f"imports, {len(h['history'])} history lines")
+    for c in h["cycles"] + h["package_cycles"]:
         print("  cycle:", c)
+    for u in h["upward"]:
+        print("  upward:", u)
+    for line in h["history"]:
+        print("  history:", line)
+    print("floors:", " < ".join(name for name, _ in FLOORS))
     print("largest modules:", ", ".join(f"{m} {n}" for n, m in h["sizes"][: args.top]))
     print("longest functions:", ", ".join(f"{m} {n}" for n, m in h["functions"][: args.top]))
-    print(f"functions over 60 lines: {sum(1 for n, _ in h['functions'] if n > 60)}; "
-          f"modules over 400 lines: {sum(1 for n, _ in h['sizes'] if n > 400)}")
+    print("module lines:", distribution([n for n, _ in h["sizes"]], (300, 380, 400)))
+    print("function lines:", distribution([n for n, _ in h["functions"]], (40, 55, 60)))
+    return 1 if h["cycles"] or h["package_cycles"] or h["upward"] or h["history"] else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -8,7 +8,8 @@ import torch
 
 from jakiro_lib.measure.summary import common_prompts, greedy_agreement, ratio_interval, summarize, versus
 from jakiro_lib.config import TreeConfig
-from jakiro_lib.measure.methods import MethodRunner, MethodSpec, record_label, study_methods
+from jakiro_lib.decoding.methods import MethodRunner, MethodSpec
+from jakiro_lib.measure.methods import record_label, study_methods
 
 
 def _recs(method, tps, bench="mt_bench", temp=0.0, kind="spec"):
@@ -206,7 +207,7 @@ def test_compile_is_hf_compiled_alone_and_our_methods_run_as_the_target_captures
     drafted trees, lookup chains) run on the one engine, eager or captured as target.capture says, never per method:
     a spec of ours asked to compile is refused, and the runner compiles exactly where the target's capture is not
     "none"."""
-    from jakiro_lib.measure import methods as methods_module
+    from jakiro_lib.decoding import methods as methods_module
     from jakiro_lib.config import TargetConfig
     from jakiro_lib.decoding.verify import SamplingParams
     from jakiro_lib.models.target import load_target, set_capture
@@ -384,10 +385,10 @@ def test_summary_per_category_splits_a_benchmark_and_skips_records_without_categ
 
 
 def test_every_kind_dispatches_to_its_generator_and_greedy_matches_vanilla(monkeypatch):
-    import jakiro_lib.measure.methods as methods
+    import jakiro_lib.decoding.methods as methods
     from jakiro_lib.data.chat import format_prompt_ids
     from jakiro_lib.config import TargetConfig
-    from jakiro_lib.measure.methods import KINDS
+    from jakiro_lib.config import KINDS
     from jakiro_lib.models.target import load_target
     from jakiro_lib.decoding.verify import SamplingParams
 

@@ -11,7 +11,7 @@ from jakiro_lib.config import TargetConfig, TreeConfig
 from jakiro_lib.measure.clock import StepClock
 from jakiro_lib.decoding.static import static_generate
 from jakiro_lib.measure.cycles import COLUMNS, PARTS, cycle_table
-from jakiro_lib.measure.methods import MethodSpec
+from jakiro_lib.decoding.methods import MethodSpec
 from jakiro_lib.models.target import Target, tiny_tokenizer
 
 TREE = TreeConfig(depth=4, top_k=3, total_tokens=8, decoupled=True)

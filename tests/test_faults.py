@@ -51,7 +51,7 @@ LONGER = {"train.epochs": "4", "train.max_steps": "none"}  # several checkpoints
 # paused for FAULT_PAUSE seconds each, so a signal sent at a fault point lands while work is under way.
 DRIVER = r"""
 import os, signal, sys, time
-import jakiro_lib.data.features as features, jakiro_lib.measure.methods as methods, jakiro_lib.models.loss as loss
+import jakiro_lib.data.features as features, jakiro_lib.decoding.methods as methods, jakiro_lib.models.loss as loss
 from jakiro_lib.cli import main
 
 # A job a shell starts in the background inherits SIGINT ignored (and Python then installs no handler); a

@@ -17,14 +17,14 @@ import pandas as pd
 import pytest
 import torch
 
-import jakiro_lib.measure.methods as methods
+import jakiro_lib.decoding.methods as methods
 from jakiro_lib import files
 from jakiro_lib.api import generate
 from jakiro_lib.cli import main
 from jakiro_lib.config import TargetConfig
 from jakiro_lib.data.conversations import Question, load_question_file
 from jakiro_lib.measure.bench import question_sha, run_benchmark
-from jakiro_lib.measure.methods import MethodSpec
+from jakiro_lib.decoding.methods import MethodSpec
 from jakiro_lib.measure.summary import load_records
 from jakiro_lib.models.target import TargetError, load_target
 from jakiro_lib.report.plots import plot_speedup

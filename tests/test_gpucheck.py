@@ -1,4 +1,4 @@
-"""The GPU check (jakiro_lib.measure.gpucheck), run on this CPU with the smoke profile and untrained drafts: its files,
+"""The GPU check (jakiro_lib.study.gpucheck), run on this CPU with the smoke profile and untrained drafts: its files,
 both temperatures, greedy identity counted, and the cycle's breakdown by named step."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from jakiro_lib.cli import main
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.measure import costmodel
-from jakiro_lib.measure.gpucheck import BREAKDOWN_TOKENS, CHECK_SETTINGS, check_profile, gpu_check
+from jakiro_lib.study.gpucheck import BREAKDOWN_TOKENS, CHECK_SETTINGS, check_profile, gpu_check
 from jakiro_lib.models.target import load_target
 from jakiro_lib.config import EAGLE2_DRAFT, JAKIRO_DRAFT
 

@@ -5,7 +5,7 @@ import shutil
 import pandas as pd
 import pytest
 
-import jakiro_lib.measure.methods as methods
+import jakiro_lib.decoding.methods as methods
 from jakiro_lib.profiles import get_profile
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib import study as S

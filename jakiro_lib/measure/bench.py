@@ -19,7 +19,8 @@ from tqdm import tqdm
 from ..data.chat import answer_message, format_prompt_ids
 from ..decoding.compiled import engine_cycles, graphs_compiled, prepare_windows
 from ..layout import BENCH_CONFIG, RECORDS_FILE
-from .methods import SPEC, MethodRunner, MethodSpec, portable, record_label
+from ..decoding.methods import MethodRunner, MethodSpec
+from .methods import SPEC, portable, record_label
 from ..models.target import Target
 from ..decoding.result import ContextLengthError
 from ..files import end_last_line, read_jsonl, sweep_temps, text_sha256, write_json

@@ -39,7 +39,8 @@ from ..data.conversations import DataError, load_conversations
 from ..data.dataset import _stable_hash, split_indices
 from ..models.draft import WEIGHTS_FILE, DraftModel
 from ..layout import RunLayout
-from .methods import SPEC, MethodSpec
+from ..config import SPEC
+from ..decoding.methods import MethodSpec
 from ..files import file_sha256, read_json, write_json
 from ..machine import device_name
 

@@ -33,7 +33,9 @@ from ..models.target import Target
 from ..layout import RunLayout
 from .budgets import resolve_tree_budgets
 from .costmodel import _time_once
-from .methods import OUR_KINDS, MethodSpec, study_methods
+from ..config import OUR_KINDS
+from ..decoding.methods import MethodSpec
+from .methods import study_methods
 
 # the methods the table shows by default: plain decoding, EAGLE-2 and Jakiro at the fixed and tuned trees, CEPD, a chain
 CYCLE_METHODS = ("vanilla", "eagle2_auto", "jakiro_auto", "eagle2", "jakiro", "jakiro_cepd", "jakiro_lookup")

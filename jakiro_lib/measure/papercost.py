@@ -43,10 +43,8 @@ from ..machine import synchronize
 from .methods import MAIN, RELEASED, Method
 from ..decoding.runner import TargetRunner
 from ..decoding.static import ancestor_mask, static_generate, static_vanilla_generate
-from ..report.plots import plot_papercost, save_figure
-from ..study.tables import write_table
 from ..models.target import _dtype
-from ..files import write_json
+from ..files import write_json, write_table
 from ..machine import run_metadata
 from .random_models import check_device, random_draft, random_target, shape_config
 
@@ -307,12 +305,11 @@ def _time_methods(model: PreTrainedModel, prompt: torch.Tensor, plan: _Plan, t_t
 
 
 def _finish(result: dict[str, Any], out: Path, t_start: float, log: Callable[[str], None]) -> None:
-    """Mark the run done, rewrite ``papercost.json`` and draw ``papercost.png``."""
+    """Mark the run done and rewrite ``papercost.json``."""
     result.update(status="done", seconds=round(time.perf_counter() - t_start, 1))
     write_json(out / "papercost.json", result)
-    save_figure(plot_papercost(result["tn"], result["cycles"]), out / "papercost.png")
     errors = result["errors"]
-    log(f"[papercost] {result['seconds']:.1f} s; tn.csv, cycles.csv, papercost.json and papercost.png in {out}"
+    log(f"[papercost] {result['seconds']:.1f} s; tn.csv, cycles.csv and papercost.json in {out}"
         + (f"; {len(errors)} measurement(s) failed" if errors else ""))
 
 

@@ -10,7 +10,8 @@ import pandas as pd
 from ..measure.budgets import fixed_tree_tokens
 from ..measure.perf import cost_model, lever_table, performance_targets
 from .context import get_target
-from .tables import load_study_records, tree_budget_table, write_table
+from ..files import write_table
+from .tables import load_study_records, tree_budget_table
 
 
 def write_performance_report(ctx: Any, main: pd.DataFrame, *, target: Any = None) -> dict[str, pd.DataFrame]:

@@ -20,7 +20,8 @@ from ..measure.budgets import resolve_tree_budgets
 from ..config import Profile
 from ..data.conversations import DataError, Question, load_questions
 from ..layout import BENCH_CONFIG, RECORDS_FILE, SKIPPED_FILE, STUDY_TREE_BUDGET, RunLayout, draft_name, has_weights
-from ..measure.methods import SPEC, STUDIES, MethodSpec, parse_names, study_methods
+from ..decoding.methods import MethodSpec
+from ..measure.methods import SPEC, STUDIES, parse_names, study_methods
 from ..files import read_json, write_json
 from .context import StudyContext, _dirs, get_target
 from .stamps import claim_records, make_stamp

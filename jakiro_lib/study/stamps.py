@@ -22,7 +22,8 @@ from ..files import free_name, read_json, write_json
 from ..layout import RECORDS_FILE, STALE_RECORDS_FILE, STUDY_STAMP
 from ..measure.bench import question_sha
 from ..measure.budgets import draft_fingerprint
-from ..measure.methods import MethodSpec, portable
+from ..decoding.methods import MethodSpec
+from ..measure.methods import portable
 
 log = logging.getLogger(__name__)
 

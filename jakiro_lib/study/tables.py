@@ -11,8 +11,9 @@ import pandas as pd
 
 from ..measure.summary import load_records, summarize, summarize_by_category, versus
 from ..layout import STUDY_TREE_BUDGET, RunLayout, draft_name
-from ..measure.methods import EAGLE2_BASELINE, SPEC, MethodSpec, record_label
-from ..files import atomic_path, read_json, write_json
+from ..decoding.methods import MethodSpec
+from ..measure.methods import EAGLE2_BASELINE, SPEC, record_label
+from ..files import atomic_path, read_json, write_table
 
 SETTING_COLUMNS = ("draft", "total_tokens", "decoupled", "ar_steps", "scoring", "lookup_tokens")
 
@@ -26,13 +27,6 @@ def method_setting(spec: MethodSpec, key: str) -> Any:
     if key == "draft":
         return draft_name(spec.draft)
     return getattr(spec.tree, key)
-
-
-def write_table(csv_path: Path, df: pd.DataFrame) -> None:
-    """``df`` as ``csv_path`` and as records in the ``.json`` beside it (both written atomically)."""
-    with atomic_path(csv_path) as tmp:
-        df.to_csv(tmp, index=False)
-    write_json(csv_path.with_suffix(".json"), json.loads(df.to_json(orient="records")))
 
 
 def study_table(records: list[dict[str, Any]], methods: dict[str, Any] | None = None) -> pd.DataFrame:

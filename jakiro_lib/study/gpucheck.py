@@ -27,20 +27,19 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from ..data.chat import format_prompt_ids
-from .summary import load_records
-from .budgets import resolve_tree_budgets
+from ..measure.summary import load_records
+from ..measure.budgets import resolve_tree_budgets
 from ..config import Profile, TreeConfig
 from ..profiles import get_profile
 from ..models.draft import DraftModel
 from ..layout import RECORDS_FILE, RunLayout
-from .methods import parse_names
-from .perf import performance_targets
+from ..measure.methods import parse_names
+from ..measure.perf import performance_targets
 from ..decoding.clock import STEP_RANGES
 from ..decoding.static import static_generate
-from ..study.context import default_run_dir, get_target
-from ..study.s02_bench import profile_methods, run_study, study_questions
-from ..study.tables import write_table
-from ..files import write_json
+from .context import default_run_dir, get_target
+from .s02_bench import profile_methods, run_study, study_questions
+from ..files import write_json, write_table
 from ..machine import run_metadata
 from ..decoding.verify import SamplingParams
 
