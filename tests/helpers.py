@@ -26,7 +26,7 @@ from jakiro_lib.data.dataset import collate
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.models.target import load_target
 from jakiro_lib.models.loss import draft_loss
-from jakiro_lib.decoding.reference.tree import Tree
+from reference.tree import Tree
 from jakiro_lib.decoding.verify import SamplingParams
 
 FAMILIES = ("llama", "qwen2", "mistral")

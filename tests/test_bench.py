@@ -454,7 +454,7 @@ def test_no_compilation_inside_a_timed_prompt(tmp_path):
     from jakiro_lib.measure.summary import load_records
     from jakiro_lib.config import TargetConfig
     from jakiro_lib.data.conversations import Question
-    from jakiro_lib.decoding.reference.loop import vanilla_generate
+    from reference.loop import vanilla_generate
     from jakiro_lib.models.target import load_target, set_capture
 
     target = load_target(TargetConfig(model="tiny:llama", max_context=2048))

@@ -4,9 +4,9 @@ from helpers import full_logits, random_prompts, tiny_target
 from jakiro_lib.config import DraftConfig, TreeConfig
 from jakiro_lib.measure.costmodel import (choose_total_tokens, expected_accepted, measure_draft_costs, measure_draft_cycle,
                                   measure_target_costs)
-from jakiro_lib.decoding.reference.loop import speculative_generate
+from reference.loop import speculative_generate
 from jakiro_lib.models.draft import DraftModel
-from jakiro_lib.decoding.reference.tree import CandidatePool
+from reference.tree import CandidatePool
 
 
 class TargetScoredDrafter:

@@ -8,9 +8,9 @@ import torch
 
 from jakiro_lib.models.target import set_capture
 from jakiro_lib.config import DraftConfig, TargetConfig, TreeConfig
-from jakiro_lib.decoding.reference.loop import speculative_generate, vanilla_generate
+from reference.loop import speculative_generate, vanilla_generate
 from jakiro_lib.models.draft import DraftModel
-from jakiro_lib.decoding.reference.drafting import FeatureDrafter
+from reference.drafting import FeatureDrafter
 from jakiro_lib.models.target import load_target
 from jakiro_lib.decoding.verify import SamplingParams
 

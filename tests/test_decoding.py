@@ -14,18 +14,18 @@ import random
 import pytest
 import torch
 
-import jakiro_lib.decoding.reference.loop as decoding
+import reference.loop as decoding
 from jakiro_lib.models import kernels
 from jakiro_lib.config import DraftConfig, TreeConfig
 from jakiro_lib.decoding.compiled import compiled_cache_len
 from jakiro_lib.decoding.hf import hf_generate
-from jakiro_lib.decoding.reference.loop import speculative_generate, vanilla_generate
+from reference.loop import speculative_generate, vanilla_generate
 from jakiro_lib.decoding.result import ContextLengthError
-from jakiro_lib.decoding.reference.loop import LoopRunner
+from reference.loop import LoopRunner
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.decoding.drafting import PromptLookup, schedule
-from jakiro_lib.decoding.reference.drafting import FeatureDrafter, LookupDrafter
-from jakiro_lib.decoding.reference.tree import Tree
+from reference.drafting import FeatureDrafter, LookupDrafter
+from reference.tree import Tree
 
 from helpers import FAMILIES, OracleDrafter, random_prompts, single_thread, tiny_target, trained_draft
 

@@ -8,7 +8,7 @@ from jakiro_lib.data import distill
 from jakiro_lib.data.chat import format_prompt
 from jakiro_lib.config import TargetConfig
 from jakiro_lib.data.conversations import Conversation
-from jakiro_lib.decoding.reference.loop import vanilla_generate
+from reference.loop import vanilla_generate
 from jakiro_lib.models.target import load_target
 
 

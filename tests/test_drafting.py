@@ -13,7 +13,7 @@ import torch
 from jakiro_lib.config import DraftConfig, TreeConfig
 from jakiro_lib.models.draft import DraftModel, DraftOutput
 from jakiro_lib.decoding.drafting import PromptLookup
-from jakiro_lib.decoding.reference.drafting import FeatureDrafter, LookupDrafter, make_drafter
+from reference.drafting import FeatureDrafter, LookupDrafter, make_drafter
 
 from helpers import tiny_target
 

@@ -9,10 +9,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from jakiro_lib.models import kernels
 from jakiro_lib.config import DraftConfig, TargetConfig
-from jakiro_lib.decoding.reference.loop import LoopRunner
+from reference.loop import LoopRunner
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.models.target import load_target
-from jakiro_lib.decoding.reference.tree import Tree
+from reference.tree import Tree
 
 from helpers import tiny_target
 

@@ -17,7 +17,7 @@ from jakiro_lib.config import EAGLE2_DRAFT, JAKIRO_DRAFT, TargetConfig, TreeConf
 from jakiro_lib.profiles import get_profile
 from jakiro_lib.decoding.runner import TargetRunner
 from jakiro_lib.models.draft import DraftModel
-from jakiro_lib.decoding.reference.drafting import FeatureDrafter
+from reference.drafting import FeatureDrafter
 from jakiro_lib.measure.perf import cost_model, lever_table, performance_targets
 from jakiro_lib.study import tree_budget_table
 from jakiro_lib.models.target import load_target

@@ -6,9 +6,9 @@ import torch
 
 from helpers import OracleDrafter
 from jakiro_lib.config import DraftConfig, TargetConfig, TreeConfig
-from jakiro_lib.decoding.reference.loop import speculative_generate, vanilla_generate
+from reference.loop import speculative_generate, vanilla_generate
 from jakiro_lib.models.draft import DraftModel
-from jakiro_lib.decoding.reference.drafting import FeatureDrafter
+from reference.drafting import FeatureDrafter
 from jakiro_lib.models.target import load_target
 
 pytestmark = [pytest.mark.smollm2,

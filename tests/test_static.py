@@ -15,14 +15,14 @@ from jakiro_lib.decoding.compiled import (CompileError, call_compiled, compiled_
                                          prepare_windows, static_cache)
 from jakiro_lib.models.target import scratch
 from jakiro_lib.config import DraftConfig, TreeConfig
-from jakiro_lib.decoding.reference.loop import LoopRunner, speculative_generate, vanilla_generate
+from reference.loop import LoopRunner, speculative_generate, vanilla_generate
 from jakiro_lib.models.draft import DraftModel
-from jakiro_lib.decoding.reference.drafting import FeatureDrafter, make_drafter
+from reference.drafting import FeatureDrafter, make_drafter
 from jakiro_lib.decoding.runner import MAX_TREE_ROOM, KVLayer, SlidingWindowError, TargetRunner, _Where
 from jakiro_lib.decoding.static import static_generate, static_vanilla_generate
 from jakiro_lib.decoding.static_tree import (StaticEngineError, StaticKV, StaticTreeDrafter, ancestor_mask, graft_chain,
                                              graft_chain_eager, greedy_path, greedy_walk)
-from jakiro_lib.decoding.reference.tree import Tree
+from reference.tree import Tree
 from jakiro_lib.decoding.verify import SamplingParams
 
 MAX_NEW = 40

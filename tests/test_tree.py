@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from jakiro_lib.decoding.reference.tree import GRAFTED_RANK, CandidatePool, Tree
+from reference.tree import GRAFTED_RANK, CandidatePool, Tree
 
 
 def _tree(tokens, parents, depths=None) -> Tree:

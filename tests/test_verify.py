@@ -17,16 +17,16 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-import jakiro_lib.decoding.reference.loop as decoding
+import reference.loop as decoding
 from jakiro_lib.config import DraftConfig, TreeConfig
-from jakiro_lib.decoding.reference.loop import speculative_generate, vanilla_generate
+from reference.loop import speculative_generate, vanilla_generate
 from jakiro_lib.models.draft import DraftModel
-from jakiro_lib.decoding.reference.drafting import make_drafter
+from reference.drafting import make_drafter
 from jakiro_lib.decoding.static import static_generate, static_vanilla_generate
 import jakiro_lib.decoding.static_tree as static_tree
 from jakiro_lib.decoding.static_tree import sampling_path
-from jakiro_lib.decoding.reference.tree import Tree
-from jakiro_lib.decoding.reference.verify import verify, verify_greedy, verify_sampling
+from reference.tree import Tree
+from reference.verify import verify, verify_greedy, verify_sampling
 from jakiro_lib.decoding.verify import SamplingParams, inverse_cdf, sample, uniform, warp_probs
 
 from helpers import (ALPHA_FIRST, TargetTopKDrafter, exact_prefix_distribution, full_logits, peaked_target,

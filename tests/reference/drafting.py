@@ -14,9 +14,9 @@ from typing import Protocol
 
 import torch
 
-from ...config import TreeConfig
-from ...models.draft import DraftModel, DraftOutput, KVCache
-from ..drafting import PromptLookup, candidate_tensors, draft_schedule
+from jakiro_lib.config import TreeConfig
+from jakiro_lib.models.draft import DraftModel, DraftOutput, KVCache
+from jakiro_lib.decoding.drafting import PromptLookup, candidate_tensors, draft_schedule
 from .tree import CandidatePool, Tree
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..verify import SamplingParams, sample, uniform, warp_probs
+from jakiro_lib.decoding.verify import SamplingParams, sample, uniform, warp_probs
 from .tree import Tree
 
 

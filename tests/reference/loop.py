@@ -14,11 +14,11 @@ from typing import Callable
 import torch
 from transformers import PreTrainedModel
 
-from ...machine import synchronize
-from ...models.target import additive_mask
-from ..result import GenerationResult, append_tokens, check_prompt, choose_token, text_positions
-from ..runner import MAX_TREE_ROOM, TargetRunner
-from ..verify import SamplingParams
+from jakiro_lib.machine import synchronize
+from jakiro_lib.models.target import additive_mask
+from jakiro_lib.decoding.result import GenerationResult, append_tokens, check_prompt, choose_token, text_positions
+from jakiro_lib.decoding.runner import MAX_TREE_ROOM, TargetRunner
+from jakiro_lib.decoding.verify import SamplingParams
 from .drafting import Drafter
 from .tree import Tree
 from .verify import verify
