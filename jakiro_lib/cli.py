@@ -211,7 +211,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int], Callable[[ar
                cmd_cycles, _args_cycles, True),
     "throughput": ("tokens/s of feature caching and draft training steps on this machine", cmd_throughput,
                    _args_throughput, True),
-    "gpucheck": ("issue 24's decoding goals on this machine's GPU in one run: plain and speculative decoding "
+    "gpucheck": ("the decoding goals on this machine's GPU in one run: plain and speculative decoding "
                  "captured against HF's compiled generate, T=0 and T=1, and the cycle's breakdown from the profiler",
                  cmd_gpucheck, _args_gpucheck, True),
     "papercost": ("paper scale by simulation: T(n), plain decoding and the paper's cycles on a random target of a "

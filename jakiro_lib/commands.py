@@ -22,14 +22,13 @@ from .measure.costmodel import measure_draft_costs, measure_draft_cycle, measure
 from .data.conversations import DataError, Question, load_question_file, load_questions
 from .models.draft import DraftModel
 from .data.feature_store import MANIFEST, CacheError, verify_cache
-from .layout import RunLayout
 from .measure.cycles import COLUMNS as CYCLE_COLUMNS
 from .measure.cycles import cycle_methods, cycle_prompts, cycle_table
 from .decoding.methods import MethodSpec
 from .measure.methods import SPEC, portable, record_label
 from .measure.papercost import run_papercost
 from .measure.perf import performance_targets
-from .study.context import default_run_dir
+from .study.context import StudyContext, default_run_dir
 from .study.gpucheck import CHECK_METHODS, gpu_check
 from .report.plots import plot_papercost, save_figure
 from .study.s00_data import prepare_features
@@ -64,7 +63,7 @@ def resolved_profile(args: argparse.Namespace) -> Profile:
                       f"measures and records one): {profile.data.num_conversations} conversations x "
                       f"{profile.train.epochs} epochs]", file=sys.stderr)
             return profile
-        profile = get_profile(args.profile, **overrides)
+        profile = override(profile, **scale_keys(overrides))
         print(f"[scale: {profile.data.num_conversations} conversations x {profile.train.epochs} epochs, chosen by the "
               f"pipeline on {record.get('date', '?')} ({run_dir / SCALE_JSON})]", file=sys.stderr)
         return profile
@@ -105,8 +104,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    profile = resolved_profile(args)
-    cache = (args.run_dir or default_run_dir(profile.name)) / "features"
+    ctx = StudyContext.at(resolved_profile(args), args.run_dir)
+    profile, cache = ctx.profile, ctx.layout.features
     if (cache / MANIFEST).is_file() and not profile.data.online:  # say whether this run resumes or repairs
         try:
             m = verify_cache(cache, allow_incomplete=True)
@@ -116,23 +115,23 @@ def cmd_cache(args: argparse.Namespace) -> int:
         except CacheError as exc:
             print(f"repairing the feature cache: {' '.join(str(exc).split())}; recomputing what is bad",
                   file=sys.stderr)
-    s = prepare_features(profile, run_dir=args.run_dir)
+    s = prepare_features(ctx)
     print(f"{s['conversations']} conversations, {s['tokens']} tokens ({s['loss_tokens']} trained on), "
           f"{s['shards']} shards, {s['human']} in {s['cache_dir'] or '(online mode: nothing cached)'}")
     return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    profile = resolved_profile(args)
+    ctx = StudyContext.at(resolved_profile(args), args.run_dir)
     names = [n for arg in args.drafts or () for n in arg.split(",") if n]  # "a b" or "a,b"
-    results = train_all(profile, run_dir=args.run_dir, only=names or None, force=args.force)
+    results = train_all(ctx, only=names or None, force=args.force)
     if not main_rank():  # under `accelerate launch`: the main process prints the table
         return 0
     table = training_table(results)
     table.insert(1, "status", ["skipped" if r.get("skipped") else "imported" if r.get("imported") else "trained"
                                for r in results.values()])
     print(table[list(TRAIN_COLUMNS)].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    print("results.json and history.json of each draft in", (args.run_dir or default_run_dir(profile.name)) / "drafts")
+    print("results.json and history.json of each draft in", ctx.layout.drafts)
     return 0
 
 
@@ -147,15 +146,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.skip:
         sets["bench.skip"] = str(args.skip)
     try:
-        profile = override(resolved_profile(args), **sets)
+        ctx = StudyContext.at(override(resolved_profile(args), **sets), args.run_dir)
         questions, out = None, args.out
         if args.questions:
             questions = _question_file(args)
             if out is None:  # beside the studies, never into their folders (their records would go stale)
-                run_dir = args.run_dir if args.run_dir is not None else default_run_dir(profile.name)
-                out = RunLayout(Path(run_dir)).bench(f"{args.study}-{questions[0].benchmark}")
-        table = run_study(profile, run_dir=args.run_dir, study=args.study, out_dir=out, questions=questions,
-                          only=args.methods or None)
+                out = ctx.layout.bench(f"{args.study}-{questions[0].benchmark}")
+        table = run_study(ctx, args.study, out_dir=out, questions=questions, only=args.methods or None)
     except (ValueError, FileNotFoundError, DataError) as exc:
         raise SystemExit(f"error: {exc}") from None
     print(display_table(table).to_string())
@@ -361,7 +358,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
 
 
 def cmd_gpucheck(args: argparse.Namespace) -> int:
-    """Issue 24's goals in one run on the device (jakiro_lib.study.gpucheck): records, goals, cycle breakdown."""
+    """The decoding goals in one run on the device (jakiro_lib.study.gpucheck): records, goals, cycle breakdown."""
     try:
         result = gpu_check(args.profile, run_dir=args.run_dir, out_dir=args.out, device=args.device,
                            overrides=parse_overrides(args.set), profiled_prompts=args.profiled_prompts,

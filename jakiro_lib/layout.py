@@ -4,6 +4,7 @@
 
     run_dir/
       .lock                         held by the one cache / train / bench / pipeline run writing here (runlock.run_lock)
+      profile.json                  the resolved profile the pipeline hands its notebooks (study.context.read_resolved)
       features/                     the target-feature cache (manifest.json + shards), notebook 00
       features_summary.json
       distill/conversations.jsonl   self-distilled answers (data.self_distill)
@@ -59,6 +60,11 @@ class RunLayout:
     """The paths of one run directory (see the module docstring for the tree)."""
 
     root: Path
+
+    @property
+    def profile(self) -> Path:
+        """The run's resolved profile, written by the pipeline, read by its notebooks."""
+        return self.root / "profile.json"
 
     @property
     def features(self) -> Path:

@@ -37,14 +37,8 @@ def _study_drafts(vocab: int | None) -> dict[str, DraftConfig]:
     return {**drafts, **{f"{k}_u2": dataclasses.replace(drafts[k], unroll_steps=2) for k in twins}}
 
 
-# The default (2-core CPU) main job's drafts: issue 23's faithful comparison (EAGLE-2 at its true width, the
-# equal-parameter control, moe2 for the coupled / released methods and the paper's loss, moe2_xgate for the
-# headline Jakiro rows (JAKIRO_DRAFT), multi-step training). moe2_xequal, moe2_nocontrast and moe4 (the paper's ablations) are left to the smoke, gpu and paper
-# profiles: with them the main job overran 90 min on a 2-core AVX2 EPYC (2026-11-23). FAITHFUL_DRAFTS (~20 more
-# minutes there) is opt-in: `--set drafts=...`. DEFAULT_SCALE (conversations, epochs) is the floor of the
-# default's data.scale="auto" (jakiro_lib.training.scale) and its values wherever nothing was measured (a stage run alone
-# before any pipeline): 600 x 2 took 82 min on the AVX2 EPYC. A CPU flag does not size the job any more (issue 43):
-# the 2-core EPYC with avx512_bf16 ran bf16 caching 1.74x and the compiled bf16 step 1.98x fp32, AMX 3.2-3.8x.
+# The default main job's drafts and its scale floor (conversations, epochs) for data.scale="auto", also used wherever
+# nothing was measured: docs/DESIGN.md section 11. FAITHFUL_DRAFTS is opt-in (`--set drafts=...`).
 DEFAULT_SCALE = (600, 2)
 DEFAULT_DRAFTS = ("dense", "dense_h", "moe2", "moe2_xgate", "dense_u2", "moe2_u2")
 FAITHFUL_DRAFTS = ("dense", "dense_h", "moe2", "moe2_xgate", "dense_u2", "dense_h_u2", "moe2_u2", "moe2_xgate_u2")
@@ -100,12 +94,9 @@ def _default() -> Profile:
 
 
 def _gpu() -> Profile:
-    """The built-in target at the paper's scale on one GPU."""
-    # One GPU and no hub (issue 22): the built-in SmolLM2 in bf16 on cuda, all the packaged ShareGPT
-    # conversations (17,671 records, ~17.3k kept), the paper's 20 epochs and 60-token trees (docs/DESIGN.md
-    # sections 4-5). Batch 32 at lr 2e-3 kept held-out top-1 rising over 4 epochs on an H100 (issue 22). The
-    # reduced draft vocabulary stays (SmolLM2's 49152-token lm_head dominates the draft's cost); the training
-    # step is not compiled until measured on a GPU. Only the packaged benchmarks, 20 questions each.
+    """The built-in target at the paper's scale on one GPU and no hub: all the packaged conversations, the paper's
+    20 epochs and 60-token trees (docs/DESIGN.md sections 4-5), the reduced draft vocabulary, the packaged
+    benchmarks at 20 questions each."""
     return Profile(
         name="gpu",
         target=TargetConfig(model="builtin:smollm2", dtype="bfloat16", device="cuda", max_context=4096),
@@ -119,15 +110,9 @@ def _gpu() -> Profile:
 
 
 def _gpu_quick(gpu: Profile) -> Profile:
-    """``gpu``'s slice for one call of a lent GPU."""
-    # The gpu profile's slice for one call of a lent GPU (issue 42: all four notebooks in at most 8 minutes,
-    # compilation included; the .device kit's `notebooks` call): 3000 conversations x 3 epochs, EAGLE-2's and
-    # Jakiro's drafts, decoding in fp32 (where greedy identity is exact) on the captured static engine, MT-bench
-    # q1-3 both turns, 48 new tokens, T=0 and T=1. Sized by the H100 of 2026-11-27
-    # (reports/measured/2026-11-27-h100-notebooks): caching 129 s, training 49 s, figures 17 s, the study 470 s
-    # at q1-5 and 64 tokens (237 s of it timed generation, 74 s ablations, the rest loading, HF's compile and
-    # tuning; every step about 18 ms on that machine); q1-3 at 48 tokens cuts the timed part to about 45%,
-    # about 8 minutes in all there.
+    """``gpu``'s slice that runs all four notebooks in one GPU call of about 8 minutes (sized in docs/results.md):
+    3000 conversations x 3 epochs, EAGLE-2's and Jakiro's drafts, fp32 decoding on the captured engine, MT-bench
+    q1-3 at 48 new tokens, T=0 and T=1."""
     return Profile(
         name="gpu-quick",
         target=dataclasses.replace(gpu.target, dtype="float32"),
@@ -273,4 +258,21 @@ def _check_bench_drafts(profile: Profile) -> None:
             raise ConfigError(f"bench.{key} = {name!r} is not allowed: expected a draft's name, one of "
                               f"{', '.join(sorted(known))}")
 
+
+def profile_from_dict(data: Any) -> Profile:
+    """The profile :meth:`Profile.to_dict` wrote (a run's resolved ``profile.json``), validated as a named one is;
+    a :class:`ConfigError` names what does not fit."""
+    try:
+        sections: dict[str, Any] = {}
+        for f in dataclasses.fields(Profile):
+            if f.name == "drafts":
+                sections[f.name] = {k: DraftConfig(**v) for k, v in data[f.name].items()}
+            elif f.name != "name":
+                sections[f.name] = type(f.default_factory())(**data[f.name])  # lists become tuples in validate
+        profile = Profile(name=data["name"], **sections)
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"not a resolved profile ({type(exc).__name__}: {exc})") from None
+    validate(profile)
+    _check_bench_drafts(profile)
+    return profile
 

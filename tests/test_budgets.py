@@ -6,6 +6,7 @@ import logging
 import pytest
 
 from helpers import single_thread
+from jakiro_lib.study.context import StudyContext
 from jakiro_lib.measure import budgets, costmodel
 from jakiro_lib.measure.budgets import TUNE_PROMPTS, resolve_tree_budgets, tuning_prompts
 from jakiro_lib.config import TargetConfig, TreeConfig
@@ -128,7 +129,7 @@ def test_bench_config_records_the_tuning_prompts_apart_from_the_benchmarks(tiny_
     monkeypatch.setattr(costmodel, "tune_total_tokens", lambda *a, **kw: {"best": 4, "table": []})
     questions = [Question("q1", "writing", ["Say something.", "Say more."], "mt_bench")]
     with single_thread():
-        run_study(profile, root, "main", target=target, only="vanilla,eagle2_auto", questions=questions,
+        run_study(StudyContext.at(profile, root), "main", target=target, only="vanilla,eagle2_auto", questions=questions,
                   progress=False, force=True)
     config = json.loads((root / "bench" / "main" / "bench_config.json").read_text())
     tuning = config["tree_budget_tuning"]

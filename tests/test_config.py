@@ -4,8 +4,10 @@ from pathlib import Path
 
 import pytest
 
+from jakiro_lib.config import ConfigError
+
 from jakiro_lib.config import DraftConfig, TreeConfig
-from jakiro_lib.profiles import DEFAULT_SCALE, PROFILE_NAMES, get_profile
+from jakiro_lib.profiles import DEFAULT_SCALE, PROFILE_NAMES, get_profile, profile_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,3 +155,28 @@ def test_drafts_override_selects_from_the_catalogue_at_the_profiles_vocabulary()
     for bad in ("dense,nope", "dense,dense", ""):
         with pytest.raises(ConfigError, match="give distinct names out of dense, dense_h, moe2"):
             get_profile("default", drafts=bad)
+
+
+@pytest.mark.parametrize("name", PROFILE_NAMES)
+def test_a_resolved_profile_reads_back_equal_and_checked(name, tmp_path):
+    """A run's profile.json (the pipeline resolves once; its notebooks read it): every profile, overridden, reads back
+    equal (tuples stay tuples), and one with a bad value or a missing section is a ConfigError, not a traceback."""
+    import json
+
+    from jakiro_lib.study.context import read_resolved, setup, write_resolved
+
+    prof = get_profile(name, **{"bench.temperatures": "0,1", "train.epochs": 2})
+    assert profile_from_dict(json.loads(prof.to_json())) == prof
+    path = tmp_path / "profile.json"
+    write_resolved(path, prof, {"train.epochs": 2})
+    ctx = setup(str(path), run_dir=tmp_path / "run", report_dir=tmp_path / "report")
+    assert ctx.profile == prof and ctx.overrides == {"train.epochs": 2}
+    with pytest.raises(ConfigError, match="resolved already"):
+        read_resolved(path, {"bench.limit": 1})
+    bad = json.loads(prof.to_json())
+    bad["train"]["epochs"] = -1
+    with pytest.raises(ConfigError, match="epochs"):
+        profile_from_dict(bad)
+    del bad["tree"]
+    with pytest.raises(ConfigError, match="not a resolved profile"):
+        profile_from_dict(bad)

@@ -25,6 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from jakiro_lib.study.context import StudyContext
 from jakiro_lib.report import pipeline
 from jakiro_lib import files, machine, runlock
 from jakiro_lib.cli import main
@@ -92,8 +93,8 @@ def base(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("base") / "run"
     profile = get_profile("smoke", **SMALL)
     with single_thread():
-        prepare_features(profile, run, progress=False)
-        train_all(profile, run, only=DRAFTS, progress=False)
+        prepare_features(StudyContext.at(profile, run), progress=False)
+        train_all(StudyContext.at(profile, run), only=DRAFTS, progress=False)
         assert main(["bench", "--profile", "smoke", "--methods", "vanilla", "--run-dir", str(run), *sets()]) == 0
     return run
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import jakiro_lib.decoding.methods as methods
+from jakiro_lib.study.context import StudyContext
 from jakiro_lib import files
 from jakiro_lib.api import generate
 from jakiro_lib.cli import main
@@ -106,10 +107,10 @@ def test_a_killed_writers_temporary_folder_is_swept_and_a_live_ones_kept(tmp_pat
 
 def test_the_feature_cache_sweeps_a_killed_writers_shard_when_it_starts(tmp_path):
     profile = get_profile("smoke", **{"data.num_conversations": "4", "data.shard_size": "2", "data.max_length": "64"})
-    prepare_features(profile, tmp_path, progress=False)
+    prepare_features(StudyContext.at(profile, tmp_path), progress=False)
     dead = killed_write(tmp_path / "features" / "shard_00001.safetensors")
     before = (tmp_path / "features" / "manifest.json").read_bytes()
-    prepare_features(profile, tmp_path, progress=False)
+    prepare_features(StudyContext.at(profile, tmp_path), progress=False)
     assert not dead.exists() and (tmp_path / "features" / "manifest.json").read_bytes() == before
 
 
@@ -167,7 +168,7 @@ def test_a_full_disk_while_caching_is_one_line_naming_the_disk_and_the_file(tmp_
 
 
 def test_a_full_disk_under_torch_save_is_one_line_naming_the_disk_and_the_run(tmp_path, capsys, monkeypatch):
-    prepare_features(get_profile("smoke", **SMALL), tmp_path, progress=False)
+    prepare_features(StudyContext.at(get_profile("smoke", **SMALL), tmp_path), progress=False)
 
     def save(*args, **kwargs):  # as torch.save fails on a full disk: a second error while closing the file
         try:

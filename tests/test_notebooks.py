@@ -71,9 +71,10 @@ def test_unknown_override_fails_before_any_kernel(tmp_path):
 # --------------------------------------------------------------------------------------------------
 
 STANDIN = """
-import os, pathlib, time
+import json, os, pathlib, time
 out = pathlib.Path(report_dir) / "{stage}.txt"
-out.write_text(f"{{time.time()}} {{overrides}} {{force}}")
+resolved = json.loads(pathlib.Path(profile).read_text())  # the pipeline hands over the resolved profile's file
+out.write_text(f"{{time.time()}} {{resolved['overrides']}} {{resolved['profile']['bench']['limit']}} {{force}}")
 if os.environ.get("JAKIRO_TEST_FAIL") == "{stage}":
     raise RuntimeError("boom in {stage}")
 """
@@ -104,7 +105,7 @@ def test_pipeline_stamps_skip_and_rerun(tmp_path):
     for stage in STAGES:
         assert (report / f"{stage}.ipynb").is_file() and (report / f"{stage}.html").is_file()
         assert (report / ".stamps" / f"{stage}.json").is_file()
-        assert "'bench.limit': 1" in (report / f"{stage}.txt").read_text()
+        assert "{'bench.limit': 1} 1 False" in (report / f"{stage}.txt").read_text()
     index = (report / "index.html").read_text()
     assert all(f"href='{s}.html'" in index and f"href='{s}.ipynb'" in index for s in STAGES)
 

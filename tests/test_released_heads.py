@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from jakiro_lib.study.context import StudyContext
 from jakiro_lib import cli
 from jakiro_lib.config import DraftConfig
 from jakiro_lib.measure.summary import load_records
@@ -44,17 +45,17 @@ def test_stage_01_imports_exported_heads_and_greedy_decoding_with_them_is_vanill
         "bench.tuned": "false", "bench.compiled_baseline": "false"})
     run = tmp_path / "run"
     with caplog.at_level(logging.INFO, logger="jakiro_lib"):
-        results = train_all(profile, run_dir=run, progress=False)
+        results = train_all(StudyContext.at(profile, run), progress=False)
     assert {r["imported"]["layout"] for r in results.values()} == {"eagle", "jakiro"}
     assert "draft dense: imported from" in caplog.text and not (run / "features").exists()
     for name, original in (("dense", dense), ("moe2", moe)):
         back = DraftModel.load(run / "drafts" / name / "draft", tiny_target()).state_dict()
         assert all(torch.equal(back[k], v) for k, v in original.state_dict().items())
-    again = train_all(profile, run_dir=run, progress=False)  # imported already: skipped
+    again = train_all(StudyContext.at(profile, run), progress=False)  # imported already: skipped
     assert all(r["skipped"] for r in again.values())
 
     methods = "vanilla,eagle2,jakiro,jakiro_cepd,jakiro_coupled_cepd"
-    run_study(profile, run_dir=run, study="main", only=methods, progress=False)
+    run_study(StudyContext.at(profile, run), "main", only=methods, progress=False)
     records = load_records(run / "bench" / "main" / "records.jsonl")
     by_method = {}
     for r in records:

@@ -211,8 +211,11 @@ def test_pipeline_sizes_the_job_before_stage_00_and_reports_it(tmp_path, monkeyp
     run_pipeline("default", overrides={"bench.limit": 1}, **kw)
     record = json.loads((tmp_path / "run" / S.SCALE_JSON).read_text())
     chosen = record["chosen"]
-    assert fake.calls[0]["overrides"] == {"bench.limit": 1, "data.num_conversations": chosen["num_conversations"],
-                                          "train.epochs": chosen["epochs"]}
+    resolved = json.loads(Path(fake.calls[0]["profile"]).read_text())  # the notebooks get the resolved profile
+    assert resolved["overrides"] == {"bench.limit": 1, "data.num_conversations": chosen["num_conversations"],
+                                     "train.epochs": chosen["epochs"]} and "overrides" not in fake.calls[0]
+    assert (resolved["profile"]["data"]["num_conversations"], resolved["profile"]["train"]["epochs"]) == (
+        chosen["num_conversations"], chosen["epochs"])
     assert json.loads((tmp_path / "report" / S.SCALE_JSON).read_text())["chosen"] == chosen
     page = (tmp_path / "report" / "index.html").read_text()
     assert html.escape(scale_note(record)) in page and f"{chosen['num_conversations']:,} conversations" in scale_note(record)
@@ -220,7 +223,9 @@ def test_pipeline_sizes_the_job_before_stage_00_and_reports_it(tmp_path, monkeyp
     assert len(calls) == 1 and len(fake.calls) == 1
     # both keys set: no auto, and the report's copy of an earlier choice goes
     run_pipeline("default", overrides={"data.num_conversations": 700, "train.epochs": 2}, **kw)
-    assert fake.calls[-1]["overrides"] == {"data.num_conversations": 700, "train.epochs": 2}
+    resolved = json.loads(Path(fake.calls[-1]["profile"]).read_text())
+    assert resolved["overrides"] == {"data.num_conversations": 700, "train.epochs": 2}
+    assert resolved["profile"]["data"]["num_conversations"] == 700
     assert not (tmp_path / "report" / S.SCALE_JSON).exists() and len(calls) == 1
 
 

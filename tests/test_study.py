@@ -11,6 +11,7 @@ from jakiro_lib.models.draft import DraftModel
 from jakiro_lib import study as S
 from jakiro_lib.layout import RunLayout, draft_path, has_weights
 from jakiro_lib.study import load_study_records, run_study
+from jakiro_lib.study.context import StudyContext
 from jakiro_lib.models.target import load_target
 
 from helpers import single_thread
@@ -23,7 +24,7 @@ def test_benchmark_records_survive_a_copied_run_dir_but_not_a_changed_draft(tmp_
     first = tmp_path / "first"
     DraftModel.build(profile.drafts["dense"], target.model).eval().save(first / "drafts" / "dense" / "draft")
     with single_thread():
-        run_study(profile, run_dir=first, only=["vanilla", "eagle2"], target=target, progress=False)
+        run_study(StudyContext.at(profile, first), only=["vanilla", "eagle2"], target=target, progress=False)
     records = load_study_records(first, "main")
     assert len(records) == 4  # 2 methods x 1 question x 2 turns
 
@@ -35,7 +36,7 @@ def test_benchmark_records_survive_a_copied_run_dir_but_not_a_changed_draft(tmp_
 
     monkeypatch.setattr(methods.MethodRunner, "__call__", no_generation)
     with single_thread():
-        run_study(profile, run_dir=moved, only=["vanilla", "eagle2"], target=target, progress=False)
+        run_study(StudyContext.at(profile, moved), only=["vanilla", "eagle2"], target=target, progress=False)
     assert load_study_records(moved, "main") == records
 
     weights = moved / "drafts" / "dense" / "draft" / "model.safetensors"
@@ -43,7 +44,7 @@ def test_benchmark_records_survive_a_copied_run_dir_but_not_a_changed_draft(tmp_
     data[-1] ^= 1  # "retrained": the old records no longer describe this draft
     weights.write_bytes(bytes(data))
     with pytest.raises(AssertionError, match="regenerated"), single_thread():
-        run_study(profile, run_dir=moved, only=["vanilla", "eagle2"], target=target, progress=False)
+        run_study(StudyContext.at(profile, moved), only=["vanilla", "eagle2"], target=target, progress=False)
     assert (moved / "bench" / "main" / "records.stale.jsonl").is_file()
 
 
@@ -56,8 +57,8 @@ def test_features_can_be_cached_with_the_target_in_another_dtype(tmp_path):
     small = {"data.num_conversations": 6, "data.shard_size": 6, "data.max_length": 96}
     fp32, bf16 = get_profile("smoke", **small), get_profile("smoke", **small, **{"data.cache_dtype": "bfloat16"})
     with single_thread():
-        prepare_features(fp32, tmp_path / "fp32", progress=False)
-        prepare_features(bf16, tmp_path / "bf16", progress=False)
+        prepare_features(StudyContext.at(fp32, tmp_path / "fp32"), progress=False)
+        prepare_features(StudyContext.at(bf16, tmp_path / "bf16"), progress=False)
     manifest = json.loads((tmp_path / "bf16" / "features" / MANIFEST).read_text())
     assert manifest["settings"]["target_dtype"] == "bfloat16"
     assert "target_dtype" not in json.loads((tmp_path / "fp32" / "features" / MANIFEST).read_text())["settings"]
@@ -65,7 +66,7 @@ def test_features_can_be_cached_with_the_target_in_another_dtype(tmp_path):
     b = load_file(str(next((tmp_path / "bf16" / "features").glob("shard_*.safetensors"))))
     assert (a["input_ids"] == b["input_ids"]).all() and not (a["hidden"] == b["hidden"]).all()
     with pytest.raises(CacheError, match="target_dtype"), single_thread():  # no silent mix of the two
-        prepare_features(fp32, tmp_path / "bf16", progress=False)
+        prepare_features(StudyContext.at(fp32, tmp_path / "bf16"), progress=False)
 
 
 def test_cache_dtype_auto_follows_the_hardware_and_resumes_a_begun_cache(tmp_path, monkeypatch):
@@ -128,7 +129,7 @@ def test_a_method_added_to_a_study_reuses_the_records_already_there(tmp_path, mo
                                       "bench.temperatures": "0", "bench.tuned": False})
     target = load_target(profile.target)
     with single_thread():
-        run_study(profile, run_dir=tmp_path, only=["vanilla"], target=target, progress=False)
+        run_study(StudyContext.at(profile, tmp_path), only=["vanilla"], target=target, progress=False)
     first = load_study_records(tmp_path, "main")
     calls = []
     real = methods.MethodRunner.__call__
@@ -139,20 +140,20 @@ def test_a_method_added_to_a_study_reuses_the_records_already_there(tmp_path, mo
 
     monkeypatch.setattr(methods.MethodRunner, "__call__", counted)
     with single_thread():
-        run_study(profile, run_dir=tmp_path, only=["vanilla", "hf_generate"], target=target, progress=False)
+        run_study(StudyContext.at(profile, tmp_path), only=["vanilla", "hf_generate"], target=target, progress=False)
     assert set(calls) == {"hf"}  # only the added method ran
     assert load_study_records(tmp_path, "main")[:len(first)] == first
     assert not (tmp_path / "bench" / "main" / "records.stale.jsonl").exists()
     calls.clear()
     with single_thread():  # a subset afterwards: its records are there, the others kept
-        table = run_study(profile, run_dir=tmp_path, only=["vanilla"], target=target, progress=False)
+        table = run_study(StudyContext.at(profile, tmp_path), only=["vanilla"], target=target, progress=False)
     assert calls == [] and not (tmp_path / "bench" / "main" / "records.stale.jsonl").exists()
     assert list(table["method"]) == ["vanilla"] and len(load_study_records(tmp_path, "main")) == 4
     with single_thread():  # forced: moved aside and run again
-        run_study(profile, run_dir=tmp_path, only=["vanilla"], target=target, progress=False, force=True)
+        run_study(StudyContext.at(profile, tmp_path), only=["vanilla"], target=target, progress=False, force=True)
     assert set(calls) == {"vanilla"} and (tmp_path / "bench" / "main" / "records.stale.jsonl").is_file()
     with single_thread():  # forced again: the first stale records stay, the second set goes beside them
-        run_study(profile, run_dir=tmp_path, only=["vanilla"], target=target, progress=False, force=True)
+        run_study(StudyContext.at(profile, tmp_path), only=["vanilla"], target=target, progress=False, force=True)
     stale = sorted(p.name for p in (tmp_path / "bench" / "main").glob("records.stale*.jsonl"))
     assert stale == ["records.stale.1.jsonl", "records.stale.jsonl"]
     assert (tmp_path / "bench" / "main" / "records.stale.1.stamp.json").is_file()

@@ -1,4 +1,4 @@
-"""Paper scale by simulation (issue 42 item 4): what the paper's methods cost per cycle on a Vicuna-7B-shaped
+"""Paper scale by simulation: what the paper's methods cost per cycle on a Vicuna-7B-shaped
 target with random weights, and the speedups the paper's acceptance lengths would give at those costs.
 
 No trained Vicuna-7B drafts exist here, but the static engine's shapes are fixed (:mod:`jakiro_lib.decoding.static`): a

@@ -34,15 +34,16 @@ from typing import Any, Iterator, Sequence
 
 import pandas as pd
 
-from ..profiles import PROFILE_NAMES, parse_overrides
+from ..layout import RunLayout
+from ..profiles import PROFILE_NAMES, override, parse_overrides
 from .page import write_front_page
 from .stages import (RUNNING_DIR, STAMP_DIR, PipelineError, StageResult, StageRun,
                      run_stages, select_stages, write_pipeline_log)
 from .stages import log as stages_log
-from ..training.scale import SCALE_JSON, resolve_scale
+from ..training.scale import SCALE_JSON, resolve_scale, set_keys
 from ..training.scale import log as scale_log
 from ..config import Profile
-from ..study.context import default_report_dir, default_run_dir, resolve_profile
+from ..study.context import default_report_dir, default_run_dir, resolve_profile, write_resolved
 from ..measure.summary import headline_table
 from ..errors import exit_status
 from ..files import check_paths, write_json
@@ -132,7 +133,7 @@ def _progress_logging(log_output: bool) -> Iterator[None]:
                 lg.setLevel(level)
 
 
-def _apply_scale(profile: str, prof: Profile, overrides: dict[str, Any], run_dir: Path,
+def _apply_scale(prof: Profile, overrides: dict[str, Any], run_dir: Path,
                  report_dir: Path) -> tuple[Profile, dict[str, Any]]:
     """data.scale="auto": the conversations and epochs that fit this machine, measured once before stage 00 and
     recorded in the run directory (and copied to the report); the notebooks get them as overrides like any --set."""
@@ -141,7 +142,7 @@ def _apply_scale(profile: str, prof: Profile, overrides: dict[str, Any], run_dir
         (report_dir / SCALE_JSON).unlink(missing_ok=True)  # an earlier run's choice no longer applies
         return prof, overrides
     write_json(report_dir / SCALE_JSON, record)
-    return resolve_profile(profile, overrides), overrides
+    return override(prof, **set_keys(overrides)), overrides
 
 
 def _finish(report_dir: Path, profile_name: str, parameters: dict[str, Any], results: list[StageResult],
@@ -190,9 +191,11 @@ def run_pipeline(
         log.info("pipeline %s: stages %s; runs in %s, reports in %s", prof.name, ", ".join(selected), run_dir,
                  report_dir)
         with run_lock(run_dir, report_dir, for_children=True):  # one run per run directory: the kernels work under it
-            prof, overrides = _apply_scale(profile, prof, overrides, run_dir, report_dir)
-            parameters = {"profile": prof.name, "overrides": overrides, "run_dir": str(run_dir),
-                          "report_dir": str(report_dir), "force": bool(force)}
+            prof, overrides = _apply_scale(prof, overrides, run_dir, report_dir)
+            resolved = RunLayout(run_dir).profile  # the notebooks start from it: the profile is resolved here, once
+            write_resolved(resolved, prof, overrides)
+            parameters = {"profile": str(resolved), "run_dir": str(run_dir), "report_dir": str(report_dir),
+                          "force": bool(force)}
             run = StageRun(pm, selected, parameters, _fingerprint(json.loads(prof.to_json()), run_dir, report_dir),
                            nb_dir, report_dir, force=force, kernel_name=kernel_name, log_output=log_output,
                            execution_timeout=execution_timeout)

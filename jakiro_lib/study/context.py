@@ -23,11 +23,10 @@ import torch
 import transformers
 
 from ..config import ConfigError, Profile
-from ..profiles import get_profile, override
+from ..profiles import get_profile, override, profile_from_dict
 from ..layout import RunLayout
 from ..models.target import load_target
-from ..files import write_json
-from ..files import REPO_ROOT
+from ..files import REPO_ROOT, read_json, write_json
 from ..machine import run_metadata
 from ..runlock import hold_run_lock
 
@@ -64,6 +63,22 @@ def resolve_profile(profile: str | Profile, overrides: dict[str, Any] | None = N
     return get_profile(profile, **overrides)
 
 
+def write_resolved(path: Path, profile: Profile, overrides: dict[str, Any]) -> None:
+    """The run's resolved profile (and the overrides that made it) as the JSON the notebooks start from."""
+    write_json(path, {"profile": profile.to_dict(), "overrides": overrides})
+
+
+def read_resolved(path: str | Path, overrides: dict[str, Any]) -> tuple[Profile, dict[str, Any]]:
+    """The profile and overrides :func:`write_resolved` wrote; a :class:`ConfigError` where ``overrides`` are given
+    too (a resolved profile is applied as it is) or the file is not one."""
+    if overrides:
+        raise ConfigError(f"profile {path} is resolved already: give its overrides to the command that wrote it")
+    data = read_json(path)
+    if not isinstance(data, dict) or "profile" not in data:
+        raise ConfigError(f"profile {path} is not a resolved profile's JSON (a run directory's profile.json)")
+    return profile_from_dict(data["profile"]), dict(data.get("overrides") or {})
+
+
 def _run_dir(profile: Profile, run_dir: str | Path | None) -> Path:
     return Path(run_dir).expanduser().resolve() if run_dir is not None else default_run_dir(profile.name)
 
@@ -77,6 +92,11 @@ class StudyContext:
     run_dir: Path = Path()
     report_dir: Path = Path()
     force: bool = False  # the notebooks' ``force`` parameter: retrain drafts, rerun benchmarks
+
+    @classmethod
+    def at(cls, profile: Profile, run_dir: str | Path | None = None) -> StudyContext:
+        """``profile`` over ``run_dir`` (None: its default), with no report directory: what a command works with."""
+        return cls(profile=profile, run_dir=_run_dir(profile, run_dir))
 
     @property
     def layout(self) -> RunLayout:
@@ -116,11 +136,15 @@ def _short(value: Any) -> str:
 def setup(profile: str | Profile = "default", overrides: dict[str, Any] | None = None, *,
           run_dir: str | Path | None = None, report_dir: str | Path | None = None,
           write_config: bool = True) -> StudyContext:
-    """Resolve the notebook parameters; create the directories; write ``report_dir/run_config.json``.
+    """Resolve the notebook parameters (``profile``: a name, or the path of a run's resolved ``profile.json``, which
+    takes no overrides); create the directories; write ``report_dir/run_config.json``.
 
     ``JAKIRO_THREADS`` (env) sets torch's intra-op thread count (tiny targets run faster on one).
     """
-    prof = resolve_profile(profile, overrides)
+    if isinstance(profile, str) and profile.endswith(".json"):
+        prof, overrides = read_resolved(profile, overrides or {})
+    else:
+        prof = resolve_profile(profile, overrides)
     threads = os.environ.get("JAKIRO_THREADS")
     if threads:
         torch.set_num_threads(int(threads))
@@ -160,25 +184,6 @@ def get_target(profile: Profile | StudyContext) -> Any:
         _TARGETS[key] = load_target(prof.target)
         log.info("loaded target %s in %.1f s", prof.target.model, time.perf_counter() - t0)
     return _TARGETS[key]
-
-
-def _profile_of(profile: str | Profile | StudyContext) -> Profile:
-    if isinstance(profile, StudyContext):
-        return profile.profile
-    return resolve_profile(profile)
-
-
-def _dirs(profile: str | Profile | StudyContext, run_dir: str | Path | None) -> tuple[Profile, Path]:
-    if isinstance(profile, StudyContext):
-        return profile.profile, (Path(run_dir).resolve() if run_dir is not None else profile.run_dir)
-    prof = _profile_of(profile)
-    return prof, _run_dir(prof, run_dir)
-
-
-def _layout(profile: str | Profile | StudyContext, run_dir: str | Path | None) -> tuple[Profile, RunLayout]:
-    """The profile and its run directory's layout (``run_dir`` given, the context's, or the default)."""
-    prof, rdir = _dirs(profile, run_dir)
-    return prof, RunLayout(rdir)
 
 
 def configure_logging(level: int = logging.INFO) -> None:
@@ -229,7 +234,7 @@ def notebook_parameters(profile: Any, overrides: Any, run_dir: Any, report_dir: 
     bad one. papermill's ``-p`` hands over strings (``-p force false`` is "false", ``-p overrides '{...}'`` text,
     ``-p run_dir 123`` a number): ``force`` is a bool or true/false, yes/no, 1/0; ``overrides`` a dict of dotted
     keys or its JSON or YAML text; ``run_dir`` and ``report_dir`` a path or None (the default); ``profile`` a
-    profile's name (or a :class:`Profile`)."""
+    profile's name, a resolved ``profile.json`` (the pipeline's) or a :class:`Profile`."""
     if not (isinstance(profile, Profile) or isinstance(profile, str) and profile.strip()):
         raise ConfigError(f"notebook parameter profile must be a profile name, got {profile!r}")
     return {"profile": profile, "overrides": _mapping("overrides", overrides), "run_dir": _path("run_dir", run_dir),

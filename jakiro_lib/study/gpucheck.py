@@ -32,12 +32,12 @@ from ..measure.budgets import resolve_tree_budgets
 from ..config import Profile, TreeConfig
 from ..profiles import get_profile
 from ..models.draft import DraftModel
-from ..layout import RECORDS_FILE, RunLayout
+from ..layout import RECORDS_FILE
 from ..measure.methods import parse_names
 from ..measure.perf import performance_targets
 from ..decoding.clock import STEP_RANGES
 from ..decoding.static import static_generate
-from .context import default_run_dir, get_target
+from .context import StudyContext, get_target
 from .s02_bench import profile_methods, run_study, study_questions
 from ..files import write_json, write_table
 from ..machine import run_metadata
@@ -49,9 +49,8 @@ from ..decoding.verify import SamplingParams
 CHECK_METHODS = ("vanilla", "hf_compiled", "jakiro_auto", "eagle2_auto", "jakiro_cepd", "jakiro_lookup")
 # the method whose cycle the profiler takes apart (eager, then captured), at the tree its study run was tuned to
 PROFILED = "jakiro_auto"
-# new tokens per profiled prompt in the breakdown: its figures are per cycle, and at the study's 64 the four
-# profiled runs (Jakiro and plain, eager and captured) did not finish in the 130 s a lent H100 had left after
-# the study (2026-11-27); each row is written as it is done, so a stopped check keeps those it finished
+# new tokens per profiled prompt in the breakdown (its figures are per cycle: fewer tokens, a shorter check);
+# each row is written as it is done, so a stopped check keeps those it finished
 BREAKDOWN_TOKENS = 32
 CHECK_SETTINGS = {"bench.compiled_baseline": "true",
                   "bench.benchmarks": "mt_bench", "bench.limit": "10", "bench.max_new_tokens": "64",
@@ -114,20 +113,20 @@ def gpu_check(profile: str = "default", *, run_dir: str | Path | None = None, ou
     ``<run_dir>/gpucheck-<device>``); returns what ``gpu_check.json`` holds."""
     t0 = time.perf_counter()
     prof = check_profile(profile, device, **(overrides or {}))
-    rdir = Path(run_dir) if run_dir is not None else default_run_dir(prof.name)
-    out = Path(out_dir) if out_dir is not None else rdir / f"gpucheck-{prof.target.device}"
+    ctx = StudyContext.at(prof, run_dir)
+    out = Path(out_dir) if out_dir is not None else ctx.run_dir / f"gpucheck-{prof.target.device}"
     target = get_target(prof)
-    available = profile_methods(prof, RunLayout(rdir).drafts, "main")
+    available = profile_methods(prof, ctx.layout.drafts, "main")
     names = parse_names(methods, available) if isinstance(methods, str) else methods  # as `bench --methods`
     chosen = [m for m in names if m in available]
-    table = run_study(prof, rdir, "main", target=target, out_dir=out, only=chosen, progress=progress)
+    table = run_study(ctx, "main", target=target, out_dir=out, only=chosen, progress=progress)
     records = load_records(out / RECORDS_FILE)
     goals = performance_targets(table, records)
     write_table(out / "summary.csv", table)
     write_table(out / "performance_targets.csv", goals)
     rows = []
     if PROFILED in available:
-        spec = resolve_tree_budgets(prof, rdir, {PROFILED: available[PROFILED]}, target)[0][PROFILED]
+        spec = resolve_tree_budgets(prof, ctx.run_dir, {PROFILED: available[PROFILED]}, target)[0][PROFILED]
         draft = DraftModel.load(spec.draft, target.model)
         questions = study_questions(prof)[0][:profiled_prompts]
         prompts = [format_prompt_ids(target, [{"role": "user", "content": q.turns[0]}]) for q in questions]
@@ -144,7 +143,7 @@ def gpu_check(profile: str = "default", *, run_dir: str | Path | None = None, ou
                 print(f"breakdown: {rows[-1]['decoder']} {'captured' if compile else 'eager'} in "
                       f"{time.perf_counter() - t:.1f} s", flush=True)
     result = {"profile": prof.name, "target": prof.target.model, "device": prof.target.device,
-              "dtype": prof.target.dtype, "methods": chosen, "run_dir": str(rdir), "out_dir": str(out),
+              "dtype": prof.target.dtype, "methods": chosen, "run_dir": str(ctx.run_dir), "out_dir": str(out),
               "environment": run_metadata(prof.target.device), "minutes": (time.perf_counter() - t0) / 60,
               "summary": table[["temperature", "method", "tokens_per_s", "speedup", "tau", "greedy_same",
                                 "greedy_compared"]].to_dict("records"),

@@ -26,7 +26,7 @@ from ..data.features import cache_features, estimate_cache
 from ..layout import RunLayout
 from ..files import read_json, write_json
 from ..machine import favoured_dtype
-from .context import StudyContext, _dirs, _layout, default_run_dir, get_target
+from .context import StudyContext, default_run_dir, get_target
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,7 @@ def cache_dtype(prof: Profile, cache_dir: Path, *, force: bool = False) -> str:
     return favoured_dtype(torch.device(prof.target.device)) or prof.target.dtype
 
 
-def prepare_features(profile: str | Profile | StudyContext, run_dir: str | Path | None = None, *,
-                     target: Any = None, force: bool = False, progress: bool = True) -> dict[str, Any]:
+def prepare_features(ctx: StudyContext, *, target: Any = None, force: bool = False, progress: bool = True) -> dict[str, Any]:
     """Cache target features for ``profile.data.num_conversations`` conversations in ``run_dir/features``.
 
     Resumable and self-verifying (see :func:`jakiro_lib.data.features.cache_features`). A cache made with
@@ -74,8 +73,8 @@ def prepare_features(profile: str | Profile | StudyContext, run_dir: str | Path 
     dtype it was begun with (moved to another machine, it is neither rebuilt nor refused).
     Returns a summary dict (also written to ``run_dir/features_summary.json``).
     """
-    prof, rdir = _dirs(profile, run_dir)
-    layout = RunLayout(rdir)
+    prof, rdir = ctx.profile, ctx.run_dir
+    layout = ctx.layout
     d = prof.data
     cache_target = dataclasses.replace(prof.target, dtype=cache_dtype(prof, layout.features, force=force))
     if target is None or target.config != cache_target:
@@ -144,10 +143,9 @@ def disk_estimates(summary: dict[str, Any], profile: Profile) -> pd.DataFrame:
     return df
 
 
-def manifest_table(profile: str | Profile | StudyContext, run_dir: str | Path | None = None) -> pd.DataFrame:
+def manifest_table(ctx: StudyContext) -> pd.DataFrame:
     """One row per cache shard (file, conversations, tokens, loss tokens, size)."""
-    _, layout = _layout(profile, run_dir)
-    m = read_json(layout.features_manifest)
+    m = read_json(ctx.layout.features_manifest)
     if m is None:
         return pd.DataFrame(columns=["file", "conversations", "tokens", "loss_tokens", "bytes"])
     cols = ["file", "first_conversation", "conversations", "skipped_empty_mask", "tokens", "loss_tokens", "bytes"]
@@ -188,11 +186,11 @@ def loss_mask_html(tokenizer: Any, messages: Sequence[dict[str, str]], *, templa
                    f"{body}</pre>")
 
 
-def sample_conversation_html(profile: str | Profile | StudyContext, index: int | None = None, *,
+def sample_conversation_html(ctx: StudyContext, index: int | None = None, *,
                              target: Any = None, max_chars: int = 4000) -> str:
     """:func:`loss_mask_html` of training conversation ``index`` of the profile (default: the first one
     that keeps at least one assistant token within ``max_length``)."""
-    prof, rdir = _dirs(profile, None)
+    prof, rdir = ctx.profile, ctx.run_dir
     target = target or get_target(prof)
     d = prof.data
     convs = load_training_conversations(prof, rdir, target)

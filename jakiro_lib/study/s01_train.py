@@ -27,7 +27,7 @@ from ..training.checkpoints import list_checkpoints, saved_vocab
 from ..training.train import RESULTS, train_draft, train_identity
 from ..files import read_json, replace_dir_atomically, restore_replaced_dir, write_json, write_table
 from ..machine import distributed_state, world_size
-from .context import StudyContext, _dirs, _layout, get_target
+from .context import StudyContext, get_target
 from .heads import import_draft, imported_drafts
 from .s00_data import load_training_conversations
 
@@ -80,7 +80,7 @@ def _log_every(n_train: int, train_cfg: Any) -> int:
     return max(1, steps // 200)
 
 
-def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None = None, *,
+def train_all(ctx: StudyContext, *,
               only: Sequence[str] | None = None, force: bool = False, target: Any = None,
               progress: bool = True) -> dict[str, dict[str, Any]]:
     """Train every draft of ``profile.drafts`` (or ``only`` those) with the same data and budget.
@@ -99,7 +99,7 @@ def train_all(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     in ``drafts/.<name>.training/`` (an interrupted training resumes there from its newest checkpoint)
     and replaces ``drafts/<name>/`` atomically only once complete.
     """
-    prof, rdir = _dirs(profile, run_dir)
+    prof, rdir = ctx.profile, ctx.run_dir
     layout = RunLayout(rdir)
     names = _draft_names(prof, only)
     if not prof.data.online and layout.features_manifest.is_file():
@@ -261,10 +261,9 @@ def _fmt(x: Any) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
-def load_training_results(profile: str | Profile | StudyContext, run_dir: str | Path | None = None
-                          ) -> dict[str, dict[str, Any]]:
+def load_training_results(ctx: StudyContext) -> dict[str, dict[str, Any]]:
     """``{name: results.json}`` of the profile's trained drafts (missing ones left out)."""
-    prof, layout = _layout(profile, run_dir)
+    prof, layout = ctx.profile, ctx.layout
     out = {}
     for name in prof.drafts:
         res = read_json(layout.draft_results(name))
@@ -319,10 +318,10 @@ def router_load_table(results: dict[str, dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["draft", "expert", "load"])
 
 
-def drafts_table(profile: str | Profile | StudyContext) -> pd.DataFrame:
+def drafts_table(ctx: StudyContext) -> pd.DataFrame:
     """The profile's drafts and what sets each apart, read from ``profile.drafts`` (notebook 01 shows this
     instead of a hand-written list, which went stale when the default's drafts changed)."""
-    prof, _ = _layout(profile, None)
+    prof = ctx.profile
     rows = []
     for name, d in prof.drafts.items():
         block = "dense SwiGLU MLP (EAGLE-2)" if d.mlp == "dense" else f"MoE, {d.num_experts} experts, top-{d.top_k_experts}"
@@ -335,10 +334,10 @@ def drafts_table(profile: str | Profile | StudyContext) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def training_history(profile: str | Profile | StudyContext, run_dir: str | Path | None = None) -> pd.DataFrame:
+def training_history(ctx: StudyContext) -> pd.DataFrame:
     """Long table (draft, step, series, value): training losses/accuracies per logged step, held-out
     accuracy per epoch."""
-    prof, layout = _layout(profile, run_dir)
+    prof, layout = ctx.profile, ctx.layout
     rows = []
     for name in prof.drafts:
         h = read_json(layout.draft_history(name))

@@ -23,7 +23,7 @@ from ..layout import BENCH_CONFIG, RECORDS_FILE, SKIPPED_FILE, STUDY_TREE_BUDGET
 from ..decoding.methods import MethodSpec
 from ..measure.methods import SPEC, STUDIES, parse_names, study_methods
 from ..files import read_json, write_json
-from .context import StudyContext, _dirs, get_target
+from .context import StudyContext, get_target
 from .stamps import claim_records, make_stamp
 from .tables import method_setting, study_table
 
@@ -61,10 +61,9 @@ def profile_methods(prof: Profile, drafts_dir: Path, study: str) -> dict[str, Me
                          imported=any(d.import_from for d in prof.drafts.values()))
 
 
-def methods_table(profile: str | Profile | StudyContext, study: str = "main",
-                  run_dir: str | Path | None = None) -> pd.DataFrame:
+def methods_table(ctx: StudyContext, study: str = "main") -> pd.DataFrame:
     """The methods a study compares and their settings (draft, tree, decoupled, CEPD ar_steps)."""
-    prof, rdir = _dirs(profile, run_dir)
+    prof, rdir = ctx.profile, ctx.run_dir
     rows = []
     for name, m in profile_methods(prof, RunLayout(rdir).drafts, study).items():
         row: dict[str, Any] = {"method": name, "kind": m.kind, "engine": m.runs_on}
@@ -85,7 +84,7 @@ def _select(methods: dict[str, MethodSpec], only: str | Sequence[str] | None, st
     return {k: v for k, v in methods.items() if k in set(only)}
 
 
-def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None = None, study: str = "main", *,
+def run_study(ctx: StudyContext, study: str = "main", *,
               target: Any = None, force: bool = False, progress: bool = True,
               only: str | Sequence[str] | None = None, out_dir: str | Path | None = None,
               questions: Sequence[Question] | None = None) -> pd.DataFrame:
@@ -105,7 +104,7 @@ def run_study(profile: str | Profile | StudyContext, run_dir: str | Path | None 
     """
     if study not in STUDIES:
         raise ValueError(f"unknown study {study!r}: use {' or '.join(STUDIES)}")
-    prof, rdir = _dirs(profile, run_dir)
+    prof, rdir = ctx.profile, ctx.run_dir
     layout = RunLayout(rdir)
     methods = _select(profile_methods(prof, layout.drafts, study), only, study)
     missing = sorted({draft_name(m.draft) for m in methods.values() if m.draft and not has_weights(m.draft)})

@@ -1,32 +1,11 @@
-"""The main job sized by measurement: how many conversations and epochs fit 90 minutes on this machine (issue 43,
-section 4).
+"""The main job sized by measurement: how many conversations and epochs fit 90 minutes on this machine
+(docs/DESIGN.md sections 4 and 11).
 
-The default profile sets ``data.scale="auto"``. Before stage 00, the pipeline (:func:`resolve_scale`) measures this
-machine for about a minute, in one process, on the profile's own settings (:func:`measure`):
-
-* **caching**: tokens/s of the target's features for 16 conversations in the dtype caching uses
-  (``data.cache_dtype``) at ``data.cache_batch_size`` per forward (:func:`jakiro_lib.training.throughput.caching_rows`);
-* **training**: tokens/s of a few eager steps of each single-step draft in the profile's precision
-  (:func:`jakiro_lib.training.throughput.training_rows`); multi-step twins take their MLP kind's rate over their unroll steps,
-  as :func:`jakiro_lib.training.throughput_plan.stage_plan` does. Compiling a step costs about 40 s per draft, too
-  long for this measurement, so where the profile compiles its step the eager rate is divided by :data:`COMPILE_GAIN`, the
-  smallest compiled/eager ratio measured (1.21x, moe2_xgate on AMX; 1.31-1.51x for the others);
-* **the benchmark**: T(1), one decoding step of the fp32 target (:func:`jakiro_lib.measure.costmodel.measure_target_costs`):
-  stages 02-03 take about :data:`BENCH_SECONDS_PER_T1_MS` seconds per millisecond of T(1);
-* **the data**: tokens per conversation of a sample (tokenized as caching does) and how many the source has.
-
-From these, :func:`~jakiro_lib.training.scale_plan.choose_scale` takes the most conversations and epochs whose caching
-and training, planned x :data:`PLAN_OVERRUN`, fit the 90-minute main job less a 10% margin, the benchmark's estimate and
-the measurement. Fresh conversations come first: one more epoch is taken only while every epoch still sees
-:data:`CONVERSATIONS_PER_EPOCH` conversations (or all of the data fits), up to :data:`MAX_EPOCHS`. The result is clamped
-to at least :data:`jakiro_lib.profiles.DEFAULT_SCALE` (600 x 2, said in the log where even that does not fit) and at
-most the packaged data.
-
-The choice, with what it came from (rates, T(1), the plan, the budget, the machine), is written to
-``<run_dir>/scale.json``; a rerun with the same settings reuses it instead of measuring again, so an interrupted main
-job continues at the same scale (delete the file to measure again). ``--set data.num_conversations=...`` and
-``--set train.epochs=...`` win: both set, nothing is measured; one set, the other is sized around it.
-``--set data.scale=fixed`` turns it off.
+Where ``data.scale="auto"``, the pipeline (:func:`resolve_scale`) measures caching and training tokens/s, T(1) and the
+data for about a minute (:func:`measure`), and :func:`~jakiro_lib.training.scale_plan.choose_scale` takes the most
+conversations, then epochs, that fit, at least :data:`jakiro_lib.profiles.DEFAULT_SCALE`. The choice and what it came
+from go to ``<run_dir>/scale.json`` and are reused while the settings are the same; ``--set data.num_conversations``
+or ``train.epochs`` win, ``--set data.scale=fixed`` turns it off.
 """
 from __future__ import annotations
 
