@@ -25,7 +25,7 @@ PLAN_OVERRUN = 1.25
 # (docs/results.md), since the benchmark is the stage a misjudged budget cannot shrink
 BENCH_SECONDS_PER_T1_MS = 56.0
 # Compiled over eager bf16 training steps: the smallest gain of any draft measured
-# (reports/measured/2026-11-26-throughput-plan-cpu), for every draft
+# (docs/results.md, measurements that stood in the code), for every draft
 COMPILE_GAIN = 1.2
 CONVERSATIONS_PER_EPOCH = 1000  # 3000 x 3, 6000 x 4 and 8000 x 6 each gave the best top-1 of their time (docs/results.md)
 MAX_EPOCHS = 10  # EAGLE-2's draft on all 17,671 conversations gained little from 5 to 10 epochs (docs/results.md)
