@@ -215,12 +215,8 @@ def format_conversation(
     template: str = "auto",
     max_length: int | None = None,
 ) -> Formatted:
-    """Token ids of a whole conversation plus its assistant-only loss mask, cut to ``max_length``.
-
-    ``template="auto"`` tokenizes the tokenizer's own rendering with ``add_special_tokens=False``
-    (the template writes BOS itself where the model wants one, as ``apply_chat_template`` does);
-    ``"vicuna"`` lets the tokenizer add its BOS (``<s>`` for Llama tokenizers).
-    """
+    """Token ids of a whole conversation plus its assistant-only loss mask, cut to ``max_length``. Only
+    ``"vicuna"`` lets the tokenizer add its BOS; a chat template writes its own where the model wants one."""
     msgs = _check_messages(messages, template)
     _check_template(tokenizer, template)
     if max_length is not None and max_length <= 0:

@@ -1,9 +1,5 @@
-"""The draft's training loss and its held-out evaluation (docs/DESIGN.md section 4), beside the model it trains.
-
-Per branch: SmoothL1 on the predicted feature plus ``p_weight`` x soft cross-entropy against the target's
-next-token distribution through the frozen ``lm_head``; branch A predicts f_{t+1}, branch B f_{t+2}; with
-``unroll_steps`` > 1 the draft also runs on its own features (EAGLE-3's training-time test). :func:`step_loss`
-is the training step's forward (compiled on request); :func:`evaluate` the held-out accuracy per depth and expert.
+"""The draft's training loss (docs/DESIGN.md section 4) and its held-out evaluation: :func:`step_loss` is the
+training step's forward (compiled on request), :func:`evaluate` the held-out accuracy per depth and expert.
 """
 from __future__ import annotations
 
