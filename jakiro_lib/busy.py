@@ -9,11 +9,7 @@ from pathlib import Path
 def busy_torch_processes(sample_s: float = 0.2, proc: Path = Path("/proc")) -> list[tuple[int, str]]:
     """``(pid, command)`` of the other processes on this machine that have torch loaded and used more
     than a quarter of a core during a ``sample_s`` second sample (Linux: reads ``/proc``; elsewhere []).
-
-    Measured 2026-11-23 on the 2-core build machine: a second torch process (a notebook beside a caching
-    run) slowed feature caching from ~0.4 to ~7 s per conversation, because both size their thread pools
-    to all cores.
-    """
+    Both processes size their thread pools to all cores, so each slows the other many times over."""
     if not proc.is_dir():
         return []
     before = _cpu_ticks(proc)

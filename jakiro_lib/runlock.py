@@ -28,20 +28,10 @@ class RunLockError(RuntimeError):
 
 @contextlib.contextmanager
 def run_lock(*dirs: str | Path, command: str | None = None, for_children: bool = False) -> Iterator[None]:
-    """Hold an exclusive lock on each of ``dirs`` (created if missing) while the block runs: one writing run
-    per run directory. Each is a ``flock`` on ``<dir>/.lock``, which holds the holder's pid, command and start
-    time; a second process fails at once with a :class:`RunLockError` naming the holder. The kernel drops the
-    lock when its holder exits, however it ends (SIGKILL included), so a lock is never stale. Under
-    ``accelerate launch`` only the main process (``RANK`` 0) locks: the others are the same run. A directory this
-    process holds for its life (:func:`hold_run_lock`) is its already. ``for_children``: child processes that call
-    :func:`hold_run_lock` meanwhile (the pipeline's notebook kernels) work under these locks.
-
-    On NFS, Linux takes ``flock`` as a lock the server arbitrates (NFSv4, or v3 with its lock daemon), so runs on
-    two machines sharing a run directory exclude each other too, and a lock of a machine that crashed lasts until
-    the server lets it go (about 90 s on NFSv4); a mount with ``nolock`` keeps locks to one machine. Where
-    the file system cannot lock at all (``ENOLCK``: NFS without its lock daemon; ``EOPNOTSUPP``: some FUSE
-    mounts), a :class:`RunLockError` says so before anything is written.
-    """
+    """Hold an exclusive ``flock`` on ``<dir>/.lock`` for each of ``dirs`` (created if missing) while the block
+    runs; the file names the holder's pid, command and start time, and a second process gets a
+    :class:`RunLockError` naming it. Only the main process (``RANK`` 0) locks. ``for_children``: child processes
+    that call :func:`hold_run_lock` meanwhile work under these locks. On NFS: docs/DESIGN.md section 11."""
     if not main_rank():
         yield
         return
@@ -56,11 +46,9 @@ def run_lock(*dirs: str | Path, command: str | None = None, for_children: bool =
 
 
 def hold_run_lock(*dirs: str | Path, command: str) -> None:
-    """For the rest of this process (a notebook's kernel, from its setup cell): the run lock of each of ``dirs``,
-    as :func:`run_lock` takes it; those an earlier call held and these are not are let go. A process started
-    under its parent's lock (``run_lock(..., for_children=True)``: the pipeline's kernels) works under that lock
-    instead, leaving it to the parent, and dies with the parent (Linux's parent-death signal; elsewhere ipykernel's
-    parent poller ends a kernel within a second), so it never writes there unguarded."""
+    """Hold the run lock of each of ``dirs`` for the rest of this process (a notebook's kernel), letting go of
+    those an earlier call held that are not among them. A child started under its parent's lock
+    (``run_lock(..., for_children=True)``) works under that lock instead and is set to die with the parent."""
     if not main_rank():
         return
     paths = _directories(dirs)

@@ -1,10 +1,6 @@
-"""Validation of the config dataclasses (:mod:`jakiro_lib.config`): every field by its type and range.
-
-A value is checked by the field's type annotation (so fields added later, in any config dataclass, are checked
-too) and by a range (:data:`RULES`, then name patterns such as ``*_fraction``). A bad value raises
-:class:`~jakiro_lib.config.ConfigError` naming the key, the value and what is allowed, before any stage touches a
-file. The named profiles and their overrides (:mod:`jakiro_lib.profiles`) run every value through here.
-"""
+"""Validation of the config dataclasses (:mod:`jakiro_lib.config`): every field by its type annotation and a
+range (:data:`RULES`, then name patterns such as ``*_fraction``). A bad value raises
+:class:`~jakiro_lib.config.ConfigError` naming the key, the value and what is allowed."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,17 +18,14 @@ Rule = tuple[Callable[[Any], bool], str]  # (allowed?, what is allowed), applied
 
 
 def _at_least(lo: float) -> Rule:
-    """Numbers >= ``lo``."""
     return (lambda v: v >= lo), f">= {lo}"
 
 
 def _above(lo: float) -> Rule:
-    """Numbers > ``lo``."""
     return (lambda v: v > lo), f"> {lo}"
 
 
 def _one_of(*choices: str) -> Rule:
-    """One of the given strings."""
     return (lambda v: v in choices), "one of " + ", ".join(repr(c) for c in choices)
 
 
@@ -153,7 +146,6 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def _rule_ok(rule: Rule, value: Any) -> bool:
-    """Whether one number is in the rule's range."""
     try:
         return bool(rule[0](value))
     except TypeError:  # a range on a value of another kind (e.g. "auto" where numbers have a range)

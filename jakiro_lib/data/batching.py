@@ -1,12 +1,8 @@
 """Training batches of similar length (``train.bucket_by_length``): less padding per step.
 
-A collated batch is as long as its longest conversation (:func:`jakiro_lib.data.dataset.collate`), so a
-random batch of ShareGPT conversations cut at ``max_length`` spends part of every step on padding. The
 :class:`LengthBucketSampler` shuffles the data, sorts each window of ``window`` batches' worth of
-conversations by length, cuts it into batches and shuffles the batches: similar lengths share a batch,
-while which conversations meet still changes from epoch to epoch. The order depends only on
-(seed, epoch), like the unbucketed :class:`EpochSampler`, so a resumed training sees the
-same batches; and an epoch has ``ceil(n / batch_size)`` batches either way (only the last one short).
+conversations by length, cuts it into batches and shuffles the batches. Like :class:`EpochSampler`, the
+order depends only on (seed, epoch), so a resumed training sees the same batches.
 """
 from __future__ import annotations
 
@@ -52,10 +48,8 @@ def padded_tokens(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> i
 
 
 class LengthBucketSampler(Sampler[list[int]]):
-    """Batches of positions with similar ``lengths``, for ``DataLoader(batch_sampler=...)``.
-
-    Deterministic per (seed, epoch) (:meth:`set_epoch`); every position appears once per epoch.
-    """
+    """Batches of positions with similar ``lengths``, for ``DataLoader(batch_sampler=...)``; every position
+    appears once per epoch, in ``ceil(n / batch_size)`` batches."""
 
     def __init__(self, lengths: Sequence[int], batch_size: int, seed: int, *, window: int = WINDOW) -> None:
         if batch_size < 1 or window < 1:

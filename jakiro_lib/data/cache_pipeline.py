@@ -1,19 +1,7 @@
-"""Feature caching as a pipeline: shards tokenized ahead by worker processes, written on a background thread.
-
-:func:`jakiro_lib.data.features.cache_features` runs the target over one shard at a time. Three helpers keep the
-device from waiting on the host (issue 42):
-
-- :class:`ShardTokens` tokenizes the next shards' conversations (the chat template and the tokenizer: host work, one
-  thread) in a pool of worker processes while the device works on the current shard. With fewer than two workers
-  (:func:`worker_count`; a machine of one or two CPUs by default) each shard is tokenized in this process when it
-  is asked for, as caching always did.
-- :func:`to_host` copies a batch's rows to the host in one copy, from a GPU into pinned memory without waiting for
-  it (one wait a shard instead of one a conversation).
-- :class:`ShardWriter` runs shard k's serialization, sha256 and atomic write (:func:`store_shard`) on a background
-  thread while shard k + 1 is computed: one write at a time, in shard order, its error raised in the caller.
-
-Neither changes a byte of what is written: a conversation's tokens do not depend on the process that made them, and
-:func:`store_shard` writes the bytes ``safetensors.torch.save_file`` writes (tested).
+"""Feature caching as a pipeline, so that the device does not wait on the host: :class:`ShardTokens` tokenizes
+the next shards in worker processes, :func:`to_host` copies a batch's rows off a GPU without waiting, and
+:class:`ShardWriter` writes shard k on a background thread while shard k + 1 is computed. What is written is
+the same bytes as without them.
 """
 from __future__ import annotations
 
@@ -47,9 +35,8 @@ PR_SET_PDEATHSIG = 1  # Linux prctl option: a signal for the process when its pa
 
 
 def worker_count(setting: int, processes: int = 1) -> int:
-    """How many worker processes tokenize: ``setting`` when >= 2; 1: none; 0 (auto): this process's share of the
-    CPUs it may run on (``processes`` caching side by side), less one for itself, at most 16. Fewer than 2 is 0:
-    tokenized in this process."""
+    """How many worker processes tokenize: ``setting`` when >= 2; 0 (auto): this process's share of the CPUs
+    (``processes`` caching side by side) less one, at most 16. Fewer than 2 is 0: tokenized in this process."""
     if setting < 0:
         raise ValueError(f"tokenize_workers must be >= 0, got {setting}")
     if setting == 0:
@@ -102,8 +89,8 @@ def _gather(futures: list[Future[list[Tokens]]]) -> list[Tokens]:
 
 class ShardTokens:
     """Each shard's (token ids, loss mask) per conversation, made by ``workers`` processes up to :data:`AHEAD` shards
-    ahead of the one asked for (shards come in the order ``order`` lists them), or in this process when asked for,
-    with fewer than 2 workers. A context manager: leaving it stops the workers."""
+    ahead of the one asked for (in ``order``), or in this process with fewer than 2 workers. Leaving the context
+    stops the workers."""
 
     def __init__(self, tokenizer: Any, shard: Callable[[int], Sequence[Any]], order: Sequence[int], *,
                  max_length: int, template: str, workers: int) -> None:
@@ -172,10 +159,9 @@ def store_shard(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str
 
 
 class ShardWriter(Generic[R]):
-    """Writes run one at a time on a background thread, in the order given; ``written(index, result)`` is called on
-    the caller's thread for each, in order: :meth:`put` waits for the write before (its error raises there) and
-    starts the next, :meth:`wait` waits for the last. Leaving the context waits for a write under way (none is cut
-    off; the write is atomic anyway) and raises its error, or logs it when another error is on its way out."""
+    """Writes run one at a time on a background thread, in order; ``written(index, result)`` is called on the
+    caller's thread for each, where a write's error is raised too. Leaving the context waits for a write under
+    way and raises its error (logs it when another error is on its way out)."""
 
     def __init__(self, written: Callable[[int, R], None] | None = None) -> None:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="shard-writer")

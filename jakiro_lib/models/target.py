@@ -38,9 +38,7 @@ _SCRATCH = "_jakiro_scratch"  # the attribute scratch() keeps its state under
 
 def scratch(model: PreTrainedModel) -> dict[str, Any]:
     """What the compiled paths keep per model (static caches, shared runners, compiled engines), stored on
-    the model and left behind by a copy of it: ``copy.deepcopy`` copies compiled steps as they are, so a
-    copy's would still run the original model (a copy of the tiny target with a sharpened head sampled
-    from the original's distribution: tests/test_static.py)."""
+    the model and left behind by a copy of it (a deep-copied compiled step would still run the original)."""
     owner, state = model.__dict__.get(_SCRATCH, (None, None))
     if owner != id(model):
         state = {}
@@ -102,10 +100,8 @@ class Target:
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The target's attention mask from a bool one: 0 where a row may attend, the dtype's minimum where not.
-
-    ``allowed`` [n, keys] (True: visible); the result has the same shape (the caller adds batch/head dims).
-    """
+    """The target's additive attention mask [n, keys] from a bool one ``allowed`` [n, keys] (True: visible):
+    0 where a row may attend, the dtype's minimum where not."""
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)  # [n, keys]
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
 

@@ -69,11 +69,8 @@ def read_checkpoint_file(path: Path) -> Any:
 
 
 def readable_checkpoint(checkpoints: list[tuple[int, Path]]) -> tuple[Path, dict[str, torch.Tensor], dict[str, Any]]:
-    """The newest checkpoint whose weights and state read back: (directory, weights, state).
-
-    A damaged one (a file cut short by a crash or a full disk) is passed over, with a one-line warning,
-    for the one before it; none readable is a :class:`CheckpointError` naming the newest one's damaged file.
-    """
+    """The newest checkpoint whose weights and state read back: (directory, weights, state); a damaged one is
+    passed over with a warning, and none readable is a :class:`CheckpointError` naming the newest one's file."""
     first = None
     for _, ckpt in reversed(checkpoints):
         try:

@@ -17,20 +17,18 @@ from .throughput_plan import measured_favoured, stage_plan
 from ..machine import compiles_step, resolve_precision
 
 MAIN_JOB_MINUTES = 90
-MARGIN = 0.10  # of the main job, kept free: timings on a shared 2-core machine move by several percent
-# A main job's caching and training stages over their plan: 45.3 / 36.2 minutes on the 2-core AMX Xeon (2026-11-26,
-# README "Pipeline throughput"): compilation, held-out evaluation, disk writes and loads are not in the plan.
+MARGIN = 0.10  # of the main job, kept free: timings on a shared machine move by several percent
+# A main job's caching and training stages over their plan (docs/results.md, the throughput model against a main
+# job): compilation, held-out evaluation, disk writes and loads are not in the plan
 PLAN_OVERRUN = 1.25
-# Stages 02 and 03 in seconds per ms of the fp32 target's T(1), in the default main jobs recorded under
-# reports/measured: 55.7 (AVX2 EPYC, 2802 s at T(1) 50.3 ms, 2026-11-23), 43.8 (the EPYC with oneDNN, 8 drafts,
-# 1954 s at 44.6 ms), 41.4 and 36.0 (AMX Xeon, 1456 s at 35.2 ms and 1298 s at 36.1 ms). The largest: the benchmark
-# is the stage a misjudged budget cannot shrink.
+# Stages 02 and 03 in seconds per ms of the fp32 target's T(1): the largest of the default main jobs recorded
+# (docs/results.md), since the benchmark is the stage a misjudged budget cannot shrink
 BENCH_SECONDS_PER_T1_MS = 56.0
-# Compiled over eager bf16 training steps on the AMX Xeon (reports/measured/2026-11-26-throughput-plan-cpu): 1.49
-# dense, 1.40 dense_h, 1.51 moe2, 1.21 moe2_xgate, 1.31 dense_u2, 1.33 moe2_u2. The smallest, for every draft.
+# Compiled over eager bf16 training steps: the smallest gain of any draft measured
+# (docs/results.md, measurements that stood in the code), for every draft
 COMPILE_GAIN = 1.2
-CONVERSATIONS_PER_EPOCH = 1000  # 3000 x 3, 6000 x 4 and 8000 x 6 each gave the best top-1 of their time (README)
-MAX_EPOCHS = 10  # EAGLE-2's draft on all 17,671 conversations: top-1 0.566 at 5 epochs, 0.584 at 10, flattening
+CONVERSATIONS_PER_EPOCH = 1000  # 3000 x 3, 6000 x 4 and 8000 x 6 each gave the best top-1 of their time (docs/results.md)
+MAX_EPOCHS = 10  # EAGLE-2's draft on all 17,671 conversations gained little from 5 to 10 epochs (docs/results.md)
 STEP = 100  # conversations are chosen in steps of 100
 
 
@@ -98,8 +96,9 @@ def most_conversations(rates: Rates, epochs: int, budget_s: float) -> int:
 
 
 def choose_scale(rates: Rates, *, conversations: int | None = None, epochs: int | None = None) -> Choice:
-    """Conversations and epochs for the main job (module docstring); ``conversations`` or ``epochs``: set by the
-    user, kept, and the other sized around it."""
+    """Conversations and epochs for the main job: the most epochs that leave :data:`CONVERSATIONS_PER_EPOCH` per
+    epoch within the budget, then the most conversations, at least ``DEFAULT_SCALE``; ``conversations`` or
+    ``epochs``: set by the user, kept, and the other sized around it."""
     budget = caching_training_budget(rates)
     floor_n, floor_e = min(DEFAULT_SCALE[0], rates.available), DEFAULT_SCALE[1]
 

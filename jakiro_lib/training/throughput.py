@@ -1,32 +1,16 @@
-"""Tokens per second of the training pipeline on this machine, stage by stage (issue 22; docs/DESIGN.md section 4:
-"measure tokens/s per stage before tuning anything else").
+"""Tokens per second of the training pipeline on this machine, stage by stage (``python -m jakiro_lib throughput``;
+docs/DESIGN.md section 4), on the same conversations of the profile's data:
 
-``python -m jakiro_lib throughput --profile default`` measures, side by side in one process on the same
-conversations of the profile's data:
+* **cache**: the target's features as caching computes them (no disk write), one conversation per forward and
+  several, in fp32 and in the dtype the hardware favours;
+* **train**: steps of a draft with the loader, loss and optimizer of :func:`jakiro_lib.training.train.train_draft`,
+  in fp32 and with bf16 autocast (where favoured), random and length-bucketed batches, and compiled where the
+  profile compiles. Each step is timed stage by stage (``data``, ``forward``, ``backward``, ``optimizer``,
+  ``sync``) and once free-running (``step_ms`` and the row's tokens/s).
 
-* **cache**: the target's features (tokenize, forward, full-vocabulary top-1, cast to the stored dtype:
-  :func:`jakiro_lib.data.features.shard_tensors`, everything caching does but the disk write), one conversation
-  per forward and several (sorted by length within a shard, right-padded), in fp32 and in the dtype the
-  hardware favours (bf16 where it has bf16 matrix units: AMX or AVX512-BF16 CPUs, CUDA GPUs with bf16);
-* **train**: steps of a draft on a feature cache of those conversations, with the loader, loss and
-  optimizer of :func:`jakiro_lib.training.train.train_draft`, in fp32 and with bf16 autocast (where favoured),
-  with random and with length-bucketed batches. Each step is timed twice: once stage by stage
-  (``data``: next batch from the loader and the copy to the device; ``forward``: ``draft_loss``, with
-  its metric read-back; ``backward``; ``optimizer``: clip, step, zero_grad; ``sync``: the host reads
-  the loop makes after a step), synchronising CUDA around every timer, and once free-running
-  (``step_ms``, and the tokens/s of the row), as training runs.
-
-On a CPU with glibc, every row first runs with glibc's own allocator settings (``allocator="system"``),
-then the rows of the favoured dtype again with freed memory kept for reuse (``"kept"``,
-:func:`jakiro_lib.machine.keep_freed_memory`, which caching and training switch on for themselves). Where the
-profile's training compiles its step in that dtype (``train.compile``), a last row per draft does so (``compiled``).
-
-Tokens are real tokens (padding excluded); ``padding`` is the share of the computed positions that were
-padding. ``speedup`` compares a row with the first row of its part (one conversation per forward in fp32;
-fp32 unbucketed training). Writes ``throughput.csv``, ``throughput_config.json`` and
-``throughput_env.json`` (hardware, versions, threads) to the output directory, and ``plan.csv``: the
-throughput model, the profile's caching and training stages in expected minutes on this machine
-(:func:`~jakiro_lib.training.throughput_plan.stage_plan`).
+On a CPU with glibc the favoured dtype's rows run again with freed memory kept (``allocator="kept"``). Tokens
+exclude padding; ``speedup`` compares a row with the first of its part. Writes ``throughput.csv``,
+``throughput_config.json``, ``throughput_env.json`` and ``plan.csv`` (the throughput model).
 """
 from __future__ import annotations
 
@@ -58,7 +42,7 @@ CSV = "throughput.csv"
 PLAN_CSV = "plan.csv"
 CONFIG_JSON = "throughput_config.json"
 ENV_JSON = "throughput_env.json"
-COMPILED_WARMUP = 8  # untimed steps before a compiled row (compilation: ~40 s per draft on a 2-core CPU)
+COMPILED_WARMUP = 8  # untimed steps before a compiled row (compilation)
 STAGES = ("data", "forward", "backward", "optimizer", "sync")
 COLUMNS = ("part", "variant", "draft", "device", "dtype", "allocator", "batch_size", "bucketed", "compiled", "items",
            "tokens", "padded_tokens", "padding", "seconds", "tokens_per_s", "speedup", *(f"{s}_ms" for s in STAGES),
@@ -264,14 +248,9 @@ def _table(rows: list[dict[str, Any]]) -> pd.DataFrame:
 def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int = 64, steps: int = 20,
                    warmup: int = 2, cache_batch_sizes: Sequence[int] = (1, 4, 8, 16),
                    drafts: Sequence[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Measure caching and training throughput for ``profile`` on this machine; write the CSV and JSONs.
-
-    ``conversations`` of the profile's training data are cached and trained on; ``steps`` training steps
-    per variant (after ``warmup`` untimed ones); ``drafts``: names from ``profile.drafts`` (default: the
-    first). Returns the table (also ``out_dir/throughput.csv``) and
-    :func:`~jakiro_lib.training.throughput_plan.stage_plan` for the profile's whole data (``data.num_conversations``,
-    tokenized; also ``out_dir/plan.csv``).
-    """
+    """Measure caching and training throughput for ``profile`` on ``conversations`` of its data, ``steps``
+    timed training steps per variant after ``warmup``, for ``drafts`` (default: the profile's first); returns
+    (and writes) the table and the stage plan of the profile's whole data."""
     if conversations < 1 or steps < 1 or warmup < 0 or not cache_batch_sizes or min(cache_batch_sizes) < 1:
         raise ValueError("need conversations >= 1, steps >= 1, warmup >= 0 and cache batch sizes >= 1")
     names = list(drafts) if drafts else list(profile.drafts)[:1]
@@ -334,7 +313,7 @@ def plan_from(profile: Profile, table_csv: str | Path, out_dir: str | Path) -> p
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise ValueError(f"{table_csv} is not a throughput.csv ({type(exc).__name__})") from None
     if "draft" not in table.columns or not {"part", "dtype", "tokens_per_s"} <= set(table.columns):
-        raise ValueError(f"{table_csv} is not a throughput.csv with a draft column (written since 2026-11-26)")
+        raise ValueError(f"{table_csv} is not a throughput.csv with a draft column (as this version writes it)")
     target = load_target(dataclasses.replace(profile.target, device="cpu", dtype="float32"))
     plan = stage_plan(profile, table, tokens=profile_tokens(profile, target))
     Path(out_dir).mkdir(parents=True, exist_ok=True)

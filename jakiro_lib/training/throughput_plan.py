@@ -28,16 +28,9 @@ def _prefer(rows: pd.DataFrame, column: str, value: Any) -> pd.DataFrame:
 
 
 def stage_plan(profile: Profile, table: pd.DataFrame, *, tokens: int) -> pd.DataFrame:
-    """Expected seconds of ``profile``'s caching and training stages on the machine that measured ``table``.
-
-    Caching: ``tokens`` (the profile's conversations, tokenized: :func:`jakiro_lib.data.features.estimate_cache`) at
-    the rate of the cache row in the dtype caching would use (``data.cache_dtype``) and the measured batch nearest
-    ``data.cache_batch_size``. Training, per draft: ``train.epochs`` x the training split's tokens at the rate of
-    that draft's row in the profile's precision, compilation and bucketing (freed memory kept where measured); a
-    draft not measured takes the rate of a measured one with the same MLP kind, scaled by their unroll steps (each
-    unroll step is a forward more; ``basis`` says so). Not counted: compilation, held-out evaluation, disk writes
-    and the benchmarks, so a whole stage takes longer (docs/results.md compares a main job with its plan).
-    """
+    """Expected seconds of ``profile``'s caching and training stages on the machine that measured ``table``
+    (docs/DESIGN.md section 4, the throughput model); ``tokens``: the profile's conversations, tokenized
+    (:func:`jakiro_lib.data.features.estimate_cache`). ``basis`` says which measured row each stage's rate is."""
     rows: list[dict[str, Any]] = []
     favoured = measured_favoured(table)
     setting = profile.data.cache_dtype

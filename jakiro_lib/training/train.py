@@ -1,10 +1,7 @@
-"""Draft training (docs/DESIGN.md section 4): EAGLE feature regression + soft cross-entropy, per branch.
-
-At position t the draft sees the (noised) target feature f_t and the token x_{t+1}; branch A predicts
-f_{t+1} (and through the frozen ``lm_head`` the target's next-token distribution), branch B predicts
-f_{t+2}. One ``accelerate.Accelerator`` drives the loop, so the same code runs on one CPU/GPU or under
-``accelerate launch`` on many GPUs. Every epoch ends with a held-out evaluation and an atomic checkpoint;
-a rerun resumes from the newest checkpoint, and a rerun of a finished training returns its results.
+"""Draft training (docs/DESIGN.md section 4; the losses: :mod:`jakiro_lib.models.loss`). One
+``accelerate.Accelerator`` drives the loop, on one CPU/GPU or under ``accelerate launch``. Every epoch ends
+with a held-out evaluation and an atomic checkpoint; a rerun resumes from the newest checkpoint, and a rerun
+of a finished training returns its results.
 """
 from __future__ import annotations
 
@@ -96,14 +93,11 @@ def train_draft(
     on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
     init_from: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Train one draft head; returns the results dict (also written to ``out_dir/results.json``).
-
-    ``train_data`` / ``heldout_data``: datasets of per-conversation items (:class:`FeatureDataset` or
-    :class:`OnlineFeatureDataset`). With ``draft_cfg.draft_vocab_size`` set and no ``d2t``, the draft
-    vocabulary is built from the training data (most frequent assistant tokens, EOS ids forced in). ``init_from``: a
-    saved draft whose weights a fresh training starts from. Output: ``checkpoints/epoch_{n}`` (draft + optimizer/
-    scheduler/RNG state; the newest ``keep_checkpoints`` kept), ``history.json``, ``draft/`` (final,
-    :meth:`DraftModel.save`) and ``results.json``. ``on_epoch_end(epoch_record)`` runs after each epoch's checkpoint.
+    """Train one draft head on datasets of per-conversation items; returns the results dict (also
+    ``out_dir/results.json``). With ``draft_cfg.draft_vocab_size`` set and no ``d2t``, the draft vocabulary is
+    built from the training data. ``init_from``: a saved draft a fresh training starts from. Writes
+    ``checkpoints/epoch_{n}`` (the newest ``keep_checkpoints`` kept), ``history.json`` and ``draft/``;
+    ``on_epoch_end(epoch_record)`` runs after each epoch's checkpoint.
     """
     out_dir = Path(out_dir)
     if len(train_data) == 0:
@@ -139,7 +133,7 @@ def _accelerator(target: Any, train_cfg: TrainConfig) -> tuple[Any, str]:
         AcceleratorState._reset_state()
     accelerator = Accelerator(mixed_precision=precision, cpu=target.device.type == "cpu")
     if target.device.type == "cpu":
-        keep_freed_memory()  # the [rows, vocabulary] logits are freshly page-faulted otherwise (1.37x)
+        keep_freed_memory()  # the [rows, vocabulary] logits are freshly page-faulted otherwise (DESIGN section 11)
     if target.device != accelerator.device:
         target.model.to(accelerator.device)
     target.model.requires_grad_(False)
