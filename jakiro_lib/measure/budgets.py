@@ -40,8 +40,7 @@ TUNE_PROMPT_TOKENS = 256
 PAPER_TREE_TOKENS = 8  # the fixed tree where a profile's own total_tokens is "auto" (EAGLE-2's CPU-sized tree here)
 # The tuner's version in a choice's key: choices made by an earlier tuner are not reused.
 TUNER_VERSION = 3
-# Other processes' CPU use, in cores beyond those this process leaves idle, above which the tuner's timings
-# are named unreliable in a warning (the busy-machine check of the CLI samples only torch processes).
+# Other processes' CPU use, in cores beyond those this process leaves idle, above which the tuner warns
 BUSY_CORES = 0.25
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 TUNE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # up to the paper's 60-token trees (GPU)

@@ -43,8 +43,7 @@ def _median_time(fn, repeats: int, device: torch.device) -> float:
 # How repeated timings of one thing become one number: "median" for the report's tables, "min" for the
 # tree-budget tuner (load only adds time to a round: docs/DESIGN.md section 11).
 STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {"median": statistics.median, "min": min}
-# Rounds of the tuner's measured check of its choice against the fixed tree (measure_budget_speeds): the first
-# pays for new shapes (a compilation through the compiled runner), so at least two.
+# Rounds of the tuner's measured check against the fixed tree (measure_budget_speeds): the first pays for new shapes
 CHECK_ROUNDS = 3
 
 
@@ -61,12 +60,8 @@ def bushy_tree(n: int, device: torch.device, width: int = 4) -> tuple[torch.Tens
 
 def measure_target_costs(model: torch.nn.Module, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 32), *,
                          context: int = 256, repeats: int = 7, stat: str = "median") -> dict[int, float]:
-    """Seconds for the target to score an n-token tree on top of a ``context``-token cache.
-
-    Each size is timed as the engine scores it eagerly (its window the text and the tree, with the model's
-    :mod:`~jakiro_lib.models.kernels` fast paths).
-    ``stat``: how the ``repeats`` rounds become one number (:data:`STATISTICS`; the tuner takes the minimum).
-    """
+    """Seconds for the target to score an n-token tree on top of a ``context``-token cache, as the engine scores it
+    eagerly; ``stat``: how the ``repeats`` rounds become one number (:data:`STATISTICS`)."""
     table = measure_target_cost_variants(model, sizes, {"s": nullcontext}, context=context, repeats=repeats,
                                          stat=stat)
     return {n: times["s"] for n, times in table.items()}
@@ -140,11 +135,8 @@ def measure_draft_costs(draft: DraftModel, widths: Sequence[int] = (1, 4, 8), *,
 @torch.inference_mode()
 def measure_draft_cycle(draft: DraftModel, tree: TreeConfig, *, context: int = 256, accepted: int = 2,
                         repeats: int = 7, cycles: int = 20) -> float:
-    """Seconds of drafting per speculative cycle: one tree proposal plus encoding ``accepted`` tokens.
-
-    Everything the drafter does in a cycle (forwards, logits, candidate scoring, tree selection), so
-    coupled and decoupled candidates or dense and MoE drafts compare as decoding pays for them.
-    """
+    """Seconds of drafting per speculative cycle: one tree proposal plus encoding ``accepted`` tokens, everything
+    the drafter does (forwards, logits, candidate scoring, tree selection)."""
     p = next(draft.parameters())
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, draft.target_config.vocab_size, (context,), generator=g).to(p.device)
@@ -199,13 +191,8 @@ def choose_total_tokens(target_costs: dict[int, float], draft_cycle_time: float 
 
 def draft_time_per_budget(measured: float, tree: TreeConfig, has_branch_b: bool,
                           budgets: Sequence[int]) -> dict[int, float]:
-    """Draft seconds per cycle at each budget, from ``measured`` at the largest one.
-
-    A budget of n drafts at most n - 1 layers (:func:`~jakiro_lib.decoding.drafting.draft_schedule`), so a cycle
-    costs fewer draft forwards; the estimate scales the measured time by the forwards per cycle (the
-    ones inside the tree plus the one that encodes the accepted tokens). An estimate: per-forward
-    Python overhead is assumed proportional too.
-    """
+    """Draft seconds per cycle at each budget, estimated from ``measured`` at the largest one by the draft forwards
+    per cycle (a budget of n drafts at most n - 1 layers: :func:`~jakiro_lib.decoding.drafting.draft_schedule`)."""
     def forwards(n: int) -> int:
         return len(schedule(min(tree.depth, n - 1), tree.ar_steps, has_branch_b))  # (steps - 1) + 1
 
@@ -217,14 +204,10 @@ def draft_time_per_budget(measured: float, tree: TreeConfig, has_branch_b: bool,
 def measure_budget_speeds(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequence[torch.Tensor],
                           budgets: Sequence[int], *, max_new_tokens: int = 64, rounds: int = CHECK_ROUNDS,
                           compile: bool = False) -> dict[int, float]:
-    """Greedy tokens/s of ``draft`` on ``tree`` at each of ``budgets`` on ``prompts``, counted as the benchmark
-    counts them: new tokens over the wall time of whole generations.
-
-    Each round runs every prompt at every budget back to back, so drift and load hit all budgets alike, and
-    each (prompt, budget) keeps its fastest of ``rounds`` runs (at least 2): load only adds time, and the first
-    run of a new tree shape pays for its set-up (a compilation or a recording, with ``compile``).
-    Greedy decoding is lossless, so every budget writes the same tokens: the comparison is one of time alone.
-    """
+    """Greedy tokens/s of ``draft`` on ``tree`` at each of ``budgets`` on ``prompts`` (new tokens over whole
+    generations' wall time). Each round runs every prompt at every budget back to back; each (prompt, budget) keeps
+    its fastest of ``rounds`` runs (at least 2: the first run of a shape pays its set-up, with ``compile`` a
+    compilation or a recording)."""
     if rounds < 2:
         raise ValueError(f"rounds must be >= 2 (the first run of a shape pays its set-up), got {rounds}")
     fastest: dict[tuple[int, int], float] = {}
