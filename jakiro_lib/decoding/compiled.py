@@ -1,10 +1,8 @@
 """What the compiled decoding paths share: cache lengths, inductor settings, per-model state, the error.
 
-Two paths compile: HF's ``generate`` with a static cache (``hf_compiled``, :func:`~jakiro_lib.decoding.hf.hf_generate`)
-and the engine's step (:mod:`jakiro_lib.decoding.static`: the whole cycle), as ``target.capture`` says: "graphs",
-:class:`CapturedStep` (the eager kernels recorded as one CUDA graph: no compilation), or "inductor",
-``torch.compile`` (fused kernels; on CUDA ``reduce-overhead``, CUDA graphs too), the only way on a CPU
-(docs/DESIGN.md section 12).
+Two paths compile: HF's ``generate`` with a static cache (``hf_compiled``) and the engine's whole cycle, as
+``target.capture`` says: "graphs" (:class:`CapturedStep`, no compilation) or "inductor" (``torch.compile``, the
+only way on a CPU; docs/DESIGN.md section 12).
 """
 from __future__ import annotations
 
@@ -26,24 +24,21 @@ class CompileError(RuntimeError):
 
 
 def compiled_cache_len(max_context: int) -> int:
-    """Positions of a compiled path's KV cache: the whole context and a tree's room past it, rounded up to 256.
-    One length per context, whatever the prompt and ``max_new_tokens``: a compiled step binds to its cache's
-    shape, so a short warm-up compiles what every timed prompt runs."""
+    """Positions of a compiled path's KV cache: the whole context and a tree's room past it, rounded up to 256
+    (one length per context: a compiled step binds to its cache's shape, so a warm-up compiles for every prompt)."""
     return -(-(max_context + MAX_TREE_ROOM) // 256) * 256
 
 
 def graphs_compiled() -> int:
     """Graphs compiled or recorded in this process so far: ``torch.compile``'s (dynamo's count) and
-    :class:`CapturedStep`'s CUDA graphs (one per step and attention window). A timed call that raises it paid
-    for a compilation or a recording (the benchmark records it per prompt)."""
+    :class:`CapturedStep`'s CUDA graphs (one per step and attention window)."""
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) + CapturedStep.recorded
 
 
 def inductor_settings(device: torch.device) -> contextlib.AbstractContextManager:
-    """Inductor settings while the target compiles. On CPU, ``freezing``: weights become constants, so
-    inductor pre-packs them for its GEMMs and folds what it can (HF's compiled step about 10% faster,
-    docs/results.md). It must be set while the graph compiles. Frozen, a graph also binds to the KV buffers it was
-    compiled with, hence :func:`static_cache` and the engine's shared runners."""
+    """Inductor settings while the target compiles. On CPU, ``freezing``: weights become constants that inductor
+    pre-packs and folds. Frozen, a graph also binds to the KV buffers it was compiled with, hence
+    :func:`static_cache` and the engine's shared runners."""
     if device.type == "cuda":
         return contextlib.nullcontext()
     import torch._inductor.config as inductor_config  # heavy (loads inductor): only when compiling
@@ -52,11 +47,9 @@ def inductor_settings(device: torch.device) -> contextlib.AbstractContextManager
 
 
 def call_compiled(step: Callable[..., Any], *args: Any, device: torch.device, first: bool) -> Any:
-    """``step(*args)`` with room for every cache length and sampling setting (:data:`RECOMPILE_LIMIT`) under
-    :func:`inductor_settings`; where the ``first`` call of a step inductor compiles fails, again once damaged
-    libraries of inductor's cache are deleted, or one :class:`CompileError` that says what compiling needs and what
-    went wrong (:func:`~jakiro_lib.machine.run_compiling`). A :class:`CapturedStep` compiles nothing: no cache is
-    swept or repaired for it. Out of memory is one error line that says so, for either."""
+    """``step(*args)`` under :func:`inductor_settings` with room for :data:`RECOMPILE_LIMIT` compilations; a failed
+    ``first`` call of an inductor step is repaired and retried or raised as one :class:`CompileError`
+    (:func:`~jakiro_lib.machine.run_compiling`; a :class:`CapturedStep` compiles nothing and sweeps nothing)."""
     def call() -> Any:
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), inductor_settings(device):
             return step(*args)
@@ -82,15 +75,13 @@ def cuda_graph(step: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...]
 
 
 class CapturedStep:
-    """``step`` replayed as one CUDA graph of its eager kernels, compiled by nobody.
+    """``step`` replayed as one CUDA graph of its eager kernels, compiled by nobody (docs/DESIGN.md section 12).
 
-    The first call runs ``step`` eagerly (on a side stream, as CUDA asks before a capture: cuBLAS's
-    workspaces and the allocator's blocks exist by then); the second records it over copies of its
-    arguments and replays it; each later call copies its arguments into those copies and replays. So the
-    step must keep its shapes, read whatever changes from its arguments or from buffers it updates in place
-    (never from a tensor attribute set anew), and never wait on the host: a capture that meets a host read
-    fails, as one :class:`CompileError`. ``capture``: how to record (:func:`cuda_graph`; the CPU tests pass
-    one that checks the replays touch the recorded buffers). The output of a replay lives until the next."""
+    The first call runs ``step`` eagerly on a side stream (warm-up), the second records it over copies of its
+    arguments and replays, each later call copies its arguments in and replays. So the step must keep its shapes,
+    read what changes from its arguments or buffers updated in place, and never read the host (a failed recording
+    is one :class:`CompileError`). ``capture``: how to record (:func:`cuda_graph`; the CPU tests pass a checking
+    stand-in). The output of a replay lives until the next."""
 
     recorded = 0  # steps recorded in this process (graphs_compiled)
 
@@ -130,11 +121,8 @@ def _warm_up(step: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...]) 
 
 
 def static_cache(model: PreTrainedModel, cache_len: int) -> StaticCache:
-    """HF's static KV cache of ``cache_len`` positions for ``hf_compiled``, one per model and length.
-
-    A compiled step is specialised to its cache's buffers: a new cache object costs a recompilation, and
-    under inductor freezing the step would go on reading the first cache's buffers (wrong tokens from the
-    second prompt on; caught by a test). Reusing the cache is also what transformers advises.
+    """HF's static KV cache of ``cache_len`` positions for ``hf_compiled``, one per model and length: a compiled
+    step is specialised to its cache's buffers (a new cache recompiles, and under freezing would read the old one's).
     """
     caches: dict[int, StaticCache] = scratch(model).setdefault("static_caches", {})
     if cache_len not in caches:
@@ -159,9 +147,9 @@ def engine_cycles(model: PreTrainedModel) -> dict[int, int]:
 
 @torch.inference_mode()  # as static_generate: the buffers are inference tensors
 def prepare_windows(model: PreTrainedModel, length: int, before: dict[int, int] | None = None) -> None:
-    """:meth:`~jakiro_lib.decoding.static.StaticEngine.prepare` for every compiled engine kept on ``model`` that has run since ``before``
-    (:func:`engine_cycles`; None: all), as a benchmark's warm-up ends: no timed prompt then records a CUDA graph,
-    and the tree-budget tuner's engines of other budgets record nothing."""
+    """:meth:`~jakiro_lib.decoding.static.StaticEngine.prepare` for every compiled engine kept on ``model`` that has
+    run since ``before`` (:func:`engine_cycles`; None: all), as a benchmark's warm-up ends, so that no timed prompt
+    records a CUDA graph."""
     for engine in scratch(model).get("engines", {}).values():
         if before is None or before.get(id(engine)) != engine.compiled_cycles:
             engine.prepare(length)

@@ -31,11 +31,9 @@ def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tok
                 compile: bool = False, max_context: int | None = None) -> GenerationResult:
     """Hugging Face ``generate`` (optionally with prompt-lookup decoding) timed like our loops.
 
-    ``compile``: a static KV cache and ``torch.compile`` of the decoding step (transformers' own
-    fast path; the first calls compile, so warm up before timing). It is plain decoding too, and on some
-    machines the fastest one, so benchmarks carry it as a baseline. ``max_context``: the cache then holds the
-    whole context, one length for every prompt (:func:`~jakiro_lib.decoding.compiled.compiled_cache_len`), so a warm-up
-    on a short prompt compiles what every timed one runs.
+    ``compile``: a static KV cache and ``torch.compile`` of the decoding step (the first calls compile: warm up
+    before timing). ``max_context``: the cache then holds the whole context, one length for every prompt
+    (:func:`~jakiro_lib.decoding.compiled.compiled_cache_len`).
     """
     kwargs: dict = {"max_new_tokens": max_new_tokens, "do_sample": not params.greedy,
                     "eos_token_id": list(eos_token_ids) or None, "pad_token_id": (list(eos_token_ids) or [0])[0]}

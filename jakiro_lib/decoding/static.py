@@ -1,18 +1,10 @@
 """The engine: every method of ours, plain or speculative, as one cycle of tensors (docs/DESIGN.md section 12).
 
-1. **draft** (:meth:`~jakiro_lib.decoding.static_tree.StaticTreeDrafter.propose`): EAGLE-2's tree (coupled, decoupled
-   or CEPD), the K best frontier nodes per layer forwarded into slots of a preallocated draft cache, the best
-   ``total_tokens - 1`` of the pool kept; a prompt-lookup chain found by the host grafted on it;
-2. **verify** (:meth:`~jakiro_lib.decoding.runner.TargetRunner.score`): the tree scored over the target's cache;
-3. **evaluate**: the accepted path and the bonus token (greedy, or the lossless sampling rule on uniforms drawn
-   before the cycle);
-4. **update**: the target cache keeps the path's entries, the draft encodes the accepted positions.
-
-Captured, a cycle's shapes depend only on the tree settings and its positions live in device tensors, so CUDA graphs
-(``target.capture``) replay it at every length of an attention window, and the host reads one small tensor a cycle;
-eager, its shapes follow the text, the tree and the chain, from the host's int position (a greedy path is walked on
-the host). Greedy output is the reference loop's token for token (tests/test_static.py), sampling the target's
-distribution (tests/test_verify.py).
+A cycle: **draft** (:meth:`~jakiro_lib.decoding.static_tree.StaticTreeDrafter.propose`, a lookup chain grafted on),
+**verify** (:meth:`~jakiro_lib.decoding.runner.TargetRunner.score`), **evaluate** (the accepted path and the bonus
+token, greedy or sampled) and **update** (the target cache keeps the path, the draft encodes it). Captured, its
+shapes depend only on the tree settings and the host reads one small tensor a cycle; eager, its shapes follow the
+text, the tree and the chain from the host's int position.
 """
 from __future__ import annotations
 
@@ -82,8 +74,7 @@ def graph_capture(model: PreTrainedModel) -> Capture | None:
 
 def attention_window(length: int, capacity: int) -> int:
     """Positions a static forward reads after ``length`` written ones: the text and a tree's room past it, in
-    whole :data:`WINDOW_STEP` s, at most ``capacity`` (attention over the whole cache cost a captured step most of
-    its time: docs/DESIGN.md section 12). One captured graph per window replays at every length inside it."""
+    whole :data:`WINDOW_STEP` s, at most ``capacity`` (docs/DESIGN.md section 12)."""
     return min(capacity, -(-(length + MAX_TREE_ROOM) // WINDOW_STEP) * WINDOW_STEP)
 
 
@@ -91,11 +82,9 @@ class StaticEngine:
     """A target, an optional draft and tree settings bound to buffers of ``cache_len`` positions.
 
     :meth:`cycle` is one draft-verify-evaluate-update step; it returns what the host reads. ``draft`` None and no
-    lookup chain: plain decoding (the last token alone each cycle). With ``tree.lookup_tokens`` the host looks the
-    context's last n-gram up (:class:`~jakiro_lib.decoding.drafting.PromptLookup`) and hands the chain to the cycle.
-    ``compile``: the cycle compiled or captured (:func:`~jakiro_lib.decoding.compiled.compiled_step`: one per
-    attention window where recorded as CUDA graphs, else one), its positions and a sampled cycle's draws
-    (``uniforms``: CPU inductor's freezing turns tensors a graph only reads into constants) as device tensors.
+    lookup chain: plain decoding. ``compile``: the cycle compiled or captured
+    (:func:`~jakiro_lib.decoding.compiled.compiled_step`: one per attention window where recorded as CUDA graphs),
+    its positions and a sampled cycle's draws passed as device tensors.
     """
 
     def __init__(self, model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None, cache_len: int, *,
@@ -212,10 +201,9 @@ class StaticEngine:
         return window
 
     def prepare(self, length: int) -> None:
-        """Every attention window up to ``length`` positions recorded now, so that no timed generation records
-        one (a compiled, windowed engine that has generated once: its buffers exist). What the recording
-        steps write is rewritten by the next prefill. ``length`` is bounded by the cache: no cycle runs from more
-        than its capacity less a tree's room (:data:`MAX_TREE_ROOM`), and none is recorded from there."""
+        """Every attention window up to ``length`` positions (at most the capacity less a tree's room) recorded now,
+        so that no timed generation records one (a compiled, windowed engine that has generated once). What the
+        recording steps write is rewritten by the next prefill."""
         if not (self.compile and self.windowed) or (self.drafter is not None and self.drafter.root is None):
             return
         length = min(length, self.target.capacity - MAX_TREE_ROOM)
@@ -361,12 +349,10 @@ def static_generate(model: PreTrainedModel, draft: DraftModel | None, tree: Tree
                     eos_token_ids: list[int] = (), max_context: int = 2048, generator: torch.Generator | None = None,
                     on_tokens: Callable[[list[int]], None] | None = None, compile: bool = False,
                     clock: Clock | None = None, ranked: bool = False) -> GenerationResult:
-    """Speculative decoding on the static engine: draft, verify, evaluate, update; one host read per cycle
-    (``draft`` None and no lookup chain: plain decoding). ``params``/``generator`` as in
-    :func:`~jakiro_lib.decoding.loop.speculative_generate` (the generator on the model's device). ``compile``: the
-    cycle compiled (CUDA graphs on CUDA; the first prompts of each length compile). ``clock``: times and counts
-    the cycles' steps (eager only; :mod:`~jakiro_lib.decoding.clock`). ``ranked``: each cycle's path ranks in
-    ``path_ranks`` (the tree-budget tuner's; no lookup chain)."""
+    """Speculative decoding on the static engine, one host read per cycle (``draft`` None and no lookup chain: plain
+    decoding). ``generator``: on the model's device. ``compile``: the cycle compiled or captured (the first prompts
+    of each length compile). ``clock``: times and counts the cycles' steps (eager only). ``ranked``: each cycle's
+    path ranks in ``path_ranks`` (the tree-budget tuner's; no lookup chain)."""
     check_prompt(prompt_ids, max_context, 1)
     needed = text_positions(prompt_ids, max_new_tokens, max_context) + MAX_TREE_ROOM  # room for a tree past the text
     cache_len = compiled_cache_len(max_context) if compile else engine_cache_len(needed)

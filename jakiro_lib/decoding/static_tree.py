@@ -105,13 +105,10 @@ def repeated_siblings(tokens: torch.Tensor, children: torch.Tensor) -> torch.Ten
 def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, params: SamplingParams,
                   uniforms: torch.Tensor, max_depth: int,
                   valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sampling verification in tensors (docs/DESIGN.md sections 6 and 12): at each node the children are tried in
-    index order, child j accepted with probability p(x_j) / R_j, R_j the node's mass left once the tokens of the
-    children tried before it are zeroed (the exact residual sum plus the untried children's mass: the last child
-    with mass left is accepted with probability 1; a repeated sibling has none); when all are rejected, or at a
-    leaf, the bonus token is drawn from what is left. Returns (path, accepted count, bonus) as :func:`greedy_path`.
-    ``uniforms`` [max_depth * m + 1] float64: one draw per (depth, node), the walk taking the first child whose draw
-    falls under its acceptance probability, one for the bonus (inverse CDF). ``valid``: as in :func:`greedy_path`."""
+    """Sampling verification in tensors (docs/DESIGN.md sections 6 and 12): child j of a node accepted with
+    probability p(x_j) / R_j, R_j the node's mass left once the earlier children's tokens are zeroed; the bonus drawn
+    from what is left. Returns (path, accepted count, bonus) as :func:`greedy_path`. ``uniforms`` [max_depth * m + 1]
+    float64: one draw per (depth, node), one for the bonus (inverse CDF). ``valid``: as in :func:`greedy_path`."""
     m = tokens.shape[0]
     idx = torch.arange(m, device=tokens.device)
     children = (parents[None, :] == idx[:, None]) & (idx[None, :] > 0)  # [m, m]: j is a child of i
@@ -156,11 +153,10 @@ def evaluate(params: SamplingParams, tokens: torch.Tensor, parents: torch.Tensor
 def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
                 chain: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """A tree of m nodes (``anc`` [m, m] its :func:`ancestor_mask`) with a prompt-lookup chain merged in, in fixed
-    shapes: the chain follows existing nodes while their tokens agree, then continues as new nodes, last among their
-    siblings (the reference's ``Tree.graft``). The node it follows to is the deepest whose root path spells the
-    chain's first tokens (siblings are distinct: at most one a depth), found at once for every node. ``chain`` [L + 1]: the number of chain tokens c, then the tokens (padded). Returns tokens, parents, depths,
-    the ancestor mask and ``valid`` [m + L]: rows m.. hold the new nodes; a row the chain did not need (followed an
-    existing node, or past c) is invalid: parent the root, never accepted (verified by the target all the same)."""
+    shapes: the chain follows existing nodes while their tokens agree, then continues as new nodes (the reference's
+    ``Tree.graft``). ``chain`` [L + 1]: the number of chain tokens c, then the tokens (padded). Returns tokens,
+    parents, depths, the ancestor mask and ``valid`` [m + L]: rows m.. hold the new nodes; a row the chain did not
+    need is invalid (parent the root, never accepted)."""
     m, L, dev = tokens.shape[0], chain.shape[0] - 1, tokens.device  # L >= 1
     steps = torch.arange(L, device=dev)  # [L]: chain index i, a new node at depth i + 1
     c, words = chain[0], chain[1:]  # 0-dim, [L]
@@ -286,13 +282,10 @@ class StaticTreeDrafter:
 
     def propose(self, base: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The tree rooted at the last token, drafted after ``base`` cached positions (0-dim, or a host int eagerly):
-        tokens, parents (root's: 0), depths and selection ranks [m] (:func:`select_tree`), all on the device (the engine builds the ancestor mask
-        once, after any lookup chain is grafted: :func:`ancestor_mask`).
+        tokens, parents (root's: 0), depths and selection ranks [m] (:func:`select_tree`), all on the device.
 
-        Each step expands the frontier (the root, then the K rows forwarded in one draft call) by branch A;
-        a CEPD step (``steps`` entry 2) keeps the best K of those children and gives each the top K of its
-        real parent's branch-B distribution as children (the grandparent's prediction two ahead: the
-        skipped node is never forwarded), from which the next frontier is chosen; docs/DESIGN.md section 3.
+        Each step expands the frontier by branch A; a CEPD step (``steps`` entry 2) also gives each of the best K
+        children the top K of its parent's branch-B distribution (docs/DESIGN.md sections 3 and 12).
         """
         K, dev = self.K, self.root_token.device
         zero = torch.zeros(1, dtype=torch.long, device=dev)

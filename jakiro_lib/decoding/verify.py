@@ -40,11 +40,8 @@ def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token from ``probs`` (non-negative, any positive total) by inverse CDF: one uniform draw.
-
-    ``torch.multinomial`` draws one exponential per vocabulary entry: about 1 ms for SmolLM2's 49k
-    vocabulary on this project's CPU, 3% of a decoding step, against 0.05 ms here (measured 2026-11-22).
-    """
+    """One token from ``probs`` (non-negative, any positive total) by inverse CDF: one uniform draw, where
+    ``torch.multinomial`` draws one per vocabulary entry (docs/DESIGN.md section 11)."""
     return inverse_cdf(probs, uniform(generator))
 
 

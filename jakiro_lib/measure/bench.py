@@ -54,8 +54,7 @@ class Record:
     category: str | None = None  # the question's category (Spec-Bench's 13, MT-bench's 8); absent in older records
     # graphs compiled or recorded during this timed prompt: 0 when the warm-up covered what it runs
     compiled_graphs: int = 0
-    # how the method ran (MethodSpec.runs_on, .capture): "static" (our engine) or "hf"; "none", "graphs" or "inductor".
-    # Records written before "capture" ran on an engine of two (jakiro_lib.measure.methods.record_label reads them)
+    # how the method ran (MethodSpec.runs_on, .capture): "static" (our engine) or "hf"; "none", "graphs" or "inductor"
     engine: str = "static"
     capture: str = "none"
     # what was asked: the sha256 of the question's turns (question_sha); absent in records written before it was
@@ -77,9 +76,8 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
                   progress: bool = True, tuning: dict[str, Any] | None = None) -> Path:
     """Run every method on every question turn; append records to ``out_dir/records.jsonl``.
 
-    ``methods``: keyed by method name; a record names the method and how it ran (engine, capture). Resumable:
-    records already in the file (same run, temperature, question, turn, repeat) are skipped. Multi-turn questions feed each method its
-    own previous answer, as Spec-Bench does.
+    ``methods``: keyed by method name. Resumable: records already in the file (same run, temperature, question,
+    turn, repeat) are skipped. Multi-turn questions feed each method its own previous answer, as Spec-Bench does.
     ``tuning``: what the tuned tree budgets were tuned on (:func:`jakiro_lib.measure.budgets.tuning_prompts`), written
     to ``bench_config.json`` as ``tree_budget_tuning`` beside the prompts this run scores (None: no budget tuned).
     """

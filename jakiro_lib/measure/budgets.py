@@ -1,23 +1,11 @@
 """Turning ``tree.total_tokens="auto"`` into a number: the tree budget tuned on this machine, cached.
 
-The cost model (:mod:`jakiro_lib.measure.costmodel`) measures T(n) and picks the budget that maximises estimated
-tokens/s; this module decides when to measure, on what, and keeps the results in
-``run_dir/bench/tree_budgets.json`` (one entry per machine, target settings and runner; choices keyed by the
-draft weights' digest, the tree settings and the tuning prompts), so that reruns, copied drafts and other
-target settings do not retune for nothing.
-
-Issue 43 made three choices here, each because of a measurement or a flaw:
-
-* The prompts are first user turns of ShareGPT conversations the drafts were not trained on
-  (:func:`tuning_prompts`), never benchmark prompts: the last 4 MT-bench questions were used before, and with
-  ``bench.limit`` unset those are scored too, so the budget was selected on the test set.
-* T(n) is each size's fastest of its rounds (``stat="min"``), not the median: load only adds time.
-* The estimate's choice must beat the fixed tree in a measured run on the tuning prompts, or the fixed tree
-  is kept (:func:`jakiro_lib.measure.costmodel.tune_total_tokens`, ``reference``): on a clean clone on a 2-core EPYC
-  (2026-11-26) the estimate gave ``jakiro_auto`` 16 tokens and it ran at 0.99x ``hf_compiled``, where the
-  fixed 8-token ``jakiro_cepd`` ran at 1.15x; a second process was using one of the two cores while it tuned.
-  The other processes' CPU use while the tuner times is recorded with every entry and choice, and a busy
-  machine is named in a warning (:data:`BUSY_CORES`).
+The cost model (:mod:`jakiro_lib.measure.costmodel`) measures T(n) and proposes the budget that maximises estimated
+tokens/s; this module decides when to measure and on what (held-out ShareGPT first turns, never benchmark prompts:
+:func:`tuning_prompts`), and caches T(n) and the choices in ``run_dir/bench/tree_budgets.json`` (docs/DESIGN.md
+section 11). The estimate's choice is kept only where it runs faster than the fixed tree on those prompts. Other
+processes' CPU use while the tuner times is recorded with every entry and choice, and named in a warning above
+:data:`BUSY_CORES`.
 """
 from __future__ import annotations
 
@@ -51,17 +39,14 @@ TUNE_PROMPTS = 4  # held-out ShareGPT first turns the tree budget is tuned on (t
 # turns run from a line to pasted documents, and the benchmark's prompts are questions of a few lines.
 TUNE_PROMPT_TOKENS = 256
 PAPER_TREE_TOKENS = 8  # the fixed tree where a profile's own total_tokens is "auto" (EAGLE-2's CPU-sized tree here)
-# What a choice's key records of how it was made (held-out prompts, minimum timings, the check against the fixed
-# tree, ranks and drafting times read off the one engine); choices made by an earlier tuner are not reused.
+# The tuner's version in a choice's key: choices made by an earlier tuner are not reused.
 TUNER_VERSION = 3
-# Other processes' CPU use, in cores beyond those this process leaves idle, above which the tuner's timings
-# are named unreliable in a warning (the busy-machine check of the CLI samples only torch processes).
+# Other processes' CPU use, in cores beyond those this process leaves idle, above which the tuner warns
 BUSY_CORES = 0.25
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 TUNE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # up to the paper's 60-token trees (GPU)
-# Budgets the check runs outright for a method recorded as CUDA graphs: the estimate times the target and the
-# draft eagerly, which a GPU's launches bound (29-34 ms a target forward at every tree size, against ~12 ms a
-# captured token: H200, 2026-11-27), and each captured budget costs a few replays to measure, no compilation.
+# Budgets the check runs outright for a method recorded as CUDA graphs: the estimate's eager timings are
+# launch-bound on a GPU (docs/DESIGN.md section 11), and a captured budget costs a few replays, no compilation.
 CAPTURED_SIZES = (4, 8, 16, 32, 64)
 
 
@@ -87,16 +72,12 @@ def tuning_prompts(profile: Profile, target: Any, exclude: Iterable[str] = ()) -
     """The prompts the tree budget is tuned on, and what they are (recorded with every choice and in
     ``bench_config.json``).
 
-    First user turns of :data:`TUNE_PROMPTS` conversations of the profile's training source
-    (``data.source``, ``data.path``) that its drafts never train on: the held-out split of the first
-    ``data.num_conversations`` (:func:`jakiro_lib.data.dataset.split_indices`), taken in the split's own hash order:
-    a conversation's hash does not depend on the others, so the first ones stay held out when caching drops
-    some conversations, or where fewer are loaded here than training had (a GPU kit packs the first 1000
-    ShareGPT records; ``conversations_loaded`` says how many); with ``data.heldout_fraction`` 0, the
-    conversations after those. Tuning on prompts the drafts learned would overrate large trees; tuning on
-    benchmark prompts selects the budget on the prompts it is scored on. ``exclude``: the benchmark's prompt
-    texts; a conversation whose first turn is one of them is passed over. Texts longer than
-    :data:`TUNE_PROMPT_TOKENS` tokens (a quarter of ``target.config.max_context`` at most) are cut there.
+    First user turns of :data:`TUNE_PROMPTS` conversations of the profile's training source that its drafts never
+    train on: the held-out split of the first ``data.num_conversations`` in the split's hash order (a
+    conversation's hash does not depend on the others, so they stay held out where fewer are loaded or cached than
+    training had), or with ``data.heldout_fraction`` 0 the conversations after those. ``exclude``: the
+    benchmark's prompt texts, passed over. Texts are cut to :data:`TUNE_PROMPT_TOKENS` tokens (at most a quarter of
+    ``target.config.max_context``).
     """
     d = profile.data
     n = d.num_conversations
@@ -185,9 +166,8 @@ def _machine(profile: Profile, target: Any) -> dict[str, Any]:
 
 
 def _machine_key(machine: dict[str, Any]) -> dict[str, Any]:
-    """This machine's key, as it reads back from JSON; ``timing``: T(n) is each size's fastest round (entries
-    of median timings, made before issue 43, are not reused). T(n) is the loop engine's, eager: the estimate
-    only proposes a budget, which the measured check then runs on the method's own engine."""
+    """This machine's key, as it reads back from JSON; ``timing`` "min": T(n) is each size's fastest round (an
+    earlier tuner's median timings are not reused). T(n) is eager: the measured check runs the method's engine."""
     return json.loads(json.dumps({**machine, "timing": "min"}, default=str))
 
 
@@ -247,14 +227,10 @@ def _valid_entry(e: Any) -> bool:
 
 def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any], target: Any, *,
                          force: bool = False, exclude: Iterable[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Methods with ``tree.total_tokens="auto"`` get the budget that maximises estimated tokens/s here, unless
-    the fixed tree (:func:`fixed_tree_tokens` of the profile's tree) is measured as fast (module docstring).
-
-    The target's T(n) is measured once per machine and target settings (dtype, fast paths) and cached
-    with every choice in ``run_dir/bench/tree_budgets.json`` (one entry per machine, target settings and
-    choices keyed by draft weights, tree settings, engine and tuning prompts), so reruns, also after a run with other target settings, do not retune.
-    ``force`` remeasures and retunes this machine's entries. ``exclude``: the benchmark's prompt texts, which
-    are never tuned on (:func:`tuning_prompts`).
+    """Methods with ``tree.total_tokens="auto"`` get their tuned budget, unless the fixed tree
+    (:func:`fixed_tree_tokens`) is measured as fast. T(n) is measured once per machine and target settings, and
+    each choice keyed by what it depends on (:func:`_choice_key`), so reruns do not retune. ``force`` remeasures
+    and retunes this machine's entry. ``exclude``: the benchmark's prompt texts, never tuned on.
     Returns (methods with numeric budgets, the measurements, choices and ``tuning_prompts``).
     """
     auto = [k for k, m in methods.items() if m.kind == SPEC and m.draft and m.tree.total_tokens == "auto"]

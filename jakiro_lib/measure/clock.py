@@ -1,8 +1,6 @@
 """A clock of a decoding cycle's named steps (:mod:`jakiro_lib.decoding.clock`): the seconds and aten operators each
 step spends, for the cycle-cost table (:mod:`jakiro_lib.measure.cycles`) and the budget tuner's drafting time.
-
-A step nested in another counts in its own name only (exclusive time and operators): a draft forward inside the
-drafting step is "draft_forward", the rest of the drafting step (candidates, selection, masks) stays "draft".
+A step nested in another counts in its own name only (exclusive time and operators).
 """
 from __future__ import annotations
 

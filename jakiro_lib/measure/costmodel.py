@@ -1,11 +1,10 @@
 """Measured cost model of one speculative cycle, and the tree budget it implies on this machine.
 
-Verification of n tree tokens costs T(n) target time; drafting costs a few draft forwards. On a GPU T(n)
-is flat up to ~60 tokens, on a 2-core CPU it is not (docs/DESIGN.md section 9), so the budget that pays off
-is machine-specific. ``choose_total_tokens`` picks it from measurements instead of folklore: one greedy
-run with a generous tree records, per cycle, the selection rank of each accepted node; the accepted
-length a smaller top-n tree would have had is then known exactly (greedy acceptance at a node depends
-only on its ancestors, and the top-n tree is a prefix of the score order).
+Verifying n tree tokens costs T(n), which is nearly flat on a GPU and not on a small CPU (docs/DESIGN.md
+section 9), so the budget that pays off is machine-specific. One greedy run with a generous tree records, per
+cycle, the selection rank of each accepted node; the accepted length a smaller top-n tree would have had is then
+exact (greedy acceptance at a node depends only on its ancestors, and the top-n tree is a prefix of the score
+order), and :func:`choose_total_tokens` weighs it against the measured costs.
 """
 from __future__ import annotations
 
@@ -41,14 +40,10 @@ def _median_time(fn, repeats: int, device: torch.device) -> float:
     return statistics.median(_time_once(fn, device) for _ in range(repeats))
 
 
-# How repeated timings of one thing become one number. "median": the report's tables (what a typical round
-# costs). "min": the tree-budget tuner, because another process on the machine can only add time to a round,
-# never take it away, so the fastest round is the reading that load moves least (issue 43: on a 2-core EPYC
-# with a second process on one core, T(1) read about 70 ms and T(2..6) 50-60 ms, and the tuner chose 16 tokens
-# where the same drafts, tuned again under other load, chose 4).
+# How repeated timings of one thing become one number: "median" for the report's tables, "min" for the
+# tree-budget tuner (load only adds time to a round: docs/DESIGN.md section 11).
 STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {"median": statistics.median, "min": min}
-# Rounds of the tuner's measured check of its choice against the fixed tree (measure_budget_speeds): the first
-# pays for new shapes (a compilation through the compiled runner), so at least two.
+# Rounds of the tuner's measured check against the fixed tree (measure_budget_speeds): the first pays for new shapes
 CHECK_ROUNDS = 3
 
 
@@ -65,12 +60,8 @@ def bushy_tree(n: int, device: torch.device, width: int = 4) -> tuple[torch.Tens
 
 def measure_target_costs(model: torch.nn.Module, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 32), *,
                          context: int = 256, repeats: int = 7, stat: str = "median") -> dict[int, float]:
-    """Seconds for the target to score an n-token tree on top of a ``context``-token cache.
-
-    Each size is timed as the engine scores it eagerly (its window the text and the tree, with the model's
-    :mod:`~jakiro_lib.models.kernels` fast paths).
-    ``stat``: how the ``repeats`` rounds become one number (:data:`STATISTICS`; the tuner takes the minimum).
-    """
+    """Seconds for the target to score an n-token tree on top of a ``context``-token cache, as the engine scores it
+    eagerly; ``stat``: how the ``repeats`` rounds become one number (:data:`STATISTICS`)."""
     table = measure_target_cost_variants(model, sizes, {"s": nullcontext}, context=context, repeats=repeats,
                                          stat=stat)
     return {n: times["s"] for n, times in table.items()}
@@ -84,10 +75,9 @@ def measure_target_cost_variants(model: torch.nn.Module, sizes: Sequence[int],
     """``{n: {variant: seconds}}``: T(n) under each variant (a context manager that switches kernels),
     the median (or ``stat``, one of :data:`STATISTICS`) over ``repeats`` rounds.
 
-    One prefill serves every measurement. Each round times every size once, and within a size every
-    variant back to back, so machine drift hits all sizes and variants alike: timed one size after the
-    other, a slow second skewed one size's reading (T(2) read 1.12x T(1) once, typically 1.00-1.04x)
-    and the tree budget chosen from it. Interleaved, T(1) also follows other shapes, as it does in decoding.
+    One prefill serves every measurement. Each round times every size once, and within a size every variant
+    back to back, so machine drift hits all sizes and variants alike (and T(1) follows other shapes, as in
+    decoding).
     """
     if stat not in STATISTICS:
         raise ValueError(f"unknown stat {stat!r}: use {' or '.join(STATISTICS)}")
@@ -145,11 +135,8 @@ def measure_draft_costs(draft: DraftModel, widths: Sequence[int] = (1, 4, 8), *,
 @torch.inference_mode()
 def measure_draft_cycle(draft: DraftModel, tree: TreeConfig, *, context: int = 256, accepted: int = 2,
                         repeats: int = 7, cycles: int = 20) -> float:
-    """Seconds of drafting per speculative cycle: one tree proposal plus encoding ``accepted`` tokens.
-
-    Everything the drafter does in a cycle (forwards, logits, candidate scoring, tree selection), so
-    coupled and decoupled candidates or dense and MoE drafts compare as decoding pays for them.
-    """
+    """Seconds of drafting per speculative cycle: one tree proposal plus encoding ``accepted`` tokens, everything
+    the drafter does (forwards, logits, candidate scoring, tree selection)."""
     p = next(draft.parameters())
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, draft.target_config.vocab_size, (context,), generator=g).to(p.device)
@@ -204,13 +191,8 @@ def choose_total_tokens(target_costs: dict[int, float], draft_cycle_time: float 
 
 def draft_time_per_budget(measured: float, tree: TreeConfig, has_branch_b: bool,
                           budgets: Sequence[int]) -> dict[int, float]:
-    """Draft seconds per cycle at each budget, from ``measured`` at the largest one.
-
-    A budget of n drafts at most n - 1 layers (:func:`~jakiro_lib.decoding.drafting.draft_schedule`), so a cycle
-    costs fewer draft forwards; the estimate scales the measured time by the forwards per cycle (the
-    ones inside the tree plus the one that encodes the accepted tokens). An estimate: per-forward
-    Python overhead is assumed proportional too.
-    """
+    """Draft seconds per cycle at each budget, estimated from ``measured`` at the largest one by the draft forwards
+    per cycle (a budget of n drafts at most n - 1 layers: :func:`~jakiro_lib.decoding.drafting.draft_schedule`)."""
     def forwards(n: int) -> int:
         return len(schedule(min(tree.depth, n - 1), tree.ar_steps, has_branch_b))  # (steps - 1) + 1
 
@@ -222,14 +204,10 @@ def draft_time_per_budget(measured: float, tree: TreeConfig, has_branch_b: bool,
 def measure_budget_speeds(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequence[torch.Tensor],
                           budgets: Sequence[int], *, max_new_tokens: int = 64, rounds: int = CHECK_ROUNDS,
                           compile: bool = False) -> dict[int, float]:
-    """Greedy tokens/s of ``draft`` on ``tree`` at each of ``budgets`` on ``prompts``, counted as the benchmark
-    counts them: new tokens over the wall time of whole generations.
-
-    Each round runs every prompt at every budget back to back, so drift and load hit all budgets alike, and
-    each (prompt, budget) keeps its fastest of ``rounds`` runs (at least 2): load only adds time, and the first
-    run of a new tree shape pays for its set-up (a compilation or a recording, with ``compile``).
-    Greedy decoding is lossless, so every budget writes the same tokens: the comparison is one of time alone.
-    """
+    """Greedy tokens/s of ``draft`` on ``tree`` at each of ``budgets`` on ``prompts`` (new tokens over whole
+    generations' wall time). Each round runs every prompt at every budget back to back; each (prompt, budget) keeps
+    its fastest of ``rounds`` runs (at least 2: the first run of a shape pays its set-up, with ``compile`` a
+    compilation or a recording)."""
     if rounds < 2:
         raise ValueError(f"rounds must be >= 2 (the first run of a shape pays its set-up), got {rounds}")
     fastest: dict[tuple[int, int], float] = {}
@@ -261,23 +239,16 @@ def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts:
                       check_rounds: int = CHECK_ROUNDS, measure_sizes: Sequence[int] = ()) -> dict[str, Any]:
     """Pick ``tree.total_tokens`` for this machine: measured T(n) + one greedy run at the largest budget.
 
-    ``target_costs`` (from :func:`measure_target_costs`, covering ``candidates`` and n = 1) skips the
-    timing of the target when several drafts are tuned on one machine. Returns the chosen budget with
-    the whole table (expected tokens per cycle, verify time, tokens/s).
-
-    ``reference``: the fixed tree's budget the tuned one must beat. The estimate is a model (T(n) timed on a
-    synthetic tree, draft time scaled from the largest budget), and its timings move with the machine's load:
-    on a 2-core EPYC (2026-11-26, issue 43) it chose 16 tokens, which then ran at 0.99x ``hf_compiled`` where
-    the fixed 8-token ``jakiro_cepd`` ran at 1.15x. So where the estimate's choice is not the reference, both run on
-    ``prompts`` as the method runs (eager, or ``compile``: captured), interleaved, each the fastest of
-    ``check_rounds`` (:func:`measure_budget_speeds`), and the reference is kept unless the tuned budget is
-    strictly faster. Recorded: ``estimated_best``, ``fixed_tokens`` and ``measured_tokens_per_s`` (by budget).
-    ``measure_sizes``: budgets run in that check beside those two (the fastest wins, the reference on ties), where
-    the estimate's eager timings do not describe the engine (a captured one: ``budgets.CAPTURED_SIZES``).
+    ``target_costs`` (from :func:`measure_target_costs`, covering ``candidates`` and n = 1) skips timing the
+    target. ``reference``: the fixed tree's budget; where the estimate chooses another, both run on ``prompts`` as
+    the method runs (eager, or ``compile``: captured), each the fastest of ``check_rounds``
+    (:func:`measure_budget_speeds`), and the reference is kept unless strictly beaten. ``measure_sizes``: budgets
+    also run in that check, where the estimate's eager timings do not describe the engine (a captured one).
+    Returns the choice (``best``; with a reference ``estimated_best``, ``fixed_tokens``,
+    ``measured_tokens_per_s``) and the estimate's table.
     """
     big = dataclasses.replace(tree, total_tokens=max(candidates))
-    # Not counted: first calls pay for kernel loading and library handles (a draft tuned first in a process was
-    # once charged four times the drafting per cycle of the second)
+    # Not counted: first calls pay for kernel loading and library handles
     _generate(target, draft, big, prompts[0], min(8, max_new_tokens))
     ranks: list[list[int]] = []
     clock = StepClock(target.device)  # eager: drafting is the tree's steps, its forwards and the path's encoding

@@ -1,15 +1,10 @@
 """What a decoding cycle costs, taken apart, on the machine it runs on (docs/DESIGN.md section 12).
 
-For each method: the time of a plain step (plain decoding's cycle on the same engine), of the method's cycle, their
-ratio, and the cycle split into its steps (:mod:`jakiro_lib.decoding.clock`): the target's verify forward over the
-tree's n rows (also timed alone, T(n)), the draft forwards, tree building and selection (the rest of drafting, the
-lookup chain's graft and the masks), evaluation, the update (the accepted path's move and the draft's bookkeeping),
-the host read, and what the host does between steps; operators per cycle beside the times. ``overhead`` is
-(cycle - T(n)) / T(1): what a cycle costs beyond verifying its tree, in plain steps.
-
-Times are means over the timed generations' cycles (an eager engine: every step runs when it is called, and the
-clock waits for the device at each step's edges); operators are counted on a separate generation of the first
-prompt (counting slows the operators down).
+Per method: the plain step (plain decoding's cycle), the method's cycle, their ratio, the cycle's steps
+(:mod:`jakiro_lib.decoding.clock`, :data:`PARTS`) with their operators, the host's time between steps, and T(n) of
+its tree timed alone; ``overhead`` = (cycle - T(n)) / T(1), what a cycle costs beyond verifying its tree, in plain
+steps. Times are means over the timed generations' cycles (eager, the clock waiting for the device at each step's
+edges); operators are counted on a separate generation of the first prompt (counting slows them down).
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """Where the time goes and whether speculation pays on this machine (the performance report).
 
-Three tables, all from measurements of the same run:
-
-* :func:`cost_model` times what one speculative cycle is made of on the profile's target: the target
-  scoring an n-token tree, T(n) (also without the CPU fast paths of :mod:`jakiro_lib.models.kernels`), and one
-  draft step of every trained draft, with its reduced draft vocabulary and with the full one, and the
-  drafting time per cycle (dense, coupled and decoupled MoE candidates).
-* :func:`lever_table` turns those and the main study into "what each lever bought".
-* :func:`performance_targets` reads the main study's summary and checks the speed goals we hold
-  ourselves to (Jakiro against HF ``generate``, EAGLE-2 and prompt lookup; our vanilla loop against HF
-  ``generate``), each as a ratio of tokens/s measured side by side in one run.
+Three tables from one run's measurements: :func:`cost_model` (T(n) with and without the CPU fast paths, draft
+steps with the reduced and the full vocabulary, drafting time per cycle), :func:`lever_table` (what each lever
+bought) and :func:`performance_targets` (the speed goals as ratios of tokens/s measured side by side).
 """
 from __future__ import annotations
 
@@ -43,10 +36,8 @@ def _primary_order(group: tuple[str, ...], *first: str) -> tuple[str, ...]:
     return (*first, *(m for m in group if m not in first))
 
 
-# Each goal's own method: the first of these that the run has (which methods a run has is the profile's
-# choice, made before it; their speeds never enter). Picking the fastest of several rows instead, with an
-# interval that treats the pick as if named in advance, flatters the goal. The tuned tree comes before the paper's
-# fixed one; the other rows of a group follow in registry order, only for runs that have none of those.
+# Each goal's own method: the first of these that the run has, never the fastest of several rows (an interval
+# that treats such a pick as named in advance flatters the goal); the group's other rows follow in registry order.
 PRIMARY = {
     "jakiro": _primary_order(JAKIRO_METHODS, "jakiro_auto", "jakiro"),
     "our_vanilla": OUR_VANILLA,
@@ -64,11 +55,8 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
 
     Returns ``{"target": [n, ms, x_one_step, ms_library_defaults, ms_without_packed_gemm], "draft":
     [draft, vocab, width, ms, x_target_step], "draft_cycle": [draft, decoupled, total_tokens, ms,
-    ms_plain_head]}`` (``ms`` as decoding runs; the last two target columns only where
-    :mod:`~jakiro_lib.models.kernels` fast paths are on, timed back to back with ``ms`` for each n so that drift
-    hits all variants alike; ``ms_plain_head`` likewise without the packed draft head). The full-vocabulary rows time an untrained copy of the same architecture (timing only). A
-    drafting cycle is one tree proposal plus encoding 2 accepted tokens, coupled and (with experts)
-    decoupled candidates.
+    ms_plain_head]}`` (``ms`` as decoding runs; the ``ms_*`` variants without a fast path, timed back to back with
+    it, only where that fast path is on). Full-vocabulary rows time an untrained copy of the draft.
     """
     model = target.model
     variants: dict[str, Any] = {"ms": nullcontext}
@@ -123,21 +111,10 @@ def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | 
     """The speed goals as measured ratios (mean over benchmarks) with pass/fail.
 
     With the study's ``records``, tokens/s ratios get a 95% bootstrap interval over prompts
-    (``ratio_ci_low``/``ratio_ci_high``, :func:`jakiro_lib.measure.summary.ratio_interval`); ``resolved`` is False
-    when the interval straddles the threshold: ``met`` (from the point estimate) is then not settled by
-    these prompts either way.
-
-    Each goal's method is named before the run, never picked by speed (:data:`PRIMARY`): Jakiro is the first that
-    ran of ``jakiro_auto`` and ``jakiro`` (then the group's other rows in registry order); "our vanilla loop" is
-    ``vanilla``. Baselines are the fastest of theirs at each temperature: "HF generate" the faster of
-    ``hf_generate`` and ``hf_compiled``, EAGLE-2 the faster of ``eagle2`` and ``eagle2_auto``, "our fastest plain
-    decoder" the fastest of :data:`OUR_VANILLA` (Jakiro >= 1.5x it at T=0, >= 1.3x at T>0) (a goal against a weaker
-    baseline would flatter; picking the fastest baseline can only lower the ratio, so its interval, which ignores
-    that pick, errs against us). Every method of ours runs on the one engine, captured as the target says, so both
-    sides of a goal run the same target runner. Tau compares ``jakiro`` with ``eagle2`` on the same tree. The
-    ``selection`` column says so row by row. ``jakiro_lookup`` (an extension, not the paper's method) gets its own
-    rows against the same baselines, and against ``eagle2_lookup``. Ratios of
-    means of tokens/s, as in the main table.
+    (:func:`jakiro_lib.measure.summary.ratio_interval`); ``resolved`` is False when it straddles the threshold.
+    Each goal's method is named before the run (:data:`PRIMARY`); each baseline is the fastest of its group at
+    each temperature, which can only lower the ratio. Tau compares ``jakiro`` with ``eagle2`` on the same tree.
+    The ``selection`` column says which rule picked each row; ``jakiro_lookup`` (an extension) gets rows of its own.
     """
     goals = _Goals(headline_table(main), records)  # mean over benchmarks per (temperature, method)
     for temp in sorted(goals.h["temperature"].unique()):
@@ -320,13 +297,9 @@ def _decoder_levers(levers: _Levers, main: pd.DataFrame) -> None:
 
 def lever_table(target_costs: pd.DataFrame, draft_costs: pd.DataFrame, main: pd.DataFrame, *,
                 tree_tokens: int = PAPER_TREE_TOKENS, draft_cycle: pd.DataFrame | None = None) -> pd.DataFrame:
-    """What each speed lever bought, each measured with and without it on this machine in this run.
-
-    Kernel levers compare T(``tree_tokens``) (the verify forward of the profile's tree); the draft
-    vocabulary compares one draft step at the widest measured frontier; the packed draft head compares
-    drafting time per cycle (``draft_cycle`` of :func:`cost_model`); the tuned tree budget compares
-    tokens/s of the main study's fixed-budget and ``_auto`` methods (greedy, mean over benchmarks).
-    """
+    """What each speed lever bought, each measured with and without it in this run: kernel levers by
+    T(``tree_tokens``), the draft vocabulary by one draft step, the packed draft head by drafting time per cycle
+    (``draft_cycle`` of :func:`cost_model`), the decoder levers by the main study's greedy tokens/s."""
     levers = _Levers()
     _kernel_levers(levers, target_costs, tree_tokens)
     _draft_vocabulary_levers(levers, draft_costs)

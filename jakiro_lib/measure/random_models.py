@@ -50,9 +50,8 @@ def check_device(device: str | torch.device) -> torch.device:
 def random_target(shape: str, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
                   max_context: int = 0, *, seed: int = 0) -> PreTrainedModel:
     """A random-weight ``LlamaForCausalLM`` of a named shape, built directly on ``device`` in ``dtype`` (a 7B
-    target is never materialised in fp32 on the host), frozen, in eval mode, set up as
-    :func:`~jakiro_lib.models.target.load_target` sets up a target (:func:`~jakiro_lib.models.kernels.use_gqa_attention`,
-    :func:`~jakiro_lib.models.kernels.use_fused_norm`)."""
+    target is never materialised in fp32 on the host), frozen, with the kernels
+    :func:`~jakiro_lib.models.target.load_target` sets up."""
     config = shape_config(shape, max_context)
     dt = _dtype(dtype) if isinstance(dtype, str) else dtype
     dev = check_device(device)

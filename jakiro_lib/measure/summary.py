@@ -1,7 +1,6 @@
-"""What benchmark records say (Spec-Bench's one results schema, read back, :func:`load_records`): per-method summaries with speedups
+"""What benchmark records (:func:`jakiro_lib.measure.bench.run_benchmark`) say: per-method summaries with speedups
 over the fastest plain decoder, paired bootstrap intervals of ratios (docs/DESIGN.md section 11), greedy identity
-with our vanilla loop and, where it fails, how near a tie the target's logits were. The records come from
-:func:`jakiro_lib.measure.bench.run_benchmark`.
+with our vanilla loop and, where it fails, how near a tie the target's logits were.
 """
 from __future__ import annotations
 
@@ -81,10 +80,8 @@ def ratio_interval(method_records: list[dict[str, Any]], baseline_records: list[
     """Percentile bootstrap interval of ``measure`` (method) / ``measure`` (baseline): mean tokens/s, or
     tau (tokens / cycles, pooled over prompts; both methods need cycles, i.e. kind "spec" or "vanilla").
 
-    Prompts (benchmark, question, turn, repeat) that both ran are resampled in pairs within each
-    benchmark, so the interval says how much the ratio depends on which prompts were drawn: with one
-    repeat per prompt, the spread that a std over repeats cannot show. Benchmarks weigh equally, as in
-    the mean over benchmarks. NaNs when nothing pairs up.
+    Prompts (benchmark, question, turn, repeat) that both ran are resampled in pairs within each benchmark,
+    benchmarks weighing equally (docs/DESIGN.md section 11). NaNs when nothing pairs up.
     """
     if measure not in MEASURES:
         raise ValueError(f"unknown measure {measure!r}: use {' or '.join(MEASURES)}")
@@ -116,9 +113,8 @@ def by_method_temperature(records: Iterable[dict[str, Any]]) -> dict[tuple[str, 
 def versus(records: list[dict[str, Any]], baseline: str, *, level: float = 0.95) -> list[dict[str, Any]]:
     """Every drafted run against method ``baseline`` (e.g. ``eagle2``) on the prompts both ran, per temperature:
     the ratios of tokens/s and of tau with paired bootstrap intervals (:func:`ratio_interval`), and whether
-    each interval lies wholly above 1 ("better"), wholly below ("worse") or straddles it ("unresolved"). In an old
-    study with two engines, each run meets the baseline's run on its own engine where there is one (``jakiro_static``
-    against ``eagle2_static``); the ``baseline`` column names the run."""
+    each interval lies wholly above 1 ("better"), wholly below ("worse") or straddles it ("unresolved"). A run of an
+    old two-engine study meets the baseline's run on its own engine where there is one (column ``baseline``)."""
     by = by_method_temperature(records)
     rows = []
     for (method, temp), recs in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -172,12 +168,8 @@ def _greedy_pairs(method_records: list[dict[str, Any]], vanilla_records: list[di
 
 
 def greedy_agreement(method_records: list[dict[str, Any]], vanilla_records: list[dict[str, Any]]) -> tuple[int, int]:
-    """(identical, compared): greedy outputs equal to our vanilla loop's, token for token, per prompt.
-
-    In fp32 on the CPU every prompt must match (losslessness). In bf16/fp16, rounding differs between
-    one-row and tree forwards; :func:`greedy_divergences` then shows whether each divergence was a near
-    tie (the position-by-position check of docs/DESIGN.md section 7).
-    """
+    """(identical, compared): greedy outputs equal to our vanilla loop's, token for token, per prompt (in fp32
+    all must match; in bf16/fp16 :func:`greedy_divergences` tells near ties: docs/DESIGN.md section 7)."""
     pairs = _greedy_pairs(method_records, vanilla_records)
     return sum(r["output_ids"] == expected for r, expected in pairs), len(pairs)
 
@@ -186,11 +178,10 @@ def greedy_agreement(method_records: list[dict[str, Any]], vanilla_records: list
 def greedy_divergences(target: Target, records: list[dict[str, Any]], questions: Iterable[Any]) -> list[dict[str, Any]]:
     """Where each T=0 output first leaves vanilla's, and how close the target's top-2 logits were there.
 
-    For every compared prompt (:func:`greedy_agreement`) whose output differs, the target scores the
-    prompt plus vanilla's output up to the first differing token in one forward. ``gap`` is the
-    difference of its two largest logits there and ``gap_steps`` the same in units of the logits' dtype
-    spacing at the top logit (bf16: 0.125 at logits 16-32): divergences at a few steps are rounding
-    ties, which speculative decoding in low precision cannot avoid; a large gap would be a bug.
+    For every compared prompt (:func:`greedy_agreement`) whose output differs, the target scores the prompt plus
+    vanilla's output up to the first differing token. ``gap``: its top-2 logit difference there; ``gap_steps``: the
+    same in units of the dtype's spacing at the top logit (bf16: 0.125 at logits 16-32). A few steps is a rounding
+    tie; a large gap would be a bug.
     """
     by_key = {(q.benchmark, str(q.question_id)): q for q in questions}
     greedy = [r for r in records if r["temperature"] == 0]
@@ -226,16 +217,11 @@ def greedy_divergences(target: Target, records: list[dict[str, Any]], questions:
 
 
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (run, benchmark, temperature): tokens/s, speedup vs the fastest vanilla, tau (two conventions); the
-    ``method`` column holds the run's label (:func:`~jakiro_lib.measure.methods.record_label`), ``engine`` and
-    ``capture`` how it ran.
-
-    Speedup = mean over questions of tokens/s (method) / mean tokens/s (fastest vanilla kind present),
-    computed per repeat; mean and std are over repeats; ``speedup_ci_low``/``_high``: a 95% bootstrap
-    interval over prompts (:func:`ratio_interval`) against the fastest vanilla kind overall. tau =
-    generated tokens / cycles (ours); tau_ref = the same over cycles - 1 (the reference's convention,
-    which inflates it). At T=0, ``greedy_same`` of ``greedy_compared`` prompts gave our vanilla loop's
-    output token for token (:func:`greedy_agreement`).
+    """Per (run, benchmark, temperature): tokens/s, speedup over the fastest vanilla kind, tau in two conventions;
+    ``method`` holds the run's label (:func:`~jakiro_lib.measure.methods.record_label`), ``engine`` and ``capture``
+    how it ran. Speedups are per repeat (mean and std over repeats), with a 95% bootstrap interval over prompts
+    (:func:`ratio_interval`); tau_ref divides by cycles - 1 (the reference's convention). At T=0, ``greedy_same``
+    of ``greedy_compared`` prompts gave our vanilla loop's output (:func:`greedy_agreement`).
     """
     groups: dict[tuple, list[dict]] = {}
     for r in records:
@@ -293,9 +279,8 @@ def categories(records: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 
 def summarize_by_category(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """:func:`summarize` per (benchmark, question category), as Spec-Bench reports its 13 categories: rows
-    with a ``category`` column, for the benchmarks whose questions carry more than one category (records
-    written before categories were recorded give none)."""
+    """:func:`summarize` per (benchmark, question category), as Spec-Bench reports its 13 categories, for the
+    benchmarks whose questions carry more than one category."""
     split = categories(records)
     sep = "\x1f"  # joins benchmark and category into summarize's group key, split again below
     keyed = [{**r, "benchmark": f"{r['benchmark']}{sep}{r['category']}"} for r in records

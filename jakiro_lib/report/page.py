@@ -1,12 +1,8 @@
 """The report's front page, ``reports/<profile>/index.html``: the verdict first, then the evidence.
 
-A reader opening a report wants the answer before the tables: were the speed goals met, by how much,
-and on what. So the page opens with the verdict read from ``performance_targets.csv`` (each goal met or
-not, its ratio and 95% interval, and whether the interval settles it; docs/DESIGN.md section 11), then
-the headline figure that notebook 03 writes (``speedup.png``), then the summary, goals and levers tables,
-each inside a box that scrolls sideways instead of widening the page, then links to every notebook,
-table and figure. A report of the ``smoke`` profile (a random tiny target) carries a banner saying its
-numbers only show that the plumbing works.
+The verdict read from ``performance_targets.csv`` (each goal met or not, its ratio and 95% interval, and whether the
+interval settles it; docs/DESIGN.md section 11), the headline figure (``speedup.png``), the summary, goals and levers
+tables, then links to every notebook, table and figure. A ``smoke`` report carries a banner: plumbing only.
 """
 from __future__ import annotations
 

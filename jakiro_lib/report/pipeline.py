@@ -1,24 +1,17 @@
 """Run the study notebooks end to end with papermill and turn them into an HTML report.
 
-``run_pipeline("default")`` executes ``notebooks/00_data_caching.ipynb`` ... ``03_result_figures.ipynb``
-in order, each with the papermill parameters ``profile``, ``overrides``, ``run_dir``, ``report_dir`` and
-``force``; the executed copies land in ``reports/<profile>/`` next to their HTML (code kept visible), the
-CSV/JSON tables and PNG figures the notebooks write, and an ``index.html`` that links everything.
+``run_pipeline("default")`` executes ``notebooks/00_data_caching.ipynb`` ... ``03_result_figures.ipynb`` in
+order with the papermill parameters :data:`PARAMETERS`; the executed copies, their HTML, the tables and figures they
+write and an ``index.html`` land in ``reports/<profile>/``. With ``data.scale="auto"`` the conversations and epochs
+are chosen before stage 00 (:mod:`jakiro_lib.training.scale`) and passed to the notebooks as overrides.
 
-Scale: where the profile sets ``data.scale="auto"`` (the default profile), the number of conversations and epochs is
-chosen before stage 00 from a short measurement of this machine, to fit the 90-minute main job, recorded in
-``<run_dir>/scale.json`` (copied to the report, and a line on its front page), reused by a rerun, and passed to the
-notebooks as overrides; ``--set data.num_conversations=...`` / ``train.epochs=...`` win (:mod:`jakiro_lib.training.scale`).
-
-Staleness: a stage is skipped when its executed notebook exists, is newer than the notebook source, was
-executed with the same resolved configuration (a stamp in ``<report_dir>/.stamps/``), and no earlier
-stage was executed after it. ``force=True`` re-executes every selected stage and passes ``force=True``
-to the notebooks, which then retrain drafts and rerun benchmarks (the feature cache is verified and
-reused; delete ``runs/<profile>/features`` to recompute it). Library code changes are not tracked:
-use ``force`` after editing ``jakiro_lib``.
+Staleness: a stage is skipped when its executed notebook is newer than its source, was executed with the same
+resolved configuration (a stamp in ``<report_dir>/.stamps/``), and no earlier stage ran after it. ``force=True``
+re-executes every selected stage and makes the notebooks retrain and rerun (the feature cache is reused). Library
+code changes are not tracked: use ``force`` after editing ``jakiro_lib``.
 
 CLI: ``python -m jakiro_lib pipeline --profile P [--set key=value ...] [--force] [--stages 00,01]`` (or
-``python -m jakiro_lib.report.pipeline`` with the same flags).
+``python -m jakiro_lib.report.pipeline``).
 """
 from __future__ import annotations
 
@@ -55,12 +48,6 @@ log = logging.getLogger(__name__)
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 PARAMETERS: tuple[str, ...] = ("profile", "overrides", "run_dir", "report_dir", "force")
-
-
-
-# --------------------------------------------------------------------------------------------------
-# Helpers
-# --------------------------------------------------------------------------------------------------
 
 
 def _plain(value: Any) -> Any:
@@ -154,11 +141,6 @@ def _finish(report_dir: Path, profile_name: str, parameters: dict[str, Any], res
     log.info("pipeline %s: done in %.1f s; index: %s", profile_name, seconds, index)
 
 
-# --------------------------------------------------------------------------------------------------
-# The pipeline
-# --------------------------------------------------------------------------------------------------
-
-
 def run_pipeline(
     profile: str,
     *,
@@ -174,12 +156,10 @@ def run_pipeline(
 ) -> Path:
     """Execute the study notebooks for ``profile`` and write the report; returns the report directory.
 
-    ``overrides``: dotted profile keys (``{"bench.limit": 2}``; strings are parsed as on the CLI).
-    ``stages``: subset to run (``"00,01"`` or names); the others are left as they are. ``run_dir``
-    defaults to ``$JAKIRO_RUNS/<profile>`` (``runs/<profile>``), ``report_dir`` to
-    ``reports/<profile>``. ``log_output`` streams the kernels' output into the log.
-    Raises :class:`PipelineError` when a stage fails (the partial notebook is kept as
-    ``<report_dir>/<stage>.failed.ipynb`` and converted to HTML).
+    ``overrides``: dotted profile keys (``{"bench.limit": 2}``; strings are parsed as on the CLI). ``stages``: the
+    subset to run (``"00,01"`` or names). ``run_dir`` defaults to ``$JAKIRO_RUNS/<profile>`` (``runs/<profile>``),
+    ``report_dir`` to ``reports/<profile>``. Raises :class:`PipelineError` when a stage fails (its partial notebook
+    kept as ``<report_dir>/<stage>.failed.ipynb``, with HTML).
     """
     import papermill as pm  # optional, heavy: only the pipeline runs notebooks
 
@@ -206,8 +186,7 @@ def run_pipeline(
 
 
 def write_report_index(report_dir: str | Path, *, profile_name: str | None = None) -> Path:
-    """(Re)write ``index.html`` from what the report directory holds: the verdict (goals met or not),
-    the headline figure, then the summary, goals and levers tables (:mod:`jakiro_lib.report.page`)."""
+    """(Re)write ``index.html`` from the tables the report directory holds (:mod:`jakiro_lib.report.page`)."""
     report_dir = Path(report_dir)
     main, goals, levers = (_read_table(report_dir / name)
                            for name in ("main_results.csv", "performance_targets.csv", "levers.csv"))
@@ -228,11 +207,6 @@ def _read_table(path: Path) -> pd.DataFrame | None:
     except (OSError, ValueError) as exc:  # pandas' parser errors are ValueErrors
         log.warning("could not read %s: %s", path, exc)
         return None
-
-
-# --------------------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------------------
 
 
 def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

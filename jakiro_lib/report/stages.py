@@ -1,8 +1,5 @@
-"""The pipeline's stages one by one: their names, stamps and staleness, one notebook executed with papermill and
-turned into HTML, and the run's ``pipeline.json``.
-
-:func:`jakiro_lib.report.pipeline.run_pipeline` resolves the profile, the scale and the directories, then hands
-the stages to :func:`run_stages` (the staleness rule is in :mod:`jakiro_lib.report.pipeline`'s docstring).
+"""The pipeline's stages one by one: their names, stamps and staleness (the rule:
+:mod:`jakiro_lib.report.pipeline`), one notebook executed with papermill and turned into HTML, and ``pipeline.json``.
 """
 from __future__ import annotations
 
@@ -110,11 +107,6 @@ def notebook_to_html(notebook: str | Path, html: str | Path | None = None) -> Pa
     return html
 
 
-# --------------------------------------------------------------------------------------------------
-# One stage
-# --------------------------------------------------------------------------------------------------
-
-
 def _stage_status(stage: str, *, source: Path, report_dir: Path, fingerprint: str, force: bool,
                   upstream_finished: float) -> tuple[bool, str]:
     """(up to date?, reason it is not)."""
@@ -215,11 +207,6 @@ def _execute_stage(run: StageRun, stage: str, reason: str) -> tuple[StageResult,
     log.info("stage %s: done in %.1f s -> %s", stage, seconds, run.html(stage))
     result = StageResult(stage, "executed", round(seconds, 2), str(run.executed(stage)), str(run.html(stage)), reason)
     return result, finished
-
-
-# --------------------------------------------------------------------------------------------------
-# The stages in order
-# --------------------------------------------------------------------------------------------------
 
 
 def run_stages(run: StageRun) -> list[StageResult]:
