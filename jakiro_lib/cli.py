@@ -21,7 +21,7 @@ from .data.conversations import not_text
 from .errors import exit_status
 from .files import check_paths
 from .busy import busy_warning
-from .machine import main_rank, world_size
+from .distributed import main_rank, world_size
 from .measure.cycles import CYCLE_METHODS
 from .runlock import run_lock
 from .study.gpucheck import CHECK_METHODS

@@ -42,7 +42,8 @@ from .training.scale import set_keys as scale_keys
 from .training.throughput import environment, format_table, plan_from, run_throughput
 from .training.throughput_plan import format_plan
 from .files import write_json, write_table
-from .machine import main_rank, run_metadata
+from .distributed import main_rank
+from .machine import run_metadata
 
 TRAIN_COLUMNS = ("draft", "status", "steps", "acc_a", "acc_b", "heldout_loss", "wall_time_s")
 

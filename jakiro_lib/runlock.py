@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .files import c_library, read_json
-from .machine import main_rank
+from .distributed import main_rank
 
 LOCK_FILE = ".lock"  # in a run directory (or a benchmark's --out folder) while a command writes there
 HOLDER_ENV = "JAKIRO_RUN_LOCK_HOLDER"  # the pid whose run locks its child processes work under (the pipeline's)

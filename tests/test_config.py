@@ -25,9 +25,9 @@ def test_profiles_exist_with_paper_settings():
 def test_default_scale_is_measured_not_read_from_a_cpu_flag(monkeypatch, flags):
     """The default sizes its data and epochs by measurement (data.scale="auto", jakiro_lib.training.scale), from the floor
     DEFAULT_SCALE on every CPU: a flag said nothing about the avx512_bf16 EPYC's speed (issue 43, section 4)."""
-    from jakiro_lib import machine
+    from jakiro_lib import precision
 
-    monkeypatch.setattr(machine, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset(flags))
     p = get_profile("default")
     assert (p.data.num_conversations, p.train.epochs) == DEFAULT_SCALE == (600, 2) and p.data.scale == "auto"
     assert get_profile("default", **{"train.epochs": "5"}).train.epochs == 5  # an override still wins

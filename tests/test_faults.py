@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 
 from jakiro_lib.study.context import StudyContext
 from jakiro_lib.report import pipeline
-from jakiro_lib import files, machine, runlock
+from jakiro_lib import compiling, files, runlock
 from jakiro_lib.cli import main
 from jakiro_lib.config import DraftConfig
 from jakiro_lib.profiles import get_profile
@@ -700,7 +700,7 @@ def test_training_without_a_cache_names_the_cache_command(run, capsys):
 LATER_PROCESS = r"""
 import torch
 from torch._inductor.utils import clear_caches
-from jakiro_lib import machine
+from jakiro_lib import compiling
 from jakiro_lib.decoding.compiled import CompileError, call_compiled
 
 def f(x):
@@ -712,15 +712,15 @@ def compiled():
     return call_compiled(torch.compile(f, fullgraph=True), X, device=torch.device("cpu"), first=True)
 
 X = torch.linspace(-3, 3, 64)
-repair = machine.repair_compile_cache
-machine.sweep_compile_cache = lambda: []  # the reactive repair alone: as where the libraries were cut just now
-machine.repair_compile_cache = lambda error: []
+repair = compiling.repair_compile_cache
+compiling.sweep_compile_cache = lambda: []  # the reactive repair alone: as where the libraries were cut just now
+compiling.repair_compile_cache = lambda error: []
 try:
     compiled()
     print("unrepaired: compiled")
 except CompileError as e:
     print("unrepaired:", e)
-machine.repair_compile_cache, machine.REPAIRS = repair, 1  # one repair mends every library the cut left empty
+compiling.repair_compile_cache, compiling.REPAIRS = repair, 1  # one repair mends every library the cut left empty
 print("repaired:", "same" if torch.allclose(compiled(), f(X), atol=1e-5) else "different")
 """
 
@@ -746,7 +746,7 @@ def test_a_compilation_cut_short_is_rebuilt_and_a_failure_names_its_cause(tmp_pa
         torch._dynamo.reset()
         libraries = sorted(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.main.so"))  # f's and g's kernels
         assert len(libraries) == 2
-        cut = time.time() - 2 * machine.SETTLED_S
+        cut = time.time() - 2 * compiling.SETTLED_S
         for lib in libraries:  # what a kill mid-link leaves (a new file: this process still maps the old one)
             lib.unlink()
             lib.write_bytes(b"")
@@ -776,14 +776,14 @@ def test_the_first_compilation_of_a_process_sweeps_out_empty_libraries(tmp_path,
         lib.with_suffix(".cpp").write_text("// source")
     gone.with_suffix(".cpp").write_text("// source")
     gone.symlink_to(tmp_path / "nowhere.so")  # listed, then gone: another rank's sweep
-    settled = time.time() - 2 * machine.SETTLED_S
+    settled = time.time() - 2 * compiling.SETTLED_S
     for lib in (cut, whole):
         os.utime(lib, (settled, settled))
-    assert machine.sweep_compile_cache.__wrapped__() == [cut.resolve()]
+    assert compiling.sweep_compile_cache.__wrapped__() == [cut.resolve()]
     assert not cut.exists() and fresh.exists() and whole.exists()
 
     swept: list[int] = []
-    monkeypatch.setattr(machine, "sweep_compile_cache", lambda: swept.append(1) or [])
+    monkeypatch.setattr(compiling, "sweep_compile_cache", lambda: swept.append(1) or [])
     named = {"what": "a test's call", "remedy": "none"}
-    assert machine.run_compiling(lambda: 3, compiling=False, **named) == 3 and swept == []
-    assert machine.run_compiling(lambda: 4, compiling=True, **named) == 4 and swept == [1]
+    assert compiling.run_compiling(lambda: 3, compiling=False, **named) == 3 and swept == []
+    assert compiling.run_compiling(lambda: 4, compiling=True, **named) == 4 and swept == [1]

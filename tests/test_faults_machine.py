@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from jakiro_lib import machine, runlock
+from jakiro_lib import compiling, precision, runlock
 from jakiro_lib.cli import main
 from jakiro_lib.config import ConfigError, TargetConfig, TrainConfig
 from jakiro_lib.data.dataset import FeatureDataset
@@ -30,7 +30,7 @@ from jakiro_lib.training.train import TrainError, train_draft
 
 from helpers import word_conversations
 
-SETTLED = time.time() - 2 * machine.SETTLED_S
+SETTLED = time.time() - 2 * compiling.SETTLED_S
 
 
 def elf(claimed: int, size: int) -> bytes:
@@ -91,7 +91,7 @@ def test_the_sweep_follows_no_link_out_of_the_cache(tmp_path, monkeypatch):
     (cache / "ef").symlink_to(linked_folder, target_is_directory=True)
     settle(empty, *linked_folder.iterdir(), cut)
     before = snapshot(outside)
-    assert machine.sweep_compile_cache.__wrapped__() == [cut]
+    assert compiling.sweep_compile_cache.__wrapped__() == [cut]
     assert snapshot(outside) == before and not cut.exists() and named_like_inductor.is_symlink()
 
 
@@ -117,9 +117,9 @@ def test_a_broad_cache_directory_loses_nothing_that_is_not_inductors(tmp_path, m
     before = {p: p.read_bytes() for p in keep}
     error = RuntimeError("compile failed")
     error.__cause__ = ImportError(f"{ext}: file too short; {stray}: file too short; {whole}: undefined symbol")
-    assert machine.repair_compile_cache(error) == []
+    assert compiling.repair_compile_cache(error) == []
     error.__cause__ = ImportError(f"{truncated}: file too short; {ext}: file too short")
-    assert machine.repair_compile_cache(error) == sorted([truncated, swept])
+    assert compiling.repair_compile_cache(error) == sorted([truncated, swept])
     assert {p: p.read_bytes() for p in keep} == before
 
 
@@ -127,8 +127,8 @@ def test_the_cuda_graph_path_neither_sweeps_nor_repairs(monkeypatch):
     """A step recorded as a CUDA graph compiles nothing: its first call sweeps no cache and a failure in it is
     not taken for a compile error (nor repaired)."""
     calls: list[str] = []
-    monkeypatch.setattr(machine, "sweep_compile_cache", lambda: calls.append("sweep") or [])
-    monkeypatch.setattr(machine, "repair_compile_cache", lambda error: calls.append("repair") or [])
+    monkeypatch.setattr(compiling, "sweep_compile_cache", lambda: calls.append("sweep") or [])
+    monkeypatch.setattr(compiling, "repair_compile_cache", lambda error: calls.append("repair") or [])
     step = CapturedStep(lambda x: x + 1, capture=lambda s, args: lambda: s(*args))
     assert call_compiled(step, torch.zeros(2), device=torch.device("cpu"), first=True).tolist() == [1.0, 1.0]
     assert calls == []
@@ -166,12 +166,12 @@ def test_out_of_memory_in_a_first_step_is_one_line_naming_memory(oom, captured, 
     """A first step that runs out of memory (a captured step's eager warm-up included) ends in one line that names
     memory and what to do, not in "torch.compile failed ... needs a C++ compiler"; nothing is repaired."""
     repaired: list[int] = []
-    monkeypatch.setattr(machine, "sweep_compile_cache", lambda: [])
-    monkeypatch.setattr(machine, "repair_compile_cache", lambda error: repaired.append(1) or [])
+    monkeypatch.setattr(compiling, "sweep_compile_cache", lambda: [])
+    monkeypatch.setattr(compiling, "repair_compile_cache", lambda error: repaired.append(1) or [])
 
     def step(x):
         raise oom()
-    with pytest.raises(machine.DeviceMemoryError) as info:
+    with pytest.raises(compiling.DeviceMemoryError) as info:
         call_compiled(CapturedStep(step) if captured else step, torch.zeros(2), device=torch.device("cpu"), first=True)
     line = error_line(info.value)
     assert known_error(info.value) and "\n" not in line and repaired == []
@@ -244,9 +244,9 @@ def test_auto_precision_asks_the_configured_gpu_for_native_bf16(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)  # emulation counted
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability[index])
-    favoured = {d: machine.favoured_dtype(torch.device(d)) for d in ("cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda")}
+    favoured = {d: precision.favoured_dtype(torch.device(d)) for d in ("cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda")}
     assert favoured == {"cuda:0": "bfloat16", "cuda:1": None, "cuda:2": None, "cuda:3": "bfloat16", "cuda": None}
-    assert machine.resolve_precision("auto", favoured["cuda:1"]) == "no"
+    assert precision.resolve_precision("auto", favoured["cuda:1"]) == "no"
 
 
 # --------------------------------------------------------------------------------------------------

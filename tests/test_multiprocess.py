@@ -5,7 +5,7 @@ them. The launcher is ``accelerate launch --multi_gpu --num_processes 2``: ``--c
 process (accelerate's simple launcher spawns several only through ``mpirun`` with a hostfile; measured here with
 accelerate 1.15, WORLD_SIZE unset in the child), and ``--multi_gpu`` is what spawns them (through
 ``torch.distributed.run``); on a machine without CUDA the processes then join a gloo group
-(:func:`jakiro_lib.machine.distributed_state`). Each process runs one thread (two cores here).
+(:func:`jakiro_lib.distributed.distributed_state`). Each process runs one thread (two cores here).
 """
 from __future__ import annotations
 
@@ -205,7 +205,7 @@ def test_a_launch_that_joins_no_group_is_refused_in_one_line(monkeypatch, tmp_pa
 
     from jakiro_lib import cli
     from jakiro_lib.errors import known_error
-    from jakiro_lib.machine import LaunchError, distributed_state
+    from jakiro_lib.distributed import LaunchError, distributed_state
 
     class OneProcess:
         num_processes, distributed_type = 1, "NO"

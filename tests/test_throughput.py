@@ -134,16 +134,16 @@ def test_bad_options_are_refused(tmp_path, capsys):
 
 
 def test_favoured_dtype_follows_the_cpu_flags(monkeypatch):
-    from jakiro_lib import machine
+    from jakiro_lib import precision
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2", "fma"})
-    assert machine.favoured_dtype(cpu) is None and machine.resolve_precision("auto", machine.favoured_dtype(cpu)) == "no"
-    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2", "avx512f", "amx_tile", "amx_bf16"})
-    assert machine.favoured_dtype(cpu) == "bfloat16" and machine.resolve_precision("auto", machine.favoured_dtype(cpu)) == "bf16"
-    assert machine.resolve_precision("no", "bfloat16") == "no"  # a setting other than auto is kept
-    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
-    assert machine.favoured_dtype(cpu) == "bfloat16"
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "fma"})
+    assert precision.favoured_dtype(cpu) is None and precision.resolve_precision("auto", precision.favoured_dtype(cpu)) == "no"
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "avx512f", "amx_tile", "amx_bf16"})
+    assert precision.favoured_dtype(cpu) == "bfloat16" and precision.resolve_precision("auto", precision.favoured_dtype(cpu)) == "bf16"
+    assert precision.resolve_precision("no", "bfloat16") == "no"  # a setting other than auto is kept
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    assert precision.favoured_dtype(cpu) == "bfloat16"
 
 
 def test_cpu_flags_read_this_machine():

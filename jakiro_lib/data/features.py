@@ -27,7 +27,8 @@ from .feature_store import (FORMAT, bytes_per_token, cache_settings, cached_shar
                             human_bytes, merge_sidecars, shard_name, sidecar_path, summarise)
 from ..layout import MANIFEST
 from ..files import write_json
-from ..machine import distributed_state, keep_freed_memory, run_metadata, synchronize, world_size
+from ..distributed import distributed_state, world_size
+from ..machine import keep_freed_memory, run_metadata, synchronize
 
 log = logging.getLogger(__name__)
 ESTIMATE_CHUNK = 256  # conversations per worker task when estimate_cache tokenizes in workers

@@ -9,7 +9,7 @@ from typing import ContextManager, Protocol
 import torch
 from torch.profiler import record_function
 
-# the steps of a cycle, each a profiler range "jakiro::<step>" (jakiro_lib.measure.gpucheck reads them)
+# the steps of a cycle, each a profiler range "jakiro::<step>" (jakiro_lib.study.gpucheck reads them)
 STEPS = ("prefill", "draft", "draft_forward", "verify", "evaluate", "update", "cycle", "read")
 STEP_RANGES = {s: f"jakiro::{s}" for s in STEPS}
 

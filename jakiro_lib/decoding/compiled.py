@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 from transformers import PreTrainedModel, StaticCache
 
-from ..machine import run_compiling
+from ..compiling import run_compiling
 from ..models.target import scratch
 from .runner import MAX_TREE_ROOM
 
@@ -49,7 +49,7 @@ def inductor_settings(device: torch.device) -> contextlib.AbstractContextManager
 def call_compiled(step: Callable[..., Any], *args: Any, device: torch.device, first: bool) -> Any:
     """``step(*args)`` under :func:`inductor_settings` with room for :data:`RECOMPILE_LIMIT` compilations; a failed
     ``first`` call of an inductor step is repaired and retried or raised as one :class:`CompileError`
-    (:func:`~jakiro_lib.machine.run_compiling`; a :class:`CapturedStep` compiles nothing and sweeps nothing)."""
+    (:func:`~jakiro_lib.compiling.run_compiling`; a :class:`CapturedStep` compiles nothing and sweeps nothing)."""
     def call() -> Any:
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), inductor_settings(device):
             return step(*args)

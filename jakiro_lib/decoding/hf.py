@@ -9,7 +9,8 @@ import time
 import torch
 from transformers import CompileConfig, PreTrainedModel
 
-from ..machine import run_compiling, synchronize
+from ..compiling import run_compiling
+from ..machine import synchronize
 from .compiled import compiled_cache_len, inductor_settings, static_cache
 from .result import GenerationResult
 from .verify import SamplingParams

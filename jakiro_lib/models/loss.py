@@ -119,7 +119,7 @@ def training_loss_options(draft_cfg: DraftConfig, train_cfg: TrainConfig) -> dic
                 unroll_steps=draft_cfg.unroll_steps or train_cfg.unroll_steps, sync=False)
 
 
-# what a failed compile of step_loss says (machine.run_compiling's what and remedy), in train and throughput alike
+# what a failed compile of step_loss says (compiling.run_compiling's what and remedy), in train and throughput alike
 COMPILED_STEP = {"what": "torch.compile of the training step", "remedy": "run it eagerly with --set train.compile=no"}
 
 

@@ -25,7 +25,7 @@ from ..data.feature_store import (OPTIONAL_SETTINGS, CacheError, estimate_disk, 
 from ..data.features import cache_features, estimate_cache
 from ..layout import RunLayout
 from ..files import read_json, write_json
-from ..machine import favoured_dtype
+from ..precision import favoured_dtype
 from .context import StudyContext, default_run_dir, get_target
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from ..layout import TRAIN_STAMP, RunLayout, has_weights
 from ..training.checkpoints import list_checkpoints, saved_vocab
 from ..training.train import RESULTS, train_draft, train_identity
 from ..files import read_json, replace_dir_atomically, restore_replaced_dir, write_json, write_table
-from ..machine import distributed_state, world_size
+from ..distributed import distributed_state, world_size
 from .context import StudyContext, get_target
 from .heads import import_draft, imported_drafts
 from .s00_data import load_training_conversations

@@ -31,7 +31,8 @@ from .scale_plan import (BENCH_SECONDS_PER_T1_MS, CONVERSATIONS_PER_EPOCH, MAIN_
                          PLAN_OVERRUN, Measurement, ScaleError, choose_scale, compile_gain, plan_at, rates)
 from .throughput import caching_rows, environment, training_rows
 from ..files import read_json, write_json
-from ..machine import favoured_dtype, keep_freed_memory, resolve_precision
+from ..machine import keep_freed_memory
+from ..precision import favoured_dtype, resolve_precision
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import pandas as pd
 from ..config import Profile
 from ..profiles import DEFAULT_SCALE, override
 from .throughput_plan import measured_favoured, stage_plan
-from ..machine import compiles_step, resolve_precision
+from ..precision import compiles_step, resolve_precision
 
 MAIN_JOB_MINUTES = 90
 MARGIN = 0.10  # of the main job, kept free: timings on a shared machine move by several percent

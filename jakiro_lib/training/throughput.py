@@ -35,8 +35,9 @@ from ..models.target import load_target
 from ..models.loss import COMPILED_STEP, step_loss, train_collate, training_loss_options
 from .throughput_plan import stage_plan
 from ..files import write_json
-from ..machine import (compiles_step, cpu_flags, cuda_bf16_units, favoured_dtype, keep_freed_memory, run_compiling,
-                       run_metadata, seed_everything, synchronize)
+from ..compiling import run_compiling
+from ..machine import keep_freed_memory, run_metadata, seed_everything, synchronize
+from ..precision import compiles_step, cpu_flags, cuda_bf16_units, favoured_dtype
 
 CSV = "throughput.csv"
 PLAN_CSV = "plan.csv"

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from ..config import Profile
-from ..machine import compiles_step, resolve_precision
+from ..precision import compiles_step, resolve_precision
 
 
 PLAN_COLUMNS = ("stage", "draft", "basis", "tokens", "tokens_per_s", "seconds", "minutes")

@@ -29,8 +29,9 @@ from ..data.dataset import build_draft_vocab, token_frequencies
 from ..models.draft import CONFIG_FILE, WEIGHTS_FILE, DraftModel
 from ..models.loss import COMPILED_STEP, evaluate, step_loss, train_collate, training_loss_options
 from ..files import atomic_path, read_json, sweep_temps, write_json
-from ..machine import (compiles_step, favoured_dtype, keep_freed_memory, resolve_precision, run_compiling, run_metadata,
-                       seed_everything)
+from ..compiling import run_compiling
+from ..machine import keep_freed_memory, run_metadata, seed_everything
+from ..precision import compiles_step, favoured_dtype, resolve_precision
 
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,39 @@
+"""The distributed launch: how many processes, which is the main one, and their group."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+
+def world_size() -> int:
+    """Processes of this run: ``WORLD_SIZE`` as ``accelerate launch`` / torchrun set it, else 1."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def main_rank() -> bool:
+    """Whether this is the main process (``RANK`` 0, or no launcher): the one that speaks and takes locks."""
+    return int(os.environ.get("RANK", "0") or 0) == 0
+
+
+class LaunchError(RuntimeError):
+    """The processes of a multi-process launch did not join one group (each would redo, and rewrite, all the work)."""
+
+
+def distributed_state() -> Any:
+    """accelerate's ``PartialState`` of a run launched in several processes (``world_size() > 1``), joined into one
+    group: NCCL where CUDA is, else gloo on the CPU.
+
+    ``PartialState()`` alone joins no group on a machine without CUDA (each process would think itself the only one
+    and redo all the work; tests/test_multiprocess.py): ``cpu=True`` there makes it a gloo group. A
+    :class:`LaunchError` when the group still does not hold ``WORLD_SIZE`` processes.
+    """
+    from accelerate import PartialState  # only under a multi-process launch: optional, heavy
+
+    state = PartialState(cpu=not torch.cuda.is_available())
+    if state.num_processes != world_size():
+        raise LaunchError(f"launched as {world_size()} processes (WORLD_SIZE), but accelerate sees "
+                          f"{state.num_processes} ({state.distributed_type}); launch with `accelerate launch "
+                          "--multi_gpu --num_processes N -m jakiro_lib ...` (docs/usage.md)")
+    return state
