@@ -22,8 +22,7 @@ from .measure.costmodel import measure_draft_costs, measure_draft_cycle, measure
 from .data.conversations import DataError, Question, load_question_file, load_questions
 from .models.draft import DraftModel
 from .data.feature_store import MANIFEST, CacheError, verify_cache
-from .measure.cycles import COLUMNS as CYCLE_COLUMNS
-from .measure.cycles import cycle_methods, cycle_prompts, cycle_table
+from .measure.cycles import COLUMNS as CYCLE_COLUMNS, cycle_methods, cycle_prompts, cycle_table
 from .decoding.methods import MethodSpec
 from .measure.methods import SPEC, portable, record_label
 from .measure.papercost import run_papercost
@@ -37,8 +36,7 @@ from .study.s02_bench import run_study
 from .study.heads import export_draft
 from .study.tables import category_table, display_table, study_table
 from .models.target import load_target
-from .training.scale import SCALE_JSON, recorded_scale
-from .training.scale import set_keys as scale_keys
+from .training.scale import SCALE_JSON, recorded_scale, set_keys as scale_keys
 from .training.throughput import environment, format_table, plan_from, run_throughput
 from .training.throughput_plan import format_plan
 from .files import write_json, write_table

@@ -16,7 +16,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "jakiro_lib"
 
-# The floors, lowest first (docs/DESIGN.md section 14): a module may import its own floor and the floors below.
+# The floors, lowest first (docs/DESIGN.md section 10): a module may import its own floor and the floors below.
 # A name is a subpackage or a top-level module of the package; the package's own __init__ is on the ground floor.
 FLOORS = (
     ("base", ("errors", "files", "validation", "config", "layout", "machine", "precision", "distributed", "runlock",

@@ -569,9 +569,9 @@ def test_eagle2_draft_has_the_targets_mlp_width_and_the_control_does_not(target)
 def test_mixed_precision_auto_follows_the_hardware(target, data, tmp_path, monkeypatch, flags, precision):
     """train.mixed_precision="auto": bf16 autocast where the CPU has bf16 matrix units (here pretended), fp32
     elsewhere; the precision used is recorded with the results."""
-    from jakiro_lib import precision
+    from jakiro_lib import precision as device_precision
 
-    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(device_precision, "cpu_flags", lambda: flags)
     train, held = data
     res = T.train_draft(target, smoke_drafts()["dense"], train, held, tmp_path / precision,
                         cfg(epochs=1, mixed_precision="auto"), progress=False)
