@@ -120,7 +120,7 @@ def test_run_layout_spells_every_path_once(tmp_path):
     assert layout.tree_budgets == tmp_path / "bench" / "tree_budgets.json"
     assert layout.draft_results("dense").parent == layout.train_stamp("dense").parent == layout.draft_dir("dense")
     ctx = S.StudyContext(profile=get_profile("smoke"), run_dir=tmp_path)
-    assert ctx.drafts_dir == layout.drafts and ctx.bench_dir("main") == layout.bench("main")
+    assert ctx.layout.drafts == layout.drafts and ctx.layout.bench("main") == layout.bench("main")
     assert not has_weights(layout.draft("dense")) and not has_weights(None)
 
 

@@ -1,9 +1,9 @@
 """Run the study notebooks end to end with papermill and turn them into an HTML report.
 
 ``run_pipeline("default")`` executes ``notebooks/00_data_caching.ipynb`` ... ``03_result_figures.ipynb`` in
-order with the papermill parameters :data:`PARAMETERS`; the executed copies, their HTML, the tables and figures they
-write and an ``index.html`` land in ``reports/<profile>/``. With ``data.scale="auto"`` the conversations and epochs
-are chosen before stage 00 (:mod:`jakiro_lib.training.scale`) and passed to the notebooks as overrides.
+order, each given the run's resolved profile (``<run_dir>/profile.json``: the profile, its overrides and, with
+``data.scale="auto"``, the conversations and epochs chosen before stage 00 by :mod:`jakiro_lib.training.scale`); the
+executed copies, their HTML, the tables and figures they write and an ``index.html`` land in ``reports/<profile>/``.
 
 Staleness: a stage is skipped when its executed notebook is newer than its source, was executed with the same
 resolved configuration (a stamp in ``<report_dir>/.stamps/``), and no earlier stage ran after it. ``force=True``
@@ -47,7 +47,6 @@ from ..busy import busy_warning
 log = logging.getLogger(__name__)
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
-PARAMETERS: tuple[str, ...] = ("profile", "overrides", "run_dir", "report_dir", "force")
 
 
 def _plain(value: Any) -> Any:

@@ -103,17 +103,6 @@ class StudyContext:
         """Every path under ``run_dir``."""
         return RunLayout(self.run_dir)
 
-    @property
-    def features_dir(self) -> Path:
-        return self.layout.features
-
-    @property
-    def drafts_dir(self) -> Path:
-        return self.layout.drafts
-
-    def bench_dir(self, study: str) -> Path:
-        return self.layout.bench(study)
-
     def describe(self) -> pd.DataFrame:
         """The profile as a two-column table (section.key, value), for display."""
         rows = []

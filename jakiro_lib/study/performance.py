@@ -20,7 +20,7 @@ def write_performance_report(ctx: Any, main: pd.DataFrame, *, target: Any = None
     ``performance_targets.csv`` and ``levers.csv`` in the report directory. Returns the six tables."""
     target = target or get_target(ctx)
     bench = ctx.profile.bench
-    costs = cost_model(target, ctx.drafts_dir, drafts=(bench.eagle2_draft, bench.jakiro_draft),
+    costs = cost_model(target, ctx.layout.drafts, drafts=(bench.eagle2_draft, bench.jakiro_draft),
                        widths=sorted({1, ctx.profile.tree.top_k}), tree=ctx.profile.tree)
     levers = lever_table(costs["target"], costs["draft"], main, tree_tokens=fixed_tree_tokens(ctx.profile.tree),
                          draft_cycle=costs["draft_cycle"])
