@@ -36,7 +36,8 @@ def _time_once(fn, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def _median_time(fn, repeats: int, device: torch.device) -> float:
+def median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device) -> float:
+    """The median seconds of ``repeats`` calls of ``fn`` (the device drained before and after each)."""
     return statistics.median(_time_once(fn, device) for _ in range(repeats))
 
 
@@ -128,7 +129,7 @@ def measure_draft_costs(draft: DraftModel, widths: Sequence[int] = (1, 4, 8), *,
             cache.crop(context)
 
         step()
-        out[w] = _median_time(step, repeats, p.device)
+        out[w] = median_seconds(step, repeats, p.device)
     return out
 
 
@@ -155,7 +156,7 @@ def measure_draft_cycle(draft: DraftModel, tree: TreeConfig, *, context: int = 2
             drafter.extend(hidden[:path], ids[:path], base, last)
 
     run()  # warm-up
-    return _median_time(run, repeats, p.device) / cycles
+    return median_seconds(run, repeats, p.device) / cycles
 
 
 def expected_accepted(path_ranks: Sequence[Sequence[int]], budget: int) -> float:

@@ -8,7 +8,6 @@ edges); operators are counted on a separate generation of the first prompt (coun
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -20,14 +19,12 @@ from ..data.chat import format_prompt_ids
 from ..data.conversations import load_questions
 from .clock import StepClock
 from ..decoding.result import GenerationResult
-from ..decoding.runner import TargetRunner
-from ..decoding.static import engine_cache_len, static_generate
-from ..decoding.static_tree import ancestor_mask
+from ..decoding.static import static_generate
 from ..models.draft import DraftModel
 from ..models.target import Target
 from ..layout import RunLayout
 from .budgets import resolve_tree_budgets
-from .costmodel import _time_once
+from .costmodel import measure_target_costs
 from ..config import OUR_KINDS
 from ..decoding.methods import MethodSpec
 from .methods import study_methods
@@ -89,32 +86,6 @@ def time_method(target: Target, spec: MethodSpec, prompts: Sequence[torch.Tensor
 
 
 @torch.inference_mode()
-def verify_seconds(target: Target, sizes: Sequence[int], *, context: int, repeats: int = 7) -> dict[int, float]:
-    """T(n): the median seconds of the target's forward over a tree of n rows (each node with up to 4 children)
-    after ``context`` cached positions, as the engine scores it (its eager window: the text and the tree)."""
-    model = target.model
-    runner = TargetRunner(model, engine_cache_len(context + max(sizes)))
-    prompt = torch.randint(0, model.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0))
-    runner.prefill(prompt.to(target.device))
-    start = torch.full((), context, device=target.device)
-    out: dict[int, float] = {}
-    for n in sizes:
-        parents = torch.tensor([0] + [(i - 1) // 4 for i in range(1, n)], device=target.device)
-        depths = torch.zeros(n, dtype=torch.long, device=target.device)
-        for i in range(1, n):
-            depths[i] = depths[parents[i]] + 1
-        anc = ancestor_mask(parents, int(depths.max()))
-        tokens = torch.arange(100, 100 + n, device=target.device)
-        runner.where.window = context + n
-
-        def once() -> None:
-            runner.score(tokens, depths, anc if n > 1 else None, start)  # one row: the plain step, no mask
-
-        once()
-        out[n] = statistics.median(_time_once(once, target.device) for _ in range(repeats))
-    return out
-
-
 def cycle_row(name: str, timed: _Timed, counted: StepClock, plain_s: float, tn: dict[int, float]) -> dict[str, Any]:
     """One method's row of the table (:data:`COLUMNS`), times in ms per cycle."""
     cycles = max(timed.cycles, 1)
@@ -148,7 +119,7 @@ def cycle_table(target: Target, methods: dict[str, MethodSpec], prompts: Sequenc
     plain_s = base.wall / max(base.cycles, 1)
     context = round(base.context / max(base.cycles, 1))
     sizes = sorted({1, *(max(1, round(t.rows / max(t.cycles, 1))) for t, _ in timings.values())})
-    tn = verify_seconds(target, sizes, context=context)
+    tn = measure_target_costs(target.model, sizes, context=context)
     return [cycle_row(name, timed, counted, plain_s, tn) for name, (timed, counted) in timings.items()]
 
 

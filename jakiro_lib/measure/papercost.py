@@ -39,7 +39,7 @@ from ..models.target import set_capture
 from ..config import DraftConfig, TreeConfig
 from ..profiles import get_profile
 from ..decoding.result import GenerationResult
-from ..machine import synchronize
+from .costmodel import median_seconds
 from .methods import MAIN, RELEASED, Method
 from ..decoding.runner import TargetRunner
 from ..decoding.static import ancestor_mask, static_generate, static_vanilla_generate
@@ -99,18 +99,6 @@ def _tree_label(tree: TreeConfig) -> str:
     return ",".join(parts)
 
 
-def _time_calls(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
-    """Median milliseconds of one ``fn()`` (synchronised before and after on CUDA)."""
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
-
-
 def _replay_eagerly(step: Callable[..., Any], args: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
     """CapturedStep's ``capture`` off CUDA: the replay runs the step over the recorded argument copies."""
     return lambda: step(*args)
@@ -144,7 +132,7 @@ def measure_tn(model: PreTrainedModel, sizes: Sequence[int] = TREE_SIZES, *, con
             try:
                 for _ in range(max(warmup, 2)):  # a captured step's first call runs eagerly, its second records
                     step(tokens, depths, anc, start)
-                row[col] = _time_calls(lambda: step(tokens, depths, anc, start), dev, repeats)
+                row[col] = 1e3 * median_seconds(lambda: step(tokens, depths, anc, start), repeats, dev)
             except Exception as exc:  # noqa: BLE001 - one failed reading must not lose the others
                 row[col] = math.nan
                 _failed(f"T({n}) {col[:-3]}", exc, log, errors)
