@@ -15,7 +15,7 @@ from jakiro_lib.measure.methods import record_label, study_methods
 def _recs(method, tps, bench="mt_bench", temp=0.0, kind="spec"):
     return [{"method": method, "kind": kind, "benchmark": bench, "temperature": temp, "question_id": q, "turn": 1,
              "repeat": 0, "tokens_per_second": v, "new_tokens": 10, "cycles": 5, "accepted": [2] * 5,
-             "draft_forwards": 0, "draft_time": 0.0, "wall_time": 1.0} for q, v in enumerate(tps)]
+             "draft_forwards": 0, "wall_time": 1.0} for q, v in enumerate(tps)]
 
 
 def test_a_constant_ratio_has_a_point_interval():
@@ -112,7 +112,7 @@ def _turns(method, outputs, temp=0.0, kind="spec"):
     """One question per entry of ``outputs``: a list of per-turn output ids."""
     return [{"method": method, "kind": kind, "benchmark": "mt_bench", "temperature": temp, "question_id": q,
              "turn": t, "repeat": 0, "tokens_per_second": 10.0, "new_tokens": len(ids), "cycles": 1,
-             "accepted": [len(ids)], "draft_forwards": 0, "draft_time": 0.0, "wall_time": 1.0, "output_ids": ids}
+             "accepted": [len(ids)], "draft_forwards": 0, "wall_time": 1.0, "output_ids": ids}
             for q, turns in enumerate(outputs) for t, ids in enumerate(turns)]
 
 

@@ -63,3 +63,25 @@ def test_cycle_table_rows_add_up(tmp_path):
     assert math.isclose(plain["cycle_per_plain"], 1.0)
     assert 1 < jakiro["rows"] <= 8 and jakiro["draft_forwards"] == 4 and jakiro["tau"] > 1
     assert jakiro["draft_forward_ops"] > 0 and plain["draft_forward_ops"] == 0
+
+
+def test_the_report_section_times_the_methods_the_study_runs(tmp_path):
+    """Notebook 02's cycle-cost section (study.cycle_cost_table): the cycle methods of the profile's main study only
+    (a profile without the Jakiro draft has no Jakiro rows), written as the report's cycles.csv, and drawn."""
+    from jakiro_lib.models.draft import DraftModel
+    from jakiro_lib.models.target import load_target
+    from jakiro_lib.profiles import get_profile
+    from jakiro_lib.report import plots as P
+    from jakiro_lib.study import cycle_cost_table
+    from jakiro_lib.study.context import StudyContext
+
+    profile = get_profile("smoke", **{"drafts": "dense", "bench.tuned": False, "bench.limit": 1,
+                                      "bench.max_new_tokens": 6})
+    target = load_target(profile.target)
+    ctx = StudyContext(profile=profile, run_dir=tmp_path / "run", report_dir=tmp_path / "report")
+    DraftModel.build(profile.drafts["dense"], target.model).eval().save(ctx.layout.drafts / "dense" / "draft")
+    table = cycle_cost_table(ctx, target=target)
+    assert table["method"].tolist() == ["vanilla", "eagle2"] and list(table.columns) == list(COLUMNS)
+    assert (tmp_path / "report" / "cycles.csv").is_file() and math.isclose(table["cycle_per_plain"][0], 1.0)
+    P.save_figure(P.plot_cycle_costs(table), tmp_path / "cycles.png")
+    assert (tmp_path / "cycles.png").read_bytes().startswith(b"\x89PNG")

@@ -302,7 +302,7 @@ def test_smoke_pipeline_end_to_end(tmp_path, monkeypatch):
     pngs = sorted(report.glob("*.png"))
     names = {p.name for p in pngs}
     assert {"speedup.png", "tau.png", "ablations.png", "accept_hist_main.png", "training_curves.png",
-            "router_load.png", "cost_model.png"} <= names
+            "router_load.png", "cost_model.png", "cycle_costs.png"} <= names
     for p in pngs:
         assert p.read_bytes().startswith(PNG_MAGIC) and p.stat().st_size > 5_000, p
 

@@ -24,8 +24,6 @@ class GenerationResult:
     draft_forwards: int = 0
     wall_time: float = 0.0
     prefill_time: float = 0.0
-    draft_time: float = 0.0
-    verify_time: float = 0.0
     stop_reason: str = "max_new_tokens"
 
     @property

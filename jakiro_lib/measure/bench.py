@@ -44,8 +44,6 @@ class Record:
     accepted: list[int]
     wall_time: float
     prefill_time: float
-    draft_time: float
-    verify_time: float
     draft_forwards: int
     tokens_per_second: float
     tau: float
@@ -191,7 +189,6 @@ def _run_turns(target: Target, name: str, runner: MethodRunner, q: Any, params: 
             method=name, kind=spec.kind, benchmark=q.benchmark, question_id=str(q.question_id), turn=turn,
             repeat=rep, temperature=temp, new_tokens=res.new_tokens, cycles=res.cycles,
             accepted=res.accepted, wall_time=res.wall_time, prefill_time=res.prefill_time,
-            draft_time=res.draft_time, verify_time=res.verify_time,
             draft_forwards=res.draft_forwards, tokens_per_second=res.tokens_per_second,
             tau=res.tau if spec.kind == SPEC else 1.0, stop_reason=res.stop_reason,
             output_ids=res.output_ids, category=q.category, compiled_graphs=graphs,

@@ -27,7 +27,7 @@ from .budgets import resolve_tree_budgets
 from .costmodel import measure_target_costs
 from ..config import OUR_KINDS
 from ..decoding.methods import MethodSpec
-from .methods import study_methods
+from .methods import profile_methods
 
 # the methods the table shows by default: plain decoding, EAGLE-2 and Jakiro at the fixed and tuned trees, CEPD, a chain
 CYCLE_METHODS = ("vanilla", "eagle2_auto", "jakiro_auto", "eagle2", "jakiro", "jakiro_cepd", "jakiro_lookup")
@@ -69,7 +69,6 @@ def _generate(target: Target, draft: DraftModel | None, spec: MethodSpec, ids: t
                            eos_token_ids=target.eos_token_ids, max_context=target.config.max_context, clock=clock)
 
 
-
 def time_method(target: Target, spec: MethodSpec, prompts: Sequence[torch.Tensor], *,
                 max_new_tokens: int) -> tuple[_Timed, StepClock]:
     """The method's greedy generations of ``prompts`` timed step by step (after one warm-up), and one of the first
@@ -85,7 +84,6 @@ def time_method(target: Target, spec: MethodSpec, prompts: Sequence[torch.Tensor
     return timed, counted
 
 
-@torch.inference_mode()
 def cycle_row(name: str, timed: _Timed, counted: StepClock, plain_s: float, tn: dict[int, float]) -> dict[str, Any]:
     """One method's row of the table (:data:`COLUMNS`), times in ms per cycle."""
     cycles = max(timed.cycles, 1)
@@ -126,9 +124,7 @@ def cycle_table(target: Target, methods: dict[str, MethodSpec], prompts: Sequenc
 def cycle_methods(profile: Profile, run_dir: Path, target: Target, names: Sequence[str]) -> dict[str, MethodSpec]:
     """The main study's methods ``names`` (of our kinds) on ``profile``'s drafts in ``run_dir``, tuned budgets
     resolved as the benchmark resolves them (the run's ``tree_budgets.json``, tuned where missing)."""
-    main = study_methods(profile.tree, RunLayout(run_dir).drafts, tuned=profile.bench.tuned, compiled=False,
-                         drafts=profile.drafts, eagle2_draft=profile.bench.eagle2_draft,
-                         jakiro_draft=profile.bench.jakiro_draft)
+    main = profile_methods(profile, RunLayout(run_dir).drafts, "main")
     unknown = [n for n in names if n not in main or main[n].kind not in OUR_KINDS]
     if unknown:
         ours = [n for n, m in main.items() if m.kind in OUR_KINDS]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection
 
-from ..config import EAGLE2_DRAFT, JAKIRO_DRAFT, OUR_KINDS, SPEC, TreeConfig
+from ..config import EAGLE2_DRAFT, JAKIRO_DRAFT, OUR_KINDS, SPEC, Profile, TreeConfig
 from ..decoding.methods import MethodSpec
 from ..layout import draft_name, draft_path
 
@@ -246,3 +246,12 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     chosen = [m for m in registered if (m.when is None or switches[m.when]())
               and (drafts is None or m.draft is None or m.draft in drafts)]
     return {m.name: m.spec(tree, drafts_dir, tuned=tuned) for m in chosen}
+
+
+def profile_methods(prof: Profile, drafts_dir: Path, study: str) -> dict[str, MethodSpec]:
+    """The methods of ``study`` under the profile's switches (tuned budgets, the compiled HF baseline); methods on a
+    draft the profile does not train are left out, the authors' configurations run where the profile imports heads."""
+    return study_methods(prof.tree, drafts_dir, study=study, tuned=prof.bench.tuned,
+                         compiled=prof.bench.compiled_baseline, drafts=prof.drafts, eagle2_draft=prof.bench.eagle2_draft,
+                         jakiro_draft=prof.bench.jakiro_draft,
+                         imported=any(d.import_from for d in prof.drafts.values()))

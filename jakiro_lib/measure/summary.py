@@ -263,7 +263,6 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "speedup_ci_low": ci[0], "speedup_ci_high": ci[1],
             "tau": tau, "tau_ref": tau_ref, "new_tokens": tokens, "cycles": cycles,
             "draft_forwards_per_cycle": sum(r["draft_forwards"] for r in recs) / max(cycles, 1),
-            "draft_time_frac": sum(r["draft_time"] for r in recs) / max(sum(r["wall_time"] for r in recs), 1e-9),
             "greedy_same": same, "greedy_compared": compared,
         })
     return rows

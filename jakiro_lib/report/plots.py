@@ -195,22 +195,29 @@ def plot_ablations(ablations: pd.DataFrame | Iterable[dict]) -> Figure:
     return fig
 
 
-def plot_cycle_breakdown(summary: pd.DataFrame | Iterable[dict]) -> Figure:
-    """Per-cycle cost of the spec methods: draft forwards per cycle and the share of wall time drafting."""
-    df = _frame(summary)
-    if "kind" in df:
-        df = df[df["kind"] == SPEC]
-    if df.empty:
-        return _message_figure("no speculative methods to break down")
-    order = _method_order(df)
-    fig, axes = new_figure(2, width=max(4.5, 0.55 * len(order) + 2.5))
-    for ax, metric, label in zip(axes[0], ("draft_forwards_per_cycle", "draft_time_frac"),
-                                 ("draft forwards per cycle", "fraction of wall time drafting")):
-        _grouped_bars(ax, df, x="method", y=metric, hue="temperature" if df["temperature"].nunique() > 1 else None,
-                      order=order)
-        ax.set_ylabel(label)
-        ax.set_title(label)
-    fig.suptitle("Per-cycle breakdown (means over benchmarks and questions)")
+CYCLE_PARTS = ("verify", "draft_forward", "tree", "evaluate", "update", "read", "host")  # measure.cycles' parts
+
+
+def plot_cycle_costs(cycles: pd.DataFrame | Iterable[dict]) -> Figure:
+    """What a cycle costs, in plain steps, part by part (the cycle-cost table, ``cycles.csv``): one stacked bar a
+    method, a line at one plain step, T(n) of its tree marked."""
+    df = _frame(cycles)
+    if df.empty or "plain_ms" not in df:
+        return _message_figure("no cycle costs measured")
+    fig, axes = new_figure(width=max(5.0, 0.6 * len(df) + 3.0))
+    ax = axes[0][0]
+    pos, left = np.arange(len(df)), np.zeros(len(df))
+    for part, color in zip(CYCLE_PARTS, sns.color_palette("deep", len(CYCLE_PARTS))):
+        width = (df[f"{part}_ms"] / df["plain_ms"]).to_numpy(dtype=float)
+        ax.barh(pos, width, left=left, color=color, label=part.replace("_", " "))
+        left += width
+    ax.scatter(df["tn_ms"] / df["plain_ms"], pos, marker="|", s=200, color="black", label="T(n) alone", zorder=3)
+    ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_yticks(pos, df["method"].tolist())
+    ax.invert_yaxis()
+    ax.set_xlabel("plain decoding steps per cycle")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle("What a cycle costs, part by part")
     return fig
 
 

@@ -21,7 +21,7 @@ from ..config import Profile
 from ..data.conversations import DataError, Question, load_questions
 from ..layout import BENCH_CONFIG, RECORDS_FILE, SKIPPED_FILE, STUDY_TREE_BUDGET, RunLayout, draft_name, has_weights
 from ..decoding.methods import MethodSpec
-from ..measure.methods import SPEC, STUDIES, parse_names, study_methods
+from ..measure.methods import SPEC, STUDIES, parse_names, profile_methods
 from ..files import read_json, write_json
 from .context import StudyContext, get_target
 from .stamps import claim_records, make_stamp
@@ -50,15 +50,6 @@ def study_questions(profile: Profile) -> tuple[list[Any], dict[str, str]]:
 def study_temperatures(profile: Profile, study: str) -> tuple[float, ...]:
     """Main study: the profile's temperatures; ablations: greedy only."""
     return tuple(profile.bench.temperatures) if study == "main" else (0.0,)
-
-
-def profile_methods(prof: Profile, drafts_dir: Path, study: str) -> dict[str, MethodSpec]:
-    """The methods of ``study`` under the profile's switches (tuned budgets, the compiled HF baseline); methods on a
-    draft the profile does not train are left out, the authors' configurations run where the profile imports heads."""
-    return study_methods(prof.tree, drafts_dir, study=study, tuned=prof.bench.tuned,
-                         compiled=prof.bench.compiled_baseline, drafts=prof.drafts, eagle2_draft=prof.bench.eagle2_draft,
-                         jakiro_draft=prof.bench.jakiro_draft,
-                         imported=any(d.import_from for d in prof.drafts.values()))
 
 
 def methods_table(ctx: StudyContext, study: str = "main") -> pd.DataFrame:

@@ -145,7 +145,6 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
         "speedup 95% CI": [_interval(lo, hi) for lo, hi in zip(table["speedup_ci_low"], table["speedup_ci_high"])],
         "tau": table["tau"].round(2), "tau (cycles-1)": table["tau_ref"].round(2),
         "draft fwd/cycle": table["draft_forwards_per_cycle"].round(2),
-        "draft time %": (100 * table["draft_time_frac"]).round(1),
         "questions": table["questions"],
         "greedy = vanilla": [_fraction(a, b) for a, b in zip(table.get("greedy_same", [None] * len(table)),
                                                             table.get("greedy_compared", [None] * len(table)))],
