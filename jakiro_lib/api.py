@@ -29,7 +29,7 @@ class Generation:
 def generate(target: Target, prompt: str | list[dict[str, str]], *, method: str = SPEC,
              draft: str | Path | None = None, tree: TreeConfig | None = None, max_new_tokens: int = 128,
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-             on_text: Callable[[str], None] | None = None) -> Generation:
+             on_text: Callable[[str], None] | None = None, draft_dtype: str | None = None) -> Generation:
     """Chat-format ``prompt`` (a user message or a list of messages) and decode it with ``method``.
 
     ``method``: ``vanilla`` (our cached loop), ``hf`` (HF generate), ``pld`` (HF prompt lookup), or
@@ -48,7 +48,8 @@ def generate(target: Target, prompt: str | list[dict[str, str]], *, method: str 
     ids = torch.tensor(format_prompt(target.tokenizer, messages, template=target.config.template), dtype=torch.long)
     max_new_tokens = _within_context(target, ids.numel(), max_new_tokens)
     spec = MethodSpec(method, draft=None if draft is None else str(draft),
-                      tree=(tree or TreeConfig()) if method == SPEC else None)
+                      tree=(tree or TreeConfig()) if method == SPEC else None,
+                      draft_dtype=draft_dtype if method == SPEC and draft is not None else None)
     runner = MethodRunner(target, spec)
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
     stream = None

@@ -142,7 +142,8 @@ def _args_cycles(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=_positive_int, help="first N questions of each benchmark, first turns (default: "
                                                        "the profile's bench.limit)")
     p.add_argument("--max-new-tokens", type=_positive_int, help="tokens a prompt (default: bench.max_new_tokens)")
-    p.add_argument("--out", type=Path, help="directory for cycles.csv and cycles_config.json")
+    p.add_argument("--out", type=Path, help="directory for cycles.csv and cycles_config.json (default "
+                                           "runs/<profile>/cycles)")
 
 
 def _args_throughput(p: argparse.ArgumentParser) -> None:

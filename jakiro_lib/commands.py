@@ -22,12 +22,12 @@ from .measure.costmodel import measure_draft_costs, measure_draft_cycle, measure
 from .data.conversations import DataError, Question, load_question_file, load_questions
 from .models.draft import DraftModel
 from .data.feature_store import MANIFEST, CacheError, verify_cache
-from .measure.cycles import COLUMNS as CYCLE_COLUMNS, cycle_methods, cycle_prompts, cycle_table
 from .decoding.methods import MethodSpec
-from .measure.methods import SPEC, portable, record_label
+from .measure.methods import SPEC, record_label
 from .measure.papercost import run_papercost
 from .measure.perf import performance_targets
 from .study.context import StudyContext, default_run_dir
+from .study.performance import cycle_cost_table
 from .study.gpucheck import CHECK_METHODS, gpu_check
 from .report.plots import plot_papercost, save_figure
 from .study.s00_data import prepare_features
@@ -37,7 +37,7 @@ from .study.heads import export_draft
 from .study.tables import category_table, display_table, study_table
 from .models.target import load_target
 from .training.scale import SCALE_JSON, recorded_scale, set_keys as scale_keys
-from .training.throughput import environment, format_table, plan_from, run_throughput
+from .training.throughput import format_table, plan_from, run_throughput
 from .training.throughput_plan import format_plan
 from .files import write_json, write_table
 from .distributed import main_rank
@@ -89,12 +89,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise SystemExit("error: --method spec needs --draft DIR (a trained draft, e.g. runs/default/drafts/moe2/draft) "
                          "or --set tree.lookup_tokens=N (prompt lookup alone)")
     if tree is not None and args.draft and tree.total_tokens == "auto":  # tuned once per machine and draft, then cached
-        spec = MethodSpec(SPEC, draft=str(Path(args.draft).expanduser().resolve()), tree=tree)
+        spec = MethodSpec(SPEC, draft=str(Path(args.draft).expanduser().resolve()), tree=tree,
+                          draft_dtype=profile.bench.draft_precision)
         tree = resolve_tree_budgets(profile, default_run_dir(profile.name), {SPEC: spec}, target)[0][SPEC].tree
         print(f"[tree budget: {tree.total_tokens} tokens, tuned for this machine]", file=sys.stderr)
     out = generate(target, args.prompt, method=args.method, draft=args.draft, tree=tree,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                   seed=args.seed, on_text=lambda text: print(text, end="", flush=True))
+                   seed=args.seed, on_text=lambda text: print(text, end="", flush=True),
+                   draft_dtype=profile.bench.draft_precision)
     r = out.result
     print(f"\n\n[{r.new_tokens} tokens in {r.wall_time:.2f} s = {r.tokens_per_second:.1f} tok/s"
           + (f", tau {r.tau:.2f} over {r.cycles} cycles" if args.method == SPEC else "")
@@ -313,21 +315,12 @@ def cmd_costs(args: argparse.Namespace) -> int:
 
 def cmd_cycles(args: argparse.Namespace) -> int:
     """The cycle-cost table (jakiro_lib.measure.cycles) of the main study's methods on this machine."""
-    profile = resolved_profile(args)
-    run_dir = Path(args.run_dir or default_run_dir(profile.name))
-    target = load_target(profile.target)
-    methods = cycle_methods(profile, run_dir, target, [m.strip() for m in args.methods.split(",") if m.strip()])
-    prompts = cycle_prompts(profile, target, args.limit)
-    table = pd.DataFrame(cycle_table(target, methods, prompts, max_new_tokens=args.max_new_tokens
-                                     or profile.bench.max_new_tokens), columns=list(CYCLE_COLUMNS))
+    ctx = StudyContext.at(resolved_profile(args), args.run_dir)
+    out = args.out or ctx.layout.root / "cycles"
+    table = cycle_cost_table(ctx, names=[m.strip() for m in args.methods.split(",") if m.strip()], limit=args.limit,
+                             max_new_tokens=args.max_new_tokens, out_dir=out, target=load_target(ctx.profile.target))
     print(table.round(3).to_string(index=False))
-    if args.out:
-        write_table(Path(args.out) / "cycles.csv", table)
-        write_json(Path(args.out) / "cycles_config.json", {
-            "profile": profile.to_dict(), "run_dir": str(run_dir), "prompts": len(prompts),
-            "methods": {k: portable(v) for k, v in methods.items()},
-            "environment": environment(target.device)})
-        print("written to", args.out)
+    print("cycles.csv and cycles_config.json in", out)
     return 0
 
 

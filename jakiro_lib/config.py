@@ -20,6 +20,7 @@ EAGLE2_DRAFT, JAKIRO_DRAFT = "dense", "moe2_xgate"
 SPEC = "spec"
 KINDS = ("vanilla", "hf", "pld", SPEC)
 OUR_KINDS = ("vanilla", SPEC)  # the kinds our engine runs; "hf" and "pld" are HF's generate
+DRAFT_DTYPES = ("float32", "bfloat16", "float16")  # what a draft may decode in besides the target's precision
 VANILLA_KINDS = ("vanilla", "hf")  # the baselines a speedup is measured against
 
 
@@ -234,6 +235,14 @@ class BenchConfig:
     # The trained drafts (names under drafts/) the main study's EAGLE-2 and Jakiro rows draft from
     eagle2_draft: str = EAGLE2_DRAFT
     jakiro_draft: str = JAKIRO_DRAFT
+    # The precision the drafts decode in: "target" (the target's) or a dtype; verification keeps the output exact
+    # whatever the draft computes in, so it is a speed setting (docs/DESIGN.md section 12).
+    draft_dtype: str = "target"
+
+    @property
+    def draft_precision(self) -> str | None:
+        """``draft_dtype`` as a method spec takes it: None for the target's precision."""
+        return None if self.draft_dtype == "target" else self.draft_dtype
 
     def __post_init__(self) -> None:
         if not (self.eagle2_draft and self.jakiro_draft):

@@ -11,7 +11,7 @@ import types
 import typing
 from typing import Any, Callable, Literal, Union
 
-from .config import CAPTURES, ConfigError
+from .config import CAPTURES, DRAFT_DTYPES, ConfigError
 
 
 Rule = tuple[Callable[[Any], bool], str]  # (allowed?, what is allowed), applied to each number of a value
@@ -49,6 +49,7 @@ RULES: dict[str, Rule] = {
     "TreeConfig.children_per_expert": _at_least(1),
     "TreeConfig.lookup_max_ngram": _at_least(1), "TreeConfig.lookup_min_ngram": _at_least(1),
     "BenchConfig.repeats": _at_least(1), "BenchConfig.temperatures": _at_least(0),
+    "BenchConfig.draft_dtype": _one_of("target", *DRAFT_DTYPES),
     "DraftConfig.expert_mlp": _one_of("swiglu", "gelu"),
 }
 _PATTERN_RULES: tuple[tuple[str, Rule], ...] = (

@@ -495,3 +495,35 @@ def test_the_main_studys_drafts_are_named_by_the_profile(tmp_path):
     assert ablations == drafts_of(get_profile("smoke"), "ablations")  # the ablations name their drafts themselves
     with pytest.raises((ConfigError, ValueError), match="jakiro_draft"):
         get_profile("smoke", **{"bench.jakiro_draft": ""})
+
+
+def test_the_draft_precision_is_a_setting_that_keeps_greedy_exact(tmp_path):
+    """bench.draft_dtype: every drafted method of the study decodes with its draft's own layers in that precision
+    (the borrowed head stays the target's), greedy output stays vanilla's, the stamp says so only when set (older
+    stamps stay valid), and a precision the engine does not know is one clear error."""
+    from jakiro_lib.config import ConfigError, TargetConfig
+    from jakiro_lib.decoding.verify import SamplingParams
+    from jakiro_lib.measure.methods import portable, profile_methods
+    from jakiro_lib.models.target import load_target
+    from jakiro_lib.profiles import get_profile
+
+    target = load_target(TargetConfig(model="tiny:llama"))
+    from helpers import random_prompts, trained_draft
+
+    path = trained_draft(target.model, "moe2").save(tmp_path / "d" / "draft")
+    tree = TreeConfig(depth=3, top_k=2, total_tokens=6, decoupled=True)
+    ids = random_prompts(1, seed=3, min_len=12, max_len=12)[0]
+    vanilla = MethodRunner(target, MethodSpec("vanilla"))(ids, max_new_tokens=12, params=SamplingParams(), seed=0)
+    runner = MethodRunner(target, MethodSpec("spec", draft=str(path), tree=tree, draft_dtype="bfloat16"))
+    assert runner.draft.fc.weight.dtype == torch.bfloat16 and runner.draft.head_weight().dtype == torch.float32
+    out = runner(ids, max_new_tokens=12, params=SamplingParams(), seed=0)
+    assert out.output_ids == vanilla.output_ids and sum(out.accepted) > out.cycles  # drafted tokens accepted
+    methods = profile_methods(get_profile("smoke", **{"bench.draft_dtype": "bfloat16"}), tmp_path, "main")
+    assert {m.draft_dtype for m in methods.values() if m.draft} == {"bfloat16"}
+    assert {m.draft_dtype for m in methods.values() if not m.draft} == {None}
+    assert "draft_dtype" not in portable(MethodSpec("spec", draft=str(path), tree=tree))
+    assert portable(methods["jakiro"])["draft_dtype"] == "bfloat16"
+    with pytest.raises(ConfigError, match="draft_dtype"):
+        get_profile("smoke", **{"bench.draft_dtype": "int8"})
+    with pytest.raises(ValueError, match="unknown draft dtype"):
+        MethodSpec("spec", draft=str(path), tree=tree, draft_dtype="int8")

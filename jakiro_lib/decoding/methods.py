@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..config import KINDS, OUR_KINDS, SPEC, TreeConfig
+from ..config import DRAFT_DTYPES, KINDS, OUR_KINDS, SPEC, TreeConfig
 from ..models.draft import DraftModel
 from ..models.target import Target, capture_of
 from .hf import hf_generate
@@ -26,6 +26,7 @@ class MethodSpec:
     # kind "hf": HF generate over a static KV cache, compiled (decoding.hf.hf_generate); our kinds run as the
     # target's capture says (target.capture), never per method
     compile: bool = False
+    draft_dtype: str | None = None  # the draft's own layers in this precision (None: the target's)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -35,6 +36,14 @@ class MethodSpec:
                              "as target.capture says")
         if self.kind == SPEC and (self.tree is None or self.draft is None and not self.tree.lookup_tokens):
             raise ValueError("a 'spec' method needs a tree config and a draft path (or tree.lookup_tokens)")
+        if self.draft_dtype is not None and self.draft_dtype not in DRAFT_DTYPES:
+            raise ValueError(f"unknown draft dtype {self.draft_dtype!r}: use {', '.join(DRAFT_DTYPES)} (or None)")
+
+    def load_draft(self, target: Target) -> DraftModel | None:
+        """The method's draft for ``target`` in its precision, or None (plain decoding, a lookup chain alone)."""
+        if self.kind != SPEC or not self.draft:
+            return None
+        return DraftModel.load(self.draft, target.model, dtype=getattr(torch, self.draft_dtype or "", None))
 
     @property
     def runs_on(self) -> str:
@@ -55,7 +64,7 @@ class MethodRunner:
     def __init__(self, target: Target, spec: MethodSpec) -> None:
         self.target = target
         self.spec = spec
-        self.draft = DraftModel.load(spec.draft, target.model) if spec.kind == SPEC and spec.draft else None
+        self.draft = spec.load_draft(target)
 
     def __call__(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, params: SamplingParams,
                  seed: int, on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:

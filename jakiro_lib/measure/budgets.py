@@ -25,7 +25,7 @@ from ..data.chat import format_prompt_ids
 from ..config import Profile, TreeConfig
 from ..data.conversations import DataError, load_conversations
 from ..data.dataset import _stable_hash, split_indices
-from ..models.draft import WEIGHTS_FILE, DraftModel
+from ..models.draft import WEIGHTS_FILE
 from ..layout import RunLayout
 from ..config import SPEC
 from ..decoding.methods import MethodSpec
@@ -196,6 +196,8 @@ def _choice_key(spec: MethodSpec, capture: str, prompts: dict[str, Any], fixed: 
             if k != "total_tokens" and not k.startswith("lookup_")}
     tuned_on = [prompts["source"], prompts["path"], [c["id"] for c in prompts["conversations"]]]
     key = {"weights": draft_fingerprint(spec.draft), "tree": tree, "capture": capture, "prompts": tuned_on, "fixed": fixed, "tuner": TUNER_VERSION}
+    if spec.draft_dtype is not None:  # a draft in another precision costs otherwise
+        key["draft_dtype"] = spec.draft_dtype
     return json.dumps({**key, "measured": list(measured)} if measured else key, sort_keys=True, default=str)
 
 
@@ -253,7 +255,7 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
         key = _choice_key(spec, capture, tuned_on, fixed, sizes)
         if key not in cache["choices"]:
             t0 = time.perf_counter()
-            draft = DraftModel.load(spec.draft, target.model)
+            draft = spec.load_draft(target)
             with _OthersLoad(f"the tree budget of {name}") as load:
                 tuned = costmodel.tune_total_tokens(target, draft, spec.tree, prompts, target_costs=costs,
                                                     candidates=[n for n in TUNE_SIZES if n >= 2], reference=fixed,

@@ -73,7 +73,7 @@ def time_method(target: Target, spec: MethodSpec, prompts: Sequence[torch.Tensor
                 max_new_tokens: int) -> tuple[_Timed, StepClock]:
     """The method's greedy generations of ``prompts`` timed step by step (after one warm-up), and one of the first
     prompt with its operators counted."""
-    draft = DraftModel.load(spec.draft, target.model) if spec.kind == SPEC and spec.draft else None
+    draft = spec.load_draft(target)
     _generate(target, draft, spec, prompts[0], min(8, max_new_tokens), None)  # first calls load kernels
     timed = _Timed(StepClock(target.device))
     for ids in prompts:

@@ -27,9 +27,12 @@ def portable(spec: MethodSpec, relative_to: str | Path | None = None) -> dict[st
 
     The draft is named by its folder (``relative_to`` None: the study stamp, where the weights' digest
     says which draft it is, so a moved or copied run directory keeps its records), or given relative
-    to ``relative_to`` (``bench_config.json``, which sits in a folder of the same run).
+    to ``relative_to`` (``bench_config.json``, which sits in a folder of the same run). A draft in the target's
+    precision leaves ``draft_dtype`` out, as records made before the setting did.
     """
     d = dataclasses.asdict(spec)
+    if spec.draft_dtype is None:
+        del d["draft_dtype"]
     if spec.draft is not None:
         if relative_to is None:
             d["draft"] = draft_name(spec.draft)
@@ -71,13 +74,15 @@ class Method:
         (``bench.eagle2_draft``, ``bench.jakiro_draft``)."""
         return dataclasses.replace(self, draft={EAGLE2: eagle2_draft, JAKIRO: jakiro_draft}.get(self.draft, self.draft))
 
-    def spec(self, tree: TreeConfig, drafts_dir: str | Path, *, tuned: bool) -> MethodSpec:
-        """The runnable spec on the study's ``tree`` with drafts under ``drafts_dir``."""
+    def spec(self, tree: TreeConfig, drafts_dir: str | Path, *, tuned: bool, draft_dtype: str | None = None
+             ) -> MethodSpec:
+        """The runnable spec on the study's ``tree`` with drafts under ``drafts_dir``, decoding in ``draft_dtype``."""
         if self.kind != SPEC:
             return MethodSpec(self.kind, compile=self.compile)
         values = {k: _resolve(v, tree, tuned) for k, v in self.tree.items()}
         return MethodSpec(SPEC, draft=str(draft_path(drafts_dir, self.draft)) if self.draft else None,
-                          tree=dataclasses.replace(tree, **values), compile=self.compile)
+                          tree=dataclasses.replace(tree, **values), compile=self.compile,
+                          draft_dtype=draft_dtype if self.draft else None)
 
 
 def _resolve(value: Any, tree: TreeConfig, tuned: bool) -> Any:
@@ -222,7 +227,8 @@ DRAFTED_METHODS = tuple(m.name for m in MAIN if m.kind == SPEC and m.draft)  # c
 
 def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "main", tuned: bool = True,
                   compiled: bool = True, drafts: Collection[str] | None = None, eagle2_draft: str = EAGLE2_DRAFT,
-                  jakiro_draft: str = JAKIRO_DRAFT, imported: bool = False) -> dict[str, MethodSpec]:
+                  jakiro_draft: str = JAKIRO_DRAFT, imported: bool = False,
+                  draft_dtype: str | None = None) -> dict[str, MethodSpec]:
     """The method sets the notebooks compare, keyed by name; drafts are read from ``drafts_dir/<name>/draft``.
 
     ``main`` (:data:`MAIN`): the baselines, EAGLE-2 (on ``eagle2_draft``), Jakiro (decoupled, on ``jakiro_draft``)
@@ -233,7 +239,8 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     CEPD steps, contrastive and decoupled on/off, the authors' released configuration, the equal-parameter
     control and the per-expert-loss and two-step-trained drafts, all on ``tree``.
 
-    ``drafts``: the draft names a profile trains (methods on others are left out; None: none). ``compiled``: the
+    ``drafts``: the draft names a profile trains (methods on others are left out; None: none); ``draft_dtype``: the
+    precision they decode in (None: the target's). ``compiled``: the
     main study also times ``hf_compiled``. ``imported``: the profile imports heads (the authors'), so the main study
     also runs their released configuration on the Jakiro draft (``jakiro_coupled_cepd``) and the Jakiro* head
     (``jakiro_star``).
@@ -245,7 +252,7 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     registered = [m.on_drafts(eagle2_draft, jakiro_draft) for m in (MAIN if study == "main" else _ablation_methods(tree))]
     chosen = [m for m in registered if (m.when is None or switches[m.when]())
               and (drafts is None or m.draft is None or m.draft in drafts)]
-    return {m.name: m.spec(tree, drafts_dir, tuned=tuned) for m in chosen}
+    return {m.name: m.spec(tree, drafts_dir, tuned=tuned, draft_dtype=draft_dtype) for m in chosen}
 
 
 def profile_methods(prof: Profile, drafts_dir: Path, study: str) -> dict[str, MethodSpec]:
@@ -254,4 +261,5 @@ def profile_methods(prof: Profile, drafts_dir: Path, study: str) -> dict[str, Me
     return study_methods(prof.tree, drafts_dir, study=study, tuned=prof.bench.tuned,
                          compiled=prof.bench.compiled_baseline, drafts=prof.drafts, eagle2_draft=prof.bench.eagle2_draft,
                          jakiro_draft=prof.bench.jakiro_draft,
-                         imported=any(d.import_from for d in prof.drafts.values()))
+                         imported=any(d.import_from for d in prof.drafts.values()),
+                         draft_dtype=prof.bench.draft_precision)

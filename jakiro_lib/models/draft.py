@@ -306,8 +306,10 @@ class DraftModel(nn.Module):
         return draft.to(device=p.device, dtype=p.dtype)
 
     @classmethod
-    def load(cls, path: str | Path, target_model: nn.Module) -> "DraftModel":
-        """Strict load: the target must match the one the draft was trained for and every key must fit."""
+    def load(cls, path: str | Path, target_model: nn.Module, dtype: torch.dtype | None = None) -> "DraftModel":
+        """Strict load: the target must match the one the draft was trained for and every key must fit. ``dtype``:
+        the draft's own layers in that precision (default the target's); the borrowed embedding and head stay the
+        target's, and verification keeps the output exact whatever the draft computes in."""
         path = Path(path)
         if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
             raise DraftLoadError(f"no saved draft at {path} (need {CONFIG_FILE} and {WEIGHTS_FILE})")
@@ -333,6 +335,8 @@ class DraftModel(nn.Module):
         if missing or unexpected:
             raise DraftLoadError(f"draft weights at {path} do not match the config: missing {missing}, "
                                  f"unexpected {unexpected}")
+        if dtype is not None:
+            draft.to(dtype)
         # A draft's forwards take a frontier's few rows: its linears follow the target's packed GEMM; without
         # one, bf16 drafts pack through oneDNN (plain bf16 GEMMs are slow at few rows) and fp32 drafts stay plain
         p = next(draft.parameters())

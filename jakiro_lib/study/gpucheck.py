@@ -127,7 +127,7 @@ def gpu_check(profile: str = "default", *, run_dir: str | Path | None = None, ou
     rows = []
     if PROFILED in available:
         spec = resolve_tree_budgets(prof, ctx.run_dir, {PROFILED: available[PROFILED]}, target)[0][PROFILED]
-        draft = DraftModel.load(spec.draft, target.model)
+        draft = spec.load_draft(target)
         questions = study_questions(prof)[0][:profiled_prompts]
         prompts = [format_prompt_ids(target, [{"role": "user", "content": q.turns[0]}]) for q in questions]
         new_tokens = min(prof.bench.max_new_tokens, BREAKDOWN_TOKENS)

@@ -3,17 +3,18 @@ tables (the measuring is :mod:`jakiro_lib.measure.perf`'s)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pandas as pd
 
 from ..config import OUR_KINDS
 from ..measure.budgets import fixed_tree_tokens
-from ..measure.methods import profile_methods
+from ..measure.methods import portable, profile_methods
 from ..measure.cycles import COLUMNS as CYCLE_COLUMNS, CYCLE_METHODS, cycle_methods, cycle_prompts, cycle_table
 from ..measure.perf import cost_model, lever_table, performance_targets
 from .context import StudyContext, get_target
-from ..files import write_table
+from ..files import write_json, write_table
+from ..training.throughput import environment
 from .tables import load_study_records, tree_budget_table
 
 
@@ -36,16 +37,25 @@ def write_performance_report(ctx: StudyContext, main: pd.DataFrame, *, target: A
     return tables
 
 
-def cycle_cost_table(ctx: StudyContext, *, target: Any = None, limit: int = 3,
-                     max_new_tokens: int = 64) -> pd.DataFrame:
-    """What a cycle costs on this machine, step by step, against a plain step (:mod:`jakiro_lib.measure.cycles`),
-    for the methods of :data:`~jakiro_lib.measure.cycles.CYCLE_METHODS` the main study runs, on the first turns of
-    at most ``limit`` questions a benchmark (a few minutes on a CPU); written as ``cycles.csv`` in the report."""
+def cycle_cost_table(ctx: StudyContext, *, names: Sequence[str] | None = None, limit: int | None = None,
+                     max_new_tokens: int | None = None, out_dir: str | Path | None = None,
+                     target: Any = None) -> pd.DataFrame:
+    """What a cycle costs on this machine, step by step, against a plain step (:mod:`jakiro_lib.measure.cycles`):
+    for ``names`` (default the :data:`~jakiro_lib.measure.cycles.CYCLE_METHODS` the main study runs), on the first
+    turns of ``limit`` questions a benchmark (default ``bench.limit``), ``max_new_tokens`` each (default the
+    profile's); ``cycles.csv`` and ``cycles_config.json`` (settings, environment) in ``out_dir`` (default the
+    report directory)."""
     target = target or get_target(ctx)
-    ours = {n for n, m in profile_methods(ctx.profile, ctx.layout.drafts, "main").items() if m.kind in OUR_KINDS}
-    methods = cycle_methods(ctx.profile, ctx.run_dir, target, [n for n in CYCLE_METHODS if n in ours])
-    prompts = cycle_prompts(ctx.profile, target, min(limit, ctx.profile.bench.limit or limit))
-    rows = cycle_table(target, methods, prompts, max_new_tokens=min(max_new_tokens, ctx.profile.bench.max_new_tokens))
-    table = pd.DataFrame(rows, columns=list(CYCLE_COLUMNS))
-    write_table(Path(ctx.report_dir) / "cycles.csv", table)
+    if names is None:
+        ours = {n for n, m in profile_methods(ctx.profile, ctx.layout.drafts, "main").items() if m.kind in OUR_KINDS}
+        names = [n for n in CYCLE_METHODS if n in ours]
+    methods = cycle_methods(ctx.profile, ctx.run_dir, target, names)
+    prompts = cycle_prompts(ctx.profile, target, limit)
+    table = pd.DataFrame(cycle_table(target, methods, prompts, max_new_tokens=max_new_tokens
+                                     or ctx.profile.bench.max_new_tokens), columns=list(CYCLE_COLUMNS))
+    out = Path(out_dir if out_dir is not None else ctx.report_dir)
+    write_table(out / "cycles.csv", table)
+    write_json(out / "cycles_config.json", {
+        "profile": ctx.profile.to_dict(), "run_dir": str(ctx.run_dir), "prompts": len(prompts),
+        "methods": {k: portable(v) for k, v in methods.items()}, "environment": environment(target.device)})
     return table
