@@ -29,9 +29,7 @@ class Formatted:
     loss_mask: list[int]
 
 
-# --------------------------------------------------------------------------------------------------
 # Validation
-# --------------------------------------------------------------------------------------------------
 
 
 def _check_messages(messages: Sequence[dict[str, Any]], template: str) -> list[dict[str, str]]:
@@ -61,9 +59,7 @@ def _check_template(tokenizer: Any, template: str) -> None:
                          "tokenizer.chat_template)")
 
 
-# --------------------------------------------------------------------------------------------------
 # Rendering
-# --------------------------------------------------------------------------------------------------
 
 
 def _render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
@@ -155,9 +151,7 @@ def _assistant_spans_vicuna(tokenizer: Any, messages: list[dict[str, str]]) -> t
     return "".join(parts), spans
 
 
-# --------------------------------------------------------------------------------------------------
 # Tokenization with a character-span mask
-# --------------------------------------------------------------------------------------------------
 
 
 def _tokenize_with_mask(
@@ -203,9 +197,7 @@ def _tokenize_by_segments(
     return Formatted(input_ids=ids, loss_mask=mask)
 
 
-# --------------------------------------------------------------------------------------------------
 # Public API
-# --------------------------------------------------------------------------------------------------
 
 
 def format_conversation(

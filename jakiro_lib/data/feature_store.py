@@ -56,9 +56,7 @@ def feature_torch_dtype(name: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"feature_dtype must be one of {', '.join(_DTYPES)}, got {name!r}") from None
 
 
-# --------------------------------------------------------------------------------------------------
 # Disk estimates
-# --------------------------------------------------------------------------------------------------
 
 
 def bytes_per_token(hidden_size: int, dtype: str | torch.dtype = "float16") -> int:
@@ -81,9 +79,7 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover
 
 
-# --------------------------------------------------------------------------------------------------
 # Manifest and shards
-# --------------------------------------------------------------------------------------------------
 
 
 def cache_settings(target: Any, *, max_length: int, shard_size: int, feature_dtype: str, template: str,

@@ -34,9 +34,7 @@ log = logging.getLogger(__name__)
 ESTIMATE_CHUNK = 256  # conversations per worker task when estimate_cache tokenizes in workers
 
 
-# --------------------------------------------------------------------------------------------------
 # Target features
-# --------------------------------------------------------------------------------------------------
 
 
 @torch.no_grad()
@@ -89,9 +87,7 @@ def estimate_cache(target: Any, conversations: Sequence[Any], *, max_length: int
             "bytes_per_token": bytes_per_token(H, feature_dtype)}
 
 
-# --------------------------------------------------------------------------------------------------
 # Writing the cache
-# --------------------------------------------------------------------------------------------------
 
 PAD_ID = 0  # token id on padded positions of a batched forward; masked out, so any id gives the same rows
 

@@ -38,9 +38,7 @@ def portable(spec: MethodSpec, relative_to: str | Path | None = None) -> dict[st
     return d
 
 
-# ----------------------------------------------------------------------------------------------------
 # The registry
-# ----------------------------------------------------------------------------------------------------
 
 EAGLE2 = "<eagle2 draft>"  # Method.draft placeholders in the main study: bench.eagle2_draft / bench.jakiro_draft
 JAKIRO = "<jakiro draft>"

@@ -128,7 +128,7 @@ class DraftModel(nn.Module):
     def _drop_head_cache(module: "DraftModel", incompatible_keys: Any) -> None:
         module._head_weight = None
 
-    # -- frozen target parts -------------------------------------------------------------------------
+    # Frozen target parts
     @property
     def embed(self) -> nn.Module:
         return self._shared[0]
@@ -176,7 +176,7 @@ class DraftModel(nn.Module):
         """Trainable parameters (the borrowed embedding and lm_head excluded)."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
-    # -- forward ----------------------------------------------------------------------------------
+    # Forward
     def forward(self, features: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
                 cache: KVCache | None = None, mask: torch.Tensor | None = None,
                 steps: int = 1) -> DraftOutput | list[DraftOutput]:
@@ -219,7 +219,7 @@ class DraftModel(nn.Module):
             self.mlp.count_load = counting
         return outs
 
-    # -- training losses ------------------------------------------------------------------------
+    # Training losses
     def train_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits with autograd (the packed inference head has no backward)."""
         w = self.head_weight()
@@ -265,7 +265,7 @@ class DraftModel(nn.Module):
                 out[f"correct_e{i}"], out[f"count_e{i}"] = hit[:, i].sum(), (sel[:, i] * w).sum()
         return out
 
-    # -- router statistics --------------------------------------------------------------------------
+    # Router statistics
     def router_load(self, reset: bool = False) -> list[float]:
         """Fraction of tokens routed to each expert (branch A top-k) since the last reset, counted by forwards in
         eval mode while ``mlp.count_load`` is set (the held-out evaluation sets it)."""
@@ -276,7 +276,7 @@ class DraftModel(nn.Module):
             self.mlp.load_tokens.zero_()
         return load
 
-    # -- save / load -----------------------------------------------------------------------------
+    # Save / load
     def trainable_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
 

@@ -219,9 +219,7 @@ def _step0_metrics(parts: dict[str, Losses], names: list[str], values: list[torc
             values.append(d["correct"] / d["count"].clamp_min(1.0))
 
 
-# --------------------------------------------------------------------------------------------------
 # Evaluation
-# --------------------------------------------------------------------------------------------------
 
 
 def _batches(data: Any, batch_size: int) -> Iterable[dict[str, torch.Tensor]]:

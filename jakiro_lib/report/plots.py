@@ -27,11 +27,6 @@ SERIES_ORDER = ("train loss", "train loss A (t+1)", "train loss B (t+2)", "train
                 "held-out acc B")
 
 
-# --------------------------------------------------------------------------------------------------
-# Basics
-# --------------------------------------------------------------------------------------------------
-
-
 def new_figure(ncols: int = 1, nrows: int = 1, *, width: float = 5.0, height: float = 3.6,
                sharey: bool = False) -> tuple[Figure, np.ndarray]:
     """An Agg-backed figure and a 2-D array of axes."""
@@ -131,9 +126,7 @@ def _temperatures(df: pd.DataFrame) -> list[float]:
     return sorted(df["temperature"].dropna().unique().tolist()) if "temperature" in df else [None]
 
 
-# --------------------------------------------------------------------------------------------------
 # Benchmark figures
-# --------------------------------------------------------------------------------------------------
 
 
 def plot_metric(summary: pd.DataFrame | Iterable[dict], metric: str = "speedup", *, spec_only: bool = False,
@@ -254,9 +247,7 @@ def plot_accept_hist(records: Iterable[dict] | pd.DataFrame) -> Figure:
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
 # Training figures
-# --------------------------------------------------------------------------------------------------
 
 
 def plot_training_curves(history: pd.DataFrame | Iterable[dict], *, smooth: int = 1) -> Figure:

@@ -41,9 +41,7 @@ VERSION = 1
 KEYS = ("data.num_conversations", "train.epochs")
 
 
-# --------------------------------------------------------------------------------------------------
 # The measurement
-# --------------------------------------------------------------------------------------------------
 
 
 def _measured_drafts(profile: Profile) -> list[str]:
@@ -97,9 +95,7 @@ def measure(profile: Profile, *, conversations: int = 16, steps: int = 6, warmup
                        available=len(everything), seconds=time.perf_counter() - t0, environment=environment(device))
 
 
-# --------------------------------------------------------------------------------------------------
 # The pipeline's step: reuse the recorded choice or measure and record one
-# --------------------------------------------------------------------------------------------------
 
 
 def set_keys(overrides: dict[str, Any]) -> dict[str, Any]:

@@ -50,9 +50,7 @@ COLUMNS = ("part", "variant", "draft", "device", "dtype", "allocator", "batch_si
            "step_ms")
 
 
-# --------------------------------------------------------------------------------------------------
 # Hardware
-# --------------------------------------------------------------------------------------------------
 
 
 def environment(device: torch.device) -> dict[str, Any]:
@@ -88,9 +86,7 @@ class _Clock:
         self.t = now
 
 
-# --------------------------------------------------------------------------------------------------
 # Feature caching
-# --------------------------------------------------------------------------------------------------
 
 
 def _cache_pass(target: Any, convs: Sequence[Any], data: DataConfig, template: str, batch_size: int) -> dict[str, Any]:
@@ -127,9 +123,7 @@ def caching_rows(target_cfg: TargetConfig, convs: Sequence[Any], data: DataConfi
     return rows
 
 
-# --------------------------------------------------------------------------------------------------
 # Draft training steps
-# --------------------------------------------------------------------------------------------------
 
 
 def _loader(dataset: Any, train_cfg: TrainConfig, bucketed: bool, device: torch.device) -> Iterator[dict[str, Any]]:
@@ -223,9 +217,7 @@ def training_rows(target: Any, drafts: dict[str, DraftConfig], dataset: Any, tra
     return rows
 
 
-# --------------------------------------------------------------------------------------------------
 # The whole measurement
-# --------------------------------------------------------------------------------------------------
 
 
 _SUFFIX = {"system": "", "kept": ", freed memory kept"}

@@ -41,11 +41,6 @@ class TrainError(RuntimeError):
     """Training cannot start or resume (incompatible checkpoint, empty data)."""
 
 
-# --------------------------------------------------------------------------------------------------
-# Training
-# --------------------------------------------------------------------------------------------------
-
-
 def train_identity(train_cfg: TrainConfig) -> dict[str, Any]:
     """The training settings as stamped; a fresh start (``init_from`` None) is left out, as in stamps older than it."""
     return {k: v for k, v in dataclasses.asdict(train_cfg).items() if k != "init_from" or v is not None}
