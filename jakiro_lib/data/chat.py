@@ -1,9 +1,7 @@
-"""Chat formatting for draft training and inference, with an assistant-only loss mask: mask 1 on each
-assistant reply and its end-of-turn marker, 0 on role headers, system and user text.
-
-``template="auto"`` renders with the tokenizer's own chat template and finds each reply's *character* span by
-rendering the conversation prefix by prefix (any template that renders earlier messages unchanged and writes
-the reply verbatim); ``template="vicuna"`` builds the FastChat Vicuna v1.1 prompt, which has no HF template.
+"""Chat formatting with an assistant-only loss mask: 1 on each assistant reply and its end-of-turn marker, 0 on role
+headers, system and user text. ``template="auto"`` uses the tokenizer's chat template, each reply's character span found
+by rendering prefix by prefix (so the template must render earlier messages unchanged and replies verbatim);
+``template="vicuna"`` builds the FastChat Vicuna v1.1 prompt, which has no HF template.
 """
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The draft head: EAGLE feature draft whose MLP is a dense block (EAGLE-2) or Jakiro's MoE
-(docs/DESIGN.md sections 2-3), with its training losses and multi-step forward.
-
-Input at position t: the target's last hidden state f_t and the token x_{t+1}. One Llama-style decoder
-layer (first RMSNorm skipped, no final norm) produces o_t ~ f_{t+1}; the target's frozen ``lm_head`` turns
-it into next-token logits. The MoE block also returns each expert's own feature (decoupled candidates)
-and the CEPD branch B, which predicts f_{t+2}. Building blocks: :mod:`jakiro_lib.models.draft_blocks`.
-"""
+"""The draft head: EAGLE feature draft whose MLP is a dense block (EAGLE-2) or Jakiro's MoE (docs/DESIGN.md sections
+2-3), with its training losses and multi-step forward; its blocks are in :mod:`jakiro_lib.models.draft_blocks`."""
 from __future__ import annotations
 
 import copy
