@@ -1,10 +1,7 @@
-"""Report figures (seaborn on matplotlib's Agg canvas); the report's front page is :mod:`jakiro_lib.report.page`.
-
-Every ``plot_*`` function takes a pandas DataFrame (or the raw benchmark records) and returns a
-``matplotlib.figure.Figure`` built without pyplot, so it works headless, leaks no global figure state and
-is unaffected by the notebook backend; :func:`save_figure` writes it as PNG. Column names follow
-:func:`jakiro_lib.measure.summary.summarize` (method, benchmark, temperature, speedup, speedup_std, tau, ...).
-"""
+"""Report figures (seaborn on matplotlib's Agg canvas); the report's front page is :mod:`jakiro_lib.report.page`. Every
+``plot_*`` takes a DataFrame (columns as :func:`jakiro_lib.measure.summary.summarize` names them) or the raw records and
+returns a ``Figure`` built without pyplot (headless, no global state, whatever the notebook backend);
+:func:`save_figure` writes it as PNG."""
 from __future__ import annotations
 
 import io

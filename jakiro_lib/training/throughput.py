@@ -1,17 +1,8 @@
 """Tokens per second of the training pipeline on this machine, stage by stage (``python -m jakiro_lib throughput``;
-docs/DESIGN.md section 4), on the same conversations of the profile's data:
-
-* **cache**: the target's features as caching computes them (no disk write), one conversation per forward and
-  several, in fp32 and in the dtype the hardware favours;
-* **train**: steps of a draft with the loader, loss and optimizer of :func:`jakiro_lib.training.train.train_draft`,
-  in fp32 and with bf16 autocast (where favoured), random and length-bucketed batches, and compiled where the
-  profile compiles. Each step is timed stage by stage (``data``, ``forward``, ``backward``, ``optimizer``,
-  ``sync``) and once free-running (``step_ms`` and the row's tokens/s).
-
-On a CPU with glibc the favoured dtype's rows run again with freed memory kept (``allocator="kept"``). Tokens
-exclude padding; ``speedup`` compares a row with the first of its part. Writes ``throughput.csv``,
-``throughput_config.json``, ``throughput_env.json`` and ``plan.csv`` (the throughput model).
-"""
+docs/DESIGN.md section 4): **cache** rows (the target's features, no disk write) and **train** rows
+(:func:`jakiro_lib.training.train.train_draft`'s steps, timed part by part and free-running), per batching, precision
+and compilation, and with glibc's freed memory kept. Tokens exclude padding; ``speedup`` compares a row with its
+part's first. Writes ``throughput.csv``, its config and environment, and ``plan.csv``."""
 from __future__ import annotations
 
 import dataclasses
