@@ -32,13 +32,9 @@ def generate(target: Target, prompt: str | list[dict[str, str]], *, method: str 
              on_text: Callable[[str], None] | None = None, draft_dtype: str | None = None) -> Generation:
     """Chat-format ``prompt`` (a user message or a list of messages) and decode it with ``method``.
 
-    ``method``: ``vanilla`` (our cached loop), ``hf`` (HF generate), ``pld`` (HF prompt lookup), or
-    ``spec`` (speculative decoding with the saved ``draft`` and ``tree`` config: EAGLE-2 for a dense
-    draft, Jakiro for a MoE draft, CEPD when ``tree.ar_steps`` is set). ``on_text`` receives the
-    decoded text as tokens are accepted (streaming). Every method generates at most what the target's
-    context (``target.max_context``) leaves after the prompt: a larger ``max_new_tokens`` is lowered to
-    that, with one warning.
-    """
+    ``method``: ``vanilla``, ``hf`` (HF generate), ``pld`` (HF prompt lookup) or ``spec`` (the saved ``draft``
+    with ``tree``). ``on_text`` receives the decoded text as tokens are accepted. A ``max_new_tokens`` past what
+    the target's context leaves after the prompt is lowered to that, with one warning."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt

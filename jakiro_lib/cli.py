@@ -1,9 +1,7 @@
 """``python -m jakiro_lib``: the command line over the same functions the notebooks call.
 
-Every sub-command takes ``--profile`` and any number of ``--set section.key=value`` overrides, so a
-notebook run and a CLI run with the same parameters do the same thing. Known errors (a bad value, a
-missing draft, a corrupt cache, Ctrl-C) end in one ``error:`` line and a non-zero exit status (130 for
-Ctrl-C); anything else keeps its traceback.
+Every sub-command takes ``--profile`` and ``--set section.key=value`` overrides, as a notebook takes its parameters.
+Known errors end in one ``error:`` line and a non-zero exit status (130 for Ctrl-C); others keep their traceback.
 """
 from __future__ import annotations
 

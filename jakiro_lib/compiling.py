@@ -127,12 +127,9 @@ def _delete(libraries: set[Path]) -> list[Path]:
 
 @functools.cache
 def sweep_compile_cache() -> list[Path]:
-    """Once a process, before its first compilation: delete the empty libraries inductor built in its on-disk cache;
-    returns them. A compilation cut short (Ctrl-C, a kill, a time limit) leaves the libraries it was linking empty
-    (one per build in flight), and inductor, which builds only what its cache lacks, then fails to load a kernel's
-    in every later process ("file too short"; pytorch/pytorch#102539) and, worse, silently takes a damaged probe of
-    a vector ISA for an ISA the CPU lacks (slower kernels). Only regular files of inductor's own layout are touched
-    (:func:`_inductors`; docs/DESIGN.md section 11)."""
+    """Once a process, before its first compilation: delete the empty libraries a compilation cut short left in
+    inductor's on-disk cache (docs/DESIGN.md section 11); returns them. Only regular files of inductor's own layout are
+    touched (:func:`_inductors`)."""
     return _delete(_empty_libraries(_compile_cache()))
 
 

@@ -63,13 +63,10 @@ class TargetConfig:
 
 @dataclass
 class DraftConfig:
-    """Architecture of one draft head (docs/DESIGN.md sections 2-3).
-
-    ``num_experts=1`` with ``mlp="dense"`` and ``intermediate_size="target"`` is the EAGLE-2 baseline.
-    ``branch_b`` adds the CEPD branch that predicts two positions ahead; ``contrastive`` picks its
-    combination rule. ``expert_loss`` also trains each selected expert's own output o_i = r + e_i(u): "gate"
-    weights expert i's loss by its branch-A gate, "equal" averages them; ``expert_loss_weight`` scales it.
-    """
+    """Architecture of one draft head (docs/DESIGN.md sections 2-3); ``mlp="dense"`` with
+    ``intermediate_size="target"`` is the EAGLE-2 baseline. ``branch_b`` adds the CEPD branch two positions ahead,
+    ``contrastive`` picks its rule. ``expert_loss`` also trains each selected expert's own output: "gate" weights it by
+    its branch-A gate, "equal" averages them; ``expert_loss_weight`` scales it."""
 
     mlp: str = "moe"  # "dense" or "moe"
     num_experts: int = 2
@@ -129,14 +126,10 @@ class DraftConfig:
 
 @dataclass
 class TreeConfig:
-    """EAGLE-2 dynamic tree and Jakiro decoding options (docs/DESIGN.md sections 3 and 5).
-
-    ``depth`` drafted layers; ``top_k`` frontier width and children per node; ``total_tokens`` verified
-    tokens including the root, or ``"auto"``: tuned per machine and draft
-    (:func:`jakiro_lib.measure.budgets.resolve_tree_budgets`). ``ar_steps``: ``None`` drafts every layer
-    autoregressively (EAGLE-2); s < depth drafts layers 1..s with branch A, then two layers per forward (CEPD).
-    ``decoupled``: children from each selected expert's own distribution, scored by ``scoring``.
-    """
+    """EAGLE-2 dynamic tree and Jakiro decoding options (docs/DESIGN.md sections 3 and 5). ``top_k``: frontier width and
+    children per node; ``total_tokens``: verified tokens with the root, or ``"auto"`` (tuned,
+    :func:`jakiro_lib.measure.budgets.resolve_tree_budgets`); ``ar_steps``: None drafts every layer with branch A, s
+    drafts layers 1..s so, then two a forward (CEPD); ``decoupled``: children from each expert's own distribution."""
 
     depth: int = 4
     top_k: int = 4

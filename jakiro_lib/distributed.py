@@ -22,13 +22,9 @@ class LaunchError(RuntimeError):
 
 
 def distributed_state() -> Any:
-    """accelerate's ``PartialState`` of a run launched in several processes (``world_size() > 1``), joined into one
-    group: NCCL where CUDA is, else gloo on the CPU.
-
-    ``PartialState()`` alone joins no group on a machine without CUDA (each process would think itself the only one
-    and redo all the work; tests/test_multiprocess.py): ``cpu=True`` there makes it a gloo group. A
-    :class:`LaunchError` when the group still does not hold ``WORLD_SIZE`` processes.
-    """
+    """accelerate's ``PartialState`` of a run launched in several processes, joined into one group: NCCL where CUDA is,
+    else gloo (``cpu=True``: without CUDA ``PartialState()`` alone joins none). Raises :class:`LaunchError` when the
+    group does not hold ``WORLD_SIZE`` processes."""
     from accelerate import PartialState  # only under a multi-process launch: optional, heavy
 
     state = PartialState(cpu=not torch.cuda.is_available())

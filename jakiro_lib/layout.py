@@ -1,21 +1,5 @@
-"""The run directory's layout: every path a stage writes or reads under ``run_dir``, spelled once.
-
-::
-
-    run_dir/
-      .lock                         held by the one cache / train / bench / pipeline run writing here (runlock.run_lock)
-      profile.json                  the resolved profile the pipeline hands its notebooks (study.context.read_resolved)
-      features/                     the target-feature cache (manifest.json + shards), notebook 00
-      features_summary.json
-      distill/conversations.jsonl   self-distilled answers (data.self_distill)
-      drafts/<name>/                one trained draft, notebook 01
-        draft/                      the saved weights (model.safetensors + draft_config.json)
-        results.json, history.json, train_stamp.json
-      bench/tree_budgets.json       T(n) and tuned budgets per machine (jakiro_lib.measure.budgets)
-      bench/<study>/                one benchmark study, notebook 02
-        records.jsonl, records.stale.jsonl, study_stamp.json, bench_config.json,
-        tree_budget.json, skipped_benchmarks.json
-"""
+"""The run directory's layout: every path a stage writes or reads under ``run_dir``, spelled once (the tree:
+docs/usage.md, Layout)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,7 +41,7 @@ def has_weights(path: str | Path | None) -> bool:
 
 @dataclass(frozen=True)
 class RunLayout:
-    """The paths of one run directory (see the module docstring for the tree)."""
+    """The paths of one run directory."""
 
     root: Path
 

@@ -73,15 +73,9 @@ _HEAP_KEPT = False
 
 
 def keep_freed_memory(keep: bool = True) -> bool:
-    """Make glibc's malloc keep freed memory for reuse instead of returning it to the system; True if it took.
-
-    A training step on a CPU allocates and frees tensors of tens of MB (the [rows, vocabulary] logits).
-    glibc serves every block over 32 MB with a fresh ``mmap``, so each such tensor is page-faulted in anew (most of
-    an elementwise pass over it; docs/results.md). With mmap and trimming off, freed blocks stay in the heap and are reused (docs/DESIGN.md section 11). Process-wide:
-    the process keeps its peak heap until it exits. ``keep=False`` goes back to glibc's steady state (mmap above
-    32 MB, the ceiling its dynamic threshold reaches), for side-by-side measurements. A no-op (False) where the
-    C library has no ``mallopt`` (not glibc).
-    """
+    """Make glibc's malloc keep freed memory in the heap (no ``mmap`` for large blocks, no trimming; docs/DESIGN.md
+    section 11); True if it took, False where the C library has no ``mallopt``. Process-wide: the peak heap stays until
+    exit. ``keep=False`` restores glibc's steady state (mmap above 32 MB), for side-by-side measurements."""
     global _HEAP_KEPT
     libc = c_library()
     if libc is None or not hasattr(libc, "mallopt"):

@@ -12,14 +12,9 @@ from .validation import check_field as _check_field, post_init as _post_init, va
 
 
 def _study_drafts(vocab: int | None) -> dict[str, DraftConfig]:
-    """The drafts every study trains: the EAGLE-2 baseline, its equal-parameter control, MoE ablations,
-    contrastive off, and per-expert training for decoupled candidates.
-
-    ``dense`` is EAGLE-2's draft: a full decoder layer of the target, MLP at the target's intermediate size
-    (1536 for SmolLM2, 11008 for Vicuna-7B). ``dense_h`` is an H-wide dense MLP, as wide as one of the
-    MoE experts: an equal-parameter control, not EAGLE-2. ``moe2_xgate`` / ``moe2_xequal``: moe2 whose
-    experts' own outputs are also trained (gate-weighted / equally), see DraftConfig.expert_loss.
-    """
+    """The drafts every study trains: the EAGLE-2 baseline ``dense`` (MLP at the target's width), its equal-parameter
+    control ``dense_h`` (an H-wide MLP, as one expert; docs/DESIGN.md section 2), the MoE ablations, contrastive off,
+    and ``moe2_xgate`` / ``moe2_xequal``, whose experts' own outputs are trained too (``DraftConfig.expert_loss``)."""
     dense = DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False, contrastive=False,
                         draft_vocab_size=vocab)
     moe2 = DraftConfig(num_experts=2, top_k_experts=2, draft_vocab_size=vocab)

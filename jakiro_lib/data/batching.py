@@ -1,8 +1,6 @@
-"""Training batches of similar length (``train.bucket_by_length``): less padding per step.
-
-:class:`LengthBucketSampler` shuffles the data, sorts each window of ``window`` batches' worth of
-conversations by length, cuts it into batches and shuffles the batches. Like :class:`EpochSampler`, the
-order depends only on (seed, epoch), so a resumed training sees the same batches.
+"""Training batches of similar length (``train.bucket_by_length``): less padding per step. :class:`LengthBucketSampler`
+sorts each shuffled window of ``window`` batches' worth by length, cuts it into batches and shuffles those; like
+:class:`EpochSampler`, its order depends only on (seed, epoch), so a resumed training sees the same batches.
 """
 from __future__ import annotations
 

@@ -45,9 +45,7 @@ def worker_count(setting: int, processes: int = 1) -> int:
     return setting if setting >= 2 else 0
 
 
-# --------------------------------------------------------------------------------------------------
 # Tokenizing ahead
-# --------------------------------------------------------------------------------------------------
 
 _WORKER: tuple[Any, int, str] | None = None  # in a worker process: (tokenizer, max_length, template)
 
@@ -131,9 +129,7 @@ class ShardTokens:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-# --------------------------------------------------------------------------------------------------
 # Copying to the host and writing behind
-# --------------------------------------------------------------------------------------------------
 
 
 def to_host(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

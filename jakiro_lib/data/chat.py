@@ -1,9 +1,7 @@
-"""Chat formatting for draft training and inference, with an assistant-only loss mask: mask 1 on each
-assistant reply and its end-of-turn marker, 0 on role headers, system and user text.
-
-``template="auto"`` renders with the tokenizer's own chat template and finds each reply's *character* span by
-rendering the conversation prefix by prefix (any template that renders earlier messages unchanged and writes
-the reply verbatim); ``template="vicuna"`` builds the FastChat Vicuna v1.1 prompt, which has no HF template.
+"""Chat formatting with an assistant-only loss mask: 1 on each assistant reply and its end-of-turn marker, 0 on role
+headers, system and user text. ``template="auto"`` uses the tokenizer's chat template, each reply's character span found
+by rendering prefix by prefix (so the template must render earlier messages unchanged and replies verbatim);
+``template="vicuna"`` builds the FastChat Vicuna v1.1 prompt, which has no HF template.
 """
 from __future__ import annotations
 
@@ -29,9 +27,7 @@ class Formatted:
     loss_mask: list[int]
 
 
-# --------------------------------------------------------------------------------------------------
 # Validation
-# --------------------------------------------------------------------------------------------------
 
 
 def _check_messages(messages: Sequence[dict[str, Any]], template: str) -> list[dict[str, str]]:
@@ -61,9 +57,7 @@ def _check_template(tokenizer: Any, template: str) -> None:
                          "tokenizer.chat_template)")
 
 
-# --------------------------------------------------------------------------------------------------
 # Rendering
-# --------------------------------------------------------------------------------------------------
 
 
 def _render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
@@ -155,9 +149,7 @@ def _assistant_spans_vicuna(tokenizer: Any, messages: list[dict[str, str]]) -> t
     return "".join(parts), spans
 
 
-# --------------------------------------------------------------------------------------------------
 # Tokenization with a character-span mask
-# --------------------------------------------------------------------------------------------------
 
 
 def _tokenize_with_mask(
@@ -203,9 +195,7 @@ def _tokenize_by_segments(
     return Formatted(input_ids=ids, loss_mask=mask)
 
 
-# --------------------------------------------------------------------------------------------------
 # Public API
-# --------------------------------------------------------------------------------------------------
 
 
 def format_conversation(

@@ -43,9 +43,7 @@ class Question:
     benchmark: str
 
 
-# --------------------------------------------------------------------------------------------------
 # Conversations (training data)
-# --------------------------------------------------------------------------------------------------
 
 _SHAREGPT_ROLES: dict[str, str] = {
     "human": "user",
@@ -182,9 +180,7 @@ def load_conversations(
     return load_sharegpt(None, limit)
 
 
-# --------------------------------------------------------------------------------------------------
 # Questions (evaluation prompts)
-# --------------------------------------------------------------------------------------------------
 
 
 def _take(items: Iterable[Question], limit: int | None) -> list[Question]:

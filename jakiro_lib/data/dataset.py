@@ -155,9 +155,7 @@ class OnlineFeatureDataset(Dataset):
         }
 
 
-# --------------------------------------------------------------------------------------------------
 # Reduced draft vocabulary
-# --------------------------------------------------------------------------------------------------
 
 
 def _token_arrays(dataset: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -210,9 +208,7 @@ def vocab_coverage(freqs: torch.Tensor, d2t: torch.Tensor) -> float:
     return float(freqs[d2t].sum()) / total if total > 0 else 0.0
 
 
-# --------------------------------------------------------------------------------------------------
 # Batching
-# --------------------------------------------------------------------------------------------------
 
 
 def collate(batch: Sequence[dict[str, Any]], multiple: int = 1) -> dict[str, torch.Tensor]:

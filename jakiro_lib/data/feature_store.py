@@ -1,19 +1,8 @@
-"""The feature cache on disk (what :func:`jakiro_lib.data.features.cache_features` writes): its format, shard
-files, manifest, sidecars, verification and disk estimates. Layout (``out_dir``)::
-
-    manifest.json                 settings, per-shard counts/size/sha256, run metadata
-    shard_00000.safetensors       conversations [0, shard_size) of the input list
-    shard_00001.safetensors       ...
-
-Each shard holds the concatenation of its kept conversations: ``input_ids`` (int32 [T]), ``hidden``
-(fp16/bf16 [T, H]), ``loss_mask`` (uint8 [T], assistant tokens), ``target_top1`` (int32 [T], the
-target's full-vocabulary argmax at each position, for exact draft accuracy with a reduced draft
-vocabulary), ``offsets`` (int64 [n, 2], start/end of each conversation) and ``conversation_index``
-(int64 [n], its index in the input list). Conversations whose loss mask is empty are skipped and counted.
-Shards are written atomically and listed in the manifest once complete, so an interrupted run resumes.
-With N processes, process i computes the shards whose index % N == i and records each in a sidecar
-(``shard_00003.json``) that the main process merges into the manifest.
-"""
+"""The feature cache that :func:`jakiro_lib.data.features.cache_features` writes: ``manifest.json`` (settings, each
+complete shard's counts, size and sha256) and ``shard_NNNNN.safetensors``, each its kept conversations concatenated:
+``input_ids``, ``loss_mask``, ``target_top1`` (the target's full-vocabulary argmax) [T], ``hidden`` [T, H], ``offsets``
+[n, 2], ``conversation_index`` [n]. With N processes, process i writes the shards i mod N and a sidecar for each
+(``shard_00003.json``) that the main process merges into the manifest."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -56,9 +45,7 @@ def feature_torch_dtype(name: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"feature_dtype must be one of {', '.join(_DTYPES)}, got {name!r}") from None
 
 
-# --------------------------------------------------------------------------------------------------
 # Disk estimates
-# --------------------------------------------------------------------------------------------------
 
 
 def bytes_per_token(hidden_size: int, dtype: str | torch.dtype = "float16") -> int:
@@ -81,9 +68,7 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover
 
 
-# --------------------------------------------------------------------------------------------------
 # Manifest and shards
-# --------------------------------------------------------------------------------------------------
 
 
 def cache_settings(target: Any, *, max_length: int, shard_size: int, feature_dtype: str, template: str,

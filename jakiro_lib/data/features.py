@@ -1,9 +1,7 @@
-"""Target hidden-state features for draft training: the target forward and a sharded, resumable disk cache.
-
-At every position t the feature is the target's last hidden state f_t after the final norm (the input of
-``lm_head``), what the draft learns to predict (docs/DESIGN.md section 4). The cache's format is in
-:mod:`jakiro_lib.data.feature_store`, the pipeline around the forwards in :mod:`jakiro_lib.data.cache_pipeline`,
-what training reads in :mod:`jakiro_lib.data.dataset`.
+"""Target hidden-state features for draft training: the target forward and a sharded, resumable disk cache. The feature
+at t is the target's last hidden state after its final norm (docs/DESIGN.md section 4); the cache's format is in
+:mod:`jakiro_lib.data.feature_store`, the pipeline around the forwards in :mod:`jakiro_lib.data.cache_pipeline`, what
+training reads in :mod:`jakiro_lib.data.dataset`.
 """
 from __future__ import annotations
 
@@ -34,9 +32,7 @@ log = logging.getLogger(__name__)
 ESTIMATE_CHUNK = 256  # conversations per worker task when estimate_cache tokenizes in workers
 
 
-# --------------------------------------------------------------------------------------------------
 # Target features
-# --------------------------------------------------------------------------------------------------
 
 
 @torch.no_grad()
@@ -89,9 +85,7 @@ def estimate_cache(target: Any, conversations: Sequence[Any], *, max_length: int
             "bytes_per_token": bytes_per_token(H, feature_dtype)}
 
 
-# --------------------------------------------------------------------------------------------------
 # Writing the cache
-# --------------------------------------------------------------------------------------------------
 
 PAD_ID = 0  # token id on padded positions of a batched forward; masked out, so any id gives the same rows
 
@@ -336,16 +330,11 @@ def cache_features(
     batch_size: int = 1,
     tokenize_workers: int = 0,
 ) -> Path:
-    """Run the target over ``conversations`` and cache (ids, features, loss mask) in sharded safetensors under
-    ``out_dir`` (returned); raises :class:`~jakiro_lib.data.feature_store.CacheError` if it holds a cache made
-    with other settings.
-
-    Resumable: shards that verify and hold the same input conversations are kept, a damaged one is rewritten.
-    ``on_shard(index, entry)`` is called on this thread after each newly written shard, in order.
-    ``batch_size`` (conversations per forward) and ``tokenize_workers`` (processes tokenizing ahead) are not
-    among the settings a rerun must match. Under ``accelerate launch`` every process calls this with the same
-    arguments and computes its share of the shards; ``world`` overrides that layout.
-    """
+    """Run the target over ``conversations`` and cache (ids, features, loss mask) in shards under ``out_dir``
+    (returned), keeping the shards that verify; a cache made with other settings raises
+    :class:`~jakiro_lib.data.feature_store.CacheError` (``batch_size`` and ``tokenize_workers`` are not settings).
+    ``on_shard(index, entry)`` follows each new shard, in order. Under ``accelerate launch`` each process computes its
+    share of the shards; ``world`` overrides that."""
     job, settings = _plan(target, conversations, out_dir, world, max_length=max_length, shard_size=shard_size,
                           feature_dtype=feature_dtype, template=template, batch_size=batch_size,
                           workers=tokenize_workers)

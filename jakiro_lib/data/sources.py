@@ -19,9 +19,7 @@ class DataError(RuntimeError):
     """Data that is missing, unreachable or malformed; the message says what and how to fix it."""
 
 
-# --------------------------------------------------------------------------------------------------
 # Locating packaged files
-# --------------------------------------------------------------------------------------------------
 
 # name -> (import name, pip requirement, path inside the package, human-readable name)
 _PACKAGED: dict[str, tuple[str, str, str, str]] = {
@@ -78,9 +76,7 @@ def packaged_file(name: str) -> Path:
     return path
 
 
-# --------------------------------------------------------------------------------------------------
 # Reading JSON lines and JSON lists
-# --------------------------------------------------------------------------------------------------
 
 
 def check_limit(limit: int | None) -> None:

@@ -1,9 +1,7 @@
-"""What the compiled decoding paths share: cache lengths, inductor settings, per-model state, the error.
-
-Two paths compile: HF's ``generate`` with a static cache (``hf_compiled``) and the engine's whole cycle, as
-``target.capture`` says: "graphs" (:class:`CapturedStep`, no compilation) or "inductor" (``torch.compile``, the
-only way on a CPU; docs/DESIGN.md section 12).
-"""
+"""What the compiled decoding paths share: cache lengths, inductor settings, per-model state, the error. Two paths
+compile: HF's ``generate`` with a static cache (``hf_compiled``) and the engine's whole cycle, as ``target.capture``
+says: "graphs" (:class:`CapturedStep`) or "inductor" (``torch.compile``, the only way on a CPU; docs/DESIGN.md section
+12)."""
 from __future__ import annotations
 
 import contextlib
@@ -75,13 +73,11 @@ def cuda_graph(step: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...]
 
 
 class CapturedStep:
-    """``step`` replayed as one CUDA graph of its eager kernels, compiled by nobody (docs/DESIGN.md section 12).
-
-    The first call runs ``step`` eagerly on a side stream (warm-up), the second records it over copies of its
-    arguments and replays, each later call copies its arguments in and replays. So the step must keep its shapes,
-    read what changes from its arguments or buffers updated in place, and never read the host (a failed recording
-    is one :class:`CompileError`). ``capture``: how to record (:func:`cuda_graph`; the CPU tests pass a checking
-    stand-in). The output of a replay lives until the next."""
+    """``step`` replayed as one CUDA graph of its eager kernels, compiled by nobody (docs/DESIGN.md section 12): the
+    first call warms up on a side stream, the second records over copies of its arguments, later ones copy them in and
+    replay. The step keeps its shapes, reads what changes only from its arguments or buffers updated in place, and never
+    the host; a failed recording is one :class:`CompileError`. ``capture``: how to record (:func:`cuda_graph`, or the
+    CPU tests' checking stand-in). A replay's output lives until the next."""
 
     recorded = 0  # steps recorded in this process (graphs_compiled)
 

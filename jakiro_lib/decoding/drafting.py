@@ -35,13 +35,10 @@ def schedule(depth: int, ar_steps: int | None, has_branch_b: bool) -> list[int]:
 
 
 class PromptLookup:
-    """Prompt-lookup proposals over the growing token history (Saxena 2023; HF ``prompt_lookup_num_tokens``).
-
-    The last ``max_ngram`` .. ``min_ngram`` tokens are looked up, longest first, among earlier positions;
-    the tokens that followed the latest occurrence are proposed (HF takes the earliest; the latest follows
-    a loop's current turn). When that continuation runs into the present, it repeats with the period the
-    match implies. An n-gram index updated as tokens arrive makes each lookup O(max_ngram).
-    """
+    """Prompt-lookup proposals over the growing token history (Saxena 2023; HF ``prompt_lookup_num_tokens``): the tokens
+    that followed the latest earlier occurrence of the last ``max_ngram`` .. ``min_ngram`` tokens, longest first
+    (docs/DESIGN.md section 11), repeated with the match's period where they run into the present. An n-gram index
+    updated as tokens arrive makes each lookup O(max_ngram)."""
 
     def __init__(self, num_tokens: int, *, max_ngram: int = 3, min_ngram: int = 2) -> None:
         if num_tokens < 1 or not 1 <= min_ngram <= max_ngram:
@@ -76,14 +73,11 @@ class PromptLookup:
 
 def candidate_tensors(draft: DraftModel, cfg: TreeConfig, a: torch.Tensor, experts: torch.Tensor | None,
                       gates: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Children of N frontier nodes from their branch-A outputs, in tensors of fixed shape (no host sync):
-    target ids [N, K], log-probs [N, K] (-inf: no such child) and the feature each carries [N, K, H].
-
-    Coupled (EAGLE-2, or ``cfg.decoupled`` off): the top K of the mixture's distribution, each child
-    carrying the node's feature. Decoupled (Jakiro): each selected expert proposes its top children; the
-    union is scored by the gate-weighted mixture (or the best expert, ``cfg.scoring``), duplicates masked
-    out, and each child carries the feature of the expert that backs it most.
-    """
+    """Children of N frontier nodes from their branch-A outputs, in tensors of fixed shape (no host sync): target ids
+    [N, K], log-probs [N, K] (-inf: no such child) and the feature each carries [N, K, H]. Coupled: the mixture's top K,
+    carrying the node's feature; decoupled (``cfg.decoupled``, docs/DESIGN.md section 3): the union of each selected
+    expert's top children scored by ``cfg.scoring``, duplicates masked out, each carrying its strongest expert's
+    feature."""
     K = cfg.top_k
     if not cfg.decoupled or experts is None:
         logp = draft.logits(a).float().log_softmax(-1)  # [N, V]

@@ -30,12 +30,9 @@ def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tok
                 params: SamplingParams = SamplingParams(), eos_token_ids: list[int] = (),
                 prompt_lookup_num_tokens: int | None = None, seed: int | None = None,
                 compile: bool = False, max_context: int | None = None) -> GenerationResult:
-    """Hugging Face ``generate`` (optionally with prompt-lookup decoding) timed like our loops.
-
-    ``compile``: a static KV cache and ``torch.compile`` of the decoding step (the first calls compile: warm up
-    before timing). ``max_context``: the cache then holds the whole context, one length for every prompt
-    (:func:`~jakiro_lib.decoding.compiled.compiled_cache_len`).
-    """
+    """Hugging Face ``generate`` (optionally with prompt-lookup decoding) timed like our loops. ``compile``: a static KV
+    cache and ``torch.compile`` of the step (the first calls compile: warm up before timing); ``max_context``: that
+    cache then holds the whole context (:func:`~jakiro_lib.decoding.compiled.compiled_cache_len`)."""
     kwargs: dict = {"max_new_tokens": max_new_tokens, "do_sample": not params.greedy,
                     "eos_token_id": list(eos_token_ids) or None, "pad_token_id": (list(eos_token_ids) or [0])[0]}
     if not params.greedy:

@@ -1,18 +1,8 @@
-"""The target behind one preallocated KV cache: the runner the engine drives.
-
-gpt-fast's way (docs/DESIGN.md section 12): each layer's keys and values are plain tensors of ``capacity``
-positions (:class:`KVLayer`), written where the runner says, and an accepted tree path is kept by moving
-its entries inside them. Where the next forward writes is said in one of two ways:
-
-* a host int (the prompt's prefill, and the reference's loop engine): attention reads the positions written so far
-  (a view); a write past the end doubles the buffers;
-* a 0-dim device tensor (every decoding cycle): attention reads the first ``window`` positions (the engine's
-  host-side choice per cycle; the whole buffer when unset) under the caller's mask, and nothing is read on the
-  host, so a CUDA graph captured for one window replays at every length inside it.
-
-Sliding-window layers (Mistral with ``sliding_window`` set) attend like full ones while the cache holds no more
-positions than the window (the same attention exactly); a larger cache is refused.
-"""
+"""The target behind one preallocated KV cache, the runner the engine drives (gpt-fast's way; docs/DESIGN.md section
+12): each layer's keys and values hold ``capacity`` positions (:class:`KVLayer`), an accepted path kept by moving its
+entries inside them. Written at a host int (prefill, the reference loop), attention reads what is written so far and a
+write past the end doubles the buffers; at a 0-dim device tensor (each decoding cycle) it reads the first ``window``
+positions under the caller's mask and nothing on the host, so one captured graph serves every length in a window."""
 from __future__ import annotations
 
 import torch

@@ -1,11 +1,8 @@
-"""The engine: every method of ours, plain or speculative, as one cycle of tensors (docs/DESIGN.md section 12).
-
-A cycle: **draft** (:meth:`~jakiro_lib.decoding.static_tree.StaticTreeDrafter.propose`, a lookup chain grafted on),
-**verify** (:meth:`~jakiro_lib.decoding.runner.TargetRunner.score`), **evaluate** (the accepted path and the bonus
-token, greedy or sampled) and **update** (the target cache keeps the path, the draft encodes it). Captured, its
-shapes depend only on the tree settings and the host reads one small tensor a cycle; eager, its shapes follow the
-text, the tree and the chain from the host's int position.
-"""
+"""The engine: every method of ours, plain or speculative, as one cycle of tensors (docs/DESIGN.md section 12):
+**draft** (:meth:`~jakiro_lib.decoding.static_tree.StaticTreeDrafter.propose`, a lookup chain grafted on), **verify**
+(:meth:`~jakiro_lib.decoding.runner.TargetRunner.score`), **evaluate** (the accepted path and the bonus token) and
+**update** (the target cache keeps the path, the draft encodes it). Captured, its shapes depend only on the tree
+settings; eager, they follow the text, the tree and the chain."""
 from __future__ import annotations
 
 import dataclasses
@@ -79,13 +76,10 @@ def attention_window(length: int, capacity: int) -> int:
 
 
 class StaticEngine:
-    """A target, an optional draft and tree settings bound to buffers of ``cache_len`` positions.
-
-    :meth:`cycle` is one draft-verify-evaluate-update step; it returns what the host reads. ``draft`` None and no
-    lookup chain: plain decoding. ``compile``: the cycle compiled or captured
-    (:func:`~jakiro_lib.decoding.compiled.compiled_step`: one per attention window where recorded as CUDA graphs),
-    its positions and a sampled cycle's draws passed as device tensors.
-    """
+    """A target, an optional draft and tree settings bound to buffers of ``cache_len`` positions; :meth:`cycle` is one
+    draft-verify-evaluate-update step and returns what the host reads. ``draft`` None and no lookup chain: plain
+    decoding. ``compile``: the cycle compiled or captured (:func:`~jakiro_lib.decoding.compiled.compiled_step`), its
+    positions and a sampled cycle's draws passed as device tensors."""
 
     def __init__(self, model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None, cache_len: int, *,
                  params: SamplingParams = SamplingParams(), compile: bool = False, ranked: bool = False) -> None:

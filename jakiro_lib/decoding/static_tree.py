@@ -56,13 +56,9 @@ def ancestor_mask(parents: torch.Tensor, depth: int) -> torch.Tensor:
 def greedy_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
                 logits: torch.Tensor, max_depth: int,
                 valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Greedy verification in tensors: (path [max_depth + 1] node indices by depth, accepted count, bonus).
-
-    A node is accepted when it and every ancestor equal the target's argmax at their parent. Siblings
-    hold distinct tokens, so the accepted nodes form one root path; its deepest node gives the bonus
-    token. Path entries past the accepted count point at the root (padding the caller never emits).
-    ``valid`` [m] bool: nodes that may be accepted (None: all; :func:`graft_chain`'s unused rows may not).
-    """
+    """Greedy verification in tensors (docs/DESIGN.md section 12, evaluate): the path [max_depth + 1] of node indices by
+    depth (the root past the accepted count), the accepted count and the bonus token. ``valid`` [m] bool: nodes that may
+    be accepted (None: all; :func:`graft_chain`'s unused rows may not)."""
     pred = logits.argmax(-1)  # [m]
     match = (tokens == pred[parents]) | (depths == 0)  # [m]; the root (depth 0) always matches
     if valid is not None:
@@ -282,11 +278,8 @@ class StaticTreeDrafter:
 
     def propose(self, base: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The tree rooted at the last token, drafted after ``base`` cached positions (0-dim, or a host int eagerly):
-        tokens, parents (root's: 0), depths and selection ranks [m] (:func:`select_tree`), all on the device.
-
-        Each step expands the frontier by branch A; a CEPD step (``steps`` entry 2) also gives each of the best K
-        children the top K of its parent's branch-B distribution (docs/DESIGN.md sections 3 and 12).
-        """
+        tokens, parents (root's: 0), depths and selection ranks [m] (:func:`select_tree`), on the device. A CEPD step
+        (``steps`` entry 2) also drafts from branch B (docs/DESIGN.md sections 3 and 12)."""
         K, dev = self.K, self.root_token.device
         zero = torch.zeros(1, dtype=torch.long, device=dev)
         tokens, parents, depths = [self.root_token.reshape(1)], [zero], [zero]

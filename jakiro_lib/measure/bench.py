@@ -1,10 +1,7 @@
-"""One evaluation loop for every method (Spec-Bench style) and one results schema.
-
-Every method of :mod:`jakiro_lib.measure.methods` sees the same prompts, chat template, token budget and machine,
-interleaved question by question so drift hits all methods alike. Records go to JSONL, one line per (method,
-temperature, question, turn, repeat): ``method`` is the registry's name, how it ran two fields of its own (engine,
-capture).
-"""
+"""One evaluation loop for every method of :mod:`jakiro_lib.measure.methods` (Spec-Bench style) and one results schema:
+same prompts, chat template, token budget and machine, methods interleaved question by question (docs/DESIGN.md section
+11). Records are JSONL, one line per (method, temperature, question, turn, repeat): ``method`` is the registry's name,
+``engine`` and ``capture`` how it ran."""
 from __future__ import annotations
 
 import dataclasses
@@ -72,13 +69,10 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
                   temperatures: Iterable[float] = (0.0,), max_new_tokens: int = 128, repeats: int = 1,
                   warmup: int = 1, top_p: float = 1.0, seed: int = 0, out_dir: str | Path,
                   progress: bool = True, tuning: dict[str, Any] | None = None) -> Path:
-    """Run every method on every question turn; append records to ``out_dir/records.jsonl``.
-
-    ``methods``: keyed by method name. Resumable: records already in the file (same run, temperature, question,
-    turn, repeat) are skipped. Multi-turn questions feed each method its own previous answer, as Spec-Bench does.
-    ``tuning``: what the tuned tree budgets were tuned on (:func:`jakiro_lib.measure.budgets.tuning_prompts`), written
-    to ``bench_config.json`` as ``tree_budget_tuning`` beside the prompts this run scores (None: no budget tuned).
-    """
+    """Run every method (keyed by name) on every question turn, appending records to ``out_dir/records.jsonl``; records
+    already there (same run, temperature, question, turn, repeat) are skipped. A multi-turn question feeds each method
+    its own previous answer. ``tuning``: what the tree budgets were tuned on
+    (:func:`~jakiro_lib.measure.budgets.tuning_prompts`; None: none), written to ``bench_config.json``."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     sweep_temps(out_dir)  # what a killed writer left of a summary or config

@@ -1,12 +1,8 @@
-"""Turning ``tree.total_tokens="auto"`` into a number: the tree budget tuned on this machine, cached.
-
-The cost model (:mod:`jakiro_lib.measure.costmodel`) measures T(n) and proposes the budget that maximises estimated
-tokens/s; this module decides when to measure and on what (held-out ShareGPT first turns, never benchmark prompts:
-:func:`tuning_prompts`), and caches T(n) and the choices in ``run_dir/bench/tree_budgets.json`` (docs/DESIGN.md
-section 11). The estimate's choice is kept only where it runs faster than the fixed tree on those prompts. Other
-processes' CPU use while the tuner times is recorded with every entry and choice, and named in a warning above
-:data:`BUSY_CORES`.
-"""
+"""Turning ``tree.total_tokens="auto"`` into a number: the tree budget tuned on this machine, cached. The cost model
+(:mod:`jakiro_lib.measure.costmodel`) measures T(n) and proposes a budget; this module decides when to measure and on
+what (:func:`tuning_prompts`), keeps the estimate only where it runs faster than the fixed tree, and caches T(n) and the
+choices in ``run_dir/bench/tree_budgets.json`` (docs/DESIGN.md section 11), each with other processes' CPU use while it
+timed (a warning above :data:`BUSY_CORES`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -70,15 +66,10 @@ def _file_digest(path: str, size: int, mtime_ns: int) -> str:
 
 def tuning_prompts(profile: Profile, target: Any, exclude: Iterable[str] = ()) -> tuple[list[Any], dict[str, Any]]:
     """The prompts the tree budget is tuned on, and what they are (recorded with every choice and in
-    ``bench_config.json``).
-
-    First user turns of :data:`TUNE_PROMPTS` conversations of the profile's training source that its drafts never
-    train on: the held-out split of the first ``data.num_conversations`` in the split's hash order (a
-    conversation's hash does not depend on the others, so they stay held out where fewer are loaded or cached than
-    training had), or with ``data.heldout_fraction`` 0 the conversations after those. ``exclude``: the
-    benchmark's prompt texts, passed over. Texts are cut to :data:`TUNE_PROMPT_TOKENS` tokens (at most a quarter of
-    ``target.config.max_context``).
-    """
+    ``bench_config.json``): first user turns of :data:`TUNE_PROMPTS` conversations of the profile's training source that
+    its drafts never train on (the held-out split, docs/DESIGN.md section 11; with ``data.heldout_fraction`` 0 those
+    past ``data.num_conversations``), cut to :data:`TUNE_PROMPT_TOKENS` tokens (at most a quarter of the context).
+    ``exclude``: the benchmark's prompt texts, passed over."""
     d = profile.data
     n = d.num_conversations
     skip = {t.strip() for t in exclude}
@@ -230,11 +221,10 @@ def _valid_entry(e: Any) -> bool:
 def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any], target: Any, *,
                          force: bool = False, exclude: Iterable[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
     """Methods with ``tree.total_tokens="auto"`` get their tuned budget, unless the fixed tree
-    (:func:`fixed_tree_tokens`) is measured as fast. T(n) is measured once per machine and target settings, and
-    each choice keyed by what it depends on (:func:`_choice_key`), so reruns do not retune. ``force`` remeasures
-    and retunes this machine's entry. ``exclude``: the benchmark's prompt texts, never tuned on.
-    Returns (methods with numeric budgets, the measurements, choices and ``tuning_prompts``).
-    """
+    (:func:`fixed_tree_tokens`) is measured as fast. T(n) is measured once per machine and target settings, each choice
+    keyed by what it depends on (:func:`_choice_key`), so reruns do not retune; ``force`` retunes this machine's entry.
+    ``exclude``: the benchmark's prompt texts. Returns (methods with numeric budgets, the measurements, choices and
+    ``tuning_prompts``)."""
     auto = [k for k, m in methods.items() if m.kind == SPEC and m.draft and m.tree.total_tokens == "auto"]
     if not auto:
         return methods, {}

@@ -1,11 +1,7 @@
-"""Every decoding method the project compares, in one registry: name -> kind, draft, tree settings.
-
-The studies' method sets (:func:`study_methods`), the performance goals' method groups (:func:`group_names`) and the
-serialised form in stamps and ``bench_config.json`` (:func:`portable`) are read from here; a method runs through
-:class:`~jakiro_lib.decoding.methods.MethodRunner`. :func:`record_label` reads a record's run, old records' included.
-``spec`` is EAGLE-2 with the dense draft, Jakiro with a MoE draft, Jakiro + CEPD with ``ar_steps`` (docs/DESIGN.md
-section 3).
-"""
+"""Every decoding method the project compares, in one registry: name -> kind, draft, tree settings. The studies' method
+sets (:func:`study_methods`), the goals' groups (:func:`group_names`), the serialised form (:func:`portable`) and
+records' labels (:func:`record_label`) are read from it; a method runs through
+:class:`~jakiro_lib.decoding.methods.MethodRunner`."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,13 +19,9 @@ LOOKUP_TOKENS = 10  # chain length of the lookup-branch methods: HF prompt looku
 
 
 def portable(spec: MethodSpec, relative_to: str | Path | None = None) -> dict[str, Any]:
-    """A method's settings as JSON-ready values with no machine's directories in them.
-
-    The draft is named by its folder (``relative_to`` None: the study stamp, where the weights' digest
-    says which draft it is, so a moved or copied run directory keeps its records), or given relative
-    to ``relative_to`` (``bench_config.json``, which sits in a folder of the same run). A draft in the target's
-    precision leaves ``draft_dtype`` out, as records made before the setting did.
-    """
+    """A method's settings as JSON-ready values with no machine's directories in them: the draft named by its folder
+    (``relative_to`` None: the study stamp, where the weights' digest identifies it, so a moved run keeps its records)
+    or relative to ``relative_to`` (``bench_config.json``, in the same run); ``draft_dtype`` only where it is set."""
     d = dataclasses.asdict(spec)
     if spec.draft_dtype is None:
         del d["draft_dtype"]
@@ -41,9 +33,7 @@ def portable(spec: MethodSpec, relative_to: str | Path | None = None) -> dict[st
     return d
 
 
-# ----------------------------------------------------------------------------------------------------
 # The registry
-# ----------------------------------------------------------------------------------------------------
 
 EAGLE2 = "<eagle2 draft>"  # Method.draft placeholders in the main study: bench.eagle2_draft / bench.jakiro_draft
 JAKIRO = "<jakiro draft>"
@@ -53,13 +43,10 @@ TUNED = "tuned"  # tree.total_tokens placeholder: "auto" when the study tunes bu
 
 @dataclass(frozen=True)
 class Method:
-    """One registered method: its kind, draft (a name under ``drafts/``) and tree settings.
-
-    ``group`` names the role the performance goals give it (see :func:`group_names`); ``when`` the study
-    switch it needs (``"compiled"``: bench.compiled_baseline; ``"tuned"``: bench.tuned with a fixed tree
-    budget; ``"imported"``: the profile imports heads). How it runs is no part of it (``target.capture``), but for
-    ``hf_compiled``, HF's compiled generate.
-    """
+    """One registered method: its kind, draft (a name under ``drafts/``) and tree settings. ``group``: its role in the
+    performance goals (:func:`group_names`); ``when``: the study switch it needs ("compiled": bench.compiled_baseline,
+    "tuned": bench.tuned with a fixed budget, "imported": the profile imports heads). How it runs is not part of it
+    (``target.capture``), except ``hf_compiled``'s."""
 
     name: str
     kind: str
@@ -229,22 +216,11 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
                   compiled: bool = True, drafts: Collection[str] | None = None, eagle2_draft: str = EAGLE2_DRAFT,
                   jakiro_draft: str = JAKIRO_DRAFT, imported: bool = False,
                   draft_dtype: str | None = None) -> dict[str, MethodSpec]:
-    """The method sets the notebooks compare, keyed by name; drafts are read from ``drafts_dir/<name>/draft``.
-
-    ``main`` (:data:`MAIN`): the baselines, EAGLE-2 (on ``eagle2_draft``), Jakiro (decoupled, on ``jakiro_draft``)
-    and Jakiro + CEPD on ``tree``; with ``tuned`` (and a fixed ``tree.total_tokens``) also ``eagle2_auto`` and
-    ``jakiro_auto``, the budget tuned for the machine; this repository's extension ``eagle2_lookup`` /
-    ``jakiro_lookup`` (that tree with a prompt-lookup chain of :data:`LOOKUP_TOKENS` grafted on) and its control
-    ``lookup_only`` (the chain alone). ``ablations`` (:data:`ABLATIONS` and :func:`_ablation_methods`): experts,
-    CEPD steps, contrastive and decoupled on/off, the authors' released configuration, the equal-parameter
-    control and the per-expert-loss and two-step-trained drafts, all on ``tree``.
-
-    ``drafts``: the draft names a profile trains (methods on others are left out; None: none); ``draft_dtype``: the
-    precision they decode in (None: the target's). ``compiled``: the
-    main study also times ``hf_compiled``. ``imported``: the profile imports heads (the authors'), so the main study
-    also runs their released configuration on the Jakiro draft (``jakiro_coupled_cepd``) and the Jakiro* head
-    (``jakiro_star``).
-    """
+    """The method sets the notebooks compare, keyed by name, drafts read from ``drafts_dir/<name>/draft``. ``main``
+    (:data:`MAIN`): the baselines, EAGLE-2, Jakiro and Jakiro + CEPD on ``tree``, with ``tuned`` their ``_auto`` twins,
+    the ``_lookup`` extension and ``lookup_only``; ``ablations``: :func:`_ablation_methods`. ``drafts``: the drafts a
+    profile trains (None: none); ``draft_dtype``: their precision (None: the target's); ``compiled``: also
+    ``hf_compiled``; ``imported``: also the authors' configuration and the Jakiro* head (``jakiro_star``)."""
     if study not in STUDIES:
         raise ValueError(f"unknown study {study!r}: use {' or '.join(repr(s) for s in STUDIES)}")
     switches: dict[str, Callable[[], bool]] = {"compiled": lambda: compiled, "imported": lambda: imported,

@@ -1,9 +1,5 @@
-"""Where the time goes and whether speculation pays on this machine (the performance report).
-
-Three tables from one run's measurements: :func:`cost_model` (T(n) with and without the CPU fast paths, draft
-steps with the reduced and the full vocabulary, drafting time per cycle), :func:`lever_table` (what each lever
-bought) and :func:`performance_targets` (the speed goals as ratios of tokens/s measured side by side).
-"""
+"""Where the time goes and whether speculation pays on this machine: :func:`cost_model`, :func:`lever_table` (what each
+lever bought) and :func:`performance_targets`, from one run's measurements."""
 from __future__ import annotations
 
 import dataclasses
@@ -50,14 +46,11 @@ PACKED_HEAD_LEVER = "packed draft head (the target's packed GEMM)"
 def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (EAGLE2_DRAFT, JAKIRO_DRAFT),
                sizes: Sequence[int] = (1, 2, 4, 6, 8, 12, 16, 24, 32), widths: Sequence[int] = (1, 3),
                tree: TreeConfig | None = None, context: int = 256, repeats: int = 7) -> dict[str, pd.DataFrame]:
-    """Measured T(n) of the target, draft-step times (trained vocabulary vs the full one) and, given the
-    profile's ``tree``, drafting time per cycle.
-
-    Returns ``{"target": [n, ms, x_one_step, ms_library_defaults, ms_without_packed_gemm], "draft":
-    [draft, vocab, width, ms, x_target_step], "draft_cycle": [draft, decoupled, total_tokens, ms,
-    ms_plain_head]}`` (``ms`` as decoding runs; the ``ms_*`` variants without a fast path, timed back to back with
-    it, only where that fast path is on). Full-vocabulary rows time an untrained copy of the draft.
-    """
+    """Measured T(n) of the target, draft-step times (trained vocabulary vs the full one, on an untrained copy) and,
+    given ``tree``, drafting time per cycle: ``{"target": [n, ms, x_one_step, ms_library_defaults,
+    ms_without_packed_gemm], "draft": [draft, vocab, width, ms, x_target_step], "draft_cycle": [draft, decoupled,
+    total_tokens, ms, ms_plain_head]}`` (``ms`` as decoding runs; each ``ms_*`` without a fast path, timed back to back,
+    where it is on)."""
     model = target.model
     variants: dict[str, Any] = {"ms": nullcontext}
     if model.config._attn_implementation == kernels.GQA_ATTENTION or kernels.packed_gemm(model) is not None:
@@ -108,14 +101,11 @@ def _draft_cycle_rows(name: str, draft: Any, tree: TreeConfig, *, context: int, 
 
 
 def performance_targets(main: pd.DataFrame, records: Sequence[dict[str, Any]] | None = None) -> pd.DataFrame:
-    """The speed goals as measured ratios (mean over benchmarks) with pass/fail.
-
-    With the study's ``records``, tokens/s ratios get a 95% bootstrap interval over prompts
-    (:func:`jakiro_lib.measure.summary.ratio_interval`); ``resolved`` is False when it straddles the threshold.
-    Each goal's method is named before the run (:data:`PRIMARY`); each baseline is the fastest of its group at
-    each temperature, which can only lower the ratio. Tau compares ``jakiro`` with ``eagle2`` on the same tree.
-    The ``selection`` column says which rule picked each row; ``jakiro_lookup`` (an extension) gets rows of its own.
-    """
+    """The speed goals as measured ratios (mean over benchmarks) with pass/fail; with the study's ``records``, tokens/s
+    ratios get a paired bootstrap interval (:func:`~jakiro_lib.measure.summary.ratio_interval`), ``resolved`` False
+    where it straddles the threshold. Each goal's method is :data:`PRIMARY`'s, its baseline the fastest of its group per
+    temperature (docs/DESIGN.md section 11); ``selection`` says which rule picked a row. Tau compares ``jakiro`` with
+    ``eagle2`` on the same tree."""
     goals = _Goals(headline_table(main), records)  # mean over benchmarks per (temperature, method)
     for temp in sorted(goals.h["temperature"].unique()):
         goals.add_temperature(temp)

@@ -77,12 +77,9 @@ def _prompt_parts(recs: list[dict[str, Any]], measure: str) -> dict[tuple, tuple
 def ratio_interval(method_records: list[dict[str, Any]], baseline_records: list[dict[str, Any]], *,
                    measure: str = "tokens_per_s", level: float = 0.95, resamples: int = 2000,
                    seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of ``measure`` (method) / ``measure`` (baseline): mean tokens/s, or
-    tau (tokens / cycles, pooled over prompts; both methods need cycles, i.e. kind "spec" or "vanilla").
-
-    Prompts (benchmark, question, turn, repeat) that both ran are resampled in pairs within each benchmark,
-    benchmarks weighing equally (docs/DESIGN.md section 11). NaNs when nothing pairs up.
-    """
+    """Percentile bootstrap interval of ``measure`` (method) / ``measure`` (baseline): mean tokens/s, or tau (tokens /
+    cycles pooled over prompts; kinds "spec" or "vanilla"). Prompts both ran are resampled in pairs within each
+    benchmark, benchmarks weighing equally (docs/DESIGN.md section 11); NaNs when nothing pairs up."""
     if measure not in MEASURES:
         raise ValueError(f"unknown measure {measure!r}: use {' or '.join(MEASURES)}")
     a, b = _prompt_parts(method_records, measure), _prompt_parts(baseline_records, measure)
@@ -176,13 +173,9 @@ def greedy_agreement(method_records: list[dict[str, Any]], vanilla_records: list
 
 @torch.inference_mode()
 def greedy_divergences(target: Target, records: list[dict[str, Any]], questions: Iterable[Any]) -> list[dict[str, Any]]:
-    """Where each T=0 output first leaves vanilla's, and how close the target's top-2 logits were there.
-
-    For every compared prompt (:func:`greedy_agreement`) whose output differs, the target scores the prompt plus
-    vanilla's output up to the first differing token. ``gap``: its top-2 logit difference there; ``gap_steps``: the
-    same in units of the dtype's spacing at the top logit (bf16: 0.125 at logits 16-32). A few steps is a rounding
-    tie; a large gap would be a bug.
-    """
+    """Where each T=0 output first leaves vanilla's (of the prompts :func:`greedy_agreement` compares), and the target's
+    top-2 logit gap there (docs/DESIGN.md section 7): ``gap``, and ``gap_steps`` in units of the dtype's spacing at the
+    top logit (bf16: 0.125 at logits 16-32); a few steps is a rounding tie, a large gap a bug."""
     by_key = {(q.benchmark, str(q.question_id)): q for q in questions}
     greedy = [r for r in records if r["temperature"] == 0]
     vanilla = [r for r in greedy if record_label(r) == "vanilla"]  # our loop engine's, the greedy reference
@@ -217,12 +210,10 @@ def greedy_divergences(target: Target, records: list[dict[str, Any]], questions:
 
 
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (run, benchmark, temperature): tokens/s, speedup over the fastest vanilla kind, tau in two conventions;
-    ``method`` holds the run's label (:func:`~jakiro_lib.measure.methods.record_label`), ``engine`` and ``capture``
-    how it ran. Speedups are per repeat (mean and std over repeats), with a 95% bootstrap interval over prompts
-    (:func:`ratio_interval`); tau_ref divides by cycles - 1 (the reference's convention). At T=0, ``greedy_same``
-    of ``greedy_compared`` prompts gave our vanilla loop's output (:func:`greedy_agreement`).
-    """
+    """Per (run, benchmark, temperature): tokens/s, speedup over the fastest vanilla kind (per repeat: mean and std, and
+    a bootstrap interval over prompts, :func:`ratio_interval`), tau and tau_ref (cycles - 1; docs/DESIGN.md section 7);
+    ``method`` is the run's label (:func:`~jakiro_lib.measure.methods.record_label`), ``engine`` and ``capture`` how it
+    ran. At T=0, ``greedy_same`` of ``greedy_compared`` prompts gave vanilla's output (:func:`greedy_agreement`)."""
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         groups.setdefault((record_label(r), r["benchmark"], r["temperature"]), []).append(r)

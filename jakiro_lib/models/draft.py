@@ -1,11 +1,5 @@
-"""The draft head: EAGLE feature draft whose MLP is a dense block (EAGLE-2) or Jakiro's MoE
-(docs/DESIGN.md sections 2-3), with its training losses and multi-step forward.
-
-Input at position t: the target's last hidden state f_t and the token x_{t+1}. One Llama-style decoder
-layer (first RMSNorm skipped, no final norm) produces o_t ~ f_{t+1}; the target's frozen ``lm_head`` turns
-it into next-token logits. The MoE block also returns each expert's own feature (decoupled candidates)
-and the CEPD branch B, which predicts f_{t+2}. Building blocks: :mod:`jakiro_lib.models.draft_blocks`.
-"""
+"""The draft head: EAGLE feature draft whose MLP is a dense block (EAGLE-2) or Jakiro's MoE (docs/DESIGN.md sections
+2-3), with its training losses and multi-step forward; its blocks are in :mod:`jakiro_lib.models.draft_blocks`."""
 from __future__ import annotations
 
 import copy
@@ -128,7 +122,7 @@ class DraftModel(nn.Module):
     def _drop_head_cache(module: "DraftModel", incompatible_keys: Any) -> None:
         module._head_weight = None
 
-    # -- frozen target parts -------------------------------------------------------------------------
+    # Frozen target parts
     @property
     def embed(self) -> nn.Module:
         return self._shared[0]
@@ -176,7 +170,7 @@ class DraftModel(nn.Module):
         """Trainable parameters (the borrowed embedding and lm_head excluded)."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
-    # -- forward ----------------------------------------------------------------------------------
+    # Forward
     def forward(self, features: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
                 cache: KVCache | None = None, mask: torch.Tensor | None = None,
                 steps: int = 1) -> DraftOutput | list[DraftOutput]:
@@ -219,7 +213,7 @@ class DraftModel(nn.Module):
             self.mlp.count_load = counting
         return outs
 
-    # -- training losses ------------------------------------------------------------------------
+    # Training losses
     def train_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits with autograd (the packed inference head has no backward)."""
         w = self.head_weight()
@@ -265,7 +259,7 @@ class DraftModel(nn.Module):
                 out[f"correct_e{i}"], out[f"count_e{i}"] = hit[:, i].sum(), (sel[:, i] * w).sum()
         return out
 
-    # -- router statistics --------------------------------------------------------------------------
+    # Router statistics
     def router_load(self, reset: bool = False) -> list[float]:
         """Fraction of tokens routed to each expert (branch A top-k) since the last reset, counted by forwards in
         eval mode while ``mlp.count_load`` is set (the held-out evaluation sets it)."""
@@ -276,7 +270,7 @@ class DraftModel(nn.Module):
             self.mlp.load_tokens.zero_()
         return load
 
-    # -- save / load -----------------------------------------------------------------------------
+    # Save / load
     def trainable_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
 

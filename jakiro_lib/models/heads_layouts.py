@@ -1,19 +1,6 @@
-"""Released draft-head layouts: which one a checkpoint holds, its tensors mapped onto :class:`DraftModel`'s and
-back, and the draft config its shapes describe (docs/DESIGN.md section 13). Pure functions over state dicts;
-reading and writing folders is :mod:`jakiro_lib.models.heads_io`.
-
-The reference code the key names and conventions were read from (the map itself: docs/DESIGN.md section 13):
-
-* ``eagle`` (EAGLE-1, the heads EAGLE-2 decodes with): SafeAILab/EAGLE ``eagle/model/cnets1.py`` at
-  2174a790d71a41a2e7549e14fef7d277435894b9, ``class Model``; the features: ``ea_model.py``, ``outputs[0]`` of
-  ``base_model.model``.
-* ``jakiro``: haiduo/Jakiro ``jakiro/model/cnets.py`` at a0b6193abda6f692f1aeb34e7825848593980ad3, EAGLE's Model
-  with ``layers.0.mlp_moe`` = ``MixtralSparseMoeBlock`` (``gate`` = Linear(H, E + 2), H-wide experts).
-* ``jakiro_star`` (Jakiro*): haiduo/Jakiro ``jakiro_star/model/cnets.py`` at the same commit (``gate`` = Linear(H,
-  E), ``GptNeoxMLP`` experts; greedy ``forward_sum``, sampling ``forward``).
-* ``eagle3`` (EAGLE-3, refused): SafeAILab/EAGLE ``eagle/traineagle3/cnets.py``; its ``d2t`` / ``t2d`` convention
-  carries our reduced vocabularies in the other layouts.
-"""
+"""Released draft-head layouts: which one a checkpoint holds, its tensors mapped onto :class:`DraftModel`'s and back,
+and the draft config its shapes describe (docs/DESIGN.md section 13, with the reference code each layout was read from).
+Pure functions over state dicts; reading and writing folders is :mod:`jakiro_lib.models.heads_io`."""
 from __future__ import annotations
 
 import re

@@ -1,17 +1,7 @@
-"""Fast paths for the frozen target, used by every method alike (vanilla, HF, PLD, speculative); why they
-exist: docs/DESIGN.md sections 9 and 12.
-
-* :class:`PackedGemm`: one packed copy of each ``nn.Linear`` weight (MKL's ``cblas_sgemm_pack`` format for
-  fp32, or oneDNN's blocked layout for bf16 or fp32) serves calls of ``min_rows..max_rows`` rows (tree
-  verification, lookup chains); MKL's plain sgemm switches to a slower kernel from 4 rows on. The copy is
-  made for ``max_rows`` and serves fewer rows as fast. :func:`probe_gemm` times the backends against the
-  plain kernel on the model's own weights and picks one and its first row count (``gemm_backend="auto"``).
-* ``sdpa_gqa``: torch's SDPA with ``enable_gqa=True``, instead of transformers' copy of the KV cache per
-  layer (``repeat_kv``) whenever a custom mask is given, as every tree forward does.
-* :func:`use_fused_norm`: torch's ``rms_norm``, one kernel on CUDA where transformers' RMSNorm is six.
-
-None changes the math: results agree with the plain path up to rounding (tested).
-"""
+"""Fast paths for the frozen target, used by every method alike (docs/DESIGN.md sections 9 and 12); none changes the
+math beyond rounding (tested). :class:`PackedGemm` (MKL's packed or oneDNN's blocked weights, as MKL's plain sgemm slows
+from 4 rows on; chosen by :func:`probe_gemm`), ``sdpa_gqa`` (SDPA's own grouped KV heads, where transformers copies the
+cache per layer under a custom mask) and :func:`use_fused_norm` (one kernel on CUDA for RMSNorm's six)."""
 from __future__ import annotations
 
 import statistics

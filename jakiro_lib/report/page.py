@@ -1,9 +1,7 @@
-"""The report's front page, ``reports/<profile>/index.html``: the verdict first, then the evidence.
-
-The verdict read from ``performance_targets.csv`` (each goal met or not, its ratio and 95% interval, and whether the
-interval settles it; docs/DESIGN.md section 11), the headline figure (``speedup.png``), the summary, goals and levers
-tables, then links to every notebook, table and figure. A ``smoke`` report carries a banner: plumbing only.
-"""
+"""The report's front page, ``reports/<profile>/index.html``: the verdict first (each goal of
+``performance_targets.csv``, met or not, with its interval and whether that settles it), then the evidence: the headline
+figure, the summary, goals and levers tables, and links to every notebook, table and figure. A ``smoke`` report carries
+a banner: plumbing only."""
 from __future__ import annotations
 
 import html

@@ -1,18 +1,8 @@
 """Run the study notebooks end to end with papermill and turn them into an HTML report.
 
-``run_pipeline("default")`` executes ``notebooks/00_data_caching.ipynb`` ... ``03_result_figures.ipynb`` in
-order, each given the run's resolved profile (``<run_dir>/profile.json``: the profile, its overrides and, with
-``data.scale="auto"``, the conversations and epochs chosen before stage 00 by :mod:`jakiro_lib.training.scale`); the
-executed copies, their HTML, the tables and figures they write and an ``index.html`` land in ``reports/<profile>/``.
-
-Staleness: a stage is skipped when its executed notebook is newer than its source, was executed with the same
-resolved configuration (a stamp in ``<report_dir>/.stamps/``), and no earlier stage ran after it. ``force=True``
-re-executes every selected stage and makes the notebooks retrain and rerun (the feature cache is reused). Library
-code changes are not tracked: use ``force`` after editing ``jakiro_lib``.
-
-CLI: ``python -m jakiro_lib pipeline --profile P [--set key=value ...] [--force] [--stages 00,01]`` (or
-``python -m jakiro_lib.report.pipeline``).
-"""
+:func:`run_pipeline` executes notebooks 00-03 in order, each given the resolved profile (``<run_dir>/profile.json``),
+into ``reports/<profile>/``. A stage is skipped when its executed notebook is newer than its source, ran with the same
+resolved configuration (``.stamps/``) and no earlier stage ran after it; edits to ``jakiro_lib`` need ``force``."""
 from __future__ import annotations
 
 import argparse
@@ -153,13 +143,11 @@ def run_pipeline(
     execution_timeout: int | None = None,
     notebook_dir: str | Path | None = None,
 ) -> Path:
-    """Execute the study notebooks for ``profile`` and write the report; returns the report directory.
-
-    ``overrides``: dotted profile keys (``{"bench.limit": 2}``; strings are parsed as on the CLI). ``stages``: the
-    subset to run (``"00,01"`` or names). ``run_dir`` defaults to ``$JAKIRO_RUNS/<profile>`` (``runs/<profile>``),
-    ``report_dir`` to ``reports/<profile>``. Raises :class:`PipelineError` when a stage fails (its partial notebook
-    kept as ``<report_dir>/<stage>.failed.ipynb``, with HTML).
-    """
+    """Execute the study notebooks for ``profile`` and write the report; returns the report directory. ``overrides``:
+    dotted profile keys (``{"bench.limit": 2}``; strings parsed as on the CLI); ``stages``: a subset (``"00,01"`` or
+    names); ``run_dir`` defaults to ``$JAKIRO_RUNS/<profile>``, ``report_dir`` to ``reports/<profile>``. ``force``
+    reruns every selected stage and its training and benchmarks (not the feature cache). Raises :class:`PipelineError`
+    when a stage fails, its partial notebook kept as ``<report_dir>/<stage>.failed.ipynb``."""
     import papermill as pm  # optional, heavy: only the pipeline runs notebooks
 
     overrides = _local_paths(_plain(dict(overrides or {})))

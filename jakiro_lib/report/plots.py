@@ -1,10 +1,7 @@
-"""Report figures (seaborn on matplotlib's Agg canvas); the report's front page is :mod:`jakiro_lib.report.page`.
-
-Every ``plot_*`` function takes a pandas DataFrame (or the raw benchmark records) and returns a
-``matplotlib.figure.Figure`` built without pyplot, so it works headless, leaks no global figure state and
-is unaffected by the notebook backend; :func:`save_figure` writes it as PNG. Column names follow
-:func:`jakiro_lib.measure.summary.summarize` (method, benchmark, temperature, speedup, speedup_std, tau, ...).
-"""
+"""Report figures (seaborn on matplotlib's Agg canvas); the report's front page is :mod:`jakiro_lib.report.page`. Every
+``plot_*`` takes a DataFrame (columns as :func:`jakiro_lib.measure.summary.summarize` names them) or the raw records and
+returns a ``Figure`` built without pyplot (headless, no global state, whatever the notebook backend);
+:func:`save_figure` writes it as PNG."""
 from __future__ import annotations
 
 import io
@@ -25,11 +22,6 @@ from ..measure.methods import record_label
 
 SERIES_ORDER = ("train loss", "train loss A (t+1)", "train loss B (t+2)", "train acc A", "held-out acc A",
                 "held-out acc B")
-
-
-# --------------------------------------------------------------------------------------------------
-# Basics
-# --------------------------------------------------------------------------------------------------
 
 
 def new_figure(ncols: int = 1, nrows: int = 1, *, width: float = 5.0, height: float = 3.6,
@@ -131,9 +123,7 @@ def _temperatures(df: pd.DataFrame) -> list[float]:
     return sorted(df["temperature"].dropna().unique().tolist()) if "temperature" in df else [None]
 
 
-# --------------------------------------------------------------------------------------------------
 # Benchmark figures
-# --------------------------------------------------------------------------------------------------
 
 
 def plot_metric(summary: pd.DataFrame | Iterable[dict], metric: str = "speedup", *, spec_only: bool = False,
@@ -261,9 +251,7 @@ def plot_accept_hist(records: Iterable[dict] | pd.DataFrame) -> Figure:
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
 # Training figures
-# --------------------------------------------------------------------------------------------------
 
 
 def plot_training_curves(history: pd.DataFrame | Iterable[dict], *, smooth: int = 1) -> Figure:

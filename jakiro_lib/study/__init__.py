@@ -1,18 +1,7 @@
-"""Glue between the library and the study notebooks (and the ``cache``/``train``/``bench`` CLI commands).
-
-The notebooks stay thin: ``from jakiro_lib import study as S``, then one call per step. By stage:
-
-* :mod:`.context`: profiles, ``run_dir`` / ``report_dir`` (layout: :class:`jakiro_lib.layout.RunLayout`),
-  :class:`StudyContext`, :func:`setup` and the notebooks' :func:`notebook_setup`, the shared target.
-* :mod:`.s00_data` (notebook 00): :func:`prepare_features`, ShareGPT conversations -> ``run_dir/features``.
-* :mod:`.s01_train` (notebook 01): :func:`train_all`, every draft of ``profile.drafts`` -> ``run_dir/drafts``.
-* :mod:`.s02_bench` (notebook 02): :func:`run_study`, ``"main"`` / ``"ablations"`` -> ``run_dir/bench/<study>``.
-* :mod:`.tables`: records -> summary DataFrames and the report's CSV/JSON files.
-* :mod:`.published` (notebook 03): published numbers and the comparison with ours.
-
-The methods live in :mod:`jakiro_lib.measure.methods`; ``total_tokens="auto"`` is resolved in
-:mod:`jakiro_lib.measure.budgets`.
-"""
+"""Glue between the library and the study notebooks (and the ``cache``/``train``/``bench`` CLI commands): the notebooks
+stay thin, ``from jakiro_lib import study as S`` then one call a step. :mod:`.context` sets up, :mod:`.s00_data`,
+:mod:`.s01_train` and :mod:`.s02_bench` run a stage each, :mod:`.tables` and :mod:`.published` make the report's tables
+(docs/DESIGN.md section 10)."""
 from __future__ import annotations
 
 from ..measure.budgets import resolve_tree_budgets

@@ -1,10 +1,7 @@
-"""Profiles, the study's directories and the notebooks' setup: what every stage starts from.
-
-:func:`setup` resolves a profile (name + dotted overrides) and the two directories every stage shares:
-``run_dir`` for heavy artifacts (``$JAKIRO_RUNS/<profile>``, default ``runs/<profile>``; its layout is
-:class:`~jakiro_lib.layout.RunLayout`) and ``report_dir`` for what is published (``reports/<profile>``).
-:func:`notebook_setup` is the notebooks' first cell.
-"""
+"""Profiles, the study's directories and the notebooks' setup: what every stage starts from. :func:`setup` resolves a
+profile (name + dotted overrides), ``run_dir`` for heavy artifacts (``$JAKIRO_RUNS/<profile>``, default
+``runs/<profile>``; :class:`~jakiro_lib.layout.RunLayout`) and ``report_dir`` for what is published
+(``reports/<profile>``); :func:`notebook_setup` is the notebooks' first cell."""
 from __future__ import annotations
 
 import dataclasses
@@ -191,11 +188,10 @@ def quiet_libraries() -> None:
 
 def notebook_setup(profile: Any = "default", overrides: Any = None, *, run_dir: Any = None, report_dir: Any = None,
                    force: Any = False, describe: bool = False) -> StudyContext:
-    """The notebooks' first cell: their parameters checked (:func:`notebook_parameters`), logging to stdout, table
-    display options, :func:`setup`, the run lock of the run and report directories for the kernel's life
-    (:func:`~jakiro_lib.runlock.hold_run_lock`: a ``train`` there meanwhile is refused, and the pipeline's kernels
-    work under the pipeline's lock), and a header naming the profile and directories (on the smoke profile, a banner
-    that its numbers mean nothing). ``describe``: also show the profile's settings. Returns the
+    """The notebooks' first cell: parameters checked (:func:`notebook_parameters`), logging to stdout, display options,
+    :func:`setup`, the run and report directories' lock held for the kernel's life
+    (:func:`~jakiro_lib.runlock.hold_run_lock`; docs/DESIGN.md section 11) and a header naming the profile and
+    directories (on the smoke profile, a banner). ``describe``: also show the profile's settings. Returns the
     :class:`StudyContext`, whose ``force`` the notebooks pass on."""
     from IPython.display import Markdown, display  # only notebooks call this; IPython comes with Jupyter
 

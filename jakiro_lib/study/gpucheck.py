@@ -1,19 +1,7 @@
-"""The GPU check: the decoding goals measured in one command on a GPU (docs/usage.md).
-
-``python -m jakiro_lib gpucheck`` runs, on the default profile's trained drafts (in ``runs/default``), in fp32 on the
-device:
-
-1. plain decoding, ``hf_compiled``, Jakiro's and EAGLE-2's tuned trees, Jakiro + CEPD and Jakiro + a lookup chain
-   (:data:`CHECK_METHODS`), ours captured as ``target.capture`` says (on CUDA by default their eager kernels
-   recorded as CUDA graphs, no compilation; ``--set target.capture=inductor`` for inductor's), MT-bench q1-10 both
-   turns, 64 new tokens, T=0 and T=1: ``records.jsonl``, ``summary.csv`` and ``performance_targets.csv`` (the goals
-   against the fastest plain decoder, greedy identity);
-2. :func:`cycle_breakdown`: the engine's cycle under ``torch.profiler``, eager (time per named step: draft, verify,
-   evaluate, update) and compiled (the captured cycle, the host read): ``cycles.csv``;
-3. ``gpu_check.json``: the settings, the environment, the goals and the breakdown, one file to commit.
-
-Everything runs on a CPU too (the tests run it on the smoke profile); its numbers mean something on a GPU.
-"""
+"""The GPU check, ``python -m jakiro_lib gpucheck`` (docs/usage.md): on the default profile's drafts in fp32,
+:data:`CHECK_METHODS` on MT-bench q1-10 at T=0 and T=1 (``records.jsonl``, ``summary.csv``,
+``performance_targets.csv``), :func:`cycle_breakdown` eager and compiled (``cycles.csv``), and ``gpu_check.json``, one
+file to commit. It runs on a CPU too (the tests run it on the smoke profile); its numbers mean something on a GPU."""
 from __future__ import annotations
 
 import math
@@ -67,13 +55,10 @@ def check_profile(profile: str = "default", device: str | None = None, **overrid
 def cycle_breakdown(model: Any, draft: DraftModel | None, tree: TreeConfig | None, prompts: Sequence[torch.Tensor],
                     *, compile: bool, params: SamplingParams = SamplingParams(), max_new_tokens: int = 64,
                     seed: int = 0) -> dict[str, Any]:
-    """Milliseconds per cycle of the static engine, by named range (:data:`jakiro_lib.decoding.clock.STEP_RANGES`),
-    on the host (``cpu_ms``) and on the device (``device_ms``: kernels launched inside the range; on a CPU
-    the host times are the work), plus the wall time per cycle and, on a GPU, the device operations (kernels,
-    copies) per cycle and their time (``device_ops``, ``device_total_ms``): whether a cycle's time is the
-    GPU's work or waiting for the host. Each prompt runs once unprofiled first (the compiled engine compiles,
-    or captures its CUDA graphs, there). Inside a compiled cycle the step ranges vanish: only ``cycle`` and
-    ``read`` remain. ``draft`` None: plain decoding (the engine without a draft: a token a cycle)."""
+    """Milliseconds per cycle of the static engine by named range (:data:`jakiro_lib.decoding.clock.STEP_RANGES`), on
+    the host (``cpu_ms``) and the device (``device_ms``), the wall time per cycle and, on a GPU, the device operations a
+    cycle and their time (``device_ops``, ``device_total_ms``). Each prompt runs once unprofiled first (compiling or
+    capturing); a compiled cycle keeps only the ``cycle`` and ``read`` ranges. ``draft`` None: plain decoding."""
     device = model.device
 
     def run(p: torch.Tensor) -> Any:

@@ -60,12 +60,9 @@ PUBLISHED: list[dict[str, Any]] = [
 
 def comparison_table(main: pd.DataFrame, *, target_model: str, environment: dict[str, Any],
                      methods: Sequence[str] = DRAFTED_METHODS) -> pd.DataFrame:
-    """Our speculative methods (mean over our benchmarks) next to the published numbers.
-
-    Ours is labelled with the target, machine and date of the run; theirs with paper and hardware. An old study's
-    run on the static engine keeps the label it was tabled under (:func:`~jakiro_lib.measure.methods.record_label`).
-    Both tau conventions are given for ours (tokens / cycles, and the reference's tokens / (cycles-1)).
-    """
+    """Our speculative methods (mean over our benchmarks) next to the published numbers, ours labelled with the run's
+    target, machine and date, theirs with paper and hardware; an old study's static-engine run keeps its label
+    (:func:`~jakiro_lib.measure.methods.record_label`). Ours has both tau conventions (docs/DESIGN.md section 7)."""
     rows = []
     if not main.empty:
         head = headline_table(main)

@@ -63,16 +63,11 @@ def cache_dtype(prof: Profile, cache_dir: Path, *, force: bool = False) -> str:
 
 
 def prepare_features(ctx: StudyContext, *, target: Any = None, force: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Cache target features for ``profile.data.num_conversations`` conversations in ``run_dir/features``.
-
-    Resumable and self-verifying (see :func:`jakiro_lib.data.features.cache_features`). A cache made with
-    other settings raises :class:`~jakiro_lib.data.feature_store.CacheError` unless ``force`` (then it is rebuilt).
-    In online mode (``data.online``) nothing is written; the estimate says what caching would cost.
-    ``data.cache_dtype`` runs the target in another dtype for this step only (bf16 on an AMX CPU); "auto"
-    picks bf16 where the device has bf16 matrix units, except that a cache already begun resumes in the
-    dtype it was begun with (moved to another machine, it is neither rebuilt nor refused).
-    Returns a summary dict (also written to ``run_dir/features_summary.json``).
-    """
+    """Cache target features for ``profile.data.num_conversations`` conversations in ``run_dir/features``
+    (:func:`jakiro_lib.data.features.cache_features`); a cache made with other settings raises
+    :class:`~jakiro_lib.data.feature_store.CacheError` unless ``force`` rebuilds it. Online (``data.online``) nothing is
+    written. ``data.cache_dtype="auto"``: bf16 where the device has bf16 units (docs/DESIGN.md section 11), a begun
+    cache in its own dtype. Returns a summary (also ``run_dir/features_summary.json``)."""
     prof, rdir = ctx.profile, ctx.run_dir
     layout = ctx.layout
     d = prof.data

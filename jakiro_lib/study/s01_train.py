@@ -1,11 +1,5 @@
-"""Stage 01 (notebook 01): every draft of the profile trained with the same data and budget, and the
-training tables.
-
-:func:`train_all`: ``profile.drafts`` -> ``run_dir/drafts/<name>/`` (``draft/``, ``results.json``,
-``history.json``, ``train_stamp.json``); a draft is retrained only when its configuration (draft,
-training, target, data, features) changed or ``force`` is set, and never destroyed before its
-replacement is complete.
-"""
+"""Stage 01 (notebook 01): every draft of the profile trained with the same data and budget (:func:`train_all`), and the
+training tables."""
 from __future__ import annotations
 
 import dataclasses
@@ -83,22 +77,11 @@ def _log_every(n_train: int, train_cfg: Any) -> int:
 def train_all(ctx: StudyContext, *,
               only: Sequence[str] | None = None, force: bool = False, target: Any = None,
               progress: bool = True) -> dict[str, dict[str, Any]]:
-    """Train every draft of ``profile.drafts`` (or ``only`` those) with the same data and budget.
-
-    Output per draft: ``run_dir/drafts/<name>/`` with ``draft/``, ``results.json``, ``history.json`` and
-    ``train_stamp.json`` (the configuration it was trained with). A draft whose ``results.json`` exists
-    and whose stamp matches is skipped unless ``force``; a changed configuration retrains it from
-    scratch. An interrupted training of the same configuration resumes from its newest checkpoint, with
-    ``force`` too (``force`` retrains a finished draft; it never throws away an unfinished one's epochs:
-    delete ``drafts/.<name>.training`` to start that over). With ``draft_vocab_size`` set, the reduced draft vocabulary (most frequent tokens of the
-    training split, EOS forced in) is built once and shared by all drafts of that size.
-    A draft whose ``import_from`` names a released or exported head is imported instead
-    (:func:`jakiro_lib.study.heads.import_draft`: no features, no training), and the log says so.
-    Returns ``{name: results}`` (each results dict also gets ``skipped`` and ``vocab_coverage``).
-    Nothing that exists is lost: the feature cache is verified before anything starts, each draft trains
-    in ``drafts/.<name>.training/`` (an interrupted training resumes there from its newest checkpoint)
-    and replaces ``drafts/<name>/`` atomically only once complete.
-    """
+    """Train every draft of ``profile.drafts`` (or ``only`` those) with the same data and budget into
+    ``run_dir/drafts/<name>/``, the feature cache verified first; returns ``{name: results}`` (with ``skipped`` and
+    ``vocab_coverage``). A draft whose stamp matches is skipped unless ``force``; an unfinished one resumes in
+    ``drafts/.<name>.training/`` (delete it to start over), which replaces the old atomically. One with ``import_from``
+    is imported (:func:`jakiro_lib.study.heads.import_draft`); drafts of one ``draft_vocab_size`` share a vocabulary."""
     prof, rdir = ctx.profile, ctx.run_dir
     layout = RunLayout(rdir)
     names = _draft_names(prof, only)

@@ -1,10 +1,5 @@
-"""Stage 02 (notebook 02, the ``bench`` CLI): the studies' methods benchmarked on the profile's questions.
-
-:func:`run_study`: ``study="main"`` / ``"ablations"`` -> ``run_dir/bench/<study>/records.jsonl`` and a
-summary table. Records are reused and added to while the settings, and the methods and questions both runs
-have, are unchanged; else a run covering the old one moves them aside to ``records.stale[.N].jsonl``, never
-overwriting, and reruns, and a narrower run is refused (:mod:`jakiro_lib.study.stamps`).
-"""
+"""Stage 02 (notebook 02, the ``bench`` CLI): the studies' methods benchmarked on the profile's questions
+(:func:`run_study`), their records kept or set aside as :mod:`jakiro_lib.study.stamps` decides."""
 from __future__ import annotations
 
 import logging
@@ -79,20 +74,11 @@ def run_study(ctx: StudyContext, study: str = "main", *,
               target: Any = None, force: bool = False, progress: bool = True,
               only: str | Sequence[str] | None = None, out_dir: str | Path | None = None,
               questions: Sequence[Question] | None = None) -> pd.DataFrame:
-    """Benchmark the methods of ``study`` (see :func:`jakiro_lib.measure.methods.study_methods`) on the profile's
-    benchmarks, or on ``questions`` (e.g. a Spec-Bench ``question.jsonl`` read with
-    :func:`jakiro_lib.data.conversations.load_question_file`); records go to ``out_dir`` (default
-    ``run_dir/bench/<study>``) as ``records.jsonl``. ``only``: a subset of the study's method names (or one
-    comma-separated string of them).
-    Returns the summary table.
-
-    Records are reused (the benchmark resumes) while the settings, and the methods, drafts and question texts
-    both runs have, are unchanged; otherwise, or with ``force``, the old file (and its stamp) is moved to
-    ``records.stale[.N].jsonl`` first, except that a run of part of the old records' methods, questions or
-    temperatures raises :class:`~jakiro_lib.study.stamps.RecordsError` instead. Every prompt is checked against
-    the context first (:func:`~jakiro_lib.measure.bench.check_context`): nothing is moved or written before.
-    The table holds the records of this run's questions and temperatures.
-    """
+    """Benchmark the methods of ``study`` (:func:`jakiro_lib.measure.methods.study_methods`), ``only`` some (names, or
+    one comma-separated string), on the profile's benchmarks or ``questions`` into ``out_dir`` (default
+    ``run_dir/bench/<study>``). Old records are reused or set aside as :func:`~jakiro_lib.study.stamps.claim_records`
+    decides (``force``: set aside), once every prompt fits the context
+    (:func:`~jakiro_lib.measure.bench.check_context`). Returns the summary of this run's questions and temperatures."""
     if study not in STUDIES:
         raise ValueError(f"unknown study {study!r}: use {' or '.join(STUDIES)}")
     prof, rdir = ctx.profile, ctx.run_dir

@@ -1,13 +1,6 @@
-"""What a study folder's records were made under (``study_stamp.json``), and whether a run may add to them.
-
-A stamp holds the settings every record shares (the study, the target, the benchmark's settings other than those
-choosing what runs) and the scope the records cover: per run label its method and draft, per question the sha256
-of its turns (:func:`~jakiro_lib.measure.bench.question_sha`), the temperatures. A run adds to the records when
-the settings are equal and every method and question both have are the same; the stamp then covers both scopes.
-Otherwise (:func:`claim_records`) a run whose scope covers the old one moves the old records aside, never over
-earlier ones; a narrower run (part of the methods, questions or temperatures) is refused before anything is
-touched, so that a subset never displaces a finished study.
-"""
+"""What a study folder's records were made under (``study_stamp.json``), and whether a run may add to them: a stamp
+holds the settings every record shares and the scope they cover (per run label its method and draft, per question the
+sha256 of its turns, the temperatures); :func:`claim_records` keeps, sets aside or refuses (docs/usage.md)."""
 from __future__ import annotations
 
 import dataclasses

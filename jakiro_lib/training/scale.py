@@ -1,12 +1,7 @@
-"""The main job sized by measurement: how many conversations and epochs fit 90 minutes on this machine
-(docs/DESIGN.md sections 4 and 11).
-
-Where ``data.scale="auto"``, the pipeline (:func:`resolve_scale`) measures caching and training tokens/s, T(1) and the
-data for about a minute (:func:`measure`), and :func:`~jakiro_lib.training.scale_plan.choose_scale` takes the most
-conversations, then epochs, that fit, at least :data:`jakiro_lib.profiles.DEFAULT_SCALE`. The choice and what it came
-from go to ``<run_dir>/scale.json`` and are reused while the settings are the same; ``--set data.num_conversations``
-or ``train.epochs`` win, ``--set data.scale=fixed`` turns it off.
-"""
+"""The main job sized by measurement: how many conversations and epochs fit 90 minutes on this machine (docs/DESIGN.md
+sections 4 and 11). Where ``data.scale="auto"``, :func:`resolve_scale` measures for about a minute (:func:`measure`),
+:func:`~jakiro_lib.training.scale_plan.choose_scale` chooses, and ``<run_dir>/scale.json`` keeps the choice while the
+settings are the same; ``--set data.num_conversations`` or ``train.epochs`` win."""
 from __future__ import annotations
 
 import json
@@ -41,9 +36,7 @@ VERSION = 1
 KEYS = ("data.num_conversations", "train.epochs")
 
 
-# --------------------------------------------------------------------------------------------------
 # The measurement
-# --------------------------------------------------------------------------------------------------
 
 
 def _measured_drafts(profile: Profile) -> list[str]:
@@ -97,9 +90,7 @@ def measure(profile: Profile, *, conversations: int = 16, steps: int = 6, warmup
                        available=len(everything), seconds=time.perf_counter() - t0, environment=environment(device))
 
 
-# --------------------------------------------------------------------------------------------------
 # The pipeline's step: reuse the recorded choice or measure and record one
-# --------------------------------------------------------------------------------------------------
 
 
 def set_keys(overrides: dict[str, Any]) -> dict[str, Any]:

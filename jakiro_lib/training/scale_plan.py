@@ -72,9 +72,7 @@ class ScaleError(ValueError):
     """A measurement that cannot size the job (no caching or training rate came out of it)."""
 
 
-# --------------------------------------------------------------------------------------------------
 # The choice (pure: tested on mocked rates)
-# --------------------------------------------------------------------------------------------------
 
 
 def caching_training_budget(rates: Rates) -> float:

@@ -1,17 +1,8 @@
 """Tokens per second of the training pipeline on this machine, stage by stage (``python -m jakiro_lib throughput``;
-docs/DESIGN.md section 4), on the same conversations of the profile's data:
-
-* **cache**: the target's features as caching computes them (no disk write), one conversation per forward and
-  several, in fp32 and in the dtype the hardware favours;
-* **train**: steps of a draft with the loader, loss and optimizer of :func:`jakiro_lib.training.train.train_draft`,
-  in fp32 and with bf16 autocast (where favoured), random and length-bucketed batches, and compiled where the
-  profile compiles. Each step is timed stage by stage (``data``, ``forward``, ``backward``, ``optimizer``,
-  ``sync``) and once free-running (``step_ms`` and the row's tokens/s).
-
-On a CPU with glibc the favoured dtype's rows run again with freed memory kept (``allocator="kept"``). Tokens
-exclude padding; ``speedup`` compares a row with the first of its part. Writes ``throughput.csv``,
-``throughput_config.json``, ``throughput_env.json`` and ``plan.csv`` (the throughput model).
-"""
+docs/DESIGN.md section 4): **cache** rows (the target's features, no disk write) and **train** rows
+(:func:`jakiro_lib.training.train.train_draft`'s steps, timed part by part and free-running), per batching, precision
+and compilation, and with glibc's freed memory kept. Tokens exclude padding; ``speedup`` compares a row with its
+part's first. Writes ``throughput.csv``, its config and environment, and ``plan.csv``."""
 from __future__ import annotations
 
 import dataclasses
@@ -50,9 +41,7 @@ COLUMNS = ("part", "variant", "draft", "device", "dtype", "allocator", "batch_si
            "step_ms")
 
 
-# --------------------------------------------------------------------------------------------------
 # Hardware
-# --------------------------------------------------------------------------------------------------
 
 
 def environment(device: torch.device) -> dict[str, Any]:
@@ -88,9 +77,7 @@ class _Clock:
         self.t = now
 
 
-# --------------------------------------------------------------------------------------------------
 # Feature caching
-# --------------------------------------------------------------------------------------------------
 
 
 def _cache_pass(target: Any, convs: Sequence[Any], data: DataConfig, template: str, batch_size: int) -> dict[str, Any]:
@@ -127,9 +114,7 @@ def caching_rows(target_cfg: TargetConfig, convs: Sequence[Any], data: DataConfi
     return rows
 
 
-# --------------------------------------------------------------------------------------------------
 # Draft training steps
-# --------------------------------------------------------------------------------------------------
 
 
 def _loader(dataset: Any, train_cfg: TrainConfig, bucketed: bool, device: torch.device) -> Iterator[dict[str, Any]]:
@@ -223,9 +208,7 @@ def training_rows(target: Any, drafts: dict[str, DraftConfig], dataset: Any, tra
     return rows
 
 
-# --------------------------------------------------------------------------------------------------
 # The whole measurement
-# --------------------------------------------------------------------------------------------------
 
 
 _SUFFIX = {"system": "", "kept": ", freed memory kept"}

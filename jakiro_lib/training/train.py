@@ -41,11 +41,6 @@ class TrainError(RuntimeError):
     """Training cannot start or resume (incompatible checkpoint, empty data)."""
 
 
-# --------------------------------------------------------------------------------------------------
-# Training
-# --------------------------------------------------------------------------------------------------
-
-
 def train_identity(train_cfg: TrainConfig) -> dict[str, Any]:
     """The training settings as stamped; a fresh start (``init_from`` None) is left out, as in stamps older than it."""
     return {k: v for k, v in dataclasses.asdict(train_cfg).items() if k != "init_from" or v is not None}
@@ -95,11 +90,10 @@ def train_draft(
     init_from: str | Path | None = None,
 ) -> dict[str, Any]:
     """Train one draft head on datasets of per-conversation items; returns the results dict (also
-    ``out_dir/results.json``). With ``draft_cfg.draft_vocab_size`` set and no ``d2t``, the draft vocabulary is
-    built from the training data. ``init_from``: a saved draft a fresh training starts from. Writes
-    ``checkpoints/epoch_{n}`` (the newest ``keep_checkpoints`` kept), ``history.json`` and ``draft/``;
-    ``on_epoch_end(epoch_record)`` runs after each epoch's checkpoint.
-    """
+    ``out_dir/results.json``). With ``draft_cfg.draft_vocab_size`` set and no ``d2t``, the draft vocabulary is built
+    from the training data; ``init_from``: a saved draft to start from. Writes ``checkpoints/epoch_{n}`` (the newest
+    ``keep_checkpoints``), ``history.json`` and ``draft/``; ``on_epoch_end(epoch_record)`` runs after each
+    checkpoint."""
     out_dir = Path(out_dir)
     if len(train_data) == 0:
         raise TrainError("no training data")
