@@ -635,3 +635,22 @@ def test_every_registered_method_runs_on_the_engine_as_on_the_reference(prompts,
             assert r.output_ids == loop.output_ids == vanilla[i][:24], (name, i)
             assert r.accepted == loop.accepted, (name, i)
     assert len(seen) >= 10, len(seen)
+
+
+@pytest.mark.parametrize("vals", [[-0.5, -0.1, -0.1], [0.3, 0.7, -0.2], [-1.0, -1.0, -1.0]])
+def test_a_two_token_tree_is_the_pools_choice_without_the_pool(vals):
+    """A two-token tree (the budget the tuner often picks on a CPU) skips building the candidate pool: the root's
+    best child, ties to the first and scores capped at the root's as the pool caps them (positive values tie at 0),
+    with the pool's parents, depths and ranks."""
+    model = tiny_target("llama")
+    draft = trained_draft(model, "moe2")
+    drafter = StaticTreeDrafter(draft, TreeConfig(depth=3, top_k=3, total_tokens=2), capacity=64)
+    with torch.inference_mode():
+        p = random_prompts(1, seed=9, min_len=6, max_len=6)[0]
+        hidden = model.model(input_ids=p[None]).last_hidden_state[0]
+        drafter.extend(hidden, torch.cat([p[1:], torch.tensor([7])]), torch.tensor(0), torch.tensor(5))
+        ids = torch.tensor([[11, 12, 13]])
+        drafter._children = lambda out: (ids, torch.tensor([vals]), torch.zeros(1, 3, model.config.hidden_size))
+        fast, pool = drafter._best_child(), drafter._pool(torch.tensor(6))
+    assert all(torch.equal(a, b) for a, b in zip(fast, pool)), (fast, pool)
+    assert fast[0].tolist() == [7, 11 + next(i for i, v in enumerate(vals) if min(v, 0) == max(min(x, 0) for x in vals))]

@@ -241,6 +241,7 @@ class StaticTreeDrafter:
         # first extend and then written in place, so a captured cycle reads and writes the same memory
         self.root: DraftOutput | None = None
         self.root_token: torch.Tensor | None = None  # 0-dim
+        self._pair: tuple[torch.Tensor, ...] | None = None  # a two-token tree's parents, depths and ranks
 
     def _forward(self, feats: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                  allowed: torch.Tensor) -> DraftOutput:
@@ -280,6 +281,21 @@ class StaticTreeDrafter:
         """The tree rooted at the last token, drafted after ``base`` cached positions (0-dim, or a host int eagerly):
         tokens, parents (root's: 0), depths and selection ranks [m] (:func:`select_tree`), on the device. A CEPD step
         (``steps`` entry 2) also drafts from branch B (docs/DESIGN.md sections 3 and 12)."""
+        return self._best_child() if self.m == 2 else self._pool(base)
+
+    def _best_child(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A two-token tree: the root and its best child, as :meth:`_pool` selects it (no deeper node outscores its
+        parent; ties go to the first), without building the pool."""
+        ids, vals, _ = self._children(self.root.map(lambda x: x[None]))  # [1, K]
+        best = vals.double().clamp(max=0).flatten().argmax()  # as add(): a child never outscores the root (0)
+        if self._pair is None:
+            dev = self.root_token.device
+            self._pair = (torch.zeros(2, dtype=torch.long, device=dev), torch.arange(2, device=dev),
+                          torch.tensor([-1, 0], device=dev))
+        return (torch.stack([self.root_token, ids.flatten()[best]]), *self._pair)
+
+    def _pool(self, base: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The general tree: the candidate pool drafted step by step, then :func:`select_tree`."""
         K, dev = self.K, self.root_token.device
         zero = torch.zeros(1, dtype=torch.long, device=dev)
         tokens, parents, depths = [self.root_token.reshape(1)], [zero], [zero]
