@@ -117,15 +117,16 @@ def test_static_eos_and_context_end(prompts):
     assert got.output_ids == want.output_ids and got.stop_reason == want.stop_reason == "context"
 
 
-def test_compiled_cycle_equals_vanilla(prompts, vanilla):
+@pytest.mark.parametrize("tokens", [12, 2])
+def test_compiled_cycle_equals_vanilla(prompts, vanilla, tokens):
     """With ``compile`` the whole cycle goes through torch.compile (inductor here, CUDA graphs on a GPU):
     the same outputs, the compiled step used for every cycle of the later prompts (one compilation; a
     Python value read inside the step would recompile it each cycle). Decoupled candidates, CEPD
     (ar_steps=1: one layer, then two per forward) and a lookup chain (an input of the step), so every
-    drafting branch is compiled."""
-    model = tiny_target("llama")
+    drafting branch is compiled; and a two-token tree (the root's best child, no pool)."""
+    model = copy.deepcopy(tiny_target("llama"))  # its own compiled state
     draft = trained_draft(model, "moe2")
-    tree = TreeConfig(depth=4, top_k=3, total_tokens=12, decoupled=True, ar_steps=1, lookup_tokens=4,
+    tree = TreeConfig(depth=4, top_k=3, total_tokens=tokens, decoupled=True, ar_steps=1, lookup_tokens=4,
                       lookup_min_ngram=1)
     cycles = 0
     for i, p in enumerate(prompts[:3]):
@@ -155,7 +156,7 @@ def test_compiled_sampling_cycle_equals_eager(prompts):
     assert engine.compiled_cycles > 0
 
 
-@pytest.mark.parametrize("case", ["cepd-lookup", "sampling", "decoder"])
+@pytest.mark.parametrize("case", ["cepd-lookup", "sampling", "decoder", "two-tokens"])
 def test_a_captured_step_replays_the_eager_one(prompts, vanilla, monkeypatch, case):
     """target.capture="graphs" (CapturedStep: the eager step recorded as one CUDA graph) with a stand-in graph
     that replays the step over the recorded arguments and checks that each replay touches the buffers the
@@ -167,8 +168,8 @@ def test_a_captured_step_replays_the_eager_one(prompts, vanilla, monkeypatch, ca
     monkeypatch.setattr(static, "WINDOW_STEP", 32)  # several attention windows per prompt, each its own graph
     model = copy.deepcopy(tiny_target("llama"))  # its own compiled state
     draft = None if case == "decoder" else trained_draft(model, "moe2")
-    tree = None if case == "decoder" else TreeConfig(depth=4, top_k=3, total_tokens=12, decoupled=True,
-                                                     ar_steps=1, lookup_tokens=4, lookup_min_ngram=1)
+    tree = None if case == "decoder" else TreeConfig(depth=4, top_k=3, total_tokens=2 if case == "two-tokens" else 12,
+                                                     decoupled=True, ar_steps=1, lookup_tokens=4, lookup_min_ngram=1)
     params = SamplingParams(temperature=1.0, top_p=0.9) if case == "sampling" else SamplingParams()
     for i, p in enumerate(prompts[:3]):
         def run(compile: bool) -> list[int]:

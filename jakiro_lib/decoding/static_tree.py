@@ -287,12 +287,13 @@ class StaticTreeDrafter:
         """A two-token tree: the root and its best child, as :meth:`_pool` selects it (no deeper node outscores its
         parent; ties go to the first), without building the pool."""
         ids, vals, _ = self._children(self.root.map(lambda x: x[None]))  # [1, K]
-        best = vals.double().clamp(max=0).flatten().argmax()  # as add(): a child never outscores the root (0)
+        best = vals.double().clamp(max=0).flatten().argmax()[None]  # as add(): no child outscores the root (0)
         if self._pair is None:
             dev = self.root_token.device
             self._pair = (torch.zeros(2, dtype=torch.long, device=dev), torch.arange(2, device=dev),
                           torch.tensor([-1, 0], device=dev))
-        return (torch.stack([self.root_token, ids.flatten()[best]]), *self._pair)
+        # index_select, not ids[best]: a tensor index would be read on the host (no capture, no compile)
+        return (torch.cat([self.root_token.reshape(1), ids.flatten().index_select(0, best)]), *self._pair)
 
     def _pool(self, base: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The general tree: the candidate pool drafted step by step, then :func:`select_tree`."""
