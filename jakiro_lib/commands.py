@@ -318,7 +318,7 @@ def cmd_cycles(args: argparse.Namespace) -> int:
     ctx = StudyContext.at(resolved_profile(args), args.run_dir)
     out = args.out or ctx.layout.root / "cycles"
     table = cycle_cost_table(ctx, names=[m.strip() for m in args.methods.split(",") if m.strip()], limit=args.limit,
-                             max_new_tokens=args.max_new_tokens, out_dir=out, target=load_target(ctx.profile.target))
+                             max_new_tokens=args.max_new_tokens, out_dir=out)
     print(table.round(3).to_string(index=False))
     print("cycles.csv and cycles_config.json in", out)
     return 0

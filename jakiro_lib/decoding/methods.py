@@ -43,7 +43,8 @@ class MethodSpec:
         """The method's draft for ``target`` in its precision, or None (plain decoding, a lookup chain alone)."""
         if self.kind != SPEC or not self.draft:
             return None
-        return DraftModel.load(self.draft, target.model, dtype=getattr(torch, self.draft_dtype or "", None))
+        dtype = getattr(torch, self.draft_dtype) if self.draft_dtype else None
+        return DraftModel.load(self.draft, target.model, dtype=dtype)
 
     @property
     def runs_on(self) -> str:

@@ -241,7 +241,9 @@ class StaticTreeDrafter:
         # first extend and then written in place, so a captured cycle reads and writes the same memory
         self.root: DraftOutput | None = None
         self.root_token: torch.Tensor | None = None  # 0-dim
-        self._pair: tuple[torch.Tensor, ...] | None = None  # a two-token tree's parents, depths and ranks
+        dev = next(draft.parameters()).device  # a two-token tree's parents, depths and ranks (_best_child)
+        self._pair = (torch.zeros(2, dtype=torch.long, device=dev), torch.arange(2, device=dev),
+                      torch.tensor([-1, 0], device=dev))
 
     def _forward(self, feats: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                  allowed: torch.Tensor) -> DraftOutput:
@@ -288,10 +290,6 @@ class StaticTreeDrafter:
         parent; ties go to the first), without building the pool."""
         ids, vals, _ = self._children(self.root.map(lambda x: x[None]))  # [1, K]
         best = vals.double().clamp(max=0).flatten().argmax()[None]  # as add(): no child outscores the root (0)
-        if self._pair is None:
-            dev = self.root_token.device
-            self._pair = (torch.zeros(2, dtype=torch.long, device=dev), torch.arange(2, device=dev),
-                          torch.tensor([-1, 0], device=dev))
         # index_select, not ids[best]: a tensor index would be read on the host (no capture, no compile)
         return (torch.cat([self.root_token.reshape(1), ids.flatten().index_select(0, best)]), *self._pair)
 

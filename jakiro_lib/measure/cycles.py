@@ -121,13 +121,16 @@ def cycle_table(target: Target, methods: dict[str, MethodSpec], prompts: Sequenc
     return [cycle_row(name, timed, counted, plain_s, tn) for name, (timed, counted) in timings.items()]
 
 
-def cycle_methods(profile: Profile, run_dir: Path, target: Target, names: Sequence[str]) -> dict[str, MethodSpec]:
-    """The main study's methods ``names`` (of our kinds) on ``profile``'s drafts in ``run_dir``, tuned budgets
-    resolved as the benchmark resolves them (the run's ``tree_budgets.json``, tuned where missing)."""
+def cycle_methods(profile: Profile, run_dir: Path, target: Target,
+                  names: Sequence[str] | None = None) -> dict[str, MethodSpec]:
+    """The main study's methods ``names`` (of our kinds; None: the :data:`CYCLE_METHODS` the study runs) on
+    ``profile``'s drafts in ``run_dir``, tuned budgets resolved as the benchmark resolves them (the run's
+    ``tree_budgets.json``, tuned where missing)."""
     main = profile_methods(profile, RunLayout(run_dir).drafts, "main")
-    unknown = [n for n in names if n not in main or main[n].kind not in OUR_KINDS]
+    ours = [n for n, m in main.items() if m.kind in OUR_KINDS]
+    names = [n for n in CYCLE_METHODS if n in ours] if names is None else names
+    unknown = [n for n in names if n not in ours]
     if unknown:
-        ours = [n for n, m in main.items() if m.kind in OUR_KINDS]
         raise ValueError(f"no cycle to time for {', '.join(unknown)}: choose from {', '.join(ours)}")
     methods, _ = resolve_tree_budgets(profile, run_dir, {n: main[n] for n in names}, target)
     return methods

@@ -7,10 +7,9 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ..config import OUR_KINDS
 from ..measure.budgets import fixed_tree_tokens
-from ..measure.methods import portable, profile_methods
-from ..measure.cycles import COLUMNS as CYCLE_COLUMNS, CYCLE_METHODS, cycle_methods, cycle_prompts, cycle_table
+from ..measure.methods import portable
+from ..measure.cycles import COLUMNS as CYCLE_COLUMNS, cycle_methods, cycle_prompts, cycle_table
 from ..measure.perf import cost_model, lever_table, performance_targets
 from .context import StudyContext, get_target
 from ..files import write_json, write_table
@@ -46,9 +45,6 @@ def cycle_cost_table(ctx: StudyContext, *, names: Sequence[str] | None = None, l
     profile's); ``cycles.csv`` and ``cycles_config.json`` (settings, environment) in ``out_dir`` (default the
     report directory)."""
     target = target or get_target(ctx)
-    if names is None:
-        ours = {n for n, m in profile_methods(ctx.profile, ctx.layout.drafts, "main").items() if m.kind in OUR_KINDS}
-        names = [n for n in CYCLE_METHODS if n in ours]
     methods = cycle_methods(ctx.profile, ctx.run_dir, target, names)
     prompts = cycle_prompts(ctx.profile, target, limit)
     table = pd.DataFrame(cycle_table(target, methods, prompts, max_new_tokens=max_new_tokens
