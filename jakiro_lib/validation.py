@@ -38,7 +38,7 @@ _DTYPE = _one_of("float32", "float16", "bfloat16")
 # Ranges by "Class.field"; fields not listed fall back to the name patterns of _PATTERN_RULES.
 RULES: dict[str, Rule] = {
     "TargetConfig.dtype": _DTYPE, "TargetConfig.max_context": _at_least(1), "TargetConfig.packed_gemm": _at_least(0),
-    "TargetConfig.gemm_backend": _one_of("auto", "mkl", "onednn"), "TargetConfig.device": _DEVICE,
+    "TargetConfig.gemm_backend": _one_of("auto", "stream", "mkl", "onednn"), "TargetConfig.device": _DEVICE,
     "TargetConfig.capture": _one_of(*CAPTURES),
     "DataConfig.feature_dtype": _DTYPE, "DataConfig.scale": _one_of("fixed", "auto"), "DataConfig.cache_dtype": _one_of("float32", "float16", "bfloat16", "auto"),
     "DataConfig.tokenize_workers": _at_least(0),

@@ -38,8 +38,8 @@ def _one_thread():
 
 @functools.lru_cache(maxsize=None)
 def _model(family: str, attn: str = "sdpa_gqa"):
-    """The tiny target with attention ``attn`` ("sdpa", "eager", "sdpa_gqa"), "+packed" / "+onednn": GEMMs
-    on MKL-packed / oneDNN-reordered weights for 1..64 rows (short prefills included; longer ones stay
+    """The tiny target with attention ``attn`` ("sdpa", "eager", "sdpa_gqa"), "+packed" / "+onednn" / "+stream":
+    GEMMs on MKL-packed / oneDNN-reordered weights / the streaming kernel's panels for 1..64 rows (short prefills included; longer ones stay
     plain, so packed and plain rows mix)."""
     model = tiny_target(family)
     impl, _, packed = attn.partition("+")
@@ -47,7 +47,7 @@ def _model(family: str, attn: str = "sdpa_gqa"):
         model = copy.deepcopy(model)
         model.set_attn_implementation(impl)
         if packed:
-            backend = "onednn" if packed == "onednn" else "mkl"
+            backend = {"onednn": "onednn", "stream": "stream"}.get(packed, "mkl")
             assert kernels.enable_packed_gemm(model, max_rows=64, min_rows=1, backend=backend) is not None
     return model
 
@@ -70,7 +70,8 @@ def _random_tree(rng: random.Random, m: int, root: int) -> Tree:
 
 ATOL = 2e-5
 RUNNER_CASES = ([(f, a) for f in FAMILIES for a in ("sdpa", "eager", "sdpa_gqa")] + [("llama", "sdpa_gqa+packed")]
-                + [("llama", "sdpa_gqa+onednn")] * kernels.packed_gemm_available(torch.zeros(1), "onednn"))
+                + [("llama", "sdpa_gqa+onednn")] * kernels.packed_gemm_available(torch.zeros(1), "onednn")
+                + [("llama", "sdpa_gqa+stream")] * kernels.packed_gemm_available(torch.zeros(1), "stream"))
 
 
 # -- TargetRunner ----------------------------------------------------------------------------------------
@@ -244,12 +245,12 @@ def test_greedy_lossless_with_lookup_branch(prompts, vanilla, draft_name, min_ng
     assert base is not None or r.draft_forwards == 0
 
 
-@pytest.mark.parametrize("backend", ["packed", "onednn"])
+@pytest.mark.parametrize("backend", ["packed", "onednn", "stream"])
 @pytest.mark.parametrize("draft_name", list(DRAFTS))
 def test_greedy_lossless_with_cpu_fast_paths(prompts, draft_name, backend):
-    """Speculative decoding on packed GEMMs (MKL, or oneDNN from one row) + SDPA GQA equals vanilla decoding
-    on the library defaults."""
-    if not kernels.packed_gemm_available(torch.zeros(1), "mkl" if backend == "packed" else "onednn"):
+    """Speculative decoding on packed GEMMs (MKL, or oneDNN or the streaming kernel from one row) + SDPA GQA
+    equals vanilla decoding on the library defaults."""
+    if not kernels.packed_gemm_available(torch.zeros(1), {"packed": "mkl"}.get(backend, backend)):
         pytest.skip(f"{backend} packing is not available in this torch build")
     plain, fast = _model("llama", "sdpa"), _model("llama", f"sdpa_gqa+{backend}")
     drafter = _feature_drafter(fast, draft_name, SHAPES["d4k4n12"], seed=3)

@@ -1,6 +1,6 @@
 """Fast paths for the frozen target, used by every method alike (docs/DESIGN.md sections 9 and 12); none changes the
-math beyond rounding (tested). :class:`PackedGemm` (MKL's packed or oneDNN's blocked weights, as MKL's plain sgemm slows
-from 4 rows on; chosen by :func:`probe_gemm`), ``sdpa_gqa`` (SDPA's own grouped KV heads, where transformers copies the
+math beyond rounding (tested). :class:`PackedGemm` (the streaming kernel's panels, MKL's packed or oneDNN's blocked
+weights, as MKL's plain sgemm slows from 4 rows on; chosen by :func:`probe_gemm`), ``sdpa_gqa`` (SDPA's own grouped KV heads, where transformers copies the
 cache per layer under a custom mask) and :func:`use_fused_norm` (one kernel on CUDA for RMSNorm's six)."""
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from jakiro_lib.models import streaming
+
 GQA_ATTENTION = "sdpa_gqa"
 _ATTR = "_jakiro_packed_gemm"
 # transformers' RMSNorm of each supported family: weight * (x / rms(x)), the norm in fp32, eps variance_epsilon
@@ -23,9 +25,9 @@ RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 
 
 # Fewest rows worth the packed copy where nothing was probed (SmolLM2's shapes): MKL's packed sgemm gains
-# nothing below 4 rows; a oneDNN-reordered weight wins from one row.
+# nothing below 4 rows; a oneDNN-reordered weight and the streaming kernel win from one row.
 MIN_ROWS = {torch.float32: 4, torch.bfloat16: 1}
-BACKENDS = ("mkl", "onednn")  # fp32 packs through either; bf16 through oneDNN only
+BACKENDS = ("stream", "mkl", "onednn")  # fp32 packs through any; bf16 through oneDNN only
 PROBE_ROWS = (1, 2, 4, 8, 16, 32)
 PROBE_MARGIN = 0.97  # a packed copy serves a row count only where it beat the plain kernel by 3% or more
 
@@ -35,12 +37,14 @@ def _first(model: nn.Module | torch.Tensor) -> torch.Tensor:
 
 
 def packed_gemm_available(model: nn.Module | torch.Tensor, backend: str = "mkl") -> bool:
-    """Packing needs CPU weights: fp32 with an MKL build of torch (``backend="mkl"``) or with oneDNN
-    (``"onednn"``), or bf16 with oneDNN (either name)."""
+    """Packing needs CPU weights: fp32 with the streaming kernel built (``backend="stream"``), an MKL build of
+    torch (``"mkl"``) or oneDNN (``"onednn"``), or bf16 with oneDNN (any name)."""
     p = _first(model)
     if p.device.type != "cpu":
         return False
     if p.dtype == torch.float32:
+        if backend == "stream":
+            return streaming.available()
         return bool(torch._C.has_mkl) if backend == "mkl" else _onednn_packs(torch.float32)
     if p.dtype == torch.bfloat16:
         return _onednn_packs(torch.bfloat16)
@@ -56,7 +60,7 @@ def backend_for(weight: torch.Tensor, backend: str) -> str:
 
 def min_rows_for(weight: torch.Tensor, backend: str) -> int:
     """The first row count a packed copy serves where nothing was probed (:data:`MIN_ROWS`)."""
-    return 1 if backend_for(weight, backend) == "onednn" else MIN_ROWS[weight.dtype]
+    return 1 if backend_for(weight, backend) != "mkl" else MIN_ROWS[weight.dtype]
 
 
 @lru_cache(maxsize=2)
@@ -73,8 +77,11 @@ def _onednn_packs(dtype: torch.dtype) -> bool:
 
 
 def pack_weight(weight: torch.Tensor, max_rows: int, backend: str = "mkl") -> torch.Tensor:
-    """A packed copy of a ``[out, in]`` weight for inputs of up to ``max_rows`` rows: MKL's packed format
-    (fp32, ``backend="mkl"``) or oneDNN's blocked layout (bf16, or fp32 with ``"onednn"``; any row count)."""
+    """A packed copy of a ``[out, in]`` weight for inputs of up to ``max_rows`` rows: the streaming kernel's
+    panels (fp32, ``backend="stream"``; any row count), MKL's packed format (fp32, ``"mkl"``) or oneDNN's blocked
+    layout (bf16, or fp32 with ``"onednn"``; any row count)."""
+    if backend_for(weight, backend) == "stream":
+        return streaming.pack(weight)
     if backend_for(weight, backend) == "onednn":
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
     return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), max_rows)
@@ -88,6 +95,8 @@ def linear_maybe_packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if packed is None or not min_rows <= rows <= max_rows or (x.requires_grad and torch.is_grad_enabled()):
         return F.linear(x, weight, bias)
+    if backend_for(weight, backend) == "stream":
+        return streaming.linear(x, packed, weight, bias)
     if backend_for(weight, backend) == "onednn":
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     y = torch.ops.mkl._mkl_linear(x.reshape(rows, x.shape[-1]), packed, weight, bias, rows)

@@ -1,0 +1,101 @@
+// A weight-streaming GEMM for the few rows of a decoding step: y[m, :] = x[m, :] @ W^T for up to a few dozen rows
+// m, with W read from memory once for all of them. W is packed once into panels of 16 output columns,
+// [ceil(N / 16)][K][16], so that each panel streams contiguously; a block of NB panels keeps M x NB accumulator
+// vectors in registers, one FMA per (row, panel) for each k, and no horizontal sums. Each row's outputs are
+// computed by the same sequence of FMAs whatever the number of rows, so a row's result does not depend on
+// the rows beside it (a plain step and a verify forward agree bit for bit on the linears). Built by
+// jakiro_lib/models/streaming.py with -O3 -march=native: 16-float vectors are AVX-512 registers where the CPU
+// has them and pairs of AVX2 registers elsewhere.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+namespace {
+
+typedef float vec __attribute__((vector_size(64)));
+constexpr int64_t L = 16;  // output columns per panel: one vector
+constexpr int CHUNK = 8;   // rows per pass over a block of panels
+constexpr int64_t PREFETCH = 32;
+
+template <int M, int NB>
+inline void block(const float* x, const float* panels, float* y, int64_t K, int64_t Np, int64_t p) {
+  vec acc[M][NB];
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < NB; ++j) acc[m][j] = vec{};
+  const float* src = panels + p * K * L;
+  for (int64_t k = 0; k < K; ++k) {
+    vec w[NB];
+    for (int j = 0; j < NB; ++j) {
+      __builtin_memcpy(&w[j], src + (j * K + k) * L, sizeof(vec));
+      __builtin_prefetch(src + (j * K + k + PREFETCH) * L);
+    }
+    for (int m = 0; m < M; ++m) {
+      const float xv = x[m * K + k];
+      for (int j = 0; j < NB; ++j) acc[m][j] += xv * w[j];
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < NB; ++j) __builtin_memcpy(y + m * Np + (p + j) * L, &acc[m][j], sizeof(vec));
+}
+
+// Registers: M x NB accumulators, NB weight vectors and a broadcast, within AVX-512's 32.
+template <int M> constexpr int panels_in_registers() { return M == 1 ? 6 : M == 2 ? 6 : M <= 4 ? 4 : 3; }
+
+template <int M>
+inline void rows(const float* x, const float* panels, float* y, int64_t K, int64_t Np, int64_t p, int64_t p_end) {
+  constexpr int NB = panels_in_registers<M>();
+  for (; p + NB <= p_end; p += NB) block<M, NB>(x, panels, y, K, Np, p);
+  for (; p < p_end; ++p) block<M, 1>(x, panels, y, K, Np, p);
+}
+
+using RowsFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+constexpr RowsFn ROWS[CHUNK + 1] = {nullptr, rows<1>, rows<2>, rows<3>, rows<4>, rows<5>, rows<6>, rows<7>, rows<8>};
+
+at::Tensor pack(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
+              "stream_gemm.pack takes a 2-D fp32 CPU weight");
+  const int64_t N = weight.size(0), K = weight.size(1), P = (N + L - 1) / L;
+  at::Tensor padded = at::zeros({P * L, K}, weight.options());
+  padded.narrow(0, 0, N).copy_(weight);
+  return padded.view({P, L, K}).transpose(1, 2).contiguous();  // [P, K, L]
+}
+
+at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, int64_t n) {
+  TORCH_CHECK(input.dim() == 2 && input.scalar_type() == at::kFloat && packed.dim() == 3 &&
+              packed.size(1) == input.size(1) && packed.size(2) == L, "stream_gemm.linear: shapes do not match");
+  const at::Tensor x = input.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), P = packed.size(0), Np = P * L;
+  at::Tensor y = at::empty({M, Np}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = packed.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  // Threads split the panels; a thread passes over a block of its panels (about 512 KB) once per chunk of
+  // rows, the block staying in cache between chunks.
+  const int64_t per_block = std::max<int64_t>(8, (512 * 1024) / (K * L * int64_t(sizeof(float))));
+  at::parallel_for(0, P, 4, [&](int64_t p0, int64_t p1) {
+    for (int64_t b = p0; b < p1; b += per_block) {
+      const int64_t b_end = std::min(b + per_block, p1);
+      for (int64_t m = 0; m < M; m += CHUNK) {
+        const int64_t rows_here = std::min<int64_t>(CHUNK, M - m);
+        ROWS[rows_here](xp + m * K, wp, yp + m * Np, K, Np, b, b_end);
+      }
+    }
+  });
+  return Np == n ? y : y.narrow(1, 0, n).contiguous();
+}
+
+at::Tensor linear_meta(const at::Tensor& input, const at::Tensor& packed, int64_t n) {
+  return at::empty({input.size(0), n}, input.options());
+}
+
+}  // namespace
+
+TORCH_LIBRARY(jakiro_stream_gemm, m) {
+  m.def("pack(Tensor weight) -> Tensor");
+  m.def("linear(Tensor input, Tensor packed, int n) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
+  m.impl("pack", pack);
+  m.impl("linear", linear);
+}
+TORCH_LIBRARY_IMPL(jakiro_stream_gemm, Meta, m) { m.impl("linear", linear_meta); }
