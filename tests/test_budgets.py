@@ -1,4 +1,4 @@
-"""The tree budget's tuning (issue 43): prompts the benchmark never scores, recorded; timings that load moves
+"""The tree budget's tuning: prompts the benchmark never scores, recorded; timings that load moves
 least; the choice checked against the fixed tree; a busy machine named."""
 import json
 import logging
@@ -182,3 +182,21 @@ def test_the_check_keeps_the_fastest_measured_budget_and_the_reference_on_ties(t
     out = costmodel.tune_total_tokens(target, draft, TreeConfig(depth=3, top_k=2), prompts, reference=8,
                                       measure_sizes=(4,), **common)
     assert out["best"] == 8
+
+
+def test_the_machine_key_names_the_gemm_kernel_the_probe_chose(target):
+    """T(n), and so a tuned budget, depends on the kernel: another kernel is another machine entry."""
+    from jakiro_lib.models import kernels
+
+    profile = get_profile("smoke")
+    plain = budgets._machine_key(budgets._machine(profile, target))
+    assert plain["gemm"] is None
+    backend = next((b for b in kernels.BACKENDS if kernels.packed_gemm_available(target.model, b)), None)
+    if backend is None:
+        pytest.skip("no packed GEMM kernel in this torch build")
+    kernels.enable_packed_gemm(target.model, max_rows=8, backend=backend, min_rows=2)
+    try:
+        packed = budgets._machine_key(budgets._machine(profile, target))
+    finally:
+        kernels.disable_packed_gemm(target.model)
+    assert packed["gemm"] == [backend, 2, 8] and packed != plain

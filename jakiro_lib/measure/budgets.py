@@ -21,6 +21,7 @@ from ..data.chat import format_prompt_ids
 from ..config import Profile, TreeConfig
 from ..data.conversations import DataError, load_conversations
 from ..data.dataset import _stable_hash, split_indices
+from ..models import kernels
 from ..models.draft import WEIGHTS_FILE
 from ..layout import RunLayout
 from ..config import SPEC
@@ -152,8 +153,12 @@ class _OthersLoad:
 
 
 def _machine(profile: Profile, target: Any) -> dict[str, Any]:
+    """What the target's T(n) depends on: the device, its threads, the target's settings and the GEMM kernel the
+    load-time probe chose for them (another kernel, another tuning)."""
+    gemm = kernels.packed_gemm(target.model)
     return {"device": str(target.device), "device_name": device_name(target.device),
-            "threads": torch.get_num_threads(), "target": dataclasses.asdict(profile.target)}
+            "threads": torch.get_num_threads(), "target": dataclasses.asdict(profile.target),
+            "gemm": [gemm.backend, gemm.min_rows, gemm.max_rows] if gemm is not None else None}
 
 
 def _machine_key(machine: dict[str, Any]) -> dict[str, Any]:
