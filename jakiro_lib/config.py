@@ -42,7 +42,7 @@ class TargetConfig:
     seed: int = 0  # weights seed for tiny random targets
     # CPU fast paths (jakiro_lib.models.kernels), used by every method alike. gqa_attention: SDPA handles grouped
     # KV heads under tree masks. packed_gemm: the largest row count served by one packed copy of the weights
-    # (about the weights' memory once more); 0 = off. gemm_backend: that copy's "stream" (models.streaming), "mkl"
+    # (about the weights' memory once more); 0 = off. gemm_backend: that copy's "stream" (models/stream_gemm.cpp), "mkl"
     # or "onednn" (fp32; bf16 is always oneDNN), or "auto": the one that beat the plain kernel when timed at load.
     gqa_attention: bool = True
     packed_gemm: int = 0

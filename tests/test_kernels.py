@@ -1,9 +1,11 @@
-"""Fast paths (jakiro_lib.models.kernels): packed GEMM bookkeeping, GQA attention, fused RMSNorm, switching them
-off."""
+"""Fast paths (jakiro_lib.models.kernels): packed GEMM bookkeeping, the streaming GEMM, GQA attention, fused RMSNorm,
+switching them off."""
 import copy
+import logging
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
@@ -230,3 +232,95 @@ def test_the_draft_norm_is_fused_as_the_target_s():
     x = torch.randn(3, model.config.hidden_size)
     with torch.inference_mode():
         assert _outer_operators(draft.post_attention_layernorm, x) == ["aten::rms_norm"]
+
+
+# -- the streaming GEMM ------------------------------------------------------------------------------------------
+
+needs_stream = pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the streaming GEMM cannot be built here")
+
+def _stream(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None):
+    return kernels.linear_maybe_packed(x, weight, bias, packed, 1, 64, "stream")
+
+
+STREAM_SHAPES = [(48, 96), (100, 37), (3, 5), (960, 576)]  # (out, in): whole panels, a ragged last panel, one panel
+
+
+@needs_stream
+@pytest.mark.parametrize("out_features,in_features", STREAM_SHAPES)
+def test_the_streaming_gemm_equals_linear_for_any_rows_and_shape(out_features, in_features):
+    gen = torch.Generator().manual_seed(out_features)
+    weight = torch.randn(out_features, in_features, generator=gen)
+    bias = torch.randn(out_features, generator=gen)
+    packed = kernels.pack_weight(weight, 64, "stream")
+    assert packed.shape == (-(-out_features // 16), in_features, 16)
+    for rows in (1, 2, 3, 7, 8, 9, 17, 40):  # one pass of up to 8 rows, and several
+        x = torch.randn(rows, in_features, generator=gen)
+        close = {"atol": 2e-4, "rtol": 1e-4}  # fp32 sums of up to 576 products, in another order than MKL's
+        torch.testing.assert_close(_stream(x, weight, packed), F.linear(x, weight), **close)
+        torch.testing.assert_close(_stream(x[None], weight, packed, bias), F.linear(x[None], weight, bias),
+                                   **close)
+
+
+@needs_stream
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
+    """Bit for bit: a plain step's row and the same row inside a verify forward of any size agree."""
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(200, 576, generator=gen)
+    packed = kernels.pack_weight(weight, 64, "stream")
+    x = torch.randn(40, 576, generator=gen)
+    whole = _stream(x, weight, packed)
+    for rows in range(1, 41):
+        assert torch.equal(_stream(x[:rows], weight, packed), whole[:rows]), rows
+    assert torch.equal(_stream(x[5:6], weight, packed), whole[5:6])
+
+
+@needs_stream
+def test_the_packed_copy_serves_its_rows_through_the_stream_backend(monkeypatch):
+    calls = []
+    real = torch.ops.jakiro_stream_gemm.linear
+    monkeypatch.setattr(torch.ops.jakiro_stream_gemm, "linear", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
+    net = _net()
+    ref = copy.deepcopy(net)
+    gemm = kernels.enable_packed_gemm(net, max_rows=8, backend="stream")
+    assert (gemm.backend, gemm.min_rows, gemm.max_rows) == ("stream", 1, 8)
+    for rows in (1, 3, 8, 9):
+        x = torch.randn(1, rows, 96)
+        with torch.inference_mode():
+            torch.testing.assert_close(net(x), ref(x))
+    assert calls == [1, 1, 3, 3, 8, 8]  # 9 rows: plain
+    assert "stream" in kernels.probe_gemm(_net(), max_rows=8, repeats=1).ratios
+
+
+@needs_stream
+def test_torch_compile_traces_the_streaming_gemm():
+    net = _net()
+    kernels.enable_packed_gemm(net, max_rows=8, backend="stream")
+    x = torch.randn(4, 96)
+    with torch.inference_mode():
+        eager = net(x)
+        compiled = torch.compile(net, backend="aot_eager", fullgraph=True)(x)
+    assert torch.equal(compiled, eager)
+
+
+def test_where_the_streaming_gemm_cannot_be_built_it_is_left_out_with_one_warning(monkeypatch, caplog):
+    from torch.utils import cpp_extension
+
+    def no_compiler(**kwargs):
+        raise RuntimeError("Error building extension 'jakiro_stream_gemm': c++: not found\nmore lines")
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    kernels.stream_gemm_available.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert not kernels.stream_gemm_available()
+            assert not kernels.packed_gemm_available(torch.zeros(1), "stream")
+        assert [r.getMessage() for r in caplog.records] == [
+            "the streaming GEMM could not be built here (Error building extension 'jakiro_stream_gemm': c++: not "
+            "found); packed weights use MKL or oneDNN"]
+        monkeypatch.setenv("JAKIRO_STREAM_GEMM", "0")
+        kernels.stream_gemm_available.cache_clear()
+        assert not kernels.stream_gemm_available()
+        assert "stream" not in kernels.probe_gemm(_net(), max_rows=2, repeats=1).ratios
+    finally:
+        monkeypatch.undo()
+        kernels.stream_gemm_available.cache_clear()

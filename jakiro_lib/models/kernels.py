@@ -1,27 +1,32 @@
 """Fast paths for the frozen target, used by every method alike (docs/DESIGN.md sections 9 and 12); none changes the
-math beyond rounding (tested). :class:`PackedGemm` (the streaming kernel's panels, MKL's packed or oneDNN's blocked
+math beyond rounding (tested). :class:`PackedGemm` (the streaming GEMM's panels, MKL's packed or oneDNN's blocked
 weights, as MKL's plain sgemm slows from 4 rows on; chosen by :func:`probe_gemm`), ``sdpa_gqa`` (SDPA's own grouped KV heads, where transformers copies the
 cache per layer under a custom mask) and :func:`use_fused_norm` (one kernel on CUDA for RMSNorm's six)."""
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
+import platform
 import statistics
 import time
 import types
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jakiro_lib.models import streaming
-
 GQA_ATTENTION = "sdpa_gqa"
 _ATTR = "_jakiro_packed_gemm"
 # transformers' RMSNorm of each supported family: weight * (x / rms(x)), the norm in fp32, eps variance_epsilon
 RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+STREAM_SOURCE = Path(__file__).with_name("stream_gemm.cpp")  # the streaming GEMM (DESIGN section 9)
+log = logging.getLogger(__name__)
 
 
 # Fewest rows worth the packed copy where nothing was probed (SmolLM2's shapes): MKL's packed sgemm gains
@@ -44,7 +49,7 @@ def packed_gemm_available(model: nn.Module | torch.Tensor, backend: str = "mkl")
         return False
     if p.dtype == torch.float32:
         if backend == "stream":
-            return streaming.available()
+            return stream_gemm_available()
         return bool(torch._C.has_mkl) if backend == "mkl" else _onednn_packs(torch.float32)
     if p.dtype == torch.bfloat16:
         return _onednn_packs(torch.bfloat16)
@@ -61,6 +66,38 @@ def backend_for(weight: torch.Tensor, backend: str) -> str:
 def min_rows_for(weight: torch.Tensor, backend: str) -> int:
     """The first row count a packed copy serves where nothing was probed (:data:`MIN_ROWS`)."""
     return 1 if backend_for(weight, backend) != "mkl" else MIN_ROWS[weight.dtype]
+
+
+def _stream_build_name() -> str:
+    """One build per source, torch version and CPU: a build for one CPU's flags may not run on another's."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        pass
+    key = f"{platform.machine()} {platform.processor()} {flags} {torch.__version__}".encode() + STREAM_SOURCE.read_bytes()
+    return f"jakiro_stream_gemm_{hashlib.sha1(key).hexdigest()[:12]}"
+
+
+@lru_cache(maxsize=1)
+def stream_gemm_available() -> bool:
+    """Whether the streaming GEMM (``stream_gemm.cpp``: a few rows times a weight packed in panels of 16 output
+    columns, the weight read once for all rows, a row's result independent of the rows beside it) is loaded here.
+    Built for this CPU on first use (``-march=native``; half a minute, once per machine and torch version, in
+    torch's extensions folder); False, with one warning, where it cannot be. ``JAKIRO_STREAM_GEMM=0`` leaves it out."""
+    if os.environ.get("JAKIRO_STREAM_GEMM", "1") == "0":
+        return False
+    try:
+        from torch.utils import cpp_extension  # needs setuptools and a C++ compiler: optional
+
+        cpp_extension.load(name=_stream_build_name(), sources=[str(STREAM_SOURCE)], is_python_module=False,
+                           extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
+    except Exception as exc:  # noqa: BLE001 - any failure to build or load means: not here
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        log.warning("the streaming GEMM could not be built here (%s); packed weights use MKL or oneDNN", first[:200])
+        return False
+    return True
 
 
 @lru_cache(maxsize=2)
@@ -81,7 +118,7 @@ def pack_weight(weight: torch.Tensor, max_rows: int, backend: str = "mkl") -> to
     panels (fp32, ``backend="stream"``; any row count), MKL's packed format (fp32, ``"mkl"``) or oneDNN's blocked
     layout (bf16, or fp32 with ``"onednn"``; any row count)."""
     if backend_for(weight, backend) == "stream":
-        return streaming.pack(weight)
+        return torch.ops.jakiro_stream_gemm.pack(weight.detach())  # [ceil(out / 16), in, 16], zero-padded
     if backend_for(weight, backend) == "onednn":
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
     return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), max_rows)
@@ -95,11 +132,14 @@ def linear_maybe_packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if packed is None or not min_rows <= rows <= max_rows or (x.requires_grad and torch.is_grad_enabled()):
         return F.linear(x, weight, bias)
-    if backend_for(weight, backend) == "stream":
-        return streaming.linear(x, packed, weight, bias)
     if backend_for(weight, backend) == "onednn":
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-    y = torch.ops.mkl._mkl_linear(x.reshape(rows, x.shape[-1]), packed, weight, bias, rows)
+    flat = x.reshape(rows, x.shape[-1])
+    if backend_for(weight, backend) == "stream":
+        y = torch.ops.jakiro_stream_gemm.linear(flat, packed, weight.shape[0])  # [rows, out]
+        y = y if bias is None else y + bias
+    else:
+        y = torch.ops.mkl._mkl_linear(flat, packed, weight, bias, rows)
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 

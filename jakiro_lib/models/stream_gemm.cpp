@@ -4,8 +4,8 @@
 // vectors in registers, one FMA per (row, panel) for each k, and no horizontal sums. Each row's outputs are
 // computed by the same sequence of FMAs whatever the number of rows, so a row's result does not depend on
 // the rows beside it (a plain step and a verify forward agree bit for bit on the linears). Built by
-// jakiro_lib/models/streaming.py with -O3 -march=native: 16-float vectors are AVX-512 registers where the CPU
-// has them and pairs of AVX2 registers elsewhere.
+// jakiro_lib/models/kernels.py (stream_gemm_available) with -O3 -march=native: 16-float vectors are AVX-512
+// registers where the CPU has them and pairs of AVX2 registers elsewhere.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
