@@ -118,7 +118,7 @@ def pack_weight(weight: torch.Tensor, max_rows: int, backend: str = "mkl") -> to
     panels (fp32, ``backend="stream"``; any row count), MKL's packed format (fp32, ``"mkl"``) or oneDNN's blocked
     layout (bf16, or fp32 with ``"onednn"``; any row count)."""
     if backend_for(weight, backend) == "stream":
-        return torch.ops.jakiro_stream_gemm.pack(weight.detach())  # [ceil(out / 16), in, 16], zero-padded
+        return torch.ops.jakiro_stream_gemm.pack(weight.detach())  # [ceil(out / L), in, L], zero-padded
     if backend_for(weight, backend) == "onednn":
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
     return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), max_rows)

@@ -1,21 +1,29 @@
 // A weight-streaming GEMM for the few rows of a decoding step: y[m, :] = x[m, :] @ W^T for up to a few dozen rows
-// m, with W read from memory once for all of them. W is packed once into panels of 16 output columns,
-// [ceil(N / 16)][K][16], so that each panel streams contiguously; a block of NB panels keeps M x NB accumulator
-// vectors in registers, one FMA per (row, panel) for each k, and no horizontal sums. Each row's outputs are
-// computed by the same sequence of FMAs whatever the number of rows, so a row's result does not depend on
-// the rows beside it (a plain step and a verify forward agree bit for bit on the linears). Built by
-// jakiro_lib/models/kernels.py (stream_gemm_available) with -O3 -march=native: 16-float vectors are AVX-512
-// registers where the CPU has them and pairs of AVX2 registers elsewhere.
+// m, with W read from memory once for all of them. W is packed once into panels of L output columns (one vector
+// register: 16 with AVX-512, 8 elsewhere), [ceil(N / L)][K][L], so that each panel streams contiguously; a block of
+// NB panels keeps M x NB accumulator vectors in registers, one FMA per (row, panel) for each k, and no horizontal
+// sums. Each row's outputs are computed by the same sequence of FMAs whatever the number of rows, so a row's result
+// does not depend on the rows beside it (a plain step and a verify forward agree bit for bit on the linears). Built
+// for the CPU it runs on by jakiro_lib/models/kernels.py (stream_gemm_available, -O3 -march=native).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 namespace {
 
-typedef float vec __attribute__((vector_size(64)));
-constexpr int64_t L = 16;  // output columns per panel: one vector
-constexpr int CHUNK = 8;   // rows per pass over a block of panels
-constexpr int64_t PREFETCH = 32;
+// L: output columns per panel, one vector register. NB(M): panels a block keeps in registers for M rows (M x NB
+// accumulators, NB weight vectors and a broadcast); CHUNK: rows per pass over a block of panels.
+#if defined(__AVX512F__)  // 32 registers of 16 floats
+constexpr int64_t L = 16;
+constexpr int CHUNK = 8;
+template <int M> constexpr int panels_in_registers() { return M == 1 ? 6 : M == 2 ? 6 : M <= 4 ? 4 : 3; }
+#else  // AVX2 and the rest: 16 registers of 8 floats
+constexpr int64_t L = 8;
+constexpr int CHUNK = 4;
+template <int M> constexpr int panels_in_registers() { return M == 1 ? 6 : M == 2 ? 4 : M == 3 ? 3 : 2; }
+#endif
+typedef float vec __attribute__((vector_size(L * sizeof(float))));
+constexpr int64_t PREFETCH = 2048 / (L * sizeof(float));  // k steps ahead: 2 KB on each panel's stream
 
 template <int M, int NB>
 inline void block(const float* x, const float* panels, float* y, int64_t K, int64_t Np, int64_t p) {
@@ -38,8 +46,6 @@ inline void block(const float* x, const float* panels, float* y, int64_t K, int6
     for (int j = 0; j < NB; ++j) __builtin_memcpy(y + m * Np + (p + j) * L, &acc[m][j], sizeof(vec));
 }
 
-// Registers: M x NB accumulators, NB weight vectors and a broadcast, within AVX-512's 32.
-template <int M> constexpr int panels_in_registers() { return M == 1 ? 6 : M == 2 ? 6 : M <= 4 ? 4 : 3; }
 
 template <int M>
 inline void rows(const float* x, const float* panels, float* y, int64_t K, int64_t Np, int64_t p, int64_t p_end) {
@@ -49,7 +55,7 @@ inline void rows(const float* x, const float* panels, float* y, int64_t K, int64
 }
 
 using RowsFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
-constexpr RowsFn ROWS[CHUNK + 1] = {nullptr, rows<1>, rows<2>, rows<3>, rows<4>, rows<5>, rows<6>, rows<7>, rows<8>};
+constexpr RowsFn ROWS[9] = {nullptr, rows<1>, rows<2>, rows<3>, rows<4>, rows<5>, rows<6>, rows<7>, rows<8>};
 
 at::Tensor pack(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
