@@ -2,6 +2,10 @@
 switching them off."""
 import copy
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -325,3 +329,32 @@ def test_where_the_streaming_gemm_cannot_be_built_it_is_left_out_with_one_warnin
     finally:
         monkeypatch.undo()
         kernels.stream_gemm_available.cache_clear()
+
+
+AVX2_CHECK = """
+import torch, torch.nn.functional as F
+from torch.utils import cpp_extension
+from jakiro_lib.models import kernels
+flags = [f for f in kernels.STREAM_FLAGS if not f.startswith("-march")] + ["-march=x86-64-v3"]
+cpp_extension.load(name="jakiro_stream_gemm_avx2_check", sources=[str(kernels.STREAM_SOURCE)], extra_cflags=flags,
+                   extra_ldflags=["-fopenmp"], is_python_module=False)
+for out, inp in [(48, 96), (100, 37), (3, 5)]:
+    g = torch.Generator().manual_seed(out)
+    w, x = torch.randn(out, inp, generator=g), torch.randn(20, inp, generator=g)
+    packed = torch.ops.jakiro_stream_gemm.pack(w)
+    assert packed.shape[2] == 8, packed.shape  # AVX2: 8 floats a vector
+    whole = torch.ops.jakiro_stream_gemm.linear(x, packed, out)
+    torch.testing.assert_close(whole, F.linear(x, w), atol=2e-4, rtol=1e-4)
+    assert all(torch.equal(torch.ops.jakiro_stream_gemm.linear(x[:r], packed, out), whole[:r]) for r in range(1, 21))
+print("ok")
+"""
+
+
+@needs_stream
+@pytest.mark.skipif("avx2" not in open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else True,
+                    reason="the AVX2 build needs an x86 CPU with AVX2")
+def test_the_streaming_gemm_built_for_avx2_alone_matches_too():
+    """The build for CPUs without AVX-512 (8-float panels, 4-row passes), in its own process: the same results."""
+    done = subprocess.run([sys.executable, "-c", AVX2_CHECK], capture_output=True, text=True,
+                          timeout=600, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]

@@ -26,6 +26,7 @@ _ATTR = "_jakiro_packed_gemm"
 # transformers' RMSNorm of each supported family: weight * (x / rms(x)), the norm in fp32, eps variance_epsilon
 RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 STREAM_SOURCE = Path(__file__).with_name("stream_gemm.cpp")  # the streaming GEMM (DESIGN section 9)
+STREAM_FLAGS = ("-O3", "-march=native", "-fopenmp")
 log = logging.getLogger(__name__)
 
 
@@ -92,7 +93,7 @@ def stream_gemm_available() -> bool:
         from torch.utils import cpp_extension  # needs setuptools and a C++ compiler: optional
 
         cpp_extension.load(name=_stream_build_name(), sources=[str(STREAM_SOURCE)], is_python_module=False,
-                           extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
+                           extra_cflags=list(STREAM_FLAGS), extra_ldflags=["-fopenmp"])
     except Exception as exc:  # noqa: BLE001 - any failure to build or load means: not here
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         log.warning("the streaming GEMM could not be built here (%s); packed weights use MKL or oneDNN", first[:200])
