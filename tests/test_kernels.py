@@ -331,6 +331,26 @@ def test_where_the_streaming_gemm_cannot_be_built_it_is_left_out_with_one_warnin
         kernels.stream_gemm_available.cache_clear()
 
 
+def test_a_first_build_says_so_before_it_compiles(monkeypatch, caplog, tmp_path):
+    from torch.utils import cpp_extension
+
+    said = []
+    monkeypatch.setattr(cpp_extension, "get_default_build_root", lambda: str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: said.append(caplog.messages[:]))
+    try:
+        for built in (False, True):
+            if built:
+                (tmp_path / kernels._stream_build_name()).mkdir()
+            kernels.stream_gemm_available.cache_clear()
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger=kernels.__name__):
+                assert kernels.stream_gemm_available()
+        assert said == [["compiling the streaming GEMM for this CPU (once per machine: about half a minute)"], []]
+    finally:
+        monkeypatch.undo()
+        kernels.stream_gemm_available.cache_clear()
+
+
 AVX2_CHECK = """
 import torch, torch.nn.functional as F
 from torch.utils import cpp_extension
