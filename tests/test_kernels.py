@@ -335,12 +335,13 @@ def test_a_first_build_says_so_before_it_compiles(monkeypatch, caplog, tmp_path)
     from torch.utils import cpp_extension
 
     said = []
-    monkeypatch.setattr(cpp_extension, "get_default_build_root", lambda: str(tmp_path))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setattr(cpp_extension, "load", lambda **kw: said.append(caplog.messages[:]))
     try:
         for built in (False, True):
             if built:
-                (tmp_path / kernels._stream_build_name()).mkdir()
+                name = kernels._stream_build_name()
+                (tmp_path / name / f"{name}.so").touch()
             kernels.stream_gemm_available.cache_clear()
             caplog.clear()
             with caplog.at_level(logging.INFO, logger=kernels.__name__):

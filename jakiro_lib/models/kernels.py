@@ -93,9 +93,11 @@ def stream_gemm_available() -> bool:
         from torch.utils import cpp_extension  # needs setuptools and a C++ compiler: optional
 
         name = _stream_build_name()
-        if not Path(cpp_extension.get_default_build_root(), name).exists():
+        folder = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root(), name)
+        if not (folder / f"{name}.so").exists():
             log.info("compiling the streaming GEMM for this CPU (once per machine: about half a minute)")
-        cpp_extension.load(name=name, sources=[str(STREAM_SOURCE)], is_python_module=False,
+        folder.mkdir(parents=True, exist_ok=True)
+        cpp_extension.load(name=name, sources=[str(STREAM_SOURCE)], is_python_module=False, build_directory=str(folder),
                            extra_cflags=list(STREAM_FLAGS), extra_ldflags=["-fopenmp"])
     except Exception as exc:  # noqa: BLE001 - any failure to build or load means: not here
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
