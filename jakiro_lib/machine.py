@@ -15,6 +15,7 @@ import torch
 import transformers
 
 from .files import REPO_ROOT, c_library
+from .precision import cpu_flags, cuda_bf16_units, favoured_dtype
 
 
 def synchronize(device: torch.device) -> None:
@@ -87,3 +88,16 @@ def keep_freed_memory(keep: bool = True) -> bool:
               and libc.mallopt(M_TRIM_THRESHOLD, 2 * GLIBC_MMAP_THRESHOLD_MAX))
     _HEAP_KEPT = keep and bool(ok)
     return _HEAP_KEPT
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """What the numbers were measured on: versions, machine, threads, the vector and matrix units."""
+    flags = cpu_flags()
+    env = run_metadata(device, threads=torch.get_num_threads(),
+                       cpu_capability=torch.backends.cpu.get_cpu_capability(),
+                       cpu_flags=sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))),
+                       favoured_dtype=favoured_dtype(device))
+    if device.type == "cuda":
+        env["cuda"] = {"name": torch.cuda.get_device_name(device), "bf16": cuda_bf16_units(device),
+                       "capability": torch.cuda.get_device_capability(device), "cuda_version": torch.version.cuda}
+    return env

@@ -14,7 +14,7 @@ BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 @functools.lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags from /proc/cpuinfo (empty where there is none), read once per process: several callers
-    ask (favoured_dtype, the throughput environment), and /proc/cpuinfo is long on many-core machines."""
+    ask (favoured_dtype, machine.environment), and /proc/cpuinfo is long on many-core machines."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:

@@ -187,7 +187,9 @@ def test_bench_config_names_the_draft_relative_to_itself(tmp_path):
     run_benchmark(target, {"vanilla": MethodSpec("vanilla"), "eagle2": spec},
                   [Question("q1", "writing", ["Say something."], "mt_bench")], max_new_tokens=4, warmup=0,
                   out_dir=out, progress=False)
-    methods = json.loads((out / "bench_config.json").read_text())["methods"]
+    config = json.loads((out / "bench_config.json").read_text())
+    methods = config["methods"]
+    assert config["packed_gemm"] is None and "cpu_flags" in config["environment"]  # the kernels the times are of
     assert methods["eagle2"]["draft"] == "../../drafts/d/draft"  # no machine path in a copied or committed run
     assert (out / methods["eagle2"]["draft"]).resolve() == draft.resolve()
     assert methods["vanilla"]["draft"] is None

@@ -15,7 +15,7 @@ from jakiro_lib.training import throughput as TP
 from jakiro_lib.training import throughput_plan as TPP
 from jakiro_lib.training import train as T
 from jakiro_lib.models import loss as L
-from jakiro_lib import machine
+from jakiro_lib import machine, precision
 from jakiro_lib.cli import main
 from jakiro_lib.config import TargetConfig, TrainConfig
 from jakiro_lib.profiles import get_profile
@@ -147,7 +147,7 @@ def test_favoured_dtype_follows_the_cpu_flags(monkeypatch):
 
 
 def test_cpu_flags_read_this_machine():
-    flags = TP.cpu_flags()
+    flags = precision.cpu_flags()
     assert isinstance(flags, frozenset)  # read once per process and shared: immutable
     try:
         text = open("/proc/cpuinfo").read()

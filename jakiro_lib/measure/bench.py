@@ -18,10 +18,11 @@ from ..decoding.compiled import engine_cycles, graphs_compiled, prepare_windows
 from ..layout import BENCH_CONFIG, RECORDS_FILE
 from ..decoding.methods import MethodRunner, MethodSpec
 from .methods import SPEC, portable, record_label
+from ..models import kernels
 from ..models.target import Target
 from ..decoding.result import ContextLengthError
 from ..files import end_last_line, read_jsonl, sweep_temps, text_sha256, write_json
-from ..machine import run_metadata
+from ..machine import environment
 from ..decoding.verify import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,8 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
         "methods": {k: portable(v, relative_to=out_dir) for k, v in methods.items()},
         "temperatures": temperatures, "max_new_tokens": max_new_tokens, "repeats": repeats, "warmup": warmup,
         "top_p": top_p, "seed": seed, "num_questions": len(questions), "target": dataclasses.asdict(target.config),
-        "environment": run_metadata(target.device), "tree_budget_tuning": tuning,
+        "environment": environment(target.device), "packed_gemm": kernels.gemm_choice(target.model),
+        "tree_budget_tuning": tuning,
     })
     runners = {name: MethodRunner(target, spec) for name, spec in methods.items()}
     if warmup and questions:  # first calls pay allocator and kernel set-up: keep them out of the timings

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -313,6 +313,12 @@ def disable_packed_gemm(model: nn.Module) -> None:
 
 def packed_gemm(model: nn.Module) -> PackedGemm | None:
     return getattr(model, _ATTR, None)
+
+
+def gemm_choice(model: nn.Module) -> dict[str, Any] | None:
+    """What a record says of the model's packed GEMM: the backend and the rows it serves (None: plain kernels)."""
+    gemm = packed_gemm(model)
+    return None if gemm is None else {"backend": gemm.backend, "min_rows": gemm.min_rows, "max_rows": gemm.max_rows}
 
 
 @contextmanager

@@ -13,7 +13,8 @@ from ..measure.cycles import COLUMNS as CYCLE_COLUMNS, cycle_methods, cycle_prom
 from ..measure.perf import cost_model, lever_table, performance_targets
 from .context import StudyContext, get_target
 from ..files import write_json, write_table
-from ..training.throughput import environment
+from ..machine import environment
+from ..models import kernels
 from .tables import load_study_records, tree_budget_table
 
 
@@ -53,5 +54,6 @@ def cycle_cost_table(ctx: StudyContext, *, names: Sequence[str] | None = None, l
     write_table(out / "cycles.csv", table)
     write_json(out / "cycles_config.json", {
         "profile": ctx.profile.to_dict(), "run_dir": str(ctx.run_dir), "prompts": len(prompts),
-        "methods": {k: portable(v) for k, v in methods.items()}, "environment": environment(target.device)})
+        "methods": {k: portable(v) for k, v in methods.items()}, "environment": environment(target.device),
+        "packed_gemm": kernels.gemm_choice(target.model)})
     return table

@@ -24,9 +24,9 @@ from ..data.features import cache_features, estimate_cache
 from ..models.target import load_target
 from .scale_plan import (BENCH_SECONDS_PER_T1_MS, CONVERSATIONS_PER_EPOCH, MAIN_JOB_MINUTES, MARGIN, MAX_EPOCHS,
                          PLAN_OVERRUN, Measurement, ScaleError, choose_scale, compile_gain, plan_at, rates)
-from .throughput import caching_rows, environment, training_rows
+from .throughput import caching_rows, training_rows
 from ..files import read_json, write_json
-from ..machine import keep_freed_memory
+from ..machine import environment, keep_freed_memory
 from ..precision import favoured_dtype, resolve_precision
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,8 @@ from ..models.loss import COMPILED_STEP, step_loss, train_collate, training_loss
 from .throughput_plan import stage_plan
 from ..files import write_json
 from ..compiling import run_compiling
-from ..machine import keep_freed_memory, run_metadata, seed_everything, synchronize
-from ..precision import compiles_step, cpu_flags, cuda_bf16_units, favoured_dtype
+from ..machine import environment, keep_freed_memory, seed_everything, synchronize
+from ..precision import compiles_step, favoured_dtype
 
 CSV = "throughput.csv"
 PLAN_CSV = "plan.csv"
@@ -42,19 +42,6 @@ COLUMNS = ("part", "variant", "draft", "device", "dtype", "allocator", "batch_si
 
 
 # Hardware
-
-
-def environment(device: torch.device) -> dict[str, Any]:
-    """What the numbers were measured on: versions, machine, threads, the vector and matrix units."""
-    flags = cpu_flags()
-    env = run_metadata(device, threads=torch.get_num_threads(),
-                       cpu_capability=torch.backends.cpu.get_cpu_capability(),
-                       cpu_flags=sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))),
-                       favoured_dtype=favoured_dtype(device))
-    if device.type == "cuda":
-        env["cuda"] = {"name": torch.cuda.get_device_name(device), "bf16": cuda_bf16_units(device),
-                       "capability": torch.cuda.get_device_capability(device), "cuda_version": torch.version.cuda}
-    return env
 
 
 class _Clock:
