@@ -229,7 +229,8 @@ class BenchConfig:
     eagle2_draft: str = EAGLE2_DRAFT
     jakiro_draft: str = JAKIRO_DRAFT
     # The precision the drafts decode in: "target" (the target's) or a dtype; verification keeps the output exact
-    # whatever the draft computes in, so it is a speed setting (docs/DESIGN.md section 12).
+    # whatever the draft computes in, so it is a speed setting (docs/DESIGN.md section 12). "bfloat16" beside an fp32
+    # target on a CPU without AMX: bf16 copies of the weights through the streaming GEMM, fp32 arithmetic.
     draft_dtype: str = "target"
 
     @property

@@ -1,10 +1,15 @@
+import copy
+
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from jakiro_lib.models import kernels
 from jakiro_lib.config import DraftConfig, TargetConfig
 from jakiro_lib.models.draft import DraftLoadError, DraftModel, KVCache, soft_cross_entropy
 from jakiro_lib.models.target import load_target
+from jakiro_lib.precision import cpu_flags
 
 DENSE = DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False, contrastive=False)
 
@@ -156,6 +161,31 @@ def test_a_bf16_draft_loads_with_packed_gemms_and_unchanged_outputs(tmp_path):
         out_e, out_d = e(f.bfloat16(), x, pos), d(f.bfloat16(), x, pos)
         torch.testing.assert_close(out_e.a, out_d.a)
         torch.testing.assert_close(e.logits(out_e.a[0, :3]), d.logits(out_d.a[0, :3]))
+
+
+@pytest.mark.skipif(not kernels.packed_gemm_available(torch.zeros(1), kernels.HALF_WEIGHTS)
+                    or "amx_bf16" in cpu_flags(), reason="the streaming GEMM cannot be built here, or AMX: cast whole")
+def test_a_bf16_draft_beside_an_fp32_target_streams_bf16_weights_in_fp32_arithmetic(tmp_path):
+    """On a CPU with the streaming GEMM a bf16 draft keeps fp32 layers and reads bf16 copies of its linears' and
+    reduced head's weights: each output is the fp32 draft's with its weights rounded to bf16 (fp32 sums)."""
+    target = load_target(TargetConfig(model="tiny:llama"))
+    d = DraftModel.build(DraftConfig(num_experts=2, draft_vocab_size=40), target.model).eval()
+    d.save(tmp_path / "d")
+    e = DraftModel.load(tmp_path / "d", target.model, dtype=torch.bfloat16)
+    assert e.half_weights and e.fc.weight.dtype == torch.float32
+    assert kernels.gemm_choice(e) == {"backend": kernels.HALF_WEIGHTS, "min_rows": 1, "max_rows": 64}
+    rounded = copy.deepcopy(d)
+    with torch.no_grad():
+        for lin in (m for m in rounded.modules() if isinstance(m, nn.Linear)):
+            lin.weight.copy_(lin.weight.bfloat16().float())
+    f, x, pos = _inputs()
+    with torch.inference_mode():
+        out_e, out_r = e(f, x, pos), rounded(f, x, pos)
+        torch.testing.assert_close(out_e.a, out_r.a, atol=1e-5, rtol=1e-5)
+        feats = out_e.a[0, :3]
+        head = d.head_weight().bfloat16().float()
+        torch.testing.assert_close(e.logits(feats), F.linear(feats, head), atol=1e-5, rtol=1e-5)
+    assert e._head_gemm == (kernels.HALF_WEIGHTS, 1)
 
 
 @pytest.mark.skipif(not kernels.packed_gemm_available(torch.zeros(1), "onednn"),

@@ -264,6 +264,10 @@ def test_the_streaming_gemm_equals_linear_for_any_rows_and_shape(out_features, i
         torch.testing.assert_close(_stream(x, weight, packed), F.linear(x, weight), **close)
         torch.testing.assert_close(_stream(x[None], weight, packed, bias), F.linear(x[None], weight, bias),
                                    **close)
+        halved = kernels.pack_weight(weight, 64, kernels.HALF_WEIGHTS)  # bf16 panels, fp32 sums
+        assert halved.dtype == torch.bfloat16 and halved.shape == packed.shape
+        torch.testing.assert_close(kernels.linear_maybe_packed(x, weight, bias, halved, 1, 64, kernels.HALF_WEIGHTS),
+                                   F.linear(x, weight.bfloat16().float(), bias), **close)
 
 
 @needs_stream

@@ -19,6 +19,7 @@ from .draft_blocks import EXPERT_MLPS, DraftAttention, DraftOutput, KVCache, sof
 from ..config import DraftConfig
 from ..layout import CONFIG_FILE, WEIGHTS_FILE
 from ..files import atomic_path
+from ..precision import cpu_flags
 
 HEAD_PACK_MAX_ROWS = 64  # a tree frontier's rows; the fewest worth packing: the target's choice (kernels.follow)
 Losses = dict[str, torch.Tensor]
@@ -115,6 +116,7 @@ class DraftModel(nn.Module):
         self._head_key: tuple = ()
         self._head_packed: tuple[torch.Tensor, torch.Tensor | None] | None = None  # (rows it packs, copy)
         self._head_gemm: tuple[str, int] | None = None  # (backend, min_rows) of the packed head: the target's
+        self.half_weights = False  # linears and head read bf16 copies (kernels.HALF_WEIGHTS; DraftModel.load)
         self.packed_head = True  # False: plain GEMM for the head (to measure what packing buys)
         self.register_load_state_dict_post_hook(DraftModel._drop_head_cache)
 
@@ -156,7 +158,7 @@ class DraftModel(nn.Module):
         if not self.packed_head:
             return F.linear(features, w)
         if self._head_packed is None or self._head_packed[0] is not w:
-            self._head_gemm = kernels.follow(self._shared[1], w)
+            self._head_gemm = (kernels.HALF_WEIGHTS, 1) if self.half_weights else kernels.follow(self._shared[1], w)
             self._head_packed = (w, kernels.pack_weight(w, HEAD_PACK_MAX_ROWS, self._head_gemm[0])
                                  if self._head_gemm else None)
         packed = self._head_packed[1] if self.packed_head else None
@@ -302,8 +304,10 @@ class DraftModel(nn.Module):
     @classmethod
     def load(cls, path: str | Path, target_model: nn.Module, dtype: torch.dtype | None = None) -> "DraftModel":
         """Strict load: the target must match the one the draft was trained for and every key must fit. ``dtype``:
-        the draft's own layers in that precision (default the target's); the borrowed embedding and head stay the
-        target's, and verification keeps the output exact whatever the draft computes in."""
+        the draft's own layers in that precision (default the target's; bf16 beside an fp32 target on a CPU without
+        AMX, with the streaming GEMM: bf16 copies of the linears' and the reduced head's weights, fp32 arithmetic);
+        the borrowed embedding and head stay the target's, and verification keeps the output exact whatever the
+        draft computes in."""
         path = Path(path)
         if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
             raise DraftLoadError(f"no saved draft at {path} (need {CONFIG_FILE} and {WEIGHTS_FILE})")
@@ -329,6 +333,14 @@ class DraftModel(nn.Module):
         if missing or unexpected:
             raise DraftLoadError(f"draft weights at {path} do not match the config: missing {missing}, "
                                  f"unexpected {unexpected}")
+        own = next(draft.parameters())
+        if (dtype == torch.bfloat16 and own.dtype == torch.float32 and "amx_bf16" not in cpu_flags()
+                and kernels.packed_gemm_available(own, kernels.HALF_WEIGHTS)):
+            # a CPU without bf16 matrix units, with the streaming GEMM: bf16 weights streamed, fp32 arithmetic
+            # (docs/DESIGN.md section 12)
+            kernels.enable_packed_gemm(draft, max_rows=HEAD_PACK_MAX_ROWS, backend=kernels.HALF_WEIGHTS, min_rows=1)
+            draft.half_weights = True
+            return draft.eval()
         if dtype is not None:
             draft.to(dtype)
         # A draft's forwards take a frontier's few rows: its linears follow the target's packed GEMM; without

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 # nothing below 4 rows; a oneDNN-reordered weight and the streaming kernel win from one row.
 MIN_ROWS = {torch.float32: 4, torch.bfloat16: 1}
 BACKENDS = ("stream", "mkl", "onednn")  # fp32 packs through any; bf16 through oneDNN only
+# the streaming GEMM over a copy rounded to bf16 (half the bytes, fp32 arithmetic): a draft's choice, never probed for
+# the target (it changes the math; verification keeps the output exact whatever the draft computes)
+HALF_WEIGHTS = "stream_bf16"
 PROBE_ROWS = (1, 2, 4, 8, 16, 32)
 PROBE_MARGIN = 0.97  # a packed copy serves a row count only where it beat the plain kernel by 3% or more
 
@@ -49,7 +52,7 @@ def packed_gemm_available(model: nn.Module | torch.Tensor, backend: str = "mkl")
     if p.device.type != "cpu":
         return False
     if p.dtype == torch.float32:
-        if backend == "stream":
+        if backend in ("stream", HALF_WEIGHTS):
             return stream_gemm_available()
         return bool(torch._C.has_mkl) if backend == "mkl" else _onednn_packs(torch.float32)
     if p.dtype == torch.bfloat16:
@@ -59,8 +62,8 @@ def packed_gemm_available(model: nn.Module | torch.Tensor, backend: str = "mkl")
 
 def backend_for(weight: torch.Tensor, backend: str) -> str:
     """The backend that packs ``weight``: bf16 weights always go through oneDNN."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown GEMM backend {backend!r}: use {' or '.join(BACKENDS)}")
+    if backend not in (*BACKENDS, HALF_WEIGHTS):
+        raise ValueError(f"unknown GEMM backend {backend!r}: use {' or '.join((*BACKENDS, HALF_WEIGHTS))}")
     return "onednn" if weight.dtype == torch.bfloat16 else backend
 
 
@@ -123,8 +126,8 @@ def pack_weight(weight: torch.Tensor, max_rows: int, backend: str = "mkl") -> to
     """A packed copy of a ``[out, in]`` weight for inputs of up to ``max_rows`` rows: the streaming kernel's
     panels (fp32, ``backend="stream"``; any row count), MKL's packed format (fp32, ``"mkl"``) or oneDNN's blocked
     layout (bf16, or fp32 with ``"onednn"``; any row count)."""
-    if backend_for(weight, backend) == "stream":
-        return torch.ops.jakiro_stream_gemm.pack(weight.detach())  # [ceil(out / L), in, L], zero-padded
+    if backend_for(weight, backend) in ("stream", HALF_WEIGHTS):  # [ceil(out / L), in, L], zero-padded
+        return torch.ops.jakiro_stream_gemm.pack(weight.detach(), backend == HALF_WEIGHTS)
     if backend_for(weight, backend) == "onednn":
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
     return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), max_rows)
@@ -141,7 +144,7 @@ def linear_maybe_packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     if backend_for(weight, backend) == "onednn":
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     flat = x.reshape(rows, x.shape[-1])
-    if backend_for(weight, backend) == "stream":
+    if backend_for(weight, backend) in ("stream", HALF_WEIGHTS):
         y = torch.ops.jakiro_stream_gemm.linear(flat, packed, weight.shape[0])  # [rows, out]
         y = y if bias is None else y + bias
     else:

@@ -23,19 +23,36 @@ constexpr int CHUNK = 4;
 template <int M> constexpr int panels_in_registers() { return M == 1 ? 6 : M == 2 ? 4 : M == 3 ? 3 : 2; }
 #endif
 typedef float vec __attribute__((vector_size(L * sizeof(float))));
-constexpr int64_t PREFETCH = 2048 / (L * sizeof(float));  // k steps ahead: 2 KB on each panel's stream
+typedef uint16_t half_vec __attribute__((vector_size(L * sizeof(uint16_t))));
+typedef uint32_t wide_vec __attribute__((vector_size(L * sizeof(uint32_t))));
 
-template <int M, int NB>
-inline void block(const float* x, const float* panels, float* y, int64_t K, int64_t Np, int64_t p) {
+// One panel row of L weights as fp32: stored fp32, or bf16 (the upper half of an fp32, widened in registers).
+inline vec load(const float* p) {
+  vec v;
+  __builtin_memcpy(&v, p, sizeof(vec));
+  return v;
+}
+inline vec load(const uint16_t* p) {
+  half_vec h;
+  __builtin_memcpy(&h, p, sizeof(half_vec));
+  const wide_vec u = __builtin_convertvector(h, wide_vec) << 16;
+  vec v;
+  __builtin_memcpy(&v, &u, sizeof(vec));
+  return v;
+}
+
+template <int M, int NB, typename W>
+inline void block(const float* x, const W* panels, float* y, int64_t K, int64_t Np, int64_t p) {
+  constexpr int64_t ahead = 2048 / (L * sizeof(W));  // k steps: 2 KB ahead on each panel's stream
   vec acc[M][NB];
   for (int m = 0; m < M; ++m)
     for (int j = 0; j < NB; ++j) acc[m][j] = vec{};
-  const float* src = panels + p * K * L;
+  const W* src = panels + p * K * L;
   for (int64_t k = 0; k < K; ++k) {
     vec w[NB];
     for (int j = 0; j < NB; ++j) {
-      __builtin_memcpy(&w[j], src + (j * K + k) * L, sizeof(vec));
-      __builtin_prefetch(src + (j * K + k + PREFETCH) * L);
+      w[j] = load(src + (j * K + k) * L);
+      __builtin_prefetch(src + (j * K + k + ahead) * L);
     }
     for (int m = 0; m < M; ++m) {
       const float xv = x[m * K + k];
@@ -46,22 +63,37 @@ inline void block(const float* x, const float* panels, float* y, int64_t K, int6
     for (int j = 0; j < NB; ++j) __builtin_memcpy(y + m * Np + (p + j) * L, &acc[m][j], sizeof(vec));
 }
 
-
-template <int M>
-inline void rows(const float* x, const float* panels, float* y, int64_t K, int64_t Np, int64_t p, int64_t p_end) {
+template <int M, typename W>
+void rows(const float* x, const W* panels, float* y, int64_t K, int64_t Np, int64_t p, int64_t p_end) {
   constexpr int NB = panels_in_registers<M>();
   for (; p + NB <= p_end; p += NB) block<M, NB>(x, panels, y, K, Np, p);
   for (; p < p_end; ++p) block<M, 1>(x, panels, y, K, Np, p);
 }
 
-using RowsFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
-constexpr RowsFn ROWS[9] = {nullptr, rows<1>, rows<2>, rows<3>, rows<4>, rows<5>, rows<6>, rows<7>, rows<8>};
+template <typename W>
+void run(const float* x, const W* panels, float* y, int64_t M, int64_t K, int64_t P) {
+  using RowsFn = void (*)(const float*, const W*, float*, int64_t, int64_t, int64_t, int64_t);
+  static constexpr RowsFn by_rows[9] = {nullptr, rows<1, W>, rows<2, W>, rows<3, W>, rows<4, W>,
+                                        rows<5, W>, rows<6, W>, rows<7, W>, rows<8, W>};
+  const int64_t Np = P * L;
+  // Threads split the panels; a thread passes over a block of its panels (about 512 KB) once per chunk of
+  // rows, the block staying in cache between chunks.
+  const int64_t per_block = std::max<int64_t>(8, (512 * 1024) / (K * L * int64_t(sizeof(W))));
+  at::parallel_for(0, P, 4, [&](int64_t p0, int64_t p1) {
+    for (int64_t b = p0; b < p1; b += per_block) {
+      const int64_t b_end = std::min(b + per_block, p1);
+      for (int64_t m = 0; m < M; m += CHUNK)
+        by_rows[std::min<int64_t>(CHUNK, M - m)](x + m * K, panels, y + m * Np, K, Np, b, b_end);
+    }
+  });
+}
 
-at::Tensor pack(const at::Tensor& weight) {
+// bf16: the panels hold the weight rounded to bf16 (half the bytes to stream); the arithmetic stays fp32.
+at::Tensor pack(const at::Tensor& weight, bool bf16) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
               "stream_gemm.pack takes a 2-D fp32 CPU weight");
   const int64_t N = weight.size(0), K = weight.size(1), P = (N + L - 1) / L;
-  at::Tensor padded = at::zeros({P * L, K}, weight.options());
+  at::Tensor padded = at::zeros({P * L, K}, weight.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
   padded.narrow(0, 0, N).copy_(weight);
   return padded.view({P, L, K}).transpose(1, 2).contiguous();  // [P, K, L]
 }
@@ -70,24 +102,14 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, int64_t n) 
   TORCH_CHECK(input.dim() == 2 && input.scalar_type() == at::kFloat && packed.dim() == 3 &&
               packed.size(1) == input.size(1) && packed.size(2) == L, "stream_gemm.linear: shapes do not match");
   const at::Tensor x = input.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), P = packed.size(0), Np = P * L;
-  at::Tensor y = at::empty({M, Np}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const float* wp = packed.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  // Threads split the panels; a thread passes over a block of its panels (about 512 KB) once per chunk of
-  // rows, the block staying in cache between chunks.
-  const int64_t per_block = std::max<int64_t>(8, (512 * 1024) / (K * L * int64_t(sizeof(float))));
-  at::parallel_for(0, P, 4, [&](int64_t p0, int64_t p1) {
-    for (int64_t b = p0; b < p1; b += per_block) {
-      const int64_t b_end = std::min(b + per_block, p1);
-      for (int64_t m = 0; m < M; m += CHUNK) {
-        const int64_t rows_here = std::min<int64_t>(CHUNK, M - m);
-        ROWS[rows_here](xp + m * K, wp, yp + m * Np, K, Np, b, b_end);
-      }
-    }
-  });
-  return Np == n ? y : y.narrow(1, 0, n).contiguous();
+  const int64_t M = x.size(0), K = x.size(1), P = packed.size(0);
+  at::Tensor y = at::empty({M, P * L}, x.options());
+  if (packed.scalar_type() == at::kBFloat16)
+    run(x.data_ptr<float>(), reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), y.data_ptr<float>(),
+        M, K, P);
+  else
+    run(x.data_ptr<float>(), packed.data_ptr<float>(), y.data_ptr<float>(), M, K, P);
+  return P * L == n ? y : y.narrow(1, 0, n).contiguous();
 }
 
 at::Tensor linear_meta(const at::Tensor& input, const at::Tensor& packed, int64_t n) {
@@ -97,7 +119,7 @@ at::Tensor linear_meta(const at::Tensor& input, const at::Tensor& packed, int64_
 }  // namespace
 
 TORCH_LIBRARY(jakiro_stream_gemm, m) {
-  m.def("pack(Tensor weight) -> Tensor");
+  m.def("pack(Tensor weight, bool bf16=False) -> Tensor");
   m.def("linear(Tensor input, Tensor packed, int n) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
