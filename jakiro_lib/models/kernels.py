@@ -1,7 +1,7 @@
 """Fast paths for the frozen target, used by every method alike (docs/DESIGN.md sections 9 and 12); none changes the
 math beyond rounding (tested). :class:`PackedGemm` (the streaming GEMM's panels, MKL's packed or oneDNN's blocked
-weights, as MKL's plain sgemm slows from 4 rows on; chosen by :func:`probe_gemm`), ``sdpa_gqa`` (SDPA's own grouped KV heads, where transformers copies the
-cache per layer under a custom mask) and :func:`use_fused_norm` (one kernel on CUDA for RMSNorm's six)."""
+weights, as MKL's plain sgemm slows from 4 rows on; chosen by :func:`probe_gemm`), ``sdpa_gqa`` (SDPA's own grouped
+KV heads, where transformers copies the cache per layer under a custom mask) and :func:`use_fused_norm` (one kernel on CUDA for RMSNorm's six)."""
 from __future__ import annotations
 
 import hashlib
@@ -37,6 +37,7 @@ BACKENDS = ("stream", "mkl", "onednn")  # fp32 packs through any; bf16 through o
 # the streaming GEMM over a copy rounded to bf16 (half the bytes, fp32 arithmetic): a draft's choice, never probed for
 # the target (it changes the math; verification keeps the output exact whatever the draft computes)
 HALF_WEIGHTS = "stream_bf16"
+STREAM_BACKENDS = ("stream", HALF_WEIGHTS)  # the two through stream_gemm.cpp (its panels in fp32 or bf16)
 PROBE_ROWS = (1, 2, 4, 8, 16, 32)
 PROBE_MARGIN = 0.97  # a packed copy serves a row count only where it beat the plain kernel by 3% or more
 
@@ -52,7 +53,7 @@ def packed_gemm_available(model: nn.Module | torch.Tensor, backend: str = "mkl")
     if p.device.type != "cpu":
         return False
     if p.dtype == torch.float32:
-        if backend in ("stream", HALF_WEIGHTS):
+        if backend in STREAM_BACKENDS:
             return stream_gemm_available()
         return bool(torch._C.has_mkl) if backend == "mkl" else _onednn_packs(torch.float32)
     if p.dtype == torch.bfloat16:
@@ -126,9 +127,10 @@ def pack_weight(weight: torch.Tensor, max_rows: int, backend: str = "mkl") -> to
     """A packed copy of a ``[out, in]`` weight for inputs of up to ``max_rows`` rows: the streaming kernel's
     panels (fp32, ``backend="stream"``; any row count), MKL's packed format (fp32, ``"mkl"``) or oneDNN's blocked
     layout (bf16, or fp32 with ``"onednn"``; any row count)."""
-    if backend_for(weight, backend) in ("stream", HALF_WEIGHTS):  # [ceil(out / L), in, L], zero-padded
-        return torch.ops.jakiro_stream_gemm.pack(weight.detach(), backend == HALF_WEIGHTS)
-    if backend_for(weight, backend) == "onednn":
+    kind = backend_for(weight, backend)
+    if kind in STREAM_BACKENDS:  # [ceil(out / L), in, L], zero-padded
+        return torch.ops.jakiro_stream_gemm.pack(weight.detach(), kind == HALF_WEIGHTS)
+    if kind == "onednn":
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
     return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), max_rows)
 
@@ -141,10 +143,11 @@ def linear_maybe_packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if packed is None or not min_rows <= rows <= max_rows or (x.requires_grad and torch.is_grad_enabled()):
         return F.linear(x, weight, bias)
-    if backend_for(weight, backend) == "onednn":
+    kind = backend_for(weight, backend)
+    if kind == "onednn":
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     flat = x.reshape(rows, x.shape[-1])
-    if backend_for(weight, backend) in ("stream", HALF_WEIGHTS):
+    if kind in STREAM_BACKENDS:
         y = torch.ops.jakiro_stream_gemm.linear(flat, packed, weight.shape[0])  # [rows, out]
         y = y if bias is None else y + bias
     else:
