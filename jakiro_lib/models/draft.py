@@ -116,9 +116,15 @@ class DraftModel(nn.Module):
         self._head_key: tuple = ()
         self._head_packed: tuple[torch.Tensor, torch.Tensor | None] | None = None  # (rows it packs, copy)
         self._head_gemm: tuple[str, int] | None = None  # (backend, min_rows) of the packed head: the target's
-        self.half_weights = False  # linears and head read bf16 copies (kernels.HALF_WEIGHTS; DraftModel.load)
         self.packed_head = True  # False: plain GEMM for the head (to measure what packing buys)
         self.register_load_state_dict_post_hook(DraftModel._drop_head_cache)
+
+    @property
+    def half_weights(self) -> bool:
+        """Whether the linears (and so the reduced head) read bf16 copies of their weights (kernels.HALF_WEIGHTS,
+        chosen by :meth:`load`)."""
+        gemm = kernels.packed_gemm(self)
+        return gemm is not None and gemm.backend == kernels.HALF_WEIGHTS
 
     @staticmethod
     def _drop_head_cache(module: "DraftModel", incompatible_keys: Any) -> None:
@@ -339,7 +345,6 @@ class DraftModel(nn.Module):
             # a CPU without bf16 matrix units, with the streaming GEMM: bf16 weights streamed, fp32 arithmetic
             # (docs/DESIGN.md section 12)
             kernels.enable_packed_gemm(draft, max_rows=HEAD_PACK_MAX_ROWS, backend=kernels.HALF_WEIGHTS, min_rows=1)
-            draft.half_weights = True
             return draft.eval()
         if dtype is not None:
             draft.to(dtype)
