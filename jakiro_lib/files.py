@@ -130,6 +130,12 @@ def text_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def relative_path(path: str | Path, start: str | Path) -> str:
+    """``path`` from ``start`` (both resolved), as a POSIX string: how a written config names a folder beside it
+    without the machine's directories."""
+    return Path(os.path.relpath(Path(path).resolve(), Path(start).resolve())).as_posix()
+
+
 def write_json(path: str | Path, obj: Any) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")

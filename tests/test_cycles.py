@@ -2,6 +2,7 @@
 of a cycle counted once and in its own name, the prompt's work kept out of the cycles, and rows that add up."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -83,5 +84,7 @@ def test_the_report_section_times_the_methods_the_study_runs(tmp_path):
     table = cycle_cost_table(ctx, target=target)
     assert table["method"].tolist() == ["vanilla", "eagle2"] and list(table.columns) == list(COLUMNS)
     assert (tmp_path / "report" / "cycles.csv").is_file() and math.isclose(table["cycle_per_plain"][0], 1.0)
+    config = json.loads((tmp_path / "report" / "cycles_config.json").read_text())
+    assert config["run_dir"] == "../run"  # no machine's directories in a committed record
     P.save_figure(P.plot_cycle_costs(table), tmp_path / "cycles.png")
     assert (tmp_path / "cycles.png").read_bytes().startswith(b"\x89PNG")

@@ -5,13 +5,13 @@ records' labels (:func:`record_label`) are read from it; a method runs through
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection
 
 from ..config import EAGLE2_DRAFT, JAKIRO_DRAFT, OUR_KINDS, SPEC, Profile, TreeConfig
 from ..decoding.methods import MethodSpec
+from ..files import relative_path
 from ..layout import draft_name, draft_path
 
 STUDIES = ("main", "ablations")
@@ -29,7 +29,7 @@ def portable(spec: MethodSpec, relative_to: str | Path | None = None) -> dict[st
         if relative_to is None:
             d["draft"] = draft_name(spec.draft)
         else:
-            d["draft"] = Path(os.path.relpath(Path(spec.draft).resolve(), Path(relative_to).resolve())).as_posix()
+            d["draft"] = relative_path(spec.draft, relative_to)
     return d
 
 

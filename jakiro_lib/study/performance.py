@@ -12,7 +12,7 @@ from ..measure.methods import portable
 from ..measure.cycles import COLUMNS as CYCLE_COLUMNS, cycle_methods, cycle_prompts, cycle_table
 from ..measure.perf import cost_model, lever_table, performance_targets
 from .context import StudyContext, get_target
-from ..files import write_json, write_table
+from ..files import relative_path, write_json, write_table
 from ..machine import environment
 from ..models import kernels
 from .tables import load_study_records, tree_budget_table
@@ -53,7 +53,7 @@ def cycle_cost_table(ctx: StudyContext, *, names: Sequence[str] | None = None, l
     out = Path(out_dir if out_dir is not None else ctx.report_dir)
     write_table(out / "cycles.csv", table)
     write_json(out / "cycles_config.json", {
-        "profile": ctx.profile.to_dict(), "run_dir": str(ctx.run_dir), "prompts": len(prompts),
+        "profile": ctx.profile.to_dict(), "run_dir": relative_path(ctx.run_dir, out), "prompts": len(prompts),
         "methods": {k: portable(v) for k, v in methods.items()}, "environment": environment(target.device),
         "packed_gemm": kernels.gemm_choice(target.model)})
     return table
