@@ -34,9 +34,8 @@ def graphs_compiled() -> int:
 
 
 def inductor_settings(device: torch.device) -> contextlib.AbstractContextManager:
-    """Inductor settings while the target compiles. On CPU, ``freezing``: weights become constants that inductor
-    pre-packs and folds. Frozen, a graph also binds to the KV buffers it was compiled with, hence
-    :func:`static_cache` and the engine's shared runners."""
+    """Inductor settings while the target compiles: on CPU ``freezing`` (weights become constants inductor packs;
+    a frozen graph binds to its KV buffers, hence :func:`static_cache` and the engine's shared runners)."""
     if device.type == "cuda":
         return contextlib.nullcontext()
     import torch._inductor.config as inductor_config  # heavy (loads inductor): only when compiling
@@ -117,9 +116,8 @@ def _warm_up(step: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...]) 
 
 
 def static_cache(model: PreTrainedModel, cache_len: int) -> StaticCache:
-    """HF's static KV cache of ``cache_len`` positions for ``hf_compiled``, one per model and length: a compiled
-    step is specialised to its cache's buffers (a new cache recompiles, and under freezing would read the old one's).
-    """
+    """HF's static KV cache of ``cache_len`` positions for ``hf_compiled``, one per model and length (a compiled
+    step binds to its cache's buffers)."""
     caches: dict[int, StaticCache] = scratch(model).setdefault("static_caches", {})
     if cache_len not in caches:
         caches[cache_len] = StaticCache(config=model.config, max_cache_len=cache_len)

@@ -1,7 +1,5 @@
-"""What both a drafted tree and a lookup chain are made of: the draft steps a tree needs (:func:`draft_schedule`),
-the children of a frontier from a draft's outputs (:func:`candidate_tensors`, coupled or decoupled), and prompt lookup
-(:class:`PromptLookup`). The engine's drafter that uses them: :class:`~jakiro_lib.decoding.static_tree.StaticTreeDrafter`.
-"""
+"""What a drafted tree and a lookup chain are made of: the draft steps a tree needs (:func:`draft_schedule`), a
+frontier's children (:func:`candidate_tensors`, coupled or decoupled) and prompt lookup (:class:`PromptLookup`)."""
 from __future__ import annotations
 
 import torch

@@ -4,7 +4,7 @@ eager or captured as ``target.capture`` says; HF's kinds (``hf``, ``pld``) throu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -69,31 +69,18 @@ class MethodRunner:
 
     def __call__(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, params: SamplingParams,
                  seed: int, on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
-        """Generate for one prompt; ``on_tokens`` streams accepted tokens (HF methods call it once, at the end)."""
-        t = self.target
-        common = dict(max_new_tokens=max_new_tokens, params=params, eos_token_ids=t.eos_token_ids)
-        return _GENERATE[self.spec.kind](self, prompt_ids, seed, on_tokens, common)
-
-    def _ours(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
-        """Plain decoding or a drafted (or lookup) tree on the engine, captured where the target says."""
+        """Generate for one prompt; ``on_tokens`` streams accepted tokens (HF methods call it once, at the end). Ours
+        on the engine, captured where the target says; HF's through ``generate`` (prompt lookup for kind "pld")."""
         t, spec = self.target, self.spec
-        return static_generate(t.model, self.draft, spec.tree, prompt_ids, compile=spec.capture(t) != "none",
-                               max_context=t.config.max_context, generator=self._gen(seed), on_tokens=on_tokens,
-                               **common)
-
-    def _hf(self, prompt_ids: torch.Tensor, seed: int, on_tokens: Any, common: dict[str, Any]) -> GenerationResult:
-        """HF ``generate``, with prompt lookup for kind "pld"."""
-        lookup = self.spec.prompt_lookup_tokens if self.spec.kind == "pld" else None
-        result = hf_generate(self.target.model, prompt_ids, prompt_lookup_num_tokens=lookup, seed=seed,
-                             compile=self.spec.compile, max_context=self.target.config.max_context, **common)
+        common = dict(max_new_tokens=max_new_tokens, params=params, eos_token_ids=t.eos_token_ids,
+                      max_context=t.config.max_context)
+        if spec.kind in OUR_KINDS:
+            generator = torch.Generator(device=t.device).manual_seed(seed)
+            return static_generate(t.model, self.draft, spec.tree, prompt_ids, compile=spec.capture(t) != "none",
+                                   generator=generator, on_tokens=on_tokens, **common)
+        lookup = spec.prompt_lookup_tokens if spec.kind == "pld" else None
+        result = hf_generate(t.model, prompt_ids, prompt_lookup_num_tokens=lookup, seed=seed, compile=spec.compile,
+                             **common)
         if on_tokens is not None:
             on_tokens(result.output_ids)
         return result
-
-    def _gen(self, seed: int) -> torch.Generator:
-        return torch.Generator(device=self.target.device).manual_seed(seed)
-
-
-# how each method kind generates (methods.KINDS)
-_GENERATE: dict[str, Callable[..., GenerationResult]] = {
-    "vanilla": MethodRunner._ours, SPEC: MethodRunner._ours, "hf": MethodRunner._hf, "pld": MethodRunner._hf}

@@ -15,8 +15,7 @@ MAX_TREE_ROOM = 128  # cache positions kept past the text for a tree forward (a 
 
 
 def fixed_address(t: torch.Tensor) -> torch.Tensor:
-    """``t``, marked as a buffer whose address never changes: a captured CUDA graph reads and writes it in place
-    (while torch.compile traces, nothing to mark)."""
+    """``t``, marked as a buffer whose address never changes (a captured CUDA graph reads and writes it in place)."""
     if not torch.compiler.is_compiling():
         torch._dynamo.mark_static_address(t)
     return t
@@ -36,8 +35,7 @@ class _Where:
         self.start: int | torch.Tensor = 0
         self.length = 0
         self.window: int | None = None
-        # with device positions, the columns the forward writes ([n]: start..start+n), computed once for every
-        # layer: per layer it was two kernels a layer, 60 of a SmolLM2 step's ~1,240 on a GPU, replayed every token
+        # with device positions, the columns the forward writes ([n]: start..start+n), computed once for all layers
         self.cols: torch.Tensor | None = None
         self.capacity = capacity
         self.slots = 0  # layers in the stack (each KVLayer takes the next slot)

@@ -40,8 +40,8 @@ def engine_cache_len(needed: int) -> int:
 
 
 def _runner(model: PreTrainedModel, cache_len: int, *, shared: bool) -> TargetRunner:
-    """A runner of ``cache_len`` positions given on the device; ``shared``: over the model's one cache of that
-    length (what compiled steps bind to: a new cache would compile again, and a 7B target's is large)."""
+    """A runner of ``cache_len`` positions; ``shared``: over the model's one cache of that length (compiled steps
+    bind to it, and a 7B target's is large)."""
     if not shared:
         return TargetRunner(model, cache_len)
     runners: dict[int, TargetRunner] = scratch(model).setdefault("static_runners", {})
@@ -52,8 +52,7 @@ def _runner(model: PreTrainedModel, cache_len: int, *, shared: bool) -> TargetRu
 
 def _next_cycle(result: GenerationResult, start: torch.Tensor, length: int, max_context: int,
                 uniforms: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> bool:
-    """Before a cycle from ``length`` tokens: ``start`` set, (sampling) the cycle's ``uniforms`` drawn; False,
-    with the stop reason, where the context has no room left."""
+    """``start`` set and (sampling) ``uniforms`` drawn for a cycle from ``length``; False when the context is full."""
     if length + 1 > max_context:
         result.stop_reason = "context"
         return False
@@ -173,17 +172,15 @@ class StaticEngine:
         return torch.cat([*read, new])
 
     def _root_only(self, start: int | torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-        """The last token alone, verified (plain decoding; near the end of the context, where a whole tree no
-        longer fits): [0, 1 row verified, the next token]."""
+        """Plain decoding's cycle (and the last cycles, where no tree fits): [0, 1 row verified, the next token]."""
         root = self.token if self.drafter is None else self.drafter.root_token
         with step(self.clock, "verify"):  # eager plain decoding reads exactly the text and the root: no mask
             bonus = root_step(self.target, root, self.params, uniforms, start, masked=self.compile or not self.plain)
         return torch.stack([torch.zeros_like(bonus), torch.ones_like(bonus), bonus])
 
     def _set_window(self, length: int) -> int:
-        """The positions this cycle's forwards read after ``length`` written ones, the draft's attention the same
-        ones: eager, the text and what this cycle writes past it (:attr:`room`); compiled, whole windows
-        (:func:`attention_window`) where one step serves each, else the whole cache."""
+        """Positions the cycle's forwards (target and draft) read after ``length`` written ones: eager, the text and
+        :attr:`room`; compiled, whole :func:`attention_window` s where windowed, else the whole cache."""
         capacity = self.target.capacity
         if not self.compile:
             window = min(capacity, length + self.room)
@@ -195,9 +192,8 @@ class StaticEngine:
         return window
 
     def prepare(self, length: int) -> None:
-        """Every attention window up to ``length`` positions (at most the capacity less a tree's room) recorded now,
-        so that no timed generation records one (a compiled, windowed engine that has generated once). What the
-        recording steps write is rewritten by the next prefill."""
+        """Every attention window up to ``length`` positions recorded now (a compiled, windowed engine that has
+        generated once), so that no timed generation records one; the next prefill rewrites what they wrote."""
         if not (self.compile and self.windowed) or (self.drafter is not None and self.drafter.root is None):
             return
         length = min(length, self.target.capacity - MAX_TREE_ROOM)
@@ -209,8 +205,7 @@ class StaticEngine:
                 self._run_step(start, text)
 
     def _run_step(self, start: torch.Tensor, length: int) -> torch.Tensor:
-        """The cycle from ``length`` written positions: eagerly with the host's int (the target's cache written and
-        read as the loop engine does, by slices), compiled with ``start``, the same as a 0-dim device tensor."""
+        """The cycle from ``length`` written positions: eagerly with the host int, compiled with ``start`` (0-dim)."""
         if not self.compile:
             return self.cycle(length, self.uniforms, *self.inputs)
         window = self.target.window
@@ -244,9 +239,8 @@ class StaticEngine:
             self.lookup.reset(ids.tolist() + [first])  # once per prompt (a host read of the prompt)
 
     def _advance(self, start: torch.Tensor, length: int, room: int) -> tuple[list[int], int | None, list[int] | None]:
-        """One cycle from ``length`` written positions (``start`` on the device) with ``room`` positions left: (the
-        tokens it emits, the rows it verified (None for plain decoding), the running maximum of the selection ranks
-        along the accepted path (:attr:`ranked`, whole trees; else None))."""
+        """One cycle from ``length`` written positions with ``room`` left: the tokens it emits, the rows it verified
+        (None: plain decoding) and, :attr:`ranked`, the path's running maximum rank (else None)."""
         whole = self.max_depth + 1 <= room
         if whole and self.lookup is not None:
             self._set_chain(self.lookup.propose())
@@ -268,23 +262,18 @@ class StaticEngine:
         return emitted, None if self.plain else read[1], read[2:2 + accepted] if ranked else None
 
     def _encode(self, start: int, accepted: int) -> None:
-        """Eager: the accepted path's positions (its ``accepted`` tokens and the bonus) encoded by the draft, its
-        last row the next root: the rows a compiled cycle encodes, without the padding past them."""
+        """Eager: the accepted path and the bonus encoded by the draft (a compiled cycle's rows without padding)."""
         (hidden, new), self._accepted_path = self._accepted_path, None
         with step(self.clock, "update"):
             self.drafter.extend(hidden[:accepted + 1], new[:accepted + 1], start, accepted)
 
     def _set_chain(self, chain: list[int]) -> None:
-        """The step's lookup chain: written into the fixed buffer a compiled step reads (count, then the tokens
-        padded); eager, the host's list."""
+        """The lookup chain: compiled, into the fixed buffer (count, then the tokens padded); eager, the list."""
         if self.compile:
             L = self.lookup.num_tokens
             self.chain.copy_(torch.tensor([len(chain), *chain, *[0] * (L - len(chain))]))
         else:
             self.inputs = (chain,)
-
-    def _forwards(self) -> int:
-        return 0 if self.drafter is None else self.drafter.forwards  # draft forwards so far
 
     def generate(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, eos_token_ids: list[int] = (),
                  max_context: int, generator: torch.Generator | None = None,
@@ -293,7 +282,7 @@ class StaticEngine:
         dev = self.model.device
         result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
         eos = set(eos_token_ids)
-        forwards0 = self._forwards()
+        forwards0 = 0 if self.drafter is None else self.drafter.forwards
         synchronize(dev)
         t0 = time.perf_counter()
         ids = prompt_ids.to(dev)
@@ -317,7 +306,7 @@ class StaticEngine:
             before = len(result.output_ids)
             done = append_tokens(result, emitted, eos, max_new_tokens, on_tokens)
             result.accepted.append(len(result.output_ids) - before)
-        result.draft_forwards = self._forwards() - forwards0
+        result.draft_forwards = 0 if self.drafter is None else self.drafter.forwards - forwards0
         synchronize(dev)
         result.wall_time = time.perf_counter() - t0
         return result
@@ -325,8 +314,7 @@ class StaticEngine:
 
 def _engine(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None, cache_len: int,
             params: SamplingParams, compile: bool, ranked: bool) -> StaticEngine:
-    """The engine for ``draft`` and ``tree`` (both None: plain decoding). A compiled one is kept on the model, one per
-    draft, tree, sampling settings and length: its step is specialised to its buffers (:func:`_runner`)."""
+    """The engine for ``draft`` and ``tree``; a compiled one kept on the model (its step binds to its buffers)."""
     if not compile:
         return StaticEngine(model, draft, tree, cache_len, params=params, compile=False, ranked=ranked)
     engines: dict = scratch(model).setdefault("engines", {})
@@ -360,5 +348,5 @@ def static_generate(model: PreTrainedModel, draft: DraftModel | None, tree: Tree
 
 
 def static_vanilla_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, **kwargs: Any) -> GenerationResult:
-    """Plain decoding on the static engine (:class:`StaticEngine` without a draft); the keywords of :func:`static_generate`."""
+    """Plain decoding on the engine; the keywords of :func:`static_generate`."""
     return static_generate(model, None, None, prompt_ids, **kwargs)

@@ -1,8 +1,5 @@
-"""The static engine's tree, as fixed-shape tensors (docs/DESIGN.md section 12): the draft cache
-(:class:`StaticKV`), EAGLE-2's tree drafted layer by layer into preallocated slots (:class:`StaticTreeDrafter`,
-coupled, decoupled or CEPD, a prompt-lookup chain grafted on: :func:`graft_chain`), and the accepted path as
-tensors (:func:`greedy_path`, :func:`sampling_path`). The cycle that runs them: :mod:`jakiro_lib.decoding.static`.
-"""
+"""The engine's tree in fixed-shape tensors (docs/DESIGN.md section 12): the draft cache, EAGLE-2's tree drafted into
+preallocated slots (coupled, decoupled or CEPD), a lookup chain grafted on, and the accepted path."""
 from __future__ import annotations
 
 import torch
@@ -13,7 +10,7 @@ from .clock import Clock, step
 from .drafting import candidate_tensors, draft_schedule
 from .runner import TargetRunner, fixed_address, tree_rows
 from .runner import MAX_TREE_ROOM
-from .verify import SamplingParams, warp_probs
+from .verify import SamplingParams, inverse_cdf, warp_probs
 
 
 class StaticEngineError(ValueError):
@@ -128,19 +125,14 @@ def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Ten
         node = torch.where(live, hits.long().argmax(), node)  # the first accepted child, if any
         accepted = accepted + live
         path.append(torch.where(live, node, 0))
-    row = residual.index_select(0, node[None])[0].double()  # [V]
-    cdf = row.cumsum(0)
-    bonus = torch.searchsorted(cdf, (uniforms[-1] * cdf[-1])[None], right=True)[0]
-    last = torch.where(row > 0, torch.arange(row.shape[0], device=row.device), -1).max()  # u * total rounded up
-    bonus = torch.where(bonus >= row.shape[0], last, bonus)
+    bonus = inverse_cdf(residual.index_select(0, node[None])[0], uniforms[-1])  # from the node's mass left
     return torch.stack(path), accepted, bonus
 
 
 def evaluate(params: SamplingParams, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
              anc: torch.Tensor, logits: torch.Tensor, uniforms: torch.Tensor, max_depth: int,
              valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Step 3 of a cycle: :func:`greedy_path` at T=0, else :func:`sampling_path`
-    (path, accepted count, bonus)."""
+    """Step 3 of a cycle, (path, accepted count, bonus): :func:`greedy_path` at T=0, else :func:`sampling_path`."""
     if params.greedy:
         return greedy_path(tokens, parents, depths, anc, logits, max_depth, valid)
     return sampling_path(tokens, parents, logits, params, uniforms, max_depth, valid)
@@ -203,10 +195,8 @@ def graft_chain_eager(tokens: torch.Tensor, parents: torch.Tensor, depths: torch
 
 def root_step(target: TargetRunner, token: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor,
               start: int | torch.Tensor, *, masked: bool = True) -> torch.Tensor:
-    """The last token (``token``, 0-dim, at position ``start``: a 0-dim device tensor, or a host int eagerly) alone,
-    verified as a one-node tree: the next token (0-dim, greedy or sampled), written into ``token``; the target's
-    cache then holds start + 1.
-    ``masked`` False: the target's window is the text and this token, attended whole (no mask to build)."""
+    """The last token (``token``, 0-dim, at ``start``) verified as a one-node tree: the next token, written into
+    ``token``. ``masked`` False: the window is the text and this token, attended whole (no mask to build)."""
     zero = torch.zeros(1, dtype=torch.long, device=token.device)  # the node's index, parent and depth
     tokens, anc = token.reshape(1), torch.ones(1, 1, dtype=torch.bool, device=token.device)
     logits, _ = target.score(tokens, zero, anc if masked else None, start)  # [1, V]
@@ -256,8 +246,7 @@ class StaticTreeDrafter:
     def extend(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int | torch.Tensor,
                last: int | torch.Tensor) -> None:
         """Encode positions start.. (features ``hidden`` [n, H], next tokens [n]); row ``last`` (0-dim, or a host
-        int eagerly) is the newest real one: its output and token root the next tree. Rows after it are padding,
-        written past the text and overwritten later."""
+        int eagerly) roots the next tree; rows after it are padding, overwritten later."""
         n = tokens.shape[0]
         pos = start + torch.arange(n, device=tokens.device)  # [n]
         cols = torch.arange(self.cache.window, device=tokens.device)  # [W]
@@ -280,9 +269,8 @@ class StaticTreeDrafter:
         return candidate_tensors(self.draft, self.cfg, out.a, out.experts, out.gates)
 
     def propose(self, base: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The tree rooted at the last token, drafted after ``base`` cached positions (0-dim, or a host int eagerly):
-        tokens, parents (root's: 0), depths and selection ranks [m] (:func:`select_tree`), on the device. A CEPD step
-        (``steps`` entry 2) also drafts from branch B (docs/DESIGN.md sections 3 and 12)."""
+        """The tree rooted at the last token, drafted after ``base`` cached positions: tokens, parents (root's: 0),
+        depths and selection ranks [m] (:func:`select_tree`); a CEPD step also drafts from branch B (DESIGN 3, 12)."""
         return self._best_child() if self.m == 2 else self._pool(base)
 
     def _best_child(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -40,9 +40,11 @@ def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token from ``probs`` (non-negative, any positive total) by inverse CDF: one uniform draw, where
+    """One token from ``probs`` (non-negative, any positive total) by :func:`inverse_cdf` of one uniform draw, where
     ``torch.multinomial`` draws one per vocabulary entry (docs/DESIGN.md section 11)."""
-    return inverse_cdf(probs, uniform(generator))
+    if not float(probs.sum()) > 0:
+        raise ValueError("cannot sample from a distribution with no positive probability")
+    return int(inverse_cdf(probs, uniform(generator)))
 
 
 def uniform(generator: torch.Generator | None) -> float:
@@ -51,14 +53,11 @@ def uniform(generator: torch.Generator | None) -> float:
     return float(torch.rand((), generator=generator, dtype=torch.float64, device=device))
 
 
-def inverse_cdf(probs: torch.Tensor, u: float) -> int:
-    """The token whose cumulative-probability interval holds ``u * total`` (zero-probability tokens own
-    an empty interval, so they are never drawn); float64 sums keep 49k small terms exact enough."""
+def inverse_cdf(probs: torch.Tensor, u: float | torch.Tensor) -> torch.Tensor:
+    """The token (0-dim, no host read) whose cumulative-probability interval holds ``u * total`` of ``probs`` [V]:
+    zero-probability tokens own an empty interval, so they are never drawn; float64 sums keep 49k small terms exact
+    enough; ``u * total`` rounded up to the total gives the last token with any mass."""
     cdf = probs.double().cumsum(-1)
-    total = float(cdf[-1])
-    if not total > 0:
-        raise ValueError("cannot sample from a distribution with no positive probability")
-    idx = int(torch.searchsorted(cdf, cdf.new_tensor([u * total]), right=True))
-    if idx >= cdf.numel():  # u * total rounded up to the total: the last token with any mass
-        idx = int(probs.nonzero()[-1])
-    return idx
+    idx = torch.searchsorted(cdf, (cdf[-1] * u).reshape(1), right=True)[0]
+    last = torch.where(probs > 0, torch.arange(probs.shape[-1], device=probs.device), -1).max()
+    return torch.where(idx >= probs.shape[-1], last, idx)
