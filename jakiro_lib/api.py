@@ -13,6 +13,7 @@ from .data.conversations import not_text
 from .config import KINDS, SPEC, TreeConfig
 from .decoding.methods import MethodRunner, MethodSpec
 from .decoding.result import ContextLengthError, GenerationResult
+from .models.draft import resolve_draft_dtype
 from .models.target import Target
 from .decoding.verify import SamplingParams
 
@@ -29,11 +30,12 @@ class Generation:
 def generate(target: Target, prompt: str | list[dict[str, str]], *, method: str = SPEC,
              draft: str | Path | None = None, tree: TreeConfig | None = None, max_new_tokens: int = 128,
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-             on_text: Callable[[str], None] | None = None, draft_dtype: str | None = None) -> Generation:
+             on_text: Callable[[str], None] | None = None, draft_dtype: str = "auto") -> Generation:
     """Chat-format ``prompt`` (a user message or a list of messages) and decode it with ``method``.
 
     ``method``: ``vanilla``, ``hf`` (HF generate), ``pld`` (HF prompt lookup) or ``spec`` (the saved ``draft``
-    with ``tree``). ``on_text`` receives the decoded text as tokens are accepted. A ``max_new_tokens`` past what
+    with ``tree``, its layers in ``draft_dtype``, a ``bench.draft_dtype`` value). ``on_text`` receives the decoded text
+    as tokens are accepted. A ``max_new_tokens`` past what
     the target's context leaves after the prompt is lowered to that, with one warning."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -45,7 +47,7 @@ def generate(target: Target, prompt: str | list[dict[str, str]], *, method: str 
     max_new_tokens = _within_context(target, ids.numel(), max_new_tokens)
     spec = MethodSpec(method, draft=None if draft is None else str(draft),
                       tree=(tree or TreeConfig()) if method == SPEC else None,
-                      draft_dtype=draft_dtype if method == SPEC and draft is not None else None)
+                      draft_dtype=resolve_draft_dtype(draft_dtype, target.config) if method == SPEC and draft else None)
     runner = MethodRunner(target, spec)
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
     stream = None

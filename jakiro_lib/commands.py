@@ -20,7 +20,7 @@ from .config import Profile, TargetConfig
 from .profiles import PROFILE_NAMES, get_profile, override, parse_overrides
 from .measure.costmodel import measure_draft_costs, measure_draft_cycle, measure_target_costs, tune_total_tokens
 from .data.conversations import DataError, Question, load_question_file, load_questions
-from .models.draft import DraftModel
+from .models.draft import DraftModel, resolve_draft_dtype
 from .data.feature_store import MANIFEST, CacheError, verify_cache
 from .decoding.methods import MethodSpec
 from .measure.methods import SPEC, record_label
@@ -90,13 +90,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
                          "or --set tree.lookup_tokens=N (prompt lookup alone)")
     if tree is not None and args.draft and tree.total_tokens == "auto":  # tuned once per machine and draft, then cached
         spec = MethodSpec(SPEC, draft=str(Path(args.draft).expanduser().resolve()), tree=tree,
-                          draft_dtype=profile.bench.draft_precision)
+                          draft_dtype=resolve_draft_dtype(profile.bench.draft_dtype, profile.target))
         tree = resolve_tree_budgets(profile, default_run_dir(profile.name), {SPEC: spec}, target)[0][SPEC].tree
         print(f"[tree budget: {tree.total_tokens} tokens, tuned for this machine]", file=sys.stderr)
     out = generate(target, args.prompt, method=args.method, draft=args.draft, tree=tree,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                    seed=args.seed, on_text=lambda text: print(text, end="", flush=True),
-                   draft_dtype=profile.bench.draft_precision)
+                   draft_dtype=profile.bench.draft_dtype)
     r = out.result
     print(f"\n\n[{r.new_tokens} tokens in {r.wall_time:.2f} s = {r.tokens_per_second:.1f} tok/s"
           + (f", tau {r.tau:.2f} over {r.cycles} cycles" if args.method == SPEC else "")
@@ -281,7 +281,8 @@ def cmd_costs(args: argparse.Namespace) -> int:
     for n, t in costs.items():
         print(f"  n={n:3d}  {t * 1000:7.1f} ms  ({t / costs[min(costs)]:.2f}x one step)")
     if args.draft:
-        draft = DraftModel.load(args.draft, target.model)
+        dtype = resolve_draft_dtype(profile.bench.draft_dtype, profile.target)  # as the benchmark decodes it
+        draft = DraftModel.load(args.draft, target.model, dtype=dtype)
         dcost = measure_draft_costs(draft, widths=(1, profile.tree.top_k), context=args.context)
         result["draft_step_ms"] = {w: round(t * 1000, 2) for w, t in dcost.items()}
         print("draft step (frontier width: ms):", result["draft_step_ms"])

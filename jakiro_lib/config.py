@@ -228,15 +228,10 @@ class BenchConfig:
     # The trained drafts (names under drafts/) the main study's EAGLE-2 and Jakiro rows draft from
     eagle2_draft: str = EAGLE2_DRAFT
     jakiro_draft: str = JAKIRO_DRAFT
-    # The precision the drafts decode in: "target" (the target's) or a dtype; verification keeps the output exact
-    # whatever the draft computes in, so it is a speed setting (docs/DESIGN.md section 12). "bfloat16" beside an fp32
-    # target on a CPU without AMX: bf16 copies of the weights through the streaming GEMM, fp32 arithmetic.
-    draft_dtype: str = "target"
-
-    @property
-    def draft_precision(self) -> str | None:
-        """``draft_dtype`` as a method spec takes it: None for the target's precision."""
-        return None if self.draft_dtype == "target" else self.draft_dtype
+    # The precision the drafts decode in: "target" (the target's), a dtype, or "auto": bf16 copies of the weights
+    # beside an fp32 target on a CPU without AMX (fp32 arithmetic, half the bytes read), else the target's.
+    # Verification keeps the output exact whatever the draft computes in: a speed setting (docs/DESIGN.md section 12).
+    draft_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if not (self.eagle2_draft and self.jakiro_draft):

@@ -49,7 +49,7 @@ RULES: dict[str, Rule] = {
     "TreeConfig.children_per_expert": _at_least(1),
     "TreeConfig.lookup_max_ngram": _at_least(1), "TreeConfig.lookup_min_ngram": _at_least(1),
     "BenchConfig.repeats": _at_least(1), "BenchConfig.temperatures": _at_least(0),
-    "BenchConfig.draft_dtype": _one_of("target", *DRAFT_DTYPES),
+    "BenchConfig.draft_dtype": _one_of("target", "auto", *DRAFT_DTYPES),
     "DraftConfig.expert_mlp": _one_of("swiglu", "gelu"),
 }
 _PATTERN_RULES: tuple[tuple[str, Rule], ...] = (

@@ -1,4 +1,5 @@
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -229,3 +230,25 @@ def test_soft_cross_entropy_matches_its_definition_and_gradient():
     assert zb.grad.dtype == torch.bfloat16
     ref = (zb.detach().float().softmax(-1) - p.detach().float())
     assert torch.allclose(zb.grad.float(), ref, atol=1e-2)
+
+
+def test_the_draft_precision_auto_is_bf16_weights_only_where_they_stream(monkeypatch):
+    """bench.draft_dtype "auto" (the default): bfloat16 beside an fp32 CPU target without AMX where the streaming
+    GEMM is built (bf16 copies of the weights, fp32 arithmetic), the target's precision anywhere else."""
+    from jakiro_lib.config import BenchConfig
+    from jakiro_lib.models import draft as draft_module
+    from jakiro_lib.models.draft import resolve_draft_dtype
+
+    assert BenchConfig().draft_dtype == "auto"
+    monkeypatch.setattr(draft_module, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    monkeypatch.setattr(kernels, "stream_gemm_available", lambda: True)
+    fp32 = TargetConfig(model="tiny:llama")
+    assert resolve_draft_dtype("auto", fp32) == "bfloat16"
+    assert resolve_draft_dtype("auto", dataclasses.replace(fp32, dtype="bfloat16")) is None
+    assert resolve_draft_dtype("auto", dataclasses.replace(fp32, device="cuda")) is None
+    assert resolve_draft_dtype("target", fp32) is None and resolve_draft_dtype("float16", fp32) == "float16"
+    monkeypatch.setattr(kernels, "stream_gemm_available", lambda: False)
+    assert resolve_draft_dtype("auto", fp32) is None
+    monkeypatch.setattr(kernels, "stream_gemm_available", lambda: True)
+    monkeypatch.setattr(draft_module, "cpu_flags", lambda: frozenset({"amx_bf16", "avx512_bf16"}))
+    assert resolve_draft_dtype("auto", fp32) is None

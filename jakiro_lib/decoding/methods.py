@@ -43,8 +43,7 @@ class MethodSpec:
         """The method's draft for ``target`` in its precision, or None (plain decoding, a lookup chain alone)."""
         if self.kind != SPEC or not self.draft:
             return None
-        dtype = getattr(torch, self.draft_dtype) if self.draft_dtype else None
-        return DraftModel.load(self.draft, target.model, dtype=dtype)
+        return DraftModel.load(self.draft, target.model, dtype=self.draft_dtype)
 
     @property
     def runs_on(self) -> str:

@@ -13,6 +13,7 @@ from ..config import EAGLE2_DRAFT, JAKIRO_DRAFT, OUR_KINDS, SPEC, Profile, TreeC
 from ..decoding.methods import MethodSpec
 from ..files import relative_path
 from ..layout import draft_name, draft_path
+from ..models.draft import resolve_draft_dtype
 
 STUDIES = ("main", "ablations")
 LOOKUP_TOKENS = 10  # chain length of the lookup-branch methods: HF prompt lookup's default
@@ -238,4 +239,4 @@ def profile_methods(prof: Profile, drafts_dir: Path, study: str) -> dict[str, Me
                          compiled=prof.bench.compiled_baseline, drafts=prof.drafts, eagle2_draft=prof.bench.eagle2_draft,
                          jakiro_draft=prof.bench.jakiro_draft,
                          imported=any(d.import_from for d in prof.drafts.values()),
-                         draft_dtype=prof.bench.draft_precision)
+                         draft_dtype=resolve_draft_dtype(prof.bench.draft_dtype, prof.target))

@@ -45,12 +45,13 @@ PACKED_HEAD_LEVER = "packed draft head (the target's packed GEMM)"
 
 def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (EAGLE2_DRAFT, JAKIRO_DRAFT),
                sizes: Sequence[int] = (1, 2, 4, 6, 8, 12, 16, 24, 32), widths: Sequence[int] = (1, 3),
-               tree: TreeConfig | None = None, context: int = 256, repeats: int = 7) -> dict[str, pd.DataFrame]:
+               tree: TreeConfig | None = None, context: int = 256, repeats: int = 7,
+               draft_dtype: str | None = None) -> dict[str, pd.DataFrame]:
     """Measured T(n) of the target, draft-step times (trained vocabulary vs the full one, on an untrained copy) and,
     given ``tree``, drafting time per cycle: ``{"target": [n, ms, x_one_step, ms_library_defaults,
     ms_without_packed_gemm], "draft": [draft, vocab, width, ms, x_target_step], "draft_cycle": [draft, decoupled,
     total_tokens, ms, ms_plain_head]}`` (``ms`` as decoding runs; each ``ms_*`` without a fast path, timed back to back,
-    where it is on)."""
+    where it is on). ``draft_dtype``: the trained drafts' precision (None: the target's)."""
     model = target.model
     variants: dict[str, Any] = {"ms": nullcontext}
     if model.config._attn_implementation == kernels.GQA_ATTENTION or kernels.packed_gemm(model) is not None:
@@ -67,7 +68,7 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
         path = draft_path(drafts_dir, name)
         if not has_weights(path):
             continue
-        trained = DraftModel.load(path, target.model)
+        trained = DraftModel.load(path, target.model, dtype=draft_dtype)
         if tree is not None:
             cycle_rows += _draft_cycle_rows(name, trained, tree, context=context, repeats=repeats)
         variants = [(trained.cfg.draft_vocab_size or vocab, trained)]

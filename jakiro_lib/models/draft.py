@@ -16,7 +16,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEm
 
 from . import kernels
 from .draft_blocks import EXPERT_MLPS, DraftAttention, DraftOutput, KVCache, soft_cross_entropy, unroll_mask
-from ..config import DraftConfig
+from ..config import DraftConfig, TargetConfig
 from ..layout import CONFIG_FILE, WEIGHTS_FILE
 from ..files import atomic_path
 from ..precision import cpu_flags
@@ -308,12 +308,11 @@ class DraftModel(nn.Module):
         return draft.to(device=p.device, dtype=p.dtype)
 
     @classmethod
-    def load(cls, path: str | Path, target_model: nn.Module, dtype: torch.dtype | None = None) -> "DraftModel":
-        """Strict load: the target must match the one the draft was trained for and every key must fit. ``dtype``:
-        the draft's own layers in that precision (default the target's; bf16 beside an fp32 target on a CPU without
-        AMX, with the streaming GEMM: bf16 copies of the linears' and the reduced head's weights, fp32 arithmetic);
-        the borrowed embedding and head stay the target's, and verification keeps the output exact whatever the
-        draft computes in."""
+    def load(cls, path: str | Path, target_model: nn.Module, dtype: torch.dtype | str | None = None) -> "DraftModel":
+        """Strict load: the target must match the one the draft was trained for and every key must fit. ``dtype`` (or
+        its name): the draft's own layers in that precision (default the target's; bf16 where
+        :func:`streams_half_weights`: bf16 copies of the linears' and the reduced head's weights, fp32 arithmetic);
+        the borrowed embedding and head stay the target's; verification keeps the output exact either way."""
         path = Path(path)
         if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
             raise DraftLoadError(f"no saved draft at {path} (need {CONFIG_FILE} and {WEIGHTS_FILE})")
@@ -340,10 +339,8 @@ class DraftModel(nn.Module):
             raise DraftLoadError(f"draft weights at {path} do not match the config: missing {missing}, "
                                  f"unexpected {unexpected}")
         own = next(draft.parameters())
-        if (dtype == torch.bfloat16 and own.dtype == torch.float32 and "amx_bf16" not in cpu_flags()
-                and kernels.packed_gemm_available(own, kernels.HALF_WEIGHTS)):
-            # a CPU without bf16 matrix units, with the streaming GEMM: bf16 weights streamed, fp32 arithmetic
-            # (docs/DESIGN.md section 12)
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        if dtype == torch.bfloat16 and streams_half_weights(own.device, own.dtype):
             kernels.enable_packed_gemm(draft, max_rows=HEAD_PACK_MAX_ROWS, backend=kernels.HALF_WEIGHTS, min_rows=1)
             return draft.eval()
         if dtype is not None:
@@ -355,3 +352,18 @@ class DraftModel(nn.Module):
         if choice is not None and (kernels.packed_gemm(target_model) is not None or p.dtype == torch.bfloat16):
             kernels.enable_packed_gemm(draft, max_rows=HEAD_PACK_MAX_ROWS, backend=choice[0], min_rows=choice[1])
         return draft.eval()
+
+
+def streams_half_weights(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether a draft beside a target of ``dtype`` on ``device`` can stream bf16 copies of its weights with fp32
+    arithmetic: fp32 on a CPU without bf16 matrix units (AMX), the streaming GEMM built (docs/DESIGN.md section 12)."""
+    return (dtype == torch.float32 and torch.device(device).type == "cpu" and "amx_bf16" not in cpu_flags()
+            and kernels.stream_gemm_available())
+
+
+def resolve_draft_dtype(setting: str, target: TargetConfig) -> str | None:
+    """``bench.draft_dtype`` for ``target``: None for the target's precision, else a dtype's name. "auto": bfloat16
+    where its weights stream (:func:`streams_half_weights`: half the bytes read, faster there), else the target's."""
+    if setting == "auto":
+        return "bfloat16" if streams_half_weights(target.device, getattr(torch, target.dtype)) else None
+    return None if setting == "target" else setting

@@ -25,7 +25,8 @@ def write_performance_report(ctx: StudyContext, main: pd.DataFrame, *, target: A
     target = target or get_target(ctx)
     bench = ctx.profile.bench
     costs = cost_model(target, ctx.layout.drafts, drafts=(bench.eagle2_draft, bench.jakiro_draft),
-                       widths=sorted({1, ctx.profile.tree.top_k}), tree=ctx.profile.tree)
+                       widths=sorted({1, ctx.profile.tree.top_k}), tree=ctx.profile.tree,
+                       draft_dtype=resolve_draft_dtype(bench.draft_dtype, ctx.profile.target))
     levers = lever_table(costs["target"], costs["draft"], main, tree_tokens=fixed_tree_tokens(ctx.profile.tree),
                          draft_cycle=costs["draft_cycle"])
     tables = {"cost_model_target": costs["target"], "cost_model_draft": costs["draft"],
