@@ -267,23 +267,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     _log_to_stderr()
+    with exit_status(hint=lambda: _hint(args), written=lambda: _written_dirs(args)) as status:
+        status.code = _run(args, argv)
+    return status.code
 
-    def run() -> int | None:
-        if args.command in ONE_PROCESS and world_size() > 1:  # before anything loads or writes
-            if main_rank():  # one line, not one per process
-                print(one_process_refusal(args.command), file=sys.stderr)
-            return 1
-        if args.command in BUSY_COMMANDS and (warning := busy_warning()):  # a 0.2 s sample: Ctrl-C is one line
-            print(warning, file=sys.stderr)
-        out, file_out = {"--out": getattr(args, "out", None)}, args.command in FILE_OUT
-        check_paths(dirs={"--run-dir": getattr(args, "run_dir", None), **({} if file_out else out)},
-                    files=out if file_out else None)
-        if args.command not in LOCKING_COMMANDS:
-            return args.func(args)
-        with run_lock(*_written_dirs(args), command=f"python -m jakiro_lib {shlex.join(argv)}"):
-            return args.func(args)
 
-    return exit_status(run, hint=lambda: _hint(args), written=lambda: _written_dirs(args))
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    """The command, after the checks every command makes before it loads or writes anything."""
+    if args.command in ONE_PROCESS and world_size() > 1:  # before anything loads or writes
+        if main_rank():  # one line, not one per process
+            print(one_process_refusal(args.command), file=sys.stderr)
+        return 1
+    if args.command in BUSY_COMMANDS and (warning := busy_warning()):  # a 0.2 s sample: Ctrl-C is one line
+        print(warning, file=sys.stderr)
+    out, file_out = {"--out": getattr(args, "out", None)}, args.command in FILE_OUT
+    check_paths(dirs={"--run-dir": getattr(args, "run_dir", None), **({} if file_out else out)},
+                files=out if file_out else None)
+    if args.command not in LOCKING_COMMANDS:
+        return int(args.func(args) or 0)
+    with run_lock(*_written_dirs(args), command=f"python -m jakiro_lib {shlex.join(argv)}"):
+        return int(args.func(args) or 0)
 
 
 def _written_dirs(args: argparse.Namespace) -> list[Path]:

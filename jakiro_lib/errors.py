@@ -1,12 +1,14 @@
 """How a command ends: the errors said in one line instead of a traceback, Ctrl-C, and the exit status."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
 
 from .files import DISK_FULL
 
@@ -85,24 +87,31 @@ def _disk_full_line(failure: BaseException, written: Sequence[Path]) -> str:
     return (f"error: writing under {path} failed ({cause}): is the disk {disk} full? ({free}); {advice}")
 
 
-def exit_status(call: Callable[[], int | None], *, hint: Callable[[], str] = lambda: "",
-                also: tuple[type[BaseException], ...] = (),
-                written: Callable[[], Sequence[Path]] = lambda: ()) -> int:
-    """A command's exit status: ``call()``'s, or 130 after Ctrl-C and 1 after a known error (or one of
-    ``also``), each said in one line on stderr instead of a traceback. Other exceptions propagate.
-    ``written``: the folders the command writes in, named where a full disk stopped a write that named no path."""
+@dataclass
+class ExitStatus:
+    """The status a command exits with: 0, what the command's block sets, or what :func:`exit_status` says."""
+    code: int = 0
+
+
+@contextlib.contextmanager
+def exit_status(*, hint: Callable[[], str] = lambda: "", also: tuple[type[BaseException], ...] = (),
+                written: Callable[[], Sequence[Path]] = lambda: ()) -> Iterator[ExitStatus]:
+    """Around a command's block: Ctrl-C ends it with status 130 and a known error (or one of ``also``) with 1, each
+    said in one line on stderr instead of a traceback; other exceptions propagate. ``written``: the folders the
+    command writes in, named where a full disk stopped a write that named no path."""
+    status = ExitStatus()
     try:
-        return int(call() or 0)
+        yield status
     except KeyboardInterrupt:
         close_progress_bars()
         print(INTERRUPTED, file=sys.stderr)
-        return 130
+        status.code = 130
     except Exception as exc:
         if not (known_error(exc) or isinstance(exc, also)):
             raise
         close_progress_bars()
         print(error_line(exc, written()) + hint(), file=sys.stderr)
-        return 1
+        status.code = 1
 
 
 def close_progress_bars() -> None:

@@ -220,16 +220,14 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
 
 def cli_handler(args: argparse.Namespace) -> int:
     """Run the pipeline; known errors (and Ctrl-C, status 130) end in one ``error:`` line."""
-    def run() -> int:
+    with exit_status(also=(ValueError,)) as status:  # also a bad --stages or --set value
         check_paths(dirs={"--run-dir": args.run_dir, "--report-dir": args.report_dir})
         out = run_pipeline(args.profile, overrides=parse_overrides(args.set), force=args.force, stages=args.stages,
                            report_dir=args.report_dir, run_dir=args.run_dir,
                            kernel_name=getattr(args, "kernel", "python3"),
                            log_output=getattr(args, "log_output", False))
         print(f"reports written to {out} (open {out / 'index.html'})")
-        return 0
-
-    return exit_status(run, also=(ValueError,))  # a bad --stages or --set value
+    return status.code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
