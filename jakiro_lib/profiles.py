@@ -199,6 +199,15 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, str]:
     return out
 
 
+def draft_names(profile: Profile, names: Iterable[str]) -> list[str]:
+    """``names``, each a draft of ``profile``; an unknown one is a ConfigError."""
+    names = list(names)
+    unknown = [n for n in names if n not in profile.drafts]
+    if unknown:
+        raise ConfigError(f"unknown draft(s) {unknown}; the profile has {', '.join(profile.drafts)}")
+    return names
+
+
 def _select_drafts(profile: Profile, value: Any) -> dict[str, DraftConfig]:
     """``drafts=NAME,NAME,...``: those drafts of :func:`_study_drafts`, at the profile's draft vocabulary size."""
     names = [n.strip() for n in (value.split(",") if isinstance(value, str) else value) if n.strip()]

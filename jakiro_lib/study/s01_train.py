@@ -21,6 +21,7 @@ from ..training.checkpoints import list_checkpoints, saved_vocab
 from ..training.train import RESULTS, train_draft, train_identity
 from ..files import read_json, replace_dir_atomically, restore_replaced_dir, write_json, write_table
 from ..distributed import launched_world
+from ..profiles import draft_names
 from .context import StudyContext, get_target
 from .heads import import_draft, imported_drafts
 from .s00_data import load_training_conversations
@@ -84,7 +85,7 @@ def train_all(ctx: StudyContext, *,
     is imported (:func:`jakiro_lib.study.heads.import_draft`); drafts of one ``draft_vocab_size`` share a vocabulary."""
     prof, rdir = ctx.profile, ctx.run_dir
     layout = RunLayout(rdir)
-    names = _draft_names(prof, only)
+    names = draft_names(prof, only or prof.drafts)
     if not prof.data.online and layout.features_manifest.is_file():
         manifest = verify_cache(layout.features, allow_incomplete=True)  # the stamps read it: CacheError if corrupt
         _check_cache_settings(prof, layout, manifest)
@@ -119,15 +120,6 @@ def train_all(ctx: StudyContext, *,
         log.info("draft %s: trained in %.1f s, held-out acc_a %s acc_b %s", name, time.perf_counter() - t0,
                  _fmt(res.get("acc_a")), _fmt(res.get("acc_b")))
     return {n: out[n] for n in names}
-
-
-def _draft_names(prof: Profile, only: Sequence[str] | None) -> list[str]:
-    """The drafts to train: ``only`` those, else all of the profile's; an unknown name is a ConfigError."""
-    names = list(prof.drafts) if not only else list(only)
-    unknown = [n for n in names if n not in prof.drafts]
-    if unknown:
-        raise ConfigError(f"unknown draft(s) {unknown}; the profile has {', '.join(prof.drafts)}")
-    return names
 
 
 def _trained_already(prof: Profile, layout: RunLayout, names: list[str], force: bool,

@@ -26,6 +26,7 @@ from ..models.target import load_target
 from ..models.loss import COMPILED_STEP, step_loss, train_collate, training_loss_options
 from .throughput_plan import stage_plan
 from ..files import write_json
+from ..profiles import draft_names
 from ..compiling import run_compiling
 from ..machine import environment, keep_freed_memory, seed_everything, synchronize
 from ..precision import compiles_step, favoured_dtype
@@ -224,10 +225,7 @@ def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int 
     (and writes) the table and the stage plan of the profile's whole data."""
     if conversations < 1 or steps < 1 or warmup < 0 or not cache_batch_sizes or min(cache_batch_sizes) < 1:
         raise ValueError("need conversations >= 1, steps >= 1, warmup >= 0 and cache batch sizes >= 1")
-    names = list(drafts) if drafts else list(profile.drafts)[:1]
-    unknown = [n for n in names if n not in profile.drafts]
-    if unknown:
-        raise ValueError(f"unknown draft(s) {unknown}; the profile has {', '.join(profile.drafts)}")
+    names = draft_names(profile, drafts or list(profile.drafts)[:1])
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device(profile.target.device)
