@@ -17,9 +17,9 @@ import pandas as pd
 
 from .plots import STAGE_TITLES
 from ..training.scale import SCALE_JSON
+from ..study.context import SMOKE_BANNER
 from ..files import read_json, write_text
 
-SMOKE_BANNER = "smoke profile: a random tiny target; numbers for plumbing only"
 HEADLINE_FIGURE = "speedup.png"  # notebook 03: speedup per method and temperature, with intervals
 EXTENSION_PREFIX = "Jakiro + lookup branch (extension)"
 INDEX_NAME = "index.html"
