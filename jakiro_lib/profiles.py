@@ -54,6 +54,9 @@ def _paper(model: str, template: str = "auto") -> Profile:
     )
 
 
+SMOKE_BANNER = "smoke profile: a random tiny target, numbers for plumbing only"  # on its reports and notebooks
+
+
 def _smoke() -> Profile:
     """A tiny random target and every draft of the catalogue: the whole pipeline in two minutes (tests, CI)."""
     return Profile(

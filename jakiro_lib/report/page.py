@@ -17,7 +17,7 @@ import pandas as pd
 
 from .plots import STAGE_TITLES
 from ..training.scale import SCALE_JSON
-from ..study.context import SMOKE_BANNER
+from ..profiles import SMOKE_BANNER
 from ..files import read_json, write_text
 
 HEADLINE_FIGURE = "speedup.png"  # notebook 03: speedup per method and temperature, with intervals
