@@ -42,9 +42,6 @@ COLUMNS = ("part", "variant", "draft", "device", "dtype", "allocator", "batch_si
            "step_ms")
 
 
-# Hardware
-
-
 class _Clock:
     """Adds the time since the previous lap to a stage; with ``sync``, CUDA work is finished first."""
 
