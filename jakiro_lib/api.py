@@ -6,9 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import torch
-
-from .data.chat import format_prompt
+from .data.chat import format_prompt_ids
 from .data.conversations import not_text
 from .config import KINDS, SPEC, TreeConfig
 from .decoding.methods import MethodRunner, MethodSpec
@@ -43,7 +41,7 @@ def generate(target: Target, prompt: str | list[dict[str, str]], *, method: str 
     problem = next((p for m in messages if (p := not_text(m["content"]))), None)
     if problem:
         raise ValueError(f"the prompt {problem}")
-    ids = torch.tensor(format_prompt(target.tokenizer, messages, template=target.config.template), dtype=torch.long)
+    ids = format_prompt_ids(target, messages)
     max_new_tokens = _within_context(target, ids.numel(), max_new_tokens)
     spec = MethodSpec(method, draft=None if draft is None else str(draft),
                       tree=(tree or TreeConfig()) if method == SPEC else None,

@@ -240,9 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 FILE_OUT = ("costs", "divergences")  # the commands whose --out is a file; the others' is a directory
 LOCKING_COMMANDS = ("cache", "train", "bench")  # one at a time per run directory (and bench's --out); pipeline too
-# The commands that run in one process, and why: under `accelerate launch` each process would do all the work and
-# write the same files, and timings would share the machine (only cache and train split their work). Each is
-# refused in one line, before anything loads or writes.
+# The commands refused under `accelerate launch` (only cache and train split their work), each with the reason
 ONE_PROCESS = {
     "bench": "it times decoding, and processes side by side would share the machine and each run every prompt",
     "pipeline": "each process would run every notebook and write the same report; `accelerate launch -m jakiro_lib "

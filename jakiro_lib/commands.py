@@ -3,11 +3,13 @@ same functions the notebooks call, with the command line's output."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Iterator
 
 import pandas as pd
 import torch
@@ -46,10 +48,19 @@ from .machine import run_metadata
 TRAIN_COLUMNS = ("draft", "status", "steps", "acc_a", "acc_b", "heldout_loss", "wall_time_s")
 
 
+@contextlib.contextmanager
+def one_line(*errors: type[Exception]) -> Iterator[None]:
+    """Bad input (one of ``errors``) ends the command in one ``error:`` line, exit status 1."""
+    try:
+        yield
+    except errors as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
 def resolved_profile(args: argparse.Namespace) -> Profile:
     """The profile with ``--set`` applied; for a command with ``--run-dir`` (cache, train, bench) and a profile whose
     ``data.scale`` is "auto", the conversations and epochs the pipeline chose there (scale.json; never measured here)."""
-    try:
+    with one_line(ValueError):
         overrides = parse_overrides(args.set)
         profile = get_profile(args.profile, **overrides)
         if not hasattr(args, "run_dir") or profile.data.scale != "auto":
@@ -66,8 +77,6 @@ def resolved_profile(args: argparse.Namespace) -> Profile:
         print(f"[scale: {profile.data.num_conversations} conversations x {profile.train.epochs} epochs, chosen by the "
               f"pipeline on {record.get('date', '?')} ({run_dir / SCALE_JSON})]", file=sys.stderr)
         return profile
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
@@ -146,7 +155,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         sets["bench.limit"] = str(args.limit)
     if args.skip:
         sets["bench.skip"] = str(args.skip)
-    try:
+    with one_line(ValueError, FileNotFoundError, DataError):
         ctx = StudyContext.at(override(resolved_profile(args), **sets), args.run_dir)
         questions, out = None, args.out
         if args.questions:
@@ -154,8 +163,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
             if out is None:  # beside the studies, never into their folders (their records would go stale)
                 out = ctx.layout.bench(f"{args.study}-{questions[0].benchmark}")
         table = run_study(ctx, args.study, out_dir=out, questions=questions, only=args.methods or None)
-    except (ValueError, FileNotFoundError, DataError) as exc:
-        raise SystemExit(f"error: {exc}") from None
     print(display_table(table).to_string())
     out = Path(table.attrs["records"]).parent  # --out, or the study's folder in the run directory
     by_category = _print_categories(load_records(out / "records.jsonl"))
@@ -193,7 +200,7 @@ def _print_categories(records: list[dict]) -> pd.DataFrame:
 
 def cmd_divergences(args: argparse.Namespace) -> int:
     """Check a benchmark's greedy records position by position against vanilla's (low-precision runs)."""
-    try:
+    with one_line(ValueError, FileNotFoundError):
         records = load_bench_records(args.records)
         greedy = [r for r in records if r["temperature"] == 0]
         vanilla = [r for r in greedy if record_label(r) == "vanilla"]
@@ -205,8 +212,6 @@ def cmd_divergences(args: argparse.Namespace) -> int:
             config = TargetConfig(**json.loads(saved.read_text())["target"])
         questions = [q for b in sorted({r["benchmark"] for r in greedy}) for q in load_questions(b)]
         target = load_target(config)
-    except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(f"error: {exc}") from None
     print(f"target {config.model} in {config.dtype}; greedy outputs identical to vanilla's:")
     for method in dict.fromkeys(record_label(r) for r in greedy):
         same, compared = greedy_agreement([r for r in greedy if record_label(r) == method], vanilla)
@@ -230,10 +235,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
     missing = [str(p) for p in args.records if not p.is_file()]
     if missing:
         raise SystemExit(f"error: no records file {', '.join(missing)}")
-    try:  # a file given twice (by any path to it) counts once
+    with one_line(ValueError):  # a file given twice (by any path to it) counts once
         records = [r for path in {p.resolve(): p for p in args.records}.values() for r in load_bench_records(path)]
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
     if not records:
         raise SystemExit(f"error: no records in {', '.join(map(str, args.records))}")
     if args.common_prompts:
@@ -330,19 +333,15 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     profile = resolved_profile(args)
     out = args.out or default_run_dir(profile.name) / "throughput"
     if args.plan_from:  # no measuring: the profile's stages on the machine that wrote that table
-        try:
+        with one_line(OSError, ValueError):
             plan = plan_from(profile, args.plan_from, out)
-        except (OSError, ValueError) as exc:
-            raise SystemExit(f"error: {exc}") from None
         print(f"expected minutes of the {profile.name} profile's stages on the machine of {args.plan_from}:\n"
               f"{format_plan(plan)}\nplan.csv in {out}")
         return 0
-    try:
+    with one_line(ValueError):
         table, plan = run_throughput(profile, out, conversations=args.conversations, steps=args.steps,
                                      cache_batch_sizes=list(args.cache_batch_sizes),
                                      drafts=args.drafts.split(",") if args.drafts else None)
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
     print(format_table(table))
     print(f"\nexpected minutes of the {profile.name} profile's stages here (compilation, evaluation, benchmarks not"
           f" counted):\n{format_plan(plan)}")
@@ -352,12 +351,10 @@ def cmd_throughput(args: argparse.Namespace) -> int:
 
 def cmd_gpucheck(args: argparse.Namespace) -> int:
     """The decoding goals in one run on the device (jakiro_lib.study.gpucheck): records, goals, cycle breakdown."""
-    try:
+    with one_line(ValueError, FileNotFoundError, DataError):
         result = gpu_check(args.profile, run_dir=args.run_dir, out_dir=args.out, device=args.device,
                            overrides=parse_overrides(args.set), profiled_prompts=args.profiled_prompts,
                            methods=args.methods or CHECK_METHODS)
-    except (ValueError, FileNotFoundError, DataError) as exc:
-        raise SystemExit(f"error: {exc}") from None
     summary = pd.DataFrame(result["summary"])
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     goals = pd.DataFrame(result["goals"])
@@ -373,11 +370,9 @@ def cmd_gpucheck(args: argparse.Namespace) -> int:
 def cmd_papercost(args: argparse.Namespace) -> int:
     """Paper scale by simulation (jakiro_lib.measure.papercost): T(n), plain decoding and the paper's cycles on a random
     target of a named shape, with speedups modelled from the paper's tau."""
-    try:
+    with one_line(ValueError):
         result = run_papercost(args.shape, device=args.device, dtype=args.dtype, context=args.context,
                                new_tokens=args.new_tokens, out_dir=args.out)
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
     save_figure(plot_papercost(result["tn"], result["cycles"]), Path(args.out) / "papercost.png")
     cycles = pd.DataFrame(result["cycles"]).drop(columns=["speedup_basis"])
     print(cycles.to_string(index=False, float_format=lambda v: f"{v:.3g}"))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -33,3 +33,20 @@ def distributed_state() -> Any:
                           f"{state.num_processes} ({state.distributed_type}); launch with `accelerate launch "
                           "--multi_gpu --num_processes N -m jakiro_lib ...` (docs/usage.md)")
     return state
+
+
+class World(NamedTuple):
+    """Which of ``size`` processes this one is, a barrier, and its device (None: leave the model where it is)."""
+
+    index: int = 0
+    size: int = 1
+    wait: Callable[[], None] = lambda: None
+    device: torch.device | None = None
+
+
+def launched_world() -> World:
+    """One process, unless launched by ``accelerate launch`` with several (then accelerate's state)."""
+    if world_size() <= 1:
+        return World()  # never initialise a distributed state when not launched by accelerate
+    state = distributed_state()
+    return World(state.process_index, state.num_processes, state.wait_for_everyone, state.device)

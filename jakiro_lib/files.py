@@ -52,11 +52,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         yield tmp
         _fsync_tree(tmp)
         if path.is_dir() and tmp.is_dir():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
+            replace_dir_atomically(tmp, path)
         else:
             os.replace(tmp, path)
         fsync_path(path.parent)

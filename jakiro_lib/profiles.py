@@ -54,6 +54,9 @@ def _paper(model: str, template: str = "auto") -> Profile:
     )
 
 
+SMOKE_BANNER = "smoke profile: a random tiny target, numbers for plumbing only"  # on its reports and notebooks
+
+
 def _smoke() -> Profile:
     """A tiny random target and every draft of the catalogue: the whole pipeline in two minutes (tests, CI)."""
     return Profile(
@@ -69,12 +72,8 @@ def _smoke() -> Profile:
 
 def _default() -> Profile:
     """The built-in offline main job on a CPU."""
-    # Sized for a 2-core CPU and a <= 90 min main job (docs/DESIGN.md sections 9 and 11): small trees (T(n) grows
-    # fast on CPU; "_auto" methods tune the budget on the machine), a reduced draft vocabulary, CPU fast paths for
-    # the target, the six drafts of DEFAULT_DRAFTS at one budget, lr 2e-3 (the best of 5e-4..5e-3, docs/results.md),
-    # data and epochs sized by measurement on the machine (data.scale="auto", at least DEFAULT_SCALE). Greedy only
-    # (`bench --temperature 1` adds sampling); 10 MT-bench questions (20 turns). bf16 caching and a compiled bf16
-    # training step where the CPU has bf16 units ("auto").
+    # Sized for a 2-core CPU and a <= 90 min main job (docs/DESIGN.md sections 9 and 11; lr 2e-3, the best of
+    # 5e-4..5e-3: docs/results.md). Greedy only: `bench --temperature 1` adds sampling.
     conversations, epochs = DEFAULT_SCALE
     return Profile(
         name="default",
@@ -197,6 +196,15 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, str]:
         key, value = pair.split("=", 1)
         out[key.strip()] = value
     return out
+
+
+def draft_names(profile: Profile, names: Iterable[str]) -> list[str]:
+    """``names``, each a draft of ``profile``; an unknown one is a ConfigError."""
+    names = list(names)
+    unknown = [n for n in names if n not in profile.drafts]
+    if unknown:
+        raise ConfigError(f"unknown draft(s) {unknown}; the profile has {', '.join(profile.drafts)}")
+    return names
 
 
 def _select_drafts(profile: Profile, value: Any) -> dict[str, DraftConfig]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from jakiro_lib.data.chat import VICUNA_SYSTEM, Formatted, detect_template, format_conversation, format_prompt
+from jakiro_lib.data.chat import VICUNA_SYSTEM, Formatted, format_conversation, format_prompt
 
 pytestmark = pytest.mark.smollm2
 
@@ -184,7 +184,6 @@ def test_vicuna_template(smol: Any) -> None:
 
 def test_vicuna_works_without_chat_template_and_auto_refuses(smol: Any) -> None:
     bare = _variant(smol, None)
-    assert detect_template(bare) == "vicuna"
     f = format_conversation(bare, CONV[1:3], template="vicuna")
     assert sum(f.loss_mask) > 0
     with pytest.raises(ValueError, match="chat_template"):
@@ -255,10 +254,3 @@ def test_errors(smol: Any) -> None:
         format_conversation(smol, [*CONV[1:3], {"role": "system", "content": "x"}], template="vicuna")
     with pytest.raises(ValueError, match="unknown role"):
         format_prompt(smol, [{"role": "bot", "content": "x"}])
-
-
-def test_detect_template(smol: Any) -> None:
-    assert detect_template("lmsys/vicuna-7b-v1.3") == "vicuna"
-    assert detect_template("meta-llama/Llama-2-7b-chat-hf") == "auto"
-    assert detect_template("builtin:smollm2") == "auto"
-    assert detect_template(smol) == "auto"

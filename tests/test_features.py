@@ -16,6 +16,7 @@ from jakiro_lib.data.chat import format_conversation
 from jakiro_lib.config import TargetConfig
 from jakiro_lib.models.target import load_target
 from jakiro_lib.files import file_sha256
+from jakiro_lib.distributed import launched_world
 from helpers import single_thread, word_conversations
 
 MAX_LEN = 64
@@ -304,7 +305,7 @@ def test_interrupted_multi_process_run_resumes_from_sidecars(target, convs, cach
 
 def test_single_process_world_without_accelerate(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    world = F._world()
+    world = launched_world()
     assert (world.index, world.size, world.device) == (0, 1, None)
 
 

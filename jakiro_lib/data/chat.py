@@ -211,12 +211,9 @@ def format_conversation(
     _check_template(tokenizer, template)
     if max_length is not None and max_length <= 0:
         raise ValueError(f"max_length must be positive, got {max_length}")
-    if template == "vicuna":
-        text, spans = _assistant_spans_vicuna(tokenizer, msgs)
-        out = _tokenize_with_mask(tokenizer, text, spans, add_special_tokens=True)
-    else:
-        text, spans = _assistant_spans_auto(tokenizer, msgs)
-        out = _tokenize_with_mask(tokenizer, text, spans, add_special_tokens=False)
+    vicuna = template == "vicuna"
+    text, spans = (_assistant_spans_vicuna if vicuna else _assistant_spans_auto)(tokenizer, msgs)
+    out = _tokenize_with_mask(tokenizer, text, spans, add_special_tokens=vicuna)
     if max_length is not None:
         out = Formatted(out.input_ids[:max_length], out.loss_mask[:max_length])
     return out
@@ -237,10 +234,7 @@ def tokenize_conversation(tokenizer: Any, conv: Any, max_length: int | None,
                           template: str) -> tuple[list[int], list[int]]:
     """(token ids, loss mask) of one conversation in the chat template, cut to ``max_length``."""
     f = format_conversation(tokenizer, messages_of(conv), template=template, max_length=max_length)
-    ids, mask = list(f.input_ids), list(f.loss_mask)
-    if max_length is not None:
-        ids, mask = ids[:max_length], mask[:max_length]
-    return ids, mask
+    return f.input_ids, f.loss_mask
 
 
 def format_prompt(tokenizer: Any, turns_so_far: Sequence[dict[str, Any]], *, template: str = "auto") -> list[int]:
@@ -253,16 +247,6 @@ def format_prompt(tokenizer: Any, turns_so_far: Sequence[dict[str, Any]], *, tem
         return list(tokenizer(text + "ASSISTANT:", add_special_tokens=True)["input_ids"])
     text = _render(tokenizer, msgs, add_generation_prompt=True)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def detect_template(model_id_or_tokenizer: Any) -> str:
-    """``"vicuna"`` for Vicuna model ids and for tokenizers without a chat template, else ``"auto"``."""
-    if isinstance(model_id_or_tokenizer, str):
-        return "vicuna" if "vicuna" in model_id_or_tokenizer.lower() else "auto"
-    name = str(getattr(model_id_or_tokenizer, "name_or_path", "") or "")
-    if "vicuna" in name.lower() or not getattr(model_id_or_tokenizer, "chat_template", None):
-        return "vicuna"
-    return "auto"
 
 
 def answer_message(target: Any, output_ids: list[int]) -> dict[str, str]:

@@ -85,8 +85,6 @@ def normalize_sharegpt(record: dict[str, Any], fallback_id: str) -> Conversation
         messages = messages[1:]
     while messages and messages[0]["role"] != "user":
         messages = messages[1:]
-    if not messages:
-        return None
     for i, m in enumerate(messages):
         if m["role"] != ("user" if i % 2 == 0 else "assistant"):
             return None
@@ -173,11 +171,9 @@ def load_conversations(
     if source not in CONVERSATION_SOURCES:
         raise ValueError(f"unknown conversation source {source!r}; valid: {', '.join(CONVERSATION_SOURCES)} "
                          "(pass a local ShareGPT-format file with path=...)")
-    if path is not None:
-        return load_sharegpt(path, limit)
-    if source == "hub":
+    if source == "hub" and path is None:
         return _sharegpt_from_hub(limit)
-    return load_sharegpt(None, limit)
+    return load_sharegpt(path, limit)
 
 
 # Questions (evaluation prompts)
@@ -292,10 +288,8 @@ def load_questions(
     if benchmark not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {benchmark!r}; valid: {', '.join(BENCHMARKS)}")
     check_limit(limit)
-    if path is not None:
-        return load_question_file(path, benchmark, limit=limit)
-    if benchmark == "mt_bench":
-        return _take(_iter_question_file(packaged_file("mt_bench"), "mt_bench"), limit)
+    if path is not None or benchmark == "mt_bench":  # MT-bench is packaged as an EAGLE-format question.jsonl
+        return load_question_file(packaged_file("mt_bench") if path is None else path, benchmark, limit=limit)
     if benchmark == "humaneval":
         return _take(_iter_humaneval(packaged_file("humaneval")), limit)
     if benchmark == "gsm8k":

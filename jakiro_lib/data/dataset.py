@@ -61,7 +61,6 @@ class FeatureDataset(Dataset):
         self.split = split
         self.heldout_fraction = heldout_fraction
         self.dtype = dtype
-        self.hidden_size = self.manifest["hidden_size"]
         self.vocab_size = self.manifest["vocab_size"]
         items: list[tuple[str, int, int, int]] = []  # (file, start, end, conversation index)
         for entry in self.manifest["shards"]:
@@ -121,7 +120,6 @@ class OnlineFeatureDataset(Dataset):
         self.max_length = max_length
         self.template = template
         self.dtype = dtype
-        self.hidden_size = target.model.config.hidden_size
         self.vocab_size = target.model.config.vocab_size
         formatted = []
         for i, conv in enumerate(conversations):

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from .feature_store import (FORMAT, bytes_per_token, cache_settings, cached_shar
                             human_bytes, merge_sidecars, shard_name, sidecar_path, summarise)
 from ..layout import MANIFEST
 from ..files import write_json
-from ..distributed import distributed_state, world_size
+from ..distributed import World, launched_world
 from ..machine import keep_freed_memory, run_metadata, synchronize
 
 log = logging.getLogger(__name__)
@@ -159,25 +159,6 @@ def shard_tensors(target: Any, convs: Sequence[Any], start: int, *, max_length: 
     return tensors, [conversation_id(convs[i], start + i) for i in kept], len(convs) - len(kept)
 
 
-class World(NamedTuple):
-    """Which of ``size`` caching processes this one is, a barrier, and its device (None: leave the target)."""
-
-    index: int = 0
-    size: int = 1
-    wait: Callable[[], None] = lambda: None
-    device: torch.device | None = None
-
-
-def _world() -> World:
-    """One process, unless launched by ``accelerate launch`` with several (then accelerate's state)."""
-    if world_size() <= 1:
-        return World()  # never initialise a distributed state when not launched by accelerate
-    state = distributed_state()
-    if state.num_processes <= 1:
-        return World()
-    return World(state.process_index, state.num_processes, state.wait_for_everyone, state.device)
-
-
 @dataclass(frozen=True)
 class _Job:
     """One caching call's fixed inputs: what every shard step reads."""
@@ -215,7 +196,7 @@ def _plan(target: Any, conversations: Sequence[Any], out_dir: str | Path, world:
     ``out_dir`` made."""
     if shard_size < 1 or batch_size < 1:
         raise ValueError(f"shard_size and batch_size must be >= 1, got {shard_size} and {batch_size}")
-    world = _world() if world is None else world
+    world = launched_world() if world is None else world
     workers = worker_count(workers, world.size)
     if world.device is not None and target.model.device != torch.device(world.device):
         target.model.to(world.device)

@@ -1,24 +1,8 @@
-"""Paper scale by simulation: what the paper's methods cost per cycle on a Vicuna-7B-shaped
-target with random weights, and the speedups the paper's acceptance lengths would give at those costs.
+"""Paper scale by simulation: the paper's methods' cycle costs on a Vicuna-7B-shaped target with random weights,
+and the speedups the paper's acceptance lengths would give at those costs (docs/usage.md, "Paper scale by simulation").
 
-No trained Vicuna-7B drafts exist here, but the static engine's shapes are fixed (:mod:`jakiro_lib.decoding.static`): a
-cycle verifies the same ``total_tokens``-row tree and runs the same draft forwards whatever is accepted, so a
-random target and random drafts of the right shapes cost what trained ones would. :func:`run_papercost` measures
-on the device:
-
-* **T(n)**: the target scoring an n-token tree after ``context`` cached positions through the static engine's
-  runner (:meth:`TargetRunner.score <jakiro_lib.decoding.runner.TargetRunner.score>`, over the cache length the
-  compiled engines use), eager and captured (:class:`~jakiro_lib.decoding.compiled.CapturedStep`: one CUDA graph on
-  CUDA; on a CPU the "captured" step replays the eager one over its recorded argument copies): ``tn.csv``;
-* **plain decoding** per token (:func:`~jakiro_lib.decoding.static.static_vanilla_generate`) and the **speculative
-  cycle** of EAGLE-2 (dense draft), Jakiro (``bench.jakiro_draft``, decoupled), Jakiro + CEPD (the paper's hybrid step) and the
-  authors' released configuration (coupled + CEPD) on the paper's tree (depth 6, top-10, 60 tokens), all on
-  the static engine, compiled (CUDA graphs of the eager kernels on CUDA) by default on CUDA: ``cycles.csv``;
-* a **modelled speedup** per method: tau x (plain ms per token) / (ms per cycle), tau being the paper's
-  measured acceptance length (:data:`PAPER`). It is a model: the acceptance of random drafts is not
-  measured (it means nothing), only the cost of a cycle.
-
-``papercost.json`` holds the settings, the environment, both tables and any measurement that failed.
+The static engine's shapes are fixed, so random weights cost what trained ones would; the acceptance is not measured.
+Writes ``tn.csv`` (T(n), eager and captured), ``cycles.csv`` (ms per cycle, modelled speedup) and ``papercost.json``.
 """
 from __future__ import annotations
 
@@ -54,10 +38,8 @@ PAPER_PROFILE = "vicuna-7b"  # the paper-scale profile: its tree (depth 6, top-1
 # main study, and the authors' released configuration (coupled mixture + CEPD)
 METHOD_NAMES = ("eagle2", "jakiro", "jakiro_cepd", RELEASED.name)
 
-# The paper's measured acceptance lengths and speedups (Jakiro, arXiv 2502.06282; A40, Vicuna-7B, T=0), as this
-# project keeps them (jakiro_lib.study.published, docs/DESIGN.md section 8: the authors' logs recomputed, mean
-# over MT-bench, HumanEval, GSM8K, Alpaca, CNN/DM and Natural Questions; tau in the authors' tokens / (cycles - 1)
-# convention, about 5% above tokens / cycles). Each Jakiro row gets Jakiro's numbers: the paper reports one Jakiro.
+# The paper's measured acceptance lengths and speedups at T=0 (docs/DESIGN.md section 8, study.published). Each
+# Jakiro row gets Jakiro's numbers: the paper reports one Jakiro.
 PAPER: dict[str, dict[str, float]] = {"eagle2": {"tau": 4.68, "speedup": 2.73},
                                       "jakiro": {"tau": 4.69, "speedup": 2.85}}
 PAPER_SOURCE = ("Jakiro (arXiv 2502.06282), authors' A40 logs recomputed: Vicuna-7B, T=0, mean over MT-bench, "
@@ -66,8 +48,6 @@ SPEEDUP_BASIS = "model: tau_paper x ms_per_token_plain / ms_per_cycle (acceptanc
 TN_COLUMNS = ("n", "eager_ms", "captured_ms")
 CYCLE_COLUMNS = ("method", "draft", "tree", "cycles", "ms_per_cycle", "ms_per_token_plain", "tau_paper",
                  "modelled_speedup", "paper_speedup", "speedup_basis")
-
-
 
 
 def modelled_speedup(tau: float, ms_per_token_plain: float, ms_per_cycle: float) -> float:
@@ -305,9 +285,8 @@ def run_papercost(shape: str = "vicuna-7b", *, device: str = "cuda", dtype: str 
                   new_tokens: int = 64, out_dir: str | Path, compile: bool | None = None,
                   sizes: Sequence[int] = TREE_SIZES, tree: TreeConfig | None = None, repeats: int = 10,
                   runs: int = 3, seed: int = 0, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Measure T(n), plain decoding and the paper's methods' cycles on a random target of ``shape`` (module
-    docstring) and write ``tn.csv``, ``cycles.csv`` (each as soon as its part is measured; ``write_table`` also
-    writes a ``.json`` beside each) and ``papercost.json`` to ``out_dir``; returns what the JSON holds.
+    """Measure T(n), plain decoding and the paper's methods' cycles on a random target of ``shape`` and write the
+    module's three files to ``out_dir`` (each table as soon as its part is measured); returns what the JSON holds.
 
     ``compile``: the static engine's step compiled (default: on CUDA, where it is captured as CUDA graphs of the
     eager kernels, ``target.capture="graphs"``; on a CPU compiling means inductor, minutes). ``tree``: default the

@@ -77,10 +77,6 @@ class Target:
     config: TargetConfig
 
     @property
-    def hidden_size(self) -> int:
-        return self.model.config.hidden_size
-
-    @property
     def device(self) -> torch.device:
         return self.model.device
 

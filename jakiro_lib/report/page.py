@@ -17,9 +17,9 @@ import pandas as pd
 
 from .plots import STAGE_TITLES
 from ..training.scale import SCALE_JSON
+from ..profiles import SMOKE_BANNER
 from ..files import read_json, write_text
 
-SMOKE_BANNER = "smoke profile: a random tiny target; numbers for plumbing only"
 HEADLINE_FIGURE = "speedup.png"  # notebook 03: speedup per method and temperature, with intervals
 EXTENSION_PREFIX = "Jakiro + lookup branch (extension)"
 INDEX_NAME = "index.html"
@@ -56,19 +56,19 @@ class GoalVerdict:
     met: bool | None  # None: a side of the ratio was not measured
     settled: bool  # False: the interval straddles the target, so these prompts do not decide it
 
-    @property
-    def status(self) -> str:
+    def _status(self, unsettled: str) -> str:
         if self.met is None:
             return "not measured"
-        word = "met" if self.met else "not met"
-        return word if self.settled else f"{word} on the point estimate, not settled by the interval"
+        return ("met" if self.met else "not met") + ("" if self.settled else unsettled)
+
+    @property
+    def status(self) -> str:
+        return self._status(" on the point estimate, not settled by the interval")
 
     @property
     def short(self) -> str:
-        """The status in a table cell: "met", "not met", with "(not settled)" when the interval straddles."""
-        if self.met is None:
-            return "not measured"
-        return ("met" if self.met else "not met") + ("" if self.settled else " (not settled)")
+        """The status in a table cell: "(not settled)" where the interval straddles the target."""
+        return self._status(" (not settled)")
 
     @property
     def css(self) -> str:

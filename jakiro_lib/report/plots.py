@@ -74,9 +74,9 @@ def _frame(data: Any) -> pd.DataFrame:
     return data.copy() if isinstance(data, pd.DataFrame) else pd.DataFrame(list(data))
 
 
-def _method_order(df: pd.DataFrame) -> list[str]:
-    """Methods in the order they first appear (the study's order), not alphabetically."""
-    return list(dict.fromkeys(df["method"].tolist()))
+def _ordered(df: pd.DataFrame, col: str) -> list[Any]:
+    """The values of ``col`` in the order they first appear (the study's order), not sorted."""
+    return list(dict.fromkeys(df[col].tolist()))
 
 
 def _grouped_bars(ax: Any, df: pd.DataFrame, *, x: str, y: str, hue: str | None, yerr: str | None = None,
@@ -84,8 +84,8 @@ def _grouped_bars(ax: Any, df: pd.DataFrame, *, x: str, y: str, hue: str | None,
                   horizontal: bool = False, annotate: bool = True) -> None:
     """Bars of precomputed values (means) grouped by ``hue``, with error bars of precomputed stds
     (``yerr``) or of an interval's low and high columns (``interval``, drawn instead)."""
-    order = list(order) if order is not None else list(dict.fromkeys(df[x].tolist()))
-    hues = list(dict.fromkeys(df[hue].tolist())) if hue else [None]
+    order = list(order) if order is not None else _ordered(df, x)
+    hues = _ordered(df, hue) if hue else [None]
     keys = [x] + ([hue] if hue else [])
     cols = [c for c in (y, yerr, *(interval or ())) if c and c in df]
     if df.duplicated(keys).any():  # several rows per bar (e.g. benchmarks): plot their mean
@@ -137,7 +137,7 @@ def plot_metric(summary: pd.DataFrame | Iterable[dict], metric: str = "speedup",
     if df.empty:
         return _message_figure(f"no {metric} values to plot")
     temps = _temperatures(df)
-    order = _method_order(df)
+    order = _ordered(df, "method")
     fig, axes = new_figure(len(temps), width=max(4.5, 0.55 * len(order) + 2.5), sharey=True)
     std = f"{metric}_std" if f"{metric}_std" in df else None
     ci = (f"{metric}_ci_low", f"{metric}_ci_high")
@@ -171,7 +171,7 @@ def plot_ablations(ablations: pd.DataFrame | Iterable[dict]) -> Figure:
     df = _frame(ablations)
     if df.empty:
         return _message_figure("no ablation results")
-    order = _method_order(df)
+    order = _ordered(df, "method")
     fig, axes = new_figure(2, width=5.5, height=max(2.8, 0.38 * len(order) + 1.2))
     for ax, metric in zip(axes[0], ("speedup", "tau")):
         sub = df[np.isfinite(pd.to_numeric(df[metric], errors="coerce"))]
@@ -233,9 +233,8 @@ def plot_accept_hist(records: Iterable[dict] | pd.DataFrame) -> Figure:
         df = accepted_lengths(records)
     if df.empty:
         return _message_figure("no speculative cycles recorded")
-    temps, order = _temperatures(df), _method_order(df)
-    # one legend, beside the last panel, as tall as the methods need: an ablation study's 18 methods inside a
-    # 3.6-inch panel collapsed the layout (matplotlib's warning on stderr in notebook 03)
+    temps, order = _temperatures(df), _ordered(df, "method")
+    # one legend, beside the last panel, as tall as the methods need (an ablation study has 18)
     fig, axes = new_figure(len(temps), width=5.5 + 2.8 / len(temps), height=max(3.6, 1.4 + 0.22 * len(order)),
                            sharey=True)
     for i, (ax, t) in enumerate(zip(axes[0], temps)):
@@ -262,7 +261,7 @@ def plot_training_curves(history: pd.DataFrame | Iterable[dict], *, smooth: int 
     df = _frame(history)
     if df.empty:
         return _message_figure("no training history")
-    seen = list(dict.fromkeys(df["series"].tolist()))
+    seen = _ordered(df, "series")
     series = [s for s in SERIES_ORDER if s in seen] + [s for s in seen if s not in SERIES_ORDER]
     ncols = min(3, len(series))
     nrows = math.ceil(len(series) / ncols)
@@ -281,10 +280,6 @@ def plot_training_curves(history: pd.DataFrame | Iterable[dict], *, smooth: int 
         ax.axis("off")
     fig.suptitle("Training losses")
     return fig
-
-
-def _ordered(df: pd.DataFrame, col: str) -> list[Any]:
-    return list(dict.fromkeys(df[col].tolist()))
 
 
 def plot_heldout_accuracy(training: pd.DataFrame | Iterable[dict]) -> Figure:

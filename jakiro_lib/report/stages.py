@@ -107,20 +107,18 @@ def notebook_to_html(notebook: str | Path, html: str | Path | None = None) -> Pa
     return html
 
 
-def _stage_status(stage: str, *, source: Path, report_dir: Path, fingerprint: str, force: bool,
-                  upstream_finished: float) -> tuple[bool, str]:
+def _stage_status(run: StageRun, stage: str, upstream_finished: float) -> tuple[bool, str]:
     """(up to date?, reason it is not)."""
-    executed = report_dir / f"{stage}.ipynb"
-    stamp = read_json(report_dir / STAMP_DIR / f"{stage}.json")
-    if force:
+    executed, stamp = run.executed(stage), read_json(run.stamp(stage))
+    if run.force:
         return False, "forced"
     if not executed.is_file() or stamp is None or stamp.get("status") != "ok":
         return False, "never executed"
     if stamp.get("version") != STAMP_VERSION:
         return False, "stamp format changed"
-    if source.stat().st_mtime > min(executed.stat().st_mtime, float(stamp.get("started", 0.0))):
+    if run.source(stage).stat().st_mtime > min(executed.stat().st_mtime, float(stamp.get("started", 0.0))):
         return False, "notebook source changed"
-    if stamp.get("fingerprint") != fingerprint:
+    if stamp.get("fingerprint") != run.fingerprint:
         return False, "parameters changed"
     if stamp.get("finished", 0.0) < upstream_finished:
         return False, "an earlier stage was executed after it"
@@ -218,9 +216,7 @@ def run_stages(run: StageRun) -> list[StageResult]:
         if stage not in run.selected:
             upstream_finished = max(upstream_finished, _finished(run, stage))
             continue
-        fresh, reason = _stage_status(stage, source=run.source(stage), report_dir=run.report_dir,
-                                      fingerprint=run.fingerprint, force=run.force,
-                                      upstream_finished=upstream_finished)
+        fresh, reason = _stage_status(run, stage, upstream_finished)
         if fresh:
             upstream_finished = max(upstream_finished, _finished(run, stage))
             results.append(_skip_fresh(run, stage))

@@ -5,8 +5,8 @@ stay thin, ``from jakiro_lib import study as S`` then one call a step. :mod:`.co
 from __future__ import annotations
 
 from ..measure.budgets import resolve_tree_budgets
-from ..measure.methods import STUDIES
-from ..files import write_json
+from ..measure.methods import STUDIES, profile_methods
+from ..files import write_json, write_table
 from .context import (SMOKE_BANNER, StudyContext, configure_logging, default_report_dir, default_run_dir,
                       get_target, notebook_setup, reports_root, resolve_profile, runs_root, setup)
 from .performance import cycle_cost_table, write_performance_report
@@ -15,13 +15,11 @@ from .s00_data import (PAPER_CONVERSATIONS, PAPER_TOKENS_PER_CONVERSATION, disk_
                        loss_mask_html, manifest_table, prepare_features, sample_conversation_html)
 from .s01_train import (drafts_table, load_training_results, router_load_table, train_all, training_datasets,
                         training_history, training_table, write_training_tables)
-from ..measure.methods import profile_methods
 from .s02_bench import (bench_environment, methods_table, run_study, study_questions,
                         study_temperatures)
 from ..measure.summary import headline_table
 from .tables import (acceptance_by_depth, category_table, display_table, load_study_records, method_setting,
                      records_frame, study_table, tree_budget_table, versus_eagle2_table, write_study_tables)
-from ..files import write_table
 
 __all__ = [
     "PAPER_CONVERSATIONS", "PAPER_TOKENS_PER_CONVERSATION", "PUBLISHED", "SMOKE_BANNER", "STUDIES", "StudyContext",

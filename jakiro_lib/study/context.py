@@ -20,7 +20,7 @@ import torch
 import transformers
 
 from ..config import ConfigError, Profile
-from ..profiles import get_profile, override, profile_from_dict
+from ..profiles import SMOKE_BANNER, get_profile, override, profile_from_dict
 from ..layout import RunLayout
 from ..models.target import load_target
 from ..files import REPO_ROOT, read_json, write_json
@@ -29,7 +29,6 @@ from ..runlock import hold_run_lock
 
 log = logging.getLogger(__name__)
 
-SMOKE_BANNER = "smoke profile: a random tiny target, numbers for plumbing only"
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
 TRUE, FALSE = ("true", "yes", "1"), ("false", "no", "0")  # a notebook's flag parameter given as text
 

@@ -18,44 +18,30 @@ PAPER_METHOD = {"eagle2": "eagle2", "jakiro": "jakiro", "jakiro_cepd": "jakiro",
 
 
 # docs/DESIGN.md section 8, verbatim numbers (speedup over vanilla, tau where published).
-PUBLISHED: list[dict[str, Any]] = [
-    {"source": "Jakiro authors' A40 logs (recomputed)", "method": "jakiro", "target": "Vicuna-7B",
-     "benchmarks": "mean of MT-bench, HumanEval, GSM8K, Alpaca, CNN/DM, NQ", "temperature": 0.0, "hardware": "A40",
-     "speedup": 2.85, "tau": None, "tau_cycles_minus_1": 4.69, "note": "tau in the reference's cycles-1 convention"},
-    {"source": "Jakiro authors' A40 logs (recomputed)", "method": "eagle2", "target": "Vicuna-7B",
-     "benchmarks": "mean of MT-bench, HumanEval, GSM8K, Alpaca, CNN/DM, NQ", "temperature": 0.0, "hardware": "A40",
-     "speedup": 2.73, "tau": None, "tau_cycles_minus_1": 4.68, "note": "tau in the reference's cycles-1 convention"},
-    {"source": "Jakiro authors' A40 logs (recomputed)", "method": "jakiro", "target": "Vicuna-7B",
-     "benchmarks": "mean of MT-bench, HumanEval, GSM8K, Alpaca, CNN/DM, NQ", "temperature": 1.0, "hardware": "A40",
-     "speedup": 2.44, "tau": None, "tau_cycles_minus_1": 4.20, "note": "tau in the reference's cycles-1 convention"},
-    {"source": "Jakiro authors' A40 logs (recomputed)", "method": "eagle2", "target": "Vicuna-7B",
-     "benchmarks": "mean of MT-bench, HumanEval, GSM8K, Alpaca, CNN/DM, NQ", "temperature": 1.0, "hardware": "A40",
-     "speedup": 2.36, "tau": None, "tau_cycles_minus_1": 4.20, "note": "tau in the reference's cycles-1 convention"},
-    {"source": "Jakiro authors' A40 logs (recomputed)", "method": "jakiro", "target": "Vicuna-7B",
-     "benchmarks": "MT-bench", "temperature": 0.0, "hardware": "A40", "speedup": 3.02, "tau": None,
-     "tau_cycles_minus_1": 4.98, "note": "tau in the reference's cycles-1 convention"},
-    {"source": "Jakiro README figure", "method": "jakiro*", "target": "Vicuna-7B", "benchmarks": "MT-bench",
-     "temperature": 1.0, "hardware": "A100", "speedup": 3.86, "tau": None, "tau_cycles_minus_1": 5.68,
-     "note": "matches the non-lossless Jakiro* sampler logs: not a target"},
-    {"source": "Jakiro README figure", "method": "eagle2", "target": "Vicuna-7B", "benchmarks": "MT-bench",
-     "temperature": 1.0, "hardware": "A100", "speedup": 2.69, "tau": None, "tau_cycles_minus_1": 4.27,
-     "note": "README figure"},
-    {"source": "EAGLE-2 paper", "method": "eagle2", "target": "Vicuna-7B", "benchmarks": "MT-bench",
-     "temperature": 0.0, "hardware": "as published", "speedup": 3.62, "tau": None, "tau_cycles_minus_1": None,
-     "note": ""},
-    {"source": "EAGLE-2 paper", "method": "eagle2", "target": "Vicuna-13B", "benchmarks": "MT-bench",
-     "temperature": 0.0, "hardware": "as published", "speedup": 4.26, "tau": None, "tau_cycles_minus_1": None,
-     "note": ""},
-    {"source": "EAGLE-2 paper", "method": "eagle2", "target": "LLaMA3-8B", "benchmarks": "MT-bench",
-     "temperature": 0.0, "hardware": "as published", "speedup": 3.46, "tau": None, "tau_cycles_minus_1": None,
-     "note": ""},
-    {"source": "Spec-Bench (third party)", "method": "eagle2", "target": "Vicuna-7B", "benchmarks": "MT-bench",
-     "temperature": 0.0, "hardware": "A100", "speedup": 2.84, "tau": 4.34, "tau_cycles_minus_1": None,
-     "note": "tau convention as published by Spec-Bench"},
-    {"source": "Spec-Bench (third party)", "method": "eagle3", "target": "Vicuna-13B", "benchmarks": "MT-bench",
-     "temperature": 0.0, "hardware": "A100", "speedup": 3.48, "tau": 5.71, "tau_cycles_minus_1": None,
-     "note": "tau convention as published by Spec-Bench"},
-]
+PUBLISHED_COLUMNS = ("source", "method", "target", "benchmarks", "temperature", "hardware", "speedup", "tau",
+                     "tau_cycles_minus_1", "note")
+_LOGS = "Jakiro authors' A40 logs (recomputed)"
+_README = "Jakiro README figure"
+_EAGLE2 = "EAGLE-2 paper"
+_SPEC_BENCH = "Spec-Bench (third party)"
+_SIX = "mean of MT-bench, HumanEval, GSM8K, Alpaca, CNN/DM, NQ"
+_CYCLES_1 = "tau in the reference's cycles-1 convention"
+_SPEC_TAU = "tau convention as published by Spec-Bench"
+PUBLISHED: list[dict[str, Any]] = [dict(zip(PUBLISHED_COLUMNS, row)) for row in (
+    (_LOGS, "jakiro", "Vicuna-7B", _SIX, 0.0, "A40", 2.85, None, 4.69, _CYCLES_1),
+    (_LOGS, "eagle2", "Vicuna-7B", _SIX, 0.0, "A40", 2.73, None, 4.68, _CYCLES_1),
+    (_LOGS, "jakiro", "Vicuna-7B", _SIX, 1.0, "A40", 2.44, None, 4.20, _CYCLES_1),
+    (_LOGS, "eagle2", "Vicuna-7B", _SIX, 1.0, "A40", 2.36, None, 4.20, _CYCLES_1),
+    (_LOGS, "jakiro", "Vicuna-7B", "MT-bench", 0.0, "A40", 3.02, None, 4.98, _CYCLES_1),
+    (_README, "jakiro*", "Vicuna-7B", "MT-bench", 1.0, "A100", 3.86, None, 5.68,
+     "matches the non-lossless Jakiro* sampler logs: not a target"),
+    (_README, "eagle2", "Vicuna-7B", "MT-bench", 1.0, "A100", 2.69, None, 4.27, "README figure"),
+    (_EAGLE2, "eagle2", "Vicuna-7B", "MT-bench", 0.0, "as published", 3.62, None, None, ""),
+    (_EAGLE2, "eagle2", "Vicuna-13B", "MT-bench", 0.0, "as published", 4.26, None, None, ""),
+    (_EAGLE2, "eagle2", "LLaMA3-8B", "MT-bench", 0.0, "as published", 3.46, None, None, ""),
+    (_SPEC_BENCH, "eagle2", "Vicuna-7B", "MT-bench", 0.0, "A100", 2.84, 4.34, None, _SPEC_TAU),
+    (_SPEC_BENCH, "eagle3", "Vicuna-13B", "MT-bench", 0.0, "A100", 3.48, 5.71, None, _SPEC_TAU),
+)]
 
 
 def comparison_table(main: pd.DataFrame, *, target_model: str, environment: dict[str, Any],

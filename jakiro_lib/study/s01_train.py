@@ -20,7 +20,8 @@ from ..layout import TRAIN_STAMP, RunLayout, has_weights
 from ..training.checkpoints import list_checkpoints, saved_vocab
 from ..training.train import RESULTS, train_draft, train_identity
 from ..files import read_json, replace_dir_atomically, restore_replaced_dir, write_json, write_table
-from ..distributed import distributed_state, world_size
+from ..distributed import launched_world
+from ..profiles import draft_names
 from .context import StudyContext, get_target
 from .heads import import_draft, imported_drafts
 from .s00_data import load_training_conversations
@@ -84,11 +85,12 @@ def train_all(ctx: StudyContext, *,
     is imported (:func:`jakiro_lib.study.heads.import_draft`); drafts of one ``draft_vocab_size`` share a vocabulary."""
     prof, rdir = ctx.profile, ctx.run_dir
     layout = RunLayout(rdir)
-    names = _draft_names(prof, only)
+    names = draft_names(prof, only or prof.drafts)
     if not prof.data.online and layout.features_manifest.is_file():
         manifest = verify_cache(layout.features, allow_incomplete=True)  # the stamps read it: CacheError if corrupt
         _check_cache_settings(prof, layout, manifest)
-    main_process, wait = _process_state()  # under `accelerate launch`: one process manages the files
+    world = launched_world()  # under `accelerate launch`: one process manages the files
+    main_process, wait = world.index == 0, world.wait
     out, todo = _trained_already(prof, layout, names, force, main_process)
     for name in imported_drafts(prof, todo):  # drafts.<name>.import_from: loaded, not trained
         target = target or get_target(prof)
@@ -118,15 +120,6 @@ def train_all(ctx: StudyContext, *,
         log.info("draft %s: trained in %.1f s, held-out acc_a %s acc_b %s", name, time.perf_counter() - t0,
                  _fmt(res.get("acc_a")), _fmt(res.get("acc_b")))
     return {n: out[n] for n in names}
-
-
-def _draft_names(prof: Profile, only: Sequence[str] | None) -> list[str]:
-    """The drafts to train: ``only`` those, else all of the profile's; an unknown name is a ConfigError."""
-    names = list(prof.drafts) if not only else list(only)
-    unknown = [n for n in names if n not in prof.drafts]
-    if unknown:
-        raise ConfigError(f"unknown draft(s) {unknown}; the profile has {', '.join(prof.drafts)}")
-    return names
 
 
 def _trained_already(prof: Profile, layout: RunLayout, names: list[str], force: bool,
@@ -232,14 +225,6 @@ def _check_cache_settings(prof: Profile, layout: RunLayout, manifest: dict[str, 
                          "with the same --set, into another --run-dir) or train with the cache's settings")
 
 
-def _process_state() -> tuple[bool, Any]:
-    """(is main process, barrier): trivial in one process, accelerate's state under ``accelerate launch``."""
-    if world_size() <= 1:
-        return True, lambda: None
-    state = distributed_state()
-    return state.is_main_process, state.wait_for_everyone
-
-
 def _fmt(x: Any) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
@@ -302,8 +287,7 @@ def router_load_table(results: dict[str, dict[str, Any]]) -> pd.DataFrame:
 
 
 def drafts_table(ctx: StudyContext) -> pd.DataFrame:
-    """The profile's drafts and what sets each apart, read from ``profile.drafts`` (notebook 01 shows this
-    instead of a hand-written list, which went stale when the default's drafts changed)."""
+    """The profile's drafts and what sets each apart, read from ``profile.drafts`` (notebook 01 shows it)."""
     prof = ctx.profile
     rows = []
     for name, d in prof.drafts.items():

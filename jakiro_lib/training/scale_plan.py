@@ -72,9 +72,6 @@ class ScaleError(ValueError):
     """A measurement that cannot size the job (no caching or training rate came out of it)."""
 
 
-# The choice (pure: tested on mocked rates)
-
-
 def caching_training_budget(rates: Rates) -> float:
     """Seconds caching and training may take: the main job less the margin, the benchmark and the measurement."""
     return MAIN_JOB_MINUTES * 60.0 * (1.0 - MARGIN) - rates.bench_s - rates.measure_s

@@ -14,18 +14,19 @@ from typing import Any
 
 import pandas as pd
 import torch
-from torch.utils.data import DataLoader
 
-from ..data.batching import EpochSampler, LengthBucketSampler, dataset_lengths, padded_tokens
+from ..data.batching import padded_tokens
 from ..config import DataConfig, DraftConfig, Profile, TargetConfig, TrainConfig
 from ..data.conversations import load_conversations
 from ..data.dataset import FeatureDataset, build_draft_vocab, token_frequencies
 from ..models.draft import DraftModel
 from ..data.features import cache_features, estimate_cache, length_batches, shard_tensors
 from ..models.target import load_target
-from ..models.loss import COMPILED_STEP, step_loss, train_collate, training_loss_options
+from ..models.loss import COMPILED_STEP, step_loss, training_loss_options
 from .throughput_plan import stage_plan
+from .train import training_loader
 from ..files import write_json
+from ..profiles import draft_names
 from ..compiling import run_compiling
 from ..machine import environment, keep_freed_memory, seed_everything, synchronize
 from ..precision import compiles_step, favoured_dtype
@@ -39,9 +40,6 @@ STAGES = ("data", "forward", "backward", "optimizer", "sync")
 COLUMNS = ("part", "variant", "draft", "device", "dtype", "allocator", "batch_size", "bucketed", "compiled", "items",
            "tokens", "padded_tokens", "padding", "seconds", "tokens_per_s", "speedup", *(f"{s}_ms" for s in STAGES),
            "step_ms")
-
-
-# Hardware
 
 
 class _Clock:
@@ -105,13 +103,8 @@ def caching_rows(target_cfg: TargetConfig, convs: Sequence[Any], data: DataConfi
 
 
 def _loader(dataset: Any, train_cfg: TrainConfig, bucketed: bool, device: torch.device) -> Iterator[dict[str, Any]]:
-    """Batches forever, epoch after epoch, from the loader train_draft builds (same samplers)."""
-    sampler: Any = EpochSampler(len(dataset), train_cfg.seed)
-    batching: dict[str, Any] = dict(batch_size=train_cfg.batch_size, sampler=sampler)
-    if bucketed:
-        sampler = LengthBucketSampler(dataset_lengths(dataset), train_cfg.batch_size, train_cfg.seed)
-        batching = dict(batch_sampler=sampler)
-    loader = DataLoader(dataset, **batching, collate_fn=train_collate, pin_memory=device.type == "cuda")
+    """Batches forever, epoch after epoch, from the loader train_draft builds."""
+    sampler, loader = training_loader(dataset, train_cfg, bucketed, device)
     epoch = 0
     while True:
         sampler.set_epoch(epoch)
@@ -224,10 +217,7 @@ def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int 
     (and writes) the table and the stage plan of the profile's whole data."""
     if conversations < 1 or steps < 1 or warmup < 0 or not cache_batch_sizes or min(cache_batch_sizes) < 1:
         raise ValueError("need conversations >= 1, steps >= 1, warmup >= 0 and cache batch sizes >= 1")
-    names = list(drafts) if drafts else list(profile.drafts)[:1]
-    unknown = [n for n in names if n not in profile.drafts]
-    if unknown:
-        raise ValueError(f"unknown draft(s) {unknown}; the profile has {', '.join(profile.drafts)}")
+    names = draft_names(profile, drafts or list(profile.drafts)[:1])
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device(profile.target.device)

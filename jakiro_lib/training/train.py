@@ -116,6 +116,18 @@ def train_draft(
     return run.finish(stats, fingerprint)
 
 
+def training_loader(dataset: Any, train_cfg: TrainConfig, bucketed: bool, device: torch.device, *,
+                    num_workers: int = 0) -> tuple[Any, DataLoader]:
+    """The epoch's sampler (shuffled batches, or shuffled length buckets where ``bucketed``) and the loader over it."""
+    sampler: Any = EpochSampler(len(dataset), train_cfg.seed)
+    batching: dict[str, Any] = dict(batch_size=train_cfg.batch_size, sampler=sampler)
+    if bucketed:
+        sampler = LengthBucketSampler(dataset_lengths(dataset), train_cfg.batch_size, train_cfg.seed)
+        batching = dict(batch_sampler=sampler)
+    return sampler, DataLoader(dataset, **batching, collate_fn=train_collate, num_workers=num_workers,
+                               pin_memory=device.type == "cuda")
+
+
 def _accelerator(target: Any, train_cfg: TrainConfig) -> tuple[Any, str]:
     """The ``Accelerator`` for this training and its mixed precision; the frozen target moved to its device."""
     from accelerate import Accelerator  # accelerate's import is slow and only training needs it
@@ -167,13 +179,8 @@ class _Training:
         self.core.train()
         optimizer = torch.optim.AdamW(self.core.parameters(), lr=train_cfg.lr, betas=tuple(train_cfg.betas),
                                       weight_decay=train_cfg.weight_decay)
-        self.sampler = EpochSampler(len(train_data), train_cfg.seed)
-        batching: dict[str, Any] = dict(batch_size=train_cfg.batch_size, sampler=self.sampler)
-        if train_cfg.bucket_by_length:
-            self.sampler = LengthBucketSampler(dataset_lengths(train_data), train_cfg.batch_size, train_cfg.seed)
-            batching = dict(batch_sampler=self.sampler)
-        loader = DataLoader(train_data, **batching, collate_fn=train_collate, num_workers=num_workers,
-                            pin_memory=self.accelerator.device.type == "cuda")
+        self.sampler, loader = training_loader(train_data, train_cfg, train_cfg.bucket_by_length,
+                                               self.accelerator.device, num_workers=num_workers)
         self.model, self.optimizer, self.loader = self.accelerator.prepare(self.core, optimizer, loader)
         self.steps_per_epoch = len(self.loader)
         self.total_steps = train_cfg.epochs * self.steps_per_epoch
