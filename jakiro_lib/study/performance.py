@@ -15,6 +15,7 @@ from .context import StudyContext, get_target
 from ..files import relative_path, write_json, write_table
 from ..machine import environment
 from ..models import kernels
+from ..models.draft import resolve_draft_dtype
 from .tables import load_study_records, tree_budget_table
 
 
