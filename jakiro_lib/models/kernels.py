@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..precision import cpu_flags
+
 GQA_ATTENTION = "sdpa_gqa"
 _ATTR = "_jakiro_packed_gemm"
 # transformers' RMSNorm of each supported family: weight * (x / rms(x)), the norm in fp32, eps variance_epsilon
@@ -75,12 +77,7 @@ def min_rows_for(weight: torch.Tensor, backend: str) -> int:
 
 def _stream_build_name() -> str:
     """One build per source, torch version and CPU: a build for one CPU's flags may not run on another's."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        pass
+    flags = " ".join(sorted(cpu_flags()))
     key = f"{platform.machine()} {platform.processor()} {flags} {torch.__version__}".encode() + STREAM_SOURCE.read_bytes()
     return f"jakiro_stream_gemm_{hashlib.sha1(key).hexdigest()[:12]}"
 
@@ -169,8 +166,8 @@ class PackedGemm:
     def __init__(self, model: nn.Module, *, max_rows: int = 64, min_rows: int | None = None,
                  backend: str = "mkl") -> None:
         if not packed_gemm_available(model, backend):
-            raise ValueError(f"packed GEMM ({backend}) needs CPU weights: fp32 with an MKL build of torch "
-                             "or with oneDNN, or bf16 with oneDNN")
+            raise ValueError(f"packed GEMM ({backend}) needs CPU weights: fp32 with the streaming kernel built, an "
+                             "MKL build of torch or oneDNN, or bf16 with oneDNN")
         weight = _first(model)
         self.backend = backend_for(weight, backend)
         min_rows = min_rows_for(weight, backend) if min_rows is None else min_rows
