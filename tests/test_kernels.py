@@ -122,7 +122,7 @@ def test_packed_linear_falls_back_where_gradients_flow():
 def test_packing_needs_fp32_or_bf16_cpu_weights_and_a_row_range():
     net = _net().to(torch.float16)
     assert kernels.enable_packed_gemm(net) is None
-    with pytest.raises(ValueError, match="fp32 with an MKL build"):
+    with pytest.raises(ValueError, match="fp32 with the streaming kernel built"):
         kernels.PackedGemm(net)
     with pytest.raises(ValueError, match="min_rows <= max_rows"):
         kernels.PackedGemm(_net(), max_rows=3, min_rows=4)
