@@ -335,14 +335,6 @@ def test_where_the_streaming_gemm_cannot_be_built_it_is_left_out_with_one_warnin
         kernels.stream_gemm_available.cache_clear()
 
 
-def test_the_build_is_named_by_the_cpu_it_is_built_for(monkeypatch):
-    """-march=native code built for one CPU's flags may not run on another's: each has its own build."""
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
-    avx2 = kernels._stream_build_name()
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f"}))
-    assert kernels._stream_build_name() != avx2
-
-
 def test_a_first_build_says_so_before_it_compiles(monkeypatch, caplog, tmp_path):
     from torch.utils import cpp_extension
 

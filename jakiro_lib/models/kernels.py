@@ -21,8 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..precision import cpu_flags
-
 GQA_ATTENTION = "sdpa_gqa"
 _ATTR = "_jakiro_packed_gemm"
 # transformers' RMSNorm of each supported family: weight * (x / rms(x)), the norm in fp32, eps variance_epsilon
@@ -77,7 +75,12 @@ def min_rows_for(weight: torch.Tensor, backend: str) -> int:
 
 def _stream_build_name() -> str:
     """One build per source, torch version and CPU: a build for one CPU's flags may not run on another's."""
-    flags = " ".join(sorted(cpu_flags()))
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:  # not precision.cpu_flags: kernels stays the bottom layer
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        pass
     key = f"{platform.machine()} {platform.processor()} {flags} {torch.__version__}".encode() + STREAM_SOURCE.read_bytes()
     return f"jakiro_stream_gemm_{hashlib.sha1(key).hexdigest()[:12]}"
 
