@@ -33,8 +33,8 @@ def generate(target: Target, prompt: str | list[dict[str, str]], *, method: str 
 
     ``method``: ``vanilla``, ``hf`` (HF generate), ``pld`` (HF prompt lookup) or ``spec`` (the saved ``draft``
     with ``tree``, its layers in ``draft_dtype``, a ``bench.draft_dtype`` value). ``on_text`` receives the decoded text
-    as tokens are accepted. A ``max_new_tokens`` past what
-    the target's context leaves after the prompt is lowered to that, with one warning."""
+    as tokens are accepted. A ``max_new_tokens`` past what the target's context leaves after the prompt is lowered to
+    that, with one warning."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
