@@ -51,7 +51,7 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
     given ``tree``, drafting time per cycle: ``{"target": [n, ms, x_one_step, ms_library_defaults,
     ms_without_packed_gemm], "draft": [draft, vocab, width, ms, x_target_step], "draft_cycle": [draft, decoupled,
     total_tokens, ms, ms_plain_head]}`` (``ms`` as decoding runs; each ``ms_*`` without a fast path, timed back to back,
-    where it is on). ``draft_dtype``: the trained drafts' precision (None: the target's)."""
+    where it is on). ``draft_dtype``: the drafts' precision, both copies set up alike (None: the target's)."""
     model = target.model
     variants: dict[str, Any] = {"ms": nullcontext}
     if model.config._attn_implementation == kernels.GQA_ATTENTION or kernels.packed_gemm(model) is not None:
@@ -74,7 +74,7 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
         variants = [(trained.cfg.draft_vocab_size or vocab, trained)]
         if trained.cfg.draft_vocab_size is not None:
             full_cfg = dataclasses.replace(trained.cfg, draft_vocab_size=None)
-            variants.append((vocab, DraftModel.build(full_cfg, target.model).eval()))
+            variants.append((vocab, DraftModel.build(full_cfg, target.model).for_decoding(target.model, draft_dtype)))
         for v, draft in variants:
             for w, s in measure_draft_costs(draft, widths=widths, context=context, repeats=repeats).items():
                 draft_rows.append({"draft": name, "vocab": v, "width": w, "ms": 1000 * s,

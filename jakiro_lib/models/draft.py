@@ -122,7 +122,7 @@ class DraftModel(nn.Module):
     @property
     def half_weights(self) -> bool:
         """Whether the linears (and so the reduced head) read bf16 copies of their weights (kernels.HALF_WEIGHTS,
-        chosen by :meth:`load`)."""
+        chosen by :meth:`for_decoding`)."""
         gemm = kernels.packed_gemm(self)
         return gemm is not None and gemm.backend == kernels.HALF_WEIGHTS
 
@@ -309,10 +309,9 @@ class DraftModel(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path, target_model: nn.Module, dtype: torch.dtype | str | None = None) -> "DraftModel":
-        """Strict load: the target must match the one the draft was trained for and every key must fit. ``dtype`` (or
-        its name): the draft's own layers in that precision (default the target's; bf16 where
-        :func:`streams_half_weights`: bf16 copies of the linears' and the reduced head's weights, fp32 arithmetic);
-        the borrowed embedding and head stay the target's; verification keeps the output exact either way."""
+        """Strict load: the target must match the one the draft was trained for and every key must fit; set up to
+        decode in ``dtype`` (:meth:`for_decoding`). The borrowed embedding and head stay the target's; verification
+        keeps the output exact whatever the draft computes in."""
         path = Path(path)
         if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
             raise DraftLoadError(f"no saved draft at {path} (need {CONFIG_FILE} and {WEIGHTS_FILE})")
@@ -338,20 +337,26 @@ class DraftModel(nn.Module):
         if missing or unexpected:
             raise DraftLoadError(f"draft weights at {path} do not match the config: missing {missing}, "
                                  f"unexpected {unexpected}")
-        own = next(draft.parameters())
+        return draft.for_decoding(target_model, dtype)
+
+    def for_decoding(self, target_model: nn.Module, dtype: torch.dtype | str | None = None) -> "DraftModel":
+        """This draft (eval mode) set up to decode beside ``target_model``: its own layers in ``dtype`` (or its name;
+        default the target's; bf16 where :func:`streams_half_weights`: bf16 copies of the linears' and the reduced
+        head's weights, fp32 arithmetic), its linears on the packed GEMM that suits a frontier's few rows."""
+        own = next(self.parameters())
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         if dtype == torch.bfloat16 and streams_half_weights(own.device, own.dtype):
-            kernels.enable_packed_gemm(draft, max_rows=HEAD_PACK_MAX_ROWS, backend=kernels.HALF_WEIGHTS, min_rows=1)
-            return draft.eval()
+            kernels.enable_packed_gemm(self, max_rows=HEAD_PACK_MAX_ROWS, backend=kernels.HALF_WEIGHTS, min_rows=1)
+            return self.eval()
         if dtype is not None:
-            draft.to(dtype)
+            self.to(dtype)
         # A draft's forwards take a frontier's few rows: its linears follow the target's packed GEMM; without
         # one, bf16 drafts pack through oneDNN (plain bf16 GEMMs are slow at few rows) and fp32 drafts stay plain
-        p = next(draft.parameters())
+        p = next(self.parameters())
         choice = kernels.follow(target_model, p)
         if choice is not None and (kernels.packed_gemm(target_model) is not None or p.dtype == torch.bfloat16):
-            kernels.enable_packed_gemm(draft, max_rows=HEAD_PACK_MAX_ROWS, backend=choice[0], min_rows=choice[1])
-        return draft.eval()
+            kernels.enable_packed_gemm(self, max_rows=HEAD_PACK_MAX_ROWS, backend=choice[0], min_rows=choice[1])
+        return self.eval()
 
 
 def streams_half_weights(device: torch.device | str, dtype: torch.dtype) -> bool:
