@@ -27,6 +27,15 @@ needs_onednn_bf16 = pytest.mark.skipif(not kernels.packed_gemm_available(torch.z
                                        reason="bf16 packing needs torch with oneDNN")
 
 
+def _rows_of_calls(monkeypatch: pytest.MonkeyPatch, ops, name: str) -> list[int]:
+    """The row count (the input's second-to-last dimension) of each call of the packed-GEMM operator ``ops.<name>``
+    from now on (it still runs)."""
+    calls: list[int] = []
+    real = getattr(ops, name)
+    monkeypatch.setattr(ops, name, lambda x, *a: calls.append(x.shape[-2]) or real(x, *a))
+    return calls
+
+
 def _net() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(96, 160), nn.ReLU(), nn.Linear(160, 48, bias=False)).eval()
@@ -34,9 +43,7 @@ def _net() -> nn.Module:
 
 @needs_mkl
 def test_one_packed_copy_serves_its_row_range_and_nothing_else(monkeypatch):
-    calls = []
-    real = torch.ops.mkl._mkl_linear
-    monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
+    calls = _rows_of_calls(monkeypatch, torch.ops.mkl, "_mkl_linear")
     net = _net()
     ref = copy.deepcopy(net)
     gemm = kernels.PackedGemm(net, max_rows=8, min_rows=4)
@@ -64,9 +71,7 @@ needs_onednn_fp32 = pytest.mark.skipif(not kernels.packed_gemm_available(torch.z
 
 @needs_onednn_fp32
 def test_an_fp32_copy_reordered_by_onednn_serves_its_rows_and_matches_plain(monkeypatch):
-    calls = []
-    real = torch.ops.mkldnn._linear_pointwise
-    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, *a: calls.append(x.shape[-2]) or real(x, *a))
+    calls = _rows_of_calls(monkeypatch, torch.ops.mkldnn, "_linear_pointwise")
     net = _net()
     ref = copy.deepcopy(net)
     gemm = kernels.enable_packed_gemm(net, max_rows=8, backend="onednn")
@@ -130,9 +135,7 @@ def test_packing_needs_fp32_or_bf16_cpu_weights_and_a_row_range():
 
 @needs_onednn_bf16
 def test_bf16_weights_pack_through_onednn_from_one_row_and_match_plain_bf16(monkeypatch):
-    calls = []
-    real = torch.ops.mkldnn._linear_pointwise
-    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, *a: calls.append(x.shape[-2]) or real(x, *a))
+    calls = _rows_of_calls(monkeypatch, torch.ops.mkldnn, "_linear_pointwise")
     net = _net().to(torch.bfloat16)
     ref = copy.deepcopy(net)
     gemm = kernels.enable_packed_gemm(net, max_rows=8)
@@ -285,9 +288,7 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
 
 @needs_stream
 def test_the_packed_copy_serves_its_rows_through_the_stream_backend(monkeypatch):
-    calls = []
-    real = torch.ops.jakiro_stream_gemm.linear
-    monkeypatch.setattr(torch.ops.jakiro_stream_gemm, "linear", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
+    calls = _rows_of_calls(monkeypatch, torch.ops.jakiro_stream_gemm, "linear")
     net = _net()
     ref = copy.deepcopy(net)
     gemm = kernels.enable_packed_gemm(net, max_rows=8, backend="stream")
