@@ -77,8 +77,9 @@ void run(const float* x, const W* panels, float* y, int64_t M, int64_t K, int64_
                                         rows<5, W>, rows<6, W>, rows<7, W>, rows<8, W>};
   const int64_t Np = P * L;
   // Threads split the panels; a thread passes over a block of its panels (about 512 KB) once per chunk of
-  // rows, the block staying in cache between chunks.
-  const int64_t per_block = std::max<int64_t>(8, (512 * 1024) / (K * L * int64_t(sizeof(W))));
+  // rows, the block staying in cache between chunks. A block holds a multiple of 12 panels, which every NB
+  // divides: no panel is left to a one-panel pass (one stream, M FMA chains) where a thread's share allows.
+  const int64_t per_block = std::max<int64_t>(12, (512 * 1024) / (K * L * int64_t(sizeof(W))) / 12 * 12);
   at::parallel_for(0, P, 4, [&](int64_t p0, int64_t p1) {
     for (int64_t b = p0; b < p1; b += per_block) {
       const int64_t b_end = std::min(b + per_block, p1);
