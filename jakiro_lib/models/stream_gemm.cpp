@@ -99,10 +99,11 @@ at::Tensor pack(const at::Tensor& weight, bool bf16) {
   return padded.view({P, L, K}).transpose(1, 2).contiguous();  // [P, K, L]
 }
 
+// input [..., K] -> [..., n]: the leading dimensions flattened into rows and restored here, not in Python.
 at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, int64_t n) {
-  TORCH_CHECK(input.dim() == 2 && input.scalar_type() == at::kFloat && packed.dim() == 3 &&
-              packed.size(1) == input.size(1) && packed.size(2) == L, "stream_gemm.linear: shapes do not match");
-  const at::Tensor x = input.contiguous();
+  TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && packed.dim() == 3 &&
+              packed.size(1) == input.size(-1) && packed.size(2) == L, "stream_gemm.linear: shapes do not match");
+  const at::Tensor x = input.reshape({-1, input.size(-1)}).contiguous();
   const int64_t M = x.size(0), K = x.size(1), P = packed.size(0);
   at::Tensor y = at::empty({M, P * L}, x.options());
   if (packed.scalar_type() == at::kBFloat16)
@@ -110,11 +111,15 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, int64_t n) 
         M, K, P);
   else
     run(x.data_ptr<float>(), packed.data_ptr<float>(), y.data_ptr<float>(), M, K, P);
-  return P * L == n ? y : y.narrow(1, 0, n).contiguous();
+  std::vector<int64_t> sizes = input.sizes().vec();
+  sizes.back() = n;
+  return (P * L == n ? y : y.narrow(1, 0, n).contiguous()).view(sizes);
 }
 
 at::Tensor linear_meta(const at::Tensor& input, const at::Tensor& packed, int64_t n) {
-  return at::empty({input.size(0), n}, input.options());
+  std::vector<int64_t> sizes = input.sizes().vec();
+  sizes.back() = n;
+  return at::empty(sizes, input.options());
 }
 
 }  // namespace
