@@ -391,9 +391,10 @@ def _fused_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """transformers' RMSNorm forward through torch's ``rms_norm``: the norm in fp32, then the weight in the
     input's dtype, as transformers rounds (fp32: one call, the weight inside). Equal to it bit for bit on the
     CPU (tested); on CUDA up to the fused reduction's rounding."""
-    if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-        return F.rms_norm(x, self.weight.shape, self.weight, self.variance_epsilon)
-    return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.variance_epsilon).to(x.dtype)
+    weight = self._parameters["weight"]  # not through nn.Module.__getattr__: 61 calls a SmolLM2 forward
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, self.variance_epsilon)
+    return weight * F.rms_norm(x.float(), weight.shape, None, self.variance_epsilon).to(x.dtype)
 
 
 def use_fused_norm(model: nn.Module) -> int:
