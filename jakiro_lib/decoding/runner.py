@@ -5,6 +5,8 @@ write past the end doubles the buffers; at a 0-dim device tensor (each decoding 
 positions under the caller's mask and nothing on the host, so one captured graph serves every length in a window."""
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import Cache, PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin
@@ -137,6 +139,12 @@ class KVLayer(CacheLayerMixin):
         return self.capacity
 
 
+def cache_keyword(model: PreTrainedModel) -> str:
+    """The keyword the base model's forward takes its cache by: ``cache`` where transformers has renamed it (it
+    deprecated ``past_key_values``, to be removed in 5.40), ``past_key_values`` in the versions before."""
+    return "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
+
+
 class TargetRunner:
     """The target over one :class:`KVLayer` cache of ``capacity`` positions: the prefill (host positions), a tree
     scored and an accepted path kept with positions in device tensors (:meth:`score`, :meth:`move`).
@@ -156,6 +164,7 @@ class TargetRunner:
             self.cache = Cache(layers=[KVLayer(self.where) for _ in range(model.config.num_hidden_layers)])
         self.capacity = capacity
         self.cols = torch.arange(capacity, device=self.device)
+        self.cache_keyword = cache_keyword(model)
 
     @property
     def window(self) -> int:
@@ -167,8 +176,8 @@ class TargetRunner:
         """Logits and features [n] of ``ids`` [n] at positions ``pos`` [n], written from ``start``."""
         self.where.start = start
         self.where.cols = start + self.cols[:ids.shape[0]] if isinstance(start, torch.Tensor) else None
-        out = self.model.model(input_ids=ids[None], position_ids=pos[None], attention_mask=mask,
-                               past_key_values=self.cache, use_cache=True)
+        out = self.model.model(input_ids=ids[None], position_ids=pos[None], attention_mask=mask, use_cache=True,
+                               **{self.cache_keyword: self.cache})
         hidden = out.last_hidden_state[0]
         return self.model.lm_head(hidden), hidden
 
