@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import functools
 import random
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +18,6 @@ import reference.loop as decoding
 from jakiro_lib.models import kernels
 from jakiro_lib.config import DraftConfig, TreeConfig
 from jakiro_lib.decoding.compiled import compiled_cache_len
-from jakiro_lib.decoding.runner import cache_keyword
 from jakiro_lib.decoding.hf import hf_generate
 from reference.loop import speculative_generate, vanilla_generate
 from jakiro_lib.decoding.result import ContextLengthError
@@ -94,16 +92,6 @@ def test_runner_prefill_and_chain_match_causal_forward(family, attn):
     assert runner.length == len(prompt) + len(chain)
     assert torch.allclose(logits, ref_logits[len(prompt):], atol=ATOL)
     assert torch.allclose(hidden, ref_hidden[len(prompt):], atol=ATOL)
-
-
-def test_the_runner_passes_its_cache_by_the_keyword_the_model_takes():
-    """transformers renamed the base model's ``past_key_values`` to ``cache``: an unknown keyword would be swallowed by
-    the forward's ``**kwargs`` and the cache silently unused, so the runner reads the name from the signature."""
-    def old(input_ids=None, past_key_values=None, **kwargs): ...
-    def new(input_ids=None, cache=None, **kwargs): ...
-    assert cache_keyword(SimpleNamespace(model=SimpleNamespace(forward=old))) == "past_key_values"
-    assert cache_keyword(SimpleNamespace(model=SimpleNamespace(forward=new))) == "cache"
-    assert cache_keyword(_model("llama", "sdpa")) in ("cache", "past_key_values")
 
 
 @pytest.mark.parametrize("family,attn", RUNNER_CASES)

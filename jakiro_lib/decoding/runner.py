@@ -5,13 +5,11 @@ write past the end doubles the buffers; at a 0-dim device tensor (each decoding 
 positions under the caller's mask and nothing on the host, so one captured graph serves every length in a window."""
 from __future__ import annotations
 
-import inspect
-
 import torch
 from transformers import Cache, PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin
 
-from ..models.target import additive_mask
+from ..models.target import additive_mask, cache_keyword
 
 MAX_TREE_ROOM = 128  # cache positions kept past the text for a tree forward (a larger tree is refused)
 
@@ -137,12 +135,6 @@ class KVLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return self.capacity
-
-
-def cache_keyword(model: PreTrainedModel) -> str:
-    """The keyword the base model's forward takes its cache by: ``cache`` where transformers has renamed it (it
-    deprecated ``past_key_values``, to be removed in 5.40), ``past_key_values`` in the versions before."""
-    return "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
 
 
 class TargetRunner:

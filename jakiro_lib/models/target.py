@@ -4,6 +4,7 @@ local path of a Llama/Mistral/Qwen2-family causal LM."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import logging
 import os
 from dataclasses import dataclass
@@ -90,6 +91,12 @@ class Target:
             elif value:
                 ids.update(value)
         return sorted(ids)
+
+
+def cache_keyword(model: PreTrainedModel) -> str:
+    """The keyword the base model's forward takes its cache by: ``cache`` where transformers has renamed it (it
+    deprecated ``past_key_values``, to be removed in 5.40), ``past_key_values`` in the versions before."""
+    return "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
