@@ -47,7 +47,7 @@ class TargetConfig:
     gqa_attention: bool = True
     packed_gemm: int = 0
     gemm_backend: str = "auto"
-    fused_norm: bool = True  # the target's RMSNorms through torch's rms_norm (kernels.use_fused_norm)
+    fused_norm: bool = True  # the target's RMSNorms through torch's rms_norm (fast_paths.use_fused_norm)
     # capture: how our methods run the decoding cycle (jakiro_lib.decoding.compiled): "none" (eager), "graphs"
     # (CUDA graphs of the eager kernels; CUDA only), "inductor" (torch.compile), or "auto": graphs on CUDA, none
     # elsewhere (docs/DESIGN.md section 12)

@@ -10,7 +10,7 @@ import pytest
 
 from helpers import single_thread
 from jakiro_lib.measure import costmodel, perf
-from jakiro_lib.models import kernels
+from jakiro_lib.models import fast_paths, kernels
 from jakiro_lib.measure.methods import study_methods
 from jakiro_lib.measure.budgets import resolve_tree_budgets
 from jakiro_lib.config import EAGLE2_DRAFT, JAKIRO_DRAFT, TargetConfig, TreeConfig
@@ -304,8 +304,8 @@ def test_cost_model_times_sizes_round_robin_with_and_without_fast_paths_back_to_
             tables = cost_model(target, root / "drafts", sizes=(1, 4), widths=(1,), context=16, repeats=2)
     finally:
         kernels.disable_packed_gemm(target.model)
-    fast, plain = (kernels.GQA_ATTENTION, True), ("sdpa", False)
-    no_gemm = (kernels.GQA_ATTENTION, False)
+    fast, plain = (fast_paths.GQA_ATTENTION, True), ("sdpa", False)
+    no_gemm = (fast_paths.GQA_ATTENTION, False)
     one_pass = [(n, *v) for n in (1, 4) for v in (fast, plain, no_gemm)]
     assert seen[:18] == one_pass * 3  # warm-up, then 2 timed rounds (the draft rows time after these)
     assert prefills == [16]  # one prefill serves every size and variant

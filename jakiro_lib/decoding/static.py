@@ -13,9 +13,8 @@ from typing import Any, Callable
 import torch
 from transformers import PreTrainedModel
 
-from ..models import kernels
 from .compiled import Capture, call_compiled, compiled_cache_len, compiled_step, cuda_graph
-from ..models.target import capture_of, scratch
+from ..models.target import capture_of, plain_kernels, scratch
 from ..config import TreeConfig
 from .result import GenerationResult, append_tokens, check_prompt, choose_token, text_positions
 from ..machine import synchronize
@@ -217,7 +216,7 @@ class StaticEngine:
             self.draft.packed_head = False  # inside the compiled step the plain GEMMs run (inductor packs them)
             self.draft.head_weight()  # the draft vocabulary's rows, gathered outside the graph
         try:
-            with kernels.plain_kernels(self.model, gqa=False):  # the target's plain GEMMs too
+            with plain_kernels(self.model, gqa=False):  # the target's plain GEMMs too
                 read = call_compiled(self._compiled[window], start, self.uniforms, *self.inputs,
                                      device=self.model.device, first=first)
         finally:

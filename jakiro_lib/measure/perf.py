@@ -10,12 +10,13 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ..models import kernels
+from ..models import fast_paths, kernels
 from .summary import by_method_temperature, headline_table, ratio_interval
 from .budgets import PAPER_TREE_TOKENS, fixed_tree_tokens
 from ..config import EAGLE2_DRAFT, JAKIRO_DRAFT, TreeConfig
 from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_cost_variants
 from ..models.draft import DraftModel
+from ..models.target import plain_kernels
 from ..layout import draft_path, has_weights
 from .methods import group_names
 
@@ -54,10 +55,10 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
     where it is on). ``draft_dtype``: the drafts' precision, both copies set up alike (None: the target's)."""
     model = target.model
     variants: dict[str, Any] = {"ms": nullcontext}
-    if model.config._attn_implementation == kernels.GQA_ATTENTION or kernels.packed_gemm(model) is not None:
-        variants["ms_library_defaults"] = lambda: kernels.plain_kernels(model)
+    if model.config._attn_implementation == fast_paths.GQA_ATTENTION or kernels.packed_gemm(model) is not None:
+        variants["ms_library_defaults"] = lambda: plain_kernels(model)
         if kernels.packed_gemm(model) is not None:
-            variants["ms_without_packed_gemm"] = lambda: kernels.plain_kernels(model, gqa=False)
+            variants["ms_without_packed_gemm"] = lambda: plain_kernels(model, gqa=False)
     times = measure_target_cost_variants(model, sorted({1, *sizes}), variants, context=context, repeats=repeats)
     target_table = pd.DataFrame([{"n": n, **{col: 1000 * s for col, s in row.items()}} for n, row in times.items()])
     one = float(target_table["ms"].iloc[0])

@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from ..config import DraftConfig
-from ..models import kernels
+from ..models import fast_paths
 from ..models.draft import DraftModel
 from ..models.target import _dtype
 
@@ -65,8 +65,8 @@ def random_target(shape: str, dtype: str | torch.dtype = "float32", device: str 
         torch.set_default_dtype(old)
     model = model.to(device=dev, dtype=dt).eval()  # fp32 buffers too, as load_target
     model.requires_grad_(False)
-    kernels.use_gqa_attention(model)
-    kernels.use_fused_norm(model)
+    fast_paths.use_gqa_attention(model)
+    fast_paths.use_fused_norm(model)
     return model
 
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
-from . import kernels
+from . import fast_paths, kernels
 from .draft_blocks import EXPERT_MLPS, DraftAttention, DraftOutput, KVCache, soft_cross_entropy, unroll_mask
 from ..config import DraftConfig, TargetConfig
 from ..layout import CONFIG_FILE, WEIGHTS_FILE
@@ -104,7 +104,7 @@ class DraftModel(nn.Module):
         self.fc = nn.Linear(2 * H, H, bias=True)
         self.attn = DraftAttention(target_config)
         self.post_attention_layernorm = LlamaRMSNorm(H, eps=target_config.rms_norm_eps)
-        kernels.use_fused_norm(self.post_attention_layernorm)  # one kernel on CUDA, as the target's
+        fast_paths.use_fused_norm(self.post_attention_layernorm)  # one kernel on CUDA, as the target's
         self.mlp = MoEBlock(H, cfg, mlp_width(cfg, target_config))
         rope_cfg = copy.deepcopy(target_config)
         self.rotary = LlamaRotaryEmbedding(rope_cfg)

@@ -7,9 +7,10 @@ import importlib.util
 import inspect
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -17,7 +18,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Llama
                           PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast)
 from transformers.utils import SAFE_WEIGHTS_NAME
 
-from . import kernels
+from . import fast_paths, kernels
 from ..config import CAPTURES, TargetConfig
 from ..files import atomic_path, cache_dir
 
@@ -65,6 +66,25 @@ def set_capture(model: PreTrainedModel, how: str) -> None:
 def capture_of(model: PreTrainedModel) -> str:
     """:func:`set_capture`'s choice for ``model`` ("none", "graphs" or "inductor"; "auto"'s where none was made)."""
     return scratch(model).get("capture") or resolve_capture("auto", model.device)
+
+
+@contextmanager
+def plain_kernels(model: PreTrainedModel, *, gqa: bool = True, packed: bool = True) -> Iterator[None]:
+    """Run the block with the target's fast paths off, on the library's defaults (to measure what each buys)."""
+    gemm = kernels.packed_gemm(model) if packed else None
+    before = gemm.active if gemm is not None else False
+    switch = gqa and model.config._attn_implementation == fast_paths.GQA_ATTENTION
+    try:
+        if gemm is not None:
+            gemm.active = False
+        if switch:
+            model.set_attn_implementation("sdpa")
+        yield
+    finally:
+        if switch:
+            model.set_attn_implementation(fast_paths.GQA_ATTENTION)
+        if gemm is not None:
+            gemm.active = before
 
 
 class TargetError(RuntimeError):
@@ -243,9 +263,9 @@ def load_target(config: TargetConfig | None = None) -> Target:
     except ValueError as exc:
         raise TargetError(str(exc)) from None
     if config.gqa_attention:
-        kernels.use_gqa_attention(model)
+        fast_paths.use_gqa_attention(model)
     if config.fused_norm:
-        kernels.use_fused_norm(model)
+        fast_paths.use_fused_norm(model)
     if config.packed_gemm:
         gemm = kernels.enable_packed_gemm(model, max_rows=config.packed_gemm, backend=config.gemm_backend)
         probe = kernels.gemm_probe(model)

@@ -1,0 +1,81 @@
+"""The target's attention and RMSNorm fast paths (jakiro_lib.models.fast_paths): SDPA with its own grouped KV heads
+under tree masks, and one rms_norm call equal to transformers' RMSNorm."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+from jakiro_lib.config import DraftConfig, TargetConfig
+from jakiro_lib.models import fast_paths
+from jakiro_lib.models.draft import DraftModel
+from jakiro_lib.models.target import load_target
+from reference.loop import LoopRunner
+from reference.tree import Tree
+
+from helpers import tiny_target
+
+
+def test_gqa_attention_matches_sdpa_with_tree_masks():
+    plain = copy.deepcopy(tiny_target("qwen2"))
+    plain.set_attn_implementation("sdpa")
+    assert plain.config.num_key_value_heads < plain.config.num_attention_heads
+    fast = copy.deepcopy(plain)
+    assert fast_paths.use_gqa_attention(fast)
+    prompt = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(1))
+    tree = Tree(torch.tensor([3, 4, 5, 6]), [-1, 0, 0, 2], torch.tensor([0, 1, 1, 2]))
+    outs = []
+    for model in (plain, fast):
+        runner = LoopRunner(model)
+        with torch.inference_mode():
+            a = runner.prefill(prompt)[0]
+            b = runner.tree(tree)[0]
+            runner.keep(12, [0, 2, 3])
+            c = runner.step(7)
+        outs.append((a, b, c))
+    for x, y in zip(*outs):
+        assert torch.allclose(x, y, atol=2e-5)
+
+
+def _outer_operators(module: nn.Module, x: torch.Tensor) -> list[str]:
+    """The aten operators ``module(x)`` calls itself (not those inside them): one a kernel each on CUDA."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        module(x)
+    ops = [e for e in prof.events() if e.name.startswith("aten::")]
+    return [e.name for e in ops if not any(p.name.startswith("aten::") for p in _parents(e))]
+
+
+def _parents(e):
+    while e.cpu_parent is not None:
+        e = e.cpu_parent
+        yield e
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+def test_fused_norm_gives_transformers_results_in_one_operator(family):
+    """Every RMSNorm of the target runs torch's rms_norm: one operator (one fused kernel on CUDA) where
+    transformers' forward calls six, and the logits equal transformers' bit for bit in fp32 on the CPU."""
+    fused = load_target(TargetConfig(model=f"tiny:{family}")).model
+    plain = load_target(TargetConfig(model=f"tiny:{family}", fused_norm=False)).model
+    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        assert torch.equal(fused(ids).logits, plain(ids).logits)
+    norms = [m for m in fused.modules() if type(m).__name__ in fast_paths.RMS_NORMS]
+    assert len(norms) == 2 * fused.config.num_hidden_layers + 1
+    x = torch.randn(3, fused.config.hidden_size)
+    with torch.inference_mode():
+        assert _outer_operators(norms[0], x) == ["aten::rms_norm"]
+        assert len(_outer_operators(plain.model.norm, x)) >= 5
+        half = copy.deepcopy(norms[0]).to(torch.bfloat16)  # bf16: the weight applied after rounding, as transformers
+        ref = copy.deepcopy(plain.model.norm).to(torch.bfloat16)
+        ref.weight.copy_(half.weight)
+        assert torch.equal(half(x.bfloat16()), ref(x.bfloat16()))
+
+
+def test_the_draft_norm_is_fused_as_the_target_s():
+    model = tiny_target("llama")
+    draft = DraftModel.build(DraftConfig(), model)
+    x = torch.randn(3, model.config.hidden_size)
+    with torch.inference_mode():
+        assert _outer_operators(draft.post_attention_layernorm, x) == ["aten::rms_norm"]
