@@ -133,12 +133,18 @@ def pack_weight(weight: torch.Tensor, max_rows: int, backend: str = "mkl") -> to
 def linear_maybe_packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                         packed: torch.Tensor | None, min_rows: int, max_rows: int,
                         backend: str = "mkl") -> torch.Tensor:
-    """``F.linear``, through the packed copy (made by :func:`pack_weight` with the same ``backend``) when
-    there is one, the row count is in range and no gradient is needed (the packed ops have no backward)."""
+    """``F.linear``, through the packed copy (made by :func:`pack_weight` with the same ``backend``) where there is
+    one and it :func:`_serves` ``x``."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if packed is None or not min_rows <= rows <= max_rows or (x.requires_grad and torch.is_grad_enabled()):
+    if packed is None or not _serves(x, rows, min_rows, max_rows):
         return F.linear(x, weight, bias)
     return _through_packed(backend_for(weight, backend), x, rows, weight, bias, packed)
+
+
+def _serves(x: torch.Tensor, rows: int, min_rows: int, max_rows: int) -> bool:
+    """Whether a packed copy serves ``x`` of ``rows`` rows: the count in its range and no gradient needed (the packed
+    ops have no backward)."""
+    return min_rows <= rows <= max_rows and not (x.requires_grad and torch.is_grad_enabled())
 
 
 def _through_packed(kind: str, x: torch.Tensor, rows: int, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -158,7 +164,7 @@ def _packed_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     from their dict, not through ``nn.Module.__getattr__`` (every linear of every forward runs it; DESIGN section 9)."""
     gemm, params = self._jakiro_gemm, self._parameters
     rows = x.numel() // self.in_features
-    if gemm.active and gemm.min_rows <= rows <= gemm.max_rows and not (x.requires_grad and torch.is_grad_enabled()):
+    if gemm.active and _serves(x, rows, gemm.min_rows, gemm.max_rows):
         return _through_packed(gemm.backend, x, rows, params["weight"], params["bias"], self._jakiro_packed)
     return F.linear(x, params["weight"], params["bias"])
 
