@@ -48,12 +48,15 @@ class TargetConfig:
     packed_gemm: int = 0
     gemm_backend: str = "auto"
     fused_norm: bool = True  # the target's RMSNorms through torch's rms_norm (fast_paths.use_fused_norm)
+    # lean_forward: decoding forwards run the layers without transformers' per-call machinery where that is equal to
+    # its forward bit for bit (fast_paths.lean_forward, checked on first use)
+    lean_forward: bool = True
     # capture: how our methods run the decoding cycle (jakiro_lib.decoding.compiled): "none" (eager), "graphs"
     # (CUDA graphs of the eager kernels; CUDA only), "inductor" (torch.compile), or "auto": graphs on CUDA, none
     # elsewhere (docs/DESIGN.md section 12)
     capture: str = "auto"
     KERNEL_FIELDS: ClassVar[tuple[str, ...]] = ("gqa_attention", "packed_gemm", "gemm_backend", "fused_norm",
-                                                "capture")
+                                                "lean_forward", "capture")
 
     def identity(self) -> dict[str, Any]:
         """The fields that decide the target's outputs (not the kernels that compute them): what trained

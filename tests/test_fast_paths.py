@@ -1,5 +1,5 @@
-"""The target's attention and RMSNorm fast paths (jakiro_lib.models.fast_paths): SDPA with its own grouped KV heads
-under tree masks, and one rms_norm call equal to transformers' RMSNorm."""
+"""The target's fast paths (jakiro_lib.models.fast_paths): SDPA with its own grouped KV heads under tree masks, one
+rms_norm call equal to transformers' RMSNorm, and the layers run without transformers' forward, equal to it."""
 import copy
 
 import pytest
@@ -10,7 +10,8 @@ from torch.profiler import ProfilerActivity, profile
 from jakiro_lib.config import DraftConfig, TargetConfig
 from jakiro_lib.models import fast_paths
 from jakiro_lib.models.draft import DraftModel
-from jakiro_lib.models.target import load_target
+from jakiro_lib.decoding.runner import TargetRunner
+from jakiro_lib.models.target import load_target, plain_kernels
 from reference.loop import LoopRunner
 from reference.tree import Tree
 
@@ -79,3 +80,55 @@ def test_the_draft_norm_is_fused_as_the_target_s():
     x = torch.randn(3, model.config.hidden_size)
     with torch.inference_mode():
         assert _outer_operators(draft.post_attention_layernorm, x) == ["aten::rms_norm"]
+
+
+def _decode_steps(model) -> list[torch.Tensor]:
+    """Logits and features of a prefill, a tree under its mask, the kept path and one more row (reference runner)."""
+    prompt = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(2))
+    tree = Tree(torch.tensor([3, 4, 5, 6]), [-1, 0, 0, 2], torch.tensor([0, 1, 1, 2]))
+    runner = LoopRunner(model)
+    with torch.inference_mode():
+        a = runner.prefill(prompt)
+        b = runner.tree(tree)
+        runner.keep(12, [0, 2, 3])
+        c = runner.step(7)
+    return [*a, *b, c]
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+def test_lean_forward_equals_transformers_bit_for_bit(family, monkeypatch):
+    """The layers run without transformers' forward give its logits and features bit for bit in fp32 (prefill, a
+    tree under its mask, one row after a kept path), and decoding forwards take that path (checked at load)."""
+    model = load_target(TargetConfig(model=f"tiny:{family}")).model  # a model of its own: the test sets its state
+    assert model.__dict__[fast_paths.LEAN] is True
+    calls = []
+    real = fast_paths.lean_forward
+    monkeypatch.setattr(fast_paths, "lean_forward", lambda *a: calls.append(1) or real(*a))
+    lean = _decode_steps(model)
+    assert len(calls) == 3
+    model.__dict__[fast_paths.LEAN] = False  # transformers' forward, the same attention and kernels
+    plain = _decode_steps(model)
+    assert len(calls) == 3
+    for x, y in zip(lean, plain, strict=True):
+        assert torch.equal(x, y)
+    model.__dict__[fast_paths.LEAN] = True
+    with plain_kernels(model):  # the library's defaults: transformers' attention, and its forward around it
+        assert model.__dict__[fast_paths.LEAN] is False
+    assert model.__dict__[fast_paths.LEAN] is True
+
+
+def test_lean_forward_stays_off_where_it_differs(monkeypatch):
+    """A lean path that does not reproduce transformers' forward (RoPE's rotation reversed) fails the check at load
+    and decoding keeps transformers' forward; it is off when asked, and where the layers are not the kind it runs."""
+    assert load_target(TargetConfig(model="tiny:llama")).model.__dict__[fast_paths.LEAN] is True
+    assert load_target(TargetConfig(model="tiny:llama", lean_forward=False)).model.__dict__[fast_paths.LEAN] is False
+    other = load_target(TargetConfig(model="tiny:llama", gqa_attention=False)).model  # transformers' own attention
+    assert not fast_paths.lean_fits(other) and other.__dict__[fast_paths.LEAN] is False
+    monkeypatch.setattr(fast_paths, "_rope", lambda x, cos, sin: x * cos - torch.cat(
+        (-x[..., x.shape[-1] // 2:], x[..., :x.shape[-1] // 2]), -1) * sin)
+    model = load_target(TargetConfig(model="tiny:llama")).model
+    assert model.__dict__[fast_paths.LEAN] is False
+    calls = []
+    monkeypatch.setattr(fast_paths, "lean_forward", lambda *a: calls.append(1))
+    TargetRunner(model, 32).prefill(torch.arange(4))
+    assert not calls

@@ -9,6 +9,7 @@ import torch
 from transformers import Cache, PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin
 
+from ..models import fast_paths
 from ..models.target import additive_mask, cache_keyword
 
 MAX_TREE_ROOM = 128  # cache positions kept past the text for a tree forward (a larger tree is refused)
@@ -167,10 +168,14 @@ class TargetRunner:
                  start: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and features [n] of ``ids`` [n] at positions ``pos`` [n], written from ``start``."""
         self.where.start = start
-        self.where.cols = start + self.cols[:ids.shape[0]] if isinstance(start, torch.Tensor) else None
-        out = self.model.model(input_ids=ids[None], position_ids=pos[None], attention_mask=mask, use_cache=True,
-                               **{self.cache_keyword: self.cache})
-        hidden = out.last_hidden_state[0]
+        host = not isinstance(start, torch.Tensor)
+        self.where.cols = None if host else start + self.cols[:ids.shape[0]]
+        if host and self.model.__dict__.get(fast_paths.LEAN) and (mask is not None or ids.shape[0] == 1 or start == 0):
+            hidden = fast_paths.lean_forward(self.model, ids, pos, mask, self.cache.layers)
+        else:  # transformers' forward: device positions (compiled steps), or a causal block after the text
+            out = self.model.model(input_ids=ids[None], position_ids=pos[None], attention_mask=mask, use_cache=True,
+                                   **{self.cache_keyword: self.cache})
+            hidden = out.last_hidden_state[0]
         return self.model.lm_head(hidden), hidden
 
     def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,6 +26,7 @@ from ..decoding.static import engine_cache_len, static_generate
 from ..decoding.static_tree import StaticTreeDrafter, ancestor_mask
 from ..machine import synchronize
 from ..models.draft import DraftModel, KVCache
+from ..models.target import capture_of
 
 
 def _time_once(fn, device: torch.device) -> float:
@@ -86,7 +87,8 @@ def measure_target_cost_variants(model: torch.nn.Module, sizes: Sequence[int],
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0)).to(runner.device)
     runner.prefill(prompt)
-    start = torch.full((), context, device=runner.device)
+    # where decoding runs: a host position in an eager engine, a device one in a compiled step
+    start = context if capture_of(model) == "none" else torch.full((), context, device=runner.device)
     trees = {n: bushy_tree(n, runner.device) for n in sizes}
 
     def verify_once(n: int) -> None:

@@ -1,9 +1,11 @@
-"""The target's attention and RMSNorm fast paths (docs/DESIGN.md section 9); neither changes the math beyond rounding
-(tested): ``sdpa_gqa`` (SDPA's own grouped KV heads, where transformers copies the cache per layer under a custom
-mask) and :func:`use_fused_norm` (one ``rms_norm`` call where transformers' RMSNorm makes six: one kernel on CUDA)."""
+"""The target's attention, RMSNorm and layer fast paths (docs/DESIGN.md section 9); none changes the math beyond
+rounding (tested): ``sdpa_gqa`` (SDPA's own grouped KV heads, where transformers copies the cache per layer under a
+custom mask), :func:`use_fused_norm` (one ``rms_norm`` call where transformers' RMSNorm makes six: one kernel on CUDA)
+and :func:`lean_forward` (the decoder's layers without transformers' per-call machinery, equal bit for bit)."""
 from __future__ import annotations
 
 import types
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +14,9 @@ from torch import nn
 GQA_ATTENTION = "sdpa_gqa"
 # transformers' RMSNorm of each supported family: weight * (x / rms(x)), the norm in fp32, eps variance_epsilon
 RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+# the families whose decoder layers lean_forward runs: pre-norm attention with RoPE, then a SwiGLU MLP
+LEAN_FAMILIES = ("llama", "mistral", "qwen2")
+LEAN = "_jakiro_lean"  # the model attribute that says decoding forwards run lean_forward (checked at load)
 
 
 def _sdpa_gqa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -64,3 +69,42 @@ def use_fused_norm(model: nn.Module) -> int:
     for norm in norms:
         norm.forward = types.MethodType(_fused_norm_forward, norm)
     return len(norms)
+
+
+def lean_fits(model: nn.Module) -> bool:
+    """Whether ``model``'s layers are the kind :func:`lean_forward` runs (a :data:`LEAN_FAMILIES` decoder on
+    :data:`GQA_ATTENTION`, SiLU MLPs, no hooks); :func:`jakiro_lib.models.target.load_target` then checks it."""
+    cfg = model.config
+    return (cfg.model_type in LEAN_FAMILIES and getattr(cfg, "hidden_act", None) == "silu"
+            and getattr(cfg, "pretraining_tp", 1) == 1 and cfg._attn_implementation == GQA_ATTENTION
+            and not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()))
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE as transformers applies it: x cos + rotate_half(x) sin."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+
+def lean_forward(model: nn.Module, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
+                 layers: Sequence[Any]) -> torch.Tensor:
+    """The decoder's last hidden states [n, H] of ``ids`` [n] at positions ``pos`` [n]: the operators of
+    transformers' forward of a :data:`LEAN_FAMILIES` model in the same order, without its module calls, keyword
+    plumbing and mask building (DESIGN section 9). ``mask``: additive [1, 1, n, S], or None for one row
+    or a prefill from position 0 (causal); ``layers``: the cache's, each
+    ``update(k, v)`` returning the keys and values to attend."""
+    decoder, n = model.model, ids.shape[0]
+    h = decoder.embed_tokens(ids[None])  # [1, n, H]
+    cos, sin = decoder.rotary_emb(h, pos[None])  # [1, n, D]
+    cos, sin = cos[:, None], sin[:, None]
+    for layer, kv in zip(decoder.layers, layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        x = layer.input_layernorm.forward(h)
+        q, k, v = (p.forward(x).view(1, n, -1, attn.head_dim).transpose(1, 2)  # [1, heads, n, D]
+                   for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        k, v = kv.update(_rope(k, cos, sin), v)
+        out, _ = _sdpa_gqa(attn, _rope(q, cos, sin), k, v, mask, scaling=attn.scaling)  # [1, n, heads, D]
+        h = h + attn.o_proj.forward(out.reshape(1, n, -1))
+        x = layer.post_attention_layernorm.forward(h)
+        h = h + mlp.down_proj.forward(F.silu(mlp.gate_proj.forward(x)) * mlp.up_proj.forward(x))
+    return decoder.norm.forward(h)[0]

@@ -14,8 +14,8 @@ from typing import Any, Iterator
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,
-                          PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast)
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, LlamaConfig,
+                          LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast)
 from transformers.utils import SAFE_WEIGHTS_NAME
 
 from . import fast_paths, kernels
@@ -74,15 +74,18 @@ def plain_kernels(model: PreTrainedModel, *, gqa: bool = True, packed: bool = Tr
     gemm = kernels.packed_gemm(model) if packed else None
     before = gemm.active if gemm is not None else False
     switch = gqa and model.config._attn_implementation == fast_paths.GQA_ATTENTION
+    lean = model.__dict__.get(fast_paths.LEAN, False)
     try:
         if gemm is not None:
             gemm.active = False
-        if switch:
+        if switch:  # transformers' attention, and its forward around it
             model.set_attn_implementation("sdpa")
+            model.__dict__[fast_paths.LEAN] = False
         yield
     finally:
         if switch:
             model.set_attn_implementation(fast_paths.GQA_ATTENTION)
+            model.__dict__[fast_paths.LEAN] = lean
         if gemm is not None:
             gemm.active = before
 
@@ -124,6 +127,30 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     0 where a row may attend, the dtype's minimum where not."""
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)  # [n, keys]
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+@torch.inference_mode()
+def _lean_matches(model: PreTrainedModel) -> bool:
+    """Whether :func:`~jakiro_lib.models.fast_paths.lean_forward` gives transformers' logits and features bit for bit
+    on ``model``: a prefill, one row after it and a two-node tree under its mask, each path over a cache of its own."""
+    dev = model.device
+    ids = torch.arange(6, device=dev) % model.config.vocab_size
+    tree = additive_mask(torch.ones(2, 7, dtype=torch.bool, device=dev).tril(5), model.dtype)[None, None]
+    steps = [(ids[:4], None), (ids[4:5], None), (ids[4:6], tree)]  # (tokens, mask): positions follow on
+    outs = []
+    for lean in (False, True):
+        cache, at = DynamicCache(config=model.config), 0
+        for x, mask in steps:
+            pos = torch.arange(at, at + x.shape[0], device=dev)
+            at += x.shape[0]
+            if lean:
+                hidden = fast_paths.lean_forward(model, x, pos, mask, cache.layers)
+            else:
+                hidden = model.model(input_ids=x[None], position_ids=pos[None], attention_mask=mask, use_cache=True,
+                                     **{cache_keyword(model): cache}).last_hidden_state[0]
+            outs += [hidden, model.lm_head(hidden)]
+    half = len(outs) // 2
+    return all(torch.equal(a, b) for a, b in zip(outs[:half], outs[half:]))
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -266,6 +293,7 @@ def load_target(config: TargetConfig | None = None) -> Target:
         fast_paths.use_gqa_attention(model)
     if config.fused_norm:
         fast_paths.use_fused_norm(model)
+    model.__dict__[fast_paths.LEAN] = config.lean_forward and fast_paths.lean_fits(model) and _lean_matches(model)
     if config.packed_gemm:
         gemm = kernels.enable_packed_gemm(model, max_rows=config.packed_gemm, backend=config.gemm_backend)
         probe = kernels.gemm_probe(model)
