@@ -8,7 +8,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from jakiro_lib.config import DraftConfig, TargetConfig
-from jakiro_lib.models import fast_paths
+from jakiro_lib.models import draft_blocks, fast_paths, kernels
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.decoding.runner import TargetRunner
 from jakiro_lib.models.target import load_target, plain_kernels
@@ -124,11 +124,36 @@ def test_lean_forward_stays_off_where_it_differs(monkeypatch):
     assert load_target(TargetConfig(model="tiny:llama", lean_forward=False)).model.__dict__[fast_paths.LEAN] is False
     other = load_target(TargetConfig(model="tiny:llama", gqa_attention=False)).model  # transformers' own attention
     assert not fast_paths.lean_fits(other) and other.__dict__[fast_paths.LEAN] is False
-    monkeypatch.setattr(fast_paths, "_rope", lambda x, cos, sin: x * cos - torch.cat(
-        (-x[..., x.shape[-1] // 2:], x[..., :x.shape[-1] // 2]), -1) * sin)
+    monkeypatch.setattr(fast_paths, "rope_pair", lambda q, k, cos, sin: tuple(x * cos - torch.cat(
+        (-x[..., x.shape[-1] // 2:], x[..., :x.shape[-1] // 2]), -1) * sin for x in (q, k)))
     model = load_target(TargetConfig(model="tiny:llama")).model
     assert model.__dict__[fast_paths.LEAN] is False
     calls = []
     monkeypatch.setattr(fast_paths, "lean_forward", lambda *a: calls.append(1))
     TargetRunner(model, 32).prefill(torch.arange(4))
     assert not calls
+
+
+@pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
+def test_rope_kernel_equals_torch_operators_bit_for_bit():
+    """The C++ RoPE of queries and keys gives what torch's operators give, bit for bit (no FMA contraction), on
+    transposed views as the layers make them, at one row and many, cos and sin per position; the draft's attention
+    runs it and gives what it gives with transformers' apply_rotary_pos_emb."""
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 5, 300):
+        q = torch.randn(1, n, 9, 64, generator=g).transpose(1, 2) * 30  # [1, 9, n, 64], not contiguous
+        k = torch.randn(1, n, 3, 64, generator=g).transpose(1, 2) * 30
+        cos, sin = torch.randn(2, 1, 1, n, 64, generator=g)
+        with torch.inference_mode():
+            a, b = fast_paths.rope_pair(q, k, cos, sin)
+        assert torch.equal(a, fast_paths._rope(q, cos, sin)) and torch.equal(b, fast_paths._rope(k, cos, sin))
+    model = tiny_target("llama")
+    draft = DraftModel.build(DraftConfig(), model).eval()
+    feats = torch.randn(1, 6, model.config.hidden_size, generator=g)
+    ids, pos = torch.arange(6)[None], torch.arange(6)[None]
+    with torch.inference_mode():
+        fast = draft(feats, ids, pos).a
+        with pytest.MonkeyPatch.context() as mp:  # torch's operators, as transformers' apply_rotary_pos_emb runs them
+            mp.setattr(draft.attn, "rotate", draft_blocks.apply_rotary_pos_emb)
+            plain = draft(feats, ids, pos).a
+    assert torch.equal(fast, plain)

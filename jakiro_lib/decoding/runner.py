@@ -170,7 +170,8 @@ class TargetRunner:
         self.where.start = start
         host = not isinstance(start, torch.Tensor)
         self.where.cols = None if host else start + self.cols[:ids.shape[0]]
-        if host and self.model.__dict__.get(fast_paths.LEAN) and (mask is not None or ids.shape[0] == 1 or start == 0):
+        lean = host and self.model.__dict__.get(fast_paths.LEAN)
+        if lean and (mask is not None or ids.shape[0] == 1 or start == 0):
             hidden = fast_paths.lean_forward(self.model, ids, pos, mask, self.cache.layers)
         else:  # transformers' forward: device positions (compiled steps), or a causal block after the text
             out = self.model.model(input_ids=ids[None], position_ids=pos[None], attention_mask=mask, use_cache=True,

@@ -82,6 +82,12 @@ class MoEBlock(nn.Module):
         return DraftOutput(a=a, b=b, experts=residual.unsqueeze(-2) + outs, gates=gates_a)
 
 
+def _rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+            sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' ``apply_rotary_pos_emb`` (cos, sin [B, L, D]) through :func:`~.fast_paths.rope_pair`."""
+    return fast_paths.rope_pair(q, k, cos[:, None], sin[:, None])
+
+
 def mlp_width(cfg: DraftConfig, target_config: Any) -> int:
     """The experts' intermediate size: the target's hidden size (None), the target's own MLP width
     ("target": EAGLE-2's draft layer) or the configured number."""
@@ -103,6 +109,7 @@ class DraftModel(nn.Module):
         H = target_config.hidden_size
         self.fc = nn.Linear(2 * H, H, bias=True)
         self.attn = DraftAttention(target_config)
+        self.attn.rotate = _rotate  # one kernel call on the CPU, as the target's lean forward
         self.post_attention_layernorm = LlamaRMSNorm(H, eps=target_config.rms_norm_eps)
         fast_paths.use_fused_norm(self.post_attention_layernorm)  # one kernel on CUDA, as the target's
         self.mlp = MoEBlock(H, cfg, mlp_width(cfg, target_config))

@@ -123,6 +123,8 @@ class DraftAttention(nn.Module):
         self.k_proj = nn.Linear(H, self.n_kv * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(H, self.n_kv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, H, bias=False)
+        # (q, k, cos, sin [B, L, D]) -> q and k rotated: transformers' RoPE, or a kernel of the same roundings
+        self.rotate: Callable[..., tuple[torch.Tensor, torch.Tensor]] = apply_rotary_pos_emb
 
     def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], cache: KVCache | None,
                 mask: torch.Tensor | None) -> torch.Tensor:
@@ -130,7 +132,7 @@ class DraftAttention(nn.Module):
         q = self.q_proj(x).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, *cos_sin)
+        q, k = self.rotate(q, k, *cos_sin)
         if cache is not None:
             k, v = cache.append(k, v)
         causal = mask is None and (cache is None or len(cache) == L)

@@ -86,6 +86,31 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
 
+def rope_pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_rope` of queries and keys [B, heads, n, D] under cos and sin [B, 1, n, D]: fp32 on the CPU, eager and
+    without autograd, one call of the package's kernel (``stream_gemm.cpp``, the same roundings: equal bit for bit);
+    else torch's operators (which inductor fuses)."""
+    eager = not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
+    kernel = _rope_kernel() if eager and q.dtype == torch.float32 and q.device.type == "cpu" else None
+    if kernel is not None:
+        return kernel(q, k, cos, sin)
+    return _rope(q, cos, sin), _rope(k, cos, sin)
+
+
+_rope_op: tuple[int, Any] = (-1, None)  # (libraries loaded when last looked up, the op or None)
+
+
+def _rope_kernel() -> Any:
+    """The C++ RoPE where ``kernels.stream_gemm_available`` has loaded the package's kernels, else None (looked up
+    again only when torch has loaded another library; this module imports nothing of the package)."""
+    global _rope_op
+    loaded = len(torch.ops.loaded_libraries)
+    if _rope_op[0] != loaded:
+        _rope_op = (loaded, getattr(torch.ops.jakiro_stream_gemm, "rope", None))
+    return _rope_op[1]
+
+
 def lean_forward(model: nn.Module, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
                  layers: Sequence[Any]) -> torch.Tensor:
     """The decoder's last hidden states [n, H] of ``ids`` [n] at positions ``pos`` [n]: the operators of
@@ -102,8 +127,9 @@ def lean_forward(model: nn.Module, ids: torch.Tensor, pos: torch.Tensor, mask: t
         x = layer.input_layernorm.forward(h)
         q, k, v = (p.forward(x).view(1, n, -1, attn.head_dim).transpose(1, 2)  # [1, heads, n, D]
                    for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        k, v = kv.update(_rope(k, cos, sin), v)
-        out, _ = _sdpa_gqa(attn, _rope(q, cos, sin), k, v, mask, scaling=attn.scaling)  # [1, n, heads, D]
+        q, k = rope_pair(q, k, cos, sin)
+        k, v = kv.update(k, v)
+        out, _ = _sdpa_gqa(attn, q, k, v, mask, scaling=attn.scaling)  # [1, n, heads, D]
         h = h + attn.o_proj.forward(out.reshape(1, n, -1))
         x = layer.post_attention_layernorm.forward(h)
         h = h + mlp.down_proj.forward(F.silu(mlp.gate_proj.forward(x)) * mlp.up_proj.forward(x))

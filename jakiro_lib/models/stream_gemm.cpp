@@ -4,7 +4,8 @@
 // NB panels keeps M x NB accumulator vectors in registers, one FMA per (row, panel) for each k, and no horizontal
 // sums. Each row's outputs are computed by the same sequence of FMAs whatever the number of rows, so a row's result
 // does not depend on the rows beside it (a plain step and a verify forward agree bit for bit on the linears). Built
-// for the CPU it runs on by jakiro_lib/models/kernels.py (stream_gemm_available, -O3 -march=native).
+// for the CPU it runs on by jakiro_lib/models/kernels.py (stream_gemm_available, -O3 -march=native). The file also
+// carries the RoPE of the target's lean forward and of the draft (rope, at the end).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -122,14 +123,74 @@ at::Tensor linear_meta(const at::Tensor& input, const at::Tensor& packed, int64_
   return at::empty(sizes, input.options());
 }
 
+// RoPE as transformers applies it, x cos + rotate_half(x) sin with rotate_half(x) = [-x2, x1], to queries and keys
+// in one call (the lean forward's, models/fast_paths.py): each product and the sum rounded once, as torch's
+// elementwise operators round them, never contracted into an FMA, so the result equals theirs bit for bit.
+#if defined(__clang__)
+#define NO_CONTRACTION _Pragma("clang fp contract(off)")
+#else
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#define NO_CONTRACTION
+#endif
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  NO_CONTRACTION
+  const int64_t B = x.size(0), H = x.size(1), n = x.size(2), D = x.size(3), half = D / 2;
+  TORCH_CHECK(x.stride(3) == 1 && D % 2 == 0 && cos.sizes() == sin.sizes() && cos.size(1) == 1 &&
+              cos.size(2) == n && cos.size(3) == D && (cos.size(0) == B || cos.size(0) == 1),
+              "stream_gemm.rope: shapes do not match");
+  const at::Tensor c = cos.contiguous(), s = sin.contiguous();
+  at::Tensor y = at::empty({B, H, n, D}, x.options());
+  const float *xp = x.data_ptr<float>(), *cp = c.data_ptr<float>(), *sp = s.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < n; ++t) {
+        const float* in = xp + b * x.stride(0) + h * x.stride(1) + t * x.stride(2);
+        const int64_t at = ((cos.size(0) == 1 ? 0 : b) * n + t) * D;
+        const float *ct = cp + at, *st = sp + at;
+        float* out = yp + ((b * H + h) * n + t) * D;
+        for (int64_t d = 0; d < half; ++d) {
+          const float kept = in[d] * ct[d], turned = -in[d + half] * st[d];
+          out[d] = kept + turned;
+        }
+        for (int64_t d = half; d < D; ++d) {
+          const float kept = in[d] * ct[d], turned = in[d - half] * st[d];
+          out[d] = kept + turned;
+        }
+      }
+  return y;
+}
+#if !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
+std::tuple<at::Tensor, at::Tensor> rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                        const at::Tensor& sin) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && cos.dim() == 4 && q.scalar_type() == at::kFloat &&
+              k.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
+              "stream_gemm.rope takes fp32 [B, heads, n, D] queries and keys and [B, 1, n, D] cos and sin");
+  return {rotate(q, cos, sin), rotate(k, cos, sin)};
+}
+
+std::tuple<at::Tensor, at::Tensor> rope_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                             const at::Tensor& sin) {
+  return {at::empty(q.sizes(), q.options()), at::empty(k.sizes(), k.options())};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("pack(Tensor weight, bool bf16=False) -> Tensor");
   m.def("linear(Tensor input, Tensor packed, int n) -> Tensor");
+  m.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("pack", pack);
   m.impl("linear", linear);
+  m.impl("rope", rope);
 }
-TORCH_LIBRARY_IMPL(jakiro_stream_gemm, Meta, m) { m.impl("linear", linear_meta); }
+TORCH_LIBRARY_IMPL(jakiro_stream_gemm, Meta, m) {
+  m.impl("linear", linear_meta);
+  m.impl("rope", rope_meta);
+}
