@@ -157,3 +157,21 @@ def test_rope_kernel_equals_torch_operators_bit_for_bit():
             mp.setattr(draft.attn, "rotate", draft_blocks.apply_rotary_pos_emb)
             plain = draft(feats, ids, pos).a
     assert torch.equal(fast, plain)
+
+
+@pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
+def test_argmax_kernel_gives_torch_s_index():
+    """Greedy decoding's argmax gives torch.argmax's index: the first of equal maxima, the first NaN, a row of -inf,
+    signed zeros, widths that are and are not multiples of a vector, one row and several."""
+    g = torch.Generator().manual_seed(0)
+    for words in (1, 7, 16, 33, 49152):
+        for rows in (1, 2, 8):
+            x = torch.randn(rows, words, generator=g)
+            nan = x.clone()
+            nan[0, words // 2] = nan[-1, -1] = float("nan")
+            zeros = torch.zeros(rows, words)
+            zeros[:, ::2] = -0.0
+            peaks = torch.randn(rows, words, generator=g)
+            peaks[:, [words // 3, words - 1]] = 100.0  # two equal maxima, the first one's index expected
+            for case in (x, x.round(), nan, torch.full((rows, words), -float("inf")), zeros, peaks):
+                assert torch.equal(fast_paths.argmax_rows(case), case.argmax(-1))
