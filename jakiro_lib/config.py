@@ -49,7 +49,7 @@ class TargetConfig:
     gemm_backend: str = "auto"
     fused_norm: bool = True  # the target's RMSNorms through torch's rms_norm (fast_paths.use_fused_norm)
     # lean_forward: decoding forwards run the layers without transformers' per-call machinery where that is equal to
-    # its forward bit for bit (fast_paths.lean_forward, checked on first use)
+    # its forward bit for bit (fast_paths.lean_forward, checked at load)
     lean_forward: bool = True
     # capture: how our methods run the decoding cycle (jakiro_lib.decoding.compiled): "none" (eager), "graphs"
     # (CUDA graphs of the eager kernels; CUDA only), "inductor" (torch.compile), or "auto": graphs on CUDA, none

@@ -124,8 +124,8 @@ def test_lean_forward_stays_off_where_it_differs(monkeypatch):
     assert load_target(TargetConfig(model="tiny:llama", lean_forward=False)).model.__dict__[fast_paths.LEAN] is False
     other = load_target(TargetConfig(model="tiny:llama", gqa_attention=False)).model  # transformers' own attention
     assert not fast_paths.lean_fits(other) and other.__dict__[fast_paths.LEAN] is False
-    monkeypatch.setattr(fast_paths, "rope_pair", lambda q, k, cos, sin: tuple(x * cos - torch.cat(
-        (-x[..., x.shape[-1] // 2:], x[..., :x.shape[-1] // 2]), -1) * sin for x in (q, k)))
+    monkeypatch.setattr(fast_paths, "rope_pair", lambda q, k, cos, sin: (fast_paths._rope(q, cos, -sin),
+                                                                         fast_paths._rope(k, cos, -sin)))
     model = load_target(TargetConfig(model="tiny:llama")).model
     assert model.__dict__[fast_paths.LEAN] is False
     calls = []

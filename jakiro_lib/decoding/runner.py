@@ -10,7 +10,7 @@ from transformers import Cache, PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin
 
 from ..models import fast_paths
-from ..models.target import additive_mask, cache_keyword
+from ..models.target import additive_mask, cache_keyword, transformers_hidden
 
 MAX_TREE_ROOM = 128  # cache positions kept past the text for a tree forward (a larger tree is refused)
 
@@ -174,9 +174,7 @@ class TargetRunner:
         if lean and (mask is not None or ids.shape[0] == 1 or start == 0):
             hidden = fast_paths.lean_forward(self.model, ids, pos, mask, self.cache.layers)
         else:  # transformers' forward: device positions (compiled steps), or a causal block after the text
-            out = self.model.model(input_ids=ids[None], position_ids=pos[None], attention_mask=mask, use_cache=True,
-                                   **{self.cache_keyword: self.cache})
-            hidden = out.last_hidden_state[0]
+            hidden = transformers_hidden(self.model, ids, pos, mask, self.cache, self.cache_keyword)
         return self.model.lm_head(hidden), hidden
 
     def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

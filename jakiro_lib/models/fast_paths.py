@@ -88,30 +88,32 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 def rope_pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_rope` of queries and keys [B, heads, n, D] under cos and sin [B, 1, n, D]: fp32 on the CPU, eager and
-    without autograd, one call of the package's kernel (``stream_gemm.cpp``, the same roundings: equal bit for bit);
+    """:func:`_rope` of queries and keys [B, heads, n, D] under cos and sin [B, 1, n, D]: without autograd, where
+    :func:`_kernel` serves, one call of the package's kernel (``stream_gemm.cpp``, the same roundings: equal bit for bit);
     else torch's operators (which inductor fuses)."""
-    eager = not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
-    kernel = _kernel("rope") if eager and q.dtype == torch.float32 and q.device.type == "cpu" else None
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+    kernel = None if grad else _kernel("rope", q)
     if kernel is not None:
         return kernel(q, k, cos, sin)
     return _rope(q, cos, sin), _rope(k, cos, sin)
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
-    """``logits.argmax(-1)`` of [m, V] logits: fp32 on the CPU and eager, the package's kernel (the same index: the
-    first of equal maxima, the first NaN), about a tenth of torch's time; else torch's."""
-    eager = not torch.compiler.is_compiling() and logits.dim() == 2
-    kernel = _kernel("argmax") if eager and logits.dtype == torch.float32 and logits.device.type == "cpu" else None
+    """``logits.argmax(-1)`` of [m, V] logits: where :func:`_kernel` serves, the package's kernel (the same index:
+    the first of equal maxima, the first NaN); else torch's."""
+    kernel = _kernel("argmax", logits) if logits.dim() == 2 else None
     return kernel(logits) if kernel is not None else logits.argmax(-1)
 
 
 _kernels: dict[str, tuple[int, Any]] = {}  # op name -> (libraries loaded when last looked up, the op or None)
 
 
-def _kernel(name: str) -> Any:
-    """The package's C++ op ``name`` where ``kernels.stream_gemm_available`` has loaded it, else None (looked up
-    again only when torch has loaded another library; this module imports nothing of the package)."""
+def _kernel(name: str, x: torch.Tensor) -> Any:
+    """The package's C++ op ``name`` for ``x``: where ``x`` is fp32 on the CPU outside a compiled graph and
+    ``kernels.stream_gemm_available`` has loaded the op, else None (looked up again only when torch has loaded
+    another library; this module imports nothing of the package)."""
+    if torch.compiler.is_compiling() or x.dtype != torch.float32 or x.device.type != "cpu":
+        return None
     loaded = len(torch.ops.loaded_libraries)
     seen, op = _kernels.get(name, (-1, None))
     if seen != loaded:

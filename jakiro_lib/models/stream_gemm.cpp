@@ -149,8 +149,8 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
     for (int64_t h = 0; h < H; ++h)
       for (int64_t t = 0; t < n; ++t) {
         const float* in = xp + b * x.stride(0) + h * x.stride(1) + t * x.stride(2);
-        const int64_t at = ((cos.size(0) == 1 ? 0 : b) * n + t) * D;
-        const float *ct = cp + at, *st = sp + at;
+        const int64_t row = ((cos.size(0) == 1 ? 0 : b) * n + t) * D;  // cos and sin at (b, t)
+        const float *ct = cp + row, *st = sp + row;
         float* out = yp + ((b * H + h) * n + t) * D;
         for (int64_t d = 0; d < half; ++d) {
           const float kept = in[d] * ct[d], turned = -in[d + half] * st[d];
@@ -181,7 +181,7 @@ std::tuple<at::Tensor, at::Tensor> rope_meta(const at::Tensor& q, const at::Tens
 }
 
 // Each row's argmax as torch.argmax(-1) gives it: the first of equal maxima (-0 and +0 equal), the first NaN where a
-// row has one. Greedy decoding reads it after every forward: torch's takes about 100 us a 49k-word row on two cores.
+// row has one. Greedy decoding reads it after every forward (DESIGN section 9 has what torch's costs).
 int64_t row_argmax(const float* r, int64_t V) {
 #if defined(__AVX512F__)
   __m512 top = _mm512_set1_ps(-INFINITY);

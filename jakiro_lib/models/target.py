@@ -122,6 +122,14 @@ def cache_keyword(model: PreTrainedModel) -> str:
     return "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
 
 
+def transformers_hidden(model: PreTrainedModel, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
+                        cache: Any, keyword: str) -> torch.Tensor:
+    """transformers' forward of the base model: the last hidden states [n, H] of ``ids`` [n] at positions ``pos``
+    [n] under ``mask``, ``cache`` passed by ``keyword`` (:func:`cache_keyword`)."""
+    return model.model(input_ids=ids[None], position_ids=pos[None], attention_mask=mask, use_cache=True,
+                       **{keyword: cache}).last_hidden_state[0]
+
+
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The target's additive attention mask [n, keys] from a bool one ``allowed`` [n, keys] (True: visible):
     0 where a row may attend, the dtype's minimum where not."""
@@ -137,17 +145,14 @@ def _lean_matches(model: PreTrainedModel) -> bool:
     ids = torch.arange(6, device=dev) % model.config.vocab_size
     tree = additive_mask(torch.ones(2, 7, dtype=torch.bool, device=dev).tril(5), model.dtype)[None, None]
     steps = [(ids[:4], None), (ids[4:5], None), (ids[4:6], tree)]  # (tokens, mask): positions follow on
-    outs = []
+    keyword, outs = cache_keyword(model), []
     for lean in (False, True):
         cache, at = DynamicCache(config=model.config), 0
         for x, mask in steps:
             pos = torch.arange(at, at + x.shape[0], device=dev)
             at += x.shape[0]
-            if lean:
-                hidden = fast_paths.lean_forward(model, x, pos, mask, cache.layers)
-            else:
-                hidden = model.model(input_ids=x[None], position_ids=pos[None], attention_mask=mask, use_cache=True,
-                                     **{cache_keyword(model): cache}).last_hidden_state[0]
+            hidden = fast_paths.lean_forward(model, x, pos, mask, cache.layers) if lean else \
+                transformers_hidden(model, x, pos, mask, cache, keyword)
             outs += [hidden, model.lm_head(hidden)]
     half = len(outs) // 2
     return all(torch.equal(a, b) for a, b in zip(outs[:half], outs[half:]))
