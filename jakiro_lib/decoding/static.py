@@ -49,13 +49,12 @@ def _runner(model: PreTrainedModel, cache_len: int, *, shared: bool) -> TargetRu
     return TargetRunner(model, cache_len, share=runners[cache_len])
 
 
-def _next_cycle(result: GenerationResult, start: torch.Tensor, length: int, max_context: int,
-                uniforms: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> bool:
-    """``start`` set and (sampling) ``uniforms`` drawn for a cycle from ``length``; False when the context is full."""
+def _next_cycle(result: GenerationResult, length: int, max_context: int, uniforms: torch.Tensor,
+                params: SamplingParams, generator: torch.Generator | None) -> bool:
+    """(Sampling) ``uniforms`` drawn for a cycle from ``length``; False when the context is full."""
     if length + 1 > max_context:
         result.stop_reason = "context"
         return False
-    start.fill_(length)
     if not params.greedy:
         torch.rand(uniforms.shape, generator=generator, dtype=torch.float64, device=uniforms.device, out=uniforms)
     return True
@@ -97,6 +96,7 @@ class StaticEngine:
                                     "the text")
         # the root when there is no draft (the last token, written in place); the chain's count and tokens
         self.token = fixed_address(torch.zeros((), dtype=torch.long, device=model.device))
+        self.one_row = fixed_address(torch.tensor([0, 1], device=model.device))  # a root-only cycle's read: 0 kept, 1 row
         self.chain = torch.zeros(L + 1, dtype=torch.long, device=model.device)
         self.target = _runner(model, cache_len, shared=compile)
         self.uniforms = torch.zeros(self.max_depth * self.m + 1, dtype=torch.float64, device=model.device)
@@ -175,7 +175,7 @@ class StaticEngine:
         root = self.token if self.drafter is None else self.drafter.root_token
         with step(self.clock, "verify"):  # eager plain decoding reads exactly the text and the root: no mask
             bonus = root_step(self.target, root, self.params, uniforms, start, masked=self.compile or not self.plain)
-        return torch.stack([torch.zeros_like(bonus), torch.ones_like(bonus), bonus])
+        return torch.cat([self.one_row, bonus.reshape(1)])
 
     def _set_window(self, length: int) -> int:
         """Positions the cycle's forwards (target and draft) read after ``length`` written ones: eager, the text and
@@ -294,7 +294,9 @@ class StaticEngine:
         start = torch.full((), length, device=dev)  # torch.full, not torch.tensor: a CPU value copied to a GPU syncs
         done = append_tokens(result, [first], eos, max_new_tokens, on_tokens)
         result.prefill_time = time.perf_counter() - t0
-        while not done and _next_cycle(result, start, length, max_context, self.uniforms, self.params, generator):
+        while not done and _next_cycle(result, length, max_context, self.uniforms, self.params, generator):
+            if self.compile:  # a compiled cycle reads its position from the device (eager ones get the host int)
+                start.fill_(length)
             self._set_window(length)
             emitted, tree_size, ranks = self._advance(start, length, max_context - length)
             length += len(emitted)

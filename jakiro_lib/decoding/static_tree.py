@@ -199,7 +199,8 @@ def root_step(target: TargetRunner, token: torch.Tensor, params: SamplingParams,
     """The last token (``token``, 0-dim, at ``start``) verified as a one-node tree: the next token, written into
     ``token``. ``masked`` False: the window is the text and this token, attended whole (no mask to build)."""
     zero = torch.zeros(1, dtype=torch.long, device=token.device)  # the node's index, parent and depth
-    tokens, anc = token.reshape(1), torch.ones(1, 1, dtype=torch.bool, device=token.device)
+    tokens = token.reshape(1)
+    anc = torch.ones(1, 1, dtype=torch.bool, device=token.device) if masked or not params.greedy else None
     logits, _ = target.score(tokens, zero, anc if masked else None, start)  # [1, V]
     bonus = argmax_rows(logits)[0] if params.greedy else evaluate(params, tokens, zero, zero, anc, logits, uniforms, 0)[2]
     token.copy_(bonus)
