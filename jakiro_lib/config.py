@@ -51,12 +51,15 @@ class TargetConfig:
     # lean_forward: decoding forwards run the layers without transformers' per-call machinery where that is equal to
     # its forward bit for bit (fast_paths.lean_forward, checked at load)
     lean_forward: bool = True
+    # greedy_head: greedy decoding's argmax screened through a bf16 copy of the head, then exact on the words left
+    # (fast_paths.greedy_argmax; the CPU's fp32 eager cycles)
+    greedy_head: bool = True
     # capture: how our methods run the decoding cycle (jakiro_lib.decoding.compiled): "none" (eager), "graphs"
     # (CUDA graphs of the eager kernels; CUDA only), "inductor" (torch.compile), or "auto": graphs on CUDA, none
     # elsewhere (docs/DESIGN.md section 12)
     capture: str = "auto"
     KERNEL_FIELDS: ClassVar[tuple[str, ...]] = ("gqa_attention", "packed_gemm", "gemm_backend", "fused_norm",
-                                                "lean_forward", "capture")
+                                                "lean_forward", "greedy_head", "capture")
 
     def identity(self) -> dict[str, Any]:
         """The fields that decide the target's outputs (not the kernels that compute them): what trained

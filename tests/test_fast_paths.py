@@ -1,5 +1,6 @@
 """The target's fast paths (jakiro_lib.models.fast_paths): SDPA with its own grouped KV heads under tree masks, one
-rms_norm call equal to transformers' RMSNorm, and the layers run without transformers' forward, equal to it."""
+rms_norm call equal to transformers' RMSNorm, the layers run without transformers' forward, equal to it, and greedy
+decoding's argmax, through torch's index or a bf16 screen of the head."""
 import copy
 
 import pytest
@@ -11,6 +12,7 @@ from jakiro_lib.config import DraftConfig, TargetConfig
 from jakiro_lib.models import draft_blocks, fast_paths, kernels
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.decoding.runner import TargetRunner
+from jakiro_lib.decoding.static import static_vanilla_generate
 from jakiro_lib.models.target import load_target, plain_kernels
 from reference.loop import LoopRunner
 from reference.tree import Tree
@@ -175,3 +177,67 @@ def test_argmax_kernel_gives_torch_s_index():
             peaks[:, [words // 3, words - 1]] = 100.0  # two equal maxima, the first one's index expected
             for case in (x, x.round(), nan, torch.full((rows, words), -float("inf")), zeros, peaks):
                 assert torch.equal(fast_paths.argmax_rows(case), case.argmax(-1))
+
+
+def _screened_head(weight: torch.Tensor) -> nn.Module:
+    """A module with ``weight`` as its bias-free head and greedy_argmax's screen of it."""
+    model = nn.Module()
+    model.lm_head = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    model.lm_head.weight.data = weight
+    model.__dict__[fast_paths.SCREEN] = fast_paths.head_screen(model)
+    assert model.__dict__[fast_paths.SCREEN] is not None
+    return model
+
+
+@pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
+def test_greedy_head_gives_the_streaming_gemm_s_argmax():
+    """The screened head's argmax is the argmax of the streaming GEMM's fp32 logits: on random heads and rows, and on
+    words a few ulps apart (which the bf16 screen cannot tell apart: the exact logits decide, equal ones to the first)."""
+    g = torch.Generator().manual_seed(0)
+    for words, width in ((260, 64), (1001, 96), (4099, 576)):
+        weight = torch.randn(words, width, generator=g) * 0.1
+        model = _screened_head(weight)
+        for rows in (1, 3, 8, 17):
+            x = torch.randn(rows, width, generator=g) * 3
+            logits = torch.ops.jakiro_stream_gemm.linear(x, torch.ops.jakiro_stream_gemm.pack(weight, False), words)
+            assert torch.equal(fast_paths.greedy_argmax(model, x), logits.argmax(-1))
+    weight = torch.randn(512, 576, generator=g) * 0.1
+    weight[7] = weight[3] * (1 + torch.randint(-2, 3, (576,), generator=g) * 2.0 ** -23)  # a few ulps from word 3
+    model = _screened_head(weight)
+    x = weight[3].repeat(400, 1) * (1 + 0.01 * torch.randn(400, 576, generator=g))
+    logits = torch.ops.jakiro_stream_gemm.linear(x, torch.ops.jakiro_stream_gemm.pack(weight, False), 512)
+    best = logits.argmax(-1)
+    assert 20 < int((best == 7).sum()) < 380 and bool((logits[:, 3] == logits[:, 7]).any())  # both win, ties occur
+    assert torch.equal(fast_paths.greedy_argmax(model, x), best)
+    # word 9 wins by its fp32 logit while its bf16 copy screens below word 4's by nearly the most bf16's rounding
+    # allows (half a bf16 step, 2^-8 of a weight near 1, on each word): only a sound bound keeps it (2^-9 would not)
+    x = torch.randn(1, 576, generator=g)
+    sign = x[0].sign()
+    b = sign * (1.02 + 0.03 * torch.rand(576, generator=g)).bfloat16().float()  # exact in bf16, its step 2^-7
+    step = 2.0 ** -7
+    lower = torch.arange(576) < 570  # word 9's bf16 copy a step lower than word 4's on 570 of 576 weights
+    weight = torch.randn(16, 576, generator=g) * 0.01
+    weight[4] = b - sign * 0.499 * step  # rounds up to b
+    weight[9] = b - sign * step * lower.float() + sign * 0.499 * step  # rounds down to b - step (where lower)
+    model = _screened_head(weight)
+    screened = x @ weight.bfloat16().float().T
+    logits = torch.ops.jakiro_stream_gemm.linear(x, torch.ops.jakiro_stream_gemm.pack(weight, False), 16)
+    assert int(logits.argmax()) == 9 and float(screened[0, 9]) < float(screened[0, 4])
+    assert fast_paths.greedy_argmax(model, x).tolist() == [9]
+    nan = torch.cat([x, x])
+    nan[1, 5] = float("nan")  # a row that is not finite: every word exact, the first NaN as torch's argmax
+    assert fast_paths.greedy_argmax(model, nan).tolist() == [9, 0]
+
+
+@pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
+def test_greedy_head_serves_greedy_decoding_only_where_asked():
+    """load_target screens a plain fp32 head unless target.greedy_head is off; a head with a bias is left alone; the
+    engine's greedy output is the same either way."""
+    on, off = (load_target(TargetConfig(model="tiny:llama", greedy_head=flag)).model for flag in (True, False))
+    assert on.__dict__[fast_paths.SCREEN] is not None and off.__dict__[fast_paths.SCREEN] is None
+    prompt = torch.randint(0, 256, (9,), generator=torch.Generator().manual_seed(2))
+    assert static_vanilla_generate(on, prompt, max_new_tokens=24).output_ids == \
+        static_vanilla_generate(off, prompt, max_new_tokens=24).output_ids
+    biased = nn.Module()
+    biased.lm_head = nn.Linear(8, 16)
+    assert fast_paths.head_screen(biased) is None

@@ -287,10 +287,10 @@ def test_cost_model_times_sizes_round_robin_with_and_without_fast_paths_back_to_
     real_tree, real_prefill = TargetRunner.score, TargetRunner.prefill
     seen, prefills = [], []
 
-    def tree_spy(self, tokens, depths, anc, start):
+    def tree_spy(self, tokens, depths, anc, start, greedy=False):
         gemm = kernels.packed_gemm(target.model)
         seen.append((len(tokens), target.model.config._attn_implementation, gemm is not None and gemm.active))
-        return real_tree(self, tokens, depths, anc, start)
+        return real_tree(self, tokens, depths, anc, start, greedy)
 
     def prefill_spy(self, ids):
         prefills.append(len(ids))

@@ -435,12 +435,12 @@ def test_greedy_path_on_a_hand_built_tree():
     assert torch.equal(anc, tree.ancestor_mask())
     path, n, bonus = greedy_path(tree.tokens, parents, tree.depths, anc, logits, 3)
     assert path.tolist()[:3] == [0, 1, 3] and int(n) == 2 and int(bonus) == 8
-    walked = greedy_walk(tree.tokens, parents, logits)  # eager: the path alone, walked on the host
+    walked = greedy_walk(tree.tokens, parents, logits.argmax(-1))  # eager: the path alone, walked on the host
     assert (walked[0].tolist(), int(walked[1]), int(walked[2])) == ([0, 1, 3], 2, 8)
     logits[0, 5], logits[0, 6] = -1.0, 2.0  # now the root's argmax is 6: node 2, then node 2's argmax 1
     path, n, bonus = greedy_path(tree.tokens, parents, tree.depths, anc, logits, 3)
     assert path.tolist()[:2] == [0, 2] and int(n) == 1 and int(bonus) == 1
-    walked = greedy_walk(tree.tokens, parents, logits)
+    walked = greedy_walk(tree.tokens, parents, logits.argmax(-1))
     assert (walked[0].tolist(), int(walked[1]), int(walked[2])) == ([0, 2], 1, 1)
 
 

@@ -165,8 +165,9 @@ class TargetRunner:
         return self.where.window or self.capacity
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
-                 start: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits and features [n] of ``ids`` [n] at positions ``pos`` [n], written from ``start``."""
+                 start: int | torch.Tensor, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (``greedy``: each row's argmax, :func:`~jakiro_lib.models.fast_paths.greedy_argmax`) and features
+        [n] of ``ids`` [n] at positions ``pos`` [n], written from ``start``."""
         self.where.start = start
         host = not isinstance(start, torch.Tensor)
         self.where.cols = None if host else start + self.cols[:ids.shape[0]]
@@ -175,7 +176,7 @@ class TargetRunner:
             hidden = fast_paths.lean_forward(self.model, ids, pos, mask, self.cache.layers)
         else:  # transformers' forward: device positions (compiled steps), or a causal block after the text
             hidden = transformers_hidden(self.model, ids, pos, mask, self.cache, self.cache_keyword)
-        return self.model.lm_head(hidden), hidden
+        return fast_paths.greedy_argmax(self.model, hidden) if greedy else self.model.lm_head(hidden), hidden
 
     def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and last hidden states (the lm_head input: the draft's features) of the prompt."""
@@ -185,10 +186,10 @@ class TargetRunner:
         return out
 
     def score(self, tokens: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor | None,
-              start: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits and features [m] of a tree (``anc`` [m, m]) whose root sits at position ``start``: a 0-dim device
-        tensor (attention over the first :attr:`window` positions), or a host int (eager: over the text and the
-        tree, written where the text ends). ``anc`` None: one row that sees them all."""
+              start: int | torch.Tensor, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (``greedy``: each row's argmax) and features [m] of a tree (``anc`` [m, m]) whose root sits at
+        position ``start``: a 0-dim device tensor (attention over the first :attr:`window` positions), or a host int
+        (eager: over the text and the tree, written where the text ends). ``anc`` None: one row that sees them all."""
         host = not isinstance(start, torch.Tensor)
         if host:
             self.where.length = start
@@ -196,7 +197,7 @@ class TargetRunner:
         if anc is not None:
             cols = self.cols[:start + tokens.shape[0] if host else self.window]  # [W]
             mask = additive_mask(tree_rows(cols[None, :] < start, start, anc), self.dtype)[None, None]  # [1, 1, m, W]
-        return self._forward(tokens, start + depths, mask, start)
+        return self._forward(tokens, start + depths, mask, start, greedy)
 
     def move(self, start: torch.Tensor, path: torch.Tensor) -> None:
         """Entries ``start + path`` (tree rows, padded) moved to ``start..``."""

@@ -146,12 +146,12 @@ class StaticEngine:
                 tokens, parents, depths, anc, uniforms = graft_chain_eager(tokens, parents, depths, anc, chain, draws,
                                                                            self.max_depth, self.m)
         with step(clock, "verify"):
-            logits, hidden = target.score(tokens, depths, anc, start)
+            out, hidden = target.score(tokens, depths, anc, start, greedy=not self.padded)  # [m] argmaxes, or logits
         with step(clock, "evaluate"):
             if not self.padded:  # eager greedy: walked on the host, the path alone
-                path, accepted, bonus = greedy_walk(tokens, parents, logits)
+                path, accepted, bonus = greedy_walk(tokens, parents, out)
             else:
-                path, accepted, bonus = evaluate(self.params, tokens, parents, depths, anc, logits, uniforms,
+                path, accepted, bonus = evaluate(self.params, tokens, parents, depths, anc, out, uniforms,
                                                  self.max_depth, valid)
         with step(clock, "update"):
             target.move(start, path)  # the path's entries to start..; the next cycle writes after the accepted ones

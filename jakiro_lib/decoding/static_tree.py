@@ -6,7 +6,6 @@ import torch
 
 from ..config import TreeConfig
 from ..models.draft import DraftModel, DraftOutput
-from ..models.fast_paths import argmax_rows
 from .clock import Clock, step
 from .drafting import candidate_tensors, draft_schedule
 from .runner import TargetRunner, fixed_address, tree_rows
@@ -76,10 +75,11 @@ def _child(words: list[int], up: list[int], node: int, token: int) -> int | None
 
 
 def greedy_walk(tokens: torch.Tensor, parents: torch.Tensor,
-                logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                best: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eager greedy verification walked on the host, as the loop engine walks it, from one read of the tree's tokens,
-    parents and argmaxes: the accepted path alone [accepted + 1], the accepted count and the bonus."""
-    words, up, best = torch.stack([tokens, parents, argmax_rows(logits)]).tolist()
+    parents and each row's argmax ``best`` [m]: the accepted path alone [accepted + 1], the accepted count and the
+    bonus."""
+    words, up, best = torch.stack([tokens, parents, best]).tolist()
     path = [0]
     while (child := _child(words, up, path[-1], best[path[-1]])) is not None:
         path.append(child)
@@ -201,8 +201,8 @@ def root_step(target: TargetRunner, token: torch.Tensor, params: SamplingParams,
     zero = torch.zeros(1, dtype=torch.long, device=token.device)  # the node's index, parent and depth
     tokens = token.reshape(1)
     anc = torch.ones(1, 1, dtype=torch.bool, device=token.device) if masked or not params.greedy else None
-    logits, _ = target.score(tokens, zero, anc if masked else None, start)  # [1, V]
-    bonus = argmax_rows(logits)[0] if params.greedy else evaluate(params, tokens, zero, zero, anc, logits, uniforms, 0)[2]
+    out, _ = target.score(tokens, zero, anc if masked else None, start, params.greedy)  # [1] argmax, or [1, V]
+    bonus = out[0] if params.greedy else evaluate(params, tokens, zero, zero, anc, out, uniforms, 0)[2]
     token.copy_(bonus)
     return bonus
 

@@ -61,21 +61,24 @@ def bushy_tree(n: int, device: torch.device, width: int = 4) -> tuple[torch.Tens
 
 
 def measure_target_costs(model: torch.nn.Module, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 32), *,
-                         context: int = 256, repeats: int = 7, stat: str = "median") -> dict[int, float]:
+                         context: int = 256, repeats: int = 7, stat: str = "median",
+                         greedy: bool = False) -> dict[int, float]:
     """Seconds for the target to score an n-token tree on top of a ``context``-token cache, as the engine scores it
-    eagerly; ``stat``: how the ``repeats`` rounds become one number (:data:`STATISTICS`)."""
+    eagerly (``greedy``: each row's argmax, as an eager greedy cycle asks, not the logits); ``stat``: how the
+    ``repeats`` rounds become one number (:data:`STATISTICS`)."""
     table = measure_target_cost_variants(model, sizes, {"s": nullcontext}, context=context, repeats=repeats,
-                                         stat=stat)
+                                         stat=stat, greedy=greedy)
     return {n: times["s"] for n, times in table.items()}
 
 
 @torch.inference_mode()
 def measure_target_cost_variants(model: torch.nn.Module, sizes: Sequence[int],
                                  variants: Mapping[str, Callable[[], ContextManager[Any]]], *,
-                                 context: int = 256, repeats: int = 7,
-                                 stat: str = "median") -> dict[int, dict[str, float]]:
+                                 context: int = 256, repeats: int = 7, stat: str = "median",
+                                 greedy: bool = False) -> dict[int, dict[str, float]]:
     """``{n: {variant: seconds}}``: T(n) under each variant (a context manager that switches kernels),
-    the median (or ``stat``, one of :data:`STATISTICS`) over ``repeats`` rounds.
+    the median (or ``stat``, one of :data:`STATISTICS`) over ``repeats`` rounds; ``greedy``: the rows' argmaxes
+    asked for, as an eager greedy cycle asks (a compiled one reads the logits).
 
     One prefill serves every measurement. Each round times every size once, and within a size every variant
     back to back, so machine drift hits all sizes and variants alike (and T(1) follows other shapes, as in
@@ -88,13 +91,14 @@ def measure_target_cost_variants(model: torch.nn.Module, sizes: Sequence[int],
     prompt = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0)).to(runner.device)
     runner.prefill(prompt)
     # where decoding runs: a host position in an eager engine, a device one in a compiled step
-    start = context if capture_of(model) == "none" else torch.full((), context, device=runner.device)
+    eager = capture_of(model) == "none"
+    start = context if eager else torch.full((), context, device=runner.device)
     trees = {n: bushy_tree(n, runner.device) for n in sizes}
 
     def verify_once(n: int) -> None:
         tokens, depths, anc = trees[n]
         runner.where.window = context + n
-        runner.score(tokens, depths, anc if n > 1 else None, start)  # one row: the plain step, no mask
+        runner.score(tokens, depths, anc if n > 1 else None, start, greedy and eager)  # one row: no mask
 
     for n in sizes:
         for switch in variants.values():

@@ -117,7 +117,7 @@ def cycle_table(target: Target, methods: dict[str, MethodSpec], prompts: Sequenc
     plain_s = base.wall / max(base.cycles, 1)
     context = round(base.context / max(base.cycles, 1))
     sizes = sorted({1, *(max(1, round(t.rows / max(t.cycles, 1))) for t, _ in timings.values())})
-    tn = measure_target_costs(target.model, sizes, context=context)
+    tn = measure_target_costs(target.model, sizes, context=context, greedy=True)
     return [cycle_row(name, timed, counted, plain_s, tn) for name, (timed, counted) in timings.items()]
 
 

@@ -17,6 +17,7 @@ RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 # the families whose decoder layers lean_forward runs: pre-norm attention with RoPE, then a SwiGLU MLP
 LEAN_FAMILIES = ("llama", "mistral", "qwen2")
 LEAN = "_jakiro_lean"  # the model attribute that says decoding forwards run lean_forward (checked at load)
+SCREEN = "_jakiro_head_screen"  # the model attribute holding greedy_argmax's screen (head_screen), None for none
 
 
 def _sdpa_gqa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -103,6 +104,34 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     the first of equal maxima, the first NaN); else torch's."""
     kernel = _kernel("argmax", logits) if logits.dim() == 2 else None
     return kernel(logits) if kernel is not None else logits.argmax(-1)
+
+
+def head_screen(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """What :func:`greedy_argmax` screens ``model``'s head with: its weight [V, K] in the streaming GEMM's bf16
+    panels, and each word's bound factor [V], max_k |w_ck| times the bf16 rounding (2^-8) and both fp32 dot products'
+    accumulation error (2.02 K 2^-24), with 1% to spare for the screen's own roundings, plus 2^-100 (DESIGN section
+    9). None where the package's kernel is not loaded or the head is not a bias-free fp32 CPU linear."""
+    head = getattr(model, "lm_head", None)
+    if type(head) is not nn.Linear or head.bias is not None or _kernel("greedy_head", head.weight) is None:
+        return None
+    w = head.weight.detach()  # [V, K]
+    screen = torch.ops.jakiro_stream_gemm.pack(w, True)  # [ceil(V / L), K, L] bf16
+    if not bool(torch.isfinite(screen).all()):
+        return None
+    factor = 1.01 * (2.0 ** -8 + 2.02 * w.shape[1] * 2.0 ** -24)
+    return screen, w.abs().amax(1) * factor + 2.0 ** -100
+
+
+def greedy_argmax(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax [n] of ``model``'s logits for its last hidden states ``hidden`` [n, K]: where the model
+    holds a :func:`head_screen` and :func:`_kernel` serves, the package's kernel, which reads the head's bf16 copy and
+    then only the few words the screen cannot rule out (each logit in fp32, one FMA per k in k's order, the first of
+    equal maxima: the argmax of the streaming GEMM's logits); else :func:`argmax_rows` of the head's logits."""
+    screen = model.__dict__.get(SCREEN)
+    kernel = None if screen is None else _kernel("greedy_head", hidden)
+    if kernel is None:
+        return argmax_rows(model.lm_head(hidden))
+    return kernel(hidden, *screen, model.lm_head.weight)
 
 
 _kernels: dict[str, tuple[int, Any]] = {}  # op name -> (libraries loaded when last looked up, the op or None)

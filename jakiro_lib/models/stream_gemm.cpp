@@ -235,6 +235,107 @@ at::Tensor argmax_rows(const at::Tensor& x) {
 
 at::Tensor argmax_meta(const at::Tensor& x) { return at::empty({x.size(0)}, x.options().dtype(at::kLong)); }
 
+// Greedy decoding's argmax of each row's logits W x without reading W in full (DESIGN section 9): a screen through
+// W's bf16 panels (half the bytes, fp32 FMAs) gives s_c within bound_c * |x|_1 of the word's exact logit, bound_c
+// holding max_k |w_ck| times the bf16 rounding and both dot products' accumulation error (set in Python, with an
+// allowance for underflow); every word whose s_c + bound_c |x|_1 reaches the largest s_j - bound_j |x|_1 is a
+// candidate, the exact argmax always among them. Exact: a candidate's logit is sum_k x_k w_ck in fp32, one FMA per k
+// in k's order (`exact`), the first of equal maxima chosen; where the screen is not finite every word is a candidate.
+float exact(const float* x, const float* w, int64_t K) {
+  float acc = 0.0f;
+  for (int64_t k = 0; k < K; ++k) acc = std::fma(x[k], w[k], acc);
+  return acc;
+}
+
+// The largest s_c - bound_c * norm, less the allowance for underflow; NaN where some s_c is not finite.
+float screen_cut(const float* s, const float* bound, float norm, int64_t V) {
+  float cut = -INFINITY, bad = 0.0f;  // bad: 0 while every s_c is finite (s * 0 is NaN for an infinity or a NaN)
+  int64_t c = 0;
+#if defined(__AVX512F__)
+  __m512 top = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
+  const __m512 n = _mm512_set1_ps(norm);
+  for (; c + 16 <= V; c += 16) {
+    const __m512 v = _mm512_loadu_ps(s + c);
+    zero = _mm512_add_ps(zero, _mm512_mul_ps(v, _mm512_setzero_ps()));
+    top = _mm512_max_ps(top, _mm512_fnmadd_ps(_mm512_loadu_ps(bound + c), n, v));
+  }
+  cut = _mm512_reduce_max_ps(top);
+  bad = _mm512_reduce_add_ps(zero);
+#endif
+  for (; c < V; ++c) {
+    bad += s[c] * 0.0f;
+    cut = std::max(cut, s[c] - bound[c] * norm);
+  }
+  return bad == 0.0f ? cut - 1e-30f : NAN;
+}
+
+// The first index of the largest exact logit among the words whose s_c + bound_c * norm reaches ``cut`` (every word
+// where ``cut`` is NaN).
+int64_t screened_argmax(const float* x, const float* s, const float* bound, const float* weight, int64_t V,
+                        int64_t K) {
+  float norm = 0.0f;
+  for (int64_t k = 0; k < K; ++k) norm += std::fabs(x[k]);
+  const float cut = std::isfinite(norm) ? screen_cut(s, bound, norm, V) : NAN;
+  int64_t best = -1;
+  float top = 0.0f;
+  auto consider = [&](int64_t c) {  // false where the word's logit is NaN: torch's argmax gives the first NaN
+    const float v = exact(x, weight + c * K, K);
+    if (best < 0 || v > top || v != v) {
+      best = c;
+      top = v;
+    }
+    return v == v;
+  };
+  int64_t c = 0;
+#if defined(__AVX512F__)
+  if (cut == cut) {
+    const __m512 n = _mm512_set1_ps(norm), floor = _mm512_set1_ps(cut - 1e-30f);
+    for (; c + 16 <= V; c += 16) {
+      const __m512 hi = _mm512_fmadd_ps(_mm512_loadu_ps(bound + c), n, _mm512_loadu_ps(s + c));
+      for (__mmask16 hit = _mm512_cmp_ps_mask(hi, floor, _CMP_GE_OQ); hit; hit &= hit - 1)
+        if (!consider(c + __builtin_ctz(hit))) return best;
+    }
+  }
+#endif
+  for (; c < V; ++c) {
+    if (cut == cut && s[c] + bound[c] * norm + 1e-30f < cut) continue;
+    if (!consider(c)) return best;
+  }
+  return best;
+}
+
+// x [..., K] fp32, screen: W's bf16 panels (pack), bound [V], weight [V, K] fp32 -> the argmax of each row [...]
+at::Tensor greedy_head(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& bound,
+                       const at::Tensor& weight) {
+  TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && screen.scalar_type() == at::kBFloat16 &&
+              screen.dim() == 3 && screen.size(1) == input.size(-1) && screen.size(2) == L &&
+              weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.size(1) == input.size(-1) &&
+              bound.dim() == 1 && bound.scalar_type() == at::kFloat && bound.size(0) == weight.size(0) &&
+              weight.size(0) <= screen.size(0) * L, "stream_gemm.greedy_head: shapes do not match");
+  const at::Tensor x = input.reshape({-1, input.size(-1)}).contiguous(), w = weight.contiguous();
+  const at::Tensor b = bound.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), P = screen.size(0), V = w.size(0);
+  at::Tensor s = at::empty({M, P * L}, x.options());
+  run(x.data_ptr<float>(), reinterpret_cast<const uint16_t*>(screen.data_ptr<at::BFloat16>()), s.data_ptr<float>(),
+      M, K, P);
+  std::vector<int64_t> sizes = input.sizes().vec();
+  sizes.pop_back();
+  at::Tensor out = at::empty(sizes, x.options().dtype(at::kLong));
+  int64_t* o = out.data_ptr<int64_t>();
+  const float *xp = x.data_ptr<float>(), *sp = s.data_ptr<float>(), *bp = b.data_ptr<float>(), *wp = w.data_ptr<float>();
+  at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) o[m] = screened_argmax(xp + m * K, sp + m * P * L, bp, wp, V, K);
+  });
+  return out;
+}
+
+at::Tensor greedy_head_meta(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& bound,
+                            const at::Tensor& weight) {
+  std::vector<int64_t> sizes = input.sizes().vec();
+  sizes.pop_back();
+  return at::empty(sizes, input.options().dtype(at::kLong));
+}
+
 }  // namespace
 
 TORCH_LIBRARY(jakiro_stream_gemm, m) {
@@ -242,15 +343,18 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("linear(Tensor input, Tensor packed, int n) -> Tensor");
   m.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
   m.def("argmax(Tensor x) -> Tensor");
+  m.def("greedy_head(Tensor x, Tensor screen, Tensor bound, Tensor weight) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("pack", pack);
   m.impl("linear", linear);
   m.impl("rope", rope);
   m.impl("argmax", argmax_rows);
+  m.impl("greedy_head", greedy_head);
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, Meta, m) {
   m.impl("linear", linear_meta);
   m.impl("rope", rope_meta);
   m.impl("argmax", argmax_meta);
+  m.impl("greedy_head", greedy_head_meta);
 }
