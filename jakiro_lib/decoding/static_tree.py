@@ -76,9 +76,8 @@ def _child(words: list[int], up: list[int], node: int, token: int) -> int | None
 
 def greedy_walk(tokens: torch.Tensor, parents: torch.Tensor,
                 best: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Eager greedy verification walked on the host, as the loop engine walks it, from one read of the tree's tokens,
-    parents and each row's argmax ``best`` [m]: the accepted path alone [accepted + 1], the accepted count and the
-    bonus."""
+    """Eager greedy verification walked on the host as the loop engine walks it, from one read of the tree's tokens,
+    parents and rows' argmaxes ``best``: the accepted path alone [accepted + 1], the accepted count and the bonus."""
     words, up, best = torch.stack([tokens, parents, best]).tolist()
     path = [0]
     while (child := _child(words, up, path[-1], best[path[-1]])) is not None:
