@@ -110,7 +110,8 @@ def head_screen(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
     """What :func:`greedy_argmax` screens ``model``'s head with: its weight [V, K] in the streaming GEMM's bf16
     panels, and each word's bound factor [V], max_k |w_ck| times the bf16 rounding (2^-8) and both fp32 dot products'
     accumulation error (2.02 K 2^-24), with 1% to spare for the screen's own roundings, plus 2^-100 (DESIGN section
-    9). None where the package's kernel is not loaded or the head is not a bias-free fp32 CPU linear."""
+    9); half the head's memory once more. None where the package's kernel is not loaded or the head is not a
+    bias-free fp32 CPU linear."""
     head = getattr(model, "lm_head", None)
     if type(head) is not nn.Linear or head.bias is not None or _kernel("greedy_head", head.weight) is None:
         return None
@@ -126,7 +127,8 @@ def greedy_argmax(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """Each row's argmax [n] of ``model``'s logits for its last hidden states ``hidden`` [n, K]: where the model
     holds a :func:`head_screen` and :func:`_kernel` serves, the package's kernel, which reads the head's bf16 copy and
     then only the few words the screen cannot rule out (each logit in fp32, one FMA per k in k's order, the first of
-    equal maxima: the argmax of the streaming GEMM's logits); else :func:`argmax_rows` of the head's logits."""
+    equal maxima: the argmax of the logits as the streaming GEMM computes them); else :func:`argmax_rows` of the
+    head's logits."""
     screen = model.__dict__.get(SCREEN)
     kernel = None if screen is None else _kernel("greedy_head", hidden)
     if kernel is None:

@@ -252,15 +252,15 @@ float screen_cut(const float* s, const float* bound, float norm, int64_t V) {
   float cut = -INFINITY, bad = 0.0f;  // bad: 0 while every s_c is finite (s * 0 is NaN for an infinity or a NaN)
   int64_t c = 0;
 #if defined(__AVX512F__)
-  __m512 top = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
+  __m512 top = _mm512_set1_ps(-INFINITY), bad_lanes = _mm512_setzero_ps();
   const __m512 n = _mm512_set1_ps(norm);
   for (; c + 16 <= V; c += 16) {
     const __m512 v = _mm512_loadu_ps(s + c);
-    zero = _mm512_add_ps(zero, _mm512_mul_ps(v, _mm512_setzero_ps()));
+    bad_lanes = _mm512_add_ps(bad_lanes, _mm512_mul_ps(v, _mm512_setzero_ps()));
     top = _mm512_max_ps(top, _mm512_fnmadd_ps(_mm512_loadu_ps(bound + c), n, v));
   }
   cut = _mm512_reduce_max_ps(top);
-  bad = _mm512_reduce_add_ps(zero);
+  bad = _mm512_reduce_add_ps(bad_lanes);
 #endif
   for (; c < V; ++c) {
     bad += s[c] * 0.0f;
@@ -289,10 +289,10 @@ int64_t screened_argmax(const float* x, const float* s, const float* bound, cons
   int64_t c = 0;
 #if defined(__AVX512F__)
   if (cut == cut) {
-    const __m512 n = _mm512_set1_ps(norm), floor = _mm512_set1_ps(cut - 1e-30f);
+    const __m512 n = _mm512_set1_ps(norm), edge = _mm512_set1_ps(cut - 1e-30f);
     for (; c + 16 <= V; c += 16) {
       const __m512 hi = _mm512_fmadd_ps(_mm512_loadu_ps(bound + c), n, _mm512_loadu_ps(s + c));
-      for (__mmask16 hit = _mm512_cmp_ps_mask(hi, floor, _CMP_GE_OQ); hit; hit &= hit - 1)
+      for (__mmask16 hit = _mm512_cmp_ps_mask(hi, edge, _CMP_GE_OQ); hit; hit &= hit - 1)
         if (!consider(c + __builtin_ctz(hit))) return best;
     }
   }
