@@ -94,6 +94,18 @@ def test_runner_prefill_and_chain_match_causal_forward(family, attn):
     assert torch.allclose(hidden, ref_hidden[len(prompt):], atol=ATOL)
 
 
+def test_runner_prefill_of_the_last_position_alone():
+    """``prefill(last=True)``: the head on the last position only, its logits those of a full prefill's last row and
+    the features of every position the same."""
+    model = tiny_target()
+    prompt = random_prompts(1, seed=11, min_len=13, max_len=13)[0]
+    with torch.inference_mode():
+        logits, hidden = LoopRunner(model).prefill(prompt)
+        last, last_hidden = LoopRunner(model).prefill(prompt, last=True)
+    assert last.shape == (1, logits.shape[-1]) and torch.equal(hidden, last_hidden)
+    assert torch.allclose(last[0], logits[-1], atol=ATOL) and int(last[0].argmax()) == int(logits[-1].argmax())
+
+
 @pytest.mark.parametrize("family,attn", RUNNER_CASES)
 def test_runner_tree_nodes_and_keep_match_fresh_prefill(family, attn):
     """Three cycles of: random tree forward (each node == plain forward of its root-to-node path), keep a

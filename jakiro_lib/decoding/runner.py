@@ -164,10 +164,10 @@ class TargetRunner:
         """Positions a forward with device positions reads (:class:`_Where`; the whole cache when unset)."""
         return self.where.window or self.capacity
 
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
-                 start: int | torch.Tensor, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (``greedy``: each row's argmax, :func:`~jakiro_lib.models.fast_paths.greedy_argmax`) and features
-        [n] of ``ids`` [n] at positions ``pos`` [n], written from ``start``."""
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, start: int | torch.Tensor,
+                 greedy: bool = False, last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (``greedy``: each row's argmax, :func:`~jakiro_lib.models.fast_paths.greedy_argmax`; ``last``: the
+        last row's alone) and features [n] of ``ids`` [n] at positions ``pos`` [n], written from ``start``."""
         self.where.start = start
         host = not isinstance(start, torch.Tensor)
         self.where.cols = None if host else start + self.cols[:ids.shape[0]]
@@ -176,12 +176,14 @@ class TargetRunner:
             hidden = fast_paths.lean_forward(self.model, ids, pos, mask, self.cache.layers)
         else:  # transformers' forward: device positions (compiled steps), or a causal block after the text
             hidden = transformers_hidden(self.model, ids, pos, mask, self.cache, self.cache_keyword)
-        return fast_paths.greedy_argmax(self.model, hidden) if greedy else self.model.lm_head(hidden), hidden
+        rows = hidden[-1:] if last else hidden
+        return fast_paths.greedy_argmax(self.model, rows) if greedy else self.model.lm_head(rows), hidden
 
-    def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits and last hidden states (the lm_head input: the draft's features) of the prompt."""
+    def prefill(self, ids: torch.Tensor, *, last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (``last``: the last position's alone, [1, V]: the head's cost for one row, not the prompt's) and
+        last hidden states (the lm_head input: the draft's features) of the prompt."""
         n = ids.shape[0]
-        out = self._forward(ids, torch.arange(n, device=self.device), None, 0)
+        out = self._forward(ids, torch.arange(n, device=self.device), None, 0, last=last)
         self.where.length = n
         return out
 

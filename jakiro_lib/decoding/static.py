@@ -21,8 +21,7 @@ from ..machine import synchronize
 from ..models.draft import DraftModel
 from .clock import Clock, step
 from .drafting import PromptLookup
-from .runner import TargetRunner, fixed_address
-from .runner import MAX_TREE_ROOM
+from .runner import MAX_TREE_ROOM, TargetRunner, fixed_address
 from .verify import SamplingParams
 from .static_tree import (StaticEngineError, StaticTreeDrafter, ancestor_mask, evaluate, graft_chain,
                           graft_chain_eager, greedy_walk, root_step)
@@ -96,7 +95,7 @@ class StaticEngine:
                                     "the text")
         # the root when there is no draft (the last token, written in place); the chain's count and tokens
         self.token = fixed_address(torch.zeros((), dtype=torch.long, device=model.device))
-        self.one_row = fixed_address(torch.tensor([0, 1], device=model.device))  # a root-only cycle's read: 0 kept, 1 row
+        self.one_row = fixed_address(torch.tensor([0, 1], device=model.device))  # a root-only read: 0 kept, 1 row
         self.chain = torch.zeros(L + 1, dtype=torch.long, device=model.device)
         self.target = _runner(model, cache_len, shared=compile)
         self.uniforms = torch.zeros(self.max_depth * self.m + 1, dtype=torch.float64, device=model.device)
@@ -286,7 +285,7 @@ class StaticEngine:
         t0 = time.perf_counter()
         ids = prompt_ids.to(dev)
         with step(self.clock, "prefill"):
-            logits, hidden = self.target.prefill(ids)
+            logits, hidden = self.target.prefill(ids, last=True)  # [1, V]: the next token's
             first = choose_token(logits[-1], self.params, generator)
             length = ids.shape[0]
             self._set_window(length)

@@ -8,8 +8,7 @@ from ..config import TreeConfig
 from ..models.draft import DraftModel, DraftOutput
 from .clock import Clock, step
 from .drafting import candidate_tensors, draft_schedule
-from .runner import TargetRunner, fixed_address, tree_rows
-from .runner import MAX_TREE_ROOM
+from .runner import MAX_TREE_ROOM, TargetRunner, fixed_address, tree_rows
 from .verify import SamplingParams, inverse_cdf, warp_probs
 
 
