@@ -156,6 +156,17 @@ def test_compiled_sampling_cycle_equals_eager(prompts):
     assert engine.compiled_cycles > 0
 
 
+def test_sampled_plain_decoding_draws_as_the_reference_loop(prompts):
+    """At T > 0 plain decoding on the engine (a one-node tree each cycle, its token drawn from the whole distribution
+    with one uniform) gives the reference loop's text for the same seed: the same law, the same draws."""
+    model = tiny_target("llama")
+    for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)):
+        for i, p in enumerate(prompts[:3]):
+            ours, loop = (f(model, p, max_new_tokens=MAX_NEW, params=params, generator=torch.Generator().manual_seed(i))
+                          for f in (static_vanilla_generate, vanilla_generate))
+            assert ours.output_ids == loop.output_ids, (params, i)
+
+
 @pytest.mark.parametrize("case", ["cepd-lookup", "sampling", "decoder", "two-tokens"])
 def test_a_captured_step_replays_the_eager_one(prompts, vanilla, monkeypatch, case):
     """target.capture="graphs" (CapturedStep: the eager step recorded as one CUDA graph) with a stand-in graph

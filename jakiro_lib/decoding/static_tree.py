@@ -194,13 +194,13 @@ def graft_chain_eager(tokens: torch.Tensor, parents: torch.Tensor, depths: torch
 
 def root_step(target: TargetRunner, token: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor,
               start: int | torch.Tensor, *, masked: bool = True) -> torch.Tensor:
-    """The last token (``token``, 0-dim, at ``start``) verified as a one-node tree: the next token, written into
-    ``token``. ``masked`` False: the window is the text and this token, attended whole (no mask to build)."""
-    zero = torch.zeros(1, dtype=torch.long, device=token.device)  # the node's index, parent and depth
-    tokens = token.reshape(1)
-    anc = torch.ones(1, 1, dtype=torch.bool, device=token.device) if masked or not params.greedy else None
-    out, _ = target.score(tokens, zero, anc if masked else None, start, params.greedy)  # [1] argmax, or [1, V]
-    bonus = out[0] if params.greedy else evaluate(params, tokens, zero, zero, anc, out, uniforms, 0)[2]
+    """The last token (``token``, 0-dim, at ``start``) verified as a one-node tree: the next token (sampled, the bonus
+    :func:`sampling_path` draws for a node without children), written into ``token``. ``masked`` False: the window is
+    the text and this token, attended whole (no mask to build)."""
+    zero = torch.zeros(1, dtype=torch.long, device=token.device)  # the node's depth
+    anc = torch.ones(1, 1, dtype=torch.bool, device=token.device) if masked else None
+    out, _ = target.score(token.reshape(1), zero, anc, start, params.greedy)  # [1] argmax, or [1, V] logits
+    bonus = out[0] if params.greedy else inverse_cdf(warp_probs(out, params)[0], uniforms[-1])
     token.copy_(bonus)
     return bonus
 
