@@ -73,7 +73,7 @@ def vanilla_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_ne
     result = GenerationResult(prompt_len=prompt_ids.numel(), output_ids=[])
     synchronize(runner.device)
     t0 = time.perf_counter()
-    logits, _ = runner.prefill(prompt_ids.to(runner.device))
+    logits, _ = runner.prefill(prompt_ids.to(runner.device), last=True)  # the next token's logits, as the engine's
     token = choose_token(logits[-1], params, generator)
     result.prefill_time = time.perf_counter() - t0
     eos = set(eos_token_ids)
@@ -105,7 +105,7 @@ def speculative_generate(model: PreTrainedModel, drafter: Drafter, prompt_ids: t
     synchronize(dev)
     t0 = time.perf_counter()
     prompt_ids = prompt_ids.to(dev)
-    logits, hidden = runner.prefill(prompt_ids)
+    logits, hidden = runner.prefill(prompt_ids, last=True)
     root = choose_token(logits[-1], params, generator)
     drafter.begin(prompt_ids, hidden, root)
     synchronize(dev)
