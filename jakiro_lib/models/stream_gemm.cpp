@@ -5,7 +5,8 @@
 // sums. Each row's outputs are computed by the same sequence of FMAs whatever the number of rows, so a row's result
 // does not depend on the rows beside it (a plain step and a verify forward agree bit for bit on the linears). Built
 // for the CPU it runs on by jakiro_lib/models/kernels.py (stream_gemm_available, -O3 -march=native). The file also
-// carries the RoPE of the target's lean forward and of the draft, and greedy decoding's argmax (at the end).
+// carries the RoPE of the target's lean forward and of the draft, greedy decoding's argmax and the screened head that
+// finds it without reading the fp32 head in full (at the end).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -269,8 +270,8 @@ float screen_cut(const float* s, const float* bound, float norm, int64_t V) {
   return bad == 0.0f ? cut - 1e-30f : NAN;
 }
 
-// The first index of the largest exact logit among the words whose s_c + bound_c * norm reaches ``cut`` (every word
-// where ``cut`` is NaN).
+// The first index of the largest exact logit among the words whose s_c + bound_c * norm, plus the same allowance for
+// underflow as ``cut`` took off, reaches ``cut`` (every word where ``cut`` is NaN).
 int64_t screened_argmax(const float* x, const float* s, const float* bound, const float* weight, int64_t V,
                         int64_t K) {
   float norm = 0.0f;
