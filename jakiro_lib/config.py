@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 
-CAPTURES = ("auto", "none", "graphs", "inductor")  # TargetConfig.capture's choices (jakiro_lib.models.target.set_capture)
+CAPTURES = ("auto", "none", "graphs", "inductor", "draft")  # TargetConfig.capture's choices (jakiro_lib.models.target.set_capture)
 # The drafts the main study's EAGLE-2 and Jakiro rows draft from (BenchConfig's defaults). Jakiro's: the 2-expert draft
 # whose selected experts' own outputs are trained too, chosen side by side over moe2 (docs/DESIGN.md section 11)
 EAGLE2_DRAFT, JAKIRO_DRAFT = "dense", "moe2_xgate"
@@ -55,8 +55,8 @@ class TargetConfig:
     # (fast_paths.greedy_argmax; the CPU's fp32 eager cycles)
     greedy_head: bool = True
     # capture: how our methods run the decoding cycle (jakiro_lib.decoding.compiled): "none" (eager), "graphs"
-    # (CUDA graphs of the eager kernels; CUDA only), "inductor" (torch.compile), or "auto": graphs on CUDA, none
-    # elsewhere (docs/DESIGN.md section 12)
+    # (CUDA graphs of the eager kernels; CUDA only), "inductor" (torch.compile), "draft" (eager, the draft's tree
+    # compiled by inductor), or "auto": graphs on CUDA, none elsewhere (docs/DESIGN.md section 12)
     capture: str = "auto"
     KERNEL_FIELDS: ClassVar[tuple[str, ...]] = ("gqa_attention", "packed_gemm", "gemm_backend", "fused_norm",
                                                 "lean_forward", "greedy_head", "capture")

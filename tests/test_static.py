@@ -13,7 +13,7 @@ from helpers import RecordingGraph, random_prompts, tiny_target, trained_draft
 from jakiro_lib.decoding import static
 from jakiro_lib.decoding.compiled import (CompileError, call_compiled, compiled_cache_len, engine_cycles, graphs_compiled,
                                          prepare_windows, static_cache)
-from jakiro_lib.models.target import scratch
+from jakiro_lib.models.target import scratch, set_capture
 from jakiro_lib.config import DraftConfig, TreeConfig
 from reference.loop import LoopRunner, speculative_generate, vanilla_generate
 from jakiro_lib.models.draft import DraftModel
@@ -24,6 +24,7 @@ from jakiro_lib.decoding.static_tree import (StaticEngineError, StaticKV, Static
                                              graft_chain_eager, greedy_path, greedy_walk)
 from reference.tree import Tree
 from jakiro_lib.decoding.verify import SamplingParams
+from jakiro_lib.measure.clock import StepClock
 
 MAX_NEW = 40
 CASES = {  # name: (trained draft, tree options)
@@ -154,6 +155,31 @@ def test_compiled_sampling_cycle_equals_eager(prompts):
         assert compiled.output_ids == eager.output_ids and compiled.accepted == eager.accepted
     (engine,) = [e for e in scratch(model)["engines"].values() if e.params == params]
     assert engine.compiled_cycles > 0
+
+
+def test_compiled_draft_keeps_the_eager_trees(prompts, vanilla):
+    """target.capture "draft": an eager cycle whose tree pool is one compiled call (decoupled candidates, CEPD's branch
+    B) gives vanilla's output and the eager engine's accepted lengths greedy, the eager text sampled, on prompts of
+    different lengths: compiled once (the window and the cache's length are shapes the graph keeps free)."""
+    model = copy.deepcopy(tiny_target("llama"))
+    draft = trained_draft(model, "moe2")
+    tree = TreeConfig(depth=4, top_k=3, total_tokens=12, decoupled=True, ar_steps=1)
+    params = SamplingParams(temperature=1.0)
+    compiled_before = graphs_compiled()
+    for i, p in enumerate(prompts[:4]):
+        runs = {}
+        for capture in ("none", "draft"):
+            set_capture(model, capture)
+            with torch._dynamo.config.patch(error_on_recompile=i > 0):
+                runs[capture] = [static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW, params=params,
+                                                 generator=torch.Generator().manual_seed(i))
+                                 for params in (SamplingParams(), params)]
+            with torch._dynamo.config.patch(error_on_recompile=True):  # a clock listening: the same graph
+                clocked = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW, clock=StepClock(model.device))
+        (greedy, sampled), (eager_greedy, eager_sampled) = runs["draft"], runs["none"]
+        assert greedy.output_ids == vanilla[i] and greedy.accepted == eager_greedy.accepted == clocked.accepted, i
+        assert sampled.output_ids == eager_sampled.output_ids, i
+    assert graphs_compiled() == compiled_before + 1
 
 
 def test_sampled_plain_decoding_draws_as_the_reference_loop(prompts):

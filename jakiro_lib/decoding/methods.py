@@ -10,7 +10,7 @@ import torch
 
 from ..config import DRAFT_DTYPES, KINDS, OUR_KINDS, SPEC, TreeConfig
 from ..models.draft import DraftModel
-from ..models.target import Target, capture_of
+from ..models.target import Target, capture_of, compiles_cycle
 from .hf import hf_generate
 from .result import GenerationResult
 from .static import static_generate
@@ -51,7 +51,7 @@ class MethodSpec:
         return "static" if self.kind in OUR_KINDS else "hf"
 
     def capture(self, target: Target) -> str:
-        """How its decoding step runs on ``target``: ours as the target's capture says (none, graphs, inductor),
+        """How its decoding step runs on ``target``: ours as the target's capture says (none, graphs, inductor, draft),
         HF's compiled by inductor (``hf_compiled``) or not."""
         if self.kind in OUR_KINDS:
             return capture_of(target.model)
@@ -75,7 +75,7 @@ class MethodRunner:
                       max_context=t.config.max_context)
         if spec.kind in OUR_KINDS:
             generator = torch.Generator(device=t.device).manual_seed(seed)
-            return static_generate(t.model, self.draft, spec.tree, prompt_ids, compile=spec.capture(t) != "none",
+            return static_generate(t.model, self.draft, spec.tree, prompt_ids, compile=compiles_cycle(spec.capture(t)),
                                    generator=generator, on_tokens=on_tokens, **common)
         lookup = spec.prompt_lookup_tokens if spec.kind == "pld" else None
         result = hf_generate(t.model, prompt_ids, prompt_lookup_num_tokens=lookup, seed=seed, compile=spec.compile,

@@ -80,7 +80,8 @@ class StaticEngine:
     def __init__(self, model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None, cache_len: int, *,
                  params: SamplingParams = SamplingParams(), compile: bool = False, ranked: bool = False) -> None:
         self.model, self.draft, self.params, self.compile, self.ranked = model, draft, params, compile, ranked
-        self.drafter = None if draft is None else StaticTreeDrafter(draft, tree, cache_len)
+        self.drafter = None if draft is None else StaticTreeDrafter(
+            draft, tree, cache_len, compiled=not compile and capture_of(model) == "draft")
         L = tree.lookup_tokens if tree is not None else 0
         self.lookup = PromptLookup(L, max_ngram=tree.lookup_max_ngram, min_ngram=tree.lookup_min_ngram) if L else None
         drafted_m, drafted_depth = (1, 0) if self.drafter is None else (self.drafter.m, self.drafter.max_depth)

@@ -2,11 +2,16 @@
 preallocated slots (coupled, decoupled or CEPD), a lookup chain grafted on, and the accepted path."""
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 import torch
 
+from ..compiling import run_compiling
 from ..config import TreeConfig
 from ..models.draft import DraftModel, DraftOutput
 from .clock import Clock, step
+from .compiled import RECOMPILE_LIMIT, CompileError
 from .drafting import candidate_tensors, draft_schedule
 from .runner import MAX_TREE_ROOM, TargetRunner, fixed_address, tree_rows
 from .verify import SamplingParams, inverse_cdf, warp_probs
@@ -205,10 +210,19 @@ def root_step(target: TargetRunner, token: torch.Tensor, params: SamplingParams,
     return bonus
 
 
-class StaticTreeDrafter:
-    """EAGLE-2's dynamic tree (coupled or decoupled candidates) in fixed shapes over a :class:`StaticKV`."""
+@functools.cache
+def _compiled_pool() -> Callable[..., tuple[torch.Tensor, ...]]:
+    """:meth:`StaticTreeDrafter._pool_candidates` through ``torch.compile`` (inductor): one graph per draft and tree
+    shape, for every drafter and context (room for :data:`RECOMPILE_LIMIT` of them)."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    return torch.compile(StaticTreeDrafter._pool_candidates, fullgraph=True)
 
-    def __init__(self, draft: DraftModel, tree: TreeConfig, capacity: int) -> None:
+
+class StaticTreeDrafter:
+    """EAGLE-2's dynamic tree (coupled or decoupled candidates) in fixed shapes over a :class:`StaticKV`.
+    ``compiled``: a tree of more than two tokens drafted through one compiled call (``target.capture`` "draft")."""
+
+    def __init__(self, draft: DraftModel, tree: TreeConfig, capacity: int, *, compiled: bool = False) -> None:
         # layers per draft step, as the loop drafter: 1 (branch A), or 2 under CEPD (A, then B's grandchildren)
         self.steps = draft_schedule(draft, tree, StaticEngineError)
         self.draft = draft
@@ -227,6 +241,7 @@ class StaticTreeDrafter:
         self.dtype = next(draft.parameters()).dtype
         self.forwards = 0  # draft forwards inside trees, counted by the engine (no Python state inside a compiled step)
         self.clock: Clock | None = None  # the engine's (eager)
+        self.compiled = compiled
         # The last position's outputs (a [H], experts [E, H], gates [E]) and token: buffers allocated by the
         # first extend and then written in place, so a captured cycle reads and writes the same memory
         self.root: DraftOutput | None = None
@@ -234,12 +249,14 @@ class StaticTreeDrafter:
         dev = next(draft.parameters()).device  # a two-token tree's parents, depths and ranks (_best_child)
         self._pair = (torch.zeros(2, dtype=torch.long, device=dev), torch.arange(2, device=dev),
                       torch.tensor([-1, 0], device=dev))
+        if compiled:  # the draft's head gathered and packed before any graph reads it
+            draft.logits(torch.zeros(1, draft.target_config.hidden_size, dtype=self.dtype, device=dev))
 
     def _forward(self, feats: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                  allowed: torch.Tensor) -> DraftOutput:
         """Rows [L] written at ``slots``, attending where ``allowed`` [L, window]; outputs without batch."""
         self.cache.slots = slots
-        with step(self.clock, "draft_forward"):
+        with step(None if torch.compiler.is_compiling() else self.clock, "draft_forward"):
             return self.draft(feats[None].to(self.dtype), tokens[None], pos[None], self.cache,
                               allowed[None, None]).map(lambda x: x[0])
 
@@ -282,7 +299,22 @@ class StaticTreeDrafter:
         return (torch.cat([self.root_token.reshape(1), ids.flatten().index_select(0, best)]), *self._pair)
 
     def _pool(self, base: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The general tree: the candidate pool drafted step by step, then :func:`select_tree`."""
+        """The general tree: the candidate pool drafted step by step (:attr:`compiled`: in one call, which a clock
+        times whole as the engine's "draft"), then :func:`select_tree`."""
+        cols = torch.arange(self.cache.window, device=self.root_token.device)  # [W]
+        if not self.compiled:
+            return select_tree(*self._pool_candidates(base, cols), self.m)
+        for free in ((cols, 0), (self.cache.k, 2), (self.cache.v, 2)):  # the window and the cache's length
+            torch._dynamo.mark_dynamic(*free)
+        fresh = _compiled_pool.cache_info().currsize == 0  # the process's first: inductor's cache swept, failure said
+        pool = run_compiling(lambda: _compiled_pool()(self, torch.as_tensor(base), cols), compiling=fresh,
+                             what="the compiled draft", remedy='set target.capture to "none"', error=CompileError)
+        return select_tree(*pool, self.m)
+
+    def _pool_candidates(self, base: int | torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The candidate pool drafted step by step: tokens, parents, scores, depths [P], the root first. ``cols``
+        [W]: the window's positions (the window is its length, a shape a compiled graph keeps free)."""
+        self.cache.window = cols.shape[0]
         K, dev = self.K, self.root_token.device
         zero = torch.zeros(1, dtype=torch.long, device=dev)
         tokens, parents, depths = [self.root_token.reshape(1)], [zero], [zero]
@@ -290,7 +322,7 @@ class StaticTreeDrafter:
         out = self.root.map(lambda x: x[None])  # the frontier's outputs: the root's, then each forward's
         front_idx, front_score, front_feat = zero, scores[0], None
         front_anc = torch.zeros(1, self.n_slots, dtype=torch.bool, device=dev)  # forwarded ancestors' slots
-        prefix = torch.arange(self.cache.window, device=dev)[None, :] < base  # [1, W]
+        prefix = cols[None, :] < base  # [1, W]
         eye = torch.eye(K, dtype=torch.bool, device=dev)
         size, depth = 1, 0  # pool nodes so far; the frontier's depth
 
@@ -337,7 +369,7 @@ class StaticTreeDrafter:
                 front_idx, front_score, front_tok = first + order, grand[order], grand_ids.flatten()[order]
                 front_feat, front_anc = out.b[rows][order // K], front_anc[order // K]
                 depth += 1
-        return select_tree(*(torch.cat(x) for x in (tokens, parents, scores, depths)), self.m)
+        return tuple(torch.cat(x) for x in (tokens, parents, scores, depths))
 
 
 def select_tree(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, depths: torch.Tensor,

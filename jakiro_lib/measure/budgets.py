@@ -22,6 +22,7 @@ from ..config import Profile, TreeConfig
 from ..data.conversations import DataError, load_conversations
 from ..data.dataset import _stable_hash, split_indices
 from ..models import kernels
+from ..models.target import compiles_cycle
 from ..models.draft import WEIGHTS_FILE
 from ..layout import RunLayout
 from ..config import SPEC
@@ -255,7 +256,7 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
             with _OthersLoad(f"the tree budget of {name}") as load:
                 tuned = costmodel.tune_total_tokens(target, draft, spec.tree, prompts, target_costs=costs,
                                                     candidates=[n for n in TUNE_SIZES if n >= 2], reference=fixed,
-                                                    compile=capture != "none", measure_sizes=sizes)
+                                                    compile=compiles_cycle(capture), measure_sizes=sizes)
             tuned.update(seconds=round(time.perf_counter() - t0, 1), others_cpu_cores=load.cores, prompts=tuned_on)
             cache["choices"][key] = tuned
             log.info("tree budget for %s: %d tokens (estimate %s, fixed tree %d; tuned in %.1f s)", name,

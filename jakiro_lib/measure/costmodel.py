@@ -26,7 +26,7 @@ from ..decoding.static import engine_cache_len, static_generate
 from ..decoding.static_tree import StaticTreeDrafter, ancestor_mask
 from ..machine import synchronize
 from ..models.draft import DraftModel, KVCache
-from ..models.target import capture_of
+from ..models.target import capture_of, compiles_cycle
 
 
 def _time_once(fn, device: torch.device) -> float:
@@ -91,7 +91,7 @@ def measure_target_cost_variants(model: torch.nn.Module, sizes: Sequence[int],
     prompt = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0)).to(runner.device)
     runner.prefill(prompt)
     # where decoding runs: a host position in an eager engine, a device one in a compiled step
-    eager = capture_of(model) == "none"
+    eager = not compiles_cycle(capture_of(model))
     start = context if eager else torch.full((), context, device=runner.device)
     trees = {n: bushy_tree(n, runner.device) for n in sizes}
 

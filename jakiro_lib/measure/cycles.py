@@ -21,7 +21,7 @@ from .clock import StepClock
 from ..decoding.result import GenerationResult
 from ..decoding.static import static_generate
 from ..models.draft import DraftModel
-from ..models.target import Target
+from ..models.target import Target, capture_of
 from ..layout import RunLayout
 from .budgets import resolve_tree_budgets
 from .costmodel import measure_target_costs
@@ -50,9 +50,11 @@ class _Timed:
     emitted: int = 0
     rows: int = 0
     context: int = 0  # positions summed over cycles (the mean context T(n) is timed at)
+    unclocked: int = 0  # draft forwards inside compiled tree pools (target.capture "draft"): the clock sees the call
 
-    def add(self, r: GenerationResult) -> None:
+    def add(self, r: GenerationResult, pooled: bool = False) -> None:
         self.wall += r.wall_time - r.prefill_time
+        self.unclocked += r.draft_forwards if pooled else 0
         self.cycles += r.cycles
         self.emitted += sum(r.accepted)
         self.rows += sum(r.tree_sizes) if r.tree_sizes else r.cycles
@@ -76,8 +78,9 @@ def time_method(target: Target, spec: MethodSpec, prompts: Sequence[torch.Tensor
     draft = spec.load_draft(target)
     _generate(target, draft, spec, prompts[0], min(8, max_new_tokens), None)  # first calls load kernels
     timed = _Timed(StepClock(target.device))
+    pooled = capture_of(target.model) == "draft"
     for ids in prompts:
-        timed.add(_generate(target, draft, spec, ids, max_new_tokens, timed.clock))
+        timed.add(_generate(target, draft, spec, ids, max_new_tokens, timed.clock), pooled)
     counted = StepClock(target.device, count_ops=True)
     with counted:
         _generate(target, draft, spec, prompts[0], max_new_tokens, counted)
@@ -91,7 +94,7 @@ def cycle_row(name: str, timed: _Timed, counted: StepClock, plain_s: float, tn: 
     cycle_ms = 1e3 * timed.wall / cycles
     rows = timed.rows / cycles
     tn_ms = 1e3 * tn[max(1, round(rows))]
-    forwards = timed.clock.entries.get("draft_forward", 0) / cycles  # the tree's and the accepted path's
+    forwards = (timed.clock.entries.get("draft_forward", 0) + timed.unclocked) / cycles  # tree's, accepted path's
     overhead = (cycle_ms - tn_ms) / (1e3 * plain_s)
     n_counted = max(counted.entries["cycle"], 1)
     row: dict[str, Any] = {

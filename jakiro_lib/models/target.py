@@ -58,13 +58,20 @@ def resolve_capture(how: str, device: torch.device) -> str:
     return how
 
 
+def compiles_cycle(capture: str) -> bool:
+    """Whether a resolved ``capture`` runs the whole cycle as one compiled step ("draft" compiles the draft's tree
+    inside an eager cycle)."""
+    return capture in ("graphs", "inductor")
+
+
 def set_capture(model: PreTrainedModel, how: str) -> None:
     """How ``model``'s decoding cycles run (``target.capture``, resolved on its device: :func:`resolve_capture`)."""
     scratch(model)["capture"] = resolve_capture(how, model.device)
 
 
 def capture_of(model: PreTrainedModel) -> str:
-    """:func:`set_capture`'s choice for ``model`` ("none", "graphs" or "inductor"; "auto"'s where none was made)."""
+    """:func:`set_capture`'s choice for ``model`` ("none", "graphs", "inductor" or "draft"; "auto"'s where none was
+    made)."""
     return scratch(model).get("capture") or resolve_capture("auto", model.device)
 
 
