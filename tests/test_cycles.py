@@ -2,6 +2,7 @@
 of a cycle counted once and in its own name, the prompt's work kept out of the cycles, and rows that add up."""
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -13,7 +14,7 @@ from jakiro_lib.measure.clock import StepClock
 from jakiro_lib.decoding.static import static_generate
 from jakiro_lib.measure.cycles import COLUMNS, PARTS, cycle_table
 from jakiro_lib.decoding.methods import MethodSpec
-from jakiro_lib.models.target import Target, tiny_tokenizer
+from jakiro_lib.models.target import Target, capture_of, set_capture, tiny_tokenizer
 
 TREE = TreeConfig(depth=4, top_k=3, total_tokens=8, decoupled=True)
 
@@ -45,10 +46,13 @@ def test_a_compiled_engine_refuses_a_clock():
                         clock=StepClock(model.device))
 
 
-def test_cycle_table_rows_add_up(tmp_path):
+@pytest.mark.parametrize("capture", ["none", "draft"])
+def test_cycle_table_rows_add_up(tmp_path, capture):
     """Plain decoding verifies one row with no draft forward; a drafted tree its 8 rows with 3 tree forwards and one
-    for the accepted path; the parts and the host's share make the cycle; overhead is (cycle - T(n)) / T(1)."""
-    model = tiny_target("llama")
+    for the accepted path (with the pool compiled too, where the clock sees one call: the engine counts them); the
+    parts and the host's share make the cycle; overhead is (cycle - T(n)) / T(1); operators are counted either way."""
+    model = copy.deepcopy(tiny_target("llama"))
+    set_capture(model, capture)
     target = Target(model=model, tokenizer=tiny_tokenizer(), config=TargetConfig(model="tiny:llama"))
     path = trained_draft(model, "moe2").save(tmp_path / "moe2")
     methods = {"vanilla": MethodSpec("vanilla"), "jakiro": MethodSpec("spec", draft=str(path), tree=TREE)}
@@ -64,6 +68,7 @@ def test_cycle_table_rows_add_up(tmp_path):
     assert math.isclose(plain["cycle_per_plain"], 1.0)
     assert 1 < jakiro["rows"] <= 8 and jakiro["draft_forwards"] == 4 and jakiro["tau"] > 1
     assert jakiro["draft_forward_ops"] > 0 and plain["draft_forward_ops"] == 0
+    assert capture_of(model) == capture  # the operator count's eager pool leaves the capture as it was
 
 
 def test_the_report_section_times_the_methods_the_study_runs(tmp_path):

@@ -21,7 +21,7 @@ from .clock import StepClock
 from ..decoding.result import GenerationResult
 from ..decoding.static import static_generate
 from ..models.draft import DraftModel
-from ..models.target import Target, capture_of
+from ..models.target import Target, capture_of, set_capture
 from ..layout import RunLayout
 from .budgets import resolve_tree_budgets
 from .costmodel import measure_target_costs
@@ -74,7 +74,8 @@ def _generate(target: Target, draft: DraftModel | None, spec: MethodSpec, ids: t
 def time_method(target: Target, spec: MethodSpec, prompts: Sequence[torch.Tensor], *,
                 max_new_tokens: int) -> tuple[_Timed, StepClock]:
     """The method's greedy generations of ``prompts`` timed step by step (after one warm-up), and one of the first
-    prompt with its operators counted."""
+    prompt with its operators counted (a compiled tree pool counted eager: its kernels are not aten operators, and
+    torch.compile runs under no dispatch mode)."""
     draft = spec.load_draft(target)
     _generate(target, draft, spec, prompts[0], min(8, max_new_tokens), None)  # first calls load kernels
     timed = _Timed(StepClock(target.device))
@@ -82,8 +83,12 @@ def time_method(target: Target, spec: MethodSpec, prompts: Sequence[torch.Tensor
     for ids in prompts:
         timed.add(_generate(target, draft, spec, ids, max_new_tokens, timed.clock), pooled)
     counted = StepClock(target.device, count_ops=True)
-    with counted:
-        _generate(target, draft, spec, prompts[0], max_new_tokens, counted)
+    set_capture(target.model, "none" if pooled else capture_of(target.model))
+    try:
+        with counted:
+            _generate(target, draft, spec, prompts[0], max_new_tokens, counted)
+    finally:
+        set_capture(target.model, "draft" if pooled else capture_of(target.model))
     return timed, counted
 
 
