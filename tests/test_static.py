@@ -136,7 +136,7 @@ def test_compiled_cycle_equals_vanilla(prompts, vanilla, tokens):
         assert r.output_ids == vanilla[i]
         cycles += r.cycles
     (engine,) = scratch(model)["engines"].values()
-    assert engine.compiled_cycles == cycles and engine.draft.packed_head  # the head's packing is back on
+    assert engine.compiled_cycles == cycles
 
 
 def test_compiled_sampling_cycle_equals_eager(prompts):
@@ -180,6 +180,12 @@ def test_compiled_draft_keeps_the_eager_trees(prompts, vanilla):
         assert greedy.output_ids == vanilla[i] and greedy.accepted == eager_greedy.accepted == clocked.accepted, i
         assert sampled.output_ids == eager_sampled.output_ids, i
     assert graphs_compiled() == compiled_before + 1
+    # another tree and draft in the process: a graph of their own, whose other shapes are not taken as dynamic
+    coupled = dataclasses.replace(tree, decoupled=False, ar_steps=None)
+    for other, name in ((dataclasses.replace(coupled, depth=3), "moe2"), (coupled, "dense")):
+        r = static_generate(model, trained_draft(model, name), other, prompts[0], max_new_tokens=MAX_NEW)
+        assert r.output_ids == vanilla[0]
+    assert graphs_compiled() == compiled_before + 3
 
 
 def test_sampled_plain_decoding_draws_as_the_reference_loop(prompts):

@@ -211,17 +211,9 @@ class StaticEngine:
         first = window not in self._compiled
         if first:
             self._compiled[window] = compiled_step(self.model, self.cycle, graph_capture(self.model))
-        head = self.draft is not None and self.draft.packed_head
-        if self.draft is not None:
-            self.draft.packed_head = False  # inside the compiled step the plain GEMMs run (inductor packs them)
-            self.draft.head_weight()  # the draft vocabulary's rows, gathered outside the graph
-        try:
-            with plain_kernels(self.model, gqa=False):  # the target's plain GEMMs too
-                read = call_compiled(self._compiled[window], start, self.uniforms, *self.inputs,
-                                     device=self.model.device, first=first)
-        finally:
-            if self.draft is not None:
-                self.draft.packed_head = head
+        with plain_kernels(self.model, gqa=False):  # the target's plain GEMMs (inductor packs them)
+            read = call_compiled(self._compiled[window], start, self.uniforms, *self.inputs,
+                                 device=self.model.device, first=first)
         self.compiled_cycles += 1
         return read
 

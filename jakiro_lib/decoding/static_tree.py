@@ -213,9 +213,10 @@ def root_step(target: TargetRunner, token: torch.Tensor, params: SamplingParams,
 @functools.cache
 def _compiled_pool() -> Callable[..., tuple[torch.Tensor, ...]]:
     """:meth:`StaticTreeDrafter._pool_candidates` through ``torch.compile`` (inductor): one graph per draft and tree
-    shape, for every drafter and context (room for :data:`RECOMPILE_LIMIT` of them)."""
+    shape, for every drafter and context; shapes free where marked only (``dynamic=False``: another tree compiles its
+    own static graph, where inductor's dynamic kernels can fail to build)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    return torch.compile(StaticTreeDrafter._pool_candidates, fullgraph=True)
+    return torch.compile(StaticTreeDrafter._pool_candidates, fullgraph=True, dynamic=False)
 
 
 class StaticTreeDrafter:
@@ -249,8 +250,8 @@ class StaticTreeDrafter:
         dev = next(draft.parameters()).device  # a two-token tree's parents, depths and ranks (_best_child)
         self._pair = (torch.zeros(2, dtype=torch.long, device=dev), torch.arange(2, device=dev),
                       torch.tensor([-1, 0], device=dev))
-        if compiled:  # the draft's head gathered and packed before any graph reads it
-            draft.logits(torch.zeros(1, draft.target_config.hidden_size, dtype=self.dtype, device=dev))
+        # the draft's head gathered (and packed) before any compiled or captured step reads it
+        draft.logits(torch.zeros(1, draft.target_config.hidden_size, dtype=self.dtype, device=dev))
 
     def _forward(self, feats: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                  allowed: torch.Tensor) -> DraftOutput:
