@@ -22,6 +22,11 @@ _LIBRARY = re.compile(r"(/[^\s:'\"]+\.so)\b")  # a shared library's absolute pat
 _INDUCTOR_LIBRARY = re.compile(r"c[a-z2-7]{51}(?:\.main)?\.so")  # inductor's name for a library it built
 SETTLED_S = 120  # an empty library of inductor's cache older than this is no build in progress
 REPAIRS = 3  # retries of a first compiled call, each after repair_compile_cache deleted something
+RECOMPILE_LIMIT = 64  # dynamo's default (8) is below the cache lengths x sampling settings one process may compile
+
+
+class CompileError(RuntimeError):
+    """torch.compile failed for the target (no C++ compiler for inductor on CPU, no triton on CUDA)."""
 
 
 def _chain(error: BaseException) -> Iterator[BaseException]:

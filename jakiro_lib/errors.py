@@ -21,9 +21,9 @@ KNOWN_ERRORS: dict[str, tuple[str, ...]] = {
     "jakiro_lib.training.train": ("TrainError",),
     "jakiro_lib.training.checkpoints": ("CheckpointError",),
     "jakiro_lib.report.stages": ("PipelineError",), "jakiro_lib.models.target": ("TargetError",),
-    "jakiro_lib.decoding.result": ("ContextLengthError",), "jakiro_lib.decoding.compiled": ("CompileError",),
+    "jakiro_lib.decoding.result": ("ContextLengthError",),
     "jakiro_lib.files": ("PathError",), "jakiro_lib.distributed": ("LaunchError",),
-    "jakiro_lib.compiling": ("DeviceMemoryError",),
+    "jakiro_lib.compiling": ("DeviceMemoryError", "CompileError"),
     "jakiro_lib.runlock": ("RunLockError",), "jakiro_lib.study.stamps": ("RecordsError",),
 }
 

@@ -10,16 +10,9 @@ from typing import Any, Callable
 import torch
 from transformers import PreTrainedModel, StaticCache
 
-from ..compiling import run_compiling
+from ..compiling import RECOMPILE_LIMIT, CompileError, run_compiling
 from ..models.target import scratch
 from .runner import MAX_TREE_ROOM
-
-RECOMPILE_LIMIT = 64  # dynamo's default (8) is below the cache lengths x sampling settings one process may compile
-
-
-class CompileError(RuntimeError):
-    """torch.compile failed for the target (no C++ compiler for inductor on CPU, no triton on CUDA)."""
-
 
 def compiled_cache_len(max_context: int) -> int:
     """Positions of a compiled path's KV cache: the whole context and a tree's room past it, rounded up to 256

@@ -7,11 +7,10 @@ from typing import Callable
 
 import torch
 
-from ..compiling import run_compiling
+from ..compiling import RECOMPILE_LIMIT, CompileError, run_compiling
 from ..config import TreeConfig
 from ..models.draft import DraftModel, DraftOutput
 from .clock import Clock, step
-from .compiled import RECOMPILE_LIMIT, CompileError
 from .drafting import candidate_tensors, draft_schedule
 from .runner import MAX_TREE_ROOM, TargetRunner, fixed_address, tree_rows
 from .verify import SamplingParams, inverse_cdf, warp_probs
@@ -327,9 +326,10 @@ class StaticTreeDrafter:
         eye = torch.eye(K, dtype=torch.bool, device=dev)
         size, depth = 1, 0  # pool nodes so far; the frontier's depth
 
-        def add(ids: torch.Tensor, owner: torch.Tensor, owner_score: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
-            """K children per owner ([N] pool indices): pooled; returns their scores [N * K] (a child never
-            outscores its parent, as in CandidatePool.add)."""
+        def add(ids: torch.Tensor, owner: torch.Tensor, owner_score: torch.Tensor,
+                vals: torch.Tensor) -> tuple[int, torch.Tensor]:
+            """K children per owner ([N] pool indices): pooled; returns the first one's pool index and their scores
+            [N * K] (a child never outscores its parent, as in CandidatePool.add)."""
             nonlocal size
             child = torch.minimum(owner_score[:, None] + vals.double(), owner_score[:, None]).flatten()  # [N*K]
             tokens.append(ids.flatten())
@@ -337,7 +337,7 @@ class StaticTreeDrafter:
             scores.append(child)
             depths.append(zero.expand(child.shape[0]) + depth + 1)
             size += child.shape[0]
-            return child
+            return size - child.shape[0], child
 
         front_tok = self.root_token.reshape(1)
         for k, n_layers in enumerate(self.steps):
@@ -350,8 +350,7 @@ class StaticTreeDrafter:
                 pos = torch.full((K,), depth - 1, device=dev) + base  # [K]
                 out = self._forward(front_feat, front_tok, pos, slots, tree_rows(prefix, base, own))
             ids, vals, feats = self._children(out)  # [N, K], [N, K], [N, K, H]
-            first = size
-            child = add(ids, front_idx, front_score, vals)
+            first, child = add(ids, front_idx, front_score, vals)
             if last and n_layers == 1:
                 break  # the last layer's children are candidates, never forwarded: no frontier to choose
             order = child.sort(descending=True, stable=True).indices[:K]  # the best K, best first
@@ -361,9 +360,8 @@ class StaticTreeDrafter:
             if n_layers == 2:  # CEPD: the survivors' children from their parents' branch B
                 rows = order // K  # [K]: each survivor's parent, a row of `out`
                 top = self.draft.logits(out.b).float().log_softmax(-1).topk(K, dim=-1)  # [N, K]
-                first = size
                 grand_ids = self.draft.to_target_ids(top.indices)[rows]  # [K, K]
-                grand = add(grand_ids, front_idx, front_score, top.values[rows])
+                first, grand = add(grand_ids, front_idx, front_score, top.values[rows])
                 if last:
                     break
                 order = grand.sort(descending=True, stable=True).indices[:K]
