@@ -1,7 +1,7 @@
-"""What the compiled decoding paths share: cache lengths, inductor settings, per-model state, the error. Two paths
-compile: HF's ``generate`` with a static cache (``hf_compiled``) and the engine's whole cycle, as ``target.capture``
-says: "graphs" (:class:`CapturedStep`) or "inductor" (``torch.compile``, the only way on a CPU; docs/DESIGN.md section
-12)."""
+"""What the compiled decoding paths share: cache lengths, inductor settings, per-model state. HF's ``generate`` with a
+static cache compiles (``hf_compiled``), and the engine's whole cycle as ``target.capture`` says: "graphs"
+(:class:`CapturedStep`) or "inductor" (``torch.compile``; "draft" compiles only the draft's tree, in
+:mod:`~jakiro_lib.decoding.static_tree`; docs/DESIGN.md section 12)."""
 from __future__ import annotations
 
 import contextlib
