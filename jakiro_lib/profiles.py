@@ -74,7 +74,7 @@ def _default() -> Profile:
     """The built-in offline main job on a CPU."""
     # Sized for a 2-core CPU and a <= 90 min main job (docs/DESIGN.md sections 9 and 11; lr 2e-3, the best of
     # 5e-4..5e-3: docs/results.md). Greedy only: `bench --temperature 1` adds sampling. The draft's trees compiled
-    # (capture "draft"): an 8-token cycle's drafting costs less by a third there (DESIGN section 12).
+    # (capture "draft"), what pays on a CPU (DESIGN section 12).
     conversations, epochs = DEFAULT_SCALE
     return Profile(
         name="default",
