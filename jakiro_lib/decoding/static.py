@@ -80,8 +80,10 @@ class StaticEngine:
     def __init__(self, model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig | None, cache_len: int, *,
                  params: SamplingParams = SamplingParams(), compile: bool = False, ranked: bool = False) -> None:
         self.model, self.draft, self.params, self.compile, self.ranked = model, draft, params, compile, ranked
-        self.drafter = None if draft is None else StaticTreeDrafter(
-            draft, tree, cache_len, compiled=not compile and capture_of(model) == "draft")
+        pooled = not compile and capture_of(model) == "draft"  # the draft's tree compiled inside an eager cycle
+        self.drafter = None if draft is None else StaticTreeDrafter(draft, tree, cache_len, compiled=pooled)
+        if draft is not None and (compile or pooled):  # the draft's head gathered and packed before a graph reads it
+            draft.logits(torch.zeros(1, draft.target_config.hidden_size, dtype=self.drafter.dtype, device=model.device))
         L = tree.lookup_tokens if tree is not None else 0
         self.lookup = PromptLookup(L, max_ngram=tree.lookup_max_ngram, min_ngram=tree.lookup_min_ngram) if L else None
         drafted_m, drafted_depth = (1, 0) if self.drafter is None else (self.drafter.m, self.drafter.max_depth)

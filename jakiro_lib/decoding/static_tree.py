@@ -220,7 +220,8 @@ def _compiled_pool() -> Callable[..., tuple[torch.Tensor, ...]]:
 
 class StaticTreeDrafter:
     """EAGLE-2's dynamic tree (coupled or decoupled candidates) in fixed shapes over a :class:`StaticKV`.
-    ``compiled``: a tree of more than two tokens drafted through one compiled call (``target.capture`` "draft")."""
+    ``compiled``: a tree of more than two tokens drafted through one compiled call (``target.capture`` "draft"; the
+    draft's head prepared first, as :class:`~jakiro_lib.decoding.static.StaticEngine` does)."""
 
     def __init__(self, draft: DraftModel, tree: TreeConfig, capacity: int, *, compiled: bool = False) -> None:
         # layers per draft step, as the loop drafter: 1 (branch A), or 2 under CEPD (A, then B's grandchildren)
@@ -249,8 +250,6 @@ class StaticTreeDrafter:
         dev = next(draft.parameters()).device  # a two-token tree's parents, depths and ranks (_best_child)
         self._pair = (torch.zeros(2, dtype=torch.long, device=dev), torch.arange(2, device=dev),
                       torch.tensor([-1, 0], device=dev))
-        # the draft's head gathered (and packed) before any compiled or captured step reads it
-        draft.logits(torch.zeros(1, draft.target_config.hidden_size, dtype=self.dtype, device=dev))
 
     def _forward(self, feats: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                  allowed: torch.Tensor) -> DraftOutput:

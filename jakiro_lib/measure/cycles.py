@@ -79,16 +79,16 @@ def time_method(target: Target, spec: MethodSpec, prompts: Sequence[torch.Tensor
     draft = spec.load_draft(target)
     _generate(target, draft, spec, prompts[0], min(8, max_new_tokens), None)  # first calls load kernels
     timed = _Timed(StepClock(target.device))
-    pooled = capture_of(target.model) == "draft"
+    capture = capture_of(target.model)
     for ids in prompts:
-        timed.add(_generate(target, draft, spec, ids, max_new_tokens, timed.clock), pooled)
+        timed.add(_generate(target, draft, spec, ids, max_new_tokens, timed.clock), pooled=capture == "draft")
     counted = StepClock(target.device, count_ops=True)
-    set_capture(target.model, "none" if pooled else capture_of(target.model))
+    set_capture(target.model, "none" if capture == "draft" else capture)
     try:
         with counted:
             _generate(target, draft, spec, prompts[0], max_new_tokens, counted)
     finally:
-        set_capture(target.model, "draft" if pooled else capture_of(target.model))
+        set_capture(target.model, capture)
     return timed, counted
 
 
