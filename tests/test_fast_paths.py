@@ -189,6 +189,11 @@ def _screened_head(weight: torch.Tensor) -> nn.Module:
     return model
 
 
+def _stream_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The fp32 logits x W^T as the streaming GEMM computes them."""
+    return torch.ops.jakiro_stream_gemm.linear(x, torch.ops.jakiro_stream_gemm.pack(weight, False), weight.shape[0])
+
+
 @pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
 def test_greedy_head_gives_the_streaming_gemm_s_argmax():
     """The screened head's argmax is the argmax of the streaming GEMM's fp32 logits: on random heads and rows, and on
@@ -199,13 +204,13 @@ def test_greedy_head_gives_the_streaming_gemm_s_argmax():
         model = _screened_head(weight)
         for rows in (1, 3, 8, 17):
             x = torch.randn(rows, width, generator=g) * 3
-            logits = torch.ops.jakiro_stream_gemm.linear(x, torch.ops.jakiro_stream_gemm.pack(weight, False), words)
+            logits = _stream_logits(x, weight)
             assert torch.equal(fast_paths.greedy_argmax(model, x), logits.argmax(-1))
     weight = torch.randn(512, 576, generator=g) * 0.1
     weight[7] = weight[3] * (1 + torch.randint(-2, 3, (576,), generator=g) * 2.0 ** -23)  # a few ulps from word 3
     model = _screened_head(weight)
     x = weight[3].repeat(400, 1) * (1 + 0.01 * torch.randn(400, 576, generator=g))
-    logits = torch.ops.jakiro_stream_gemm.linear(x, torch.ops.jakiro_stream_gemm.pack(weight, False), 512)
+    logits = _stream_logits(x, weight)
     best = logits.argmax(-1)
     assert 20 < int((best == 7).sum()) < 380 and bool((logits[:, 3] == logits[:, 7]).any())  # both win, ties occur
     assert torch.equal(fast_paths.greedy_argmax(model, x), best)
@@ -221,7 +226,7 @@ def test_greedy_head_gives_the_streaming_gemm_s_argmax():
     weight[9] = b - sign * step * lower.float() + sign * 0.499 * step  # rounds down to b - step (where lower)
     model = _screened_head(weight)
     screened = x @ weight.bfloat16().float().T
-    logits = torch.ops.jakiro_stream_gemm.linear(x, torch.ops.jakiro_stream_gemm.pack(weight, False), 16)
+    logits = _stream_logits(x, weight)
     assert int(logits.argmax()) == 9 and float(screened[0, 9]) < float(screened[0, 4])
     assert fast_paths.greedy_argmax(model, x).tolist() == [9]
     nan = torch.cat([x, x])

@@ -242,6 +242,8 @@ at::Tensor argmax_meta(const at::Tensor& x) { return at::empty({x.size(0)}, x.op
 // allowance for underflow); every word whose s_c + bound_c |x|_1 reaches the largest s_j - bound_j |x|_1 is a
 // candidate, the exact argmax always among them. Exact: a candidate's logit is sum_k x_k w_ck in fp32, one FMA per k
 // in k's order (`exact`), the first of equal maxima chosen; where the screen is not finite every word is a candidate.
+constexpr float kUnderflowAllowance = 1e-30f;  // what each side of the screen's comparison allows for underflow
+
 float exact(const float* x, const float* w, int64_t K) {
   float acc = 0.0f;
   for (int64_t k = 0; k < K; ++k) acc = std::fma(x[k], w[k], acc);
@@ -267,7 +269,7 @@ float screen_cut(const float* s, const float* bound, float norm, int64_t V) {
     bad += s[c] * 0.0f;
     cut = std::max(cut, s[c] - bound[c] * norm);
   }
-  return bad == 0.0f ? cut - 1e-30f : NAN;
+  return bad == 0.0f ? cut - kUnderflowAllowance : NAN;
 }
 
 // The first index of the largest exact logit among the words whose s_c + bound_c * norm, plus the same allowance for
@@ -290,7 +292,7 @@ int64_t screened_argmax(const float* x, const float* s, const float* bound, cons
   int64_t c = 0;
 #if defined(__AVX512F__)
   if (cut == cut) {
-    const __m512 n = _mm512_set1_ps(norm), edge = _mm512_set1_ps(cut - 1e-30f);
+    const __m512 n = _mm512_set1_ps(norm), edge = _mm512_set1_ps(cut - kUnderflowAllowance);
     for (; c + 16 <= V; c += 16) {
       const __m512 hi = _mm512_fmadd_ps(_mm512_loadu_ps(bound + c), n, _mm512_loadu_ps(s + c));
       for (__mmask16 hit = _mm512_cmp_ps_mask(hi, edge, _CMP_GE_OQ); hit; hit &= hit - 1)
@@ -299,10 +301,18 @@ int64_t screened_argmax(const float* x, const float* s, const float* bound, cons
   }
 #endif
   for (; c < V; ++c) {
-    if (cut == cut && s[c] + bound[c] * norm + 1e-30f < cut) continue;
+    if (cut == cut && s[c] + bound[c] * norm + kUnderflowAllowance < cut) continue;
     if (!consider(c)) return best;
   }
   return best;
+}
+
+// The argmaxes of ``input`` [..., K]'s rows: [...] int64, on its device (the CPU op's output, and its meta)
+at::Tensor greedy_head_meta(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& bound,
+                            const at::Tensor& weight) {
+  std::vector<int64_t> sizes = input.sizes().vec();
+  sizes.pop_back();
+  return at::empty(sizes, input.options().dtype(at::kLong));
 }
 
 // x [..., K] fp32, screen: W's bf16 panels (pack), bound [V], weight [V, K] fp32 -> the argmax of each row [...]
@@ -319,22 +329,14 @@ at::Tensor greedy_head(const at::Tensor& input, const at::Tensor& screen, const 
   at::Tensor s = at::empty({M, P * L}, x.options());
   run(x.data_ptr<float>(), reinterpret_cast<const uint16_t*>(screen.data_ptr<at::BFloat16>()), s.data_ptr<float>(),
       M, K, P);
-  std::vector<int64_t> sizes = input.sizes().vec();
-  sizes.pop_back();
-  at::Tensor out = at::empty(sizes, x.options().dtype(at::kLong));
+  at::Tensor out = greedy_head_meta(input, screen, bound, weight);
   int64_t* o = out.data_ptr<int64_t>();
-  const float *xp = x.data_ptr<float>(), *sp = s.data_ptr<float>(), *bp = b.data_ptr<float>(), *wp = w.data_ptr<float>();
+  const float *xp = x.data_ptr<float>(), *sp = s.data_ptr<float>();
+  const float *bp = b.data_ptr<float>(), *wp = w.data_ptr<float>();
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) o[m] = screened_argmax(xp + m * K, sp + m * P * L, bp, wp, V, K);
   });
   return out;
-}
-
-at::Tensor greedy_head_meta(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& bound,
-                            const at::Tensor& weight) {
-  std::vector<int64_t> sizes = input.sizes().vec();
-  sizes.pop_back();
-  return at::empty(sizes, input.options().dtype(at::kLong));
 }
 
 }  // namespace
