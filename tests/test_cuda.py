@@ -125,17 +125,17 @@ def test_static_engine_samples_the_same_text_captured_and_eager_on_cuda(cuda_set
 def test_static_decoder_equals_vanilla_on_cuda(cuda_setup, how):
     """Plain decoding on the static engine, eager and captured: vanilla's greedy output on the GPU, and at
     T=1 one seed gives one text whether the step is captured or not."""
-    from jakiro_lib.decoding.static import static_vanilla_generate
+    from jakiro_lib.decoding.static import static_generate
 
     target, _ = cuda_setup
     compile = _capture(target.model, how)
     for i, p in enumerate(random_prompts(3, seed=9)):
         ids = p.to("cuda")
         ref = vanilla_generate(target.model, ids, max_new_tokens=24).output_ids
-        assert static_vanilla_generate(target.model, ids, max_new_tokens=24, compile=compile).output_ids == ref
+        assert static_generate(target.model, None, None, ids, max_new_tokens=24, compile=compile).output_ids == ref
         params = SamplingParams(temperature=1.0)
-        runs = [static_vanilla_generate(target.model, ids, max_new_tokens=24, params=params, compile=c,
-                                        generator=torch.Generator(device="cuda").manual_seed(i)).output_ids
+        runs = [static_generate(target.model, None, None, ids, max_new_tokens=24, params=params, compile=c,
+                                generator=torch.Generator(device="cuda").manual_seed(i)).output_ids
                 for c in (False, compile, compile)]
         assert runs[0] == runs[1] == runs[2] and len(runs[0]) == 24
 
@@ -156,7 +156,7 @@ def test_captured_attention_windows_on_cuda(cuda_setup, monkeypatch):
         ref = vanilla_generate(target.model, ids, max_new_tokens=40).output_ids
         for d in (draft, None):  # Jakiro with a chain, and plain decoding
             out = (static.static_generate(target.model, d, tree, ids, max_new_tokens=40, compile=True) if d else
-                   static.static_vanilla_generate(target.model, ids, max_new_tokens=40, compile=True))
+                   static.static_generate(target.model, None, None, ids, max_new_tokens=40, compile=True))
             assert out.output_ids == ref
     prepare_windows(target.model, 512)
     before = graphs_compiled()

@@ -12,7 +12,7 @@ from jakiro_lib.config import DraftConfig, TargetConfig
 from jakiro_lib.models import draft_blocks, fast_paths, kernels
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.decoding.runner import TargetRunner
-from jakiro_lib.decoding.static import static_vanilla_generate
+from jakiro_lib.decoding.static import static_generate
 from jakiro_lib.models.target import load_target, plain_kernels
 from reference.loop import LoopRunner
 from reference.tree import Tree
@@ -241,8 +241,8 @@ def test_greedy_head_serves_greedy_decoding_only_where_asked():
     on, off = (load_target(TargetConfig(model="tiny:llama", greedy_head=flag)).model for flag in (True, False))
     assert on.__dict__[fast_paths.SCREEN] is not None and off.__dict__[fast_paths.SCREEN] is None
     prompt = torch.randint(0, 256, (9,), generator=torch.Generator().manual_seed(2))
-    assert static_vanilla_generate(on, prompt, max_new_tokens=24).output_ids == \
-        static_vanilla_generate(off, prompt, max_new_tokens=24).output_ids
+    assert static_generate(on, None, None, prompt, max_new_tokens=24).output_ids == \
+        static_generate(off, None, None, prompt, max_new_tokens=24).output_ids
     biased = nn.Module()
     biased.lm_head = nn.Linear(8, 16)
     assert fast_paths.head_screen(biased) is None

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import RecordingGraph, random_prompts, tiny_target, trained_draft
-from jakiro_lib.decoding import static
+from jakiro_lib.decoding import static, static_tree
 from jakiro_lib.decoding.compiled import (CompileError, call_compiled, compiled_cache_len, engine_cycles, graphs_compiled,
                                          prepare_windows, static_cache)
 from jakiro_lib.models.target import scratch, set_capture
@@ -19,7 +19,7 @@ from reference.loop import LoopRunner, speculative_generate, vanilla_generate
 from jakiro_lib.models.draft import DraftModel
 from reference.drafting import FeatureDrafter, make_drafter
 from jakiro_lib.decoding.runner import MAX_TREE_ROOM, KVLayer, SlidingWindowError, TargetRunner, _Where
-from jakiro_lib.decoding.static import static_generate, static_vanilla_generate
+from jakiro_lib.decoding.static import static_generate
 from jakiro_lib.decoding.static_tree import (StaticEngineError, StaticKV, StaticTreeDrafter, ancestor_mask, graft_chain,
                                              graft_chain_eager, greedy_path, greedy_walk)
 from reference.tree import Tree
@@ -194,8 +194,8 @@ def test_sampled_plain_decoding_draws_as_the_reference_loop(prompts):
     model = tiny_target("llama")
     for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)):
         for i, p in enumerate(prompts[:3]):
-            ours, loop = (f(model, p, max_new_tokens=MAX_NEW, params=params, generator=torch.Generator().manual_seed(i))
-                          for f in (static_vanilla_generate, vanilla_generate))
+            kw = lambda: dict(max_new_tokens=MAX_NEW, params=params, generator=torch.Generator().manual_seed(i))  # noqa: E731
+            ours, loop = static_generate(model, None, None, p, **kw()), vanilla_generate(model, p, **kw())
             assert ours.output_ids == loop.output_ids, (params, i)
 
 
@@ -495,13 +495,13 @@ def test_a_sliding_window_the_cache_fits_in_attends_as_full_and_a_shorter_one_is
     with pytest.raises(SlidingWindowError, match="shorter than"):
         TargetRunner(mistral, 256)
     with pytest.raises(SlidingWindowError, match="sliding window"):
-        static_vanilla_generate(mistral, torch.tensor([1, 2, 3]), max_new_tokens=4)
+        static_generate(mistral, None, None, torch.tensor([1, 2, 3]), max_new_tokens=4)
     mistral.config.sliding_window = 4096
     p = torch.tensor([5, 17, 40, 3, 99, 12])
     with torch.inference_mode():
         want = mistral.generate(p[None], attention_mask=torch.ones_like(p)[None], max_new_tokens=12,
                                 min_new_tokens=12, do_sample=False, pad_token_id=0)[0, p.numel():].tolist()
-    assert static_vanilla_generate(mistral, p, max_new_tokens=12).output_ids == want
+    assert static_generate(mistral, None, None, p, max_new_tokens=12).output_ids == want
 
 
 def test_settings_the_static_engine_does_not_run():
@@ -609,11 +609,11 @@ def test_static_decoder_equals_vanilla_with_one_read_per_token(prompts, vanilla,
     tensor per token after the first (the prefill's argmax)."""
     model = tiny_target("llama")
     for i, p in enumerate(prompts[:3]):
-        assert static_vanilla_generate(model, p, max_new_tokens=MAX_NEW).output_ids == vanilla[i]
+        assert static_generate(model, None, None, p, max_new_tokens=MAX_NEW).output_ids == vanilla[i]
         with torch._dynamo.config.patch(error_on_recompile=i > 0):
-            assert static_vanilla_generate(model, p, max_new_tokens=MAX_NEW, compile=True).output_ids == vanilla[i]
+            assert static_generate(model, None, None, p, max_new_tokens=MAX_NEW, compile=True).output_ids == vanilla[i]
     with _HostReads(monkeypatch) as reads:
-        r = static_vanilla_generate(model, prompts[0], max_new_tokens=MAX_NEW)
+        r = static_generate(model, None, None, prompts[0], max_new_tokens=MAX_NEW)
     assert (reads.scalars, reads.lists) == (1, len(r.output_ids) - 1)
 
 
@@ -640,14 +640,14 @@ def test_a_copy_of_a_model_does_not_share_its_compiled_state():
     another test had used the tiny target)."""
     model = copy.deepcopy(tiny_target("llama"))
     p = torch.tensor([5, 6, 7])
-    static_vanilla_generate(model, p, max_new_tokens=2, compile=True)  # the state exists on the original now
+    static_generate(model, None, None, p, max_new_tokens=2, compile=True)  # the state exists on the original now
     twin = copy.deepcopy(model)
     with torch.no_grad():
         twin.lm_head.weight.mul_(-1.0)
     assert scratch(twin) is not scratch(model) and static_cache(twin, 16) is not static_cache(model, 16)
     want = vanilla_generate(twin, p, max_new_tokens=4).output_ids
     assert want != vanilla_generate(model, p, max_new_tokens=4).output_ids
-    assert static_vanilla_generate(twin, p, max_new_tokens=4, compile=True).output_ids == want
+    assert static_generate(twin, None, None, p, max_new_tokens=4, compile=True).output_ids == want
 
 
 def test_every_registered_method_runs_on_the_engine_as_on_the_reference(prompts, vanilla, tmp_path):
@@ -682,7 +682,7 @@ def test_every_registered_method_runs_on_the_engine_as_on_the_reference(prompts,
 
 
 @pytest.mark.parametrize("vals", [[-0.5, -0.1, -0.1], [0.3, 0.7, -0.2], [-1.0, -1.0, -1.0]])
-def test_a_two_token_tree_is_the_pools_choice_without_the_pool(vals):
+def test_a_two_token_tree_is_the_pools_choice_without_the_pool(vals, monkeypatch):
     """A two-token tree (the budget the tuner often picks on a CPU) skips building the candidate pool: the root's
     best child, ties to the first and scores capped at the root's as the pool caps them (positive values tie at 0),
     with the pool's parents, depths and ranks."""
@@ -694,7 +694,8 @@ def test_a_two_token_tree_is_the_pools_choice_without_the_pool(vals):
         hidden = model.model(input_ids=p[None]).last_hidden_state[0]
         drafter.extend(hidden, torch.cat([p[1:], torch.tensor([7])]), torch.tensor(0), torch.tensor(5))
         ids = torch.tensor([[11, 12, 13]])
-        drafter._children = lambda out: (ids, torch.tensor([vals]), torch.zeros(1, 3, model.config.hidden_size))
+        monkeypatch.setattr(static_tree, "candidate_tensors", lambda *_: (ids, torch.tensor([vals]),
+                                                                            torch.zeros(1, 3, model.config.hidden_size)))
         fast, pool = drafter._best_child(), drafter._pool(torch.tensor(6))
     assert all(torch.equal(a, b) for a, b in zip(fast, pool)), (fast, pool)
     assert fast[0].tolist() == [7, 11 + next(i for i, v in enumerate(vals) if min(v, 0) == max(min(x, 0) for x in vals))]

@@ -22,7 +22,7 @@ from jakiro_lib.config import DraftConfig, TreeConfig
 from reference.loop import speculative_generate, vanilla_generate
 from jakiro_lib.models.draft import DraftModel
 from reference.drafting import make_drafter
-from jakiro_lib.decoding.static import static_generate, static_vanilla_generate
+from jakiro_lib.decoding.static import static_generate
 import jakiro_lib.decoding.static_tree as static_tree
 from jakiro_lib.decoding.static_tree import sampling_path
 from reference.tree import Tree
@@ -707,8 +707,8 @@ def test_static_decoder_sampling_matches_target(e2e_setup, setting):
     """Plain decoding on the static engine draws each token by inverse CDF from a uniform drawn outside the
     step (what a captured graph needs): the first tokens follow the target's warped law."""
     model, params, prompt, exact = e2e_setup[setting]
-    verdict = two_stage_chi2(partial(_plain_samples, static_vanilla_generate, model, prompt, params), exact, N_E2E,
-                             seed=5)
+    plain = lambda model, prompt, **kw: static_generate(model, None, None, prompt, **kw)  # noqa: E731
+    verdict = two_stage_chi2(partial(_plain_samples, plain, model, prompt, params), exact, N_E2E, seed=5)
     print(f"e2e static decoder {setting}: {verdict}")
     assert verdict.first.cells >= 15, verdict
     assert verdict.passed, verdict

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from transformers import PreTrainedModel
@@ -23,8 +23,8 @@ from .clock import Clock, step
 from .drafting import PromptLookup
 from .runner import MAX_TREE_ROOM, TargetRunner, fixed_address
 from .verify import SamplingParams
-from .static_tree import (StaticEngineError, StaticTreeDrafter, ancestor_mask, evaluate, graft_chain,
-                          graft_chain_eager, greedy_walk, root_step)
+from .static_tree import (StaticEngineError, StaticTreeDrafter, ancestor_mask, graft_chain, graft_chain_eager,
+                          greedy_path, greedy_walk, root_step, sampling_path)
 
 
 CACHE_STEP = 128  # eager engines round their cache lengths up to this (no compiled step binds to a length)
@@ -46,17 +46,6 @@ def _runner(model: PreTrainedModel, cache_len: int, *, shared: bool) -> TargetRu
     if cache_len not in runners:
         runners[cache_len] = TargetRunner(model, cache_len)
     return TargetRunner(model, cache_len, share=runners[cache_len])
-
-
-def _next_cycle(result: GenerationResult, length: int, max_context: int, uniforms: torch.Tensor,
-                params: SamplingParams, generator: torch.Generator | None) -> bool:
-    """(Sampling) ``uniforms`` drawn for a cycle from ``length``; False when the context is full."""
-    if length + 1 > max_context:
-        result.stop_reason = "context"
-        return False
-    if not params.greedy:
-        torch.rand(uniforms.shape, generator=generator, dtype=torch.float64, device=uniforms.device, out=uniforms)
-    return True
 
 
 def graph_capture(model: PreTrainedModel) -> Capture | None:
@@ -152,9 +141,11 @@ class StaticEngine:
         with step(clock, "evaluate"):
             if not self.padded:  # eager greedy: walked on the host, the path alone
                 path, accepted, bonus = greedy_walk(tokens, parents, out)
+            elif self.params.greedy:
+                path, accepted, bonus = greedy_path(tokens, parents, depths, anc, out, self.max_depth, valid)
             else:
-                path, accepted, bonus = evaluate(self.params, tokens, parents, depths, anc, out, uniforms,
-                                                 self.max_depth, valid)
+                path, accepted, bonus = sampling_path(tokens, parents, out, self.params, uniforms, self.max_depth,
+                                                      valid)
         with step(clock, "update"):
             target.move(start, path)  # the path's entries to start..; the next cycle writes after the accepted ones
             new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1] (eager greedy: [accepted + 1])
@@ -246,19 +237,15 @@ class StaticEngine:
         ranked = self.ranked and whole
         n_ranks = (self.max_depth if self.padded else accepted) if ranked else 0
         emitted = read[2 + n_ranks:3 + n_ranks + accepted]
-        if self._accepted_path is not None:
-            self._encode(length, accepted)
+        if self._accepted_path is not None:  # eager: the draft encodes the accepted path and the bonus (no padding)
+            (hidden, new), self._accepted_path = self._accepted_path, None
+            with step(self.clock, "update"):
+                self.drafter.extend(hidden[:accepted + 1], new[:accepted + 1], length, accepted)
         if self.lookup is not None:
             self.lookup.extend(emitted)
         if self.drafter is not None and whole:
             self.drafter.forwards += self.drafter.n_steps - 1
         return emitted, None if self.plain else read[1], read[2:2 + accepted] if ranked else None
-
-    def _encode(self, start: int, accepted: int) -> None:
-        """Eager: the accepted path and the bonus encoded by the draft (a compiled cycle's rows without padding)."""
-        (hidden, new), self._accepted_path = self._accepted_path, None
-        with step(self.clock, "update"):
-            self.drafter.extend(hidden[:accepted + 1], new[:accepted + 1], start, accepted)
 
     def _set_chain(self, chain: list[int]) -> None:
         """The lookup chain: compiled, into the fixed buffer (count, then the tokens padded); eager, the list."""
@@ -288,7 +275,12 @@ class StaticEngine:
         start = torch.full((), length, device=dev)  # torch.full, not torch.tensor: a CPU value copied to a GPU syncs
         done = append_tokens(result, [first], eos, max_new_tokens, on_tokens)
         result.prefill_time = time.perf_counter() - t0
-        while not done and _next_cycle(result, length, max_context, self.uniforms, self.params, generator):
+        while not done:
+            if length + 1 > max_context:
+                result.stop_reason = "context"
+                break
+            if not self.params.greedy:  # the cycle's draws
+                torch.rand(self.uniforms.shape, generator=generator, dtype=torch.float64, device=dev, out=self.uniforms)
             if self.compile:  # a compiled cycle reads its position from the device (eager ones get the host int)
                 start.fill_(length)
             self._set_window(length)
@@ -340,8 +332,3 @@ def static_generate(model: PreTrainedModel, draft: DraftModel | None, tree: Tree
                                max_context=max_context, generator=generator, on_tokens=on_tokens)
     finally:
         engine.listen(None)
-
-
-def static_vanilla_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, **kwargs: Any) -> GenerationResult:
-    """Plain decoding on the engine; the keywords of :func:`static_generate`."""
-    return static_generate(model, None, None, prompt_ids, **kwargs)

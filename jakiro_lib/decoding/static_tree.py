@@ -132,15 +132,6 @@ def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Ten
     return torch.stack(path), accepted, bonus
 
 
-def evaluate(params: SamplingParams, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
-             anc: torch.Tensor, logits: torch.Tensor, uniforms: torch.Tensor, max_depth: int,
-             valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Step 3 of a cycle, (path, accepted count, bonus): :func:`greedy_path` at T=0, else :func:`sampling_path`."""
-    if params.greedy:
-        return greedy_path(tokens, parents, depths, anc, logits, max_depth, valid)
-    return sampling_path(tokens, parents, logits, params, uniforms, max_depth, valid)
-
-
 def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
                 chain: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """A tree of m nodes (``anc`` [m, m] its :func:`ancestor_mask`) with a prompt-lookup chain merged in, in fixed
@@ -281,9 +272,6 @@ class StaticTreeDrafter:
             if buf is not None:
                 buf.copy_(x)
 
-    def _children(self, out: DraftOutput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return candidate_tensors(self.draft, self.cfg, out.a, out.experts, out.gates)
-
     def propose(self, base: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The tree rooted at the last token, drafted after ``base`` cached positions: tokens, parents (root's: 0),
         depths and selection ranks [m] (:func:`select_tree`); a CEPD step also drafts from branch B (DESIGN 3, 12)."""
@@ -292,7 +280,8 @@ class StaticTreeDrafter:
     def _best_child(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """A two-token tree: the root and its best child, as :meth:`_pool` selects it (no deeper node outscores its
         parent; ties go to the first), without building the pool."""
-        ids, vals, _ = self._children(self.root.map(lambda x: x[None]))  # [1, K]
+        root = self.root.map(lambda x: x[None])
+        ids, vals, _ = candidate_tensors(self.draft, self.cfg, root.a, root.experts, root.gates)  # [1, K]
         best = vals.double().clamp(max=0).flatten().argmax()[None]  # as add(): no child outscores the root (0)
         # index_select, not ids[best]: a tensor index would be read on the host (no capture, no compile)
         return (torch.cat([self.root_token.reshape(1), ids.flatten().index_select(0, best)]), *self._pair)
@@ -348,7 +337,7 @@ class StaticTreeDrafter:
                 slots = base + s0 + torch.arange(K, device=dev)
                 pos = torch.full((K,), depth - 1, device=dev) + base  # [K]
                 out = self._forward(front_feat, front_tok, pos, slots, tree_rows(prefix, base, own))
-            ids, vals, feats = self._children(out)  # [N, K], [N, K], [N, K, H]
+            ids, vals, feats = candidate_tensors(self.draft, self.cfg, out.a, out.experts, out.gates)  # feats [N, K, H]
             first, child = add(ids, front_idx, front_score, vals)
             if last and n_layers == 1:
                 break  # the last layer's children are candidates, never forwarded: no frontier to choose

@@ -26,7 +26,7 @@ from ..decoding.result import GenerationResult
 from .costmodel import median_seconds
 from .methods import MAIN, RELEASED, Method
 from ..decoding.runner import TargetRunner
-from ..decoding.static import ancestor_mask, static_generate, static_vanilla_generate
+from ..decoding.static import ancestor_mask, static_generate
 from ..models.target import _dtype
 from ..files import write_json, write_table
 from ..machine import run_metadata
@@ -236,7 +236,7 @@ def _time_plain(model: PreTrainedModel, prompt: torch.Tensor, plan: _Plan, recor
                 log: Callable[[str], None], errors: list[str]) -> float:
     """Plain decoding on the static engine, recorded as the vanilla row: its ms per token (NaN if it failed)."""
     try:
-        t_token, n = measure_generation(lambda: static_vanilla_generate(model, prompt, **plan.generate_kw()),
+        t_token, n = measure_generation(lambda: static_generate(model, None, None, prompt, **plan.generate_kw()),
                                         runs=plan.runs)
     except Exception as exc:  # noqa: BLE001
         t_token, n = math.nan, 0
