@@ -16,15 +16,6 @@ from .result import GenerationResult
 from .verify import SamplingParams
 
 
-def _compile_config(device: torch.device) -> CompileConfig:
-    """transformers' compile settings for ``generate`` on ``device``: off CUDA, inductor's default mode
-    (``reduce-overhead`` means CUDA graphs), and ``_compile_all_devices`` because ``generate`` compiles only
-    on accelerators unless told otherwise."""
-    config = CompileConfig() if device.type == "cuda" else CompileConfig(mode="default")
-    config._compile_all_devices = True
-    return config
-
-
 @torch.inference_mode()
 def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tokens: int = 128,
                 params: SamplingParams = SamplingParams(), eos_token_ids: list[int] = (),
@@ -42,8 +33,9 @@ def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tok
     if compile:
         cache_len = compiled_cache_len(max_context or prompt_ids.numel() + max_new_tokens)
         cache = static_cache(model, cache_len)
-        kwargs.update(past_key_values=cache,
-                      compile_config=_compile_config(model.device))
+        config = CompileConfig() if model.device.type == "cuda" else CompileConfig(mode="default")  # no CUDA graphs
+        config._compile_all_devices = True  # generate compiles only on accelerators unless told so
+        kwargs.update(past_key_values=cache, compile_config=config)
     ids = prompt_ids.to(model.device)[None]
 
     def run() -> tuple[torch.Tensor, float]:

@@ -72,9 +72,7 @@ def _stack_view(part: int) -> property:
 
 class KVLayer(CacheLayerMixin):
     """One layer's keys and values, [1, n_kv, capacity, head_dim], written at ``where.start`` (see module): views of
-    its slot in the runner's one buffer (``where.stack``), taken at each use. So a compiled step's only input for
-    the cache is that buffer: views made once and read as attributes were inputs aliasing one another, which
-    inductor's frozen CPU graphs mixed up (another input given a view's shape)."""
+    its slot in the runner's one buffer (``where.stack``), taken at each use (DESIGN section 12)."""
 
     is_compileable = True
     is_sliding = False

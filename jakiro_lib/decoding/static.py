@@ -226,8 +226,12 @@ class StaticEngine:
         """One cycle from ``length`` written positions with ``room`` left: the tokens it emits, the rows it verified
         (None: plain decoding) and, :attr:`ranked`, the path's running maximum rank (else None)."""
         whole = self.max_depth + 1 <= room
-        if whole and self.lookup is not None:
-            self._set_chain(self.lookup.propose())
+        if whole and self.lookup is not None:  # the chain: compiled, the count then the tokens padded; eager, a list
+            chain = self.lookup.propose()
+            if self.compile:
+                self.chain.copy_(torch.tensor([len(chain), *chain, *[0] * (self.lookup.num_tokens - len(chain))]))
+            else:
+                self.inputs = (chain,)
         with step(self.clock, "cycle"):
             out = self._run_step(start, length) if whole else self._root_only(start if self.compile else length,
                                                                               self.uniforms)
@@ -246,14 +250,6 @@ class StaticEngine:
         if self.drafter is not None and whole:
             self.drafter.forwards += self.drafter.n_steps - 1
         return emitted, None if self.plain else read[1], read[2:2 + accepted] if ranked else None
-
-    def _set_chain(self, chain: list[int]) -> None:
-        """The lookup chain: compiled, into the fixed buffer (count, then the tokens padded); eager, the list."""
-        if self.compile:
-            L = self.lookup.num_tokens
-            self.chain.copy_(torch.tensor([len(chain), *chain, *[0] * (L - len(chain))]))
-        else:
-            self.inputs = (chain,)
 
     def generate(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, eos_token_ids: list[int] = (),
                  max_context: int, generator: torch.Generator | None = None,

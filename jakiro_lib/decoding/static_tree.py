@@ -113,11 +113,10 @@ def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Ten
     repeated = repeated_siblings(tokens, children)  # [m, m]
     probs = warp_probs(logits, params)  # [m, V]
     cand = torch.where(children, tokens[None, :], 0)  # [m, m]: children's tokens (0 elsewhere: the root may be any id)
-    pc = probs.gather(1, cand).double() * (children & ~repeated)  # [m, m]: p_i(x_j) of i's children
-    zeroed = torch.zeros_like(probs).scatter_add_(1, cand, children.to(probs.dtype)) > 0
-    residual = probs.masked_fill(zeroed, 0.0)  # [m, V]: each node's children's tokens zeroed
-    left = residual.double().sum(-1, keepdim=True) + pc.flip(1).cumsum(1).flip(1)  # [m, m]: R_j
-    accept_p = torch.where(pc > 0, pc / left.clamp_min(torch.finfo(torch.float64).tiny), 0.0)  # [m, m]
+    pc = probs.gather(1, cand).double() * (children & ~repeated)  # [m, m]: p_i(x_j) of i's children, each token once
+    # R_j: the node's mass without its children's tokens, plus what the children from j on hold (one read of [m, V])
+    left = probs.sum(-1, keepdim=True).double() - pc.sum(1, keepdim=True) + pc.flip(1).cumsum(1).flip(1)
+    accept_p = torch.where(pc > 0, pc / left.clamp_min(torch.finfo(torch.float64).tiny), 0.0).clamp_max(1.0)
     u = uniforms[:max_depth * m].view(max_depth, m)
     node = accepted = torch.zeros((), dtype=torch.long, device=tokens.device)
     live = torch.ones((), dtype=torch.bool, device=tokens.device)
@@ -128,7 +127,9 @@ def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Ten
         node = torch.where(live, hits.long().argmax(), node)  # the first accepted child, if any
         accepted = accepted + live
         path.append(torch.where(live, node, 0))
-    bonus = inverse_cdf(residual.index_select(0, node[None])[0], uniforms[-1])  # from the node's mass left
+    row, kids = probs.index_select(0, node[None])[0], children.index_select(0, node[None])[0]  # [V], [m]
+    zeroed = torch.zeros_like(row).scatter_add_(0, torch.where(kids, tokens, 0), kids.to(row.dtype)) > 0  # [V]
+    bonus = inverse_cdf(row.masked_fill(zeroed, 0.0), uniforms[-1])  # from the node's mass left
     return torch.stack(path), accepted, bonus
 
 
@@ -203,8 +204,7 @@ def root_step(target: TargetRunner, token: torch.Tensor, params: SamplingParams,
 @functools.cache
 def _compiled_pool() -> Callable[..., tuple[torch.Tensor, ...]]:
     """:meth:`StaticTreeDrafter._pool_candidates` through ``torch.compile`` (inductor): one graph per draft and tree
-    shape, for every drafter and context; shapes free where marked only (``dynamic=False``: another tree compiles its
-    own static graph, where inductor's dynamic kernels can fail to build)."""
+    shape, for every drafter and context; shapes free where marked only (DESIGN section 12)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     return torch.compile(StaticTreeDrafter._pool_candidates, fullgraph=True, dynamic=False)
 

@@ -26,17 +26,33 @@ class SamplingParams:
 
 
 def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Target distribution after temperature, then top-k, then top-p (the order HF applies them)."""
-    logits = logits.float() / params.temperature
+    """Target distribution after temperature, then top-k, then top-p (the order HF applies them). Top-p keeps the
+    smallest set of most probable tokens that reaches ``top_p``, and every token as probable as its least one (ties
+    kept together, so the set does not depend on how a sort orders them)."""
+    logits = logits.float() if params.temperature == 1.0 else logits.float() / params.temperature  # x / 1 is x
     if params.top_k:
         kth = logits.topk(min(params.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(-1)
     if params.top_p < 1.0:
-        sorted_logits, idx = logits.sort(dim=-1, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cum - sorted_logits.softmax(-1) >= params.top_p  # keep the smallest set reaching top_p
-        logits = logits.masked_fill(drop.scatter(-1, idx, drop), float("-inf"))
-    return logits.softmax(-1)
+        top = _most_probable(probs, params.top_p)  # [..., k] descending, the set's tokens among them
+        kept = (top.cumsum(-1) - top < params.top_p).sum(-1, keepdim=True)  # [..., 1]: mass before them < top_p
+        probs = logits.masked_fill(probs < top.gather(-1, kept - 1), float("-inf")).softmax(-1)
+    return probs
+
+
+def _most_probable(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The largest probabilities of each row, descending, at least as many as top-p keeps: eager on a CPU the top
+    k, k growing until each row's k-th is past the set (a host read; a sort of 49k words costs milliseconds there);
+    else every probability, sorted (no host read in a compiled or captured step)."""
+    if torch.compiler.is_compiling() or probs.device.type != "cpu":
+        return probs.sort(dim=-1, descending=True).values
+    k = 64
+    while True:
+        top = probs.topk(min(k, probs.shape[-1]), dim=-1).values
+        if top.shape[-1] == probs.shape[-1] or bool(((top.cumsum(-1) - top)[..., -1] >= top_p).all()):
+            return top
+        k *= 8
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
