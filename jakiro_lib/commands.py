@@ -321,8 +321,9 @@ def cmd_cycles(args: argparse.Namespace) -> int:
     """The cycle-cost table (jakiro_lib.measure.cycles) of the main study's methods on this machine."""
     ctx = StudyContext.at(resolved_profile(args), args.run_dir)
     out = args.out or ctx.layout.root / "cycles"
-    table = cycle_cost_table(ctx, names=[m.strip() for m in args.methods.split(",") if m.strip()], limit=args.limit,
-                             max_new_tokens=args.max_new_tokens, out_dir=out)
+    with one_line(ValueError, FileNotFoundError, DataError):
+        table = cycle_cost_table(ctx, names=[m.strip() for m in args.methods.split(",") if m.strip()],
+                                 limit=args.limit, max_new_tokens=args.max_new_tokens, out_dir=out)
     print(table.round(3).to_string(index=False))
     print("cycles.csv and cycles_config.json in", out)
     return 0

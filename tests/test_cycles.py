@@ -93,3 +93,18 @@ def test_the_report_section_times_the_methods_the_study_runs(tmp_path):
     assert config["run_dir"] == "../run"  # no machine's directories in a committed record
     P.save_figure(P.plot_cycle_costs(table), tmp_path / "cycles.png")
     assert (tmp_path / "cycles.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_command_adds_plain_decoding_and_refuses_an_unknown_method_in_one_line(tmp_path, capsys):
+    """`cycles --methods jakiro` times plain decoding too (the table's unit); an unknown method is one error line."""
+    from jakiro_lib.cli import main
+    from jakiro_lib.measure.cycles import cycle_methods
+    from jakiro_lib.models.target import load_target
+    from jakiro_lib.profiles import get_profile
+
+    profile = get_profile("smoke", **{"drafts": "dense", "bench.tuned": False})
+    target = load_target(profile.target)
+    assert list(cycle_methods(profile, tmp_path, target, ["eagle2"])) == ["vanilla", "eagle2"]
+    with pytest.raises(SystemExit, match=r"^error: no cycle to time for nope: choose from vanilla"):
+        main(["cycles", "--profile", "smoke", "--run-dir", str(tmp_path), "--methods", "nope"])
+    assert "Traceback" not in capsys.readouterr().err

@@ -131,12 +131,15 @@ def cycle_table(target: Target, methods: dict[str, MethodSpec], prompts: Sequenc
 
 def cycle_methods(profile: Profile, run_dir: Path, target: Target,
                   names: Sequence[str] | None = None) -> dict[str, MethodSpec]:
-    """The main study's methods ``names`` (of our kinds; None: the :data:`CYCLE_METHODS` the study runs) on
-    ``profile``'s drafts in ``run_dir``, tuned budgets resolved as the benchmark resolves them (the run's
-    ``tree_budgets.json``, tuned where missing)."""
+    """The main study's methods ``names`` (of our kinds; None: the :data:`CYCLE_METHODS` the study runs; plain
+    decoding, the table's unit, added first where missing) on ``profile``'s drafts in ``run_dir``, tuned budgets
+    resolved as the benchmark resolves them (the run's ``tree_budgets.json``, tuned where missing)."""
     main = profile_methods(profile, RunLayout(run_dir).drafts, "main")
     ours = [n for n, m in main.items() if m.kind in OUR_KINDS]
-    names = [n for n in CYCLE_METHODS if n in ours] if names is None else names
+    if names is None:
+        names = [n for n in CYCLE_METHODS if n in ours]
+    elif "vanilla" not in names:
+        names = ["vanilla", *names]
     unknown = [n for n in names if n not in ours]
     if unknown:
         raise ValueError(f"no cycle to time for {', '.join(unknown)}: choose from {', '.join(ours)}")
