@@ -282,7 +282,7 @@ class StaticTreeDrafter:
         parent; ties go to the first), without building the pool."""
         root = self.root.map(lambda x: x[None])
         ids, vals, _ = candidate_tensors(self.draft, self.cfg, root.a, root.experts, root.gates)  # [1, K]
-        best = vals.double().clamp(max=0).flatten().argmax()[None]  # as add(): no child outscores the root (0)
+        best = vals.double().clamp(max=0).flatten().argmax()[None]  # as the pool: no child outscores the root (0)
         # index_select, not ids[best]: a tensor index would be read on the host (no capture, no compile)
         return (torch.cat([self.root_token.reshape(1), ids.flatten().index_select(0, best)]), *self._pair)
 
@@ -305,28 +305,14 @@ class StaticTreeDrafter:
         self.cache.window = cols.shape[0]
         K, dev = self.K, self.root_token.device
         zero = torch.zeros(1, dtype=torch.long, device=dev)
-        tokens, parents, depths = [self.root_token.reshape(1)], [zero], [zero]
-        scores = [torch.zeros(1, dtype=torch.float64, device=dev)]
+        root_score = torch.zeros(1, dtype=torch.float64, device=dev)
+        pool = ([self.root_token.reshape(1)], [zero], [root_score], [zero])  # tokens, parents, scores, depths
         out = self.root.map(lambda x: x[None])  # the frontier's outputs: the root's, then each forward's
-        front_idx, front_score, front_feat = zero, scores[0], None
+        front_idx, front_score, front_feat = zero, root_score, None
         front_anc = torch.zeros(1, self.n_slots, dtype=torch.bool, device=dev)  # forwarded ancestors' slots
         prefix = cols[None, :] < base  # [1, W]
         eye = torch.eye(K, dtype=torch.bool, device=dev)
-        size, depth = 1, 0  # pool nodes so far; the frontier's depth
-
-        def add(ids: torch.Tensor, owner: torch.Tensor, owner_score: torch.Tensor,
-                vals: torch.Tensor) -> tuple[int, torch.Tensor]:
-            """K children per owner ([N] pool indices): pooled; returns the first one's pool index and their scores
-            [N * K] (a child never outscores its parent, as in CandidatePool.add)."""
-            nonlocal size
-            child = torch.minimum(owner_score[:, None] + vals.double(), owner_score[:, None]).flatten()  # [N*K]
-            tokens.append(ids.flatten())
-            parents.append(owner.repeat_interleave(K))
-            scores.append(child)
-            depths.append(zero.expand(child.shape[0]) + depth + 1)
-            size += child.shape[0]
-            return size - child.shape[0], child
-
+        depth = 0  # the frontier's
         front_tok = self.root_token.reshape(1)
         for k, n_layers in enumerate(self.steps):
             own, last = front_anc, k == self.n_steps - 1
@@ -338,7 +324,7 @@ class StaticTreeDrafter:
                 pos = torch.full((K,), depth - 1, device=dev) + base  # [K]
                 out = self._forward(front_feat, front_tok, pos, slots, tree_rows(prefix, base, own))
             ids, vals, feats = candidate_tensors(self.draft, self.cfg, out.a, out.experts, out.gates)  # feats [N, K, H]
-            first, child = add(ids, front_idx, front_score, vals)
+            first, child = _pool_children(pool, ids, front_idx, front_score, vals, depth + 1)
             if last and n_layers == 1:
                 break  # the last layer's children are candidates, never forwarded: no frontier to choose
             order = child.sort(descending=True, stable=True).indices[:K]  # the best K, best first
@@ -349,14 +335,29 @@ class StaticTreeDrafter:
                 rows = order // K  # [K]: each survivor's parent, a row of `out`
                 top = self.draft.logits(out.b).float().log_softmax(-1).topk(K, dim=-1)  # [N, K]
                 grand_ids = self.draft.to_target_ids(top.indices)[rows]  # [K, K]
-                first, grand = add(grand_ids, front_idx, front_score, top.values[rows])
+                first, grand = _pool_children(pool, grand_ids, front_idx, front_score, top.values[rows], depth + 1)
                 if last:
                     break
                 order = grand.sort(descending=True, stable=True).indices[:K]
                 front_idx, front_score, front_tok = first + order, grand[order], grand_ids.flatten()[order]
                 front_feat, front_anc = out.b[rows][order // K], front_anc[order // K]
                 depth += 1
-        return tuple(torch.cat(x) for x in (tokens, parents, scores, depths))
+        return tuple(torch.cat(x) for x in pool)
+
+
+def _pool_children(pool: tuple[list[torch.Tensor], ...], ids: torch.Tensor, owner: torch.Tensor,
+                   owner_score: torch.Tensor, vals: torch.Tensor, depth: int) -> tuple[int, torch.Tensor]:
+    """K children per owner (``ids``, ``vals`` [N, K]; ``owner`` [N] pool indices) added to the pool's tokens,
+    parents, scores and depths at ``depth``; returns the first one's pool index and their scores [N * K] (a child
+    never outscores its parent, as in CandidatePool.add)."""
+    tokens, parents, scores, depths = pool
+    first = sum(t.shape[0] for t in tokens)
+    child = torch.minimum(owner_score[:, None] + vals.double(), owner_score[:, None]).flatten()  # [N * K]
+    tokens.append(ids.flatten())
+    parents.append(owner.repeat_interleave(ids.shape[-1]))
+    scores.append(child)
+    depths.append(torch.full_like(parents[-1], depth))
+    return first, child
 
 
 def select_tree(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, depths: torch.Tensor,
