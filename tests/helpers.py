@@ -451,7 +451,7 @@ class _Storages(torch.utils._python_dispatch.TorchDispatchMode):
     """The storages a function's operators read or write that it did not make itself (its buffers and
     arguments, as a CUDA graph sees them), and its host reads (a CUDA graph's capture fails on one)."""
 
-    HOST_READS = ("aten.item.default", "aten._local_scalar_dense.default")
+    HOST_READS = ("aten.item.default", "aten._local_scalar_dense.default", "aten.is_nonzero.default")  # bool(t)
 
     def __init__(self) -> None:
         super().__init__()

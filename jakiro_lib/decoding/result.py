@@ -46,7 +46,7 @@ class GenerationResult:
 
 
 def choose_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
-    return int(logits.argmax()) if params.greedy else sample(warp_probs(logits, params), gen)
+    return int(logits.argmax()) if params.greedy else sample(warp_probs(logits, params, sync=True), gen)
 
 
 def append_tokens(result: GenerationResult, new: list[int], eos: set[int], max_new_tokens: int,

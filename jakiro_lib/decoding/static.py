@@ -145,7 +145,7 @@ class StaticEngine:
                 path, accepted, bonus = greedy_path(tokens, parents, depths, anc, out, self.max_depth, valid)
             else:
                 path, accepted, bonus = sampling_path(tokens, parents, out, self.params, uniforms, self.max_depth,
-                                                      valid)
+                                                      valid, sync=not self.compile)
         with step(clock, "update"):
             target.move(start, path)  # the path's entries to start..; the next cycle writes after the accepted ones
             new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1] (eager greedy: [accepted + 1])
@@ -167,7 +167,8 @@ class StaticEngine:
         """Plain decoding's cycle (and the last cycles, where no tree fits): [0, 1 row verified, the next token]."""
         root = self.token if self.drafter is None else self.drafter.root_token
         with step(self.clock, "verify"):  # eager plain decoding reads exactly the text and the root: no mask
-            bonus = root_step(self.target, root, self.params, uniforms, start, masked=self.compile or not self.plain)
+            bonus = root_step(self.target, root, self.params, uniforms, start, masked=self.compile or not self.plain,
+                              sync=not self.compile)
         return torch.cat([self.one_row, bonus.reshape(1)])
 
     def _set_window(self, length: int) -> int:

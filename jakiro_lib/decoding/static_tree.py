@@ -99,19 +99,19 @@ def repeated_siblings(tokens: torch.Tensor, children: torch.Tensor) -> torch.Ten
 
 
 def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, params: SamplingParams,
-                  uniforms: torch.Tensor, max_depth: int,
-                  valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  uniforms: torch.Tensor, max_depth: int, valid: torch.Tensor | None = None,
+                  sync: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sampling verification in tensors (docs/DESIGN.md sections 6 and 12): child j of a node accepted with
     probability p(x_j) / R_j, R_j the node's mass left once the earlier children's tokens are zeroed; the bonus drawn
     from what is left. Returns (path, accepted count, bonus) as :func:`greedy_path`. ``uniforms`` [max_depth * m + 1]
-    float64: one draw per (depth, node), one for the bonus (inverse CDF). ``valid``: as in :func:`greedy_path`."""
+    float64: one draw per (depth, node), one for the bonus; ``valid`` as in greedy_path, ``sync`` as in warp_probs."""
     m = tokens.shape[0]
     idx = torch.arange(m, device=tokens.device)
     children = (parents[None, :] == idx[:, None]) & (idx[None, :] > 0)  # [m, m]: j is a child of i
     if valid is not None:
         children = children & valid[None, :]
     repeated = repeated_siblings(tokens, children)  # [m, m]
-    probs = warp_probs(logits, params)  # [m, V]
+    probs = warp_probs(logits, params, sync=sync)  # [m, V]
     cand = torch.where(children, tokens[None, :], 0)  # [m, m]: children's tokens (0 elsewhere: the root may be any id)
     pc = probs.gather(1, cand).double() * (children & ~repeated)  # [m, m]: p_i(x_j) of i's children, each token once
     # R_j: the node's mass without its children's tokens, plus what the children from j on hold (one read of [m, V])
@@ -189,14 +189,14 @@ def graft_chain_eager(tokens: torch.Tensor, parents: torch.Tensor, depths: torch
 
 
 def root_step(target: TargetRunner, token: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor,
-              start: int | torch.Tensor, *, masked: bool = True) -> torch.Tensor:
+              start: int | torch.Tensor, *, masked: bool = True, sync: bool = False) -> torch.Tensor:
     """The last token (``token``, 0-dim, at ``start``) verified as a one-node tree: the next token (sampled, the bonus
     :func:`sampling_path` draws for a node without children), written into ``token``. ``masked`` False: the window is
     the text and this token, attended whole (no mask to build)."""
     zero = torch.zeros(1, dtype=torch.long, device=token.device)  # the node's depth
     anc = torch.ones(1, 1, dtype=torch.bool, device=token.device) if masked else None
     out, _ = target.score(token.reshape(1), zero, anc, start, params.greedy)  # [1] argmax, or [1, V] logits
-    bonus = out[0] if params.greedy else inverse_cdf(warp_probs(out, params)[0], uniforms[-1])
+    bonus = out[0] if params.greedy else inverse_cdf(warp_probs(out, params, sync=sync)[0], uniforms[-1])
     token.copy_(bonus)
     return bonus
 

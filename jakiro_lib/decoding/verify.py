@@ -25,27 +25,26 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def warp_probs(logits: torch.Tensor, params: SamplingParams, *, sync: bool = False) -> torch.Tensor:
     """Target distribution after temperature, then top-k, then top-p (the order HF applies them). Top-p keeps the
     smallest set of most probable tokens that reaches ``top_p``, and every token as probable as its least one (ties
-    kept together, so the set does not depend on how a sort orders them)."""
+    kept together, so the set does not depend on how a sort orders them). ``sync``: the caller may read the host."""
     logits = logits.float() if params.temperature == 1.0 else logits.float() / params.temperature  # x / 1 is x
     if params.top_k:
         kth = logits.topk(min(params.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = logits.softmax(-1)
     if params.top_p < 1.0:
-        top = _most_probable(probs, params.top_p)  # [..., k] descending, the set's tokens among them
+        top = _most_probable(probs, params.top_p, sync)  # [..., k] descending, the set's tokens among them
         kept = (top.cumsum(-1) - top < params.top_p).sum(-1, keepdim=True)  # [..., 1]: mass before them < top_p
         probs = logits.masked_fill(probs < top.gather(-1, kept - 1), float("-inf")).softmax(-1)
     return probs
 
 
-def _most_probable(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """The largest probabilities of each row, descending, at least as many as top-p keeps: eager on a CPU the top
-    k, k growing until each row's k-th is past the set (a host read; a sort of 49k words costs milliseconds there);
-    else every probability, sorted (no host read in a compiled or captured step)."""
-    if torch.compiler.is_compiling() or probs.device.type != "cpu":
+def _most_probable(probs: torch.Tensor, top_p: float, sync: bool) -> torch.Tensor:
+    """Each row's largest probabilities, descending, at least those top-p keeps: with ``sync`` on a CPU the top k, k
+    growing until each row's k-th is past the set (sorting 49k words costs ms there); else all, sorted."""
+    if not sync or probs.device.type != "cpu":
         return probs.sort(dim=-1, descending=True).values
     k = 64
     while True:
