@@ -460,6 +460,20 @@ class _Storages(torch.utils._python_dispatch.TorchDispatchMode):
         self.host_reads = 0
         self.kernels: list[tuple[str, tuple]] = []  # each operator with its tensors' shapes, in order
 
+    def __enter__(self):
+        """Also counts ``tolist``, which reaches no operator under inference mode."""
+        self._tolist, mode = torch.Tensor.tolist, self
+
+        def tolist(t: torch.Tensor):
+            mode.host_reads += 1
+            return mode._tolist(t)
+        torch.Tensor.tolist = tolist
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.host_reads += str(func) in self.HOST_READS
         self.kernels.append((str(func), tuple(tuple(t.shape) for t in torch.utils._pytree.tree_leaves((args, kwargs))

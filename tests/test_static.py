@@ -238,6 +238,16 @@ def test_the_graph_stand_in_fails_a_replay_under_another_window():
         replay()
 
 
+@pytest.mark.parametrize("read", [lambda x: torch.tensor(x.tolist()), lambda x: x * bool(x.any()),
+                                  lambda x: x * x.sum().item()])
+def test_the_graph_stand_in_fails_a_step_that_reads_the_host(read):
+    """A host read inside a replay (``tolist``, ``bool``, ``item``; under inference mode, as the engine runs) fails
+    it, as a CUDA graph's capture would."""
+    replay = RecordingGraph()(read, (torch.arange(4.0),))
+    with torch.inference_mode(), pytest.raises(AssertionError, match="reads the host"):
+        replay()
+
+
 @pytest.mark.parametrize("case", ["tree", "decoder"])
 def test_a_captured_generation_runs_to_the_end_of_the_context(prompts, monkeypatch, case):
     """A captured generation (the graph stand-in, several attention windows) asked for more tokens than its context
