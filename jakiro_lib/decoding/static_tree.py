@@ -116,7 +116,7 @@ def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Ten
     pc = probs.gather(1, cand).double() * (children & ~repeated)  # [m, m]: p_i(x_j) of i's children, each token once
     # R_j: the node's mass without its children's tokens, plus what the children from j on hold (one read of [m, V])
     left = probs.sum(-1, keepdim=True).double() - pc.sum(1, keepdim=True) + pc.flip(1).cumsum(1).flip(1)
-    accept_p = torch.where(pc > 0, pc / left.clamp_min(torch.finfo(torch.float64).tiny), 0.0).clamp_max(1.0)
+    accept_p = torch.where(pc > 0, pc / left.clamp_min(torch.finfo(torch.float64).tiny), 0.0)  # [m, m]
     u = uniforms[:max_depth * m].view(max_depth, m)
     node = accepted = torch.zeros((), dtype=torch.long, device=tokens.device)
     live = torch.ones((), dtype=torch.bool, device=tokens.device)
