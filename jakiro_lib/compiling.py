@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import struct
+import sys
 import time
 from pathlib import Path
 from stat import S_ISREG
@@ -170,20 +171,27 @@ def _say_out_of_memory(error: Exception, what: str) -> None:
                                 "another process using it?) or ask for less: a smaller batch, context or tree") from error
 
 
+def _compiler_failed(error: BaseException) -> bool:
+    """Whether ``error``, or an exception behind it, is a compiler backend's failure (dynamo's, inductor's)."""
+    exc = sys.modules.get("torch._dynamo.exc")  # loaded wherever anything compiled
+    return exc is not None and any(isinstance(e, exc.BackendCompilerFailed) for e in _chain(error))
+
+
 def run_compiling(call: Callable[[], T], *, compiling: bool, what: str, remedy: str,
                   error: type[Exception] = RuntimeError) -> T:
-    """``call()``. Where that compiles (``compiling``): after :func:`sweep_compile_cache`, and where it fails, again
-    while the failure named a damaged library of inductor's cache (:func:`repair_compile_cache` deleted it; nothing
-    ran before a compilation failed), at most :data:`REPAIRS` times, else one ``error`` raised from the failure:
-    ``what`` failed, :func:`compile_cause`'s line, what compiling needs, then ``remedy``. Running out of memory,
-    compiling or not, is one :class:`DeviceMemoryError` instead (no repair: nothing was damaged)."""
+    """``call()``. Where that compiles (``compiling``): after :func:`sweep_compile_cache`. Where it fails compiling
+    (``compiling``, or a later graph's backend failed), again while the failure named a damaged library of inductor's
+    cache (:func:`repair_compile_cache` deleted it; nothing ran before a compilation failed), at most :data:`REPAIRS`
+    times, else one ``error`` raised from the failure: ``what`` failed, :func:`compile_cause`'s line, what compiling
+    needs, then ``remedy``. Running out of memory, compiling or not, is one :class:`DeviceMemoryError` instead (no
+    repair: nothing was damaged)."""
     if compiling:
         sweep_compile_cache()
     try:
         return call()
     except Exception as e:
         _say_out_of_memory(e, what)
-        if not compiling:
+        if not (compiling or _compiler_failed(e)):
             raise
         failure = e
     for _ in range(REPAIRS):

@@ -787,3 +787,22 @@ def test_the_first_compilation_of_a_process_sweeps_out_empty_libraries(tmp_path,
     named = {"what": "a test's call", "remedy": "none"}
     assert compiling.run_compiling(lambda: 3, compiling=False, **named) == 3 and swept == []
     assert compiling.run_compiling(lambda: 4, compiling=True, **named) == 4 and swept == [1]
+
+
+def test_a_later_graphs_compiler_failure_is_one_error_and_other_failures_pass_through():
+    """A call that does not compile first can still compile a new graph (a new tree shape): its backend's failure
+    is the one error line too; any other failure of such a call is raised as it is."""
+    import torch._dynamo.exc as dynamo_exc
+
+    def failing(exc: Exception):
+        def call():
+            raise exc
+        return call
+
+    named = {"what": "the compiled draft", "remedy": "set target.capture", "error": compiling.CompileError}
+    inner = RuntimeError("C++ compile error: VecMask<unsigned char> against VecMask<float>")
+    with pytest.raises(compiling.CompileError, match="the compiled draft failed .*VecMask.*set target.capture"):
+        compiling.run_compiling(failing(dynamo_exc.BackendCompilerFailed(lambda: None, inner, None)),
+                                compiling=False, **named)
+    with pytest.raises(KeyError):
+        compiling.run_compiling(failing(KeyError("a bug, not a compiler")), compiling=False, **named)

@@ -38,9 +38,9 @@ def inductor_settings(device: torch.device) -> contextlib.AbstractContextManager
 
 def call_compiled(step: Callable[..., Any], *args: Any, device: torch.device, first: bool) -> Any:
     """``step(*args)``, the ``first`` call (the one that compiles) under :func:`inductor_settings` with room for
-    :data:`RECOMPILE_LIMIT` compilations (patched settings cost every call: DESIGN section 12); a failed ``first`` call
-    of an inductor step is repaired and retried or raised as one :class:`CompileError`
-    (:func:`~jakiro_lib.compiling.run_compiling`; a :class:`CapturedStep` compiles nothing and sweeps nothing)."""
+    :data:`RECOMPILE_LIMIT` compilations (patched settings cost every call: DESIGN section 12); a failed compilation
+    (the ``first`` call of an inductor step, or a later graph's) is repaired and retried or raised as one
+    :class:`CompileError` (:func:`~jakiro_lib.compiling.run_compiling`; a :class:`CapturedStep` sweeps nothing)."""
     def call() -> Any:
         if not first:
             return step(*args)

@@ -294,7 +294,7 @@ class StaticTreeDrafter:
             return select_tree(*self._pool_candidates(base, cols), self.m)
         for free in ((cols, 0), (self.cache.k, 2), (self.cache.v, 2)):  # the window and the cache's length
             torch._dynamo.mark_dynamic(*free)
-        fresh = _compiled_pool.cache_info().currsize == 0  # the process's first: inductor's cache swept, failure said
+        fresh = _compiled_pool.cache_info().currsize == 0  # the process's first sweeps inductor's cache
         pool = run_compiling(lambda: _compiled_pool()(self, torch.as_tensor(base), cols), compiling=fresh,
                              what="the compiled draft", remedy='set target.capture to "none"', error=CompileError)
         return select_tree(*pool, self.m)
