@@ -16,19 +16,18 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from . import costmodel
+from ..config import SPEC, Profile, TreeConfig
 from ..data.chat import format_prompt_ids
-from ..config import Profile, TreeConfig
 from ..data.conversations import DataError, load_conversations
 from ..data.dataset import _stable_hash, split_indices
-from ..models import kernels
-from ..models.target import compiles_cycle
-from ..models.draft import WEIGHTS_FILE
-from ..layout import RunLayout
-from ..config import SPEC
 from ..decoding.methods import MethodSpec
 from ..files import file_sha256, read_json, write_json
+from ..layout import RunLayout
 from ..machine import device_name
+from ..models import kernels
+from ..models.draft import WEIGHTS_FILE
+from ..models.target import compiles_cycle
+from . import costmodel
 
 log = logging.getLogger(__name__)
 

@@ -14,19 +14,18 @@ from typing import Any, Sequence
 
 import torch
 
-from ..config import SPEC, Profile
+from ..config import OUR_KINDS, SPEC, Profile
 from ..data.chat import format_prompt_ids
 from ..data.conversations import load_questions
-from .clock import StepClock
+from ..decoding.methods import MethodSpec
 from ..decoding.result import GenerationResult
 from ..decoding.static import static_generate
+from ..layout import RunLayout
 from ..models.draft import DraftModel
 from ..models.target import Target, capture_of, set_capture
-from ..layout import RunLayout
 from .budgets import resolve_tree_budgets
+from .clock import StepClock
 from .costmodel import measure_target_costs
-from ..config import OUR_KINDS
-from ..decoding.methods import MethodSpec
 from .methods import profile_methods
 
 # the methods the table shows by default: plain decoding, EAGLE-2 and Jakiro at the fixed and tuned trees, CEPD, a chain

@@ -18,18 +18,17 @@ import pandas as pd
 import torch
 from transformers import PreTrainedModel
 
-from ..decoding.compiled import CapturedStep, compiled_cache_len
-from ..models.target import set_capture
 from ..config import DraftConfig, TreeConfig
-from ..profiles import get_profile
+from ..decoding.compiled import CapturedStep, compiled_cache_len
 from ..decoding.result import GenerationResult
-from .costmodel import median_seconds
-from .methods import MAIN, RELEASED, Method
 from ..decoding.runner import TargetRunner
 from ..decoding.static import ancestor_mask, static_generate
-from ..models.target import _dtype
 from ..files import write_json, write_table
 from ..machine import run_metadata
+from ..models.target import _dtype, set_capture
+from ..profiles import get_profile
+from .costmodel import median_seconds
+from .methods import MAIN, RELEASED, Method
 from .random_models import check_device, random_draft, random_target, shape_config
 
 TREE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 60, 64)

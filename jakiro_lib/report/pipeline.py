@@ -17,22 +17,21 @@ from typing import Any, Iterator, Sequence
 
 import pandas as pd
 
+from ..busy import busy_warning
+from ..config import Profile
+from ..errors import exit_status
+from ..files import REPO_ROOT, check_paths, write_json
 from ..layout import RunLayout
+from ..measure.summary import headline_table
 from ..profiles import PROFILE_NAMES, override, parse_overrides
-from .page import write_front_page
-from .stages import (RUNNING_DIR, STAMP_DIR, PipelineError, StageResult, StageRun,
-                     run_stages, select_stages, write_pipeline_log)
-from .stages import log as stages_log
+from ..runlock import run_lock
+from ..study.context import default_report_dir, default_run_dir, resolve_profile, write_resolved
 from ..training.scale import SCALE_JSON, resolve_scale, set_keys
 from ..training.scale import log as scale_log
-from ..config import Profile
-from ..study.context import default_report_dir, default_run_dir, resolve_profile, write_resolved
-from ..measure.summary import headline_table
-from ..errors import exit_status
-from ..files import check_paths, write_json
-from ..runlock import run_lock
-from ..files import REPO_ROOT
-from ..busy import busy_warning
+from .page import write_front_page
+from .stages import (RUNNING_DIR, STAMP_DIR, PipelineError, StageResult, StageRun, run_stages, select_stages,
+                     write_pipeline_log)
+from .stages import log as stages_log
 
 log = logging.getLogger(__name__)
 
