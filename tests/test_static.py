@@ -16,6 +16,7 @@ from jakiro_lib.decoding.compiled import (CompileError, call_compiled, compiled_
 from jakiro_lib.models.target import scratch, set_capture
 from jakiro_lib.config import DraftConfig, TreeConfig
 from reference.loop import LoopRunner, speculative_generate, vanilla_generate
+from jakiro_lib.models import kernels
 from jakiro_lib.models.draft import DraftModel
 from reference.drafting import FeatureDrafter, make_drafter
 from jakiro_lib.decoding.runner import MAX_TREE_ROOM, KVLayer, SlidingWindowError, TargetRunner, _Where
@@ -286,6 +287,24 @@ def test_a_draft_in_another_precision_keeps_greedy_exact(prompts, vanilla, case)
         assert r.output_ids == vanilla[i], (case, i)
         accepted += r.accepted
     assert sum(accepted) / len(accepted) > 1.4, (case, sum(accepted) / len(accepted))
+
+
+def test_a_bf16_draft_packed_by_onednn_drafts_its_compiled_tree(prompts, vanilla):
+    """A bf16 draft whose linears pack through oneDNN (as on a CPU with AMX) inside the compiled tree pool
+    (``target.capture`` "draft", inductor without frozen weights): vanilla's greedy text with drafts accepted, where
+    inductor's lowering of oneDNN's packed linear refused a packed weight it could not hold as a constant."""
+    model = copy.deepcopy(tiny_target("llama"))
+    draft = trained_draft(model, "moe2").to(torch.bfloat16)
+    if kernels.enable_packed_gemm(draft, max_rows=64, backend="onednn", min_rows=1) is None:
+        pytest.skip("oneDNN packs no bf16 weights on this CPU")
+    tree = TreeConfig(depth=3, top_k=3, total_tokens=8, decoupled=True, ar_steps=1)
+    set_capture(model, "draft")
+    accepted: list[int] = []
+    for i, p in enumerate(prompts[:3]):
+        r = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW)
+        assert r.output_ids == vanilla[i], i
+        accepted += r.accepted
+    assert sum(accepted) / len(accepted) > 1.4, sum(accepted) / len(accepted)
 
 
 def test_static_forwards_read_only_their_window(prompts, vanilla, monkeypatch):

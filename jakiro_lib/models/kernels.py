@@ -150,7 +150,9 @@ def _serves(x: torch.Tensor, rows: int, min_rows: int, max_rows: int) -> bool:
 def _through_packed(kind: str, x: torch.Tensor, rows: int, weight: torch.Tensor, bias: torch.Tensor | None,
                     packed: torch.Tensor) -> torch.Tensor:
     """``x`` [..., in] (``rows`` of them) times ``weight``'s copy packed for ``kind`` (a resolved backend)."""
-    if kind == "onednn":
+    if kind == "onednn":  # compiled, the plain linear: inductor packs it where it freezes and lowers no packed input
+        if torch.compiler.is_compiling():
+            return F.linear(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     if kind == "mkl":
         return torch.ops.mkl._mkl_linear(x.reshape(rows, x.shape[-1]), packed, weight, bias, rows).view(
