@@ -12,6 +12,7 @@ from helpers import random_prompts, tiny_target, trained_draft
 from jakiro_lib.config import TargetConfig, TreeConfig
 from jakiro_lib.measure.clock import StepClock
 from jakiro_lib.decoding.static import static_generate
+from jakiro_lib.measure import cycles
 from jakiro_lib.measure.cycles import COLUMNS, PARTS, cycle_table
 from jakiro_lib.decoding.methods import MethodSpec
 from jakiro_lib.models.target import Target, capture_of, set_capture, tiny_tokenizer
@@ -69,6 +70,30 @@ def test_cycle_table_rows_add_up(tmp_path, capture):
     assert 1 < jakiro["rows"] <= 8 and jakiro["draft_forwards"] == 4 and jakiro["tau"] > 1
     assert jakiro["draft_forward_ops"] > 0 and plain["draft_forward_ops"] == 0
     assert capture_of(model) == capture  # the operator count's eager pool leaves the capture as it was
+
+
+def test_the_methods_are_timed_interleaved_prompt_by_prompt(tmp_path, monkeypatch):
+    """Each prompt runs every method once, the order turning by one each prompt (the machine's drift reaches them
+    alike), after one warm-up each; operators are counted after the timed generations."""
+    model = tiny_target("llama")
+    target = Target(model=model, tokenizer=tiny_tokenizer(), config=TargetConfig(model="tiny:llama"))
+    path = trained_draft(model, "moe2").save(tmp_path / "moe2")
+    methods = {"vanilla": MethodSpec("vanilla"), "jakiro": MethodSpec("spec", draft=str(path), tree=TREE),
+               "jakiro_2": MethodSpec("spec", draft=str(path), tree=TreeConfig(total_tokens=2))}
+    prompts = random_prompts(3, seed=5, min_len=6, max_len=16)
+    calls, real = [], cycles._generate
+
+    def recording(target, draft, spec, ids, max_new_tokens, clock):
+        name = next(n for n, m in methods.items() if m is spec)
+        calls.append((name, next(i for i, p in enumerate(prompts) if p is ids), clock is None))
+        return real(target, draft, spec, ids, max_new_tokens, clock)
+
+    monkeypatch.setattr(cycles, "_generate", recording)
+    cycle_table(target, methods, prompts, max_new_tokens=6)
+    assert calls[:3] == [(n, 0, True) for n in methods]  # the warm-ups
+    order = ["vanilla", "jakiro", "jakiro_2"]
+    assert calls[3:12] == [(n, i, False) for i in range(3) for n in order[i:] + order[:i]]
+    assert calls[12:] == [(n, 0, False) for n in methods]  # the operator counts
 
 
 def test_the_report_section_times_the_methods_the_study_runs(tmp_path):

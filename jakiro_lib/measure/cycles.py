@@ -4,7 +4,8 @@ Per method: the plain step (plain decoding's cycle), the method's cycle, their r
 (:mod:`jakiro_lib.decoding.clock`, :data:`PARTS`) with their operators, the host's time between steps, and T(n) of
 its tree timed alone; ``overhead`` = (cycle - T(n)) / T(1), what a cycle costs beyond verifying its tree, in plain
 steps. Times are means over the timed generations' cycles (eager, the clock waiting for the device at each step's
-edges); operators are counted on a separate generation of the first prompt (counting slows them down).
+edges; the methods interleaved prompt by prompt); operators are counted on a separate generation of the first prompt
+(counting slows them down).
 """
 from __future__ import annotations
 
@@ -70,25 +71,19 @@ def _generate(target: Target, draft: DraftModel | None, spec: MethodSpec, ids: t
                            eos_token_ids=target.eos_token_ids, max_context=target.config.max_context, clock=clock)
 
 
-def time_method(target: Target, spec: MethodSpec, prompts: Sequence[torch.Tensor], *,
-                max_new_tokens: int) -> tuple[_Timed, StepClock]:
-    """The method's greedy generations of ``prompts`` timed step by step (after one warm-up), and one of the first
-    prompt with its operators counted (a compiled tree pool counted eager: its kernels are not aten operators, and
-    torch.compile runs under no dispatch mode)."""
-    draft = spec.load_draft(target)
-    _generate(target, draft, spec, prompts[0], min(8, max_new_tokens), None)  # first calls load kernels
-    timed = _Timed(StepClock(target.device))
-    capture = capture_of(target.model)
-    for ids in prompts:
-        timed.add(_generate(target, draft, spec, ids, max_new_tokens, timed.clock), pooled=capture == "draft")
+def count_operators(target: Target, draft: DraftModel | None, spec: MethodSpec, ids: torch.Tensor, *,
+                    max_new_tokens: int) -> StepClock:
+    """The method's greedy generation of ``ids`` with its operators counted per step (a compiled tree pool counted
+    eager: its kernels are not aten operators, and torch.compile runs under no dispatch mode)."""
     counted = StepClock(target.device, count_ops=True)
+    capture = capture_of(target.model)
     set_capture(target.model, "none" if capture == "draft" else capture)
     try:
         with counted:
-            _generate(target, draft, spec, prompts[0], max_new_tokens, counted)
+            _generate(target, draft, spec, ids, max_new_tokens, counted)
     finally:
         set_capture(target.model, capture)
-    return timed, counted
+    return counted
 
 
 def cycle_row(name: str, timed: _Timed, counted: StepClock, plain_s: float, tn: dict[int, float]) -> dict[str, Any]:
@@ -115,17 +110,30 @@ def cycle_row(name: str, timed: _Timed, counted: StepClock, plain_s: float, tn: 
 def cycle_table(target: Target, methods: dict[str, MethodSpec], prompts: Sequence[torch.Tensor], *,
                 max_new_tokens: int = 64, plain: str = "vanilla") -> list[dict[str, Any]]:
     """The rows of the cycle-cost table for ``methods`` (our kinds; ``plain``, plain decoding, among them: its
-    cycle is the plain step) on ``prompts``, greedy, in the order given; T(n) timed alone at the mean context."""
+    cycle is the plain step) on ``prompts``, greedy, in the order given. The methods' generations are timed step by
+    step (after one warm-up each) interleaved prompt by prompt, the order turning by one each prompt, so that the
+    machine's drift reaches every method alike; then operators counted on the first prompt, and T(n) timed alone at
+    the mean context."""
     if plain not in methods:
         raise ValueError(f"the cycle-cost table needs plain decoding ({plain!r}) among the methods")
-    timings = {name: time_method(target, spec, prompts, max_new_tokens=max_new_tokens)
+    drafts = {name: spec.load_draft(target) for name, spec in methods.items()}
+    for name, spec in methods.items():  # first calls load kernels
+        _generate(target, drafts[name], spec, prompts[0], min(8, max_new_tokens), None)
+    timed = {name: _Timed(StepClock(target.device)) for name in methods}
+    pooled, names = capture_of(target.model) == "draft", list(methods)
+    for i, ids in enumerate(prompts):
+        turn = i % len(names)
+        for name in names[turn:] + names[:turn]:
+            result = _generate(target, drafts[name], methods[name], ids, max_new_tokens, timed[name].clock)
+            timed[name].add(result, pooled=pooled)
+    counted = {name: count_operators(target, drafts[name], spec, prompts[0], max_new_tokens=max_new_tokens)
                for name, spec in methods.items()}
-    base = timings[plain][0]
+    base = timed[plain]
     plain_s = base.wall / max(base.cycles, 1)
     context = round(base.context / max(base.cycles, 1))
-    sizes = sorted({1, *(max(1, round(t.rows / max(t.cycles, 1))) for t, _ in timings.values())})
+    sizes = sorted({1, *(max(1, round(t.rows / max(t.cycles, 1))) for t in timed.values())})
     tn = measure_target_costs(target.model, sizes, context=context, greedy=True)
-    return [cycle_row(name, timed, counted, plain_s, tn) for name, (timed, counted) in timings.items()]
+    return [cycle_row(name, timed[name], counted[name], plain_s, tn) for name in methods]
 
 
 def cycle_methods(profile: Profile, run_dir: Path, target: Target,
