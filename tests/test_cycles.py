@@ -73,8 +73,9 @@ def test_cycle_table_rows_add_up(tmp_path, capture):
 
 
 def test_the_methods_are_timed_interleaved_prompt_by_prompt(tmp_path, monkeypatch):
-    """Each prompt runs every method once, the order turning by one each prompt (the machine's drift reaches them
-    alike), after one warm-up each; operators are counted after the timed generations."""
+    """Each prompt runs every method once, the order turning by one each prompt, then T(n) once for every n a method
+    may verify (the machine's drift reaches them alike), after one warm-up each; T(n) is the median of its rounds;
+    operators are counted after the timed generations."""
     model = tiny_target("llama")
     target = Target(model=model, tokenizer=tiny_tokenizer(), config=TargetConfig(model="tiny:llama"))
     path = trained_draft(model, "moe2").save(tmp_path / "moe2")
@@ -88,12 +89,18 @@ def test_the_methods_are_timed_interleaved_prompt_by_prompt(tmp_path, monkeypatc
         calls.append((name, next(i for i, p in enumerate(prompts) if p is ids), clock is None))
         return real(target, draft, spec, ids, max_new_tokens, clock)
 
+    def costs(model, sizes, **kw):
+        calls.append(("T(n)", tuple(sizes), kw["repeats"]))
+        return {n: 1e-3 * (n + len(calls)) for n in sizes}
+
     monkeypatch.setattr(cycles, "_generate", recording)
-    cycle_table(target, methods, prompts, max_new_tokens=6)
+    monkeypatch.setattr(cycles, "measure_target_costs", costs)
+    rows = {r["method"]: r for r in cycle_table(target, methods, prompts, max_new_tokens=6)}
     assert calls[:3] == [(n, 0, True) for n in methods]  # the warm-ups
-    order = ["vanilla", "jakiro", "jakiro_2"]
-    assert calls[3:12] == [(n, i, False) for i in range(3) for n in order[i:] + order[:i]]
-    assert calls[12:] == [(n, 0, False) for n in methods]  # the operator counts
+    order, sizes = ["vanilla", "jakiro", "jakiro_2"], ("T(n)", tuple(range(1, 9)), 1)
+    assert calls[3:15] == [c for i in range(3) for c in [(n, i, False) for n in order[i:] + order[:i]] + [sizes]]
+    assert calls[15:] == [(n, 0, False) for n in methods]  # the operator counts
+    assert rows["vanilla"]["tn_ms"] == pytest.approx(1 + 11)  # T(1): the median of its three rounds (8, 12, 16 ms)
 
 
 def test_the_report_section_times_the_methods_the_study_runs(tmp_path):

@@ -4,11 +4,12 @@ Per method: the plain step (plain decoding's cycle), the method's cycle, their r
 (:mod:`jakiro_lib.decoding.clock`, :data:`PARTS`) with their operators, the host's time between steps, and T(n) of
 its tree timed alone; ``overhead`` = (cycle - T(n)) / T(1), what a cycle costs beyond verifying its tree, in plain
 steps. Times are means over the timed generations' cycles (eager, the clock waiting for the device at each step's
-edges; the methods interleaved prompt by prompt); operators are counted on a separate generation of the first prompt
-(counting slows them down).
+edges; the methods and T(n) interleaved prompt by prompt); operators are counted on a separate generation of the
+first prompt (counting slows them down).
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -111,28 +112,32 @@ def cycle_table(target: Target, methods: dict[str, MethodSpec], prompts: Sequenc
                 max_new_tokens: int = 64, plain: str = "vanilla") -> list[dict[str, Any]]:
     """The rows of the cycle-cost table for ``methods`` (our kinds; ``plain``, plain decoding, among them: its
     cycle is the plain step) on ``prompts``, greedy, in the order given. The methods' generations are timed step by
-    step (after one warm-up each) interleaved prompt by prompt, the order turning by one each prompt, so that the
-    machine's drift reaches every method alike; then operators counted on the first prompt, and T(n) timed alone at
-    the mean context."""
+    step (after one warm-up each) interleaved prompt by prompt, the order turning by one each prompt, and after each
+    prompt T(n) once for every n a method may verify, at plain decoding's mean context so far (T(n): the median of
+    those), so that the machine's drift reaches every method and T(n) alike; then operators counted on the first
+    prompt."""
     if plain not in methods:
         raise ValueError(f"the cycle-cost table needs plain decoding ({plain!r}) among the methods")
     drafts = {name: spec.load_draft(target) for name, spec in methods.items()}
     for name, spec in methods.items():  # first calls load kernels
         _generate(target, drafts[name], spec, prompts[0], min(8, max_new_tokens), None)
     timed = {name: _Timed(StepClock(target.device)) for name in methods}
-    pooled, names = capture_of(target.model) == "draft", list(methods)
+    most = max(s.tree.total_tokens + s.tree.lookup_tokens if s.kind == SPEC else 1 for s in methods.values())
+    tn_rounds: dict[int, list[float]] = {n: [] for n in range(1, most + 1)}
+    pooled, names, base = capture_of(target.model) == "draft", list(methods), timed[plain]
     for i, ids in enumerate(prompts):
         turn = i % len(names)
         for name in names[turn:] + names[:turn]:
             result = _generate(target, drafts[name], methods[name], ids, max_new_tokens, timed[name].clock)
             timed[name].add(result, pooled=pooled)
+        context = round(base.context / max(base.cycles, 1))
+        for n, seconds in measure_target_costs(target.model, list(tn_rounds), context=context, repeats=1,
+                                               greedy=True).items():
+            tn_rounds[n].append(seconds)
     counted = {name: count_operators(target, drafts[name], spec, prompts[0], max_new_tokens=max_new_tokens)
                for name, spec in methods.items()}
-    base = timed[plain]
     plain_s = base.wall / max(base.cycles, 1)
-    context = round(base.context / max(base.cycles, 1))
-    sizes = sorted({1, *(max(1, round(t.rows / max(t.cycles, 1))) for t in timed.values())})
-    tn = measure_target_costs(target.model, sizes, context=context, greedy=True)
+    tn = {n: statistics.median(times) for n, times in tn_rounds.items()}
     return [cycle_row(name, timed[name], counted[name], plain_s, tn) for name in methods]
 
 
