@@ -235,7 +235,7 @@ class BenchConfig:
     eagle2_draft: str = EAGLE2_DRAFT
     jakiro_draft: str = JAKIRO_DRAFT
     # The precision the drafts decode in: "target" (the target's), a dtype, or "auto": bf16 copies of the weights
-    # beside an fp32 target on a CPU without AMX (fp32 arithmetic, half the bytes read), else the target's.
+    # beside an fp32 target on a CPU with the streaming GEMM (fp32 arithmetic, half the bytes read), else the target's.
     # Verification keeps the output exact whatever the draft computes in: a speed setting (docs/DESIGN.md section 12).
     draft_dtype: str = "auto"
 

@@ -10,7 +10,6 @@ from jakiro_lib.models import kernels
 from jakiro_lib.config import DraftConfig, TargetConfig
 from jakiro_lib.models.draft import DraftLoadError, DraftModel, KVCache, soft_cross_entropy
 from jakiro_lib.models.target import load_target
-from jakiro_lib.precision import cpu_flags
 
 DENSE = DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False, contrastive=False)
 
@@ -164,8 +163,8 @@ def test_a_bf16_draft_loads_with_packed_gemms_and_unchanged_outputs(tmp_path):
         torch.testing.assert_close(e.logits(out_e.a[0, :3]), d.logits(out_d.a[0, :3]))
 
 
-@pytest.mark.skipif(not kernels.packed_gemm_available(torch.zeros(1), kernels.HALF_WEIGHTS)
-                    or "amx_bf16" in cpu_flags(), reason="the streaming GEMM cannot be built here, or AMX: cast whole")
+@pytest.mark.skipif(not kernels.packed_gemm_available(torch.zeros(1), kernels.HALF_WEIGHTS),
+                    reason="the streaming GEMM cannot be built here")
 def test_a_bf16_draft_beside_an_fp32_target_streams_bf16_weights_in_fp32_arithmetic(tmp_path):
     """On a CPU with the streaming GEMM a bf16 draft keeps fp32 layers and reads bf16 copies of its linears' and
     reduced head's weights: each output is the fp32 draft's with its weights rounded to bf16 (fp32 sums)."""
@@ -233,14 +232,12 @@ def test_soft_cross_entropy_matches_its_definition_and_gradient():
 
 
 def test_the_draft_precision_auto_is_bf16_weights_only_where_they_stream(monkeypatch):
-    """bench.draft_dtype "auto" (the default): bfloat16 beside an fp32 CPU target without AMX where the streaming
-    GEMM is built (bf16 copies of the weights, fp32 arithmetic), the target's precision anywhere else."""
+    """bench.draft_dtype "auto" (the default): bfloat16 beside an fp32 CPU target where the streaming GEMM is built
+    (bf16 copies of the weights, fp32 arithmetic; with AMX too), the target's precision anywhere else."""
     from jakiro_lib.config import BenchConfig
-    from jakiro_lib.models import draft as draft_module
     from jakiro_lib.models.draft import resolve_draft_dtype
 
     assert BenchConfig().draft_dtype == "auto"
-    monkeypatch.setattr(draft_module, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
     monkeypatch.setattr(kernels, "stream_gemm_available", lambda: True)
     fp32 = TargetConfig(model="tiny:llama")
     assert resolve_draft_dtype("auto", fp32) == "bfloat16"
@@ -248,7 +245,4 @@ def test_the_draft_precision_auto_is_bf16_weights_only_where_they_stream(monkeyp
     assert resolve_draft_dtype("auto", dataclasses.replace(fp32, device="cuda")) is None
     assert resolve_draft_dtype("target", fp32) is None and resolve_draft_dtype("float16", fp32) == "float16"
     monkeypatch.setattr(kernels, "stream_gemm_available", lambda: False)
-    assert resolve_draft_dtype("auto", fp32) is None
-    monkeypatch.setattr(kernels, "stream_gemm_available", lambda: True)
-    monkeypatch.setattr(draft_module, "cpu_flags", lambda: frozenset({"amx_bf16", "avx512_bf16"}))
     assert resolve_draft_dtype("auto", fp32) is None

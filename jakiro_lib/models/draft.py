@@ -19,7 +19,6 @@ from .draft_blocks import EXPERT_MLPS, DraftAttention, DraftOutput, KVCache, sof
 from ..config import DraftConfig, TargetConfig
 from ..layout import CONFIG_FILE, WEIGHTS_FILE
 from ..files import atomic_path
-from ..precision import cpu_flags
 
 HEAD_PACK_MAX_ROWS = 64  # a tree frontier's rows; the fewest worth packing: the target's choice (kernels.follow)
 Losses = dict[str, torch.Tensor]
@@ -368,9 +367,8 @@ class DraftModel(nn.Module):
 
 def streams_half_weights(device: torch.device | str, dtype: torch.dtype) -> bool:
     """Whether a draft beside a target of ``dtype`` on ``device`` can stream bf16 copies of its weights with fp32
-    arithmetic: fp32 on a CPU without bf16 matrix units (AMX), the streaming GEMM built (docs/DESIGN.md section 12)."""
-    return (dtype == torch.float32 and torch.device(device).type == "cpu" and "amx_bf16" not in cpu_flags()
-            and kernels.stream_gemm_available())
+    arithmetic: fp32 on a CPU, the streaming GEMM built (with AMX or without; docs/DESIGN.md section 12)."""
+    return dtype == torch.float32 and torch.device(device).type == "cpu" and kernels.stream_gemm_available()
 
 
 def resolve_draft_dtype(setting: str, target: TargetConfig) -> str | None:
