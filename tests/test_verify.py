@@ -110,7 +110,6 @@ def test_warp_probs_kept_mass_and_reference():
         assert torch.allclose(p, s.softmax(-1)[0], atol=1e-6)
 
 
-
 def test_top_p_keeps_ties_and_reads_the_same_set_eager_and_sorted():
     """Top-p keeps every token as probable as the least probable one the smallest set needs (ties together), and
     the path of a caller that may read the host on a CPU (``sync``: the top k, k growing past the set) gives the
@@ -126,6 +125,7 @@ def test_top_p_keeps_ties_and_reads_the_same_set_eager_and_sorted():
         assert sizes.min() <= 64 < sizes.max(), sizes  # some sets inside the first k, some past it
         assert torch.equal(warp_probs(rows, params), eager)
         assert torch.equal(warp_probs(rows[1], params, sync=True), eager[1])
+
 
 # -- the sampler ------------------------------------------------------------------------------------------
 
