@@ -273,8 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
     """The command, after the checks every command makes before it loads or writes anything."""
     if args.command in ONE_PROCESS and world_size() > 1:  # before anything loads or writes
-        if main_rank():  # one line, not one per process
-            print(one_process_refusal(args.command), file=sys.stderr)
+        if not main_rank():  # exit 0, or the launcher stops the main process before its one line
+            return 0
+        print(one_process_refusal(args.command), file=sys.stderr)
         return 1
     if args.command in BUSY_COMMANDS and (warning := busy_warning()):  # a 0.2 s sample: Ctrl-C is one line
         print(warning, file=sys.stderr)
