@@ -5,9 +5,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
+import torch._inductor.config
+from torch._inductor.utils import run_and_get_code
 
 from helpers import RecordingGraph, random_prompts, tiny_target, trained_draft
 from jakiro_lib.decoding import static, static_tree
@@ -405,7 +408,7 @@ class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
 class _OpsInside(torch.utils._python_dispatch.TorchDispatchMode):
     """The operators dispatched while ``inside`` is set (views left out: no kernel)."""
 
-    VIEWS = ("view", "slice", "select", "unsqueeze", "expand", "alias", "as_strided")
+    VIEWS = ("view", "slice", "select", "unsqueeze", "expand", "alias", "as_strided", "permute")
 
     def __init__(self) -> None:
         super().__init__()
@@ -419,9 +422,10 @@ class _OpsInside(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 def test_a_layer_only_writes_its_entries_and_a_move_is_one_gather_and_one_scatter(prompts, vanilla, monkeypatch):
-    """In a captured cycle (device positions) each layer's cache runs only its own writes (two index_copy_), and
-    keeping the accepted path moves every layer's entries with one index_select and one index_copy_ (one buffer
-    for all layers): the columns and positions are computed once per forward, not once per layer. A captured GPU
+    """In a captured cycle (device positions) each layer's cache runs only its own writes (its keys and values
+    stacked and put into the one buffer: two kernels), and keeping the accepted path moves every layer's entries
+    with one index_select and one index_copy_ (one buffer for all layers): the columns and positions are computed
+    once per forward, not once per layer. A captured GPU
     step replays every kernel; per layer they were 2 of a SmolLM2 step's ~40 operators, and the per-layer move 120
     of a 4-token Jakiro cycle's. The text stays vanilla's. (The CPU stand-in for CUDA graphs replays the eager
     step over device positions.)"""
@@ -450,9 +454,25 @@ def test_a_layer_only_writes_its_entries_and_a_move_is_one_gather_and_one_scatte
     assert r.output_ids == vanilla[0]
     assert calls["update"] >= r.cycles * model.config.num_hidden_layers > 0
     assert 0 < calls["move"] <= r.cycles
-    assert sorted(set(mode.ops)) == ["index_copy_", "index_select"], set(mode.ops)
-    assert (mode.ops.count("index_copy_"), mode.ops.count("index_select")) == (2 * calls["update"] + calls["move"],
-                                                                             calls["move"])
+    assert sorted(set(mode.ops)) == ["index_copy_", "index_put_", "index_select", "stack"], set(mode.ops)
+    assert mode.ops.count("index_put_") == mode.ops.count("stack") == calls["update"]
+    assert mode.ops.count("index_copy_") == mode.ops.count("index_select") == calls["move"]
+
+
+def test_a_compiled_step_writes_the_cache_in_place(prompts, vanilla):
+    """target.capture "inductor": the layers' keys and values are written into the one buffer in place, so the
+    compiled step allocates no copy of it nor of a layer's part (writes into views of the buffer made inductor copy
+    all of it once per layer: 30x slower steps at SmolLM2's 2,304 positions on a CPU)."""
+    model = copy.deepcopy(tiny_target("llama"))  # its own compiled state
+    set_capture(model, "inductor")
+    with torch._inductor.config.patch(force_disable_caches=True):  # compiled here, its code seen
+        r, code = run_and_get_code(lambda: static_generate(model, None, None, prompts[0], max_new_tokens=MAX_NEW,
+                                                           compile=True))
+    assert r.output_ids == vanilla[0]
+    (runner,) = scratch(model)["static_runners"].values()
+    stack = tuple(runner.where.stack.shape)  # [L, 2, B, kv, positions, D]
+    allocations = re.findall(r"empty_strided_cpu\((\([0-9, ]*\))", "\n".join(code))
+    assert allocations and not {str(stack), str(stack[2:])} & set(allocations), (stack, sorted(set(allocations)))
 
 
 def test_every_layer_lives_in_one_buffer():

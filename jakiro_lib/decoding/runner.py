@@ -36,12 +36,11 @@ class _Where:
         self.start: int | torch.Tensor = 0
         self.length = 0
         self.window: int | None = None
-        # with device positions, the columns the forward writes ([n]: start..start+n), computed once for all layers
-        self.cols: torch.Tensor | None = None
+        self.cols: torch.Tensor | None = None  # device positions: the columns written [n], once for all layers
         self.capacity = capacity
         self.slots = 0  # layers in the stack (each KVLayer takes the next slot)
-        # one buffer, so keeping an accepted path moves every layer's entries with one gather and one scatter
-        self.stack: torch.Tensor | None = None
+        self.stack: torch.Tensor | None = None  # one buffer: an accepted path moves with one gather and one scatter
+        self.slot_ids = self.parts = None  # device positions: the writes' indices of the layers and of k and v
 
     def grow(self, like: torch.Tensor, capacity: int) -> None:
         """``stack`` made (or remade, its entries kept) at ``capacity`` positions for layers shaped like ``like``
@@ -50,6 +49,8 @@ class _Where:
         if self.stack is not None:
             stack[:, :, :, :, :self.capacity] = self.stack
         self.stack, self.capacity = fixed_address(stack), capacity
+        self.slot_ids = torch.arange(self.slots, device=like.device)[:, None, None]  # [L, 1, 1]
+        self.parts = torch.arange(2, device=like.device)[:, None]  # [2, 1]: keys, values
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Every layer's entries ``src`` copied to ``dst`` (index tensors; gathered first, so they may overlap)."""
@@ -114,11 +115,10 @@ class KVLayer(CacheLayerMixin):
             keys[:, :, start:end] = key_states
             values[:, :, start:end] = value_states
             return keys[:, :, :end], values[:, :, :end]
-        keys, values, cols = self.keys, self.values, self.where.cols
-        keys.index_copy_(2, cols, key_states)
-        values.index_copy_(2, cols, value_states)
-        w = self.window
-        return keys[:, :, :w], values[:, :, :w]
+        where = self.where  # one write into the stack itself (writes into views made inductor copy it per layer)
+        index = [where.slot_ids[self.slot], where.parts, None, None, where.cols[None]]  # [1, 1], [2, 1], [1, n]
+        torch.ops.aten.index_put_(where.stack, index, torch.stack([key_states, value_states]).permute(0, 3, 1, 2, 4))
+        return self.keys[:, :, :self.window], self.values[:, :, :self.window]
 
     @property
     def window(self) -> int:
