@@ -121,11 +121,15 @@ def test_lean_forward_equals_transformers_bit_for_bit(family, monkeypatch):
 
 def test_lean_forward_stays_off_where_it_differs(monkeypatch):
     """A lean path that does not reproduce transformers' forward (RoPE's rotation reversed) fails the check at load
-    and decoding keeps transformers' forward; it is off when asked, and where the layers are not the kind it runs."""
+    and decoding keeps transformers' forward; it is off when asked, and where the layers are not the kind it runs
+    (eager attention). On transformers' own SDPA (a GPU's: ours is the CPU's) it runs that."""
     assert load_target(TargetConfig(model="tiny:llama")).model.__dict__[fast_paths.LEAN] is True
     assert load_target(TargetConfig(model="tiny:llama", lean_forward=False)).model.__dict__[fast_paths.LEAN] is False
-    other = load_target(TargetConfig(model="tiny:llama", gqa_attention=False)).model  # transformers' own attention
-    assert not fast_paths.lean_fits(other) and other.__dict__[fast_paths.LEAN] is False
+    sdpa = load_target(TargetConfig(model="tiny:llama", gqa_attention=False)).model  # transformers' own attention
+    assert sdpa.config._attn_implementation == "sdpa" and sdpa.__dict__[fast_paths.LEAN] is True
+    other = copy.deepcopy(sdpa)
+    other.set_attn_implementation("eager")
+    assert not fast_paths.lean_fits(other)
     monkeypatch.setattr(fast_paths, "rope_pair", lambda q, k, cos, sin: (fast_paths._rope(q, cos, -sin),
                                                                          fast_paths._rope(k, cos, -sin)))
     model = load_target(TargetConfig(model="tiny:llama")).model
@@ -160,6 +164,35 @@ def test_rope_kernel_equals_torch_operators_bit_for_bit():
             plain = draft(feats, ids, pos).a
     assert torch.equal(fast, plain)
 
+
+class _Kernels(torch.utils._python_dispatch.TorchDispatchMode):
+    """The operators dispatched, views left out (no kernel on a GPU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name.split("::")[1]
+        if name not in ("view", "slice", "select", "unsqueeze", "expand", "alias", "as_strided", "transpose"):
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_rope_without_the_kernel_is_six_kernels_and_torch_s_bits(monkeypatch):
+    """Where the package's kernel does not serve (a GPU), queries and keys turn as one tensor: 6 kernels a layer
+    where transformers' apply_rotary_pos_emb runs 10 (a captured GPU step replays every kernel: 120 of a SmolLM2
+    step's ~800), and each element the same operations as theirs, so the same bits, at one row and many."""
+    monkeypatch.setattr(fast_paths, "_kernel", lambda name, x: None)
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 5, 300):
+        q = torch.randn(1, n, 9, 64, generator=g).transpose(1, 2) * 30  # [1, 9, n, 64], as the layers make them
+        k = torch.randn(1, n, 3, 64, generator=g).transpose(1, 2) * 30
+        cos, sin = torch.randn(2, 1, 1, n, 64, generator=g)
+        with torch.inference_mode(), _Kernels() as mode:
+            a, b = fast_paths.rope_pair(q, k, cos, sin)
+        assert torch.equal(a, fast_paths._rope(q, cos, sin)) and torch.equal(b, fast_paths._rope(k, cos, sin))
+        assert len(mode.ops) == 6, mode.ops
 
 @pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
 def test_argmax_kernel_gives_torch_s_index():

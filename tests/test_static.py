@@ -2,6 +2,7 @@
 output token for token, one host read per cycle (sampling: tests/test_verify.py)."""
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import json
@@ -16,10 +17,10 @@ from helpers import RecordingGraph, random_prompts, tiny_target, trained_draft
 from jakiro_lib.decoding import static, static_tree
 from jakiro_lib.decoding.compiled import (CompileError, call_compiled, compiled_cache_len, engine_cycles, graphs_compiled,
                                          prepare_windows, static_cache)
-from jakiro_lib.models.target import scratch, set_capture
-from jakiro_lib.config import DraftConfig, TreeConfig
+from jakiro_lib.models.target import load_target, scratch, set_capture
+from jakiro_lib.config import DraftConfig, TargetConfig, TreeConfig
 from reference.loop import LoopRunner, speculative_generate, vanilla_generate
-from jakiro_lib.models import kernels
+from jakiro_lib.models import fast_paths, kernels
 from jakiro_lib.models.draft import DraftModel
 from reference.drafting import FeatureDrafter, make_drafter
 from jakiro_lib.decoding.runner import MAX_TREE_ROOM, KVLayer, SlidingWindowError, TargetRunner, _Where
@@ -457,6 +458,35 @@ def test_a_layer_only_writes_its_entries_and_a_move_is_one_gather_and_one_scatte
     assert sorted(set(mode.ops)) == ["index_copy_", "index_put_", "index_select", "stack"], set(mode.ops)
     assert mode.ops.count("index_put_") == mode.ops.count("stack") == calls["update"]
     assert mode.ops.count("index_copy_") == mode.ops.count("index_select") == calls["move"]
+
+
+@pytest.mark.parametrize("attention", ["ours", "transformers"])
+def test_a_captured_step_runs_the_lean_forward(prompts, vanilla, monkeypatch, attention):
+    """A captured cycle (device positions; the CPU stand-in for CUDA graphs) runs the target's layers through the
+    lean forward, on our SDPA (a CPU's) and on transformers' (a GPU's), the text vanilla's. Without the package's C++
+    kernels, as on a GPU, its RoPE turns queries and keys as one tensor: one negation a layer, where transformers'
+    forward makes two (6 kernels a layer instead of 10)."""
+    monkeypatch.setattr(static, "graph_capture", lambda model: RecordingGraph())
+    monkeypatch.setattr(fast_paths, "_kernel", lambda name, x: None)
+    model = load_target(TargetConfig(model="tiny:llama", max_context=512, dtype="float32", device="cpu",
+                                     gqa_attention=attention == "ours")).model
+    assert model.config._attn_implementation == ("sdpa_gqa" if attention == "ours" else "sdpa")
+    lean, mode = fast_paths.lean_forward, _OpsInside()
+    steps = []
+
+    def counted(*args):
+        mode.inside = args[3] is not None  # a step's mask: a captured step's forward
+        steps.append(mode.inside)
+        try:
+            return lean(*args)
+        finally:
+            mode.inside = False
+    monkeypatch.setattr(fast_paths, "lean_forward", counted)
+    with mode:
+        r = static_generate(model, None, None, prompts[0], max_new_tokens=MAX_NEW, compile=True)
+    assert r.output_ids == vanilla[0]
+    assert sum(steps) >= r.cycles > 0
+    assert mode.ops.count("neg") == sum(steps) * model.config.num_hidden_layers, collections.Counter(mode.ops)
 
 
 def test_a_compiled_step_writes_the_cache_in_place(prompts, vanilla):

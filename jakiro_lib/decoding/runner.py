@@ -169,10 +169,10 @@ class TargetRunner:
         self.where.start = start
         host = not isinstance(start, torch.Tensor)
         self.where.cols = None if host else start + self.cols[:ids.shape[0]]
-        lean = host and self.model.__dict__.get(fast_paths.LEAN)
-        if lean and (mask is not None or ids.shape[0] == 1 or start == 0):
+        lean = self.model.__dict__.get(fast_paths.LEAN)
+        if lean and (mask is not None or host and (ids.shape[0] == 1 or start == 0)):
             hidden = fast_paths.lean_forward(self.model, ids, pos, mask, self.cache.layers)
-        else:  # transformers' forward: device positions (compiled steps), or a causal block after the text
+        else:  # transformers' forward: a causal block after the text, or a model the lean forward does not fit
             hidden = transformers_hidden(self.model, ids, pos, mask, self.cache, self.cache_keyword)
         rows = hidden[-1:] if last else hidden
         return fast_paths.greedy_argmax(self.model, rows) if greedy else self.model.lm_head(rows), hidden

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 GQA_ATTENTION = "sdpa_gqa"
 # transformers' RMSNorm of each supported family: weight * (x / rms(x)), the norm in fp32, eps variance_epsilon
@@ -73,11 +74,11 @@ def use_fused_norm(model: nn.Module) -> int:
 
 
 def lean_fits(model: nn.Module) -> bool:
-    """Whether ``model``'s layers are the kind :func:`lean_forward` runs (a :data:`LEAN_FAMILIES` decoder on
-    :data:`GQA_ATTENTION`, SiLU MLPs, no hooks); :func:`jakiro_lib.models.target.load_target` then checks it."""
+    """Whether ``model``'s layers are the kind :func:`lean_forward` runs (a :data:`LEAN_FAMILIES` decoder on SDPA,
+    ours or transformers', SiLU MLPs, no hooks); :func:`jakiro_lib.models.target.load_target` then checks it."""
     cfg = model.config
     return (cfg.model_type in LEAN_FAMILIES and getattr(cfg, "hidden_act", None) == "silu"
-            and getattr(cfg, "pretraining_tp", 1) == 1 and cfg._attn_implementation == GQA_ATTENTION
+            and getattr(cfg, "pretraining_tp", 1) == 1 and cfg._attn_implementation in (GQA_ATTENTION, "sdpa")
             and not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()))
 
 
@@ -91,12 +92,14 @@ def rope_pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_rope` of queries and keys [B, heads, n, D] under cos and sin [B, 1, n, D]: without autograd, where
     :func:`_kernel` serves, one call of the package's kernel (``stream_gemm.cpp``, the same roundings: equal bit for bit);
-    else torch's operators (which inductor fuses)."""
+    else torch's operators over queries and keys as one tensor (elementwise, so equal bit for bit too): 6 kernels a
+    layer where two calls of :func:`_rope` are 10, on a GPU where a step's time follows its kernels."""
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
     kernel = None if grad else _kernel("rope", q)
     if kernel is not None:
         return kernel(q, k, cos, sin)
-    return _rope(q, cos, sin), _rope(k, cos, sin)
+    both = _rope(torch.cat((q, k), 1), cos, sin)  # [B, q heads + k heads, n, D]
+    return both[:, :q.shape[1]], both[:, q.shape[1]:]
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -161,6 +164,7 @@ def lean_forward(model: nn.Module, ids: torch.Tensor, pos: torch.Tensor, mask: t
     or a prefill from position 0 (causal); ``layers``: the cache's, each
     ``update(k, v)`` returning the keys and values to attend."""
     decoder, n = model.model, ids.shape[0]
+    attend = _sdpa_gqa if model.config._attn_implementation == GQA_ATTENTION else sdpa_attention_forward
     h = decoder.embed_tokens(ids[None])  # [1, n, H]
     cos, sin = decoder.rotary_emb(h, pos[None])  # [1, n, D]
     cos, sin = cos[:, None], sin[:, None]
@@ -171,7 +175,7 @@ def lean_forward(model: nn.Module, ids: torch.Tensor, pos: torch.Tensor, mask: t
                    for p in (attn.q_proj, attn.k_proj, attn.v_proj))
         q, k = rope_pair(q, k, cos, sin)
         k, v = kv.update(k, v)
-        out, _ = _sdpa_gqa(attn, q, k, v, mask, scaling=attn.scaling)  # [1, n, heads, D]
+        out, _ = attend(attn, q, k, v, mask, scaling=attn.scaling)  # [1, n, heads, D]
         h = h + attn.o_proj.forward(out.reshape(1, n, -1))
         x = layer.post_attention_layernorm.forward(h)
         h = h + mlp.down_proj.forward(F.silu(mlp.gate_proj.forward(x)) * mlp.up_proj.forward(x))
