@@ -98,7 +98,9 @@ def rope_pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     kernel = None if grad else _kernel("rope", q)
     if kernel is not None:
         return kernel(q, k, cos, sin)
-    both = _rope(torch.cat((q, k), 1), cos, sin)  # [B, q heads + k heads, n, D]
+    # [B, q heads + k heads, n, D], laid out as [B, n, heads, D] as the projections' views are (elementwise operators
+    # keep the layout, and SDPA's output follows the queries': a contiguous tree would copy it back, once a layer)
+    both = _rope(torch.cat((q.transpose(1, 2), k.transpose(1, 2)), 2).transpose(1, 2), cos, sin)
     return both[:, :q.shape[1]], both[:, q.shape[1]:]
 
 

@@ -143,7 +143,7 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
               cos.size(2) == n && cos.size(3) == D && (cos.size(0) == B || cos.size(0) == 1),
               "stream_gemm.rope: shapes do not match");
   const at::Tensor c = cos.contiguous(), s = sin.contiguous();
-  at::Tensor y = at::empty({B, H, n, D}, x.options());
+  at::Tensor y = at::empty({B, n, H, D}, x.options());  // returned as [B, H, n, D], the layout of the projections' views
   const float *xp = x.data_ptr<float>(), *cp = c.data_ptr<float>(), *sp = s.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   for (int64_t b = 0; b < B; ++b)
@@ -152,7 +152,7 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
         const float* in = xp + b * x.stride(0) + h * x.stride(1) + t * x.stride(2);
         const int64_t row = ((cos.size(0) == 1 ? 0 : b) * n + t) * D;  // cos and sin at (b, t)
         const float *ct = cp + row, *st = sp + row;
-        float* out = yp + ((b * H + h) * n + t) * D;
+        float* out = yp + ((b * n + t) * H + h) * D;
         for (int64_t d = 0; d < half; ++d) {
           const float kept = in[d] * ct[d], turned = -in[d + half] * st[d];
           out[d] = kept + turned;
@@ -162,7 +162,7 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
           out[d] = kept + turned;
         }
       }
-  return y;
+  return y.transpose(1, 2);
 }
 #if !defined(__clang__)
 #pragma GCC pop_options
@@ -178,7 +178,10 @@ std::tuple<at::Tensor, at::Tensor> rope(const at::Tensor& q, const at::Tensor& k
 
 std::tuple<at::Tensor, at::Tensor> rope_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                                              const at::Tensor& sin) {
-  return {at::empty(q.sizes(), q.options()), at::empty(k.sizes(), k.options())};
+  auto like = [](const at::Tensor& x) {  // rotate's layout
+    return at::empty({x.size(0), x.size(2), x.size(1), x.size(3)}, x.options()).transpose(1, 2);
+  };
+  return {like(q), like(k)};
 }
 
 // Each row's argmax as torch.argmax(-1) gives it: the first of equal maxima (-0 and +0 equal), the first NaN where a
