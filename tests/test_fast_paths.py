@@ -130,8 +130,9 @@ def test_lean_forward_stays_off_where_it_differs(monkeypatch):
     other = copy.deepcopy(sdpa)
     other.set_attn_implementation("eager")
     assert not fast_paths.lean_fits(other)
-    monkeypatch.setattr(fast_paths, "rope_pair", lambda q, k, cos, sin: (fast_paths._rope(q, cos, -sin),
-                                                                         fast_paths._rope(k, cos, -sin)))
+    def reversed_rope(q, k, cos, sin, turned=None):
+        return fast_paths._rope(q, cos, -sin), fast_paths._rope(k, cos, -sin)
+    monkeypatch.setattr(fast_paths, "rope_pair", reversed_rope)
     model = load_target(TargetConfig(model="tiny:llama")).model
     assert model.__dict__[fast_paths.LEAN] is False
     calls = []
@@ -179,20 +180,23 @@ class _Kernels(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_rope_without_the_kernel_is_six_kernels_and_torch_s_bits(monkeypatch):
+def test_rope_without_the_kernel_is_fewer_kernels_and_torch_s_bits(monkeypatch):
     """Where the package's kernel does not serve (a GPU), queries and keys turn as one tensor: 6 kernels a layer
-    where transformers' apply_rotary_pos_emb runs 10 (a captured GPU step replays every kernel: 120 of a SmolLM2
-    step's ~800), and each element the same operations as theirs, so the same bits, at one row and many."""
+    where transformers' apply_rotary_pos_emb runs 10, 5 with the sine's negated half made once a forward (a captured
+    GPU step replays every kernel: 150 of a SmolLM2 step's ~800), and each element the same operations as theirs up
+    to an exact negation, so the same bits, at one row and many."""
     monkeypatch.setattr(fast_paths, "_kernel", lambda name, x: None)
     g = torch.Generator().manual_seed(0)
     for n in (1, 5, 300):
         q = torch.randn(1, n, 9, 64, generator=g).transpose(1, 2) * 30  # [1, 9, n, 64], as the layers make them
         k = torch.randn(1, n, 3, 64, generator=g).transpose(1, 2) * 30
         cos, sin = torch.randn(2, 1, 1, n, 64, generator=g)
-        with torch.inference_mode(), _Kernels() as mode:
-            a, b = fast_paths.rope_pair(q, k, cos, sin)
-        assert torch.equal(a, fast_paths._rope(q, cos, sin)) and torch.equal(b, fast_paths._rope(k, cos, sin))
-        assert len(mode.ops) == 6, mode.ops
+        turned = fast_paths.turned_sin(sin)
+        for given, kernels_a_layer in ((None, 6), (turned, 5)):
+            with torch.inference_mode(), _Kernels() as mode:
+                a, b = fast_paths.rope_pair(q, k, cos, sin, given)
+            assert torch.equal(a, fast_paths._rope(q, cos, sin)) and torch.equal(b, fast_paths._rope(k, cos, sin))
+            assert len(mode.ops) == kernels_a_layer, mode.ops
 
 @pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
 def test_argmax_kernel_gives_torch_s_index():

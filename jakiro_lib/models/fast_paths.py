@@ -88,19 +88,32 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
 
-def rope_pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def turned_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` with its first half negated: rotate_half(x) sin = [x2, x1] turned_sin (a negation is exact), made once
+    for all of a forward's layers."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), -1)
+
+
+def rope_pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              turned: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_rope` of queries and keys [B, heads, n, D] under cos and sin [B, 1, n, D]: without autograd, where
     :func:`_kernel` serves, one call of the package's kernel (``stream_gemm.cpp``, the same roundings: equal bit for bit);
     else torch's operators over queries and keys as one tensor (elementwise, so equal bit for bit too): 6 kernels a
-    layer where two calls of :func:`_rope` are 10, on a GPU where a step's time follows its kernels."""
+    layer where two calls of :func:`_rope` are 10, 5 given ``turned`` (:func:`turned_sin` of ``sin``), on a GPU where
+    a step's time follows its kernels."""
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
     kernel = None if grad else _kernel("rope", q)
     if kernel is not None:
         return kernel(q, k, cos, sin)
     # [B, q heads + k heads, n, D], laid out as [B, n, heads, D] as the projections' views are (elementwise operators
     # keep the layout, and SDPA's output follows the queries': a contiguous tree would copy it back, once a layer)
-    both = _rope(torch.cat((q.transpose(1, 2), k.transpose(1, 2)), 2).transpose(1, 2), cos, sin)
+    x = torch.cat((q.transpose(1, 2), k.transpose(1, 2)), 2).transpose(1, 2)
+    if turned is None:
+        both = _rope(x, cos, sin)
+    else:
+        half = x.shape[-1] // 2
+        both = x * cos + torch.cat((x[..., half:], x[..., :half]), -1) * turned
     return both[:, :q.shape[1]], both[:, q.shape[1]:]
 
 
@@ -170,12 +183,13 @@ def lean_forward(model: nn.Module, ids: torch.Tensor, pos: torch.Tensor, mask: t
     h = decoder.embed_tokens(ids[None])  # [1, n, H]
     cos, sin = decoder.rotary_emb(h, pos[None])  # [1, n, D]
     cos, sin = cos[:, None], sin[:, None]
+    turned = turned_sin(sin) if _kernel("rope", h) is None else None  # the negation once, not once a layer
     for layer, kv in zip(decoder.layers, layers):
         attn, mlp = layer.self_attn, layer.mlp
         x = layer.input_layernorm.forward(h)
         q, k, v = (p.forward(x).view(1, n, -1, attn.head_dim).transpose(1, 2)  # [1, heads, n, D]
                    for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        q, k = rope_pair(q, k, cos, sin)
+        q, k = rope_pair(q, k, cos, sin, turned)
         k, v = kv.update(k, v)
         out, _ = attend(attn, q, k, v, mask, scaling=attn.scaling)  # [1, n, heads, D]
         h = h + attn.o_proj.forward(out.reshape(1, n, -1))
