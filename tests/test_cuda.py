@@ -163,3 +163,26 @@ def test_captured_attention_windows_on_cuda(cuda_setup, monkeypatch):
     for ids in prompts:
         static.static_generate(target.model, draft, tree, ids, max_new_tokens=40, compile=True)
     assert graphs_compiled() == before
+
+
+def test_lean_forward_and_the_draft_s_masked_grouped_attention_on_cuda(cuda_setup):
+    """On CUDA the target decodes through the lean forward (transformers' SDPA; its load-time check passed), and
+    the draft's attention under a mask with grouped KV heads (the heads repeated for CUDA's fused kernels, which
+    take a mask or grouped heads but not both) gives what grouped SDPA gives on the CPU."""
+    from jakiro_lib.models import fast_paths
+    from jakiro_lib.models.draft_blocks import DraftAttention
+
+    target, _ = cuda_setup
+    config = target.model.config
+    assert config._attn_implementation == "sdpa" and target.model.__dict__[fast_paths.LEAN] is True
+    assert config.num_key_value_heads < config.num_attention_heads
+    torch.manual_seed(0)
+    attn = DraftAttention(config).eval()
+    head_dim = attn.head_dim
+    x, cos, sin = torch.randn(1, 5, config.hidden_size), torch.randn(1, 5, head_dim), torch.randn(1, 5, head_dim)
+    allowed = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]])
+    mask = torch.zeros(1, 1, 5, 5).masked_fill(allowed == 0, float("-inf"))
+    with torch.inference_mode():
+        cpu = attn(x, (cos, sin), None, mask)
+        gpu = attn.cuda()(x.cuda(), (cos.cuda(), sin.cuda()), None, mask.cuda())
+    assert torch.allclose(cpu, gpu.cpu(), atol=1e-4, rtol=1e-4)

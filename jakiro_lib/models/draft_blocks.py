@@ -136,6 +136,9 @@ class DraftAttention(nn.Module):
         if cache is not None:
             k, v = cache.append(k, v)
         causal = mask is None and (cache is None or len(cache) == L)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and L > 1,
-                                             enable_gqa=self.n_kv != self.n_heads)
+        grouped = self.n_kv != self.n_heads
+        if grouped and mask is not None and q.device.type == "cuda":  # CUDA's fused kernels take a mask or grouped
+            k, v = (x.repeat_interleave(self.n_heads // self.n_kv, 1) for x in (k, v))  # heads, not both (math's does)
+            grouped = False
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and L > 1, enable_gqa=grouped)
         return self.o_proj(out.transpose(1, 2).reshape(B, L, -1))
