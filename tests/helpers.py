@@ -490,6 +490,23 @@ class _Storages(torch.utils._python_dispatch.TorchDispatchMode):
         return out
 
 
+class DispatchedOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """The operators dispatched while :attr:`inside` is set (from the start unless ``inside`` is False), views left
+    out: what a GPU runs as kernels, one each."""
+
+    VIEWS = ("view", "slice", "select", "unsqueeze", "expand", "alias", "as_strided", "permute", "transpose")
+
+    def __init__(self, inside: bool = True) -> None:
+        super().__init__()
+        self.inside, self.ops = inside, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func).split(".")[1]
+        if self.inside and name not in self.VIEWS:
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
 class RecordingGraph:
     """A stand-in for :func:`jakiro_lib.decoding.compiled.cuda_graph` on a CPU. Recording runs nothing (as CUDA's);
     each replay runs the step over the recorded arguments and fails where it reads the host (a capture would

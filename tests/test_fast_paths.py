@@ -17,7 +17,7 @@ from jakiro_lib.models.target import load_target, plain_kernels
 from reference.loop import LoopRunner
 from reference.tree import Tree
 
-from helpers import tiny_target
+from helpers import DispatchedOps, tiny_target
 
 
 def test_gqa_attention_matches_sdpa_with_tree_masks():
@@ -130,6 +130,7 @@ def test_lean_forward_stays_off_where_it_differs(monkeypatch):
     other = copy.deepcopy(sdpa)
     other.set_attn_implementation("eager")
     assert not fast_paths.lean_fits(other)
+
     def reversed_rope(q, k, cos, sin, turned=None):
         return fast_paths._rope(q, cos, -sin), fast_paths._rope(k, cos, -sin)
     monkeypatch.setattr(fast_paths, "rope_pair", reversed_rope)
@@ -166,20 +167,6 @@ def test_rope_kernel_equals_torch_operators_bit_for_bit():
     assert torch.equal(fast, plain)
 
 
-class _Kernels(torch.utils._python_dispatch.TorchDispatchMode):
-    """The operators dispatched, views left out (no kernel on a GPU)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._schema.name.split("::")[1]
-        if name not in ("view", "slice", "select", "unsqueeze", "expand", "alias", "as_strided", "transpose"):
-            self.ops.append(name)
-        return func(*args, **(kwargs or {}))
-
-
 def test_rope_without_the_kernel_is_fewer_kernels_and_torch_s_bits(monkeypatch):
     """Where the package's kernel does not serve (a GPU), queries and keys turn as one tensor: 6 kernels a layer
     where transformers' apply_rotary_pos_emb runs 10, 5 with the sine's negated half made once a forward (a captured
@@ -193,7 +180,7 @@ def test_rope_without_the_kernel_is_fewer_kernels_and_torch_s_bits(monkeypatch):
         cos, sin = torch.randn(2, 1, 1, n, 64, generator=g)
         turned = fast_paths.turned_sin(sin)
         for given, kernels_a_layer in ((None, 6), (turned, 5)):
-            with torch.inference_mode(), _Kernels() as mode:
+            with torch.inference_mode(), DispatchedOps() as mode:
                 a, b = fast_paths.rope_pair(q, k, cos, sin, given)
             assert torch.equal(a, fast_paths._rope(q, cos, sin)) and torch.equal(b, fast_paths._rope(k, cos, sin))
             assert len(mode.ops) == kernels_a_layer, mode.ops

@@ -13,7 +13,7 @@ import torch
 import torch._inductor.config
 from torch._inductor.utils import run_and_get_code
 
-from helpers import RecordingGraph, random_prompts, tiny_target, trained_draft
+from helpers import DispatchedOps, RecordingGraph, random_prompts, tiny_target, trained_draft
 from jakiro_lib.decoding import static, static_tree
 from jakiro_lib.decoding.compiled import (CompileError, call_compiled, compiled_cache_len, engine_cycles, graphs_compiled,
                                          prepare_windows, static_cache)
@@ -406,22 +406,6 @@ class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class _OpsInside(torch.utils._python_dispatch.TorchDispatchMode):
-    """The operators dispatched while ``inside`` is set (views left out: no kernel)."""
-
-    VIEWS = ("view", "slice", "select", "unsqueeze", "expand", "alias", "as_strided", "permute")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inside, self.ops = False, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func).split(".")[1]
-        if self.inside and name not in self.VIEWS:
-            self.ops.append(name)
-        return func(*args, **(kwargs or {}))
-
-
 def test_a_layer_only_writes_its_entries_and_a_move_is_one_gather_and_one_scatter(prompts, vanilla, monkeypatch):
     """In a captured cycle (device positions) each layer's cache runs only its own writes (its keys and values
     stacked and put into the one buffer: two kernels), and keeping the accepted path moves every layer's entries
@@ -433,7 +417,7 @@ def test_a_layer_only_writes_its_entries_and_a_move_is_one_gather_and_one_scatte
     monkeypatch.setattr(static, "graph_capture", lambda model: RecordingGraph())
     model = copy.deepcopy(tiny_target("llama"))  # its own compiled state
     draft = trained_draft(model, "moe2")
-    mode = _OpsInside()
+    mode = DispatchedOps(inside=False)
 
     calls = {"update": 0, "move": 0}
 
@@ -471,7 +455,7 @@ def test_a_captured_step_runs_the_lean_forward(prompts, vanilla, monkeypatch, at
     model = load_target(TargetConfig(model="tiny:llama", max_context=512, dtype="float32", device="cpu",
                                      gqa_attention=attention == "ours")).model
     assert model.config._attn_implementation == ("sdpa_gqa" if attention == "ours" else "sdpa")
-    lean, mode = fast_paths.lean_forward, _OpsInside()
+    lean, mode = fast_paths.lean_forward, DispatchedOps(inside=False)
     steps = []
 
     def counted(*args):
