@@ -13,6 +13,7 @@ from jakiro_lib.models import draft_blocks, fast_paths, kernels
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.decoding.runner import TargetRunner
 from jakiro_lib.decoding.static import static_generate
+from jakiro_lib.decoding.static_tree import ancestor_mask
 from jakiro_lib.models.target import load_target, plain_kernels
 from reference.loop import LoopRunner
 from reference.tree import Tree
@@ -184,6 +185,72 @@ def test_rope_without_the_kernel_is_fewer_kernels_and_torch_s_bits(monkeypatch):
                 a, b = fast_paths.rope_pair(q, k, cos, sin, given)
             assert torch.equal(a, fast_paths._rope(q, cos, sin)) and torch.equal(b, fast_paths._rope(k, cos, sin))
             assert len(mode.ops) == kernels_a_layer, mode.ops
+
+@pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
+def test_few_rows_attention_kernel_gives_sdpa_s_attention():
+    """The decoding steps' attention kernel gives SDPA's attention to fp32 rounding (against fp64): head sizes 16 to
+    128, grouped KV heads and not, one row without a mask and up to ATTEND_ROWS under additive masks (the dtype's
+    minimum where hidden), key counts that are not a register's multiple, strided views of a longer cache as the
+    layers pass them; where it does not serve, attend_rows says so and SDPA runs."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.finfo(torch.float32).min
+    for D in fast_paths.ATTEND_HEAD_SIZES:
+        for heads, kv in ((4, 4), (9, 3), (8, 1)):
+            for n, S in ((1, 1), (1, 300), (3, 17), (8, 300), (fast_paths.ATTEND_ROWS, 45)):
+                q = torch.randn(1, n, heads, D, generator=g).transpose(1, 2)  # [1, heads, n, D], the projections' view
+                k, v = torch.randn(2, 1, kv, S + 7, D, generator=g)[:, :, :, :S]  # [1, kv, S, D] of a longer cache
+                visible = torch.rand(n, S, generator=g) < 0.6
+                visible[:, 0] = True
+                mask = torch.zeros(n, S).masked_fill_(~visible, hidden)[None, None] if n > 1 else None
+                with torch.inference_mode():
+                    out = fast_paths.attend_rows(q, k, v, mask)
+                ref = torch.nn.functional.scaled_dot_product_attention(
+                    q.double(), k.double(), v.double(), attn_mask=None if mask is None else mask.double(),
+                    enable_gqa=kv != heads).transpose(1, 2)
+                assert out.shape == (1, n, heads, D)
+                assert torch.allclose(out.double(), ref, rtol=0, atol=2e-6), (D, heads, kv, n, S)
+    q, k = torch.randn(1, 4, 1, 64), torch.randn(1, 2, 5, 64)
+    with torch.inference_mode():
+        assert fast_paths.attend_rows(torch.randn(1, 4, fast_paths.ATTEND_ROWS + 1, 64), k, k, None) is None
+        assert fast_paths.attend_rows(torch.randn(1, 4, 1, 80), *torch.randn(2, 1, 2, 5, 80), None) is None
+        assert fast_paths.attend_rows(torch.randn(2, 4, 1, 64), k, k, None) is None
+        assert fast_paths.attend_rows(q, k, k, torch.ones(1, 1, 1, 5, dtype=torch.float64)) is None
+        seen = torch.tensor([True, False, True, True, False])  # a boolean mask: the additive one's bits
+        additive = torch.zeros(5).masked_fill_(~seen, torch.finfo(torch.float32).min)
+        assert torch.equal(fast_paths.attend_rows(q, k, k, seen[None, None, None]),
+                           fast_paths.attend_rows(q, k, k, additive[None, None, None]))
+        assert torch.equal(fast_paths.attend_rows(q, k, k, torch.ones(1, 1, 1, 5, dtype=torch.bool)),
+                           fast_paths.attend_rows(q, k, k, None))
+    assert fast_paths.attend_rows(q.requires_grad_(), k, k, None) is None
+
+
+@pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
+def test_a_tree_row_is_a_plain_step_bit_for_bit(monkeypatch):
+    """With the streaming GEMM from one row and the attention kernel, the target scores a tree's rows exactly as plain
+    steps score each row's path one token at a time: logits and features equal bit for bit (a key the mask hides
+    adds exact zeros; each sum runs over the keys in order), so greedy verification cannot part from vanilla
+    decoding by rounding. Seen failing with SDPA for the attention (ATTEND_ROWS 0): no row equal."""
+    model = copy.deepcopy(tiny_target("llama"))
+    assert kernels.enable_packed_gemm(model, max_rows=64, min_rows=1, backend="stream") is not None
+    calls = []
+    real = fast_paths.attend_rows
+    monkeypatch.setattr(fast_paths, "attend_rows", lambda *a: calls.append(a[0].shape[2]) or real(*a))
+    g = torch.Generator().manual_seed(0)
+    prompt, tokens = torch.randint(0, 256, (37,), generator=g), torch.randint(0, 256, (9,), generator=g)
+    parents, depths = [0, 0, 0, 1, 1, 2, 4, 4, 6], [0, 1, 1, 2, 2, 2, 3, 3, 4]
+    anc = ancestor_mask(torch.tensor(parents), max(depths))  # [9, 9]
+    with torch.inference_mode():
+        runner = TargetRunner(model, 128)
+        runner.prefill(prompt)
+        tree_logits, tree_feats = runner.score(tokens, torch.tensor(depths), anc, 37)
+        for leaf in (3, 5, 7, 8):
+            plain = TargetRunner(model, 128)
+            plain.prefill(prompt)
+            for depth, row in enumerate(anc[leaf].nonzero()[:, 0].tolist()):
+                logits, feats = plain.score(tokens[row:row + 1], torch.tensor([0]), None, 37 + depth)
+                assert torch.equal(logits[0], tree_logits[row]) and torch.equal(feats[0], tree_feats[row])
+    assert set(calls) == {1, 9}  # the kernel ran the tree's rows and the plain steps'
+
 
 @pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
 def test_argmax_kernel_gives_torch_s_index():

@@ -19,20 +19,49 @@ RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 LEAN_FAMILIES = ("llama", "mistral", "qwen2")
 LEAN = "_jakiro_lean"  # the model attribute that says decoding forwards run lean_forward (checked at load)
 SCREEN = "_jakiro_head_screen"  # the model attribute holding greedy_argmax's screen (head_screen), None for none
+ATTEND_ROWS = 16  # the most query rows attend_rows serves (a tree's); SDPA's blocked kernel is faster beyond
+ATTEND_HEAD_SIZES = (16, 32, 64, 128)  # head sizes the kernel serves with 8- or 16-lane registers
 
 
 def _sdpa_gqa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
               is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' SDPA attention, with grouped KV heads handled by SDPA itself under any mask."""
+    """transformers' SDPA attention, with grouped KV heads handled by SDPA itself under any mask; a decoding step's
+    few rows (one, or a tree's under its additive mask) through the package's kernel where it serves
+    (:func:`attend_rows`)."""
     q_len = query.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = q_len > 1 and attention_mask is None and causal
+    if not causal and not dropout:
+        out = attend_rows(query, key, value, attention_mask, scaling)
+        if out is not None:
+            return out, None
     if causal and key.shape[2] > q_len:  # empty static cache at prefill: SDPA's causal mask is top-left
         key, value = key[:, :, :q_len], value[:, :, :q_len]
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          scale=scaling, is_causal=causal, enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous(), None
+
+
+def attend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                scale: float | None = None) -> torch.Tensor | None:
+    """Attention [1, n, heads, D] of a decoding step's ``query`` [1, heads, n, D] over ``key`` and ``value`` [1, KV
+    heads, S, D], under an additive fp32 ``mask``, a boolean one (True: seen) or none, by the package's kernel
+    (``stream_gemm.cpp``): a tree row's output equal bit for bit to the same row's over its path alone, as a plain
+    step computes it; None where the kernel does not serve (more than :data:`ATTEND_ROWS` rows, batches, autograd,
+    other head sizes or dtypes)."""
+    n, D = query.shape[2], query.shape[3]
+    if (n > ATTEND_ROWS or query.shape[0] != 1 or D not in ATTEND_HEAD_SIZES or key.shape[1] == 0
+            or query.shape[1] % key.shape[1] or query.shape[1] // key.shape[1] > 8 or key.dtype != query.dtype
+            or (mask is not None and mask.dtype not in (query.dtype, torch.bool))
+            or torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)):
+        return None
+    kernel = _kernel("attend", query)
+    if kernel is None:
+        return None
+    if mask is not None and mask.dtype == torch.bool:  # seen keys add 0: the same bits as no mask where all are seen
+        mask = torch.zeros(mask.shape, dtype=query.dtype).masked_fill_(~mask, torch.finfo(query.dtype).min)
+    return kernel(query, key, value, mask, D ** -0.5 if scale is None else scale)
 
 
 def _register_gqa_attention() -> None:

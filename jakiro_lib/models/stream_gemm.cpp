@@ -5,12 +5,14 @@
 // sums. Each row's outputs are computed by the same sequence of FMAs whatever the number of rows, so a row's result
 // does not depend on the rows beside it (a plain step and a verify forward agree bit for bit on the linears). Built
 // for the CPU it runs on by jakiro_lib/models/kernels.py (stream_gemm_available, -O3 -march=native). The file also
-// carries the RoPE of the target's lean forward and of the draft, greedy decoding's argmax and the screened head that
-// finds it without reading the fp32 head in full (at the end).
+// carries the RoPE of the target's lean forward and of the draft, the attention of a decoding step's few rows, greedy
+// decoding's argmax and the screened head that finds it without reading the fp32 head in full (at the end).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <cmath>
+#include <utility>
+#include <vector>
 #include <torch/library.h>
 
 namespace {
@@ -184,6 +186,201 @@ std::tuple<at::Tensor, at::Tensor> rope_meta(const at::Tensor& q, const at::Tens
   return {like(q), like(k)};
 }
 
+// The attention of a decoding step's few query rows over the cache (DESIGN section 9), grouped KV heads read once for
+// all their query heads. For each row and query head, over the keys j in order: s_j = (q . k_j) * scale (+ mask_j),
+// m = max_j s_j, p_j = exp(s_j - m), out = (sum_j p_j v_j) / (sum_j p_j), both sums sequential in j, each dot product
+// in one fixed order over the head's dimension, exp elementwise. A key the mask hides (its p_j exactly 0) adds exact
+// zeros, so a tree row's output equals, bit for bit, the same row's over its path laid out contiguously: a plain
+// step's (SDPA's blocked kernels do not promise that).
+typedef int32_t int_vec __attribute__((vector_size(L * sizeof(int32_t))));
+inline void store(float* p, vec v) { __builtin_memcpy(p, &v, sizeof(vec)); }
+
+// exp(x) for x <= 0: Cody-Waite reduction by ln 2 and Cephes' expf polynomial (about one ulp); 0 below -87.3
+// (no subnormals) and for -inf.
+inline vec exp_nonpositive(vec x) {
+  const int_vec under = x < -87.3f;
+  x = under ? vec{} - 87.3f : x;
+  const vec round = vec{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const vec n = (x * 1.44269504088896341f + round) - round;
+  const vec r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  vec p = vec{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const int_vec bits = (__builtin_convertvector(n, int_vec) + 127) << 23;  // 2^n
+  vec two_n;
+  __builtin_memcpy(&two_n, &bits, sizeof(vec));
+  return under ? vec{} : p * two_n;
+}
+
+// Lane sums of 2W vectors, two at a time: lanes x and x + W of each block of 2W added, the two vectors' halves packed
+// into one. L vectors folded down to one give each vector's lane sum in its own lane, every sum by the same tree.
+template <int W, int Half, size_t... I>
+constexpr int_vec half_lanes(std::index_sequence<I...>) {
+  return int_vec{int((I / W) * 2 * W + Half * W + I % W)...};
+}
+template <int W>
+inline vec fold(vec x, vec y) {
+  constexpr int_vec lo = half_lanes<W, 0>(std::make_index_sequence<L>{});
+  constexpr int_vec hi = half_lanes<W, 1>(std::make_index_sequence<L>{});
+#if defined(__clang__)
+  return __builtin_shufflevector(x, y, lo) + __builtin_shufflevector(x, y, hi);
+#else
+  return __builtin_shuffle(x, y, lo) + __builtin_shuffle(x, y, hi);
+#endif
+}
+template <int W>
+inline void fold_all(vec* a) {
+  for (int i = 0; i < W; ++i) a[i] = fold<W>(a[2 * i], a[2 * i + 1]);
+  if constexpr (W > 1) fold_all<W / 2>(a);
+}
+
+// The scores of keys j0 <= j < j0 + L (those < S; the rest 0) for query q [D = DV L].
+template <int DV>
+inline vec scores(const float* q, const float* k, int64_t ks, int64_t j0, int64_t S) {
+  vec qv[DV], dots[L];
+  for (int c = 0; c < DV; ++c) qv[c] = load(q + c * L);
+  const int64_t keys = std::min<int64_t>(L, S - j0);
+#pragma GCC unroll 16
+  for (int64_t i = 0; i < L; ++i) {
+    const float* kj = k + (j0 + (i < keys ? i : 0)) * ks;  // past S: key j0 again, its dot product then zeroed
+    vec t = qv[0] * load(kj);
+    for (int c = 1; c < DV; ++c) t += qv[c] * load(kj + c * L);
+    dots[i] = i < keys ? t : vec{};
+  }
+  fold_all<L / 2>(dots);
+  return dots[0];
+}
+
+// out[i] += sum_j w[i][j] v_j and total[i] += sum_j w[i][j] for keys j0 <= j < j1 in order, for C queries at once
+// (their chains interleaved, each query's order unchanged); w[i] at w + i * stride.
+template <int DV, int C>
+inline void accumulate(const float* w, int64_t stride, const float* v, int64_t vs, int64_t j0, int64_t j1,
+                       float* const* out, float* total) {
+  vec acc[C][DV];
+  float sum[C];
+  for (int i = 0; i < C; ++i) {
+    sum[i] = total[i];
+    for (int c = 0; c < DV; ++c) acc[i][c] = load(out[i] + c * L);
+  }
+  for (int64_t j = j0; j < j1; ++j) {
+    vec vj[DV];
+    for (int c = 0; c < DV; ++c) vj[c] = load(v + j * vs + c * L);
+    for (int i = 0; i < C; ++i) {
+      const float x = w[i * stride + j];
+      sum[i] += x;
+      for (int c = 0; c < DV; ++c) acc[i][c] += x * vj[c];
+    }
+  }
+  for (int i = 0; i < C; ++i) {
+    total[i] = sum[i];
+    for (int c = 0; c < DV; ++c) store(out[i] + c * L, acc[i][c]);
+  }
+}
+
+// P queries q[i] [D] over one KV head's keys and values [S, D] (strides ks, vs), query i under mask[i] [S] (null:
+// none); out[i] [D]; s: [P, Sp] scratch. Keys go by blocks of L, in L1 for every query.
+template <int DV>
+void attend_queries(const float* const* q, const float* k, int64_t ks, const float* v, int64_t vs,
+                    const float* const* mask, int64_t S, int64_t P, float scale, float* const* out, float* s) {
+  const int64_t Sp = (S + L - 1) / L * L;
+  for (int64_t j0 = 0; j0 < S; j0 += L)
+    for (int64_t i = 0; i < P; ++i) {
+      vec x = scores<DV>(q[i], k, ks, j0, S) * scale;
+      if (mask != nullptr && j0 + L <= S) {
+        x += load(mask[i] + j0);
+      } else if (mask != nullptr) {
+        float m[L];
+        for (int64_t t = 0; t < L; ++t) m[t] = j0 + t < S ? mask[i][j0 + t] : 0.0f;
+        x += load(m);
+      }
+      store(s + i * Sp + j0, x);
+    }
+  for (int64_t i = 0; i < P; ++i) {
+    float* si = s + i * Sp;
+    for (int64_t j = S; j < Sp; ++j) si[j] = -INFINITY;
+    vec top = vec{} - INFINITY;
+    for (int64_t j = 0; j < Sp; j += L) top = load(si + j) > top ? load(si + j) : top;
+    float m = -INFINITY;
+    for (int64_t t = 0; t < L; ++t) m = std::max(m, top[t]);
+    for (int64_t j = 0; j < Sp; j += L) store(si + j, exp_nonpositive(load(si + j) - m));
+    for (int c = 0; c < DV; ++c) store(out[i] + c * L, vec{});
+  }
+  std::vector<float> total(P, 0.0f);
+  for (int64_t j0 = 0; j0 < S; j0 += L) {
+    const int64_t j1 = std::min(S, j0 + L);
+    int64_t i = 0;
+    for (; i + 2 <= P; i += 2) accumulate<DV, 2>(s + i * Sp, Sp, v, vs, j0, j1, out + i, total.data() + i);
+    for (; i < P; ++i) accumulate<DV, 1>(s + i * Sp, Sp, v, vs, j0, j1, out + i, total.data() + i);
+  }
+  for (int64_t i = 0; i < P; ++i)
+    for (int c = 0; c < DV; ++c) store(out[i] + c * L, load(out[i] + c * L) / total[i]);
+}
+
+using QueriesFn = void (*)(const float* const*, const float*, int64_t, const float*, int64_t, const float* const*,
+                           int64_t, int64_t, float, float* const*, float*);
+QueriesFn queries_fn(int64_t D) {  // head sizes 16 to 128 with either register width
+  switch (D % L == 0 ? D / L : 0) {
+    case 1: return attend_queries<1>;
+    case 2: return attend_queries<2>;
+    case 4: return attend_queries<4>;
+    case 8: return attend_queries<8>;
+    case 16: return attend_queries<16>;
+    default: return nullptr;
+  }
+}
+
+// q [1, Hq, n, D], k and v [1, Hk, S, D] (Hk dividing Hq), mask additive [.., n, S] or none -> [1, n, Hq, D], the
+// layout SDPA's output is transposed to. Tasks: a KV head and a chunk of rows (at most 8, even chunks, four tasks
+// where the rows allow).
+at::Tensor attend(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_,
+                  const c10::optional<at::Tensor>& mask_, double scale) {
+  TORCH_CHECK(q_.dim() == 4 && q_.size(0) == 1 && k_.dim() == 4 && k_.sizes() == v_.sizes() && k_.size(0) == 1 &&
+              q_.size(3) == k_.size(3) && k_.size(1) > 0 && q_.size(1) % k_.size(1) == 0 &&
+              q_.scalar_type() == at::kFloat && k_.scalar_type() == at::kFloat && v_.scalar_type() == at::kFloat &&
+              queries_fn(q_.size(3)) != nullptr, "stream_gemm.attend: shapes do not match");
+  auto last_contiguous = [](const at::Tensor& x) { return x.stride(3) == 1 ? x : x.contiguous(); };
+  const at::Tensor q = last_contiguous(q_), k = last_contiguous(k_), v = last_contiguous(v_);
+  const int64_t Hq = q.size(1), n = q.size(2), D = q.size(3), Hk = k.size(1), S = k.size(2), G = Hq / Hk;
+  at::Tensor mask;
+  if (mask_.has_value() && mask_->defined()) {
+    TORCH_CHECK(mask_->scalar_type() == at::kFloat, "stream_gemm.attend takes an fp32 additive mask");
+    mask = mask_->expand({1, 1, n, S}).contiguous();
+  }
+  at::Tensor out = at::empty({1, n, Hq, D}, q.options());
+  const QueriesFn fn = queries_fn(D);
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  const float* mp = mask.defined() ? mask.data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  const int64_t chunks = std::max<int64_t>((n + 7) / 8, std::min<int64_t>(n, (4 + Hk - 1) / Hk));
+  const int64_t R = (n + chunks - 1) / chunks, Sp = (S + L - 1) / L * L;
+  at::parallel_for(0, (n + R - 1) / R * Hk, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> s(R * G * Sp);
+    std::vector<const float*> qs(R * G), ms(R * G);
+    std::vector<float*> os(R * G);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t g = t % Hk, r0 = t / Hk * R, P = std::min(R, n - r0) * G;
+      for (int64_t i = 0; i < P; ++i) {
+        const int64_t r = r0 + i / G, h = g * G + i % G;
+        qs[i] = qp + h * q.stride(1) + r * q.stride(2);
+        ms[i] = mp == nullptr ? nullptr : mp + r * S;
+        os[i] = op + (r * Hq + h) * D;
+      }
+      fn(qs.data(), kp + g * k.stride(1), k.stride(2), vp + g * v.stride(1), v.stride(2),
+         mp == nullptr ? nullptr : ms.data(), S, P, float(scale), os.data(), s.data());
+    }
+  });
+  return out;
+}
+
+at::Tensor attend_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const c10::optional<at::Tensor>& mask, double scale) {
+  return at::empty({1, q.size(2), q.size(1), q.size(3)}, q.options());
+}
+
 // Each row's argmax as torch.argmax(-1) gives it: the first of equal maxima (-0 and +0 equal), the first NaN where a
 // row has one. Greedy decoding reads it after every forward (DESIGN section 9 has what torch's costs).
 int64_t row_argmax(const float* r, int64_t V) {
@@ -348,6 +545,7 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("pack(Tensor weight, bool bf16=False) -> Tensor");
   m.def("linear(Tensor input, Tensor packed, int n) -> Tensor");
   m.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
+  m.def("attend(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor");
   m.def("argmax(Tensor x) -> Tensor");
   m.def("greedy_head(Tensor x, Tensor screen, Tensor bound, Tensor weight) -> Tensor");
 }
@@ -355,12 +553,14 @@ TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("pack", pack);
   m.impl("linear", linear);
   m.impl("rope", rope);
+  m.impl("attend", attend);
   m.impl("argmax", argmax_rows);
   m.impl("greedy_head", greedy_head);
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, Meta, m) {
   m.impl("linear", linear_meta);
   m.impl("rope", rope_meta);
+  m.impl("attend", attend_meta);
   m.impl("argmax", argmax_meta);
   m.impl("greedy_head", greedy_head_meta);
 }
