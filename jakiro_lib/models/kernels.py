@@ -215,13 +215,14 @@ class GemmProbe:
 
 def _choose(ratios: dict[str, dict[int, float]]) -> tuple[str | None, int]:
     """Per backend, the first probed row count from which every larger probed count beat the plain kernel
-    by :data:`PROBE_MARGIN`; of those, the backend with the lowest mean time ratio over all probed counts
-    (1 where it does not serve)."""
+    by :data:`PROBE_MARGIN` (the streaming GEMM also the counts below it where it is faster at all: one kernel
+    for every row count gives a plain step's row and a tree's the same bits); of those, the backend with the lowest
+    mean time ratio over all probed counts (1 where it does not serve)."""
     best: tuple[float, str | None, int] = (1.0, None, 0)
     for backend, by_rows in ratios.items():
         start = None
         for rows in sorted(by_rows, reverse=True):
-            if by_rows[rows] >= PROBE_MARGIN:
+            if by_rows[rows] >= (PROBE_MARGIN if start is None or backend != "stream" else 1.0):
                 break
             start = rows
         if start is None:
