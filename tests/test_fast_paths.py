@@ -225,6 +225,32 @@ def test_few_rows_attention_kernel_gives_sdpa_s_attention():
 
 
 @pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
+def test_the_attention_kernel_s_rows_do_not_depend_on_where_their_keys_sit():
+    """A row's attention is the same bits whatever hidden keys sit before or among its own (a tree's siblings and
+    the other rows' nodes), which shifts its keys within the kernel's blocks of 16 (or 8) keys, and whatever rows sit
+    beside it. Seen failing with the first product of each dot product left to the compiler's contraction."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.finfo(torch.float32).min
+    for D in (16, 64, 128):
+        q = torch.randn(1, 9, 5, D, generator=g)
+        k, v = torch.randn(2, 1, 3, 40, D, generator=g)
+        with torch.inference_mode():
+            alone = [fast_paths.attend_rows(q[:, :, r:r + 1], k, v, None) for r in range(5)]
+            for pad in range(1, 17):
+                junk = torch.randn(2, 1, 3, pad, D, generator=g)
+                at = sorted(torch.randperm(40 + pad, generator=g)[:pad].tolist())  # hidden keys' places
+                seen = torch.ones(40 + pad, dtype=torch.bool)
+                seen[at] = False
+                k2, v2 = (torch.empty(1, 3, 40 + pad, D) for _ in range(2))
+                k2[:, :, seen], v2[:, :, seen] = k, v
+                k2[:, :, ~seen], v2[:, :, ~seen] = junk
+                mask = torch.zeros(40 + pad).masked_fill_(~seen, hidden).expand(1, 1, 5, -1)
+                rows = fast_paths.attend_rows(q, k2, v2, mask)
+                for r in range(5):
+                    assert torch.equal(rows[:, r:r + 1], alone[r]), (D, pad, r)
+
+
+@pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
 def test_a_tree_row_is_a_plain_step_bit_for_bit(monkeypatch):
     """With the streaming GEMM from one row and the attention kernel, the target scores a tree's rows exactly as plain
     steps score each row's path one token at a time: logits and features equal bit for bit (a key the mask hides

@@ -193,6 +193,7 @@ std::tuple<at::Tensor, at::Tensor> rope_meta(const at::Tensor& q, const at::Tens
 // zeros, so a tree row's output equals, bit for bit, the same row's over its path laid out contiguously: a plain
 // step's (SDPA's blocked kernels do not promise that).
 typedef int32_t int_vec __attribute__((vector_size(L * sizeof(int32_t))));
+constexpr int VECTOR_REGISTERS = L == 16 ? 32 : 16;  // AVX-512's, or AVX2's and SSE's (with 8-lane vectors)
 inline void store(float* p, vec v) { __builtin_memcpy(p, &v, sizeof(vec)); }
 
 // exp(x) for x <= 0: Cody-Waite reduction by ln 2 and Cephes' expf polynomial (about one ulp); 0 below -87.3
@@ -218,41 +219,58 @@ inline vec exp_nonpositive(vec x) {
 
 // Lane sums of 2W vectors, two at a time: lanes x and x + W of each block of 2W added, the two vectors' halves packed
 // into one. L vectors folded down to one give each vector's lane sum in its own lane, every sum by the same tree.
-template <int W, int Half, size_t... I>
-constexpr int_vec half_lanes(std::index_sequence<I...>) {
-  return int_vec{int((I / W) * 2 * W + Half * W + I % W)...};
-}
-template <int W>
-inline vec fold(vec x, vec y) {
-  constexpr int_vec lo = half_lanes<W, 0>(std::make_index_sequence<L>{});
-  constexpr int_vec hi = half_lanes<W, 1>(std::make_index_sequence<L>{});
+constexpr int half_lane(int W, int half, size_t i) { return int(i / W) * 2 * W + half * W + int(i % W); }
+template <int W, size_t... I>
+inline vec fold(vec x, vec y, std::index_sequence<I...>) {
 #if defined(__clang__)
-  return __builtin_shufflevector(x, y, lo) + __builtin_shufflevector(x, y, hi);
+  return __builtin_shufflevector(x, y, half_lane(W, 0, I)...) + __builtin_shufflevector(x, y, half_lane(W, 1, I)...);
 #else
+  constexpr int_vec lo{half_lane(W, 0, I)...}, hi{half_lane(W, 1, I)...};
   return __builtin_shuffle(x, y, lo) + __builtin_shuffle(x, y, hi);
 #endif
 }
-template <int W>
-inline void fold_all(vec* a) {
-  for (int i = 0; i < W; ++i) a[i] = fold<W>(a[2 * i], a[2 * i + 1]);
-  if constexpr (W > 1) fold_all<W / 2>(a);
+
+// Keys j .. j + L/W - 1 of a block of L keys (k: its first; those from `keys` on count 0), their dot products with
+// q (DV vectors qv) folded to width W: W = 1 gives the block's L scores, lane i key i. Depth first, so that few
+// vectors are live at once (16 registers without AVX-512).
+template <int DV, int W>
+inline vec key_sums(const vec* qv, const float* k, int64_t ks, int64_t j, int64_t keys) {
+  if constexpr (W == L) {
+    const float* kj = k + (j < keys ? j : 0) * ks;  // past the last key: the first again, its product then zeroed
+    vec t{};  // from zero: every product added by one FMA (q0 k0 + q1 k1 could contract either way)
+    for (int c = 0; c < DV; ++c) t += qv[c] * load(kj + c * L);
+    return j < keys ? t : vec{};
+  } else {
+    return fold<W>(key_sums<DV, 2 * W>(qv, k, ks, j, keys), key_sums<DV, 2 * W>(qv, k, ks, j + L / (2 * W), keys),
+                   std::make_index_sequence<L>{});
+  }
 }
 
-// The scores of keys j0 <= j < j0 + L (those < S; the rest 0) for query q [D = DV L].
+// The scores (dot products) of keys j0 <= j < j0 + L (those < S; the rest 0) with query q [D = DV L].
 template <int DV>
 inline vec scores(const float* q, const float* k, int64_t ks, int64_t j0, int64_t S) {
-  vec qv[DV], dots[L];
+  vec qv[DV];
   for (int c = 0; c < DV; ++c) qv[c] = load(q + c * L);
+  k += j0 * ks;
   const int64_t keys = std::min<int64_t>(L, S - j0);
-#pragma GCC unroll 16
-  for (int64_t i = 0; i < L; ++i) {
-    const float* kj = k + (j0 + (i < keys ? i : 0)) * ks;  // past S: key j0 again, its dot product then zeroed
-    vec t = qv[0] * load(kj);
-    for (int c = 1; c < DV; ++c) t += qv[c] * load(kj + c * L);
-    dots[i] = i < keys ? t : vec{};
-  }
-  fold_all<L / 2>(dots);
-  return dots[0];
+#if !defined(__AVX512F__) && defined(__AVX__)
+  // AVX2: the same kind of tree through hadd, which pairs neighbouring lanes within each 128-bit half, then the
+  // halves added (GCC's two-source shuffles of 8 lanes take several instructions each)
+  auto pair = [&](int64_t j) {
+    __m256 a, b;
+    const vec x = key_sums<DV, L>(qv, k, ks, j, keys), y = key_sums<DV, L>(qv, k, ks, j + 1, keys);
+    __builtin_memcpy(&a, &x, sizeof(vec));
+    __builtin_memcpy(&b, &y, sizeof(vec));
+    return _mm256_hadd_ps(a, b);
+  };
+  const __m256 low = _mm256_hadd_ps(pair(0), pair(2)), high = _mm256_hadd_ps(pair(4), pair(6));
+  const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
+  vec out;
+  __builtin_memcpy(&out, &sums, sizeof(vec));
+  return out;
+#else
+  return key_sums<DV, 1>(qv, k, ks, 0, keys);
+#endif
 }
 
 // out[i] += sum_j w[i][j] v_j and total[i] += sum_j w[i][j] for keys j0 <= j < j1 in order, for C queries at once
@@ -312,8 +330,9 @@ void attend_queries(const float* const* q, const float* k, int64_t ks, const flo
   std::vector<float> total(P, 0.0f);
   for (int64_t j0 = 0; j0 < S; j0 += L) {
     const int64_t j1 = std::min(S, j0 + L);
+    constexpr int C = std::max(1, VECTOR_REGISTERS / 2 / DV);  // queries whose accumulators fit half the registers
     int64_t i = 0;
-    for (; i + 2 <= P; i += 2) accumulate<DV, 2>(s + i * Sp, Sp, v, vs, j0, j1, out + i, total.data() + i);
+    for (; i + C <= P; i += C) accumulate<DV, C>(s + i * Sp, Sp, v, vs, j0, j1, out + i, total.data() + i);
     for (; i < P; ++i) accumulate<DV, 1>(s + i * Sp, Sp, v, vs, j0, j1, out + i, total.data() + i);
   }
   for (int64_t i = 0; i < P; ++i)
