@@ -230,35 +230,31 @@ inline vec fold(vec x, vec y, std::index_sequence<I...>) {
 #endif
 }
 
-// Keys j .. j + L/W - 1 of a block of L keys (k: its first; those from `keys` on count 0), their dot products with
-// q (DV vectors qv) folded to width W: W = 1 gives the block's L scores, lane i key i. Depth first, so that few
-// vectors are live at once (16 registers without AVX-512).
-template <int DV, int W>
+// Keys j .. j + L/W - 1 of a block of L keys (k: its first; those from `keys` on count 0, unless Full), their dot
+// products with q (DV vectors qv) folded to width W: W = 1 gives the block's L scores, lane i key i. Depth first, so
+// that few vectors are live at once (16 registers without AVX-512).
+template <int DV, int W, bool Full>
 inline vec key_sums(const vec* qv, const float* k, int64_t ks, int64_t j, int64_t keys) {
   if constexpr (W == L) {
-    const float* kj = k + (j < keys ? j : 0) * ks;  // past the last key: the first again, its product then zeroed
+    const float* kj = k + (Full || j < keys ? j : 0) * ks;  // past the last key: the first again, then zeroed
     vec t{};  // from zero: every product added by one FMA (q0 k0 + q1 k1 could contract either way)
     for (int c = 0; c < DV; ++c) t += qv[c] * load(kj + c * L);
-    return j < keys ? t : vec{};
+    return Full || j < keys ? t : vec{};
   } else {
-    return fold<W>(key_sums<DV, 2 * W>(qv, k, ks, j, keys), key_sums<DV, 2 * W>(qv, k, ks, j + L / (2 * W), keys),
-                   std::make_index_sequence<L>{});
+    return fold<W>(key_sums<DV, 2 * W, Full>(qv, k, ks, j, keys),
+                   key_sums<DV, 2 * W, Full>(qv, k, ks, j + L / (2 * W), keys), std::make_index_sequence<L>{});
   }
 }
 
 // The scores (dot products) of keys j0 <= j < j0 + L (those < S; the rest 0) with query q [D = DV L].
-template <int DV>
-inline vec scores(const float* q, const float* k, int64_t ks, int64_t j0, int64_t S) {
-  vec qv[DV];
-  for (int c = 0; c < DV; ++c) qv[c] = load(q + c * L);
-  k += j0 * ks;
-  const int64_t keys = std::min<int64_t>(L, S - j0);
+template <int DV, bool Full>
+inline vec block_scores(const vec* qv, const float* k, int64_t ks, int64_t keys) {
 #if !defined(__AVX512F__) && defined(__AVX__)
   // AVX2: the same kind of tree through hadd, which pairs neighbouring lanes within each 128-bit half, then the
   // halves added (GCC's two-source shuffles of 8 lanes take several instructions each)
   auto pair = [&](int64_t j) {
     __m256 a, b;
-    const vec x = key_sums<DV, L>(qv, k, ks, j, keys), y = key_sums<DV, L>(qv, k, ks, j + 1, keys);
+    const vec x = key_sums<DV, L, Full>(qv, k, ks, j, keys), y = key_sums<DV, L, Full>(qv, k, ks, j + 1, keys);
     __builtin_memcpy(&a, &x, sizeof(vec));
     __builtin_memcpy(&b, &y, sizeof(vec));
     return _mm256_hadd_ps(a, b);
@@ -269,8 +265,14 @@ inline vec scores(const float* q, const float* k, int64_t ks, int64_t j0, int64_
   __builtin_memcpy(&out, &sums, sizeof(vec));
   return out;
 #else
-  return key_sums<DV, 1>(qv, k, ks, 0, keys);
+  return key_sums<DV, 1, Full>(qv, k, ks, 0, keys);
 #endif
+}
+template <int DV>
+inline vec scores(const float* q, const float* k, int64_t ks, int64_t j0, int64_t S) {
+  vec qv[DV];
+  for (int c = 0; c < DV; ++c) qv[c] = load(q + c * L);
+  return j0 + L <= S ? block_scores<DV, true>(qv, k + j0 * ks, ks, L) : block_scores<DV, false>(qv, k + j0 * ks, ks, S - j0);
 }
 
 // out[i] += sum_j w[i][j] v_j and total[i] += sum_j w[i][j] for keys j0 <= j < j1 in order, for C queries at once
