@@ -195,7 +195,7 @@ def test_few_rows_attention_kernel_gives_sdpa_s_attention():
     g = torch.Generator().manual_seed(0)
     hidden = torch.finfo(torch.float32).min
     for D in fast_paths.ATTEND_HEAD_SIZES:
-        for heads, kv in ((4, 4), (9, 3), (8, 1)):
+        for heads, kv in ((4, 4), (9, 3), (8, 1), (20, 2)):
             for n, S in ((1, 1), (1, 300), (3, 17), (8, 300), (fast_paths.ATTEND_ROWS, 45)):
                 q = torch.randn(1, n, heads, D, generator=g).transpose(1, 2)  # [1, heads, n, D], the projections' view
                 k, v = torch.randn(2, 1, kv, S + 7, D, generator=g)[:, :, :, :S]  # [1, kv, S, D] of a longer cache

@@ -52,7 +52,7 @@ def attend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mas
     other head sizes or dtypes)."""
     n, D = query.shape[2], query.shape[3]
     if (n > ATTEND_ROWS or query.shape[0] != 1 or D not in ATTEND_HEAD_SIZES or key.shape[1] == 0
-            or query.shape[1] % key.shape[1] or query.shape[1] // key.shape[1] > 8 or key.dtype != query.dtype
+            or query.shape[1] % key.shape[1] or key.dtype != query.dtype
             or (mask is not None and mask.dtype not in (query.dtype, torch.bool))
             or torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)):
         return None
