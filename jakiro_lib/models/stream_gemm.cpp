@@ -38,6 +38,7 @@ inline vec load(const float* p) {
   __builtin_memcpy(&v, p, sizeof(vec));
   return v;
 }
+inline void store(float* p, vec v) { __builtin_memcpy(p, &v, sizeof(vec)); }
 inline vec load(const uint16_t* p) {
   half_vec h;
   __builtin_memcpy(&h, p, sizeof(half_vec));
@@ -66,7 +67,7 @@ inline void block(const float* x, const W* panels, float* y, int64_t K, int64_t 
     }
   }
   for (int m = 0; m < M; ++m)
-    for (int j = 0; j < NB; ++j) __builtin_memcpy(y + m * Np + (p + j) * L, &acc[m][j], sizeof(vec));
+    for (int j = 0; j < NB; ++j) store(y + m * Np + (p + j) * L, acc[m][j]);
 }
 
 template <int M, typename W>
@@ -145,7 +146,8 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
               cos.size(2) == n && cos.size(3) == D && (cos.size(0) == B || cos.size(0) == 1),
               "stream_gemm.rope: shapes do not match");
   const at::Tensor c = cos.contiguous(), s = sin.contiguous();
-  at::Tensor y = at::empty({B, n, H, D}, x.options());  // returned as [B, H, n, D], the layout of the projections' views
+  // [B, n, H, D], returned as [B, H, n, D]: the layout of the projections' views
+  at::Tensor y = at::empty({B, n, H, D}, x.options());
   const float *xp = x.data_ptr<float>(), *cp = c.data_ptr<float>(), *sp = s.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   for (int64_t b = 0; b < B; ++b)
@@ -194,7 +196,6 @@ std::tuple<at::Tensor, at::Tensor> rope_meta(const at::Tensor& q, const at::Tens
 // step's (SDPA's blocked kernels do not promise that).
 typedef int32_t int_vec __attribute__((vector_size(L * sizeof(int32_t))));
 constexpr int VECTOR_REGISTERS = L == 16 ? 32 : 16;  // AVX-512's, or AVX2's and SSE's (with 8-lane vectors)
-inline void store(float* p, vec v) { __builtin_memcpy(p, &v, sizeof(vec)); }
 
 // exp(x) for x <= 0: Cody-Waite reduction by ln 2 and Cephes' expf polynomial (about one ulp); 0 below -87.3
 // (no subnormals) and for -inf.
@@ -272,7 +273,8 @@ template <int DV>
 inline vec scores(const float* q, const float* k, int64_t ks, int64_t j0, int64_t S) {
   vec qv[DV];
   for (int c = 0; c < DV; ++c) qv[c] = load(q + c * L);
-  return j0 + L <= S ? block_scores<DV, true>(qv, k + j0 * ks, ks, L) : block_scores<DV, false>(qv, k + j0 * ks, ks, S - j0);
+  k += j0 * ks;
+  return j0 + L <= S ? block_scores<DV, true>(qv, k, ks, L) : block_scores<DV, false>(qv, k, ks, S - j0);
 }
 
 // out[i] += sum_j w[i][j] v_j and total[i] += sum_j w[i][j] for keys j0 <= j < j1 in order, for C queries at once
@@ -301,8 +303,8 @@ inline void accumulate(const float* w, int64_t stride, const float* v, int64_t v
   }
 }
 
-// P queries q[i] [D] over one KV head's keys and values [S, D] (strides ks, vs), query i under mask[i] [S] (null:
-// none); out[i] [D]; s: [P, Sp] scratch. Keys go by blocks of L, in L1 for every query.
+// P queries q[i] [D] over one KV head's keys and values [S, D] (strides ks, vs), query i under mask[i] [Sp] (0 past
+// S; null: none); out[i] [D]; s: [P, Sp] scratch. Keys go by blocks of L, in L1 for every query.
 template <int DV>
 void attend_queries(const float* const* q, const float* k, int64_t ks, const float* v, int64_t vs,
                     const float* const* mask, int64_t S, int64_t P, float scale, float* const* out, float* s) {
@@ -310,13 +312,7 @@ void attend_queries(const float* const* q, const float* k, int64_t ks, const flo
   for (int64_t j0 = 0; j0 < S; j0 += L)
     for (int64_t i = 0; i < P; ++i) {
       vec x = scores<DV>(q[i], k, ks, j0, S) * scale;
-      if (mask != nullptr && j0 + L <= S) {
-        x += load(mask[i] + j0);
-      } else if (mask != nullptr) {
-        float m[L];
-        for (int64_t t = 0; t < L; ++t) m[t] = j0 + t < S ? mask[i][j0 + t] : 0.0f;
-        x += load(m);
-      }
+      if (mask != nullptr) x += load(mask[i] + j0);
       store(s + i * Sp + j0, x);
     }
   for (int64_t i = 0; i < P; ++i) {
@@ -366,10 +362,12 @@ at::Tensor attend(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& 
   auto last_contiguous = [](const at::Tensor& x) { return x.stride(3) == 1 ? x : x.contiguous(); };
   const at::Tensor q = last_contiguous(q_), k = last_contiguous(k_), v = last_contiguous(v_);
   const int64_t Hq = q.size(1), n = q.size(2), D = q.size(3), Hk = k.size(1), S = k.size(2), G = Hq / Hk;
-  at::Tensor mask;
+  const int64_t Sp = (S + L - 1) / L * L;
+  at::Tensor mask;  // [n, Sp]: the keys' whole blocks, 0 past S
   if (mask_.has_value() && mask_->defined()) {
     TORCH_CHECK(mask_->scalar_type() == at::kFloat, "stream_gemm.attend takes an fp32 additive mask");
-    mask = mask_->expand({1, 1, n, S}).contiguous();
+    mask = at::zeros({n, Sp}, q.options());
+    mask.narrow(1, 0, S).copy_(mask_->expand({1, 1, n, S})[0][0]);
   }
   at::Tensor out = at::empty({1, n, Hq, D}, q.options());
   const QueriesFn fn = queries_fn(D);
@@ -377,7 +375,7 @@ at::Tensor attend(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& 
   const float* mp = mask.defined() ? mask.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
   const int64_t chunks = std::max<int64_t>((n + 7) / 8, std::min<int64_t>(n, (4 + Hk - 1) / Hk));
-  const int64_t R = (n + chunks - 1) / chunks, Sp = (S + L - 1) / L * L;
+  const int64_t R = (n + chunks - 1) / chunks;
   at::parallel_for(0, (n + R - 1) / R * Hk, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> s(R * G * Sp);
     std::vector<const float*> qs(R * G), ms(R * G);
@@ -387,7 +385,7 @@ at::Tensor attend(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& 
       for (int64_t i = 0; i < P; ++i) {
         const int64_t r = r0 + i / G, h = g * G + i % G;
         qs[i] = qp + h * q.stride(1) + r * q.stride(2);
-        ms[i] = mp == nullptr ? nullptr : mp + r * S;
+        ms[i] = mp == nullptr ? nullptr : mp + r * Sp;
         os[i] = op + (r * Hq + h) * D;
       }
       fn(qs.data(), kp + g * k.stride(1), k.stride(2), vp + g * v.stride(1), v.stride(2),
