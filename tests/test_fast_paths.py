@@ -43,11 +43,15 @@ def test_gqa_attention_matches_sdpa_with_tree_masks():
 
 
 def _outer_operators(module: nn.Module, x: torch.Tensor) -> list[str]:
-    """The aten operators ``module(x)`` calls itself (not those inside them): one a kernel each on CUDA."""
+    """The operators (aten's and the package's) ``module(x)`` calls itself, not those inside them: one a kernel each
+    on CUDA."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         module(x)
-    ops = [e for e in prof.events() if e.name.startswith("aten::")]
-    return [e.name for e in ops if not any(p.name.startswith("aten::") for p in _parents(e))]
+    ops = [e for e in prof.events() if e.name.startswith(OPERATORS)]
+    return [e.name for e in ops if not any(p.name.startswith(OPERATORS) for p in _parents(e))]
+
+
+OPERATORS = ("aten::", "jakiro_stream_gemm::")
 
 
 def _parents(e):
@@ -56,19 +60,28 @@ def _parents(e):
         yield e
 
 
+def _torch_norm(monkeypatch) -> None:
+    """The norms through torch's rms_norm, as where the package's kernel does not serve."""
+    monkeypatch.setitem(fast_paths._kernels, "rms_norm", (len(torch.ops.loaded_libraries), None))
+
+
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
-def test_fused_norm_gives_transformers_results_in_one_operator(family):
-    """Every RMSNorm of the target runs torch's rms_norm: one operator (one fused kernel on CUDA) where
-    transformers' forward calls six, and the logits equal transformers' bit for bit in fp32 on the CPU."""
+def test_fused_norm_gives_transformers_results_in_one_operator(family, monkeypatch):
+    """Every RMSNorm of the target runs one operator where transformers' forward calls six: torch's rms_norm, whose
+    logits equal transformers' bit for bit in fp32 on the CPU (and in bf16 the weight applied after rounding, as
+    transformers applies it), or the package's kernel where it serves (tested below)."""
     fused = load_target(TargetConfig(model=f"tiny:{family}")).model
     plain = load_target(TargetConfig(model=f"tiny:{family}", fused_norm=False)).model
     ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        assert torch.equal(fused(ids).logits, plain(ids).logits)
     norms = [m for m in fused.modules() if type(m).__name__ in fast_paths.RMS_NORMS]
     assert len(norms) == 2 * fused.config.num_hidden_layers + 1
     x = torch.randn(3, fused.config.hidden_size)
     with torch.inference_mode():
+        if kernels.stream_gemm_available():
+            assert _outer_operators(norms[0], x) == ["jakiro_stream_gemm::rms_norm"]
+            assert torch.allclose(fused(ids).logits, plain(ids).logits, rtol=1e-5, atol=1e-5)
+        _torch_norm(monkeypatch)
+        assert torch.equal(fused(ids).logits, plain(ids).logits)
         assert _outer_operators(norms[0], x) == ["aten::rms_norm"]
         assert len(_outer_operators(plain.model.norm, x)) >= 5
         half = copy.deepcopy(norms[0]).to(torch.bfloat16)  # bf16: the weight applied after rounding, as transformers
@@ -77,10 +90,44 @@ def test_fused_norm_gives_transformers_results_in_one_operator(family):
         assert torch.equal(half(x.bfloat16()), ref(x.bfloat16()))
 
 
-def test_the_draft_norm_is_fused_as_the_target_s():
+@pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
+def test_the_norm_kernel_gives_transformers_rms_norm():
+    """The package's RMSNorm gives transformers' formula (fp64) to fp32 rounding: rows that fill whole vector
+    registers or not, one row and many, values so small that eps dominates, a strided view; each row's result the
+    same alone as beside other rows."""
+    g = torch.Generator().manual_seed(0)
+    op = torch.ops.jakiro_stream_gemm.rms_norm
+    for shape, scale in (((1, 576), 1.0), ((1, 8, 576), 30.0), ((3, 100), 1.0), ((2, 5, 64), 1e-3), ((300, 576), 1.0),
+                         ((1, 1, 7), 1e-4)):
+        x, w = torch.randn(*shape, generator=g) * scale, torch.randn(shape[-1], generator=g)
+        for rows in (x, x.transpose(0, -2)):  # contiguous, and a strided view
+            want = w.double() * (rows.double() * torch.rsqrt(rows.double().pow(2).mean(-1, keepdim=True) + 1e-5))
+            got = op(rows, w, 1e-5)
+            assert got.shape == rows.shape and torch.allclose(got.double(), want, rtol=2e-6, atol=1e-7)
+            flat = rows.reshape(-1, shape[-1])
+            assert torch.equal(op(flat[-1:].clone(), w, 1e-5)[0], got.reshape(-1, shape[-1])[-1])
+
+
+@pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
+def test_the_norm_kernel_runs_without_autograd_and_torch_s_norm_with_it():
+    """Decoding (no autograd) runs the package's kernel; training the draft runs torch's rms_norm, whose gradients
+    reach the input and the weight."""
+    model = tiny_target("llama")
+    draft = DraftModel.build(DraftConfig(), model)
+    norm = draft.post_attention_layernorm
+    x = torch.randn(3, model.config.hidden_size, requires_grad=True)
+    with torch.inference_mode():
+        assert _outer_operators(norm, x.detach()) == ["jakiro_stream_gemm::rms_norm"]
+    assert _outer_operators(norm, x) == ["aten::rms_norm"]
+    norm(x).square().sum().backward()
+    assert x.grad is not None and norm.weight.grad is not None
+
+
+def test_the_draft_norm_is_fused_as_the_target_s(monkeypatch):
     model = tiny_target("llama")
     draft = DraftModel.build(DraftConfig(), model)
     x = torch.randn(3, model.config.hidden_size)
+    _torch_norm(monkeypatch)
     with torch.inference_mode():
         assert _outer_operators(draft.post_attention_layernorm, x) == ["aten::rms_norm"]
 

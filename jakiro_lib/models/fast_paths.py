@@ -1,6 +1,6 @@
 """The target's attention, RMSNorm and layer fast paths (docs/DESIGN.md section 9); none changes the math beyond
 rounding (tested): ``sdpa_gqa`` (SDPA's own grouped KV heads, where transformers copies the cache per layer under a
-custom mask), :func:`use_fused_norm` (one ``rms_norm`` call where transformers' RMSNorm makes six: one kernel on CUDA)
+custom mask), :func:`use_fused_norm` (one call where transformers' RMSNorm makes six: the package's kernel on the CPU)
 and :func:`lean_forward` (the decoder's layers without transformers' per-call machinery, equal bit for bit)."""
 from __future__ import annotations
 
@@ -85,11 +85,16 @@ def use_gqa_attention(model: nn.Module) -> bool:
 
 
 def _fused_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """transformers' RMSNorm forward through torch's ``rms_norm``: the norm in fp32, then the weight in the
-    input's dtype, as transformers rounds (fp32: one call, the weight inside). Equal to it bit for bit on the
-    CPU (tested); on CUDA up to the fused reduction's rounding."""
+    """transformers' RMSNorm forward in one call: without autograd, where :func:`_kernel` serves, the package's kernel
+    (``stream_gemm.cpp``, each row alone; equal to transformers' to rounding); else torch's ``rms_norm``, the norm in
+    fp32, then the weight in the input's dtype, as transformers rounds (fp32: the weight inside; equal to it bit for
+    bit on the CPU, on CUDA up to the fused reduction's rounding). Tested."""
     weight = self._parameters["weight"]  # not through nn.Module.__getattr__: 61 calls a SmolLM2 forward
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+        kernel = None if grad else _kernel("rms_norm", x)
+        if kernel is not None:
+            return kernel(x, weight, self.variance_epsilon)
         return F.rms_norm(x, weight.shape, weight, self.variance_epsilon)
     return weight * F.rms_norm(x.float(), weight.shape, None, self.variance_epsilon).to(x.dtype)
 

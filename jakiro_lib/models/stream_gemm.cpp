@@ -5,8 +5,8 @@
 // sums. Each row's outputs are computed by the same sequence of FMAs whatever the number of rows, so a row's result
 // does not depend on the rows beside it (a plain step and a verify forward agree bit for bit on the linears). Built
 // for the CPU it runs on by jakiro_lib/models/kernels.py (stream_gemm_available, -O3 -march=native). The file also
-// carries the RoPE of the target's lean forward and of the draft, the attention of a decoding step's few rows, greedy
-// decoding's argmax and the screened head that finds it without reading the fp32 head in full (at the end).
+// carries the RoPE and the RMSNorm of the target's lean forward and of the draft, the attention of a decoding step's
+// few rows, greedy decoding's argmax and the screened head that finds it without reading the fp32 head in full.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -186,6 +186,44 @@ std::tuple<at::Tensor, at::Tensor> rope_meta(const at::Tensor& q, const at::Tens
     return at::empty({x.size(0), x.size(2), x.size(1), x.size(3)}, x.options()).transpose(1, 2);
   };
   return {like(q), like(k)};
+}
+
+// RMSNorm as transformers' RMSNorm computes it in fp32, weight * (x * rsqrt(mean(x^2) + eps)), in one call (the lean
+// forward's norms, models/fast_paths.py): each row alone, its sum of squares in L lanes along the row then the lanes
+// added in order, so a row's result does not depend on the rows beside it. Equal to torch's operators to rounding
+// (their sum runs in another order), not bit for bit.
+at::Tensor rms_norm(const at::Tensor& input, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(input.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat && weight.dim() == 1 &&
+              input.dim() >= 1 && input.size(-1) == weight.size(0) && weight.size(0) > 0,
+              "stream_gemm.rms_norm takes fp32 [..., H] rows and an fp32 [H] weight");
+  const at::Tensor x = input.contiguous(), w = weight.contiguous();
+  at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
+  const int64_t H = w.size(0), rows = x.numel() / H;
+  const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const float e = static_cast<float>(eps);
+  at::parallel_for(0, rows, 256, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* in = xp + r * H;
+      float* out = yp + r * H;
+      vec acc{};
+      int64_t i = 0;
+      for (; i + L <= H; i += L) {
+        const vec v = load(in + i);
+        acc += v * v;
+      }
+      float squares = 0.0f;
+      for (int64_t lane = 0; lane < L; ++lane) squares += acc[lane];
+      for (; i < H; ++i) squares += in[i] * in[i];
+      const float scale = 1.0f / std::sqrt(squares / static_cast<float>(H) + e);
+      for (int64_t j = 0; j < H; ++j) out[j] = wp[j] * (in[j] * scale);
+    }
+  });
+  return y;
+}
+
+at::Tensor rms_norm_meta(const at::Tensor& input, const at::Tensor& weight, double eps) {
+  return at::empty_like(input, at::MemoryFormat::Contiguous);
 }
 
 // The attention of a decoding step's few query rows over the cache (DESIGN section 9), grouped KV heads read once for
@@ -564,6 +602,7 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("pack(Tensor weight, bool bf16=False) -> Tensor");
   m.def("linear(Tensor input, Tensor packed, int n) -> Tensor");
   m.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("attend(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor");
   m.def("argmax(Tensor x) -> Tensor");
   m.def("greedy_head(Tensor x, Tensor screen, Tensor bound, Tensor weight) -> Tensor");
@@ -572,6 +611,7 @@ TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("pack", pack);
   m.impl("linear", linear);
   m.impl("rope", rope);
+  m.impl("rms_norm", rms_norm);
   m.impl("attend", attend);
   m.impl("argmax", argmax_rows);
   m.impl("greedy_head", greedy_head);
@@ -579,6 +619,7 @@ TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, Meta, m) {
   m.impl("linear", linear_meta);
   m.impl("rope", rope_meta);
+  m.impl("rms_norm", rms_norm_meta);
   m.impl("attend", attend_meta);
   m.impl("argmax", argmax_meta);
   m.impl("greedy_head", greedy_head_meta);
