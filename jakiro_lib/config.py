@@ -47,7 +47,7 @@ class TargetConfig:
     gqa_attention: bool = True
     packed_gemm: int = 0
     gemm_backend: str = "auto"
-    fused_norm: bool = True  # the target's RMSNorms through torch's rms_norm (fast_paths.use_fused_norm)
+    fused_norm: bool = True  # the target's RMSNorms in one call each (fast_paths.use_fused_norm)
     # lean_forward: decoding forwards run the layers without transformers' per-call machinery where that is equal to
     # its forward bit for bit (fast_paths.lean_forward, checked at load)
     lean_forward: bool = True
