@@ -326,6 +326,32 @@ def test_a_tree_row_is_a_plain_step_bit_for_bit(monkeypatch):
 
 
 @pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
+def test_the_cache_write_kernel_writes_a_step_where_the_views_did():
+    """write_kv puts a step's keys and values (strided, as the layers make them) into its slot of the cache buffer at
+    the step's positions, nothing else moved, and returns the slot's keys and values up to there as views of the
+    buffer; not with autograd. The runner writes each layer through it in one call, no copies around it."""
+    g = torch.Generator().manual_seed(0)
+    stack = torch.randn(3, 2, 1, 2, 16, 8, generator=g)  # [layers, k or v, B, KV heads, capacity, D]
+    for start, n in ((0, 1), (5, 3), (13, 3)):
+        keys, values = (torch.randn(1, n, 2, 8, generator=g).transpose(1, 2) for _ in range(2))  # [1, 2, n, 8]
+        want = stack.clone()
+        want[1, 0, :, :, start:start + n], want[1, 1, :, :, start:start + n] = keys, values
+        with torch.no_grad():
+            k, v = fast_paths.write_kv(stack, 1, keys, values, start)
+        assert torch.equal(stack, want)
+        assert torch.equal(k, want[1, 0, :, :, :start + n]) and torch.equal(v, want[1, 1, :, :, :start + n])
+        assert k.data_ptr() == stack[1, 0].data_ptr() and v.data_ptr() == stack[1, 1].data_ptr()
+    assert fast_paths.write_kv(stack, 1, keys.clone().requires_grad_(), values, 0) is None
+    model = tiny_target("llama")
+    with torch.inference_mode():
+        runner = TargetRunner(model, 64)
+        runner.prefill(torch.randint(0, 256, (9,), generator=g))
+        with DispatchedOps() as mode:
+            runner.score(torch.tensor([7]), torch.tensor([0]), None, 9)
+    assert mode.ops.count("kv_write") == model.config.num_hidden_layers and "copy_" not in mode.ops, mode.ops
+
+
+@pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
 def test_argmax_kernel_gives_torch_s_index():
     """Greedy decoding's argmax gives torch.argmax's index: the first of equal maxima, the first NaN, a row of -inf,
     signed zeros, widths that are and are not multiples of a vector, one row and several."""

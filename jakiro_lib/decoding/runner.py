@@ -111,6 +111,9 @@ class KVLayer(CacheLayerMixin):
             end = start + n
             if end > self.capacity:  # host positions only (the loop engine): grow, never write past the end
                 self.where.grow(key_states, max(256, 2 * end))
+            written = fast_paths.write_kv(self.where.stack, self.slot, key_states, value_states, start)
+            if written is not None:
+                return written
             keys, values = self.keys, self.values
             keys[:, :, start:end] = key_states
             values[:, :, start:end] = value_states

@@ -64,6 +64,18 @@ def attend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mas
     return kernel(query, key, value, mask, D ** -0.5 if scale is None else scale)
 
 
+def write_kv(stack: torch.Tensor, slot: int, keys: torch.Tensor, values: torch.Tensor,
+             start: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A layer's ``keys`` and ``values`` [B, KV heads, n, D] written into its ``slot`` of the cache buffer ``stack``
+    [layers, 2, B, KV heads, capacity, D] at positions ``start``.., and the slot's keys and values up to there
+    returned (views), in one call of the package's kernel; None where it does not serve (autograd, other dtypes or
+    devices, a compiled graph)."""
+    if torch.is_grad_enabled() and (keys.requires_grad or values.requires_grad):
+        return None
+    kernel = _kernel("kv_write", keys)
+    return None if kernel is None else kernel(stack, slot, keys, values, start)
+
+
 def _register_gqa_attention() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask

@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <cmath>
+#include <cstring>
 #include <utility>
 #include <vector>
 #include <torch/library.h>
@@ -224,6 +225,37 @@ at::Tensor rms_norm(const at::Tensor& input, const at::Tensor& weight, double ep
 
 at::Tensor rms_norm_meta(const at::Tensor& input, const at::Tensor& weight, double eps) {
   return at::empty_like(input, at::MemoryFormat::Contiguous);
+}
+
+// A decoding step's keys and values [B, n_kv, n, D] written into one layer's slot of the runner's cache buffer
+// [layers, 2, B, n_kv, capacity, D] at positions start.. (models/fast_paths.py's write_kv), and that slot's keys and
+// values up to the last written position returned as views: one call where the views and copies were ten a layer.
+std::tuple<at::Tensor, at::Tensor> kv_write(const at::Tensor& stack, int64_t slot, const at::Tensor& keys,
+                                            const at::Tensor& values, int64_t start) {
+  TORCH_CHECK(stack.dim() == 6 && stack.size(1) == 2 && stack.is_contiguous() && keys.dim() == 4 &&
+              keys.sizes() == values.sizes() && keys.size(0) == stack.size(2) && keys.size(1) == stack.size(3) &&
+              keys.size(3) == stack.size(5) && keys.scalar_type() == stack.scalar_type() &&
+              values.scalar_type() == stack.scalar_type() && 0 <= slot && slot < stack.size(0) && 0 <= start &&
+              start + keys.size(2) <= stack.size(4), "stream_gemm.kv_write: shapes do not match");
+  const int64_t B = keys.size(0), H = keys.size(1), n = keys.size(2), D = keys.size(3), end = start + n;
+  const at::Tensor layer = stack.select(0, slot);  // [2, B, n_kv, capacity, D]
+  at::Tensor k = layer.select(0, 0), v = layer.select(0, 1);
+  if (stack.scalar_type() == at::kFloat && keys.stride(3) == 1 && values.stride(3) == 1) {  // rows of D floats
+    for (int part = 0; part < 2; ++part) {
+      const at::Tensor& src = part == 0 ? keys : values;
+      const float* in = src.data_ptr<float>();
+      float* out = (part == 0 ? k : v).data_ptr<float>();
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t t = 0; t < n; ++t)
+            std::memcpy(out + ((b * H + h) * stack.size(4) + start + t) * D,
+                        in + b * src.stride(0) + h * src.stride(1) + t * src.stride(2), D * sizeof(float));
+    }
+  } else {
+    k.narrow(2, start, n).copy_(keys);
+    v.narrow(2, start, n).copy_(values);
+  }
+  return {k.narrow(2, 0, end), v.narrow(2, 0, end)};
 }
 
 // The attention of a decoding step's few query rows over the cache (DESIGN section 9), grouped KV heads read once for
@@ -603,6 +635,7 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("linear(Tensor input, Tensor packed, int n) -> Tensor");
   m.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("kv_write(Tensor(a!) stack, int slot, Tensor keys, Tensor values, int start) -> (Tensor(a), Tensor(a))");
   m.def("attend(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor");
   m.def("argmax(Tensor x) -> Tensor");
   m.def("greedy_head(Tensor x, Tensor screen, Tensor bound, Tensor weight) -> Tensor");
@@ -612,6 +645,7 @@ TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("linear", linear);
   m.impl("rope", rope);
   m.impl("rms_norm", rms_norm);
+  m.impl("kv_write", kv_write);
   m.impl("attend", attend);
   m.impl("argmax", argmax_rows);
   m.impl("greedy_head", greedy_head);
