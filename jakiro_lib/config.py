@@ -51,7 +51,7 @@ class TargetConfig:
     # lean_forward: decoding forwards run the layers without transformers' per-call machinery where that is equal to
     # its forward bit for bit (fast_paths.lean_forward, checked at load)
     lean_forward: bool = True
-    # greedy_head: greedy decoding's argmax screened through a bf16 copy of the head, then exact on the words left
+    # greedy_head: greedy decoding's argmax screened through an int8 copy of the head, then exact on the words left
     # (fast_paths.greedy_argmax; the CPU's fp32 eager cycles)
     greedy_head: bool = True
     # capture: how our methods run the decoding cycle (jakiro_lib.decoding.compiled): "none" (eager), "graphs"

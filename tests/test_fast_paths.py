@@ -1,6 +1,6 @@
 """The target's fast paths (jakiro_lib.models.fast_paths): SDPA with its own grouped KV heads under tree masks, one
 rms_norm call equal to transformers' RMSNorm, the layers run without transformers' forward, equal to it, and greedy
-decoding's argmax, through torch's index or a bf16 screen of the head."""
+decoding's argmax, through torch's index or an int8 screen of the head."""
 import copy
 
 import pytest
@@ -387,7 +387,7 @@ def _stream_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 @pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
 def test_greedy_head_gives_the_streaming_gemm_s_argmax():
     """The screened head's argmax is the argmax of the streaming GEMM's fp32 logits: on random heads and rows, and on
-    words a few ulps apart (which the bf16 screen cannot tell apart: the exact logits decide, equal ones to the first)."""
+    words a few ulps apart (which the int8 screen cannot tell apart: the exact logits decide, equal ones to the first)."""
     g = torch.Generator().manual_seed(0)
     for words, width in ((260, 64), (1001, 96), (4099, 576)):
         weight = torch.randn(words, width, generator=g) * 0.1
@@ -404,18 +404,22 @@ def test_greedy_head_gives_the_streaming_gemm_s_argmax():
     best = logits.argmax(-1)
     assert 20 < int((best == 7).sum()) < 380 and bool((logits[:, 3] == logits[:, 7]).any())  # both win, ties occur
     assert torch.equal(fast_paths.greedy_argmax(model, x), best)
-    # word 9 wins by its fp32 logit while its bf16 copy screens below word 4's by nearly the most bf16's rounding
-    # allows (half a bf16 step, 2^-8 of a weight near 1, on each word): only a sound bound keeps it (2^-9 would not)
+    # word 9 wins by its fp32 logit while its int8 copy screens below word 4's by nearly the most the rounding allows
+    # (half a step on each weight): only a sound bound keeps it (half the measured rounding would not)
     x = torch.randn(1, 576, generator=g)
-    sign = x[0].sign()
-    b = sign * (1.02 + 0.03 * torch.rand(576, generator=g)).bfloat16().float()  # exact in bf16, its step 2^-7
-    step = 2.0 ** -7
-    lower = torch.arange(576) < 570  # word 9's bf16 copy a step lower than word 4's on 570 of 576 weights
+    x[0, 575] = 0.0  # the weight that sets both words' scale (1.27 / 127) counts for nothing
+    sign, step = x[0].sign(), torch.tensor(1.27) / 127
+    m = torch.randint(60, 120, (576,), generator=g).float()
+    higher = torch.arange(576) >= 569  # word 9 above word 4 on 6 weights (569-574), a little below on 569
     weight = torch.randn(16, 576, generator=g) * 0.01
-    weight[4] = b - sign * 0.499 * step  # rounds up to b
-    weight[9] = b - sign * step * lower.float() + sign * 0.499 * step  # rounds down to b - step (where lower)
+    weight[4] = sign * step * (m + 0.501)  # its copy m + 1: half a step high
+    weight[9] = sign * step * (m + 0.499 + higher.float())  # its copy m (m + 1 where higher): half a step low
+    weight[[4, 9], 575] = 1.27
     model = _screened_head(weight)
-    screened = x @ weight.bfloat16().float().T
+    screen, scales, bound = model.__dict__[fast_paths.SCREEN]
+    copy = screen.transpose(1, 2).reshape(-1, 576)[:16].double() * scales[:16, None].double()
+    assert torch.allclose((copy - weight.double()).abs().amax(1)[[4, 9]], 0.499 * step.double(), rtol=1e-4)
+    screened = x.double() @ copy.T
     logits = _stream_logits(x, weight)
     assert int(logits.argmax()) == 9 and float(screened[0, 9]) < float(screened[0, 4])
     assert fast_paths.greedy_argmax(model, x).tolist() == [9]

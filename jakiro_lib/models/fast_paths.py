@@ -170,26 +170,31 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     return kernel(logits) if kernel is not None else logits.argmax(-1)
 
 
-def head_screen(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """What :func:`greedy_argmax` screens ``model``'s head with: its weight [V, K] in the streaming GEMM's bf16
-    panels, and each word's bound factor [V], max_k |w_ck| times the bf16 rounding (2^-8) and both fp32 dot products'
-    accumulation error (2.02 K 2^-24), with 1% to spare for the screen's own roundings, plus 2^-100 (DESIGN section
-    9); half the head's memory once more. None where the package's kernel is not loaded or the head is not a
-    bias-free fp32 CPU linear."""
+def head_screen(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """What :func:`greedy_argmax` screens ``model``'s head with: its weight [V, K] in the streaming GEMM's int8 panels,
+    each word's scale (max_k |w_ck| / 127), and each word's bound factor [V]: the largest rounding of its weights in
+    the copy, max_k |scale_c q_ck - w_ck| (measured: at most half a step), plus both fp32 dot products' accumulation
+    error (2.02 K 2^-24 max_k |w_ck|), with 1% to spare for the screen's own roundings, plus 2^-100 (DESIGN section
+    9); a quarter of the head's memory once more. None where the package's kernel is not loaded or the head is not a
+    bias-free, finite fp32 CPU linear."""
     head = getattr(model, "lm_head", None)
     if type(head) is not nn.Linear or head.bias is not None or _kernel("greedy_head", head.weight) is None:
         return None
     w = head.weight.detach()  # [V, K]
-    screen = torch.ops.jakiro_stream_gemm.pack(w, True)  # [ceil(V / L), K, L] bf16
-    if not bool(torch.isfinite(screen).all()):
+    if not bool(torch.isfinite(w).all()):
         return None
-    factor = 1.01 * (2.0 ** -8 + 2.02 * w.shape[1] * 2.0 ** -24)
-    return screen, w.abs().amax(1) * factor + 2.0 ** -100
+    screen, scales = torch.ops.jakiro_stream_gemm.pack_int8(w)  # [ceil(V / L), K, L] int8, [ceil(V / L) L]
+    V, K = w.shape
+    copy, scale = screen.transpose(1, 2).reshape(-1, K)[:V], scales[:V, None].double()  # [V, K], word by word
+    rounding = torch.cat([(copy[i:i + 4096].double() * scale[i:i + 4096] - w[i:i + 4096].double()).abs().amax(1)
+                          for i in range(0, V, 4096)])  # exact in fp64
+    bound = 1.01 * (rounding + 2.02 * K * 2.0 ** -24 * w.abs().amax(1).double()) + 2.0 ** -100
+    return screen, scales, bound.float()
 
 
 def greedy_argmax(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """Each row's argmax [n] of ``model``'s logits for its last hidden states ``hidden`` [n, K]: where the model
-    holds a :func:`head_screen` and :func:`_kernel` serves, the package's kernel, which reads the head's bf16 copy and
+    holds a :func:`head_screen` and :func:`_kernel` serves, the package's kernel, which reads the head's int8 copy and
     then only the few words the screen cannot rule out (each logit in fp32, one FMA per k in k's order, the first of
     equal maxima: the argmax of the logits as the streaming GEMM computes them); else :func:`argmax_rows` of the
     head's logits."""
@@ -197,7 +202,7 @@ def greedy_argmax(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     kernel = None if screen is None else _kernel("greedy_head", hidden)
     if kernel is None:
         return argmax_rows(model.lm_head(hidden))
-    return kernel(hidden, *screen, model.lm_head.weight)
+    return kernel(hidden, *screen, model.lm_head.weight)  # screen: the int8 panels, their scales, the bounds
 
 
 _kernels: dict[str, tuple[int, Any]] = {}  # op name -> (libraries loaded when last looked up, the op or None)

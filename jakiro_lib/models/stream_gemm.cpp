@@ -48,6 +48,21 @@ inline vec load(const uint16_t* p) {
   __builtin_memcpy(&v, &u, sizeof(vec));
   return v;
 }
+// int8: each output column's weights scaled into [-127, 127] and rounded (pack_int8); the column's scale multiplies its
+// sums afterwards. Sign-extended and converted in registers (GCC's convertvector does it by scalars).
+inline vec load(const int8_t* p) {
+  vec v;
+#if defined(__AVX512F__)
+  const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  __builtin_memcpy(&v, &w, sizeof(vec));
+#elif defined(__AVX2__)
+  const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  __builtin_memcpy(&v, &w, sizeof(vec));
+#else
+  for (int i = 0; i < L; ++i) v[i] = p[i];
+#endif
+  return v;
+}
 
 template <int M, int NB, typename W>
 inline void block(const float* x, const W* panels, float* y, int64_t K, int64_t Np, int64_t p) {
@@ -105,6 +120,21 @@ at::Tensor pack(const at::Tensor& weight, bool bf16) {
   at::Tensor padded = at::zeros({P * L, K}, weight.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
   padded.narrow(0, 0, N).copy_(weight);
   return padded.view({P, L, K}).transpose(1, 2).contiguous();  // [P, K, L]
+}
+
+// int8 panels [P, K, L] of an fp32 weight [N, K] and each column's scale [P * L]: max_k |w_ck| / 127 (1 where the
+// column is zero), each weight divided by it and rounded to the nearest integer.
+std::tuple<at::Tensor, at::Tensor> pack_int8(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
+              "stream_gemm.pack_int8 takes a 2-D fp32 CPU weight");
+  const int64_t N = weight.size(0), K = weight.size(1), P = (N + L - 1) / L;
+  const at::Tensor top = weight.abs().amax(1);
+  const at::Tensor scale = at::where(top > 0, top / 127.0, at::ones_like(top));
+  at::Tensor padded = at::zeros({P * L, K}, weight.options().dtype(at::kChar));
+  padded.narrow(0, 0, N).copy_((weight / scale.unsqueeze(1)).round().clamp(-127, 127));
+  at::Tensor scales = at::ones({P * L}, weight.options());
+  scales.narrow(0, 0, N).copy_(scale);
+  return {padded.view({P, L, K}).transpose(1, 2).contiguous(), scales};
 }
 
 // input [..., K] -> [..., n]: the leading dimensions flattened into rows and restored here, not in Python.
@@ -526,9 +556,9 @@ at::Tensor argmax_rows(const at::Tensor& x) {
 at::Tensor argmax_meta(const at::Tensor& x) { return at::empty({x.size(0)}, x.options().dtype(at::kLong)); }
 
 // Greedy decoding's argmax of each row's logits W x without reading W in full (DESIGN section 9): a screen through
-// W's bf16 panels (half the bytes, fp32 FMAs) gives s_c within bound_c * |x|_1 of the word's exact logit, bound_c
-// holding max_k |w_ck| times the bf16 rounding and both dot products' accumulation error (set in Python, with an
-// allowance for underflow); every word whose s_c + bound_c |x|_1 reaches the largest s_j - bound_j |x|_1 is a
+// W's int8 panels (a quarter of the bytes, fp32 FMAs, each column's scale after) gives s_c within bound_c * |x|_1 of
+// the word's exact logit, bound_c holding the largest rounding of the word's weights in the copy and both dot
+// products' accumulation error (set in Python, with an allowance for underflow); every word whose s_c + bound_c |x|_1 reaches the largest s_j - bound_j |x|_1 is a
 // candidate, the exact argmax always among them. Exact: a candidate's logit is sum_k x_k w_ck in fp32, one FMA per k
 // in k's order (`exact`), the first of equal maxima chosen; where the screen is not finite every word is a candidate.
 constexpr float kUnderflowAllowance = 1e-30f;  // what each side of the screen's comparison allows for underflow
@@ -597,28 +627,30 @@ int64_t screened_argmax(const float* x, const float* s, const float* bound, cons
 }
 
 // The argmaxes of ``input`` [..., K]'s rows: [...] int64, on its device (the CPU op's output, and its meta)
-at::Tensor greedy_head_meta(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& bound,
-                            const at::Tensor& weight) {
+at::Tensor greedy_head_meta(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& scales,
+                            const at::Tensor& bound, const at::Tensor& weight) {
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes.pop_back();
   return at::empty(sizes, input.options().dtype(at::kLong));
 }
 
-// x [..., K] fp32, screen: W's bf16 panels (pack), bound [V], weight [V, K] fp32 -> the argmax of each row [...]
-at::Tensor greedy_head(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& bound,
-                       const at::Tensor& weight) {
-  TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && screen.scalar_type() == at::kBFloat16 &&
-              screen.dim() == 3 && screen.size(1) == input.size(-1) && screen.size(2) == L &&
-              weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.size(1) == input.size(-1) &&
-              bound.dim() == 1 && bound.scalar_type() == at::kFloat && bound.size(0) == weight.size(0) &&
+// x [..., K] fp32, screen: W's int8 panels and their columns' scales (pack_int8), bound [V], weight [V, K] fp32 ->
+// the argmax of each row [...]
+at::Tensor greedy_head(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& scales,
+                       const at::Tensor& bound, const at::Tensor& weight) {
+  TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && screen.scalar_type() == at::kChar &&
+              screen.dim() == 3 && screen.size(1) == input.size(-1) && screen.size(2) == L && scales.dim() == 1 &&
+              scales.scalar_type() == at::kFloat && scales.size(0) == screen.size(0) * L && weight.dim() == 2 &&
+              weight.scalar_type() == at::kFloat && weight.size(1) == input.size(-1) && bound.dim() == 1 &&
+              bound.scalar_type() == at::kFloat && bound.size(0) == weight.size(0) &&
               weight.size(0) <= screen.size(0) * L, "stream_gemm.greedy_head: shapes do not match");
   const at::Tensor x = input.reshape({-1, input.size(-1)}).contiguous(), w = weight.contiguous();
   const at::Tensor b = bound.contiguous();
   const int64_t M = x.size(0), K = x.size(1), P = screen.size(0), V = w.size(0);
   at::Tensor s = at::empty({M, P * L}, x.options());
-  run(x.data_ptr<float>(), reinterpret_cast<const uint16_t*>(screen.data_ptr<at::BFloat16>()), s.data_ptr<float>(),
-      M, K, P);
-  at::Tensor out = greedy_head_meta(input, screen, bound, weight);
+  run(x.data_ptr<float>(), screen.data_ptr<int8_t>(), s.data_ptr<float>(), M, K, P);
+  s.mul_(scales.contiguous());  // each word's screened logit: its sums times its scale, rounded once
+  at::Tensor out = greedy_head_meta(input, screen, scales, bound, weight);
   int64_t* o = out.data_ptr<int64_t>();
   const float *xp = x.data_ptr<float>(), *sp = s.data_ptr<float>();
   const float *bp = b.data_ptr<float>(), *wp = w.data_ptr<float>();
@@ -638,7 +670,8 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("kv_write(Tensor(a!) stack, int slot, Tensor keys, Tensor values, int start) -> (Tensor(a), Tensor(a))");
   m.def("attend(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor");
   m.def("argmax(Tensor x) -> Tensor");
-  m.def("greedy_head(Tensor x, Tensor screen, Tensor bound, Tensor weight) -> Tensor");
+  m.def("pack_int8(Tensor weight) -> (Tensor, Tensor)");
+  m.def("greedy_head(Tensor x, Tensor screen, Tensor scales, Tensor bound, Tensor weight) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("pack", pack);
@@ -648,6 +681,7 @@ TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("kv_write", kv_write);
   m.impl("attend", attend);
   m.impl("argmax", argmax_rows);
+  m.impl("pack_int8", pack_int8);
   m.impl("greedy_head", greedy_head);
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, Meta, m) {
