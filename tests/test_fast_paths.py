@@ -329,7 +329,7 @@ def test_a_tree_row_is_a_plain_step_bit_for_bit(monkeypatch):
 def test_the_cache_write_kernel_writes_a_step_where_the_views_did():
     """write_kv puts a step's keys and values (strided, as the layers make them) into its slot of the cache buffer at
     the step's positions, nothing else moved, and returns the slot's keys and values up to there as views of the
-    buffer; not with autograd. The runner writes each layer through it in one call, no copies around it."""
+    buffer; with autograd, views and copies do it. The runner writes each layer through it in one call."""
     g = torch.Generator().manual_seed(0)
     stack = torch.randn(3, 2, 1, 2, 16, 8, generator=g)  # [layers, k or v, B, KV heads, capacity, D]
     for start, n in ((0, 1), (5, 3), (13, 3)):
@@ -341,7 +341,10 @@ def test_the_cache_write_kernel_writes_a_step_where_the_views_did():
         assert torch.equal(stack, want)
         assert torch.equal(k, want[1, 0, :, :, :start + n]) and torch.equal(v, want[1, 1, :, :, :start + n])
         assert k.data_ptr() == stack[1, 0].data_ptr() and v.data_ptr() == stack[1, 1].data_ptr()
-    assert fast_paths.write_kv(stack, 1, keys.clone().requires_grad_(), values, 0) is None
+    with DispatchedOps() as mode:  # with autograd: views and copies, the same writes
+        k, v = fast_paths.write_kv(stack, 1, keys.clone().requires_grad_(), values + 1, 0)
+    assert "kv_write" not in mode.ops and torch.equal(k, keys) and torch.equal(v, values + 1)
+    assert torch.equal(stack[1, 0, :, :, :3], keys) and torch.equal(stack[1, 1, :, :, :3], values + 1)
     model = tiny_target("llama")
     with torch.inference_mode():
         runner = TargetRunner(model, 64)

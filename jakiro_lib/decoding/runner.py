@@ -108,16 +108,9 @@ class KVLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         n, start = key_states.shape[-2], self.where.start
         if isinstance(start, int):
-            end = start + n
-            if end > self.capacity:  # host positions only (the loop engine): grow, never write past the end
-                self.where.grow(key_states, max(256, 2 * end))
-            written = fast_paths.write_kv(self.where.stack, self.slot, key_states, value_states, start)
-            if written is not None:
-                return written
-            keys, values = self.keys, self.values
-            keys[:, :, start:end] = key_states
-            values[:, :, start:end] = value_states
-            return keys[:, :, :end], values[:, :, :end]
+            if start + n > self.capacity:  # host positions only (the loop engine): grow, never write past the end
+                self.where.grow(key_states, max(256, 2 * (start + n)))
+            return fast_paths.write_kv(self.where.stack, self.slot, key_states, value_states, start)
         where = self.where  # one write into the stack itself (writes into views made inductor copy it per layer)
         index = [where.slot_ids[self.slot], where.parts, None, None, where.cols[None]]  # [1, 1], [2, 1], [1, n]
         torch.ops.aten.index_put_(where.stack, index, torch.stack([key_states, value_states]).permute(0, 3, 1, 2, 4))

@@ -65,15 +65,18 @@ def attend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mas
 
 
 def write_kv(stack: torch.Tensor, slot: int, keys: torch.Tensor, values: torch.Tensor,
-             start: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+             start: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A layer's ``keys`` and ``values`` [B, KV heads, n, D] written into its ``slot`` of the cache buffer ``stack``
     [layers, 2, B, KV heads, capacity, D] at positions ``start``.., and the slot's keys and values up to there
-    returned (views), in one call of the package's kernel; None where it does not serve (autograd, other dtypes or
-    devices, a compiled graph)."""
-    if torch.is_grad_enabled() and (keys.requires_grad or values.requires_grad):
-        return None
-    kernel = _kernel("kv_write", keys)
-    return None if kernel is None else kernel(stack, slot, keys, values, start)
+    returned (views): in one call of the package's kernel where it serves, else by views and copies (autograd, other
+    dtypes or devices)."""
+    grad = torch.is_grad_enabled() and (keys.requires_grad or values.requires_grad)
+    kernel = None if grad else _kernel("kv_write", keys)
+    if kernel is not None:
+        return kernel(stack, slot, keys, values, start)
+    end = start + keys.shape[-2]
+    stack[slot, 0, :, :, start:end], stack[slot, 1, :, :, start:end] = keys, values
+    return stack[slot, 0, :, :, :end], stack[slot, 1, :, :, :end]
 
 
 def _register_gqa_attention() -> None:
