@@ -53,10 +53,9 @@ def attend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mas
     n, D = query.shape[2], query.shape[3]
     if (n > ATTEND_ROWS or query.shape[0] != 1 or D not in ATTEND_HEAD_SIZES or key.shape[1] == 0
             or query.shape[1] % key.shape[1] or key.dtype != query.dtype
-            or (mask is not None and mask.dtype not in (query.dtype, torch.bool))
-            or torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)):
+            or (mask is not None and mask.dtype not in (query.dtype, torch.bool))):
         return None
-    kernel = _kernel("attend", query)
+    kernel = _kernel_without_grad("attend", query, key, value)
     if kernel is None:
         return None
     if mask is not None and mask.dtype == torch.bool:  # seen keys add 0: the same bits as no mask where all are seen
@@ -70,8 +69,7 @@ def write_kv(stack: torch.Tensor, slot: int, keys: torch.Tensor, values: torch.T
     [layers, 2, B, KV heads, capacity, D] at positions ``start``.., and the slot's keys and values up to there
     returned (views): in one call of the package's kernel where it serves, else by views and copies (autograd, other
     dtypes or devices)."""
-    grad = torch.is_grad_enabled() and (keys.requires_grad or values.requires_grad)
-    kernel = None if grad else _kernel("kv_write", keys)
+    kernel = _kernel_without_grad("kv_write", keys, values)
     if kernel is not None:
         return kernel(stack, slot, keys, values, start)
     end = start + keys.shape[-2]
@@ -106,8 +104,7 @@ def _fused_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     bit on the CPU, on CUDA up to the fused reduction's rounding). Tested."""
     weight = self._parameters["weight"]  # not through nn.Module.__getattr__: 61 calls a SmolLM2 forward
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
-        grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-        kernel = None if grad else _kernel("rms_norm", x)
+        kernel = _kernel_without_grad("rms_norm", x, weight)
         if kernel is not None:
             return kernel(x, weight, self.variance_epsilon)
         return F.rms_norm(x, weight.shape, weight, self.variance_epsilon)
@@ -151,8 +148,7 @@ def rope_pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     else torch's operators over queries and keys as one tensor (elementwise, so equal bit for bit too): 6 kernels a
     layer where two calls of :func:`_rope` are 10, 5 given ``turned`` (:func:`turned_sin` of ``sin``), on a GPU where
     a step's time follows its kernels."""
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
-    kernel = None if grad else _kernel("rope", q)
+    kernel = _kernel_without_grad("rope", q, k)
     if kernel is not None:
         return kernel(q, k, cos, sin)
     # [B, q heads + k heads, n, D], laid out as [B, n, heads, D] as the projections' views are (elementwise operators
@@ -223,6 +219,14 @@ def _kernel(name: str, x: torch.Tensor) -> Any:
         op = getattr(torch.ops.jakiro_stream_gemm, name, None)
         _kernels[name] = (loaded, op)
     return op
+
+
+def _kernel_without_grad(name: str, x: torch.Tensor, *others: torch.Tensor) -> Any:
+    """:func:`_kernel` ``name`` for ``x``, or None where autograd would need a gradient through ``x`` or ``others`` (the
+    package's ops have no backward)."""
+    if torch.is_grad_enabled() and (x.requires_grad or any(t.requires_grad for t in others)):
+        return None
+    return _kernel(name, x)
 
 
 def lean_forward(model: nn.Module, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
