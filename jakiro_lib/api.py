@@ -15,7 +15,6 @@ from .models.draft import resolve_draft_dtype
 from .models.target import Target
 from .decoding.verify import SamplingParams
 
-METHODS = KINDS  # generate() takes a method kind (jakiro_lib.decoding.methods)
 log = logging.getLogger(__name__)
 
 
@@ -35,8 +34,8 @@ def generate(target: Target, prompt: str | list[dict[str, str]], *, method: str 
     with ``tree``, its layers in ``draft_dtype``, a ``bench.draft_dtype`` value). ``on_text`` receives the decoded text
     as tokens are accepted. A ``max_new_tokens`` past what the target's context leaves after the prompt is lowered to
     that, with one warning."""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if method not in KINDS:  # a method kind (jakiro_lib.decoding.methods)
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(KINDS)}")
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     problem = next((p for m in messages if (p := not_text(m["content"]))), None)
     if problem:

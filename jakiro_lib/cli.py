@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .commands import (cmd_bench, cmd_cache, cmd_costs, cmd_cycles, cmd_divergences, cmd_export, cmd_generate,
-                       cmd_gpucheck, cmd_papercost, cmd_profiles, cmd_summary, cmd_throughput, cmd_train)
+                       cmd_gpucheck, cmd_papercost, cmd_profiles, cmd_summary, cmd_throughput, cmd_train, one_line)
 from .data.conversations import not_text
 from .errors import exit_status
 from .files import check_paths
@@ -26,8 +26,8 @@ from .study.gpucheck import CHECK_METHODS
 from .config import KINDS, SPEC
 from .measure.methods import MAIN, STUDIES
 from .measure.random_models import SHAPES
-from .profiles import PROFILE_NAMES
-from .report.pipeline import add_cli
+from .profiles import PROFILE_NAMES, parse_overrides
+from .report.pipeline import run_pipeline
 from .study.context import default_run_dir
 
 # Sub-commands that run torch for a while: they check first whether another torch process is busy here.
@@ -187,6 +187,27 @@ def _args_summary(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="directory for summary.csv and performance_targets.csv")
 
 
+def _args_pipeline(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true",
+                   help="re-execute the stages even when up to date (and retrain / rerun inside them)")
+    p.add_argument("--stages", help="comma-separated subset, e.g. 00,01 (default: all)")
+    p.add_argument("--report-dir", type=Path, default=None, help="default reports/<profile>")
+    p.add_argument("--run-dir", type=Path, default=None, help="default $JAKIRO_RUNS/<profile> or runs/<profile>")
+    p.add_argument("--kernel", default="python3", help="Jupyter kernel name (default python3)")
+    p.add_argument("--log-output", action="store_true", help="stream the notebooks' output")
+
+
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    """The study notebooks run with papermill into an HTML report (:mod:`jakiro_lib.report.pipeline`). The one
+    handler kept here, not in :mod:`.commands`: commands importing the pipeline would add an import layer."""
+    with one_line(ValueError):  # a bad --stages or --set value
+        out = run_pipeline(args.profile, overrides=parse_overrides(args.set), force=args.force, stages=args.stages,
+                           report_dir=args.report_dir, run_dir=args.run_dir, kernel_name=args.kernel,
+                           log_output=args.log_output)
+    print(f"reports written to {out} (open {out / 'index.html'})")
+    return 0
+
+
 def _args_export(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", type=Path, required=True, help="a saved draft: <run>/drafts/<name> (or its draft/ folder)")
     p.add_argument("--format", required=True, choices=("eagle", "eagle3", "jakiro"),
@@ -221,6 +242,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int], Callable[[ar
                 _args_summary, False),
     "export": ("write a saved draft as an EAGLE or Jakiro head (config.json + model.safetensors); --profile names "
                "its target", cmd_export, _args_export, True),
+    "pipeline": ("run all notebooks with papermill and write HTML reports", cmd_pipeline, _args_pipeline, True),
 }
 
 
@@ -234,7 +256,6 @@ def build_parser() -> argparse.ArgumentParser:
             _common(p)
         arguments(p)
         p.set_defaults(func=handler)
-    add_cli(sub)  # python -m jakiro_lib pipeline: papermill over notebooks 00-03
     return parser
 
 
@@ -280,8 +301,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command in BUSY_COMMANDS and (warning := busy_warning()):  # a 0.2 s sample: Ctrl-C is one line
         print(warning, file=sys.stderr)
     out, file_out = {"--out": getattr(args, "out", None)}, args.command in FILE_OUT
-    check_paths(dirs={"--run-dir": getattr(args, "run_dir", None), **({} if file_out else out)},
-                files=out if file_out else None)
+    check_paths(dirs={"--run-dir": getattr(args, "run_dir", None), "--report-dir": getattr(args, "report_dir", None),
+                      **({} if file_out else out)}, files=out if file_out else None)
     if args.command not in LOCKING_COMMANDS:
         return int(args.func(args) or 0)
     with run_lock(*_written_dirs(args), command=f"python -m jakiro_lib {shlex.join(argv)}"):

@@ -1,5 +1,5 @@
-"""The sub-commands' handlers behind :mod:`jakiro_lib.cli` (one ``cmd_<name>(args) -> exit status`` each): the
-same functions the notebooks call, with the command line's output."""
+"""The sub-commands' handlers behind :mod:`jakiro_lib.cli` (one ``cmd_<name>(args) -> exit status`` each, but
+``pipeline``'s, which is in cli): the same functions the notebooks call, with the command line's output."""
 from __future__ import annotations
 
 import argparse
@@ -54,7 +54,7 @@ def one_line(*errors: type[Exception]) -> Iterator[None]:
     try:
         yield
     except errors as exc:
-        raise SystemExit(f"error: {exc}") from None
+        raise SystemExit("error: " + " ".join(str(exc).split())) from None
 
 
 def resolved_profile(args: argparse.Namespace) -> Profile:
@@ -165,10 +165,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         table = run_study(ctx, args.study, out_dir=out, questions=questions, only=args.methods or None)
     print(display_table(table).to_string())
     out = Path(table.attrs["records"]).parent  # --out, or the study's folder in the run directory
-    by_category = _print_categories(load_records(out / "records.jsonl"))
-    write_table(out / "summary.csv", table)
-    if not by_category.empty:
-        write_table(out / "summary_by_category.csv", by_category)
+    _write_summary(out, table, _print_categories(load_records(out / "records.jsonl")))
     print("records and summary.csv in", out)
     return 0
 
@@ -187,6 +184,13 @@ def _question_file(args: argparse.Namespace) -> list[Question]:
     if not questions:
         raise DataError(f"no questions in {path} (after --skip {args.skip})")
     return questions
+
+
+def _write_summary(out: Path, table: pd.DataFrame, by_category: pd.DataFrame) -> None:
+    """``summary`` and, where the questions have categories, ``summary_by_category`` in ``out`` (.csv and .json)."""
+    write_table(out / "summary.csv", table)
+    if not by_category.empty:
+        write_table(out / "summary_by_category.csv", by_category)
 
 
 def _print_categories(records: list[dict]) -> pd.DataFrame:
@@ -261,10 +265,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
         print(against[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        write_table(args.out / "summary.csv", table)
+        _write_summary(args.out, table, by_category)
         write_table(args.out / "performance_targets.csv", goals)
-        if not by_category.empty:
-            write_table(args.out / "summary_by_category.csv", by_category)
         if not against.empty:
             write_table(args.out / f"versus_{re.sub(r'[^A-Za-z0-9_.-]+', '_', args.versus).strip('_')}.csv", against)
         print("summary and performance_targets (.csv, .json) in", args.out)

@@ -26,7 +26,6 @@ import torch
 from safetensors.torch import load_file
 
 from jakiro_lib.study.context import StudyContext
-from jakiro_lib.report import pipeline
 from jakiro_lib import compiling, files, runlock
 from jakiro_lib.cli import main
 from jakiro_lib.config import DraftConfig
@@ -185,9 +184,9 @@ def test_bad_tree_budget_for_bench_keeps_the_records(run, capsys):
 
 
 def test_pipeline_bad_set_value_is_one_line(capsys, tmp_path):
-    rc = pipeline.main(["--profile", "smoke", "--set", "train.epochs=abc", "--run-dir", str(tmp_path / "r"),
-                        "--report-dir", str(tmp_path / "rep")])
-    assert_one_error(rc, capsys.readouterr().err, "train.epochs", "'abc'")
+    rc, err = cli(capsys, "pipeline", "--profile", "smoke", "--set", "train.epochs=abc", "--run-dir",
+                  str(tmp_path / "r"), "--report-dir", str(tmp_path / "rep"))
+    assert_one_error(rc, err, "train.epochs", "'abc'")
     assert not (tmp_path / "rep").exists()
 
 
@@ -195,8 +194,8 @@ def test_pipeline_ctrl_c_is_one_line_and_status_130(capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "run_pipeline", interrupted)
-    assert_one_error(pipeline.main(["--profile", "smoke"]), capsys.readouterr().err, "interrupted", status=130)
+    monkeypatch.setattr("jakiro_lib.cli.run_pipeline", interrupted)
+    assert_one_error(*cli(capsys, "pipeline", "--profile", "smoke"), "interrupted", status=130)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -530,8 +529,9 @@ def test_two_trainings_at_once_the_second_is_refused_and_the_first_completes_sta
 def test_a_pipeline_on_a_locked_run_directory_is_one_line(tmp_path, capsys):
     holder = hold_lock(tmp_path / "r")
     try:
-        rc = pipeline.main(["--profile", "smoke", "--run-dir", str(tmp_path / "r"), "--report-dir", str(tmp_path / "rep")])
-        assert_one_error(rc, capsys.readouterr().err, "in use by another run", f"pid {holder.pid}")
+        rc, err = cli(capsys, "pipeline", "--profile", "smoke", "--run-dir", str(tmp_path / "r"), "--report-dir",
+                      str(tmp_path / "rep"))
+        assert_one_error(rc, err, "in use by another run", f"pid {holder.pid}")
     finally:
         holder.kill()
         holder.wait()

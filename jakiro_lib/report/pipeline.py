@@ -5,7 +5,6 @@ into ``reports/<profile>/``. A stage is skipped when its executed notebook is ne
 resolved configuration (``.stamps/``) and no earlier stage ran after it; edits to ``jakiro_lib`` need ``force``."""
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
@@ -17,13 +16,11 @@ from typing import Any, Iterator, Sequence
 
 import pandas as pd
 
-from ..busy import busy_warning
 from ..config import Profile
-from ..errors import exit_status
-from ..files import REPO_ROOT, check_paths, write_json
+from ..files import REPO_ROOT, write_json
 from ..layout import RunLayout
 from ..measure.summary import headline_table
-from ..profiles import PROFILE_NAMES, override, parse_overrides
+from ..profiles import override
 from ..runlock import run_lock
 from ..study.context import default_report_dir, default_run_dir, resolve_profile, write_resolved
 from ..training.scale import SCALE_JSON, resolve_scale, set_keys
@@ -193,51 +190,3 @@ def _read_table(path: Path) -> pd.DataFrame | None:
     except (OSError, ValueError) as exc:  # pandas' parser errors are ValueErrors
         log.warning("could not read %s: %s", path, exc)
         return None
-
-
-def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the pipeline flags to ``p`` (used by :func:`add_cli` and :func:`main`)."""
-    p.add_argument("--profile", default="default", choices=PROFILE_NAMES, help="named configuration")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a profile field, e.g. --set bench.limit=2 (repeatable)")
-    p.add_argument("--force", action="store_true",
-                   help="re-execute the stages even when up to date (and retrain / rerun inside them)")
-    p.add_argument("--stages", help="comma-separated subset, e.g. 00,01 (default: all)")
-    p.add_argument("--report-dir", type=Path, default=None, help="default reports/<profile>")
-    p.add_argument("--run-dir", type=Path, default=None, help="default $JAKIRO_RUNS/<profile> or runs/<profile>")
-    p.add_argument("--kernel", default="python3", help="Jupyter kernel name (default python3)")
-    p.add_argument("--log-output", action="store_true", help="stream the notebooks' output")
-    p.set_defaults(func=cli_handler)
-    return p
-
-
-def add_cli(subparsers: Any) -> argparse.ArgumentParser:
-    """Register the ``pipeline`` sub-command on an argparse ``subparsers`` object."""
-    p = subparsers.add_parser("pipeline", help="run all notebooks with papermill and write HTML reports")
-    return configure_parser(p)
-
-
-def cli_handler(args: argparse.Namespace) -> int:
-    """Run the pipeline; known errors (and Ctrl-C, status 130) end in one ``error:`` line."""
-    with exit_status(also=(ValueError,)) as status:  # also a bad --stages or --set value
-        check_paths(dirs={"--run-dir": args.run_dir, "--report-dir": args.report_dir})
-        out = run_pipeline(args.profile, overrides=parse_overrides(args.set), force=args.force, stages=args.stages,
-                           report_dir=args.report_dir, run_dir=args.run_dir,
-                           kernel_name=getattr(args, "kernel", "python3"),
-                           log_output=getattr(args, "log_output", False))
-        print(f"reports written to {out} (open {out / 'index.html'})")
-    return status.code
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = configure_parser(argparse.ArgumentParser(prog="python -m jakiro_lib.report.pipeline",
-                                                      description=__doc__.split("\n\n")[0]))
-    args = parser.parse_args(argv)
-    warning = busy_warning()
-    if warning:
-        print(warning, file=sys.stderr)
-    return cli_handler(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -22,11 +22,6 @@ ARCHITECTURE = ("mlp", "num_experts", "top_k_experts", "intermediate_size", "bra
                 "draft_vocab_size", "expert_mlp")
 
 
-def imported_drafts(prof: Profile, names: list[str]) -> list[str]:
-    """Those of ``names`` that stage 01 imports (``drafts.<name>.import_from`` set) rather than trains."""
-    return [n for n in names if prof.drafts[n].import_from]
-
-
 def import_draft(prof: Profile, layout: RunLayout, name: str, target: Any, stamp: dict[str, Any],
                  main_process: bool = True) -> dict[str, Any]:
     """Draft ``name`` imported from ``drafts.<name>.import_from`` into ``drafts/<name>/`` (``draft/``,

@@ -23,7 +23,7 @@ from ..files import read_json, replace_dir_atomically, restore_replaced_dir, wri
 from ..distributed import launched_world
 from ..profiles import draft_names
 from .context import StudyContext, get_target
-from .heads import import_draft, imported_drafts
+from .heads import import_draft
 from .s00_data import load_training_conversations
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def train_all(ctx: StudyContext, *,
     world = launched_world()  # under `accelerate launch`: one process manages the files
     main_process, wait = world.index == 0, world.wait
     out, todo = _trained_already(prof, layout, names, force, main_process)
-    for name in imported_drafts(prof, todo):  # drafts.<name>.import_from: loaded, not trained
+    for name in [n for n in todo if prof.drafts[n].import_from]:  # imported (loaded), not trained
         target = target or get_target(prof)
         out[name] = import_draft(prof, layout, name, target, _train_stamp(prof, name, rdir), main_process)
         todo.remove(name)
