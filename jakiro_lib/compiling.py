@@ -15,6 +15,8 @@ from typing import Callable, Iterator, TypeVar
 
 import torch
 
+from .errors import cause_chain
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -30,20 +32,10 @@ class CompileError(RuntimeError):
     """torch.compile failed for the target (no C++ compiler for inductor on CPU, no triton on CUDA)."""
 
 
-def _chain(error: BaseException) -> Iterator[BaseException]:
-    """``error`` and the exceptions it was raised from or during, outermost first."""
-    seen: set[int] = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        yield e
-        e = e.__cause__ or e.__context__
-
-
 def compile_cause(error: BaseException, width: int = 240) -> str:
     """The innermost exception behind a failed compilation, as one line ("ImportError: ...: file too short"),
     so that an error saying what compiling needs also says what actually went wrong."""
-    root = list(_chain(error))[-1]
+    root = list(cause_chain(error))[-1]
     text = " ".join(str(root).split())
     line = f"{type(root).__name__}: {text}" if text else type(root).__name__
     return line if len(line) <= width else line[:width - 3] + "..."
@@ -145,7 +137,7 @@ def repair_compile_cache(error: BaseException) -> list[Path]:
     than its header says) and, if there were any, every settled empty one there; returns those deleted, which the
     caller's retry rebuilds. A whole library, and any file not of inductor's own layout, is never touched."""
     root = _compile_cache()
-    named = {Path(os.path.abspath(m)) for e in _chain(error) for m in _LIBRARY.findall(str(e))}
+    named = {Path(os.path.abspath(m)) for e in cause_chain(error) for m in _LIBRARY.findall(str(e))}
     damaged = {p for p in named if _damaged(p, root)}
     return _delete(damaged | _empty_libraries(root)) if damaged else []
 
@@ -161,7 +153,7 @@ def out_of_memory(error: BaseException) -> bool:
     """Whether ``error``, or an exception behind it, is running out of memory (CUDA's OutOfMemoryError, a
     RuntimeError saying so, MemoryError)."""
     return any(isinstance(e, (torch.cuda.OutOfMemoryError, MemoryError))
-               or isinstance(e, RuntimeError) and _OUT_OF_MEMORY.search(str(e)) is not None for e in _chain(error))
+               or isinstance(e, RuntimeError) and _OUT_OF_MEMORY.search(str(e)) is not None for e in cause_chain(error))
 
 
 def _say_out_of_memory(error: Exception, what: str) -> None:
@@ -174,7 +166,7 @@ def _say_out_of_memory(error: Exception, what: str) -> None:
 def _compiler_failed(error: BaseException) -> bool:
     """Whether ``error``, or an exception behind it, is a compiler backend's failure (dynamo's, inductor's)."""
     exc = sys.modules.get("torch._dynamo.exc")  # loaded wherever anything compiled
-    return exc is not None and any(isinstance(e, exc.BackendCompilerFailed) for e in _chain(error))
+    return exc is not None and any(isinstance(e, exc.BackendCompilerFailed) for e in cause_chain(error))
 
 
 def run_compiling(call: Callable[[], T], *, compiling: bool, what: str, remedy: str,

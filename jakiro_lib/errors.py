@@ -52,15 +52,21 @@ def disk_full(exc: BaseException | None) -> BaseException | None:
     """The full-disk error in ``exc`` or in the errors it was raised from or while handling: an OSError of
     :data:`~jakiro_lib.files.DISK_FULL` (no space, over quota), or torch.save's writer failing
     (:data:`TORCH_WRITE_FAILED`); None if there is none."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in DISK_FULL:
-            return exc
-        if isinstance(exc, RuntimeError) and any(m in str(exc) for m in TORCH_WRITE_FAILED):
-            return exc
-        exc = exc.__cause__ or exc.__context__
+    for e in cause_chain(exc):
+        if isinstance(e, OSError) and e.errno in DISK_FULL:
+            return e
+        if isinstance(e, RuntimeError) and any(m in str(e) for m in TORCH_WRITE_FAILED):
+            return e
     return None
+
+
+def cause_chain(e: BaseException | None) -> Iterator[BaseException]:
+    """``e`` and the exceptions it was raised from or during, outermost first (nothing for None)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
 
 
 def error_line(exc: BaseException, written: Sequence[Path] = ()) -> str:

@@ -13,7 +13,9 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
@@ -258,6 +260,16 @@ def check_paths(*, dirs: dict[str, Path | None] | None = None, files: dict[str, 
         there = next((p for p in (start, *start.parents) if p.exists()), None)  # the nearest that exists
         if there is not None and not there.is_dir():
             raise PathError(f"{option} {path}: {there} is a file, not a directory")
+
+
+PR_SET_PDEATHSIG = 1  # Linux prctl option: the signal a process gets when its parent ends
+
+
+def die_with_parent() -> None:
+    """Have the kernel kill this process when its parent ends (Linux; elsewhere nothing)."""
+    prctl = getattr(c_library(), "prctl", None) if sys.platform.startswith("linux") else None
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @functools.lru_cache(maxsize=1)

@@ -6,19 +6,17 @@ import contextlib
 import fcntl
 import json
 import os
-import signal
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
-from .files import c_library, read_json
+from .files import die_with_parent, read_json
 from .distributed import main_rank
 
 LOCK_FILE = ".lock"  # in a run directory (or a benchmark's --out folder) while a command writes there
 HOLDER_ENV = "JAKIRO_RUN_LOCK_HOLDER"  # the pid whose run locks its child processes work under (the pipeline's)
-PR_SET_PDEATHSIG = 1  # prctl: the signal this process gets when its parent ends (Linux)
 _HELD: dict[Path, int | None] = {}  # directory -> lock descriptor held for this process's life; None: the parent's
 
 
@@ -88,18 +86,10 @@ def _environment(name: str, value: str) -> Iterator[None]:
 def _take_or_share(directory: Path, holder: str) -> int | None:
     """The descriptor of ``directory``'s lock, taken; None where the parent holds it for this process (see
     :func:`hold_run_lock`); else a :class:`RunLockError`."""
-    fd = _open(directory)
-    try:
-        if _flock(fd, directory):
-            _write(fd, holder)
-            return fd
-    except BaseException:
-        os.close(fd)
-        raise
-    os.close(fd)
-    if not _parent_holds(directory):
+    fd = _take(directory, holder)
+    if fd is None and not _parent_holds(directory):
         raise _in_use(directory)
-    return None
+    return fd
 
 
 def _parent_holds(directory: Path) -> bool:
@@ -108,22 +98,35 @@ def _parent_holds(directory: Path) -> bool:
     parent, said = os.getppid(), read_json(directory / LOCK_FILE)
     if os.environ.get(HOLDER_ENV) != str(parent) or not (isinstance(said, dict) and said.get("pid") == parent):
         return False
-    libc = c_library()
-    if libc is not None and hasattr(libc, "prctl"):
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    die_with_parent()
     return os.getppid() == parent  # the parent did not end before the signal was set
 
 
 @contextlib.contextmanager
 def _locked(directory: Path, holder: str) -> Iterator[None]:
-    fd = _open(directory)
+    fd = _take(directory, holder)
+    if fd is None:
+        raise _in_use(directory)
     try:
-        if not _flock(fd, directory):
-            raise _in_use(directory)
-        _write(fd, holder)
         yield
     finally:
         os.close(fd)  # releases the lock (the file stays: removing it would race with a waiting process)
+
+
+def _take(directory: Path, holder: str) -> int | None:
+    """A descriptor of ``directory``'s lock, taken, with ``holder`` written in it; None where another process holds
+    it."""
+    fd = _open(directory)
+    try:
+        if _flock(fd, directory):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, holder.encode(), 0)
+            return fd
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return None
 
 
 def _open(directory: Path) -> int:
@@ -147,11 +150,6 @@ def _flock(fd: int, directory: Path) -> bool:
                            "takes no locks (NFS without its lock daemon, some FUSE mounts): use a run directory on a "
                            "local disk") from None
     return True
-
-
-def _write(fd: int, holder: str) -> None:
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, holder.encode(), 0)
 
 
 def _in_use(directory: Path) -> RunLockError:

@@ -23,6 +23,7 @@ import torch
 from jakiro_lib.config import DraftConfig, TargetConfig
 from jakiro_lib.data.conversations import Conversation
 from jakiro_lib.data.dataset import collate
+from jakiro_lib.data.features import target_top1
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.models.target import load_target
 from jakiro_lib.models.loss import draft_loss
@@ -412,8 +413,9 @@ def _trained_state(name: str, family: str = "llama") -> dict[str, torch.Tensor]:
     with single_thread():
         seqs = greedy_corpus(model)
     with torch.inference_mode():
-        items = [{"input_ids": s, "hidden": model.model(input_ids=s[None]).last_hidden_state[0],
-                  "loss_mask": torch.ones(len(s))} for s in seqs]
+        hiddens = [model.model(input_ids=s[None]).last_hidden_state[0] for s in seqs]
+        items = [{"input_ids": s, "hidden": h, "loss_mask": torch.ones(len(s)), "target_top1": target_top1(model, h)}
+                 for s, h in zip(seqs, hiddens)]
     with single_thread():
         torch.manual_seed(0)
         draft = DraftModel.build(TRAINED_DRAFTS[name], model).train()

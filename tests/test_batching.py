@@ -12,7 +12,7 @@ from jakiro_lib.data import dataset as D
 from jakiro_lib.data import features as F
 from jakiro_lib.training import train as T
 from jakiro_lib.models import loss as L
-from jakiro_lib.data.batching import LengthBucketSampler, dataset_lengths, padded_tokens
+from jakiro_lib.data.batching import LengthBucketSampler, padded_tokens
 from jakiro_lib.config import TargetConfig, TrainConfig
 from jakiro_lib.profiles import get_profile
 from jakiro_lib.data.conversations import Conversation
@@ -62,18 +62,9 @@ def test_buckets_pad_less_than_random_batches():
     assert padded_tokens(lengths, list(bucketed)) < 1.1 * real < 1.3 * real < padded_tokens(lengths, shuffled)
 
 
-def test_bad_arguments_and_lengths_fallback():
+def test_bad_arguments():
     with pytest.raises(ValueError):
         LengthBucketSampler([1, 2], 0, seed=0)
-
-    class NoLengths:
-        def __len__(self):
-            return 2
-
-        def __getitem__(self, i):
-            return {"input_ids": torch.zeros(3 + i)}
-
-    assert dataset_lengths(NoLengths()) == [3, 4]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -219,14 +219,15 @@ def test_local_sharegpt_json_and_jsonl(tmp_path: Path) -> None:
                                                  {"from": "gpt", "value": "a"}]}, "fb").id == "fb"
 
 
-def test_truncated_or_garbled_local_sharegpt(tmp_path: Path) -> None:
+def test_truncated_or_garbled_local_sharegpt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     text = json.dumps(SHAREGPT_RECORDS, indent=2)
     t = tmp_path / "truncated.json"
     t.write_text(text[: len(text) // 2], encoding="utf-8")
     with pytest.raises(DataError, match=re.escape(str(t))):
         load_sharegpt(t)
-    # the packaged file's behaviour (stop at the broken tail) is available explicitly
-    partial = list(iter_sharegpt(t, allow_truncated_tail=True))
+    # the packaged file (cut mid-record) is read up to its broken tail
+    monkeypatch.setattr(data, "packaged_file", lambda name: t)
+    partial = list(iter_sharegpt())
     assert partial and partial == KEPT[: len(partial)]
     g = tmp_path / "garbled.json"
     g.write_text(text.replace('"from": "gpt"', '"from" "gpt"', 1), encoding="utf-8")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import types
 
 import pytest
 import torch
@@ -200,7 +201,10 @@ def test_draft_vocab_picks_most_frequent():
          "loss_mask": torch.tensor([1, 1, 1, 1, 1, 1, 0, 0, 0, 0])},
         {"input_ids": torch.tensor([3, 7, 2, 4]), "loss_mask": torch.tensor([1, 1, 1, 1])},
     ]
-    freqs = D.token_frequencies(items, vocab_size=12)
+    arrays = types.SimpleNamespace(token_arrays=lambda: ((it["input_ids"], it["loss_mask"]) for it in items))
+    freqs = D.token_frequencies(arrays, vocab_size=12)
+    with pytest.raises(ValueError, match="token id 9 is outside the vocabulary of 9"):
+        D.token_frequencies(arrays, vocab_size=9)
     assert freqs.shape == (12,)
     assert freqs[5] == 3 and freqs[7] == 3 and freqs[1] == pytest.approx(0.04) and freqs[11] == 0
     # 5 and 7 tie at 3 (both kept); then 2, 3, 4, 9 tie at 1: ids 2 and 3 win the tie
@@ -213,7 +217,7 @@ def test_draft_vocab_picks_most_frequent():
 
 def test_token_frequencies_from_cache(cache):
     ds = D.FeatureDataset(cache, "train", 0.25)
-    freqs = D.token_frequencies(ds)
+    freqs = D.token_frequencies(ds, ds.vocab_size)
     ref = torch.zeros(260, dtype=torch.float64)
     for item in ds:
         ref.index_add_(0, item["input_ids"], torch.where(item["loss_mask"] > 0, 1.0, 0.01).double())

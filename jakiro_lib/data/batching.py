@@ -5,7 +5,6 @@ sorts each shuffled window of ``window`` batches' worth by length, cuts it into 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import torch
 from torch.utils.data import Sampler
@@ -17,8 +16,8 @@ WINDOW = 32
 class EpochSampler(Sampler[int]):
     """A permutation that depends only on (seed, epoch): resumable data order without RNG state."""
 
-    def __init__(self, n: int, seed: int, shuffle: bool = True) -> None:
-        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed, self.epoch = n, seed, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -27,17 +26,8 @@ class EpochSampler(Sampler[int]):
         return self.n
 
     def __iter__(self) -> Iterator[int]:
-        if not self.shuffle:
-            return iter(range(self.n))
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         return iter(torch.randperm(self.n, generator=g).tolist())
-
-
-def dataset_lengths(dataset: Any) -> list[int]:
-    """Token count of each item: ``dataset.lengths()`` when it has one (the feature datasets do)."""
-    if hasattr(dataset, "lengths"):
-        return [int(n) for n in dataset.lengths()]
-    return [int(dataset[i]["input_ids"].shape[0]) for i in range(len(dataset))]
 
 
 def padded_tokens(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> int:

@@ -23,7 +23,7 @@ from safetensors.torch import save
 
 from .chat import tokenize_conversation
 from .feature_store import CacheError
-from ..files import atomic_path, c_library
+from ..files import atomic_path, die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,6 @@ Tokens = tuple[list[int], list[int]]  # one conversation's token ids and loss ma
 R = TypeVar("R")
 AHEAD = 2  # shards tokenized ahead of the one the device works on
 MAX_AUTO_WORKERS = 16
-PR_SET_PDEATHSIG = 1  # Linux prctl option: a signal for the process when its parent dies
 
 
 def worker_count(setting: int, processes: int = 1) -> int:
@@ -55,9 +54,7 @@ def _start_worker(tokenizer: Any, max_length: int, template: str) -> None:
     global _WORKER
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread a worker: the pool is the parallelism
-    prctl = getattr(c_library(), "prctl", None) if sys.platform.startswith("linux") else None
-    if prctl is not None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # no orphan left waiting for work when the caller is killed
+    die_with_parent()  # no orphan left waiting for work when the caller is killed
     _WORKER = (tokenizer, max_length, template)
 
 

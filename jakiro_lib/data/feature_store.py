@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from ..config import Profile
 from ..files import file_sha256, read_json, sweep_temps, write_json
 from ..layout import MANIFEST
 
@@ -20,6 +21,13 @@ _SHARD_KEYS = ("input_ids", "hidden", "loss_mask", "target_top1", "offsets", "co
 
 # Settings recorded only when they differ from these values, so caches made before them stay valid.
 OPTIONAL_SETTINGS = {"target_dtype": "float32"}
+
+
+def resolve_cache_dtype(profile: Profile, favoured: str | None) -> str:
+    """The target's dtype for caching: ``data.cache_dtype``, where "auto" is ``favoured`` (the device's bf16, or None)
+    or else the target's dtype, as an unset one is."""
+    setting = profile.data.cache_dtype
+    return (favoured or profile.target.dtype) if setting == "auto" else setting or profile.target.dtype
 
 
 class CacheError(RuntimeError):

@@ -23,16 +23,6 @@ def _core(draft: Any) -> DraftModel:
     return draft
 
 
-@torch.no_grad()
-def _full_top1(core: DraftModel, feats: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
-    """Target argmax over the FULL vocabulary of ``lm_head(feats)`` ([N, H] -> [N])."""
-    w = core._shared[1].weight
-    out = torch.empty(feats.shape[0], dtype=torch.long, device=feats.device)
-    for s in range(0, feats.shape[0], chunk):
-        out[s:s + chunk] = (feats[s:s + chunk].to(w.dtype) @ w.T).argmax(-1)
-    return out
-
-
 UNROLL_DECAY = 0.8  # weight of unroll step j's loss: 0.8**j (the decay of EAGLE-3's released trainer; not tuned here)
 EVAL_DEPTHS = 4  # held-out top-1 per depth: the draft run 1..4 steps on its own features
 SHAPE_MULTIPLE = 128
@@ -81,8 +71,7 @@ def _targets(core: DraftModel, batch: dict[str, torch.Tensor], mask: torch.Tenso
     idx_a, w_a, t_pos = _padded_rows(mask[:, 1:] > 0, mask[:, 1:], pos)
     t_all = hidden[:, 1:].reshape(-1, H)[idx_a].float()
     p_all = core.train_logits(t_all).float().softmax(-1)
-    top1 = batch.get("target_top1")
-    ref_all = top1[:, 1:].flatten()[idx_a] if top1 is not None else _full_top1(core, t_all)
+    ref_all = batch["target_top1"][:, 1:].flatten()[idx_a]
     idx_b = w_b = row_b = pos_b = None
     if T >= 3:
         row = (mask[:, 1:] > 0).flatten().cumsum(0) - 1  # [B * (T-1)] each selected position's row in idx_a

@@ -20,7 +20,7 @@ from ..data.chat import format_conversation
 from ..config import Profile
 from ..data.conversations import load_conversations
 from ..data.distill import regenerate
-from ..data.feature_store import (OPTIONAL_SETTINGS, CacheError, estimate_disk, human_bytes, read_manifest,
+from ..data.feature_store import (OPTIONAL_SETTINGS, CacheError, estimate_disk, human_bytes, read_manifest, resolve_cache_dtype,
                                   verify_cache)
 from ..data.features import cache_features, estimate_cache
 from ..layout import RunLayout
@@ -53,13 +53,10 @@ def load_training_conversations(profile: Profile, run_dir: Path | None = None, t
 
 def cache_dtype(prof: Profile, cache_dir: Path, *, force: bool = False) -> str:
     """The target's dtype for caching: ``data.cache_dtype`` with "auto" resolved (see :func:`prepare_features`)."""
-    setting = prof.data.cache_dtype
-    if setting != "auto":
-        return setting or prof.target.dtype
-    begun = None if force else read_manifest(cache_dir)
+    begun = None if force or prof.data.cache_dtype != "auto" else read_manifest(cache_dir)
     if begun is not None:
         return begun.get("target_dtype", OPTIONAL_SETTINGS["target_dtype"])
-    return favoured_dtype(torch.device(prof.target.device)) or prof.target.dtype
+    return resolve_cache_dtype(prof, favoured_dtype(torch.device(prof.target.device)))
 
 
 def prepare_features(ctx: StudyContext, *, target: Any = None, force: bool = False, progress: bool = True) -> dict[str, Any]:

@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"  # under a training's output directory: one folder per checkpoint
 STATE_FILE = "training_state.pt"  # optimizer, scheduler, sampler and RNG state beside the draft's weights
+KEEP_CHECKPOINTS = 2  # the newest checkpoints a training keeps; older ones are removed
 
 
 class CheckpointError(RuntimeError):
@@ -83,12 +84,17 @@ def readable_checkpoint(checkpoints: list[tuple[int, Path]]) -> tuple[Path, dict
                      "to train from the start") from first
 
 
+def same_vocab(weights: dict[str, torch.Tensor], d2t: torch.Tensor) -> bool:
+    """Whether saved draft ``weights`` hold the draft vocabulary ``d2t``."""
+    return "d2t" in weights and torch.equal(weights["d2t"].cpu(), d2t.cpu())
+
+
 def warm_start(core: torch.nn.Module, saved_draft: Path) -> None:
     """Start a training from a saved draft's weights (``train.init_from``): every key and shape must fit
     (strict), and a draft vocabulary must be the one this training built; else a :class:`CheckpointError`."""
     weights = read_checkpoint_file(saved_draft / WEIGHTS_FILE)
     own = core.state_dict().get("d2t")
-    if own is not None and ("d2t" not in weights or not torch.equal(weights["d2t"].cpu(), own.cpu())):
+    if own is not None and not same_vocab(weights, own):
         raise CheckpointError(f"{saved_draft} was trained with another draft vocabulary (d2t): it cannot start this one")
     try:
         core.load_state_dict(weights, strict=True)

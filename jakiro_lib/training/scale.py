@@ -6,25 +6,23 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-import pandas as pd
 import torch
 
 from ..config import Profile
 from ..profiles import DEFAULT_SCALE
 from ..measure.costmodel import measure_target_costs
 from ..data.conversations import load_conversations
-from ..data.dataset import FeatureDataset
-from ..data.features import cache_features, estimate_cache
+from ..data.feature_store import resolve_cache_dtype
+from ..data.features import estimate_cache
 from ..models.target import load_target
 from .scale_plan import (BENCH_SECONDS_PER_T1_MS, CONVERSATIONS_PER_EPOCH, MAIN_JOB_MINUTES, MARGIN, MAX_EPOCHS,
                          PLAN_OVERRUN, Measurement, ScaleError, choose_scale, compile_gain, plan_at, rates)
-from .throughput import caching_rows, training_rows
+from .throughput import cached_dataset, caching_rows, rows_table, training_rows
 from ..files import read_json, write_json
 from ..machine import environment, keep_freed_memory
 from ..precision import favoured_dtype, resolve_precision
@@ -41,7 +39,8 @@ KEYS = ("data.num_conversations", "train.epochs")
 
 def _measured_drafts(profile: Profile) -> list[str]:
     """Each single-step draft, and the first draft of an MLP kind that has no single-step one: stage_plan gives the
-    others their kind's rate over their unroll steps (measured: 0.47x dense, 0.42x moe2 at 2 steps, against 0.5)."""
+    others their kind's rate over their unroll steps (measured: docs/results.md, CPU with AMX: the throughput model
+    against a main job)."""
     unroll = {n: c.unroll_steps or profile.train.unroll_steps for n, c in profile.drafts.items()}
     names = [n for n in profile.drafts if unroll[n] == 1]
     kinds = {profile.drafts[n].mlp for n in names}
@@ -61,21 +60,16 @@ def measure(profile: Profile, *, conversations: int = 16, steps: int = 6, warmup
     d = profile.data
     device = torch.device(profile.target.device)
     favoured = favoured_dtype(device)
-    cache_dtype = (favoured or profile.target.dtype) if d.cache_dtype == "auto" else d.cache_dtype or profile.target.dtype
     convs = load_conversations(d.source, path=d.path, limit=conversations)
     allocator = "kept" if device.type == "cpu" and keep_freed_memory(True) else "system"  # as caching runs
-    rows = caching_rows(profile.target, convs, d, batch_sizes=(d.cache_batch_size,), dtypes=(cache_dtype,),
-                        allocator=allocator)
+    rows = caching_rows(profile.target, convs, d, batch_sizes=(d.cache_batch_size,),
+                        dtypes=(resolve_cache_dtype(profile, favoured),), allocator=allocator)
     target = load_target(profile.target)
     t1 = measure_target_costs(target.model, sizes=(1,), repeats=5)[1]
     everything = load_conversations(d.source, path=d.path)
     sample = estimate_cache(target, everything[:token_sample], max_length=d.max_length, template=profile.target.template)
     precision = resolve_precision(profile.train.mixed_precision, favoured)
-    with tempfile.TemporaryDirectory(prefix="jakiro-scale.") as tmp:
-        cache_features(target, convs, tmp, max_length=d.max_length, shard_size=d.shard_size,
-                       feature_dtype=d.feature_dtype, template=profile.target.template, progress=False,
-                       batch_size=d.cache_batch_size, tokenize_workers=d.tokenize_workers)
-        dataset = FeatureDataset(tmp, "all", 0.0)
+    with cached_dataset(target, convs, profile, d.cache_batch_size) as dataset:
         if len(dataset) == 0:  # a loader over nothing would never yield a step
             raise ScaleError(f"no trained token in the first {conversations} conversations within data.max_length="
                              f"{d.max_length}: nothing to time training on")
@@ -83,9 +77,7 @@ def measure(profile: Profile, *, conversations: int = 16, steps: int = 6, warmup
         rows += training_rows(target, drafts, dataset, profile.train, steps=steps, warmup=warmup,
                               precisions=("bf16" if precision == "bf16" else "fp32",), allocator=allocator,
                               bucketing=(profile.train.bucket_by_length,))
-    table = pd.DataFrame(rows)
-    table["tokens_per_s"] = table["tokens"] / table["seconds"]
-    return Measurement(table=table, t1_ms=1000.0 * t1,
+    return Measurement(table=rows_table(rows), t1_ms=1000.0 * t1,
                        tokens_per_conversation=sample["tokens"] / max(1, min(token_sample, len(everything))),
                        available=len(everything), seconds=time.perf_counter() - t0, environment=environment(device))
 
@@ -157,16 +149,16 @@ def resolve_scale(profile: Profile, overrides: dict[str, Any], run_dir: str | Pa
         log.info("scale: %s set: auto scale not used", " and ".join(f"{k}={fixed[k]}" for k in KEYS))
         return overrides, None
     path = Path(run_dir) / SCALE_JSON
-    now = basis(profile, fixed)
-    record = read_json(path)
-    if _valid(record) and record.get("basis") == now:
+    record = recorded_scale(profile, overrides, run_dir)[1]
+    if record is not None:
         c = record["chosen"]
         log.info("scale: reusing %s conversations x %s epochs, chosen by measurement on %s (%s; delete it to measure "
                  "again)", c["num_conversations"], c["epochs"], record.get("date", "?"), path)
     else:
-        if _valid(record):
+        old, now = read_json(path), basis(profile, fixed)
+        if _valid(old):
             log.info("scale: %s was chosen with other settings (%s): measuring again", path,
-                     ", ".join(_changed(record["basis"], now)[:6]))
+                     ", ".join(_changed(old["basis"], now)[:6]))
         elif path.exists():
             log.warning("scale: %s is unreadable: measuring again", path)
         # the module's measure looked up now, not bound at definition: tests replace it

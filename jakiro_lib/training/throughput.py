@@ -5,6 +5,7 @@ and compilation, and with glibc's freed memory kept. Tokens exclude padding; ``s
 part's first. Writes ``throughput.csv``, its config and environment, and ``plan.csv``."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tempfile
 import time
@@ -200,13 +201,27 @@ def _allocator(name: str) -> None:
     keep_freed_memory(name == "kept")
 
 
-def _table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+def rows_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The measured rows as a table of :data:`COLUMNS`: tokens per second, padding and speedup filled in."""
     df = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
     df["tokens_per_s"] = df["tokens"] / df["seconds"]
     df["padding"] = 1.0 - df["tokens"] / df["padded_tokens"]
     first = df.groupby("part", sort=False)["tokens_per_s"].transform("first")
     df["speedup"] = df["tokens_per_s"] / first
     return df
+
+
+@contextlib.contextmanager
+def cached_dataset(target: Any, convs: Sequence[Any], profile: Profile, batch_size: int,
+                   folder: Path | None = None) -> Iterator[FeatureDataset]:
+    """``convs``' features cached as ``profile`` caches them, in a temporary folder (in ``folder``, else the system's)
+    that goes when the block ends: all of them as one dataset."""
+    d = profile.data
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".features.") as tmp:
+        cache_features(target, convs, tmp, max_length=d.max_length, shard_size=d.shard_size,
+                       feature_dtype=d.feature_dtype, template=profile.target.template, progress=False,
+                       batch_size=batch_size, tokenize_workers=d.tokenize_workers)
+        yield FeatureDataset(tmp, "all", 0.0)
 
 
 def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int = 64, steps: int = 20,
@@ -236,11 +251,7 @@ def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int 
         rows += caching_rows(profile.target, convs, d, batch_sizes=cache_batch_sizes, dtypes=dtypes[-1:],
                              allocator="kept")
     target = load_target(profile.target)
-    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".features.") as tmp:
-        cache_features(target, convs, tmp, max_length=d.max_length, shard_size=d.shard_size,
-                       feature_dtype=d.feature_dtype, template=profile.target.template, progress=False,
-                       batch_size=max(cache_batch_sizes), tokenize_workers=d.tokenize_workers)
-        dataset = FeatureDataset(tmp, "all", 0.0)
+    with cached_dataset(target, convs, profile, max(cache_batch_sizes), out_dir) as dataset:
         precisions = ["fp32"] + (["bf16"] if favoured else [])
         drafts_cfg = {n: profile.drafts[n] for n in names}
         rows += training_rows(target, drafts_cfg, dataset, profile.train, steps=steps, warmup=warmup,
@@ -252,7 +263,7 @@ def run_throughput(profile: Profile, out_dir: str | Path, *, conversations: int 
             rows += training_rows(target, drafts_cfg, dataset, profile.train, steps=steps, warmup=warmup,
                                   precisions=precisions[-1:], allocator="kept" if kept else "system",
                                   bucketing=(False,), compiled=True)
-    table = _table(rows)
+    table = rows_table(rows)
     table.to_csv(out_dir / CSV, index=False)
     plan = stage_plan(profile, table, tokens=profile_tokens(profile, target))
     plan.to_csv(out_dir / PLAN_CSV, index=False)

@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from ..config import Profile
+from ..data.feature_store import resolve_cache_dtype
 from ..precision import compiles_step, resolve_precision
 
 
@@ -33,8 +34,7 @@ def stage_plan(profile: Profile, table: pd.DataFrame, *, tokens: int) -> pd.Data
     (:func:`jakiro_lib.data.features.estimate_cache`). ``basis`` says which measured row each stage's rate is."""
     rows: list[dict[str, Any]] = []
     favoured = measured_favoured(table)
-    setting = profile.data.cache_dtype
-    dtype = (favoured or profile.target.dtype) if setting == "auto" else setting or profile.target.dtype
+    dtype = resolve_cache_dtype(profile, favoured)
     cache = table[(table["part"] == "cache") & (table["dtype"] == dtype)]
     if not cache.empty:
         cache = _prefer(cache, "allocator", "kept")

@@ -20,9 +20,9 @@ from accelerate.utils import gather_object
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
-from ..data.batching import EpochSampler, LengthBucketSampler, dataset_lengths
-from .checkpoints import (CHECKPOINTS, STATE_FILE, list_checkpoints, readable_checkpoint, rng_state, set_rng_state,
-                          warm_start)
+from ..data.batching import EpochSampler, LengthBucketSampler
+from .checkpoints import (CHECKPOINTS, KEEP_CHECKPOINTS, STATE_FILE, list_checkpoints, readable_checkpoint, rng_state,
+                          same_vocab, set_rng_state, warm_start)
 from ..config import DraftConfig, TrainConfig
 from ..layout import HISTORY, RESULTS
 from ..data.dataset import build_draft_vocab, token_frequencies
@@ -61,15 +61,10 @@ def _jsonable(obj: Any) -> Any:
 
 
 def _data_stats(train_data: Any, heldout_data: Any) -> dict[str, Any]:
-    def one(ds: Any) -> dict[str, Any]:
-        if ds is None:
-            return {"conversations": 0, "tokens": 0}
-        lengths = ds.lengths() if hasattr(ds, "lengths") else None
-        return {"conversations": len(ds), "tokens": None if lengths is None else int(sum(lengths))}
-
-    tr, he = one(train_data), one(heldout_data)
-    return {"train_conversations": tr["conversations"], "train_tokens": tr["tokens"],
-            "heldout_conversations": he["conversations"], "heldout_tokens": he["tokens"]}
+    """Conversations and tokens of the training and held-out data (none held out: 0 and 0)."""
+    held = heldout_data if heldout_data is not None else []
+    return {"train_conversations": len(train_data), "train_tokens": sum(train_data.lengths()),
+            "heldout_conversations": len(held), "heldout_tokens": sum(held.lengths()) if held else 0}
 
 
 def train_draft(
@@ -83,17 +78,15 @@ def train_draft(
     d2t: torch.Tensor | None = None,
     progress: bool = True,
     log_every: int = 10,
-    eval_batch_size: int | None = None,
-    keep_checkpoints: int = 2,
-    num_workers: int = 0,
     on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
     init_from: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Train one draft head on datasets of per-conversation items; returns the results dict (also
-    ``out_dir/results.json``). With ``draft_cfg.draft_vocab_size`` set and no ``d2t``, the draft vocabulary is built
-    from the training data; ``init_from``: a saved draft to start from. Writes ``checkpoints/epoch_{n}`` (the newest
-    ``keep_checkpoints``), ``history.json`` and ``draft/``; ``on_epoch_end(epoch_record)`` runs after each
-    checkpoint."""
+    """Train one draft head on feature datasets (:mod:`jakiro_lib.data.dataset`'s, or any with their ``lengths()``
+    and ``token_arrays()``); returns the results dict (also ``out_dir/results.json``). With
+    ``draft_cfg.draft_vocab_size`` set and no ``d2t``, the draft vocabulary is built from the training data;
+    ``init_from``: a saved draft to start from. Writes ``checkpoints/epoch_{n}`` (the newest
+    :data:`~jakiro_lib.training.checkpoints.KEEP_CHECKPOINTS`), ``history.json`` and ``draft/``;
+    ``on_epoch_end(epoch_record)`` runs after each checkpoint."""
     out_dir = Path(out_dir)
     if len(train_data) == 0:
         raise TrainError("no training data")
@@ -109,23 +102,21 @@ def train_draft(
     done = read_json(out_dir / RESULTS)
     if done is not None and done.get("fingerprint") == fingerprint and (out_dir / "draft" / WEIGHTS_FILE).is_file():
         return done
-    run = _Training(target, draft_cfg, train_cfg, train_data, heldout_data, out_dir, d2t=d2t, init_from=init_from,
-                    num_workers=num_workers, eval_batch_size=eval_batch_size, keep_checkpoints=keep_checkpoints)
+    run = _Training(target, draft_cfg, train_cfg, train_data, heldout_data, out_dir, d2t=d2t, init_from=init_from)
     run.resume()
     run.epochs(progress=progress, log_every=log_every, on_epoch_end=on_epoch_end)
     return run.finish(stats, fingerprint)
 
 
-def training_loader(dataset: Any, train_cfg: TrainConfig, bucketed: bool, device: torch.device, *,
-                    num_workers: int = 0) -> tuple[Any, DataLoader]:
+def training_loader(dataset: Any, train_cfg: TrainConfig, bucketed: bool,
+                    device: torch.device) -> tuple[Any, DataLoader]:
     """The epoch's sampler (shuffled batches, or shuffled length buckets where ``bucketed``) and the loader over it."""
     sampler: Any = EpochSampler(len(dataset), train_cfg.seed)
     batching: dict[str, Any] = dict(batch_size=train_cfg.batch_size, sampler=sampler)
     if bucketed:
-        sampler = LengthBucketSampler(dataset_lengths(dataset), train_cfg.batch_size, train_cfg.seed)
+        sampler = LengthBucketSampler(dataset.lengths(), train_cfg.batch_size, train_cfg.seed)
         batching = dict(batch_sampler=sampler)
-    return sampler, DataLoader(dataset, **batching, collate_fn=train_collate, num_workers=num_workers,
-                               pin_memory=device.type == "cuda")
+    return sampler, DataLoader(dataset, **batching, collate_fn=train_collate, pin_memory=device.type == "cuda")
 
 
 def _accelerator(target: Any, train_cfg: TrainConfig) -> tuple[Any, str]:
@@ -162,10 +153,9 @@ class _Training:
     :meth:`finish` (the final draft and ``results.json``)."""
 
     def __init__(self, target: Any, draft_cfg: DraftConfig, train_cfg: TrainConfig, train_data: Any,
-                 heldout_data: Any, out_dir: Path, *, d2t: torch.Tensor | None, init_from: str | Path | None,
-                 num_workers: int, eval_batch_size: int | None, keep_checkpoints: int) -> None:
+                 heldout_data: Any, out_dir: Path, *, d2t: torch.Tensor | None, init_from: str | Path | None) -> None:
         self.target, self.draft_cfg, self.cfg, self.out_dir = target, draft_cfg, train_cfg, out_dir
-        self.heldout_data, self.keep_checkpoints = heldout_data, keep_checkpoints
+        self.heldout_data = heldout_data
         self.accelerator, self.precision = _accelerator(target, train_cfg)
         self.checkpoints = list_checkpoints(out_dir)
         if d2t is None and draft_cfg.draft_vocab_size is not None and not self.checkpoints:
@@ -180,7 +170,7 @@ class _Training:
         optimizer = torch.optim.AdamW(self.core.parameters(), lr=train_cfg.lr, betas=tuple(train_cfg.betas),
                                       weight_decay=train_cfg.weight_decay)
         self.sampler, loader = training_loader(train_data, train_cfg, train_cfg.bucket_by_length,
-                                               self.accelerator.device, num_workers=num_workers)
+                                               self.accelerator.device)
         self.model, self.optimizer, self.loader = self.accelerator.prepare(self.core, optimizer, loader)
         self.steps_per_epoch = len(self.loader)
         self.total_steps = train_cfg.epochs * self.steps_per_epoch
@@ -189,7 +179,7 @@ class _Training:
         warmup, total = train_cfg.warmup_steps, self.total_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_lambda(s, warmup, total))
         self.step_kw = training_loss_options(draft_cfg, train_cfg)
-        self.eval_kw = dict(batch_size=eval_batch_size or train_cfg.batch_size, p_weight=train_cfg.p_weight,
+        self.eval_kw = dict(batch_size=train_cfg.batch_size, p_weight=train_cfg.p_weight,
                             branch_b_weight=train_cfg.branch_b_weight)
         self.compiled = compiles_step(train_cfg.compile, self.precision)
         self.history: dict[str, list] = {"steps": [], "epochs": []}
@@ -210,7 +200,7 @@ class _Training:
         if DraftConfig.stamped(saved_cfg or {}) != _jsonable(self.draft_cfg.identity()):
             raise TrainError(f"{ckpt} holds a draft with another architecture ({saved_cfg}); use another "
                              f"out_dir or delete {self.out_dir / CHECKPOINTS}")
-        if self.d2t is not None and ("d2t" not in weights or not torch.equal(weights["d2t"].cpu(), self.d2t)):
+        if self.d2t is not None and not same_vocab(weights, self.d2t):
             raise TrainError(f"{ckpt} was trained with another draft vocabulary (d2t); use another out_dir")
         self.core.load_state_dict(weights, strict=True)
         self.optimizer.load_state_dict(state["optimizer"])
@@ -315,7 +305,7 @@ class _Training:
 
     def save_checkpoint(self, name: str) -> None:
         """The draft and the optimiser, scheduler and RNG state, atomically; the oldest beyond
-        ``keep_checkpoints`` removed; the history written."""
+        :data:`~jakiro_lib.training.checkpoints.KEEP_CHECKPOINTS` removed; the history written."""
         if self.accelerator.is_main_process:
             with atomic_path(self.out_dir / CHECKPOINTS / name) as tmp:
                 tmp.mkdir()
@@ -328,8 +318,7 @@ class _Training:
                             "elapsed_s": self.elapsed_before + time.perf_counter() - self.t0,
                             "eval": self.last_eval}, tmp / STATE_FILE)
                 (tmp / "step.json").write_text(json.dumps({"step": self.global_step, "epoch": self.epoch}))
-            keep = self.keep_checkpoints
-            for _, old in list_checkpoints(self.out_dir)[:-keep] if keep > 0 else []:
+            for _, old in list_checkpoints(self.out_dir)[:-KEEP_CHECKPOINTS]:
                 shutil.rmtree(old, ignore_errors=True)
             write_json(self.out_dir / HISTORY, self.history)
         self.accelerator.wait_for_everyone()
