@@ -33,13 +33,18 @@ def busy_warning() -> str | None:
             f"slower and timings will be unreliable (their threads compete for {os.cpu_count()} cores)")
 
 
+def process_ticks(stat: Path) -> int:
+    """User + system CPU ticks so far of the process whose ``/proc/<pid>/stat`` is ``stat`` (its fields 14, 15)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def _cpu_ticks(proc: Path) -> dict[int, int]:
     """pid -> user + system CPU ticks so far."""
     out = {}
     for stat in proc.glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            out[int(stat.parent.name)] = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+            out[int(stat.parent.name)] = process_ticks(stat)
         except (OSError, IndexError, ValueError):
             continue
     return out

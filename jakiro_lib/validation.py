@@ -35,7 +35,8 @@ _DEVICE: Rule = ((lambda v: re.fullmatch(r"(cpu|cuda|mps|xpu)(:\d+)?", v) is not
                  "one of 'cpu', 'cuda', 'cuda:<index>', 'mps', 'xpu'")
 _DTYPE = _one_of("float32", "float16", "bfloat16")
 
-# Ranges by "Class.field"; fields not listed fall back to the name patterns of _PATTERN_RULES.
+# Ranges by "Class.field"; fields not listed fall back to the name patterns of _PATTERN_RULES. A range a config's
+# __post_init__ checks (on every construction, not only here) is not repeated.
 RULES: dict[str, Rule] = {
     "TargetConfig.dtype": _DTYPE, "TargetConfig.max_context": _at_least(1), "TargetConfig.packed_gemm": _at_least(0),
     "TargetConfig.gemm_backend": _one_of("auto", "stream", "mkl", "onednn"), "TargetConfig.device": _DEVICE,
@@ -45,17 +46,14 @@ RULES: dict[str, Rule] = {
     "TrainConfig.epochs": _at_least(1), "TrainConfig.lr": _above(0), "TrainConfig.betas": _UNIT,
     "TrainConfig.grad_clip_value": _above(0), "TrainConfig.max_steps": _at_least(1),
     "TrainConfig.mixed_precision": _one_of("no", "fp16", "bf16", "auto"), "TrainConfig.compile": _one_of("no", "yes", "auto"),
-    "TreeConfig.depth": _at_least(1), "TreeConfig.top_k": _at_least(1), "TreeConfig.ar_steps": _at_least(0),
     "TreeConfig.children_per_expert": _at_least(1),
-    "TreeConfig.lookup_max_ngram": _at_least(1), "TreeConfig.lookup_min_ngram": _at_least(1),
     "BenchConfig.repeats": _at_least(1), "BenchConfig.temperatures": _at_least(0),
     "BenchConfig.draft_dtype": _one_of("target", "auto", *DRAFT_DTYPES),
-    "DraftConfig.expert_mlp": _one_of("swiglu", "gelu"),
 }
 _PATTERN_RULES: tuple[tuple[str, Rule], ...] = (
     (r"fraction$", _UNIT),
     (r"(^|_)(max|num)_|_size$", _at_least(1)),
-    (r"(^|_)(seed|steps|tokens|weight|warmup|skip|limit|temperature|amplitude|decay)s?$", _at_least(0)),
+    (r"(^|_)(seed|steps|tokens|weight|warmup|temperature|amplitude|decay)s?$", _at_least(0)),
 )
 
 

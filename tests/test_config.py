@@ -99,7 +99,12 @@ def test_every_named_profile_validates():
     ("bench.benchmarks", "1", ("each a string",)),
     ("bench.tuned", "maybe", ("true or false",)),
     ("data.feature_dtype", "fp8", ("'float32', 'float16', 'bfloat16'",)),
-    ("tree.depth", "abc", ("tree.depth", "an integer >= 1")),
+    ("tree.depth", "abc", ("tree.depth = 'abc'", "an integer")),
+    ("tree.depth", "0", ("tree.depth = '0'", "depth >= 1")),  # the ranges TreeConfig.__post_init__ checks
+    ("tree.ar_steps", "-1", ("tree.ar_steps = '-1'", ">= 0")),
+    ("tree.lookup_min_ngram", "0", ("tree.lookup_min_ngram = '0'", "1 <= lookup_min_ngram <= lookup_max_ngram")),
+    ("drafts.moe4.expert_mlp", "relu", ("drafts.moe4.expert_mlp = 'relu'", "'swiglu' or 'gelu'")),
+    ("bench.skip", "-1", ("bench.skip = '-1'", "must be >= 0")),
     ("drafts.moe4.top_k_experts", "9", ("drafts.moe4.top_k_experts", "top_k_experts <= num_experts")),
 ])
 def test_every_value_is_checked_by_type_and_range(key, value, fragments):

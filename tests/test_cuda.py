@@ -171,13 +171,14 @@ def test_lean_forward_and_the_draft_s_masked_grouped_attention_on_cuda(cuda_setu
     take a mask or grouped heads but not both) gives what grouped SDPA gives on the CPU."""
     from jakiro_lib.models import fast_paths
     from jakiro_lib.models.draft_blocks import DraftAttention
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     target, _ = cuda_setup
     config = target.model.config
     assert config._attn_implementation == "sdpa" and target.model.__dict__[fast_paths.LEAN] is True
     assert config.num_key_value_heads < config.num_attention_heads
     torch.manual_seed(0)
-    attn = DraftAttention(config).eval()
+    attn = DraftAttention(config, apply_rotary_pos_emb).eval()
     head_dim = attn.head_dim
     x, cos, sin = torch.randn(1, 5, config.hidden_size), torch.randn(1, 5, head_dim), torch.randn(1, 5, head_dim)
     allowed = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]])

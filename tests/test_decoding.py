@@ -82,7 +82,7 @@ def test_runner_prefill_and_chain_match_causal_forward(family, attn):
     prompt = random_prompts(1, seed=10, min_len=17, max_len=17)[0]
     chain = [int(t) for t in torch.randint(0, 256, (6,), generator=torch.Generator().manual_seed(1))]
     ref_logits, ref_hidden = _reference(model, prompt.tolist() + chain)
-    runner = LoopRunner(model)
+    runner = LoopRunner(model, 256)
     with torch.inference_mode():
         logits, hidden = runner.prefill(prompt)
         assert runner.length == len(prompt)
@@ -100,8 +100,8 @@ def test_runner_prefill_of_the_last_position_alone():
     model = tiny_target()
     prompt = random_prompts(1, seed=11, min_len=13, max_len=13)[0]
     with torch.inference_mode():
-        logits, hidden = LoopRunner(model).prefill(prompt)
-        last, last_hidden = LoopRunner(model).prefill(prompt, last=True)
+        logits, hidden = LoopRunner(model, 256).prefill(prompt)
+        last, last_hidden = LoopRunner(model, 256).prefill(prompt, last=True)
     assert last.shape == (1, logits.shape[-1]) and torch.equal(hidden, last_hidden)
     assert torch.allclose(last[0], logits[-1], atol=ATOL) and int(last[0].argmax()) == int(logits[-1].argmax())
 
@@ -115,7 +115,7 @@ def test_runner_tree_nodes_and_keep_match_fresh_prefill(family, attn):
     rng = random.Random(f"{family}-{attn}")
     prompt = random_prompts(1, seed=11, min_len=9, max_len=9)[0]
     seq = prompt.tolist()
-    runner = LoopRunner(model)
+    runner = LoopRunner(model, 256)
     with torch.inference_mode():
         runner.prefill(prompt)
         for cycle in range(3):
@@ -133,7 +133,7 @@ def test_runner_tree_nodes_and_keep_match_fresh_prefill(family, attn):
             seq += tree.tokens[path].tolist()
             assert runner.length == len(seq)
             assert runner.cache.get_seq_length() == len(seq)
-            fresh = LoopRunner(model)
+            fresh = LoopRunner(model, 256)
             fresh.prefill(torch.tensor(seq))
             n = len(seq)
             for kept, ref in zip(runner.cache.layers, fresh.cache.layers):  # preallocated: the text's positions
@@ -537,7 +537,7 @@ def test_feature_drafter_trees_reach_full_depth(draft_name, opts, depth):
     if opts:
         drafter = FeatureDrafter(drafter.draft, TreeConfig(**{**drafter.cfg.__dict__, **opts}))
     prompt = random_prompts(1, seed=3, min_len=12, max_len=12)[0]
-    runner = LoopRunner(model)
+    runner = LoopRunner(model, 256)
     with torch.inference_mode():
         logits, hidden = runner.prefill(prompt)
         root = int(logits[-1].argmax())
@@ -569,7 +569,7 @@ def test_small_budget_drafts_no_deeper_than_it_can_keep(draft_name, total):
     assert sum(capped.steps) == total - 1 < sum(full.steps)
     prompt = random_prompts(1, seed=5, min_len=10, max_len=10)[0]
     with torch.inference_mode():
-        logits, hidden = LoopRunner(model).prefill(prompt)
+        logits, hidden = LoopRunner(model, 256).prefill(prompt)
         trees = []
         for d in (capped, full):
             d.begin(prompt, hidden, int(logits[-1].argmax()))

@@ -7,9 +7,10 @@ import pytest
 import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from jakiro_lib.config import DraftConfig, TargetConfig
-from jakiro_lib.models import draft_blocks, fast_paths, kernels
+from jakiro_lib.models import fast_paths, kernels
 from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.decoding.runner import TargetRunner
 from jakiro_lib.decoding.static import static_generate
@@ -31,7 +32,7 @@ def test_gqa_attention_matches_sdpa_with_tree_masks():
     tree = Tree(torch.tensor([3, 4, 5, 6]), [-1, 0, 0, 2], torch.tensor([0, 1, 1, 2]))
     outs = []
     for model in (plain, fast):
-        runner = LoopRunner(model)
+        runner = LoopRunner(model, 256)
         with torch.inference_mode():
             a = runner.prefill(prompt)[0]
             b = runner.tree(tree)[0]
@@ -136,7 +137,7 @@ def _decode_steps(model) -> list[torch.Tensor]:
     """Logits and features of a prefill, a tree under its mask, the kept path and one more row (reference runner)."""
     prompt = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(2))
     tree = Tree(torch.tensor([3, 4, 5, 6]), [-1, 0, 0, 2], torch.tensor([0, 1, 1, 2]))
-    runner = LoopRunner(model)
+    runner = LoopRunner(model, 256)
     with torch.inference_mode():
         a = runner.prefill(prompt)
         b = runner.tree(tree)
@@ -210,7 +211,7 @@ def test_rope_kernel_equals_torch_operators_bit_for_bit():
     with torch.inference_mode():
         fast = draft(feats, ids, pos).a
         with pytest.MonkeyPatch.context() as mp:  # torch's operators, as transformers' apply_rotary_pos_emb runs them
-            mp.setattr(draft.attn, "rotate", draft_blocks.apply_rotary_pos_emb)
+            mp.setattr(draft.attn, "rotate", apply_rotary_pos_emb)
             plain = draft(feats, ids, pos).a
     assert torch.equal(fast, plain)
 

@@ -163,7 +163,7 @@ def test_load_target_wires_the_fast_paths_and_plain_kernels_switches_them_off():
     prompt = torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(0))
     tree = Tree(torch.tensor([5, 6, 7, 8, 9]), [-1, 0, 0, 1, 1], torch.tensor([0, 1, 1, 2, 2]))
     def tree_logits():
-        runner = LoopRunner(model)
+        runner = LoopRunner(model, 256)
         with torch.inference_mode():
             runner.prefill(prompt)
             return runner.tree(tree)[0]

@@ -490,19 +490,21 @@ def test_a_compiled_step_writes_the_cache_in_place(prompts, vanilla):
 
 
 def test_every_layer_lives_in_one_buffer():
-    """The runner's layers are views of one buffer, so the loop engine's growth keeps them there with their
-    entries, and a move at the runner moves every layer's."""
+    """The runner's layers are views of one buffer, which keeps their entries as the text is written to its end
+    and refuses a write past it in one line, and a move at the runner moves every layer's."""
     model = tiny_target("llama")
-    runner = LoopRunner(model, 8)
+    runner = LoopRunner(model, 11)
     runner.prefill(torch.arange(6))
     before = [layer.keys[:, :, :6].clone() for layer in runner.cache.layers]
-    for token in range(5):  # past 8 positions: the buffer grows
-        runner.step(token)
     stack = runner.where.stack
-    assert stack.shape[0] == model.config.num_hidden_layers and runner.where.capacity > 8
+    for token in range(5):  # to the last of the 11 positions
+        runner.step(token)
+    assert runner.where.stack is stack and stack.shape[0] == model.config.num_hidden_layers and stack.shape[4] == 11
     for layer, old in zip(runner.cache.layers, before):
         assert layer.keys.data_ptr() == stack[layer.slot, 0].data_ptr() != stack[layer.slot, 1].data_ptr()
         assert torch.equal(layer.keys[:, :, :6], old)
+    with pytest.raises(ValueError, match=r"^1 positions written at 11 pass the end of the runner's 11-position cache"):
+        runner.step(0)
     runner.where.move(torch.tensor([4, 5]), torch.tensor([0, 1]))
     for layer, old in zip(runner.cache.layers, before):
         assert torch.equal(layer.keys[:, :, :2], old[:, :, 4:6])

@@ -68,11 +68,10 @@ def cuda_graph(step: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...]
 
 
 class CapturedStep:
-    """``step`` replayed as one CUDA graph of its eager kernels, compiled by nobody (docs/DESIGN.md section 12): the
-    first call warms up on a side stream, the second records over copies of its arguments, later ones copy them in and
-    replay. The step keeps its shapes, reads what changes only from its arguments or buffers updated in place, and never
-    the host; a failed recording is one :class:`CompileError`. ``capture``: how to record (:func:`cuda_graph`, or the
-    CPU tests' checking stand-in). A replay's output lives until the next."""
+    """``step`` replayed as one CUDA graph of its eager kernels, warmed up by its first call and recorded by its second
+    (docs/DESIGN.md section 12, "Capture"). The step keeps its shapes, reads what changes only from its arguments or
+    buffers updated in place, and never the host; a failed recording is one :class:`CompileError`. ``capture``: how to
+    record (:func:`cuda_graph`, or the CPU tests' checking stand-in). A replay's output lives until the next."""
 
     recorded = 0  # steps recorded in this process (graphs_compiled)
 

@@ -1,8 +1,7 @@
-"""The target behind one preallocated KV cache, the runner the engine drives (gpt-fast's way; docs/DESIGN.md section
-12): each layer's keys and values hold ``capacity`` positions (:class:`KVLayer`), an accepted path kept by moving its
-entries inside them. Written at a host int (prefill, the reference loop), attention reads what is written so far and a
-write past the end doubles the buffers; at a 0-dim device tensor (each decoding cycle) it reads the first ``window``
-positions under the caller's mask and nothing on the host, so one captured graph serves every length in a window."""
+"""The target behind one preallocated KV cache, the runner the engine drives (gpt-fast's way): written at a host int
+(the prefill, an eager cycle: attention reads what is written so far) or at a 0-dim device tensor (a captured cycle:
+the first ``window`` positions under the caller's mask, nothing read on the host), an accepted path kept by moving
+its entries inside the buffer (docs/DESIGN.md section 12)."""
 from __future__ import annotations
 
 import torch
@@ -42,13 +41,9 @@ class _Where:
         self.stack: torch.Tensor | None = None  # one buffer: an accepted path moves with one gather and one scatter
         self.slot_ids = self.parts = None  # device positions: the writes' indices of the layers and of k and v
 
-    def grow(self, like: torch.Tensor, capacity: int) -> None:
-        """``stack`` made (or remade, its entries kept) at ``capacity`` positions for layers shaped like ``like``
-        [B, n_kv, n, head_dim]."""
-        stack = like.new_zeros(self.slots, 2, *like.shape[:2], capacity, like.shape[-1])
-        if self.stack is not None:
-            stack[:, :, :, :, :self.capacity] = self.stack
-        self.stack, self.capacity = fixed_address(stack), capacity
+    def allocate(self, like: torch.Tensor) -> None:
+        """``stack`` made at ``capacity`` positions for layers shaped like ``like`` [B, n_kv, n, head_dim]."""
+        self.stack = fixed_address(like.new_zeros(self.slots, 2, *like.shape[:2], self.capacity, like.shape[-1]))
         self.slot_ids = torch.arange(self.slots, device=like.device)[:, None, None]  # [L, 1, 1]
         self.parts = torch.arange(2, device=like.device)[:, None]  # [2, 1]: keys, values
 
@@ -93,7 +88,7 @@ class KVLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         stack = self.where.stack
         if stack is None:
-            self.where.grow(key_states, self.capacity)
+            self.where.allocate(key_states)
         elif stack.shape[2:4] + stack.shape[5:] != key_states.shape[:2] + key_states.shape[3:] or \
                 stack.dtype != key_states.dtype:
             raise ValueError(f"layer {self.slot}'s keys {tuple(key_states.shape)} {key_states.dtype} differ from "
@@ -108,8 +103,9 @@ class KVLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         n, start = key_states.shape[-2], self.where.start
         if isinstance(start, int):
-            if start + n > self.capacity:  # host positions only (the loop engine): grow, never write past the end
-                self.where.grow(key_states, max(256, 2 * (start + n)))
+            if start + n > self.capacity:
+                raise ValueError(f"{n} positions written at {start} pass the end of the runner's "
+                                 f"{self.capacity}-position cache: give it the positions the text needs")
             return fast_paths.write_kv(self.where.stack, self.slot, key_states, value_states, start)
         where = self.where  # one write into the stack itself (writes into views made inductor copy it per layer)
         index = [where.slot_ids[self.slot], where.parts, None, None, where.cols[None]]  # [1, 1], [2, 1], [1, n]
@@ -138,7 +134,7 @@ class TargetRunner:
     ``share``: another runner, to share its buffers (a compiled step binds to its buffers, and a 7B target's
     cache is large)."""
 
-    def __init__(self, model: PreTrainedModel, capacity: int = 256, *, share: "TargetRunner | None" = None) -> None:
+    def __init__(self, model: PreTrainedModel, capacity: int, *, share: "TargetRunner | None" = None) -> None:
         self.model, self.device, self.dtype = model, model.device, model.dtype
         if share is not None:
             self.where, self.cache = share.where, share.cache

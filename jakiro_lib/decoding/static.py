@@ -1,8 +1,6 @@
-"""The engine: every method of ours, plain or speculative, as one cycle of tensors (docs/DESIGN.md section 12):
-**draft** (:meth:`~jakiro_lib.decoding.static_tree.StaticTreeDrafter.propose`, a lookup chain grafted on), **verify**
-(:meth:`~jakiro_lib.decoding.runner.TargetRunner.score`), **evaluate** (the accepted path and the bonus token) and
-**update** (the target cache keeps the path, the draft encodes it). Captured, its shapes depend only on the tree
-settings; eager, they follow the text, the tree and the chain."""
+"""The engine: every method of ours, plain or speculative, as one cycle of tensors (draft, verify, evaluate, update:
+docs/DESIGN.md section 12). Captured, its shapes depend only on the tree settings; eager, they follow the text, the
+tree and the chain."""
 from __future__ import annotations
 
 import dataclasses

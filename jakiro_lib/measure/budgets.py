@@ -16,6 +16,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from ..busy import process_ticks
 from ..config import SPEC, Profile, TreeConfig
 from ..data.chat import format_prompt_ids
 from ..data.conversations import DataError, load_conversations
@@ -119,9 +120,8 @@ def _cpu_snapshot() -> tuple[float, int, int] | None:
     """(seconds, CPU ticks of the whole machine, CPU ticks of this process) from ``/proc``; None elsewhere."""
     try:
         machine = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-        own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        # user, nice, system, irq, softirq, steal; this process's utime + stime (fields 14 and 15 of stat)
-        return (time.perf_counter(), sum(int(machine[i]) for i in (0, 1, 2, 5, 6, 7)), int(own[11]) + int(own[12]))
+        busy = sum(int(machine[i]) for i in (0, 1, 2, 5, 6, 7))  # user, nice, system, irq, softirq, steal
+        return time.perf_counter(), busy, process_ticks(Path("/proc/self/stat"))
     except (OSError, ValueError, IndexError):
         return None
 

@@ -1,11 +1,8 @@
-"""Measured cost model of one speculative cycle, and the tree budget it implies on this machine.
-
-Verifying n tree tokens costs T(n), which is nearly flat on a GPU and not on a small CPU (docs/DESIGN.md
-section 9), so the budget that pays off is machine-specific. One greedy run with a generous tree records, per
-cycle, the selection rank of each accepted node; the accepted length a smaller top-n tree would have had is then
-exact (greedy acceptance at a node depends only on its ancestors, and the top-n tree is a prefix of the score
-order), and :func:`choose_total_tokens` weighs it against the measured costs.
-"""
+"""Measured cost model of one speculative cycle, and the tree budget it implies on this machine (docs/DESIGN.md
+sections 9 and 11). One greedy run with a generous tree records, per cycle, the selection rank of each accepted node;
+the accepted length a smaller top-n tree would have had is then exact (greedy acceptance at a node depends only on its
+ancestors, and the top-n tree is a prefix of the score order), and :func:`choose_total_tokens` weighs it against the
+measured costs."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,12 +1,7 @@
-"""What a decoding cycle costs, taken apart, on the machine it runs on (docs/DESIGN.md section 12).
-
-Per method: the plain step (plain decoding's cycle), the method's cycle, their ratio, the cycle's steps
-(:mod:`jakiro_lib.decoding.clock`, :data:`PARTS`) with their operators, the host's time between steps, and T(n) of
-its tree timed alone; ``overhead`` = (cycle - T(n)) / T(1), what a cycle costs beyond verifying its tree, in plain
-steps. Times are means over the timed generations' cycles (eager, the clock waiting for the device at each step's
-edges; the methods and T(n) interleaved prompt by prompt); operators are counted on a separate generation of the
-first prompt (counting slows them down).
-"""
+"""What a decoding cycle costs, taken apart, on the machine it runs on: per method the table of docs/DESIGN.md
+section 12, "What a cycle costs", with each part's operators (:data:`PARTS`) and the host's time between steps.
+Times are means over the timed generations' cycles; operators are counted on a separate generation of the first
+prompt (counting slows them down)."""
 from __future__ import annotations
 
 import statistics

@@ -40,7 +40,7 @@ PRIMARY = {
     "our_vanilla": OUR_VANILLA,
     "jakiro_lookup": LOOKUP_METHODS,
 }
-PACKED_GEMM_LEVER = "packed GEMM weights (MKL or oneDNN, chosen at load)"
+PACKED_GEMM_LEVER = "packed GEMM weights (streaming, MKL or oneDNN, chosen at load)"
 PACKED_HEAD_LEVER = "packed draft head (the target's packed GEMM)"
 
 

@@ -196,7 +196,7 @@ def greedy_divergences(target: Target, records: list[dict[str, Any]], questions:
                 if turn < rec["turn"]:
                     history.append(answer_message(target, answers[(*_turn_key(rec)[:3], turn)]))
             ids = torch.cat([format_prompt_ids(target, history), torch.tensor(expected[:pos], dtype=torch.long)])
-            logits = TargetRunner(target.model).prefill(ids.to(target.device), last=True)[0][-1]
+            logits = TargetRunner(target.model, len(ids)).prefill(ids.to(target.device), last=True)[0][-1]
             top = logits.float().topk(2)
             first, second = top.values.tolist()
             spacing = 2.0 ** math.floor(math.log2(max(abs(first), 1e-30))) * torch.finfo(logits.dtype).eps

@@ -107,8 +107,7 @@ class DraftModel(nn.Module):
         self.target_config = target_config
         H = target_config.hidden_size
         self.fc = nn.Linear(2 * H, H, bias=True)
-        self.attn = DraftAttention(target_config)
-        self.attn.rotate = _rotate  # one kernel call on the CPU, as the target's lean forward
+        self.attn = DraftAttention(target_config, _rotate)  # one kernel call on the CPU, as the target's lean forward
         self.post_attention_layernorm = LlamaRMSNorm(H, eps=target_config.rms_norm_eps)
         fast_paths.use_fused_norm(self.post_attention_layernorm)  # one kernel on CUDA, as the target's
         self.mlp = MoEBlock(H, cfg, mlp_width(cfg, target_config))

@@ -10,7 +10,6 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 
 @dataclass
@@ -110,9 +109,10 @@ def unroll_mask(L: int, j: int, device: torch.device | None = None) -> torch.Ten
 
 
 class DraftAttention(nn.Module):
-    """Self-attention with the target's head layout and RoPE; keys/values kept in a :class:`KVCache`."""
+    """Self-attention with the target's head layout and RoPE; keys/values kept in a :class:`KVCache`. ``rotate``:
+    (q, k, cos, sin [B, L, D]) -> q and k rotated, as transformers' ``apply_rotary_pos_emb``."""
 
-    def __init__(self, tcfg: Any) -> None:
+    def __init__(self, tcfg: Any, rotate: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> None:
         super().__init__()
         H = tcfg.hidden_size
         self.n_heads = tcfg.num_attention_heads
@@ -123,8 +123,7 @@ class DraftAttention(nn.Module):
         self.k_proj = nn.Linear(H, self.n_kv * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(H, self.n_kv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, H, bias=False)
-        # (q, k, cos, sin [B, L, D]) -> q and k rotated: transformers' RoPE, or a kernel of the same roundings
-        self.rotate: Callable[..., tuple[torch.Tensor, torch.Tensor]] = apply_rotary_pos_emb
+        self.rotate = rotate
 
     def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], cache: KVCache | None,
                 mask: torch.Tensor | None) -> torch.Tensor:

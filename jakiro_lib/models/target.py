@@ -76,9 +76,9 @@ def capture_of(model: PreTrainedModel) -> str:
 
 
 @contextmanager
-def plain_kernels(model: PreTrainedModel, *, gqa: bool = True, packed: bool = True) -> Iterator[None]:
+def plain_kernels(model: PreTrainedModel, *, gqa: bool = True) -> Iterator[None]:
     """Run the block with the target's fast paths off, on the library's defaults (to measure what each buys)."""
-    gemm = kernels.packed_gemm(model) if packed else None
+    gemm = kernels.packed_gemm(model)
     before = gemm.active if gemm is not None else False
     switch = gqa and model.config._attn_implementation == fast_paths.GQA_ATTENTION
     lean = model.__dict__.get(fast_paths.LEAN, False)
