@@ -117,6 +117,11 @@ def _valid(record: Any) -> bool:
             and all(isinstance(record["chosen"].get(k), int) for k in ("num_conversations", "epochs")))
 
 
+def _made_with(record: Any, basis_now: dict[str, Any]) -> bool:
+    """Whether ``record`` is a readable scale choice made on ``basis_now`` (reused, not measured again)."""
+    return _valid(record) and record.get("basis") == basis_now
+
+
 def _with_choice(overrides: dict[str, Any], record: dict[str, Any], fixed: dict[str, Any]) -> dict[str, Any]:
     c = record["chosen"]
     chosen = {"data.num_conversations": c["num_conversations"], "train.epochs": c["epochs"]}
@@ -132,7 +137,7 @@ def recorded_scale(profile: Profile, overrides: dict[str, Any],
     if profile.data.scale != "auto" or len(fixed) == len(KEYS):
         return overrides, None
     record = read_json(Path(run_dir) / SCALE_JSON)
-    if not _valid(record) or record.get("basis") != basis(profile, fixed):
+    if not _made_with(record, basis(profile, fixed)):
         return overrides, None
     return _with_choice(overrides, record, fixed), record
 
@@ -149,16 +154,16 @@ def resolve_scale(profile: Profile, overrides: dict[str, Any], run_dir: str | Pa
         log.info("scale: %s set: auto scale not used", " and ".join(f"{k}={fixed[k]}" for k in KEYS))
         return overrides, None
     path = Path(run_dir) / SCALE_JSON
-    record = recorded_scale(profile, overrides, run_dir)[1]
-    if record is not None:
+    now = basis(profile, fixed)
+    record = read_json(path)
+    if _made_with(record, now):
         c = record["chosen"]
         log.info("scale: reusing %s conversations x %s epochs, chosen by measurement on %s (%s; delete it to measure "
                  "again)", c["num_conversations"], c["epochs"], record.get("date", "?"), path)
     else:
-        old, now = read_json(path), basis(profile, fixed)
-        if _valid(old):
+        if _valid(record):
             log.info("scale: %s was chosen with other settings (%s): measuring again", path,
-                     ", ".join(_changed(old["basis"], now)[:6]))
+                     ", ".join(_changed(record["basis"], now)[:6]))
         elif path.exists():
             log.warning("scale: %s is unreadable: measuring again", path)
         # the module's measure looked up now, not bound at definition: tests replace it
