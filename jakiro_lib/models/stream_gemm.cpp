@@ -112,14 +112,19 @@ void run(const float* x, const W* panels, float* y, int64_t M, int64_t K, int64_
   });
 }
 
+// Rows [N, K] as panels [ceil(N / L), K, L] of ``dtype``, the last panel's missing columns zero.
+at::Tensor to_panels(const at::Tensor& rows, at::ScalarType dtype) {
+  const int64_t N = rows.size(0), K = rows.size(1), P = (N + L - 1) / L;
+  at::Tensor padded = at::zeros({P * L, K}, rows.options().dtype(dtype));
+  padded.narrow(0, 0, N).copy_(rows);
+  return padded.view({P, L, K}).transpose(1, 2).contiguous();  // [P, K, L]
+}
+
 // bf16: the panels hold the weight rounded to bf16 (half the bytes to stream); the arithmetic stays fp32.
 at::Tensor pack(const at::Tensor& weight, bool bf16) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
               "stream_gemm.pack takes a 2-D fp32 CPU weight");
-  const int64_t N = weight.size(0), K = weight.size(1), P = (N + L - 1) / L;
-  at::Tensor padded = at::zeros({P * L, K}, weight.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
-  padded.narrow(0, 0, N).copy_(weight);
-  return padded.view({P, L, K}).transpose(1, 2).contiguous();  // [P, K, L]
+  return to_panels(weight, bf16 ? at::kBFloat16 : at::kFloat);
 }
 
 // int8 panels [P, K, L] of an fp32 weight [N, K] and each column's scale [P * L]: max_k |w_ck| / 127 (1 where the
@@ -127,14 +132,12 @@ at::Tensor pack(const at::Tensor& weight, bool bf16) {
 std::tuple<at::Tensor, at::Tensor> pack_int8(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
               "stream_gemm.pack_int8 takes a 2-D fp32 CPU weight");
-  const int64_t N = weight.size(0), K = weight.size(1), P = (N + L - 1) / L;
+  const int64_t N = weight.size(0), P = (N + L - 1) / L;
   const at::Tensor top = weight.abs().amax(1);
   const at::Tensor scale = at::where(top > 0, top / 127.0, at::ones_like(top));
-  at::Tensor padded = at::zeros({P * L, K}, weight.options().dtype(at::kChar));
-  padded.narrow(0, 0, N).copy_((weight / scale.unsqueeze(1)).round().clamp(-127, 127));
   at::Tensor scales = at::ones({P * L}, weight.options());
   scales.narrow(0, 0, N).copy_(scale);
-  return {padded.view({P, L, K}).transpose(1, 2).contiguous(), scales};
+  return {to_panels((weight / scale.unsqueeze(1)).round().clamp(-127, 127), at::kChar), scales};
 }
 
 // input [..., K] -> [..., n]: the leading dimensions flattened into rows and restored here, not in Python.
