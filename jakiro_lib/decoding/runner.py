@@ -163,7 +163,9 @@ class TargetRunner:
         self.where.cols = None if host else start + self.cols[:ids.shape[0]]
         lean = self.model.__dict__.get(fast_paths.LEAN)
         if lean and (mask is not None or host and (ids.shape[0] == 1 or start == 0)):
-            hidden = fast_paths.lean_forward(self.model, ids, pos, mask, self.cache.layers)
+            stack = self.where.stack if host and start + ids.shape[0] <= self.capacity and all(
+                layer.is_initialized for layer in self.cache.layers) else None  # every layer in one call
+            hidden = fast_paths.lean_forward(self.model, ids, pos, mask, self.cache.layers, stack, start)
         else:  # transformers' forward: a causal block after the text, or a model the lean forward does not fit
             hidden = transformers_hidden(self.model, ids, pos, mask, self.cache, self.cache_keyword)
         rows = hidden[-1:] if last else hidden

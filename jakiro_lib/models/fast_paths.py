@@ -18,6 +18,7 @@ RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 # the families whose decoder layers lean_forward runs: pre-norm attention with RoPE, then a SwiGLU MLP
 LEAN_FAMILIES = ("llama", "mistral", "qwen2")
 LEAN = "_jakiro_lean"  # the model attribute that says decoding forwards run lean_forward (checked at load)
+PANELS = "_jakiro_layer_panels"  # the model attribute caching what decoder_layers runs the layers with (_layer_panels)
 SCREEN = "_jakiro_head_screen"  # the model attribute holding greedy_argmax's screen (head_screen), None for none
 ATTEND_ROWS = 16  # the most query rows attend_rows serves (a tree's); SDPA's blocked kernel is faster beyond
 ATTEND_HEAD_SIZES = (16, 32, 64, 128)  # head sizes the kernel serves with 8- or 16-lane registers
@@ -229,18 +230,80 @@ def _kernel_without_grad(name: str, x: torch.Tensor, *others: torch.Tensor) -> A
     return _kernel(name, x)
 
 
+def _layer_panels(model: nn.Module) -> tuple[list[torch.Tensor], list[int], float] | None:
+    """What the package's ``decoder_layers`` runs ``model``'s layers with, as the Python loop of :func:`lean_forward`
+    would run them: each layer's input norm weight, q, k, v and o panels, post-attention norm weight, gate, up and
+    down panels; the projections' output sizes; the norms' eps. None where a projection is not on the streaming GEMM
+    or has a bias, a norm is not :func:`_fused_norm_forward` over an fp32 weight, or the heads do not fit
+    :func:`attend_rows`. Cached with the packed GEMM it was read from (``kernels.PackedGemm``, which marks each linear
+    it packs with itself and its packed copy)."""
+    gemm = _packed_gemm(model)
+    cached = model.__dict__.get(PANELS)
+    if cached is not None and cached[0] is gemm:
+        return cached[1]
+    panels = None
+    if gemm is not None and gemm.streams:
+        attn = model.model.layers[0].self_attn
+        heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
+        weights, eps = [], set()
+        for layer in model.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            norms = (layer.input_layernorm, layer.post_attention_layernorm)
+            linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+            if (any(getattr(x.forward, "__func__", None) is not _fused_norm_forward
+                    or x.weight.dtype != torch.float32 for x in norms)
+                    or any(x.bias is not None or x.__dict__.get("_jakiro_gemm") is not gemm for x in linears)):
+                break
+            weights += [norms[0].weight, *(x._jakiro_packed for x in linears[:4]), norms[1].weight,
+                        *(x._jakiro_packed for x in linears[4:])]
+            eps |= {x.variance_epsilon for x in norms}
+        else:
+            if len(eps) == 1 and attn.head_dim in ATTEND_HEAD_SIZES and heads % kv_heads == 0:
+                outs = [x.out_features for x in linears]
+                panels = (weights, outs, eps.pop())
+    model.__dict__[PANELS] = (gemm, panels)
+    return panels
+
+
+def _packed_gemm(model: nn.Module) -> Any:
+    """The ``kernels.PackedGemm`` that packed ``model``'s first decoder layer's q projection, or None."""
+    return model.model.layers[0].self_attn.q_proj.__dict__.get("_jakiro_gemm")
+
+
+def _fused_layers(model: nn.Module, h: torch.Tensor, mask: torch.Tensor | None,
+                  stack: torch.Tensor | None) -> Any:
+    """The package's ``decoder_layers`` op with what it runs ``model``'s layers with, where it serves ``h`` [1, n,
+    H] and ``mask`` over ``stack``; else None."""
+    n = h.shape[1]
+    if (stack is None or n > ATTEND_ROWS or model.config._attn_implementation != GQA_ATTENTION
+            or (mask.dtype != torch.float32 if mask is not None else n > 1)):  # maskless rows past one: causal
+        return None
+    op, gemm = _kernel_without_grad("decoder_layers", h), _packed_gemm(model)
+    if op is None or gemm is None or not (gemm.active and gemm.min_rows <= n <= gemm.max_rows):
+        return None
+    panels = _layer_panels(model)
+    return None if panels is None else (op, panels)
+
+
 def lean_forward(model: nn.Module, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
-                 layers: Sequence[Any]) -> torch.Tensor:
+                 layers: Sequence[Any], stack: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
     """The decoder's last hidden states [n, H] of ``ids`` [n] at positions ``pos`` [n]: the operators of
     transformers' forward of a :data:`LEAN_FAMILIES` model in the same order, without its module calls, keyword
     plumbing and mask building (DESIGN section 9). ``mask``: additive [1, 1, n, S], or None for one row
     or a prefill from position 0 (causal); ``layers``: the cache's, each
-    ``update(k, v)`` returning the keys and values to attend."""
+    ``update(k, v)`` returning the keys and values to attend; ``stack``: where given, their one buffer [layers, 2, 1,
+    KV heads, capacity, D], written from ``start``, so that a decoding step's layers run in one call of the package's
+    ``decoder_layers`` where it serves (the same hidden states bit for bit)."""
     decoder, n = model.model, ids.shape[0]
     attend = _sdpa_gqa if model.config._attn_implementation == GQA_ATTENTION else sdpa_attention_forward
     h = decoder.embed_tokens(ids[None])  # [1, n, H]
     cos, sin = decoder.rotary_emb(h, pos[None])  # [1, n, D]
     cos, sin = cos[:, None], sin[:, None]
+    fused = _fused_layers(model, h, mask, stack)
+    if fused is not None:
+        (op, (weights, outs, eps)), attn = fused, decoder.layers[0].self_attn
+        return decoder.norm.forward(op(h, weights, outs, stack, start, cos, sin, mask, attn.head_dim, eps,
+                                       attn.scaling))[0]
     turned = turned_sin(sin) if _kernel("rope", h) is None else None  # the negation once, not once a layer
     for layer, kv in zip(decoder.layers, layers):
         attn, mlp = layer.self_attn, layer.mlp

@@ -183,6 +183,7 @@ class PackedGemm:
                              "MKL build of torch or oneDNN, or bf16 with oneDNN")
         weight = _first(model)
         self.backend = backend_for(weight, backend)
+        self.streams = self.backend in STREAM_BACKENDS  # panels of the package's streaming GEMM
         min_rows = min_rows_for(weight, backend) if min_rows is None else min_rows
         if not 1 <= min_rows <= max_rows:
             raise ValueError(f"PackedGemm needs 1 <= min_rows <= max_rows, got {min_rows}..{max_rows}")

@@ -456,22 +456,31 @@ QueriesFn queries_fn(int64_t D) {  // head sizes 16 to 128 with either register 
 // q [1, Hq, n, D], k and v [1, Hk, S, D] (Hk dividing Hq), mask additive [.., n, S] or none -> [1, n, Hq, D], the
 // layout SDPA's output is transposed to. Tasks: a KV head and a chunk of rows (at most 8, even chunks, four tasks
 // where the rows allow).
-at::Tensor attend(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_,
-                  const c10::optional<at::Tensor>& mask_, double scale) {
-  TORCH_CHECK(q_.dim() == 4 && q_.size(0) == 1 && k_.dim() == 4 && k_.sizes() == v_.sizes() && k_.size(0) == 1 &&
-              q_.size(3) == k_.size(3) && k_.size(1) > 0 && q_.size(1) % k_.size(1) == 0 &&
-              q_.scalar_type() == at::kFloat && k_.scalar_type() == at::kFloat && v_.scalar_type() == at::kFloat &&
-              queries_fn(q_.size(3)) != nullptr, "stream_gemm.attend: shapes do not match");
+// The additive mask [.., n, S] as the kernel reads it: [n, Sp], the keys' whole blocks of L, 0 past S; undefined for
+// none.
+at::Tensor padded_mask(const c10::optional<at::Tensor>& mask, int64_t n, int64_t S) {
+  if (!mask.has_value() || !mask->defined()) return at::Tensor();
+  TORCH_CHECK(mask->scalar_type() == at::kFloat, "stream_gemm.attend takes an fp32 additive mask");
+  at::Tensor padded = at::zeros({n, (S + L - 1) / L * L}, mask->options());
+  padded.narrow(1, 0, S).copy_(mask->expand({1, 1, n, S})[0][0]);
+  return padded;
+}
+
+bool attend_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return q.dim() == 4 && q.size(0) == 1 && k.dim() == 4 && k.sizes() == v.sizes() && k.size(0) == 1 &&
+         q.size(3) == k.size(3) && k.size(1) > 0 && q.size(1) % k.size(1) == 0 && q.scalar_type() == at::kFloat &&
+         k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && queries_fn(q.size(3)) != nullptr;
+}
+
+// attend with its mask padded (padded_mask)
+at::Tensor attend_padded(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_, const at::Tensor& mask,
+                         double scale) {
+  TORCH_CHECK(attend_serves(q_, k_, v_) && (!mask.defined() || (mask.size(0) == q_.size(2) &&
+              mask.size(1) == (k_.size(2) + L - 1) / L * L)), "stream_gemm.attend: shapes do not match");
   auto last_contiguous = [](const at::Tensor& x) { return x.stride(3) == 1 ? x : x.contiguous(); };
   const at::Tensor q = last_contiguous(q_), k = last_contiguous(k_), v = last_contiguous(v_);
   const int64_t Hq = q.size(1), n = q.size(2), D = q.size(3), Hk = k.size(1), S = k.size(2), G = Hq / Hk;
   const int64_t Sp = (S + L - 1) / L * L;
-  at::Tensor mask;  // [n, Sp]: the keys' whole blocks, 0 past S
-  if (mask_.has_value() && mask_->defined()) {
-    TORCH_CHECK(mask_->scalar_type() == at::kFloat, "stream_gemm.attend takes an fp32 additive mask");
-    mask = at::zeros({n, Sp}, q.options());
-    mask.narrow(1, 0, S).copy_(mask_->expand({1, 1, n, S})[0][0]);
-  }
   at::Tensor out = at::empty({1, n, Hq, D}, q.options());
   const QueriesFn fn = queries_fn(D);
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
@@ -496,6 +505,12 @@ at::Tensor attend(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& 
     }
   });
   return out;
+}
+
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
+                  double scale) {
+  TORCH_CHECK(attend_serves(q, k, v), "stream_gemm.attend: shapes do not match");
+  return attend_padded(q, k, v, padded_mask(mask, q.size(2), k.size(2)), scale);
 }
 
 at::Tensor attend_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -663,6 +678,36 @@ at::Tensor greedy_head(const at::Tensor& input, const at::Tensor& screen, const 
   return out;
 }
 
+// The decoder layers of the lean forward (models/fast_paths.py's lean_forward) for a decoding step's few rows, in one
+// call: each layer's norms, projections, RoPE, cache write, attention, residual adds and SwiGLU MLP by the same
+// kernels and torch operators, in the same order, as the Python loop, so the hidden states equal its bit for bit;
+// what goes is the interpreter's work between them. hidden [1, n, H]; weights: 9 a layer (the input norm's weight,
+// the q, k, v and o projections' stream panels, the post-attention norm's weight, the gate, up and down projections'
+// panels); outs: the 7 projections' output sizes; stack: the runner's cache [layers, 2, 1, n_kv, capacity, D], each
+// layer writing its slot at start..start+n; cos and sin [1, 1, n, D]; mask additive [1, 1, n, start + n] or none.
+at::Tensor decoder_layers(const at::Tensor& hidden, at::TensorList weights, at::IntArrayRef outs,
+                          const at::Tensor& stack, int64_t start, const at::Tensor& cos, const at::Tensor& sin,
+                          const c10::optional<at::Tensor>& mask, int64_t D, double eps, double scale) {
+  const int64_t n = hidden.dim() == 3 ? hidden.size(1) : 0, layers = int64_t(weights.size()) / 9;
+  TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && int64_t(weights.size()) == 9 * layers &&
+              stack.dim() == 6 && layers <= stack.size(0) && outs.size() == 7 && stack.size(5) == D,
+              "stream_gemm.decoder_layers: shapes do not match");
+  const at::Tensor padded = padded_mask(mask, n, start + n);
+  at::Tensor h = hidden;
+  for (int64_t l = 0; l < layers; ++l) {
+    const at::Tensor* w = weights.data() + 9 * l;
+    at::Tensor x = rms_norm(h, w[0], eps);
+    auto heads = [&](int i) { return linear(x, w[1 + i], outs[i]).view({1, n, -1, D}).transpose(1, 2); };
+    const at::Tensor q = heads(0), k = heads(1), v = heads(2);  // [1, heads, n, D]
+    const auto [q_turned, k_turned] = rope(q, k, cos, sin);
+    const auto [keys, values] = kv_write(stack, l, k_turned, v, start);
+    h = h + linear(attend_padded(q_turned, keys, values, padded, scale).reshape({1, n, -1}), w[4], outs[3]);
+    x = rms_norm(h, w[5], eps);
+    h = h + linear(at::silu(linear(x, w[6], outs[4])) * linear(x, w[7], outs[5]), w[8], outs[6]);
+  }
+  return h;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(jakiro_stream_gemm, m) {
@@ -675,6 +720,8 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("argmax(Tensor x) -> Tensor");
   m.def("pack_int8(Tensor weight) -> (Tensor, Tensor)");
   m.def("greedy_head(Tensor x, Tensor screen, Tensor scales, Tensor bound, Tensor weight) -> Tensor");
+  m.def("decoder_layers(Tensor hidden, Tensor[] weights, int[] outs, Tensor(a!) stack, int start, Tensor cos, "
+        "Tensor sin, Tensor? mask, int D, float eps, float scale) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("pack", pack);
@@ -686,6 +733,7 @@ TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("argmax", argmax_rows);
   m.impl("pack_int8", pack_int8);
   m.impl("greedy_head", greedy_head);
+  m.impl("decoder_layers", decoder_layers);
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, Meta, m) {
   m.impl("linear", linear_meta);
