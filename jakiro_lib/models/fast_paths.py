@@ -233,34 +233,34 @@ def _kernel_without_grad(name: str, x: torch.Tensor, *others: torch.Tensor) -> A
 def _layer_panels(model: nn.Module) -> tuple[list[torch.Tensor], list[int], float] | None:
     """What the package's ``decoder_layers`` runs ``model``'s layers with, as the Python loop of :func:`lean_forward`
     would run them: each layer's input norm weight, q, k, v and o panels, post-attention norm weight, gate, up and
-    down panels; the projections' output sizes; the norms' eps. None where a projection is not on the streaming GEMM
-    or has a bias, a norm is not :func:`_fused_norm_forward` over an fp32 weight, or the heads do not fit
-    :func:`attend_rows`. Cached with the packed GEMM it was read from (``kernels.PackedGemm``, which marks each linear
-    it packs with itself and its packed copy)."""
+    down panels, then q, k and v's biases where they have them; the projections' output sizes; the norms' eps. None
+    where a projection is not on the streaming GEMM, or has a bias other than those, or a norm is not
+    :func:`_fused_norm_forward` over an fp32 weight. Cached with the packed GEMM it was read from
+    (``kernels.PackedGemm``, which marks each linear it packs with itself and its packed copy)."""
     gemm = _packed_gemm(model)
     cached = model.__dict__.get(PANELS)
     if cached is not None and cached[0] is gemm:
         return cached[1]
     panels = None
     if gemm is not None and gemm.streams:
-        attn = model.model.layers[0].self_attn
-        heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
-        weights, eps = [], set()
+        weights, eps, biased = [], set(), set()
         for layer in model.model.layers:
             a, m = layer.self_attn, layer.mlp
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
             linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+            biases = [x.bias for x in linears[:3] if x.bias is not None]
             if (any(getattr(x.forward, "__func__", None) is not _fused_norm_forward
-                    or x.weight.dtype != torch.float32 for x in norms)
-                    or any(x.bias is not None or x.__dict__.get("_jakiro_gemm") is not gemm for x in linears)):
+                    or x.weight.dtype != torch.float32 for x in norms) or len(biases) % 3
+                    or any(x.bias is not None for x in linears[3:])
+                    or any(x.__dict__.get("_jakiro_gemm") is not gemm for x in linears)):
                 break
             weights += [norms[0].weight, *(x._jakiro_packed for x in linears[:4]), norms[1].weight,
-                        *(x._jakiro_packed for x in linears[4:])]
+                        *(x._jakiro_packed for x in linears[4:]), *biases]
             eps |= {x.variance_epsilon for x in norms}
+            biased.add(bool(biases))
         else:
-            if len(eps) == 1 and attn.head_dim in ATTEND_HEAD_SIZES and heads % kv_heads == 0:
-                outs = [x.out_features for x in linears]
-                panels = (weights, outs, eps.pop())
+            if len(eps) == 1 and len(biased) == 1:
+                panels = (weights, [x.out_features for x in linears], eps.pop())
     model.__dict__[PANELS] = (gemm, panels)
     return panels
 
@@ -275,7 +275,7 @@ def _fused_layers(model: nn.Module, h: torch.Tensor, mask: torch.Tensor | None,
     """The package's ``decoder_layers`` op with what it runs ``model``'s layers with, where it serves ``h`` [1, n,
     H] and ``mask`` over ``stack``; else None."""
     n = h.shape[1]
-    if (stack is None or n > ATTEND_ROWS or model.config._attn_implementation != GQA_ATTENTION
+    if (stack is None or model.config._attn_implementation != GQA_ATTENTION
             or (mask.dtype != torch.float32 if mask is not None else n > 1)):  # maskless rows past one: causal
         return None
     op, gemm = _kernel_without_grad("decoder_layers", h), _packed_gemm(model)
@@ -302,8 +302,9 @@ def lean_forward(model: nn.Module, ids: torch.Tensor, pos: torch.Tensor, mask: t
     fused = _fused_layers(model, h, mask, stack)
     if fused is not None:
         (op, (weights, outs, eps)), attn = fused, decoder.layers[0].self_attn
+        rows = ATTEND_ROWS if attn.head_dim in ATTEND_HEAD_SIZES else 0  # the kernel's rows, as _sdpa_gqa's
         return decoder.norm.forward(op(h, weights, outs, stack, start, cos, sin, mask, attn.head_dim, eps,
-                                       attn.scaling))[0]
+                                       attn.scaling, rows))[0]
     turned = turned_sin(sin) if _kernel("rope", h) is None else None  # the negation once, not once a layer
     for layer, kv in zip(decoder.layers, layers):
         attn, mlp = layer.self_attn, layer.mlp

@@ -678,30 +678,42 @@ at::Tensor greedy_head(const at::Tensor& input, const at::Tensor& screen, const 
   return out;
 }
 
-// The decoder layers of the lean forward (models/fast_paths.py's lean_forward) for a decoding step's few rows, in one
-// call: each layer's norms, projections, RoPE, cache write, attention, residual adds and SwiGLU MLP by the same
-// kernels and torch operators, in the same order, as the Python loop, so the hidden states equal its bit for bit;
-// what goes is the interpreter's work between them. hidden [1, n, H]; weights: 9 a layer (the input norm's weight,
-// the q, k, v and o projections' stream panels, the post-attention norm's weight, the gate, up and down projections'
-// panels); outs: the 7 projections' output sizes; stack: the runner's cache [layers, 2, 1, n_kv, capacity, D], each
-// layer writing its slot at start..start+n; cos and sin [1, 1, n, D]; mask additive [1, 1, n, start + n] or none.
+// The decoder layers of the lean forward (models/fast_paths.py's lean_forward) for a decoding step, in one call: each
+// layer's norms, projections, RoPE, cache write, attention, residual adds and SwiGLU MLP by the same kernels and
+// torch operators, in the same order, as the Python loop, so the hidden states equal its bit for bit; what goes is
+// the interpreter's work between them. hidden [1, n, H]; weights, 9 a layer (the input norm's weight, the q, k, v and
+// o projections' stream panels, the post-attention norm's weight, the gate, up and down projections' panels), or 12
+// with the q, k and v projections' biases after them; outs: the 7 projections' output sizes; stack: the runner's
+// cache [layers, 2, 1, n_kv, capacity, D], each layer writing its slot at start..start+n; cos and sin [1, 1, n, D];
+// mask additive [1, 1, n, start + n] or none (one row); attention by the kernel up to attend_rows rows where it
+// serves, else SDPA, as _sdpa_gqa chooses.
 at::Tensor decoder_layers(const at::Tensor& hidden, at::TensorList weights, at::IntArrayRef outs,
                           const at::Tensor& stack, int64_t start, const at::Tensor& cos, const at::Tensor& sin,
-                          const c10::optional<at::Tensor>& mask, int64_t D, double eps, double scale) {
-  const int64_t n = hidden.dim() == 3 ? hidden.size(1) : 0, layers = int64_t(weights.size()) / 9;
-  TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && int64_t(weights.size()) == 9 * layers &&
-              stack.dim() == 6 && layers <= stack.size(0) && outs.size() == 7 && stack.size(5) == D,
-              "stream_gemm.decoder_layers: shapes do not match");
-  const at::Tensor padded = padded_mask(mask, n, start + n);
+                          const c10::optional<at::Tensor>& mask, int64_t D, double eps, double scale,
+                          int64_t attend_rows) {
+  const int64_t n = hidden.dim() == 3 ? hidden.size(1) : 0, layers = stack.dim() == 6 ? stack.size(0) : 0;
+  const int64_t per = layers > 0 ? int64_t(weights.size()) / layers : 0;
+  TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && layers > 0 && (per == 9 || per == 12) &&
+              int64_t(weights.size()) == per * layers && outs.size() == 7 && stack.size(5) == D &&
+              (n == 1 || (mask.has_value() && mask->defined())), "stream_gemm.decoder_layers: shapes do not match");
+  const bool kernel = n <= attend_rows && queries_fn(D) != nullptr;
+  const at::Tensor padded = kernel ? padded_mask(mask, n, start + n) : at::Tensor();
   at::Tensor h = hidden;
   for (int64_t l = 0; l < layers; ++l) {
-    const at::Tensor* w = weights.data() + 9 * l;
+    const at::Tensor* w = weights.data() + per * l;
     at::Tensor x = rms_norm(h, w[0], eps);
-    auto heads = [&](int i) { return linear(x, w[1 + i], outs[i]).view({1, n, -1, D}).transpose(1, 2); };
-    const at::Tensor q = heads(0), k = heads(1), v = heads(2);  // [1, heads, n, D]
+    auto heads = [&](int i) {
+      const at::Tensor y = linear(x, w[1 + i], outs[i]);
+      return (per == 12 ? y + w[9 + i] : y).view({1, n, -1, D}).transpose(1, 2);  // [1, heads, n, D]
+    };
+    const at::Tensor q = heads(0), k = heads(1), v = heads(2);
     const auto [q_turned, k_turned] = rope(q, k, cos, sin);
     const auto [keys, values] = kv_write(stack, l, k_turned, v, start);
-    h = h + linear(attend_padded(q_turned, keys, values, padded, scale).reshape({1, n, -1}), w[4], outs[3]);
+    const at::Tensor out = kernel && attend_serves(q_turned, keys, values)
+        ? attend_padded(q_turned, keys, values, padded, scale)
+        : at::scaled_dot_product_attention(q_turned, keys, values, mask, 0.0, false, scale,
+                                           q_turned.size(1) != keys.size(1)).transpose(1, 2).contiguous();
+    h = h + linear(out.reshape({1, n, -1}), w[4], outs[3]);
     x = rms_norm(h, w[5], eps);
     h = h + linear(at::silu(linear(x, w[6], outs[4])) * linear(x, w[7], outs[5]), w[8], outs[6]);
   }
@@ -721,7 +733,7 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("pack_int8(Tensor weight) -> (Tensor, Tensor)");
   m.def("greedy_head(Tensor x, Tensor screen, Tensor scales, Tensor bound, Tensor weight) -> Tensor");
   m.def("decoder_layers(Tensor hidden, Tensor[] weights, int[] outs, Tensor(a!) stack, int start, Tensor cos, "
-        "Tensor sin, Tensor? mask, int D, float eps, float scale) -> Tensor");
+        "Tensor sin, Tensor? mask, int D, float eps, float scale, int attend_rows) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("pack", pack);
