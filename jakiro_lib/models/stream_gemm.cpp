@@ -29,11 +29,6 @@ constexpr int64_t L = 8;
 constexpr int CHUNK = 4;
 template <int M> constexpr int panels_in_registers() { return M == 1 ? 6 : M == 2 ? 4 : M == 3 ? 3 : 2; }
 #endif
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define INTEGER_SCREEN 1  // the head's screen through int16 activations and VNNI's integer dot products
-#else
-#define INTEGER_SCREEN 0
-#endif
 typedef float vec __attribute__((vector_size(L * sizeof(float))));
 typedef uint16_t half_vec __attribute__((vector_size(L * sizeof(uint16_t))));
 typedef uint32_t wide_vec __attribute__((vector_size(L * sizeof(uint32_t))));
@@ -133,22 +128,16 @@ at::Tensor pack(const at::Tensor& weight, bool bf16) {
 }
 
 // int8 panels [P, K, L] of an fp32 weight [N, K] and each column's scale [P * L]: max_k |w_ck| / 127 (1 where the
-// column is zero), each weight divided by it and rounded to the nearest integer. ``pairs``: the integer screen's
-// layout [P, ceil(K / 2), L, 2], each column's weights at k and k + 1 side by side (K padded with a zero).
-std::tuple<at::Tensor, at::Tensor> pack_int8(const at::Tensor& weight, bool pairs) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu() &&
-              (!pairs || INTEGER_SCREEN), "stream_gemm.pack_int8 takes a 2-D fp32 CPU weight (pairs: with VNNI)");
-  const int64_t N = weight.size(0), K = weight.size(1), P = (N + L - 1) / L;
+// column is zero), each weight divided by it and rounded to the nearest integer.
+std::tuple<at::Tensor, at::Tensor> pack_int8(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
+              "stream_gemm.pack_int8 takes a 2-D fp32 CPU weight");
+  const int64_t N = weight.size(0), P = (N + L - 1) / L;
   const at::Tensor top = weight.abs().amax(1);
   const at::Tensor scale = at::where(top > 0, top / 127.0, at::ones_like(top));
   at::Tensor scales = at::ones({P * L}, weight.options());
   scales.narrow(0, 0, N).copy_(scale);
-  at::Tensor panels = to_panels((weight / scale.unsqueeze(1)).round().clamp(-127, 127), at::kChar);  // [P, K, L]
-  if (pairs) {
-    if (K % 2) panels = at::cat({panels, at::zeros({P, 1, L}, panels.options())}, 1);
-    panels = panels.view({P, (K + 1) / 2, 2, L}).transpose(2, 3).contiguous();  // [P, K / 2, L, 2]
-  }
-  return {panels, scales};
+  return {to_panels((weight / scale.unsqueeze(1)).round().clamp(-127, 127), at::kChar), scales};
 }
 
 // input [..., K] -> [..., n]: the leading dimensions flattened into rows and restored here, not in Python.
@@ -598,37 +587,35 @@ float exact(const float* x, const float* w, int64_t K) {
   return acc;
 }
 
-// The largest s_c - B_c, B_c = bound_c * norm + l1_c * t, less the allowance for underflow; NaN where some s_c is not
-// finite.
-float screen_cut(const float* s, const float* bound, const float* l1, float norm, float t, int64_t V) {
+// The largest s_c - bound_c * norm, less the allowance for underflow; NaN where some s_c is not finite.
+float screen_cut(const float* s, const float* bound, float norm, int64_t V) {
   float cut = -INFINITY, bad = 0.0f;  // bad: 0 while every s_c is finite (s * 0 is NaN for an infinity or a NaN)
   int64_t c = 0;
 #if defined(__AVX512F__)
   __m512 top = _mm512_set1_ps(-INFINITY), bad_lanes = _mm512_setzero_ps();
-  const __m512 n = _mm512_set1_ps(norm), tt = _mm512_set1_ps(t);
+  const __m512 n = _mm512_set1_ps(norm);
   for (; c + 16 <= V; c += 16) {
     const __m512 v = _mm512_loadu_ps(s + c);
     bad_lanes = _mm512_add_ps(bad_lanes, _mm512_mul_ps(v, _mm512_setzero_ps()));
-    const __m512 b = _mm512_fmadd_ps(_mm512_loadu_ps(bound + c), n, _mm512_mul_ps(_mm512_loadu_ps(l1 + c), tt));
-    top = _mm512_max_ps(top, _mm512_sub_ps(v, b));
+    top = _mm512_max_ps(top, _mm512_fnmadd_ps(_mm512_loadu_ps(bound + c), n, v));
   }
   cut = _mm512_reduce_max_ps(top);
   bad = _mm512_reduce_add_ps(bad_lanes);
 #endif
   for (; c < V; ++c) {
     bad += s[c] * 0.0f;
-    cut = std::max(cut, s[c] - std::fma(bound[c], norm, l1[c] * t));
+    cut = std::max(cut, s[c] - bound[c] * norm);
   }
   return bad == 0.0f ? cut - kUnderflowAllowance : NAN;
 }
 
-// The first index of the largest exact logit among the words whose s_c + B_c, plus the same allowance for underflow as
-// ``cut`` took off, reaches ``cut`` (every word where ``cut`` is NaN); B_c = bound_c * norm + l1_c * t.
-int64_t screened_argmax(const float* x, const float* s, const float* bound, const float* l1, float t,
-                        const float* weight, int64_t V, int64_t K) {
+// The first index of the largest exact logit among the words whose s_c + bound_c * norm, plus the same allowance for
+// underflow as ``cut`` took off, reaches ``cut`` (every word where ``cut`` is NaN).
+int64_t screened_argmax(const float* x, const float* s, const float* bound, const float* weight, int64_t V,
+                        int64_t K) {
   float norm = 0.0f;
   for (int64_t k = 0; k < K; ++k) norm += std::fabs(x[k]);
-  const float cut = std::isfinite(norm) ? screen_cut(s, bound, l1, norm, t, V) : NAN;
+  const float cut = std::isfinite(norm) ? screen_cut(s, bound, norm, V) : NAN;
   int64_t best = -1;
   float top = 0.0f;
   auto consider = [&](int64_t c) {  // false where the word's logit is NaN: torch's argmax gives the first NaN
@@ -642,146 +629,54 @@ int64_t screened_argmax(const float* x, const float* s, const float* bound, cons
   int64_t c = 0;
 #if defined(__AVX512F__)
   if (cut == cut) {
-    const __m512 n = _mm512_set1_ps(norm), tt = _mm512_set1_ps(t), edge = _mm512_set1_ps(cut - kUnderflowAllowance);
+    const __m512 n = _mm512_set1_ps(norm), edge = _mm512_set1_ps(cut - kUnderflowAllowance);
     for (; c + 16 <= V; c += 16) {
-      const __m512 b = _mm512_fmadd_ps(_mm512_loadu_ps(bound + c), n, _mm512_mul_ps(_mm512_loadu_ps(l1 + c), tt));
-      const __m512 hi = _mm512_add_ps(_mm512_loadu_ps(s + c), b);
+      const __m512 hi = _mm512_fmadd_ps(_mm512_loadu_ps(bound + c), n, _mm512_loadu_ps(s + c));
       for (__mmask16 hit = _mm512_cmp_ps_mask(hi, edge, _CMP_GE_OQ); hit; hit &= hit - 1)
         if (!consider(c + __builtin_ctz(hit))) return best;
     }
   }
 #endif
   for (; c < V; ++c) {
-    if (cut == cut && s[c] + std::fma(bound[c], norm, l1[c] * t) + kUnderflowAllowance < cut) continue;
+    if (cut == cut && s[c] + bound[c] * norm + kUnderflowAllowance < cut) continue;
     if (!consider(c)) return best;
   }
   return best;
 }
 
-#if INTEGER_SCREEN
-// The integer screen: each row's activations rounded to integers p_k = round(x_k / sx) of at most ``top`` in
-// magnitude (sx = max_k |x_k| / top; top keeps every sum of K products of int8 weights within int32), exact integer
-// sums sum_k q_ck p_k through VNNI's vpdpwssd (two k a lane), then s_c = sum * scale_c * sx. Against the fp32 screen
-// B_c gains l1_c * t, l1_c = sum_k |scale_c q_ck| (Python, rounded up): t covers the activations' rounding (the
-// largest |x_k - sx p_k|, 1% spared) and the three fp32 roundings of s_c (2^-21 max_k |x_k|).
-template <int M, int NB>
-inline void int_block(const int32_t* x, const int8_t* panels, int32_t* y, int64_t Kh, int64_t Np, int64_t p) {
-  __m512i acc[M][NB];
-  for (int m = 0; m < M; ++m)
-    for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_si512();
-  const int8_t* src = panels + p * Kh * 32;  // a panel: Kh steps of 16 columns x 2 weights
-  for (int64_t k = 0; k < Kh; ++k) {
-    __m512i w[NB];
-    for (int j = 0; j < NB; ++j) {
-      w[j] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (j * Kh + k) * 32)));
-      __builtin_prefetch(src + (j * Kh + k + 64) * 32);
-    }
-    for (int m = 0; m < M; ++m) {
-      const __m512i xv = _mm512_set1_epi32(x[m * Kh + k]);
-      for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_dpwssd_epi32(acc[m][j], xv, w[j]);
-    }
-  }
-  for (int m = 0; m < M; ++m)
-    for (int j = 0; j < NB; ++j) _mm512_storeu_si512(y + m * Np + (p + j) * L, acc[m][j]);
-}
-
-template <int M>
-void int_rows(const int32_t* x, const int8_t* panels, int32_t* y, int64_t Kh, int64_t Np, int64_t p,
-              int64_t p_end) {
-  constexpr int NB = panels_in_registers<M>();
-  for (; p + NB <= p_end; p += NB) int_block<M, NB>(x, panels, y, Kh, Np, p);
-  for (; p < p_end; ++p) int_block<M, 1>(x, panels, y, Kh, Np, p);
-}
-
-// Rows x [M, K] -> their screened logits s [M, P * L] (above) and each row's t.
-void integer_screen(const float* x, const int8_t* panels, const float* scales, float* s, float* t, int64_t M,
-                    int64_t K, int64_t Kh, int64_t P) {
-  using RowsFn = void (*)(const int32_t*, const int8_t*, int32_t*, int64_t, int64_t, int64_t, int64_t);
-  static constexpr RowsFn by_rows[9] = {nullptr, int_rows<1>, int_rows<2>, int_rows<3>, int_rows<4>,
-                                        int_rows<5>, int_rows<6>, int_rows<7>, int_rows<8>};
-  const float top = float(std::min<int64_t>(16383, ((int64_t(1) << 31) - 1) / (127 * 2 * Kh)));
-  std::vector<int32_t> xq(M * Kh, 0);
-  std::vector<int16_t> q(2 * Kh);
-  std::vector<float> sx(M);
-  for (int64_t m = 0; m < M; ++m) {
-    const float* r = x + m * K;
-    float big = 0.0f;
-    for (int64_t k = 0; k < K; ++k) big = std::max(big, std::fabs(r[k]));  // NaN rows: below
-    sx[m] = std::isfinite(big) && big > 0.0f ? big / top : (big == 0.0f ? 1.0f : NAN);
-    double err = 0.0;
-    std::fill(q.begin(), q.end(), 0);
-    if (sx[m] == sx[m])
-      for (int64_t k = 0; k < K; ++k) {
-        const float v = std::min(top, std::max(-top, std::nearbyint(r[k] / sx[m])));
-        q[k] = int16_t(v);
-        err = std::max(err, std::fabs(double(r[k]) - double(sx[m]) * double(v)));
-      }
-    for (int64_t k = 0; k < Kh; ++k)
-      xq[m * Kh + k] = int32_t(uint32_t(uint16_t(q[2 * k])) | (uint32_t(uint16_t(q[2 * k + 1])) << 16));
-    t[m] = std::nextafter(float(1.01 * err + std::ldexp(double(big), -21)), INFINITY);
-  }
-  const int64_t Np = P * L;
-  std::vector<int32_t> sums(M * Np);
-  const int64_t per_block = std::max<int64_t>(12, (512 * 1024) / (Kh * 32) / 12 * 12);
-  at::parallel_for(0, P, 4, [&](int64_t p0, int64_t p1) {
-    for (int64_t b = p0; b < p1; b += per_block) {
-      const int64_t b_end = std::min(b + per_block, p1);
-      for (int64_t m = 0; m < M; m += CHUNK)
-        by_rows[std::min<int64_t>(CHUNK, M - m)](xq.data() + m * Kh, panels, sums.data() + m * Np, Kh, Np, b, b_end);
-    }
-  });
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t c = 0; c < Np; ++c) s[m * Np + c] = float(sums[m * Np + c]) * scales[c] * sx[m];
-}
-#endif
-
 // The argmaxes of ``input`` [..., K]'s rows: [...] int64, on its device (the CPU op's output, and its meta)
 at::Tensor greedy_head_meta(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& scales,
-                            const at::Tensor& bound, const at::Tensor& l1, const at::Tensor& weight) {
+                            const at::Tensor& bound, const at::Tensor& weight) {
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes.pop_back();
   return at::empty(sizes, input.options().dtype(at::kLong));
 }
 
-// x [..., K] fp32, screen: W's int8 panels ([P, K, L], or the integer screen's [P, K / 2, L, 2]) and their columns'
-// scales (pack_int8), bound and l1 [V], weight [V, K] fp32 -> the argmax of each row [...]
+// x [..., K] fp32, screen: W's int8 panels and their columns' scales (pack_int8), bound [V], weight [V, K] fp32 ->
+// the argmax of each row [...]
 at::Tensor greedy_head(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& scales,
-                       const at::Tensor& bound, const at::Tensor& l1, const at::Tensor& weight) {
-  const bool pairs = screen.dim() == 4;
-  const int64_t K = input.dim() >= 1 ? input.size(-1) : 0;
+                       const at::Tensor& bound, const at::Tensor& weight) {
   TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && screen.scalar_type() == at::kChar &&
-              (pairs ? INTEGER_SCREEN && screen.size(1) == (K + 1) / 2 && screen.size(3) == 2
-                     : screen.dim() == 3 && screen.size(1) == K) && screen.size(2) == L && scales.dim() == 1 &&
+              screen.dim() == 3 && screen.size(1) == input.size(-1) && screen.size(2) == L && scales.dim() == 1 &&
               scales.scalar_type() == at::kFloat && scales.size(0) == screen.size(0) * L && weight.dim() == 2 &&
-              weight.scalar_type() == at::kFloat && weight.size(1) == K && bound.dim() == 1 &&
-              bound.scalar_type() == at::kFloat && bound.size(0) == weight.size(0) && l1.sizes() == bound.sizes() &&
-              l1.scalar_type() == at::kFloat && weight.size(0) <= screen.size(0) * L,
-              "stream_gemm.greedy_head: shapes do not match");
-  const at::Tensor x = input.reshape({-1, K}).contiguous(), w = weight.contiguous();
-  const at::Tensor b = bound.contiguous(), l = l1.contiguous(), sc = scales.contiguous();
-  const int64_t M = x.size(0), P = screen.size(0), V = w.size(0);
+              weight.scalar_type() == at::kFloat && weight.size(1) == input.size(-1) && bound.dim() == 1 &&
+              bound.scalar_type() == at::kFloat && bound.size(0) == weight.size(0) &&
+              weight.size(0) <= screen.size(0) * L, "stream_gemm.greedy_head: shapes do not match");
+  const at::Tensor x = input.reshape({-1, input.size(-1)}).contiguous(), w = weight.contiguous();
+  const at::Tensor b = bound.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), P = screen.size(0), V = w.size(0);
   at::Tensor s = at::empty({M, P * L}, x.options());
-  std::vector<float> t(M, 0.0f);  // the fp32 screen: B_c = bound_c * norm
-  if (pairs) {
-#if INTEGER_SCREEN
-    integer_screen(x.data_ptr<float>(), screen.data_ptr<int8_t>(), sc.data_ptr<float>(), s.data_ptr<float>(),
-                   t.data(), M, K, screen.size(1), P);
-#endif
-  } else {
-    run(x.data_ptr<float>(), screen.data_ptr<int8_t>(), s.data_ptr<float>(), M, K, P);
-    s.mul_(sc);  // each word's screened logit: its sums times its scale, rounded once
-  }
-  at::Tensor out = greedy_head_meta(input, screen, scales, bound, l1, weight);
+  run(x.data_ptr<float>(), screen.data_ptr<int8_t>(), s.data_ptr<float>(), M, K, P);
+  s.mul_(scales.contiguous());  // each word's screened logit: its sums times its scale, rounded once
+  at::Tensor out = greedy_head_meta(input, screen, scales, bound, weight);
   int64_t* o = out.data_ptr<int64_t>();
-  const float *xp = x.data_ptr<float>(), *sp = s.data_ptr<float>(), *bp = b.data_ptr<float>();
-  const float *lp = l.data_ptr<float>(), *wp = w.data_ptr<float>();
+  const float *xp = x.data_ptr<float>(), *sp = s.data_ptr<float>();
+  const float *bp = b.data_ptr<float>(), *wp = w.data_ptr<float>();
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) o[m] = screened_argmax(xp + m * K, sp + m * P * L, bp, lp, t[m], wp, V, K);
+    for (int64_t m = m0; m < m1; ++m) o[m] = screened_argmax(xp + m * K, sp + m * P * L, bp, wp, V, K);
   });
   return out;
 }
-
-bool integer_screen_built() { return INTEGER_SCREEN; }
 
 // The decoder layers of the lean forward (models/fast_paths.py's lean_forward) for a decoding step, in one call: each
 // layer's norms, projections, RoPE, cache write, attention, residual adds and SwiGLU MLP by the same kernels and
@@ -835,9 +730,8 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("kv_write(Tensor(a!) stack, int slot, Tensor keys, Tensor values, int start) -> (Tensor(a), Tensor(a))");
   m.def("attend(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor");
   m.def("argmax(Tensor x) -> Tensor");
-  m.def("pack_int8(Tensor weight, bool pairs=False) -> (Tensor, Tensor)");
-  m.def("greedy_head(Tensor x, Tensor screen, Tensor scales, Tensor bound, Tensor l1, Tensor weight) -> Tensor");
-  m.def("integer_screen() -> bool", integer_screen_built);
+  m.def("pack_int8(Tensor weight) -> (Tensor, Tensor)");
+  m.def("greedy_head(Tensor x, Tensor screen, Tensor scales, Tensor bound, Tensor weight) -> Tensor");
   m.def("decoder_layers(Tensor hidden, Tensor[] weights, int[] outs, Tensor(a!) stack, int start, Tensor cos, "
         "Tensor sin, Tensor? mask, int D, float eps, float scale, int attend_rows) -> Tensor");
 }
