@@ -184,13 +184,19 @@ def test_the_check_keeps_the_fastest_measured_budget_and_the_reference_on_ties(t
     assert out["best"] == 8
 
 
-def test_the_machine_key_names_the_gemm_kernel_the_probe_chose(target):
-    """T(n), and so a tuned budget, depends on the kernel: another kernel is another machine entry."""
+def test_the_machine_key_names_the_gemm_kernel_the_probe_chose(target, monkeypatch):
+    """T(n), and so a tuned budget, depends on the kernel: another kernel, or another build of the package's kernels
+    (their source, torch, the CPU), is another machine entry."""
     from jakiro_lib.models import kernels
 
     profile = get_profile("smoke")
     plain = budgets._machine_key(budgets._machine(profile, target))
     assert plain["gemm"] is None
+    assert plain["kernels"] == (kernels.stream_build_name() if kernels.stream_gemm_available() else None)
+    with monkeypatch.context() as patch:
+        patch.setattr(kernels, "stream_gemm_available", lambda: True)
+        patch.setattr(kernels, "stream_build_name", lambda: "jakiro_stream_gemm_another")
+        assert budgets._machine_key(budgets._machine(profile, target))["kernels"] == "jakiro_stream_gemm_another"
     backend = next((b for b in kernels.BACKENDS if kernels.packed_gemm_available(target.model, b)), None)
     if backend is None:
         pytest.skip("no packed GEMM kernel in this torch build")

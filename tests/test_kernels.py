@@ -284,7 +284,7 @@ def test_a_first_build_says_so_before_it_compiles(monkeypatch, caplog, tmp_path)
     try:
         for built in (False, True):
             if built:
-                name = kernels._stream_build_name()
+                name = kernels.stream_build_name()
                 (tmp_path / name / f"{name}.so").touch()
             kernels.stream_gemm_available.cache_clear()
             caplog.clear()

@@ -153,13 +153,14 @@ class _OthersLoad:
 
 
 def _machine(profile: Profile, target: Any) -> dict[str, Any]:
-    """What the target's T(n) depends on: the device, its threads, the target's settings and the GEMM kernel the
-    load-time probe chose for them (another kernel, another tuning; not the first row count it serves, which
-    the probe's noise moves between loads)."""
+    """What the target's T(n) depends on: the device, its threads, the target's settings, the GEMM kernel the
+    load-time probe chose for them and the build of the package's kernels (another kernel or build, another tuning;
+    not the first row count it serves, which the probe's noise moves between loads)."""
     gemm = kernels.gemm_choice(target.model)
     return {"device": str(target.device), "device_name": device_name(target.device),
             "threads": torch.get_num_threads(), "target": dataclasses.asdict(profile.target),
-            "gemm": gemm["backend"] if gemm is not None else None}
+            "gemm": gemm["backend"] if gemm is not None else None,
+            "kernels": kernels.stream_build_name() if kernels.stream_gemm_available() else None}
 
 
 def _machine_key(machine: dict[str, Any]) -> dict[str, Any]:

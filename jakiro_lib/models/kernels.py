@@ -68,7 +68,7 @@ def min_rows_for(weight: torch.Tensor, backend: str) -> int:
     return 1 if backend_for(weight, backend) != "mkl" else MIN_ROWS[weight.dtype]
 
 
-def _stream_build_name() -> str:
+def stream_build_name() -> str:
     """One build per source, torch version and CPU: a build for one CPU's flags may not run on another's."""
     flags = ""
     try:
@@ -91,7 +91,7 @@ def stream_gemm_available() -> bool:
     try:
         from torch.utils import cpp_extension  # needs setuptools and a C++ compiler: optional
 
-        name = _stream_build_name()
+        name = stream_build_name()
         folder = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root(), name)
         if not (folder / f"{name}.so").exists():
             log.info("compiling the streaming GEMM for this CPU (once per machine: about half a minute)")
