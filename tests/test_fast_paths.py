@@ -15,6 +15,7 @@ from jakiro_lib.models.draft import DraftModel
 from jakiro_lib.decoding.runner import TargetRunner
 from jakiro_lib.decoding.static import static_generate
 from jakiro_lib.decoding.static_tree import ancestor_mask
+from jakiro_lib.measure.costmodel import bushy_tree
 from jakiro_lib.models.target import load_target, plain_kernels
 from reference.loop import LoopRunner
 from reference.tree import Tree
@@ -338,20 +339,13 @@ def _runner_steps(model: nn.Module) -> list[torch.Tensor]:
     """A runner's logits and features of a prefill, a masked tree, one row after it and a tree past the attention
     kernel's rows, and its cache buffer after."""
     g = torch.Generator().manual_seed(1)
-    small = [0, 0, 0, 1, 1, 2]
-    large = [0] + [(i - 1) // 2 for i in range(1, fast_paths.ATTEND_ROWS + 4)]  # a binary tree
+    small, large = (bushy_tree(n, torch.device("cpu"), width=2) for n in (6, fast_paths.ATTEND_ROWS + 4))
     with torch.inference_mode():
         runner = TargetRunner(model, 96)
         out = [*runner.prefill(torch.randint(0, 256, (21,), generator=g))]
-        for parents, start in ((small, 21), (None, 23), (large, 24)):
-            if parents is None:
-                out += runner.score(torch.tensor([5]), torch.tensor([0]), None, start)
-                continue
-            depths = [0] * len(parents)
-            for i in range(1, len(parents)):
-                depths[i] = depths[parents[i]] + 1
-            anc = ancestor_mask(torch.tensor(parents), max(depths))
-            out += runner.score(torch.randint(0, 256, (len(parents),), generator=g), torch.tensor(depths), anc, start)
+        out += runner.score(*small, 21)
+        out += runner.score(torch.tensor([5]), torch.tensor([0]), None, 23)
+        out += runner.score(*large, 24)
     return [*out, runner.where.stack.clone()]
 
 

@@ -230,19 +230,18 @@ def _kernel_without_grad(name: str, x: torch.Tensor, *others: torch.Tensor) -> A
     return _kernel(name, x)
 
 
-def _layer_panels(model: nn.Module) -> tuple[list[torch.Tensor], list[int], float] | None:
+def _layer_panels(model: nn.Module, gemm: Any) -> tuple[list[torch.Tensor], list[int], float] | None:
     """What the package's ``decoder_layers`` runs ``model``'s layers with, as the Python loop of :func:`lean_forward`
     would run them: each layer's input norm weight, q, k, v and o panels, post-attention norm weight, gate, up and
     down panels, then q, k and v's biases where they have them; the projections' output sizes; the norms' eps. None
     where a projection is not on the streaming GEMM, or has a bias other than those, or a norm is not
-    :func:`_fused_norm_forward` over an fp32 weight. Cached with the packed GEMM it was read from
+    :func:`_fused_norm_forward` over an fp32 weight. Cached with ``gemm``, the packed GEMM it is read from
     (``kernels.PackedGemm``, which marks each linear it packs with itself and its packed copy)."""
-    gemm = _packed_gemm(model)
     cached = model.__dict__.get(PANELS)
     if cached is not None and cached[0] is gemm:
         return cached[1]
     panels = None
-    if gemm is not None and gemm.streams:
+    if gemm.streams:
         weights, eps, biased = [], set(), set()
         for layer in model.model.layers:
             a, m = layer.self_attn, layer.mlp
@@ -281,7 +280,7 @@ def _fused_layers(model: nn.Module, h: torch.Tensor, mask: torch.Tensor | None,
     op, gemm = _kernel_without_grad("decoder_layers", h), _packed_gemm(model)
     if op is None or gemm is None or not (gemm.active and gemm.min_rows <= n <= gemm.max_rows):
         return None
-    panels = _layer_panels(model)
+    panels = _layer_panels(model, gemm)
     return None if panels is None else (op, panels)
 
 
