@@ -2,6 +2,7 @@
 rms_norm call equal to transformers' RMSNorm, the layers run without transformers' forward, equal to it, and greedy
 decoding's argmax, through torch's index or an int8 screen of the head."""
 import copy
+import itertools
 
 import pytest
 import torch
@@ -419,14 +420,31 @@ def test_argmax_kernel_gives_torch_s_index():
                 assert torch.equal(fast_paths.argmax_rows(case), case.argmax(-1))
 
 
-def _screened_head(weight: torch.Tensor) -> nn.Module:
-    """A module with ``weight`` as its bias-free head and greedy_argmax's screen of it."""
+def _screened_head(weight: torch.Tensor, tiles: bool = True) -> nn.Module:
+    """A module with ``weight`` as its bias-free head and greedy_argmax's screen of it (tiles False: the fp32 screen's
+    panels, where the CPU would have the tile screen's)."""
     model = nn.Module()
     model.lm_head = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     model.lm_head.weight.data = weight
-    model.__dict__[fast_paths.SCREEN] = fast_paths.head_screen(model)
-    assert model.__dict__[fast_paths.SCREEN] is not None
+    screen = fast_paths.head_screen(model)
+    assert screen is not None
+    if not tiles:
+        screen = (torch.ops.jakiro_stream_gemm.pack_int8(weight, False)[0], *screen[1:])
+    model.__dict__[fast_paths.SCREEN] = screen
     return model
+
+
+def _screens() -> list[bool]:
+    """The screens this CPU runs: the fp32 one, and AMX's tiles where it has them."""
+    return [False, True] if torch.ops.jakiro_stream_gemm.tile_screen() else [False]
+
+
+def _screen_copy(screen: torch.Tensor, scales: torch.Tensor, V: int, K: int) -> torch.Tensor:
+    """The head [V, K] as the screen holds it (fp64): from the panels [P, K, L] or the tile screen's [P, Kt / 4, L,
+    4]."""
+    rows = screen.transpose(1, 2) if screen.dim() == 3 else screen.permute(0, 2, 1, 3)  # [P, L, K] or [P, L, Kt/4, 4]
+    copy = rows.reshape(-1, rows.shape[2] * (1 if screen.dim() == 3 else 4))[:V, :K]
+    return copy.double() * scales[:V, None].double()
 
 
 def _stream_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -439,43 +457,80 @@ def test_greedy_head_gives_the_streaming_gemm_s_argmax():
     """The screened head's argmax is the argmax of the streaming GEMM's fp32 logits: on random heads and rows, and on
     words a few ulps apart (which the int8 screen cannot tell apart: the exact logits decide, equal ones to the first)."""
     g = torch.Generator().manual_seed(0)
-    for words, width in ((260, 64), (1001, 96), (4099, 576)):
+    for (words, width), tiles in itertools.product(((260, 64), (1001, 96), (4099, 576)), _screens()):
         weight = torch.randn(words, width, generator=g) * 0.1
-        model = _screened_head(weight)
+        model = _screened_head(weight, tiles)
         for rows in (1, 3, 8, 17):
             x = torch.randn(rows, width, generator=g) * 3
+            x[rows // 2:, 1] *= 50  # an outlier dimension, as hidden states have: coarse integer activations
             logits = _stream_logits(x, weight)
             assert torch.equal(fast_paths.greedy_argmax(model, x), logits.argmax(-1))
-    weight = torch.randn(512, 576, generator=g) * 0.1
-    weight[7] = weight[3] * (1 + torch.randint(-2, 3, (576,), generator=g) * 2.0 ** -23)  # a few ulps from word 3
+    for tiles in _screens():  # ties, and a bound that must be sound
+        weight = torch.randn(512, 576, generator=g) * 0.1
+        weight[7] = weight[3] * (1 + torch.randint(-2, 3, (576,), generator=g) * 2.0 ** -23)  # a few ulps from word 3
+        model = _screened_head(weight, tiles)
+        x = weight[3].repeat(400, 1) * (1 + 0.01 * torch.randn(400, 576, generator=g))
+        logits = _stream_logits(x, weight)
+        best = logits.argmax(-1)
+        assert 20 < int((best == 7).sum()) < 380 and bool((logits[:, 3] == logits[:, 7]).any())  # both win, ties occur
+        assert torch.equal(fast_paths.greedy_argmax(model, x), best)
+        # word 9 wins by its fp32 logit while its int8 copy screens below word 4's by nearly the most the rounding
+        # allows (half a step on each weight): only a sound bound keeps it (half the measured rounding would not)
+        x = torch.randn(1, 576, generator=g)
+        x[0, 575] = 0.0  # the weight that sets both words' scale (1.27 / 127) counts for nothing
+        sign, step = x[0].sign(), torch.tensor(1.27) / 127
+        m = torch.randint(60, 120, (576,), generator=g).float()
+        higher = torch.arange(576) >= 569  # word 9 above word 4 on 6 weights (569-574), a little below on 569
+        weight = torch.randn(16, 576, generator=g) * 0.01
+        weight[4] = sign * step * (m + 0.501)  # its copy m + 1: half a step high
+        weight[9] = sign * step * (m + 0.499 + higher.float())  # its copy m (m + 1 where higher): half a step low
+        weight[[4, 9], 575] = 1.27
+        model = _screened_head(weight, tiles)
+        screen, scales, bound, _ = model.__dict__[fast_paths.SCREEN]
+        copy = _screen_copy(screen, scales, 16, 576)
+        assert torch.allclose((copy - weight.double()).abs().amax(1)[[4, 9]], 0.499 * step.double(), rtol=1e-4)
+        screened = x.double() @ copy.T
+        logits = _stream_logits(x, weight)
+        assert int(logits.argmax()) == 9 and float(screened[0, 9]) < float(screened[0, 4])
+        assert fast_paths.greedy_argmax(model, x).tolist() == [9]
+        nan = torch.cat([x, x])
+        nan[1, 5] = float("nan")  # a row that is not finite: every word exact, the first NaN as torch's argmax
+        assert fast_paths.greedy_argmax(model, nan).tolist() == [9, 0]
+
+
+@pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
+def test_the_tile_screen_covers_the_activations_rounding():
+    """Where the screen rounds the activations to int16 (AMX's tiles), a row's small dimensions can round to nothing:
+    here 574 of them each below half a step carry word 0's lead, while word 1 leads the screen by a whole weight step
+    on the outlier dimension, 160 activation steps, far past what the weights' rounding bounds. The bound's l1 x
+    rounding term keeps word 0 (seen failing with that term at zero); the fp32 screen sees it anyway."""
+    K = 576
+    weight = torch.zeros(16, K)
+    weight[:, K - 1] = 1.27  # every word's scale 0.01: weights on the grid
+    weight[0, 1:K - 1] = 1.27
+    weight[0, 0], weight[1, 0] = 0.5, 0.51
+    x = torch.zeros(1, K)
+    x[0, 0] = 10.0
+    sx = 10.0 / 16383  # the tile screen's activation step for this row
+    x[0, 1:K - 1] = 0.4 * sx  # each rounds to zero
     model = _screened_head(weight)
-    x = weight[3].repeat(400, 1) * (1 + 0.01 * torch.randn(400, 576, generator=g))
-    logits = _stream_logits(x, weight)
-    best = logits.argmax(-1)
-    assert 20 < int((best == 7).sum()) < 380 and bool((logits[:, 3] == logits[:, 7]).any())  # both win, ties occur
-    assert torch.equal(fast_paths.greedy_argmax(model, x), best)
-    # word 9 wins by its fp32 logit while its int8 copy screens below word 4's by nearly the most the rounding allows
-    # (half a step on each weight): only a sound bound keeps it (half the measured rounding would not)
-    x = torch.randn(1, 576, generator=g)
-    x[0, 575] = 0.0  # the weight that sets both words' scale (1.27 / 127) counts for nothing
-    sign, step = x[0].sign(), torch.tensor(1.27) / 127
-    m = torch.randint(60, 120, (576,), generator=g).float()
-    higher = torch.arange(576) >= 569  # word 9 above word 4 on 6 weights (569-574), a little below on 569
-    weight = torch.randn(16, 576, generator=g) * 0.01
-    weight[4] = sign * step * (m + 0.501)  # its copy m + 1: half a step high
-    weight[9] = sign * step * (m + 0.499 + higher.float())  # its copy m (m + 1 where higher): half a step low
-    weight[[4, 9], 575] = 1.27
-    model = _screened_head(weight)
-    screen, scales, bound = model.__dict__[fast_paths.SCREEN]
-    copy = screen.transpose(1, 2).reshape(-1, 576)[:16].double() * scales[:16, None].double()
-    assert torch.allclose((copy - weight.double()).abs().amax(1)[[4, 9]], 0.499 * step.double(), rtol=1e-4)
-    screened = x.double() @ copy.T
-    logits = _stream_logits(x, weight)
-    assert int(logits.argmax()) == 9 and float(screened[0, 9]) < float(screened[0, 4])
-    assert fast_paths.greedy_argmax(model, x).tolist() == [9]
-    nan = torch.cat([x, x])
-    nan[1, 5] = float("nan")  # a row that is not finite: every word exact, the first NaN as torch's argmax
-    assert fast_paths.greedy_argmax(model, nan).tolist() == [9, 0]
+    screen, scales, bound, l1 = model.__dict__[fast_paths.SCREEN]
+    copy = _screen_copy(screen, scales, 16, K)
+    rounded = (x.double() / sx).round() * sx
+    screened, exact = rounded @ copy.T, x.double() @ weight.double().T
+    norm = float(x.abs().sum())
+    assert float(exact[0, 0]) > float(exact[0, 1]) and int(_stream_logits(x, weight).argmax()) == 0
+    gap = float(screened[0, 1] - screened[0, 0])
+    assert gap > 50 * float(bound[:2].sum()) * norm  # the weights' rounding alone cannot explain it
+    assert gap < float(l1[:2].sum()) * 0.4 * sx  # the activations' rounding can
+    assert fast_paths.greedy_argmax(model, x).tolist() == [0]
+    # word 0's lead lives in activations of 255 steps, all in their low byte (seen failing with the low bytes' sums
+    # left out): 575 x 1.27 x 255 sx = 113.7 against word 1's 110
+    x[0, 1:] = 255 * sx
+    weight = torch.zeros(16, K)
+    weight[0, 1:], weight[1, 0] = 1.27, 11.0
+    assert int(_stream_logits(x, weight).argmax()) == 0
+    assert fast_paths.greedy_argmax(_screened_head(weight), x).tolist() == [0]
 
 
 @pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")

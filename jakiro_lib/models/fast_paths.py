@@ -170,11 +170,13 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     return kernel(logits) if kernel is not None else logits.argmax(-1)
 
 
-def head_screen(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """What :func:`greedy_argmax` screens ``model``'s head with: its weight [V, K] in the streaming GEMM's int8 panels,
-    each word's scale (max_k |w_ck| / 127), and each word's bound factor [V]: the largest rounding of its weights in
-    the copy, max_k |scale_c q_ck - w_ck| (measured: at most half a step), plus both fp32 dot products' accumulation
-    error (2.02 K 2^-24 max_k |w_ck|), with 1% to spare for the screen's own roundings, plus 2^-100 (DESIGN section
+def head_screen(model: nn.Module) -> tuple[torch.Tensor, ...] | None:
+    """What :func:`greedy_argmax` screens ``model``'s head with: its weight [V, K] in the streaming GEMM's int8 panels
+    (laid out for AMX's tiles where the kernel has them: activations rounded to int16, exact integer sums), each
+    word's scale (max_k |w_ck| / 127), each word's bound factor [V]: the largest rounding of its weights in the copy,
+    max_k |scale_c q_ck - w_ck| (measured: at most half a step), plus both fp32 dot products' accumulation error (2.02
+    K 2^-24 max_k |w_ck|), with 1% to spare for the screen's own roundings, plus 2^-100; and each word's l1 [V], sum_k
+    |scale_c q_ck| (rounded up), which the tile screen's bound takes times the activations' rounding (DESIGN section
     9); a quarter of the head's memory once more. None where the package's kernel is not loaded or the head is not a
     bias-free, finite fp32 CPU linear."""
     head = getattr(model, "lm_head", None)
@@ -183,13 +185,17 @@ def head_screen(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     w = head.weight.detach()  # [V, K]
     if not bool(torch.isfinite(w).all()):
         return None
-    screen, scales = torch.ops.jakiro_stream_gemm.pack_int8(w)  # [ceil(V / L), K, L] int8, [ceil(V / L) L]
+    ops = torch.ops.jakiro_stream_gemm
+    screen, scales = ops.pack_int8(w, ops.tile_screen())  # int8 panels, their scales [ceil(V / L) L]
     V, K = w.shape
-    copy, scale = screen.transpose(1, 2).reshape(-1, K)[:V], scales[:V, None].double()  # [V, K], word by word
-    rounding = torch.cat([(copy[i:i + 4096].double() * scale[i:i + 4096] - w[i:i + 4096].double()).abs().amax(1)
-                          for i in range(0, V, 4096)])  # exact in fp64
+    rounding, l1 = torch.empty(V, dtype=torch.float64), torch.empty(V, dtype=torch.float64)
+    for i in range(0, V, 4096):  # each word's copy as pack_int8 rounds it, in fp64: exact
+        scale = scales[i:min(i + 4096, V), None]
+        copy = (w[i:i + 4096] / scale).round().clamp(-127, 127).double() * scale.double()
+        rounding[i:i + 4096] = (copy - w[i:i + 4096].double()).abs().amax(1)
+        l1[i:i + 4096] = copy.abs().sum(1)
     bound = 1.01 * (rounding + 2.02 * K * 2.0 ** -24 * w.abs().amax(1).double()) + 2.0 ** -100
-    return screen, scales, bound.float()
+    return screen, scales, bound.float(), (l1 * (1 + 2.0 ** -20)).float()
 
 
 def greedy_argmax(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -202,7 +208,7 @@ def greedy_argmax(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     kernel = None if screen is None else _kernel("greedy_head", hidden)
     if kernel is None:
         return argmax_rows(model.lm_head(hidden))
-    return kernel(hidden, *screen, model.lm_head.weight)  # screen: the int8 panels, their scales, the bounds
+    return kernel(hidden, *screen, model.lm_head.weight)  # screen: the int8 panels, their scales, bounds, l1
 
 
 _kernels: dict[str, tuple[int, Any]] = {}  # op name -> (libraries loaded when last looked up, the op or None)

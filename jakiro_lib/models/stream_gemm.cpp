@@ -10,6 +10,10 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -28,6 +32,11 @@ template <int M> constexpr int panels_in_registers() { return M == 1 ? 6 : M == 
 constexpr int64_t L = 8;
 constexpr int CHUNK = 4;
 template <int M> constexpr int panels_in_registers() { return M == 1 ? 6 : M == 2 ? 4 : M == 3 ? 3 : 2; }
+#endif
+#if defined(__AVX512F__) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#define TILE_SCREEN 1  // the head's screen through AMX's int8 tiles (integer_screen)
+#else
+#define TILE_SCREEN 0
 #endif
 typedef float vec __attribute__((vector_size(L * sizeof(float))));
 typedef uint16_t half_vec __attribute__((vector_size(L * sizeof(uint16_t))));
@@ -128,16 +137,24 @@ at::Tensor pack(const at::Tensor& weight, bool bf16) {
 }
 
 // int8 panels [P, K, L] of an fp32 weight [N, K] and each column's scale [P * L]: max_k |w_ck| / 127 (1 where the
-// column is zero), each weight divided by it and rounded to the nearest integer.
-std::tuple<at::Tensor, at::Tensor> pack_int8(const at::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
-              "stream_gemm.pack_int8 takes a 2-D fp32 CPU weight");
-  const int64_t N = weight.size(0), P = (N + L - 1) / L;
+// column is zero), each weight divided by it and rounded to the nearest integer. ``tiles``: the tile screen's layout
+// [P, Kt / 4, L, 4], K padded with zeros to Kt, a multiple of 64, each column's weights at four successive k side by
+// side (what an AMX tile of int8 B rows holds).
+std::tuple<at::Tensor, at::Tensor> pack_int8(const at::Tensor& weight, bool tiles) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu() &&
+              (!tiles || TILE_SCREEN), "stream_gemm.pack_int8 takes a 2-D fp32 CPU weight (tiles: with AMX)");
+  const int64_t N = weight.size(0), K = weight.size(1), P = (N + L - 1) / L;
   const at::Tensor top = weight.abs().amax(1);
   const at::Tensor scale = at::where(top > 0, top / 127.0, at::ones_like(top));
   at::Tensor scales = at::ones({P * L}, weight.options());
   scales.narrow(0, 0, N).copy_(scale);
-  return {to_panels((weight / scale.unsqueeze(1)).round().clamp(-127, 127), at::kChar), scales};
+  at::Tensor panels = to_panels((weight / scale.unsqueeze(1)).round().clamp(-127, 127), at::kChar);  // [P, K, L]
+  if (tiles) {
+    const int64_t Kt = (K + 63) / 64 * 64;
+    if (Kt > K) panels = at::cat({panels, at::zeros({P, Kt - K, L}, panels.options())}, 1);
+    panels = panels.view({P, Kt / 4, 4, L}).transpose(2, 3).contiguous();  // [P, Kt / 4, L, 4]
+  }
+  return {panels, scales};
 }
 
 // input [..., K] -> [..., n]: the leading dimensions flattened into rows and restored here, not in Python.
@@ -587,35 +604,37 @@ float exact(const float* x, const float* w, int64_t K) {
   return acc;
 }
 
-// The largest s_c - bound_c * norm, less the allowance for underflow; NaN where some s_c is not finite.
-float screen_cut(const float* s, const float* bound, float norm, int64_t V) {
+// The largest s_c - B_c, B_c = bound_c * norm + l1_c * t, less the allowance for underflow; NaN where some s_c is not
+// finite.
+float screen_cut(const float* s, const float* bound, const float* l1, float norm, float t, int64_t V) {
   float cut = -INFINITY, bad = 0.0f;  // bad: 0 while every s_c is finite (s * 0 is NaN for an infinity or a NaN)
   int64_t c = 0;
 #if defined(__AVX512F__)
   __m512 top = _mm512_set1_ps(-INFINITY), bad_lanes = _mm512_setzero_ps();
-  const __m512 n = _mm512_set1_ps(norm);
+  const __m512 n = _mm512_set1_ps(norm), tt = _mm512_set1_ps(t);
   for (; c + 16 <= V; c += 16) {
     const __m512 v = _mm512_loadu_ps(s + c);
     bad_lanes = _mm512_add_ps(bad_lanes, _mm512_mul_ps(v, _mm512_setzero_ps()));
-    top = _mm512_max_ps(top, _mm512_fnmadd_ps(_mm512_loadu_ps(bound + c), n, v));
+    const __m512 b = _mm512_fmadd_ps(_mm512_loadu_ps(bound + c), n, _mm512_mul_ps(_mm512_loadu_ps(l1 + c), tt));
+    top = _mm512_max_ps(top, _mm512_sub_ps(v, b));
   }
   cut = _mm512_reduce_max_ps(top);
   bad = _mm512_reduce_add_ps(bad_lanes);
 #endif
   for (; c < V; ++c) {
     bad += s[c] * 0.0f;
-    cut = std::max(cut, s[c] - bound[c] * norm);
+    cut = std::max(cut, s[c] - std::fma(bound[c], norm, l1[c] * t));
   }
   return bad == 0.0f ? cut - kUnderflowAllowance : NAN;
 }
 
-// The first index of the largest exact logit among the words whose s_c + bound_c * norm, plus the same allowance for
-// underflow as ``cut`` took off, reaches ``cut`` (every word where ``cut`` is NaN).
-int64_t screened_argmax(const float* x, const float* s, const float* bound, const float* weight, int64_t V,
-                        int64_t K) {
+// The first index of the largest exact logit among the words whose s_c + B_c, plus the same allowance for underflow as
+// ``cut`` took off, reaches ``cut`` (every word where ``cut`` is NaN); B_c = bound_c * norm + l1_c * t.
+int64_t screened_argmax(const float* x, const float* s, const float* bound, const float* l1, float t,
+                        const float* weight, int64_t V, int64_t K) {
   float norm = 0.0f;
   for (int64_t k = 0; k < K; ++k) norm += std::fabs(x[k]);
-  const float cut = std::isfinite(norm) ? screen_cut(s, bound, norm, V) : NAN;
+  const float cut = std::isfinite(norm) ? screen_cut(s, bound, l1, norm, t, V) : NAN;
   int64_t best = -1;
   float top = 0.0f;
   auto consider = [&](int64_t c) {  // false where the word's logit is NaN: torch's argmax gives the first NaN
@@ -629,53 +648,180 @@ int64_t screened_argmax(const float* x, const float* s, const float* bound, cons
   int64_t c = 0;
 #if defined(__AVX512F__)
   if (cut == cut) {
-    const __m512 n = _mm512_set1_ps(norm), edge = _mm512_set1_ps(cut - kUnderflowAllowance);
+    const __m512 n = _mm512_set1_ps(norm), tt = _mm512_set1_ps(t), edge = _mm512_set1_ps(cut - kUnderflowAllowance);
     for (; c + 16 <= V; c += 16) {
-      const __m512 hi = _mm512_fmadd_ps(_mm512_loadu_ps(bound + c), n, _mm512_loadu_ps(s + c));
+      const __m512 b = _mm512_fmadd_ps(_mm512_loadu_ps(bound + c), n, _mm512_mul_ps(_mm512_loadu_ps(l1 + c), tt));
+      const __m512 hi = _mm512_add_ps(_mm512_loadu_ps(s + c), b);
       for (__mmask16 hit = _mm512_cmp_ps_mask(hi, edge, _CMP_GE_OQ); hit; hit &= hit - 1)
         if (!consider(c + __builtin_ctz(hit))) return best;
     }
   }
 #endif
   for (; c < V; ++c) {
-    if (cut == cut && s[c] + bound[c] * norm + kUnderflowAllowance < cut) continue;
+    if (cut == cut && s[c] + std::fma(bound[c], norm, l1[c] * t) + kUnderflowAllowance < cut) continue;
     if (!consider(c)) return best;
   }
   return best;
 }
 
+#if TILE_SCREEN
+// Whether this process may use AMX's tiles: Linux grants them on request (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XTILEDATA), once for every thread.
+bool tiles_permitted() {
+  static const bool permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return permitted;
+}
+
+struct alignas(64) TileConfig {  // ldtilecfg's 64 bytes: palette 1, each tile's bytes a row and rows
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Sums [M, P * L] = sum_k q_ck p_k of rows p [M, Kt] (int16 held as a signed high byte ph and an unsigned low byte pl,
+// p = 256 ph + pl) with the tile panels [P, Kt / 4, L, 4]: per 16 rows and pair of panels, tiles 0-1 the rows' bytes
+// for 64 k, 2-3 the panels' weights for them, 4-7 the four int32 sums (tdpbssd for the high bytes, tdpbusd for the
+// low), exact.
+void tile_sums(const int8_t* ph, const uint8_t* pl, const int8_t* panels, int32_t* y, int64_t M, int64_t Kt,
+               int64_t P) {
+  const int64_t Np = P * L, steps = Kt / 64;
+  at::parallel_for(0, P, 4, [&](int64_t p0, int64_t p1) {
+    alignas(64) int32_t hi[16 * 16], lo[16 * 16];
+    for (int64_t m0 = 0; m0 < M; m0 += 16) {
+      const int rows = int(std::min<int64_t>(16, M - m0));
+      TileConfig config;
+      for (int t = 0; t < 8; ++t) {
+        config.colsb[t] = 64;
+        config.rows[t] = t == 2 || t == 3 ? 16 : rows;
+      }
+      _tile_loadconfig(&config);
+      auto keep = [&](int64_t p) {  // panel p's sums from hi and lo: 256 hi + lo (modulo 2^32: exact in int32)
+        for (int r = 0; r < rows; ++r)
+          for (int c = 0; c < 16; ++c)
+            y[(m0 + r) * Np + p * L + c] = int32_t(256u * uint32_t(hi[r * 16 + c]) + uint32_t(lo[r * 16 + c]));
+      };
+      for (int64_t p = p0; p < p1; p += 2) {
+        const bool pair = p + 1 < p1;
+        const int8_t* w = panels + p * Kt * L;
+        _tile_zero(4);
+        _tile_zero(5);
+        _tile_zero(6);
+        _tile_zero(7);
+        for (int64_t s = 0; s < steps; ++s) {
+          _tile_loadd(0, ph + m0 * Kt + s * 64, Kt);
+          _tile_loadd(1, pl + m0 * Kt + s * 64, Kt);
+          _tile_loadd(2, w + s * 64 * L, 64);
+          _tile_dpbssd(4, 0, 2);
+          _tile_dpbusd(5, 1, 2);
+          if (pair) {
+            _tile_loadd(3, w + (Kt + s * 64) * L, 64);
+            _tile_dpbssd(6, 0, 3);
+            _tile_dpbusd(7, 1, 3);
+          }
+        }
+        _tile_stored(4, hi, 64);  // the tile instructions name their tiles as constants
+        _tile_stored(5, lo, 64);
+        keep(p);
+        if (pair) {
+          _tile_stored(6, hi, 64);
+          _tile_stored(7, lo, 64);
+          keep(p + 1);
+        }
+      }
+      _tile_release();
+    }
+  });
+}
+
+// The tile screen: each row's activations rounded to integers p_k = round(x_k / sx) of at most ``top`` in magnitude
+// (sx = max_k |x_k| / top; top keeps every sum of Kt products with int8 weights within int32), the exact integer sums
+// of tile_sums, then s_c = sum * scale_c * sx. Against the fp32 screen B_c gains l1_c * t, l1_c = sum_k |scale_c q_ck|
+// (Python, rounded up): t covers the activations' rounding (the largest |x_k - sx p_k|, 1% spared) and the three fp32
+// roundings of s_c (2^-21 max_k |x_k|).
+void integer_screen(const float* x, const int8_t* panels, const float* scales, float* s, float* t, int64_t M,
+                    int64_t K, int64_t Kt, int64_t P) {
+  const float top = float(std::min<int64_t>(16383, ((int64_t(1) << 31) - 1) / (127 * Kt)));
+  std::vector<int8_t> ph(M * Kt, 0);
+  std::vector<uint8_t> pl(M * Kt, 0);
+  std::vector<float> sx(M);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* r = x + m * K;
+    float big = 0.0f;
+    for (int64_t k = 0; k < K; ++k) big = std::max(big, std::fabs(r[k]));  // NaN rows: screened_argmax's cut
+    sx[m] = std::isfinite(big) && big > 0.0f ? big / top : (big == 0.0f ? 1.0f : NAN);
+    double err = 0.0;
+    if (sx[m] == sx[m])
+      for (int64_t k = 0; k < K; ++k) {
+        const float v = std::min(top, std::max(-top, std::nearbyint(r[k] / sx[m])));
+        const int32_t p = int32_t(v);
+        ph[m * Kt + k] = int8_t(p >> 8);  // p = 256 (p >> 8) + (p & 255), the high byte signed, the low unsigned
+        pl[m * Kt + k] = uint8_t(p & 255);
+        err = std::max(err, std::fabs(double(r[k]) - double(sx[m]) * double(v)));
+      }
+    t[m] = std::nextafter(float(1.01 * err + std::ldexp(double(big), -21)), INFINITY);
+  }
+  const int64_t Np = P * L;
+  std::vector<int32_t> sums(M * Np);
+  tile_sums(ph.data(), pl.data(), panels, sums.data(), M, Kt, P);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t c = 0; c < Np; ++c) s[m * Np + c] = float(sums[m * Np + c]) * scales[c] * sx[m];
+}
+#endif
+
 // The argmaxes of ``input`` [..., K]'s rows: [...] int64, on its device (the CPU op's output, and its meta)
 at::Tensor greedy_head_meta(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& scales,
-                            const at::Tensor& bound, const at::Tensor& weight) {
+                            const at::Tensor& bound, const at::Tensor& l1, const at::Tensor& weight) {
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes.pop_back();
   return at::empty(sizes, input.options().dtype(at::kLong));
 }
 
-// x [..., K] fp32, screen: W's int8 panels and their columns' scales (pack_int8), bound [V], weight [V, K] fp32 ->
-// the argmax of each row [...]
+// x [..., K] fp32, screen: W's int8 panels ([P, K, L], or the tile screen's [P, Kt / 4, L, 4]) and their columns'
+// scales (pack_int8), bound and l1 [V], weight [V, K] fp32 -> the argmax of each row [...]
 at::Tensor greedy_head(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& scales,
-                       const at::Tensor& bound, const at::Tensor& weight) {
+                       const at::Tensor& bound, const at::Tensor& l1, const at::Tensor& weight) {
+  const bool tiles = screen.dim() == 4;
+  const int64_t K = input.dim() >= 1 ? input.size(-1) : 0;
   TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && screen.scalar_type() == at::kChar &&
-              screen.dim() == 3 && screen.size(1) == input.size(-1) && screen.size(2) == L && scales.dim() == 1 &&
+              (tiles ? TILE_SCREEN && screen.size(1) * 4 == (K + 63) / 64 * 64 && screen.size(3) == 4
+                     : screen.dim() == 3 && screen.size(1) == K) && screen.size(2) == L && scales.dim() == 1 &&
               scales.scalar_type() == at::kFloat && scales.size(0) == screen.size(0) * L && weight.dim() == 2 &&
-              weight.scalar_type() == at::kFloat && weight.size(1) == input.size(-1) && bound.dim() == 1 &&
-              bound.scalar_type() == at::kFloat && bound.size(0) == weight.size(0) &&
-              weight.size(0) <= screen.size(0) * L, "stream_gemm.greedy_head: shapes do not match");
-  const at::Tensor x = input.reshape({-1, input.size(-1)}).contiguous(), w = weight.contiguous();
-  const at::Tensor b = bound.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), P = screen.size(0), V = w.size(0);
+              weight.scalar_type() == at::kFloat && weight.size(1) == K && bound.dim() == 1 &&
+              bound.scalar_type() == at::kFloat && bound.size(0) == weight.size(0) && l1.sizes() == bound.sizes() &&
+              l1.scalar_type() == at::kFloat && weight.size(0) <= screen.size(0) * L,
+              "stream_gemm.greedy_head: shapes do not match");
+  const at::Tensor x = input.reshape({-1, K}).contiguous(), w = weight.contiguous();
+  const at::Tensor b = bound.contiguous(), l = l1.contiguous(), sc = scales.contiguous();
+  const int64_t M = x.size(0), P = screen.size(0), V = w.size(0);
   at::Tensor s = at::empty({M, P * L}, x.options());
-  run(x.data_ptr<float>(), screen.data_ptr<int8_t>(), s.data_ptr<float>(), M, K, P);
-  s.mul_(scales.contiguous());  // each word's screened logit: its sums times its scale, rounded once
-  at::Tensor out = greedy_head_meta(input, screen, scales, bound, weight);
+  std::vector<float> t(M, 0.0f);  // the fp32 screen: B_c = bound_c * norm
+  if (tiles) {
+#if TILE_SCREEN
+    TORCH_CHECK(tiles_permitted(), "stream_gemm.greedy_head: the operating system refuses AMX's tiles");
+    integer_screen(x.data_ptr<float>(), screen.data_ptr<int8_t>(), sc.data_ptr<float>(), s.data_ptr<float>(),
+                   t.data(), M, K, screen.size(1) * 4, P);
+#endif
+  } else {
+    run(x.data_ptr<float>(), screen.data_ptr<int8_t>(), s.data_ptr<float>(), M, K, P);
+    s.mul_(sc);  // each word's screened logit: its sums times its scale, rounded once
+  }
+  at::Tensor out = greedy_head_meta(input, screen, scales, bound, l1, weight);
   int64_t* o = out.data_ptr<int64_t>();
-  const float *xp = x.data_ptr<float>(), *sp = s.data_ptr<float>();
-  const float *bp = b.data_ptr<float>(), *wp = w.data_ptr<float>();
+  const float *xp = x.data_ptr<float>(), *sp = s.data_ptr<float>(), *bp = b.data_ptr<float>();
+  const float *lp = l.data_ptr<float>(), *wp = w.data_ptr<float>();
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) o[m] = screened_argmax(xp + m * K, sp + m * P * L, bp, wp, V, K);
+    for (int64_t m = m0; m < m1; ++m) o[m] = screened_argmax(xp + m * K, sp + m * P * L, bp, lp, t[m], wp, V, K);
   });
   return out;
+}
+
+// Whether the head's screen can run through AMX's tiles here: built with them, and granted by the operating system.
+bool tile_screen() {
+#if TILE_SCREEN
+  return tiles_permitted();
+#else
+  return false;
+#endif
 }
 
 // The decoder layers of the lean forward (models/fast_paths.py's lean_forward) for a decoding step, in one call: each
@@ -730,8 +876,9 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("kv_write(Tensor(a!) stack, int slot, Tensor keys, Tensor values, int start) -> (Tensor(a), Tensor(a))");
   m.def("attend(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor");
   m.def("argmax(Tensor x) -> Tensor");
-  m.def("pack_int8(Tensor weight) -> (Tensor, Tensor)");
-  m.def("greedy_head(Tensor x, Tensor screen, Tensor scales, Tensor bound, Tensor weight) -> Tensor");
+  m.def("pack_int8(Tensor weight, bool tiles=False) -> (Tensor, Tensor)");
+  m.def("greedy_head(Tensor x, Tensor screen, Tensor scales, Tensor bound, Tensor l1, Tensor weight) -> Tensor");
+  m.def("tile_screen() -> bool", tile_screen);
   m.def("decoder_layers(Tensor hidden, Tensor[] weights, int[] outs, Tensor(a!) stack, int start, Tensor cos, "
         "Tensor sin, Tensor? mask, int D, float eps, float scale, int attend_rows) -> Tensor");
 }
