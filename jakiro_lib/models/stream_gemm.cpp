@@ -678,12 +678,12 @@ struct alignas(64) TileConfig {  // ldtilecfg's 64 bytes: palette 1, each tile's
   uint8_t rows[16] = {};
 };
 
-// Sums [M, P * L] = sum_k q_ck p_k of rows p [M, Kt] (int16 held as a signed high byte ph and an unsigned low byte pl,
-// p = 256 ph + pl) with the tile panels [P, Kt / 4, L, 4]: per 16 rows and pair of panels, tiles 0-1 the rows' bytes
-// for 64 k, 2-3 the panels' weights for them, 4-7 the four int32 sums (tdpbssd for the high bytes, tdpbusd for the
-// low), exact.
-void tile_sums(const int8_t* ph, const uint8_t* pl, const int8_t* panels, int32_t* y, int64_t M, int64_t Kt,
-               int64_t P) {
+// The screened logits s [M, P * L] = (sum_k q_ck p_k) * scale_c * sx_m of rows p [M, Kt] (int16, held as a signed
+// high byte ph and an unsigned low byte pl, p = 256 ph + pl) with the tile panels [P, Kt / 4, L, 4]: per 16 rows and
+// pair of panels, tiles 0-1 the rows' bytes for 64 k, 2-3 the panels' weights for them, 4-7 the four int32 sums
+// (tdpbssd for the high bytes, tdpbusd for the low), exact; each sum then rounded to fp32 and scaled.
+void tile_screen_sums(const int8_t* ph, const uint8_t* pl, const int8_t* panels, const float* scales, const float* sx,
+                      float* s, int64_t M, int64_t Kt, int64_t P) {
   const int64_t Np = P * L, steps = Kt / 64;
   at::parallel_for(0, P, 4, [&](int64_t p0, int64_t p1) {
     alignas(64) int32_t hi[16 * 16], lo[16 * 16];
@@ -695,10 +695,12 @@ void tile_sums(const int8_t* ph, const uint8_t* pl, const int8_t* panels, int32_
         config.rows[t] = t == 2 || t == 3 ? 16 : rows;
       }
       _tile_loadconfig(&config);
-      auto keep = [&](int64_t p) {  // panel p's sums from hi and lo: 256 hi + lo (modulo 2^32: exact in int32)
+      auto keep = [&](int64_t p) {  // panel p's sums 256 hi + lo (modulo 2^32: exact in int32), rounded and scaled
         for (int r = 0; r < rows; ++r)
           for (int c = 0; c < 16; ++c)
-            y[(m0 + r) * Np + p * L + c] = int32_t(256u * uint32_t(hi[r * 16 + c]) + uint32_t(lo[r * 16 + c]));
+            s[(m0 + r) * Np + p * L + c] =
+                float(int32_t(256u * uint32_t(hi[r * 16 + c]) + uint32_t(lo[r * 16 + c]))) * scales[p * L + c] *
+                sx[m0 + r];
       };
       for (int64_t p = p0; p < p1; p += 2) {
         const bool pair = p + 1 < p1;
@@ -707,14 +709,15 @@ void tile_sums(const int8_t* ph, const uint8_t* pl, const int8_t* panels, int32_
         _tile_zero(5);
         _tile_zero(6);
         _tile_zero(7);
-        for (int64_t s = 0; s < steps; ++s) {
-          _tile_loadd(0, ph + m0 * Kt + s * 64, Kt);
-          _tile_loadd(1, pl + m0 * Kt + s * 64, Kt);
-          _tile_loadd(2, w + s * 64 * L, 64);
+        for (int64_t step = 0; step < steps; ++step) {
+          for (int64_t b = 0; b < 2048; b += 64) __builtin_prefetch(w + 4 * Kt * L + step * 2048 + b);  // 2 pairs on
+          _tile_loadd(0, ph + m0 * Kt + step * 64, Kt);
+          _tile_loadd(1, pl + m0 * Kt + step * 64, Kt);
+          _tile_loadd(2, w + step * 64 * L, 64);
           _tile_dpbssd(4, 0, 2);
           _tile_dpbusd(5, 1, 2);
           if (pair) {
-            _tile_loadd(3, w + (Kt + s * 64) * L, 64);
+            _tile_loadd(3, w + (Kt + step * 64) * L, 64);
             _tile_dpbssd(6, 0, 3);
             _tile_dpbusd(7, 1, 3);
           }
@@ -733,10 +736,75 @@ void tile_sums(const int8_t* ph, const uint8_t* pl, const int8_t* panels, int32_
   });
 }
 
+// The same sums through AVX-512 VNNI for a few rows, from vector loads of the same panels: vpdpbusd multiplies unsigned
+// by signed bytes, so each row's high byte goes in offset by 128 (hu = ph + 128) and 128 sum_k q_ck, accumulated
+// once for all rows, comes off: sum = 256 (sum hu q - 128 sum q) + sum pl q, exact in int32.
+template <int M, int NB>
+inline void vnni_block(const uint8_t* hu, const uint8_t* pl, const int8_t* panels, const float* scales,
+                       const float* sx, float* s, int64_t Kt, int64_t Np, int64_t p) {
+  __m512i hi[M][NB], lo[M][NB], off[NB];
+  for (int j = 0; j < NB; ++j) {
+    off[j] = _mm512_setzero_si512();
+    for (int m = 0; m < M; ++m) hi[m][j] = lo[m][j] = _mm512_setzero_si512();
+  }
+  const int8_t* src = panels + p * Kt * L;
+  const __m512i bias = _mm512_set1_epi8(char(0x80));
+  for (int64_t g = 0; g < Kt / 4; ++g) {  // four k a step: 16 columns x 4 bytes
+    __m512i w[NB];
+    for (int j = 0; j < NB; ++j) {
+      w[j] = _mm512_loadu_si512(src + (j * Kt / 4 + g) * 64);
+      __builtin_prefetch(src + (j * Kt / 4 + g + 32) * 64);
+      off[j] = _mm512_dpbusd_epi32(off[j], bias, w[j]);
+    }
+    for (int m = 0; m < M; ++m) {
+      int32_t a, b;
+      __builtin_memcpy(&a, hu + m * Kt + 4 * g, 4);
+      __builtin_memcpy(&b, pl + m * Kt + 4 * g, 4);
+      const __m512i av = _mm512_set1_epi32(a), bv = _mm512_set1_epi32(b);
+      for (int j = 0; j < NB; ++j) {
+        hi[m][j] = _mm512_dpbusd_epi32(hi[m][j], av, w[j]);
+        lo[m][j] = _mm512_dpbusd_epi32(lo[m][j], bv, w[j]);
+      }
+    }
+  }
+  for (int j = 0; j < NB; ++j) {
+    const __m512 sc = _mm512_loadu_ps(scales + (p + j) * L);
+    for (int m = 0; m < M; ++m) {
+      const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_sub_epi32(hi[m][j], off[j]), 8), lo[m][j]);
+      _mm512_storeu_ps(s + m * Np + (p + j) * L,
+                       _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), sc), _mm512_set1_ps(sx[m])));
+    }
+  }
+}
+
+template <int M>
+void vnni_rows(const uint8_t* hu, const uint8_t* pl, const int8_t* panels, const float* scales, const float* sx,
+               float* s, int64_t Kt, int64_t Np, int64_t p, int64_t p_end) {
+  constexpr int NB = M == 1 ? 6 : M == 2 ? 4 : 2;
+  for (; p + NB <= p_end; p += NB) vnni_block<M, NB>(hu, pl, panels, scales, sx, s, Kt, Np, p);
+  for (; p < p_end; ++p) vnni_block<M, 1>(hu, pl, panels, scales, sx, s, Kt, Np, p);
+}
+
+constexpr int64_t kVnniRows = 4;  // rows the VNNI sums serve; the tiles past them
+
+void vnni_screen_sums(const uint8_t* hu, const uint8_t* pl, const int8_t* panels, const float* scales,
+                      const float* sx, float* s, int64_t M, int64_t Kt, int64_t P) {
+  using RowsFn = void (*)(const uint8_t*, const uint8_t*, const int8_t*, const float*, const float*, float*, int64_t,
+                          int64_t, int64_t, int64_t);
+  static constexpr RowsFn by_rows[5] = {nullptr, vnni_rows<1>, vnni_rows<2>, vnni_rows<3>, vnni_rows<4>};
+  const int64_t Np = P * L;
+  at::parallel_for(0, P, 4, [&](int64_t p0, int64_t p1) {
+    for (int64_t m = 0; m < M; m += 4) {
+      const int64_t r = std::min<int64_t>(4, M - m);
+      by_rows[r](hu + m * Kt, pl + m * Kt, panels, scales, sx + m, s + m * Np, Kt, Np, p0, p1);
+    }
+  });
+}
+
 // The tile screen: each row's activations rounded to integers p_k = round(x_k / sx) of at most ``top`` in magnitude
 // (sx = max_k |x_k| / top; top keeps every sum of Kt products with int8 weights within int32), the exact integer sums
-// of tile_sums, then s_c = sum * scale_c * sx. Against the fp32 screen B_c gains l1_c * t, l1_c = sum_k |scale_c q_ck|
-// (Python, rounded up): t covers the activations' rounding (the largest |x_k - sx p_k|, 1% spared) and the three fp32
+// and s_c of tile_screen_sums. Against the fp32 screen B_c gains l1_c * t, l1_c = sum_k |scale_c q_ck| (Python,
+// rounded up): t covers the activations' rounding (the largest |x_k - sx p_k|, 1% spared) and the three fp32
 // roundings of s_c (2^-21 max_k |x_k|).
 void integer_screen(const float* x, const int8_t* panels, const float* scales, float* s, float* t, int64_t M,
                     int64_t K, int64_t Kt, int64_t P) {
@@ -760,11 +828,13 @@ void integer_screen(const float* x, const int8_t* panels, const float* scales, f
       }
     t[m] = std::nextafter(float(1.01 * err + std::ldexp(double(big), -21)), INFINITY);
   }
-  const int64_t Np = P * L;
-  std::vector<int32_t> sums(M * Np);
-  tile_sums(ph.data(), pl.data(), panels, sums.data(), M, Kt, P);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t c = 0; c < Np; ++c) s[m * Np + c] = float(sums[m * Np + c]) * scales[c] * sx[m];
+  if (M <= kVnniRows) {
+    std::vector<uint8_t> hu(M * Kt);
+    for (int64_t i = 0; i < M * Kt; ++i) hu[i] = uint8_t(ph[i] + 128);
+    vnni_screen_sums(hu.data(), pl.data(), panels, scales, sx.data(), s, M, Kt, P);
+  } else {
+    tile_screen_sums(ph.data(), pl.data(), panels, scales, sx.data(), s, M, Kt, P);
+  }
 }
 #endif
 
