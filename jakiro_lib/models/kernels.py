@@ -118,6 +118,17 @@ def _onednn_packs(dtype: torch.dtype) -> bool:
     return True
 
 
+def pack_int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """An int8 copy of an fp32 CPU weight [N, K] in AMX tiles' layout and each row's scale, for
+    ``torch.ops.jakiro_stream_gemm.int8_linear`` (x W^T to within the weights' and the activations' rounding, a
+    quarter of the bytes): a draft's reduced head, whose precision is ours to choose. None where the kernels are not
+    built or the CPU or the operating system has no AMX tiles."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not stream_gemm_available():
+        return None
+    ops = torch.ops.jakiro_stream_gemm
+    return ops.pack_int8(weight.detach(), True) if ops.tile_screen() else None
+
+
 def pack_weight(weight: torch.Tensor, max_rows: int, backend: str = "mkl") -> torch.Tensor:
     """A packed copy of a ``[out, in]`` weight for inputs of up to ``max_rows`` rows: the streaming kernel's
     panels (fp32, ``backend="stream"``; any row count), MKL's packed format (fp32, ``"mkl"``) or oneDNN's blocked

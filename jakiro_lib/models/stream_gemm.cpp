@@ -885,6 +885,34 @@ at::Tensor greedy_head(const at::Tensor& input, const at::Tensor& screen, const 
   return out;
 }
 
+// x [..., K] fp32 -> [..., n]: the screened logits of the tile screen (integer_screen), x W^T to within the weights'
+// and the activations' rounding, for a draft's head, whose precision is ours to choose (verification stays exact).
+at::Tensor int8_linear(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& scales, int64_t n) {
+  const int64_t K = input.dim() >= 1 ? input.size(-1) : 0;
+  TORCH_CHECK(TILE_SCREEN && input.dim() >= 1 && input.scalar_type() == at::kFloat && screen.dim() == 4 &&
+              screen.scalar_type() == at::kChar && screen.size(1) * 4 == (K + 63) / 64 * 64 && screen.size(2) == L &&
+              screen.size(3) == 4 && scales.dim() == 1 && scales.scalar_type() == at::kFloat &&
+              scales.size(0) == screen.size(0) * L && n <= scales.size(0), "stream_gemm.int8_linear: shapes do not match");
+  const at::Tensor x = input.reshape({-1, K}).contiguous(), sc = scales.contiguous();
+  const int64_t M = x.size(0), P = screen.size(0);
+  at::Tensor s = at::empty({M, P * L}, x.options());
+#if TILE_SCREEN
+  TORCH_CHECK(tiles_permitted(), "stream_gemm.int8_linear: the operating system refuses AMX's tiles");
+  std::vector<float> t(M);
+  integer_screen(x.data_ptr<float>(), screen.data_ptr<int8_t>(), sc.data_ptr<float>(), s.data_ptr<float>(), t.data(),
+                 M, K, screen.size(1) * 4, P);
+#endif
+  std::vector<int64_t> sizes = input.sizes().vec();
+  sizes.back() = n;
+  return (n == P * L ? s : s.narrow(1, 0, n).contiguous()).view(sizes);
+}
+
+at::Tensor int8_linear_meta(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& scales, int64_t n) {
+  std::vector<int64_t> sizes = input.sizes().vec();
+  sizes.back() = n;
+  return at::empty(sizes, input.options());
+}
+
 // Whether the head's screen can run through AMX's tiles here: built with them, and granted by the operating system.
 bool tile_screen() {
 #if TILE_SCREEN
@@ -949,6 +977,7 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("pack_int8(Tensor weight, bool tiles=False) -> (Tensor, Tensor)");
   m.def("greedy_head(Tensor x, Tensor screen, Tensor scales, Tensor bound, Tensor l1, Tensor weight) -> Tensor");
   m.def("tile_screen() -> bool", tile_screen);
+  m.def("int8_linear(Tensor x, Tensor screen, Tensor scales, int n) -> Tensor");
   m.def("decoder_layers(Tensor hidden, Tensor[] weights, int[] outs, Tensor(a!) stack, int start, Tensor cos, "
         "Tensor sin, Tensor? mask, int D, float eps, float scale, int attend_rows) -> Tensor");
 }
@@ -962,6 +991,7 @@ TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("argmax", argmax_rows);
   m.impl("pack_int8", pack_int8);
   m.impl("greedy_head", greedy_head);
+  m.impl("int8_linear", int8_linear);
   m.impl("decoder_layers", decoder_layers);
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, Meta, m) {
@@ -971,4 +1001,5 @@ TORCH_LIBRARY_IMPL(jakiro_stream_gemm, Meta, m) {
   m.impl("attend", attend_meta);
   m.impl("argmax", argmax_meta);
   m.impl("greedy_head", greedy_head_meta);
+  m.impl("int8_linear", int8_linear_meta);
 }
