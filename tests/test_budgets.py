@@ -185,8 +185,8 @@ def test_the_check_keeps_the_fastest_measured_budget_and_the_reference_on_ties(t
 
 
 def test_the_machine_key_names_the_gemm_kernel_the_probe_chose(target, monkeypatch):
-    """T(n), and so a tuned budget, depends on the kernel: another kernel, or another build of the package's kernels
-    (their source, torch, the CPU), is another machine entry."""
+    """T(n), and so a tuned budget, depends on the kernel: another kernel, the first row count it serves, or another
+    build of the package's kernels (their source, torch, the CPU), is another machine entry."""
     from jakiro_lib.models import kernels
 
     profile = get_profile("smoke")
@@ -200,9 +200,11 @@ def test_the_machine_key_names_the_gemm_kernel_the_probe_chose(target, monkeypat
     backend = next((b for b in kernels.BACKENDS if kernels.packed_gemm_available(target.model, b)), None)
     if backend is None:
         pytest.skip("no packed GEMM kernel in this torch build")
-    kernels.enable_packed_gemm(target.model, max_rows=8, backend=backend, min_rows=2)
-    try:
-        packed = budgets._machine_key(budgets._machine(profile, target))
-    finally:
-        kernels.disable_packed_gemm(target.model)
-    assert packed["gemm"] == backend and packed != plain
+    keys = {}
+    for first in (1, 2):  # the first row count it serves, too: from one row a plain step may run another path
+        kernels.enable_packed_gemm(target.model, max_rows=8, backend=backend, min_rows=first)
+        try:
+            keys[first] = budgets._machine_key(budgets._machine(profile, target))
+        finally:
+            kernels.disable_packed_gemm(target.model)
+    assert keys[2]["gemm"] == backend and keys[2] != plain and keys[1] != keys[2]
