@@ -188,10 +188,11 @@ def head_screen(model: nn.Module) -> tuple[torch.Tensor, ...] | None:
     ops = torch.ops.jakiro_stream_gemm
     screen, scales = ops.pack_int8(w, ops.tile_screen())  # int8 panels, their scales [ceil(V / L) L]
     V, K = w.shape
+    rows = screen.transpose(1, 2) if screen.dim() == 3 else screen.permute(0, 2, 1, 3)  # [P, L, K] or [P, L, Kt/4, 4]
+    words = rows.reshape(rows.shape[0] * rows.shape[1], -1)[:V, :K]  # [V, K] int8, word by word
     rounding, l1 = torch.empty(V, dtype=torch.float64), torch.empty(V, dtype=torch.float64)
-    for i in range(0, V, 4096):  # each word's copy as pack_int8 rounds it, in fp64: exact
-        scale = scales[i:min(i + 4096, V), None]
-        copy = (w[i:i + 4096] / scale).round().clamp(-127, 127).double() * scale.double()
+    for i in range(0, V, 4096):  # each word's copy in fp64: exact
+        copy = words[i:i + 4096].double() * scales[i:min(i + 4096, V), None].double()
         rounding[i:i + 4096] = (copy - w[i:i + 4096].double()).abs().amax(1)
         l1[i:i + 4096] = copy.abs().sum(1)
     bound = 1.01 * (rounding + 2.02 * K * 2.0 ** -24 * w.abs().amax(1).double()) + 2.0 ** -100

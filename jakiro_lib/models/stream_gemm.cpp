@@ -846,28 +846,23 @@ at::Tensor greedy_head_meta(const at::Tensor& input, const at::Tensor& screen, c
   return at::empty(sizes, input.options().dtype(at::kLong));
 }
 
-// x [..., K] fp32, screen: W's int8 panels ([P, K, L], or the tile screen's [P, Kt / 4, L, 4]) and their columns'
-// scales (pack_int8), bound and l1 [V], weight [V, K] fp32 -> the argmax of each row [...]
-at::Tensor greedy_head(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& scales,
-                       const at::Tensor& bound, const at::Tensor& l1, const at::Tensor& weight) {
+// The screened logits s [M, P * L] of rows x [M, K] through W's int8 panels ([P, K, L], or the tile screen's
+// [P, Kt / 4, L, 4]) and their columns' scales (pack_int8): the tile screen's (integer_screen, each row's t set) or
+// the fp32 screen's (t 0). ``op`` names the caller in its errors.
+at::Tensor screened_logits(const at::Tensor& x, const at::Tensor& screen, const at::Tensor& scales,
+                           std::vector<float>& t, const char* op) {
+  const int64_t M = x.size(0), K = x.size(1), P = screen.dim() >= 1 ? screen.size(0) : 0;
   const bool tiles = screen.dim() == 4;
-  const int64_t K = input.dim() >= 1 ? input.size(-1) : 0;
-  TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && screen.scalar_type() == at::kChar &&
+  TORCH_CHECK(screen.scalar_type() == at::kChar &&
               (tiles ? TILE_SCREEN && screen.size(1) * 4 == (K + 63) / 64 * 64 && screen.size(3) == 4
                      : screen.dim() == 3 && screen.size(1) == K) && screen.size(2) == L && scales.dim() == 1 &&
-              scales.scalar_type() == at::kFloat && scales.size(0) == screen.size(0) * L && weight.dim() == 2 &&
-              weight.scalar_type() == at::kFloat && weight.size(1) == K && bound.dim() == 1 &&
-              bound.scalar_type() == at::kFloat && bound.size(0) == weight.size(0) && l1.sizes() == bound.sizes() &&
-              l1.scalar_type() == at::kFloat && weight.size(0) <= screen.size(0) * L,
-              "stream_gemm.greedy_head: shapes do not match");
-  const at::Tensor x = input.reshape({-1, K}).contiguous(), w = weight.contiguous();
-  const at::Tensor b = bound.contiguous(), l = l1.contiguous(), sc = scales.contiguous();
-  const int64_t M = x.size(0), P = screen.size(0), V = w.size(0);
+              scales.scalar_type() == at::kFloat && scales.size(0) == P * L, op, ": shapes do not match");
+  const at::Tensor sc = scales.contiguous();
   at::Tensor s = at::empty({M, P * L}, x.options());
-  std::vector<float> t(M, 0.0f);  // the fp32 screen: B_c = bound_c * norm
+  t.assign(M, 0.0f);
   if (tiles) {
 #if TILE_SCREEN
-    TORCH_CHECK(tiles_permitted(), "stream_gemm.greedy_head: the operating system refuses AMX's tiles");
+    TORCH_CHECK(tiles_permitted(), op, ": the operating system refuses AMX's tiles");
     integer_screen(x.data_ptr<float>(), screen.data_ptr<int8_t>(), sc.data_ptr<float>(), s.data_ptr<float>(),
                    t.data(), M, K, screen.size(1) * 4, P);
 #endif
@@ -875,6 +870,24 @@ at::Tensor greedy_head(const at::Tensor& input, const at::Tensor& screen, const 
     run(x.data_ptr<float>(), screen.data_ptr<int8_t>(), s.data_ptr<float>(), M, K, P);
     s.mul_(sc);  // each word's screened logit: its sums times its scale, rounded once
   }
+  return s;
+}
+
+// x [..., K] fp32, screen and scales (screened_logits), bound and l1 [V], weight [V, K] fp32 -> the argmax of each
+// row [...]
+at::Tensor greedy_head(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& scales,
+                       const at::Tensor& bound, const at::Tensor& l1, const at::Tensor& weight) {
+  const int64_t K = input.dim() >= 1 ? input.size(-1) : 0;
+  TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && screen.dim() >= 3 && weight.dim() == 2 &&
+              weight.scalar_type() == at::kFloat && weight.size(1) == K && bound.dim() == 1 &&
+              bound.scalar_type() == at::kFloat && bound.size(0) == weight.size(0) && l1.sizes() == bound.sizes() &&
+              l1.scalar_type() == at::kFloat && weight.size(0) <= screen.size(0) * L,
+              "stream_gemm.greedy_head: shapes do not match");
+  const at::Tensor x = input.reshape({-1, K}).contiguous(), w = weight.contiguous();
+  const at::Tensor b = bound.contiguous(), l = l1.contiguous();
+  const int64_t M = x.size(0), P = screen.size(0), V = w.size(0);
+  std::vector<float> t;  // B_c = bound_c * norm, and l1_c * t on the tiles
+  const at::Tensor s = screened_logits(x, screen, scales, t, "stream_gemm.greedy_head");
   at::Tensor out = greedy_head_meta(input, screen, scales, bound, l1, weight);
   int64_t* o = out.data_ptr<int64_t>();
   const float *xp = x.data_ptr<float>(), *sp = s.data_ptr<float>(), *bp = b.data_ptr<float>();
@@ -885,26 +898,17 @@ at::Tensor greedy_head(const at::Tensor& input, const at::Tensor& screen, const 
   return out;
 }
 
-// x [..., K] fp32 -> [..., n]: the screened logits of the tile screen (integer_screen), x W^T to within the weights'
-// and the activations' rounding, for a draft's head, whose precision is ours to choose (verification stays exact).
+// x [..., K] fp32 -> [..., n]: the screened logits (screened_logits), x W^T to within the weights' (and, on the
+// tiles, the activations') rounding, for a draft's head, whose precision is ours to choose (verification stays exact).
 at::Tensor int8_linear(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& scales, int64_t n) {
-  const int64_t K = input.dim() >= 1 ? input.size(-1) : 0;
-  TORCH_CHECK(TILE_SCREEN && input.dim() >= 1 && input.scalar_type() == at::kFloat && screen.dim() == 4 &&
-              screen.scalar_type() == at::kChar && screen.size(1) * 4 == (K + 63) / 64 * 64 && screen.size(2) == L &&
-              screen.size(3) == 4 && scales.dim() == 1 && scales.scalar_type() == at::kFloat &&
-              scales.size(0) == screen.size(0) * L && n <= scales.size(0), "stream_gemm.int8_linear: shapes do not match");
-  const at::Tensor x = input.reshape({-1, K}).contiguous(), sc = scales.contiguous();
-  const int64_t M = x.size(0), P = screen.size(0);
-  at::Tensor s = at::empty({M, P * L}, x.options());
-#if TILE_SCREEN
-  TORCH_CHECK(tiles_permitted(), "stream_gemm.int8_linear: the operating system refuses AMX's tiles");
-  std::vector<float> t(M);
-  integer_screen(x.data_ptr<float>(), screen.data_ptr<int8_t>(), sc.data_ptr<float>(), s.data_ptr<float>(), t.data(),
-                 M, K, screen.size(1) * 4, P);
-#endif
+  TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && scales.dim() == 1 && n <= scales.size(0),
+              "stream_gemm.int8_linear: shapes do not match");
+  std::vector<float> t;
+  const at::Tensor s = screened_logits(input.reshape({-1, input.size(-1)}).contiguous(), screen, scales, t,
+                                       "stream_gemm.int8_linear");
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes.back() = n;
-  return (n == P * L ? s : s.narrow(1, 0, n).contiguous()).view(sizes);
+  return (n == s.size(1) ? s : s.narrow(1, 0, n).contiguous()).view(sizes);
 }
 
 at::Tensor int8_linear_meta(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& scales, int64_t n) {
