@@ -15,7 +15,7 @@ set -uo pipefail
 K=${KIT:-/tmp/kit}
 PY=${PY:-python3}
 OUT=${OUT:?set OUT}
-mkdir -p "$K"
+mkdir -p "$K" "$OUT"  # a dry run's OUT may not exist yet (the device tool makes its own)
 unpack() {
   [ -f "$K/.unpacked" ] && return
   cat "$K"/part.* | tar -xf - -C "$K" || { echo "kit parts incomplete: $(ls "$K")"; exit 1; }
