@@ -429,12 +429,19 @@ template <int DV>
 void attend_queries(const float* const* q, const float* k, int64_t ks, const float* v, int64_t vs,
                     const float* const* mask, int64_t S, int64_t P, float scale, float* const* out, float* s) {
   const int64_t Sp = (S + L - 1) / L * L;
-  for (int64_t j0 = 0; j0 < S; j0 += L)
+  // Each block's keys, and each block's values, fetched one block ahead: a block of L keys with 64-dimension heads
+  // is a 4 KB page, past which the hardware's prefetcher does not follow
+  for (int64_t j0 = 0; j0 < S; j0 += L) {
+    for (int64_t j = j0 + L; j < std::min(S, j0 + 2 * L); ++j)
+      for (int64_t c = 0; c < DV * L; c += 16) __builtin_prefetch(k + j * ks + c);
     for (int64_t i = 0; i < P; ++i) {
       vec x = scores<DV>(q[i], k, ks, j0, S) * scale;
       if (mask != nullptr) x += load(mask[i] + j0);
       store(s + i * Sp + j0, x);
     }
+  }
+  for (int64_t j = 0; j < std::min<int64_t>(S, L); ++j)
+    for (int64_t c = 0; c < DV * L; c += 16) __builtin_prefetch(v + j * vs + c);
   for (int64_t i = 0; i < P; ++i) {
     float* si = s + i * Sp;
     for (int64_t j = S; j < Sp; ++j) si[j] = -INFINITY;
@@ -448,6 +455,8 @@ void attend_queries(const float* const* q, const float* k, int64_t ks, const flo
   std::vector<float> total(P, 0.0f);
   for (int64_t j0 = 0; j0 < S; j0 += L) {
     const int64_t j1 = std::min(S, j0 + L);
+    for (int64_t j = j1; j < std::min(S, j1 + L); ++j)
+      for (int64_t c = 0; c < DV * L; c += 16) __builtin_prefetch(v + j * vs + c);
     constexpr int C = std::max(1, VECTOR_REGISTERS / 2 / DV);  // queries whose accumulators fit half the registers
     int64_t i = 0;
     for (; i + C <= P; i += C) accumulate<DV, C>(s + i * Sp, Sp, v, vs, j0, j1, out + i, total.data() + i);
