@@ -172,9 +172,10 @@ class DraftModel(nn.Module):
             return F.linear(features, w)
         if self._head_packed is None or self._head_packed[0] is not w:
             self._head_gemm = (kernels.HALF_WEIGHTS, 1) if self.half_weights else kernels.follow(self._shared[1], w)
-            self._head_packed = (w, kernels.pack_weight(w, HEAD_PACK_MAX_ROWS, self._head_gemm[0])
-                                 if self._head_gemm else None)
             self._head_int8 = kernels.pack_int8_rows(w) if self.half_weights else None  # AMX tiles: int8
+            # the packed copy, where no int8 copy serves instead
+            self._head_packed = (w, kernels.pack_weight(w, HEAD_PACK_MAX_ROWS, self._head_gemm[0])
+                                 if self._head_gemm and self._head_int8 is None else None)
         if self._head_int8 is not None and features.device.type == "cpu":
             return torch.ops.jakiro_stream_gemm.int8_linear(features, *self._head_int8, w.shape[0])
         packed = self._head_packed[1] if self.packed_head else None
