@@ -423,6 +423,13 @@ inline void accumulate(const float* w, int64_t stride, const float* v, int64_t v
   }
 }
 
+// Rows j0 <= j < min(S, j1) of x (stride xs, DV vectors each) fetched into the cache ahead of their use.
+template <int DV>
+inline void prefetch_rows(const float* x, int64_t xs, int64_t j0, int64_t j1, int64_t S) {
+  for (int64_t j = j0; j < std::min(S, j1); ++j)
+    for (int64_t c = 0; c < DV * L; c += 16) __builtin_prefetch(x + j * xs + c);
+}
+
 // P queries q[i] [D] over one KV head's keys and values [S, D] (strides ks, vs), query i under mask[i] [Sp] (0 past
 // S; null: none); out[i] [D]; s: [P, Sp] scratch. Keys go by blocks of L, in L1 for every query.
 template <int DV>
@@ -432,16 +439,14 @@ void attend_queries(const float* const* q, const float* k, int64_t ks, const flo
   // Each block's keys, and each block's values, fetched one block ahead: a block of L keys with 64-dimension heads
   // is a 4 KB page, past which the hardware's prefetcher does not follow
   for (int64_t j0 = 0; j0 < S; j0 += L) {
-    for (int64_t j = j0 + L; j < std::min(S, j0 + 2 * L); ++j)
-      for (int64_t c = 0; c < DV * L; c += 16) __builtin_prefetch(k + j * ks + c);
+    prefetch_rows<DV>(k, ks, j0 + L, j0 + 2 * L, S);
     for (int64_t i = 0; i < P; ++i) {
       vec x = scores<DV>(q[i], k, ks, j0, S) * scale;
       if (mask != nullptr) x += load(mask[i] + j0);
       store(s + i * Sp + j0, x);
     }
   }
-  for (int64_t j = 0; j < std::min<int64_t>(S, L); ++j)
-    for (int64_t c = 0; c < DV * L; c += 16) __builtin_prefetch(v + j * vs + c);
+  prefetch_rows<DV>(v, vs, 0, L, S);
   for (int64_t i = 0; i < P; ++i) {
     float* si = s + i * Sp;
     for (int64_t j = S; j < Sp; ++j) si[j] = -INFINITY;
@@ -455,8 +460,7 @@ void attend_queries(const float* const* q, const float* k, int64_t ks, const flo
   std::vector<float> total(P, 0.0f);
   for (int64_t j0 = 0; j0 < S; j0 += L) {
     const int64_t j1 = std::min(S, j0 + L);
-    for (int64_t j = j1; j < std::min(S, j1 + L); ++j)
-      for (int64_t c = 0; c < DV * L; c += 16) __builtin_prefetch(v + j * vs + c);
+    prefetch_rows<DV>(v, vs, j1, j1 + L, S);
     constexpr int C = std::max(1, VECTOR_REGISTERS / 2 / DV);  // queries whose accumulators fit half the registers
     int64_t i = 0;
     for (; i + C <= P; i += C) accumulate<DV, C>(s + i * Sp, Sp, v, vs, j0, j1, out + i, total.data() + i);
