@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jakiro_lib.models import kernels
+from jakiro_lib.models import draft_step, kernels
 from jakiro_lib.config import DraftConfig, TargetConfig
 from jakiro_lib.models.draft import DraftLoadError, DraftModel, KVCache, soft_cross_entropy
 from jakiro_lib.models.target import load_target
@@ -193,6 +193,51 @@ def test_a_bf16_draft_beside_an_fp32_target_streams_bf16_weights_in_fp32_arithme
         torch.testing.assert_close(logits, F.linear(feats, head), atol=atol, rtol=1e-5)
     assert e._head_gemm == (kernels.HALF_WEIGHTS, 1)
     assert (e._head_int8 is not None) == torch.ops.jakiro_stream_gemm.tile_screen()
+
+
+@pytest.mark.skipif(not kernels.packed_gemm_available(torch.zeros(1), kernels.HALF_WEIGHTS),
+                    reason="the streaming GEMM cannot be built here")
+@pytest.mark.parametrize("cfg", [DENSE, DraftConfig(), DraftConfig(num_experts=4, top_k_experts=2, contrastive=False)])
+def test_a_decoding_step_in_two_kernel_calls_is_the_python_step(cfg, tmp_path, monkeypatch):
+    """A draft that streams its linears' panels runs a decoding step's few rows (one over the cache, or a tree's under
+    its mask) through the package's draft_qkv and draft_mix, the cache written between them: every output is the
+    Python step's to the attention kernel's rounding against SDPA (dense; Jakiro's contrastive branch B; four experts,
+    top 2, a mixture branch B). A causal block, more rows than the kernel takes, autograd and GELU experts keep the
+    Python step."""
+    target = load_target(TargetConfig(model="tiny:llama"))
+    DraftModel.build(cfg, target.model).save(tmp_path / "d")
+    e = DraftModel.load(tmp_path / "d", target.model, dtype=torch.bfloat16)
+    assert draft_step.step_panels(e) is not None
+    f, x, pos = _inputs(L=14)
+    fused, served = draft_step.fused_step, []
+
+    def counted(*args):
+        out = fused(*args)
+        served.append(out is not None)
+        return out
+    with torch.inference_mode():
+        for rows in (1, 4):
+            outs = []
+            for step in (counted, lambda *args: None):
+                monkeypatch.setattr(draft_step, "fused_step", step)
+                cache = KVCache()
+                e(f[:, :10], x[:, :10], pos[:, :10], cache)  # the prompt: causal, the Python step either way
+                mask = torch.ones(rows, 10 + rows, dtype=torch.bool).tril(10)[None, None] if rows > 1 else None
+                outs.append(e(f[:, 10:10 + rows], x[:, 10:10 + rows], pos[:, 10:10 + rows], cache, mask))
+            assert served[-2:] == [False, True]  # the prompt's step, then the two calls
+            for name in ("a", "b", "experts", "gates"):
+                got, want = getattr(outs[0], name), getattr(outs[1], name)
+                assert (got is None) == (want is None) == (name == "b" and not cfg.branch_b), name
+                if got is not None:
+                    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        both = torch.cat([e.embed(x), f], -1)
+        assert fused(e, both[:, :4], pos[:, :4], None, None) is None  # causal
+        many = torch.ones(1, 1, 17, 17, dtype=torch.bool)
+        assert fused(e, torch.cat([both, both[:, :3]], 1), torch.arange(17)[None], None, many) is None
+    assert fused(e.train(), both[:, :1], pos[:, :1], None, None) is None
+    gelu = DraftModel.build(dataclasses.replace(cfg, expert_mlp="gelu"), target.model)
+    gelu.save(tmp_path / "g")
+    assert draft_step.step_panels(DraftModel.load(tmp_path / "g", target.model, dtype=torch.bfloat16)) is None
 
 
 @pytest.mark.skipif(not kernels.packed_gemm_available(torch.zeros(1), "onednn"),

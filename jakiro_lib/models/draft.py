@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
-from . import fast_paths, kernels
+from . import draft_step, fast_paths, kernels
 from .draft_blocks import EXPERT_MLPS, DraftAttention, DraftOutput, KVCache, soft_cross_entropy, unroll_mask
 from ..config import DraftConfig, TargetConfig
 from ..layout import CONFIG_FILE, WEIGHTS_FILE
@@ -206,7 +206,11 @@ class DraftModel(nn.Module):
         an autocast-wrapped one, and re-entering that one autocast object left autocast on for the process."""
         with torch.no_grad():
             emb = self.embed(input_ids)
-        z = self.fc(torch.cat([emb.to(features.dtype), features], dim=-1))
+        x = torch.cat([emb.to(features.dtype), features], dim=-1)
+        fused = draft_step.fused_step(self, x, position_ids, cache, mask)  # a decoding step's few rows on a CPU
+        if fused is not None:
+            return fused
+        z = self.fc(x)
         cos, sin = self.rotary(z, position_ids)
         h = z + self.attn(z, (cos, sin), cache, mask)
         return self.mlp(self.post_attention_layernorm(h), h)

@@ -15,6 +15,7 @@
 #include <unistd.h>
 #endif
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -981,6 +982,112 @@ at::Tensor decoder_layers(const at::Tensor& hidden, at::TensorList weights, at::
   return h;
 }
 
+
+// A draft's decoding step (models/draft.py's DraftModel._step) in two calls, the cache written between them in Python
+// (whatever the cache): the same kernels and torch operators, in the same order, as the Python step, whose
+// interpreter and dispatch took most of a step of a few rows (DESIGN section 12); the attention by the kernel above.
+// draft_qkv: x [1, n, 2H] (the embedding and the features) -> z = fc(x) + bias [1, n, H], and the rotated queries
+// and keys and the values [1, heads, n, D] as DraftAttention makes them; cos and sin [1, 1, n, D].
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_qkv(
+    const at::Tensor& x, const at::Tensor& fc, const at::Tensor& fc_bias, const at::Tensor& q_panels,
+    const at::Tensor& k_panels, const at::Tensor& v_panels, at::IntArrayRef outs, int64_t D, const at::Tensor& cos,
+    const at::Tensor& sin) {
+  TORCH_CHECK(x.dim() == 3 && x.size(0) == 1 && outs.size() == 4 && D > 0,
+              "stream_gemm.draft_qkv: shapes do not match");
+  const int64_t n = x.size(1);
+  const at::Tensor z = linear(x, fc, outs[0]) + fc_bias;
+  auto heads = [&](const at::Tensor& panels, int64_t width) {
+    return linear(z, panels, width).view({1, n, -1, D}).transpose(1, 2);  // [1, heads, n, D]
+  };
+  const auto [q, k] = rope(heads(q_panels, outs[1]), heads(k_panels, outs[2]), cos, sin);
+  return {z, q, k, heads(v_panels, outs[3])};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_qkv_meta(
+    const at::Tensor& x, const at::Tensor& fc, const at::Tensor& fc_bias, const at::Tensor& q_panels,
+    const at::Tensor& k_panels, const at::Tensor& v_panels, at::IntArrayRef outs, int64_t D, const at::Tensor& cos,
+    const at::Tensor& sin) {
+  const int64_t n = x.size(1);
+  auto turned = [&](int64_t width) {  // rotate's layout
+    return at::empty({1, n, width / D, D}, x.options()).transpose(1, 2);
+  };
+  return {at::empty({1, n, outs[0]}, x.options()), turned(outs[1]), turned(outs[2]), turned(outs[3])};
+}
+
+// The normalized top-k of each row's softmax, as MoEBlock._topk_weights makes them.
+at::Tensor topk_weights(const at::Tensor& logits, int64_t k) {
+  const at::Tensor gates = logits.softmax(-1);
+  if (k >= gates.size(-1)) return gates;
+  const auto [values, indices] = gates.topk(k, -1);
+  const at::Tensor weights = at::zeros_like(gates).scatter(-1, indices, values);
+  return weights / weights.sum(-1, true);
+}
+
+// draft_mix: the rest of the step from z [1, n, H], the rotated queries and the keys and values to attend [1, KV heads,
+// S, D] (the cache's, this step's written): attention under ``mask`` (boolean, True seen, or additive, [.., n, S];
+// none: every key), the output projection and residual, the post-attention norm, then the MoE block: each expert's
+// SwiGLU (gate, up and down panels, three an expert), the router (undefined: one expert and no branch B), branch A's
+// top-k mixture and, ``branch`` 1 or 2, branch B's (its mixture, or contrastive: the two leading experts' difference).
+// outs: the output projection's, the experts' gate, up and down projections' and the router's widths. Returns a, b
+// (empty for no branch B), experts [1, n, E, H] and gates [1, n, E], as MoEBlock.forward does.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_mix(
+    const at::Tensor& z, const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+    const c10::optional<at::Tensor>& mask, double scale, const at::Tensor& o_panels, const at::Tensor& norm,
+    double eps, const c10::optional<at::Tensor>& router, at::TensorList experts, at::IntArrayRef outs, int64_t top_k,
+    int64_t branch) {
+  const int64_t n = q.size(2), E = int64_t(experts.size()) / 3;
+  TORCH_CHECK(z.dim() == 3 && z.size(0) == 1 && E >= 1 && int64_t(experts.size()) == 3 * E && outs.size() == 5 &&
+              attend_serves(q, keys, values) && (E == 1 || (router.has_value() && router->defined())) &&
+              (branch == 0 || (router.has_value() && router->defined())), "stream_gemm.draft_mix: shapes do not match");
+  at::Tensor additive;
+  if (mask.has_value() && mask->defined())
+    additive = mask->scalar_type() == at::kBool
+        ? at::zeros(mask->sizes(), q.options()).masked_fill_(mask->logical_not(), std::numeric_limits<float>::lowest())
+        : *mask;
+  const at::Tensor att = attend_padded(q, keys, values, padded_mask(additive, n, keys.size(2)), scale);
+  const at::Tensor h = z + linear(att.reshape({1, n, -1}), o_panels, outs[0]);
+  const at::Tensor u = rms_norm(h, norm, eps);
+  std::vector<at::Tensor> each;
+  for (int64_t e = 0; e < E; ++e)
+    each.push_back(linear(at::silu(linear(u, experts[3 * e], outs[1])) * linear(u, experts[3 * e + 1], outs[2]),
+                          experts[3 * e + 2], outs[3]));
+  const at::Tensor mixed = at::stack(each, -2);  // [1, n, E, H]
+  at::Tensor gates, b = at::empty({0}, z.options());
+  if (!router.has_value() || !router->defined()) {
+    gates = at::ones({1, n, 1}, z.options());
+  } else {
+    const at::Tensor logits = linear(u, *router, outs[4]);  // [1, n, E], or [1, n, 2E] with branch B
+    gates = E > 1 ? topk_weights(logits.narrow(-1, 0, E), top_k) : at::ones_like(logits.narrow(-1, 0, 1));
+    if (branch != 0) {
+      const at::Tensor logits_b = logits.narrow(-1, E, E), gb = logits_b.softmax(-1);
+      if (branch == 2) {
+        const auto [top, order] = gb.topk(2, -1);
+        auto pick = [&](int64_t i) {
+          const at::Tensor at_i = order.narrow(-1, i, 1).unsqueeze(-1).expand({1, n, 1, mixed.size(-1)});
+          return at::gather(mixed, -2, at_i).squeeze(-2);
+        };
+        b = h + top.narrow(-1, 0, 1) * pick(0) - top.narrow(-1, 1, 1) * pick(1);
+      } else {
+        const at::Tensor wb = E > 1 ? topk_weights(logits_b, top_k) : gb;
+        b = h + (wb.unsqueeze(-1) * mixed).sum(-2);
+      }
+    }
+  }
+  const at::Tensor a = h + (gates.unsqueeze(-1) * mixed).sum(-2);
+  return {a, b, h.unsqueeze(-2) + mixed, gates};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_mix_meta(
+    const at::Tensor& z, const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+    const c10::optional<at::Tensor>& mask, double scale, const at::Tensor& o_panels, const at::Tensor& norm,
+    double eps, const c10::optional<at::Tensor>& router, at::TensorList experts, at::IntArrayRef outs, int64_t top_k,
+    int64_t branch) {
+  const int64_t n = q.size(2), H = z.size(2), E = int64_t(experts.size()) / 3;
+  const bool gated = router.has_value() && router->defined();
+  return {at::empty({1, n, H}, z.options()), branch != 0 ? at::empty({1, n, H}, z.options()) : at::empty({0}, z.options()),
+          at::empty({1, n, E, H}, z.options()), at::empty({1, n, gated ? E : 1}, z.options())};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(jakiro_stream_gemm, m) {
@@ -997,6 +1104,11 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("int8_linear(Tensor x, Tensor screen, Tensor scales, int n) -> Tensor");
   m.def("decoder_layers(Tensor hidden, Tensor[] weights, int[] outs, Tensor(a!) stack, int start, Tensor cos, "
         "Tensor sin, Tensor? mask, int D, float eps, float scale, int attend_rows) -> Tensor");
+  m.def("draft_qkv(Tensor x, Tensor fc, Tensor fc_bias, Tensor q, Tensor k, Tensor v, int[] outs, int D, Tensor cos, "
+        "Tensor sin) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("draft_mix(Tensor z, Tensor q, Tensor keys, Tensor values, Tensor? mask, float scale, Tensor o, Tensor norm, "
+        "float eps, Tensor? router, Tensor[] experts, int[] outs, int top_k, int branch) -> (Tensor, Tensor, Tensor, "
+        "Tensor)");
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("pack", pack);
@@ -1010,6 +1122,8 @@ TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("greedy_head", greedy_head);
   m.impl("int8_linear", int8_linear);
   m.impl("decoder_layers", decoder_layers);
+  m.impl("draft_qkv", draft_qkv);
+  m.impl("draft_mix", draft_mix);
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, Meta, m) {
   m.impl("linear", linear_meta);
@@ -1019,4 +1133,6 @@ TORCH_LIBRARY_IMPL(jakiro_stream_gemm, Meta, m) {
   m.impl("argmax", argmax_meta);
   m.impl("greedy_head", greedy_head_meta);
   m.impl("int8_linear", int8_linear_meta);
+  m.impl("draft_qkv", draft_qkv_meta);
+  m.impl("draft_mix", draft_mix_meta);
 }

@@ -1,0 +1,78 @@
+"""A draft's decoding step in two calls of the package's kernels (``stream_gemm.cpp``'s ``draft_qkv`` and
+``draft_mix``), the cache written between them: the operators of :meth:`~jakiro_lib.models.draft.DraftModel._step`
+in the same order, the attention by the few-row kernel instead of SDPA, without the interpreter and dispatch that
+took most of a step of a few rows (docs/DESIGN.md section 12)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import fast_paths, kernels
+from .draft_blocks import DraftOutput
+
+STEP_PANELS = "_jakiro_step_panels"  # the packed GEMM the panels were read from, and the panels (or None)
+
+
+def step_panels(draft: nn.Module) -> dict[str, Any] | None:
+    """What the two calls run ``draft``'s step with: the packed copies of its linears, their widths and the block's
+    settings; None where a linear is not on the streaming GEMM (fp32 or bf16 panels), a projection other than ``fc``
+    has a bias, the experts are not SwiGLU, the head size is not the kernel's or the norm is not fp32. Cached with the
+    packed GEMM it is read from."""
+    gemm = kernels.packed_gemm(draft)
+    cached = draft.__dict__.get(STEP_PANELS)
+    if cached is not None and cached[0] is gemm:
+        return cached[1]
+    attn, mlp, norm = draft.attn, draft.mlp, draft.post_attention_layernorm
+    experts = [x for e in mlp.experts for x in (getattr(e, "gate_proj", None), getattr(e, "up_proj", None),
+                                                getattr(e, "down_proj", None))]
+    linears = [draft.fc, attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, *experts]
+    router = mlp.router
+    packed = linears + ([router] if router is not None else [])
+    fits = (gemm is not None and gemm.streams and draft.cfg.expert_mlp == "swiglu"
+            and all(x is not None and getattr(x, "_jakiro_gemm", None) is gemm for x in packed)
+            and all(x.bias is None for x in packed[1:])
+            and attn.head_dim in fast_paths.ATTEND_HEAD_SIZES and norm.weight.dtype == torch.float32)
+    panels = None
+    if fits:
+        panels = {
+            "qkv": (draft.fc._jakiro_packed, draft.fc.bias, attn.q_proj._jakiro_packed, attn.k_proj._jakiro_packed,
+                    attn.v_proj._jakiro_packed),
+            "qkv_outs": [draft.fc.out_features, attn.q_proj.out_features, attn.k_proj.out_features,
+                         attn.v_proj.out_features],
+            "o": attn.o_proj._jakiro_packed, "router": None if router is None else router._jakiro_packed,
+            "experts": [x._jakiro_packed for x in experts],
+            "mix_outs": [attn.o_proj.out_features, experts[0].out_features, experts[1].out_features,
+                         experts[2].out_features, 0 if router is None else router.out_features],
+            "branch": 0 if not draft.cfg.branch_b else 2 if draft.cfg.contrastive else 1,
+        }
+    draft.__dict__[STEP_PANELS] = (gemm, panels)
+    return panels
+
+
+def fused_step(draft: nn.Module, x: torch.Tensor, position_ids: torch.Tensor, cache: Any,
+               mask: torch.Tensor | None) -> DraftOutput | None:
+    """The step of ``x`` [1, n, 2H] (the embedding and the features) at ``position_ids`` [1, n] through the two
+    kernel calls, ``cache`` appended between them; None where they do not serve: more rows than the attention kernel
+    takes, a batch, several rows without a mask (causal), autograd, another device or dtype, a training-time forward, a
+    draft whose step does not fit (:func:`step_panels`), or a compiled graph (inductor's tree ran 3-4% slower with
+    them: it fuses the Python step's operators and drops what the tree does not read)."""
+    n = x.shape[1]
+    if (torch.compiler.is_compiling() or x.shape[0] != 1 or n > fast_paths.ATTEND_ROWS or (mask is None and n > 1) or x.dtype != torch.float32
+            or x.device.type != "cpu" or draft.training or draft.mlp.count_load
+            or (torch.is_grad_enabled() and draft.fc.weight.requires_grad)):
+        return None
+    panels = step_panels(draft)
+    gemm = kernels.packed_gemm(draft)
+    if panels is None or not gemm.active or not gemm.min_rows <= n <= gemm.max_rows:
+        return None
+    ops, attn, norm = torch.ops.jakiro_stream_gemm, draft.attn, draft.post_attention_layernorm
+    cos, sin = draft.rotary(x, position_ids)  # [1, n, D]
+    z, q, k, v = ops.draft_qkv(x, *panels["qkv"], panels["qkv_outs"], attn.head_dim, cos[:, None], sin[:, None])
+    if cache is not None:
+        k, v = cache.append(k, v)
+    a, b, experts, gates = ops.draft_mix(z, q, k, v, mask, attn.head_dim ** -0.5, panels["o"], norm.weight,
+                                         norm.variance_epsilon, panels["router"], panels["experts"],
+                                         panels["mix_outs"], draft.cfg.top_k_experts, panels["branch"])
+    return DraftOutput(a=a, b=b if panels["branch"] else None, experts=experts, gates=gates)
