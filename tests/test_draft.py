@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jakiro_lib.models import draft_step, kernels
+from jakiro_lib.models import draft_step, fast_paths, kernels
 from jakiro_lib.config import DraftConfig, TargetConfig
 from jakiro_lib.models.draft import DraftLoadError, DraftModel, KVCache, soft_cross_entropy
 from jakiro_lib.models.target import load_target
@@ -207,7 +207,7 @@ def test_a_decoding_step_in_two_kernel_calls_is_the_python_step(cfg, tmp_path, m
     target = load_target(TargetConfig(model="tiny:llama"))
     DraftModel.build(cfg, target.model).save(tmp_path / "d")
     e = DraftModel.load(tmp_path / "d", target.model, dtype=torch.bfloat16)
-    assert draft_step.step_panels(e) is not None
+    assert draft_step.step_panels(e, fast_paths.ATTEND_HEAD_SIZES) is not None
     f, x, pos = _inputs(L=14)
     fused, served = draft_step.fused_step, []
 
@@ -231,13 +231,15 @@ def test_a_decoding_step_in_two_kernel_calls_is_the_python_step(cfg, tmp_path, m
                 if got is not None:
                     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         both = torch.cat([e.embed(x), f], -1)
-        assert fused(e, both[:, :4], pos[:, :4], None, None) is None  # causal
+        limits = fast_paths.ATTEND_ROWS, fast_paths.ATTEND_HEAD_SIZES
+        assert fused(e, both[:, :4], pos[:, :4], None, None, *limits) is None  # causal
         many = torch.ones(1, 1, 17, 17, dtype=torch.bool)
-        assert fused(e, torch.cat([both, both[:, :3]], 1), torch.arange(17)[None], None, many) is None
-    assert fused(e.train(), both[:, :1], pos[:, :1], None, None) is None
+        assert fused(e, torch.cat([both, both[:, :3]], 1), torch.arange(17)[None], None, many, *limits) is None
+    assert fused(e.train(), both[:, :1], pos[:, :1], None, None, *limits) is None
     gelu = DraftModel.build(dataclasses.replace(cfg, expert_mlp="gelu"), target.model)
     gelu.save(tmp_path / "g")
-    assert draft_step.step_panels(DraftModel.load(tmp_path / "g", target.model, dtype=torch.bfloat16)) is None
+    gelu = DraftModel.load(tmp_path / "g", target.model, dtype=torch.bfloat16)
+    assert draft_step.step_panels(gelu, fast_paths.ATTEND_HEAD_SIZES) is None
 
 
 @pytest.mark.skipif(not kernels.packed_gemm_available(torch.zeros(1), "onednn"),

@@ -20,7 +20,7 @@ from jakiro_lib.decoding.compiled import (CompileError, call_compiled, compiled_
 from jakiro_lib.models.target import load_target, scratch, set_capture
 from jakiro_lib.config import DraftConfig, TargetConfig, TreeConfig
 from reference.loop import LoopRunner, speculative_generate, vanilla_generate
-from jakiro_lib.models import fast_paths, kernels
+from jakiro_lib.models import draft_step, fast_paths, kernels
 from jakiro_lib.models.draft import DraftModel
 from reference.drafting import FeatureDrafter, make_drafter
 from jakiro_lib.decoding.runner import MAX_TREE_ROOM, KVLayer, SlidingWindowError, TargetRunner, _Where
@@ -309,6 +309,40 @@ def test_a_bf16_draft_packed_by_onednn_drafts_its_compiled_tree(prompts, vanilla
         assert r.output_ids == vanilla[i], i
         accepted += r.accepted
     assert sum(accepted) / len(accepted) > 1.4, sum(accepted) / len(accepted)
+
+
+@pytest.mark.skipif(not kernels.packed_gemm_available(torch.zeros(1), kernels.HALF_WEIGHTS),
+                    reason="the streaming GEMM cannot be built here")
+def test_a_draft_streaming_its_panels_steps_in_two_kernel_calls(prompts, vanilla, monkeypatch):
+    """A draft whose linears stream bf16 panels beside an fp32 target takes its eager steps through the two kernel
+    calls (models/draft_step.py: the accepted path's forward, and the whole tree where nothing is compiled) and its
+    compiled tree through the Python step: vanilla's greedy text both ways with drafts accepted, and eagerly the
+    reference loop's accepted lengths (its cache another, the calls the same)."""
+    model = copy.deepcopy(tiny_target("llama"))
+    draft = trained_draft(model, "moe2")
+    kernels.enable_packed_gemm(draft, max_rows=64, backend=kernels.HALF_WEIGHTS, min_rows=1)
+    fused, served = draft_step.fused_step, collections.Counter()
+
+    def counted(*args):
+        out = fused(*args)
+        if not torch.compiler.is_compiling():  # traced, the count would be a guard that fails every call
+            served[out is not None] += 1
+        return out
+    monkeypatch.setattr(draft_step, "fused_step", counted)
+    tree = TreeConfig(depth=3, top_k=3, total_tokens=8, decoupled=True, ar_steps=1)
+    for capture in ("none", "draft"):
+        set_capture(model, capture)
+        accepted: list[int] = []
+        for i, p in enumerate(prompts[:3]):
+            r = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW)
+            assert r.output_ids == vanilla[i], (capture, i)
+            accepted += r.accepted
+            if capture == "none":
+                assert r.accepted == speculative_generate(model, FeatureDrafter(draft, tree), p,
+                                                          max_new_tokens=MAX_NEW).accepted, i
+        assert sum(accepted) / len(accepted) > 1.4, (capture, sum(accepted) / len(accepted))
+        assert served[True] > 0 and served[False] > 0, (capture, served)  # the prompts' causal steps: Python
+        served.clear()
 
 
 def test_static_forwards_read_only_their_window(prompts, vanilla, monkeypatch):

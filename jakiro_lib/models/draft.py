@@ -207,9 +207,10 @@ class DraftModel(nn.Module):
         with torch.no_grad():
             emb = self.embed(input_ids)
         x = torch.cat([emb.to(features.dtype), features], dim=-1)
-        fused = draft_step.fused_step(self, x, position_ids, cache, mask)  # a decoding step's few rows on a CPU
+        fused = draft_step.fused_step(self, x, position_ids, cache, mask, fast_paths.ATTEND_ROWS,
+                                      fast_paths.ATTEND_HEAD_SIZES)  # a decoding step's few rows on a CPU
         if fused is not None:
-            return fused
+            return DraftOutput(*fused)
         z = self.fc(x)
         cos, sin = self.rotary(z, position_ids)
         h = z + self.attn(z, (cos, sin), cache, mask)

@@ -9,18 +9,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import fast_paths, kernels
-from .draft_blocks import DraftOutput
 
 STEP_PANELS = "_jakiro_step_panels"  # the packed GEMM the panels were read from, and the panels (or None)
 
 
-def step_panels(draft: nn.Module) -> dict[str, Any] | None:
+def step_panels(draft: nn.Module, head_sizes: tuple[int, ...]) -> dict[str, Any] | None:
     """What the two calls run ``draft``'s step with: the packed copies of its linears, their widths and the block's
     settings; None where a linear is not on the streaming GEMM (fp32 or bf16 panels), a projection other than ``fc``
-    has a bias, the experts are not SwiGLU, the head size is not the kernel's or the norm is not fp32. Cached with the
-    packed GEMM it is read from."""
-    gemm = kernels.packed_gemm(draft)
+    has a bias, the experts are not SwiGLU, the head size is not among the attention kernel's ``head_sizes`` or the
+    norm is not fp32. Cached with the
+    packed GEMM it is read from (kernels.PackedGemm, which marks every linear of the draft with itself)."""
+    gemm = getattr(draft.fc, "_jakiro_gemm", None)
     cached = draft.__dict__.get(STEP_PANELS)
     if cached is not None and cached[0] is gemm:
         return cached[1]
@@ -33,7 +32,7 @@ def step_panels(draft: nn.Module) -> dict[str, Any] | None:
     fits = (gemm is not None and gemm.streams and draft.cfg.expert_mlp == "swiglu"
             and all(x is not None and getattr(x, "_jakiro_gemm", None) is gemm for x in packed)
             and all(x.bias is None for x in packed[1:])
-            and attn.head_dim in fast_paths.ATTEND_HEAD_SIZES and norm.weight.dtype == torch.float32)
+            and attn.head_dim in head_sizes and norm.weight.dtype == torch.float32)
     panels = None
     if fits:
         panels = {
@@ -51,20 +50,22 @@ def step_panels(draft: nn.Module) -> dict[str, Any] | None:
     return panels
 
 
-def fused_step(draft: nn.Module, x: torch.Tensor, position_ids: torch.Tensor, cache: Any,
-               mask: torch.Tensor | None) -> DraftOutput | None:
+def fused_step(draft: nn.Module, x: torch.Tensor, position_ids: torch.Tensor, cache: Any, mask: torch.Tensor | None,
+               kernel_rows: int, head_sizes: tuple[int, ...]) -> tuple[torch.Tensor | None, ...] | None:
     """The step of ``x`` [1, n, 2H] (the embedding and the features) at ``position_ids`` [1, n] through the two
-    kernel calls, ``cache`` appended between them; None where they do not serve: more rows than the attention kernel
+    kernel calls, ``cache`` appended between them: a DraftOutput's a, b (None without branch B), experts and gates.
+    ``kernel_rows`` and ``head_sizes``: what the attention kernel serves (models/fast_paths.py's). None where the
+    calls do not serve: more rows than the attention kernel
     takes, a batch, several rows without a mask (causal), autograd, another device or dtype, a training-time forward, a
     draft whose step does not fit (:func:`step_panels`), or a compiled graph (inductor's tree ran 3-4% slower with
     them: it fuses the Python step's operators and drops what the tree does not read)."""
     n = x.shape[1]
-    if (torch.compiler.is_compiling() or x.shape[0] != 1 or n > fast_paths.ATTEND_ROWS or (mask is None and n > 1) or x.dtype != torch.float32
-            or x.device.type != "cpu" or draft.training or draft.mlp.count_load
+    if (torch.compiler.is_compiling() or x.shape[0] != 1 or n > kernel_rows or (mask is None and n > 1)
+            or x.dtype != torch.float32 or x.device.type != "cpu" or draft.training or draft.mlp.count_load
             or (torch.is_grad_enabled() and draft.fc.weight.requires_grad)):
         return None
-    panels = step_panels(draft)
-    gemm = kernels.packed_gemm(draft)
+    panels = step_panels(draft, head_sizes)
+    gemm = draft.fc._jakiro_gemm if panels is not None else None
     if panels is None or not gemm.active or not gemm.min_rows <= n <= gemm.max_rows:
         return None
     ops, attn, norm = torch.ops.jakiro_stream_gemm, draft.attn, draft.post_attention_layernorm
@@ -75,4 +76,4 @@ def fused_step(draft: nn.Module, x: torch.Tensor, position_ids: torch.Tensor, ca
     a, b, experts, gates = ops.draft_mix(z, q, k, v, mask, attn.head_dim ** -0.5, panels["o"], norm.weight,
                                          norm.variance_epsilon, panels["router"], panels["experts"],
                                          panels["mix_outs"], draft.cfg.top_k_experts, panels["branch"])
-    return DraftOutput(a=a, b=b if panels["branch"] else None, experts=experts, gates=gates)
+    return a, b if panels["branch"] else None, experts, gates

@@ -1084,8 +1084,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_mix_meta(
     int64_t branch) {
   const int64_t n = q.size(2), H = z.size(2), E = int64_t(experts.size()) / 3;
   const bool gated = router.has_value() && router->defined();
-  return {at::empty({1, n, H}, z.options()), branch != 0 ? at::empty({1, n, H}, z.options()) : at::empty({0}, z.options()),
-          at::empty({1, n, E, H}, z.options()), at::empty({1, n, gated ? E : 1}, z.options())};
+  const at::Tensor b = branch != 0 ? at::empty({1, n, H}, z.options()) : at::empty({0}, z.options());
+  return {at::empty({1, n, H}, z.options()), b, at::empty({1, n, E, H}, z.options()),
+          at::empty({1, n, gated ? E : 1}, z.options())};
 }
 
 }  // namespace
