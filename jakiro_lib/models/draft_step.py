@@ -17,8 +17,8 @@ def step_panels(draft: nn.Module, head_sizes: tuple[int, ...]) -> dict[str, Any]
     """What the two calls run ``draft``'s step with: the packed copies of its linears, their widths and the block's
     settings; None where a linear is not on the streaming GEMM (fp32 or bf16 panels), a projection other than ``fc``
     has a bias, the experts are not SwiGLU, the head size is not among the attention kernel's ``head_sizes`` or the
-    norm is not fp32. Cached with the
-    packed GEMM it is read from (kernels.PackedGemm, which marks every linear of the draft with itself)."""
+    norm is not fp32. Cached with the packed GEMM it is read from (kernels.PackedGemm, which marks every linear of the
+    draft with itself)."""
     gemm = getattr(draft.fc, "_jakiro_gemm", None)
     cached = draft.__dict__.get(STEP_PANELS)
     if cached is not None and cached[0] is gemm:
@@ -55,18 +55,20 @@ def fused_step(draft: nn.Module, x: torch.Tensor, position_ids: torch.Tensor, ca
     """The step of ``x`` [1, n, 2H] (the embedding and the features) at ``position_ids`` [1, n] through the two
     kernel calls, ``cache`` appended between them: a DraftOutput's a, b (None without branch B), experts and gates.
     ``kernel_rows`` and ``head_sizes``: what the attention kernel serves (models/fast_paths.py's). None where the
-    calls do not serve: more rows than the attention kernel
-    takes, a batch, several rows without a mask (causal), autograd, another device or dtype, a training-time forward, a
-    draft whose step does not fit (:func:`step_panels`), or a compiled graph (inductor's tree ran 3-4% slower with
-    them: it fuses the Python step's operators and drops what the tree does not read)."""
+    calls do not serve: more rows than the attention kernel takes, a batch, several rows without a mask (causal),
+    autograd, another device or dtype, a training-time forward, a draft whose step does not fit (:func:`step_panels`),
+    rows outside its packed GEMM's range, or a compiled graph (inductor's tree ran 3-4% slower with them: it fuses the
+    Python step's operators and drops what the tree does not read)."""
     n = x.shape[1]
     if (torch.compiler.is_compiling() or x.shape[0] != 1 or n > kernel_rows or (mask is None and n > 1)
             or x.dtype != torch.float32 or x.device.type != "cpu" or draft.training or draft.mlp.count_load
             or (torch.is_grad_enabled() and draft.fc.weight.requires_grad)):
         return None
     panels = step_panels(draft, head_sizes)
-    gemm = draft.fc._jakiro_gemm if panels is not None else None
-    if panels is None or not gemm.active or not gemm.min_rows <= n <= gemm.max_rows:
+    if panels is None:
+        return None
+    gemm = draft.fc._jakiro_gemm  # the packed GEMM step_panels read the panels from
+    if not gemm.active or not gemm.min_rows <= n <= gemm.max_rows:
         return None
     ops, attn, norm = torch.ops.jakiro_stream_gemm, draft.attn, draft.post_attention_layernorm
     cos, sin = draft.rotary(x, position_ids)  # [1, n, D]

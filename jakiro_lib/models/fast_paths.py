@@ -59,8 +59,6 @@ def attend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mas
     kernel = _kernel_without_grad("attend", query, key, value)
     if kernel is None:
         return None
-    if mask is not None and mask.dtype == torch.bool:  # seen keys add 0: the same bits as no mask where all are seen
-        mask = torch.zeros(mask.shape, dtype=query.dtype).masked_fill_(~mask, torch.finfo(query.dtype).min)
     return kernel(query, key, value, mask, D ** -0.5 if scale is None else scale)
 
 

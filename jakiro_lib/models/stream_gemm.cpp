@@ -487,13 +487,19 @@ QueriesFn queries_fn(int64_t D) {  // head sizes 16 to 128 with either register 
 // q [1, Hq, n, D], k and v [1, Hk, S, D] (Hk dividing Hq), mask additive [.., n, S] or none -> [1, n, Hq, D], the
 // layout SDPA's output is transposed to. Tasks: a KV head and a chunk of rows (at most 8, even chunks, four tasks
 // where the rows allow).
-// The additive mask [.., n, S] as the kernel reads it: [n, Sp], the keys' whole blocks of L, 0 past S; undefined for
-// none.
+// The mask [.., n, S] as the kernel reads it: [n, Sp], additive, the keys' whole blocks of L, 0 past S; undefined for
+// none. An fp32 mask is additive; a boolean one (True: seen) adds 0 where seen (the bits of no mask where all are)
+// and fp32's lowest value elsewhere.
 at::Tensor padded_mask(const c10::optional<at::Tensor>& mask, int64_t n, int64_t S) {
   if (!mask.has_value() || !mask->defined()) return at::Tensor();
-  TORCH_CHECK(mask->scalar_type() == at::kFloat, "stream_gemm.attend takes an fp32 additive mask");
-  at::Tensor padded = at::zeros({n, (S + L - 1) / L * L}, mask->options());
-  padded.narrow(1, 0, S).copy_(mask->expand({1, 1, n, S})[0][0]);
+  const bool seen = mask->scalar_type() == at::kBool;
+  TORCH_CHECK(seen || mask->scalar_type() == at::kFloat, "stream_gemm.attend takes an fp32 additive or a boolean mask");
+  at::Tensor padded = at::zeros({n, (S + L - 1) / L * L}, mask->options().dtype(at::kFloat));
+  const at::Tensor rows = mask->expand({1, 1, n, S})[0][0];
+  if (seen)
+    padded.narrow(1, 0, S).masked_fill_(rows.logical_not(), std::numeric_limits<float>::lowest());
+  else
+    padded.narrow(1, 0, S).copy_(rows);
   return padded;
 }
 
@@ -1024,8 +1030,8 @@ at::Tensor topk_weights(const at::Tensor& logits, int64_t k) {
 }
 
 // draft_mix: the rest of the step from z [1, n, H], the rotated queries and the keys and values to attend [1, KV heads,
-// S, D] (the cache's, this step's written): attention under ``mask`` (boolean, True seen, or additive, [.., n, S];
-// none: every key), the output projection and residual, the post-attention norm, then the MoE block: each expert's
+// S, D] (the cache's, this step's written): attention under ``mask`` (as padded_mask reads it; none: every
+// key), the output projection and residual, the post-attention norm, then the MoE block: each expert's
 // SwiGLU (gate, up and down panels, three an expert), the router (undefined: one expert and no branch B), branch A's
 // top-k mixture and, ``branch`` 1 or 2, branch B's (its mixture, or contrastive: the two leading experts' difference).
 // outs: the output projection's, the experts' gate, up and down projections' and the router's widths. Returns a, b
@@ -1039,12 +1045,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_mix(
   TORCH_CHECK(z.dim() == 3 && z.size(0) == 1 && E >= 1 && int64_t(experts.size()) == 3 * E && outs.size() == 5 &&
               attend_serves(q, keys, values) && (E == 1 || (router.has_value() && router->defined())) &&
               (branch == 0 || (router.has_value() && router->defined())), "stream_gemm.draft_mix: shapes do not match");
-  at::Tensor additive;
-  if (mask.has_value() && mask->defined())
-    additive = mask->scalar_type() == at::kBool
-        ? at::zeros(mask->sizes(), q.options()).masked_fill_(mask->logical_not(), std::numeric_limits<float>::lowest())
-        : *mask;
-  const at::Tensor att = attend_padded(q, keys, values, padded_mask(additive, n, keys.size(2)), scale);
+  const at::Tensor att = attend_padded(q, keys, values, padded_mask(mask, n, keys.size(2)), scale);
   const at::Tensor h = z + linear(att.reshape({1, n, -1}), o_panels, outs[0]);
   const at::Tensor u = rms_norm(h, norm, eps);
   std::vector<at::Tensor> each;
