@@ -12,7 +12,8 @@ import torch
 
 from jakiro_lib.config import DraftConfig, TreeConfig
 from jakiro_lib.models.draft import DraftModel, DraftOutput
-from jakiro_lib.decoding.drafting import PromptLookup
+from jakiro_lib.decoding.drafting import PromptLookup, children
+from jakiro_lib.models import kernels
 from reference.drafting import FeatureDrafter, LookupDrafter, make_drafter
 
 from helpers import tiny_target
@@ -130,6 +131,32 @@ def test_decoupled_candidates_match_a_per_node_reference(experts, top_k, per_exp
                 assert torch.equal(feat, row.experts[ref[token][1]])
     if per_expert == 1:  # 2 selected experts x 1 child each: the union is smaller than top_k somewhere
         assert all(len(c) <= 2 for c in got)
+
+
+@pytest.mark.parametrize("rows,per_expert,k,weighted", [(1, 4, 4, False), (2, 4, 4, True), (2, 3, 4, False),
+                                                         (3, 1, 5, True), (2, 2, 3, False), (1, 2, 5, False)])
+def test_children_in_one_kernel_call_are_torchs(monkeypatch, rows, per_expert, k, weighted):
+    """``children`` on a CPU (one call of stream_gemm.cpp's draft_children) chooses the words, scores and backing rows
+    that torch's operators do, with words shared between rows (the union's duplicates) and unions smaller than k."""
+    if not kernels.stream_gemm_available():
+        pytest.skip("the streaming GEMM's extension is not built here")
+    torch.manual_seed(rows * 10 + k)
+    logits = 3 * torch.randn(5, rows, 300)
+    logits[:, 1:, :150] = logits[:, :1, :150]  # the rows agree on half the words
+    weights = torch.rand(5, rows) + 0.1 if weighted else None
+    calls = []
+    op = torch.ops.jakiro_stream_gemm.draft_children
+    monkeypatch.setattr(torch.ops.jakiro_stream_gemm, "draft_children", lambda *a: calls.append(1) or op(*a),
+                        raising=False)
+    fused = children(logits, weights, k, per_expert)
+    monkeypatch.setattr(kernels, "stream_gemm_available", lambda: False)
+    ops = children(logits, weights, k, per_expert)
+    assert calls == [1]
+    found = ops[1].isfinite()  # -inf: fewer distinct words than k (their order among equals is torch's to choose)
+    distinct = [len(set(t.tolist())) for t in logits.topk(per_expert, dim=-1).indices.flatten(1)]
+    assert found.sum(1).tolist() == [min(k, d) for d in distinct]
+    assert torch.equal(fused[0][found], ops[0][found]) and torch.equal(fused[2][found], ops[2][found])
+    torch.testing.assert_close(fused[1], ops[1], rtol=0, atol=1e-5)
 
 
 def test_rewind_lets_every_timed_cycle_draft_from_the_same_context():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..config import TreeConfig
+from ..models import kernels
 from ..models.draft import DraftModel
 
 
@@ -78,30 +79,45 @@ def candidate_tensors(draft: DraftModel, cfg: TreeConfig, a: torch.Tensor, exper
     feature."""
     K = cfg.top_k
     if not cfg.decoupled or experts is None:
-        logp = draft.logits(a).float().log_softmax(-1)  # [N, V]
-        top = logp.topk(K, dim=-1)
-        return draft.to_target_ids(top.indices), top.values, a[:, None].expand(-1, K, -1)
+        ids, vals, _ = children(draft.logits(a)[:, None], None, K, K)  # [N, K]
+        return draft.to_target_ids(ids), vals, a[:, None].expand(-1, K, -1)
     n_sel = min(draft.cfg.top_k_experts, draft.cfg.num_experts)
     sel = gates.float().topk(n_sel, dim=-1)  # [N, S]; gates are zero outside each node's top-k
     feats = experts.gather(1, sel.indices[..., None].expand(-1, -1, experts.shape[-1]))  # [N, S, H]
-    logp = draft.logits(feats).float().log_softmax(-1)  # [N, S, V]
-    per_expert = cfg.children_per_expert or K
+    weights = sel.values if cfg.scoring == "mixture" else None
+    ids, vals, owner = children(draft.logits(feats), weights, K, cfg.children_per_expert or K)  # [N, K] each
+    carried = feats.gather(1, owner[..., None].expand(-1, -1, feats.shape[-1]))  # [N, K, H]
+    return draft.to_target_ids(ids), vals, carried
+
+
+def children(logits: torch.Tensor, weights: torch.Tensor | None, k: int,
+             per_expert: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The k children of each of N nodes from their S rows of draft-vocabulary ``logits`` [N, S, V] (S = 1: coupled):
+    the union of each row's top ``per_expert`` words under its log-softmax, each scored by the mixture
+    logsumexp_s(logp_s + log(w_s / sum w)) (``weights`` [N, S]) or, without weights, by its best row; a word met
+    twice scores -inf; the k best. Returns draft ids, scores and the row backing each child most [N, k]. On a CPU in
+    one call of ``stream_gemm.cpp``'s ``draft_children`` (outside a compiled graph), else in torch's operators."""
+    if (logits.device.type == "cpu" and logits.dtype == torch.float32 and not torch.compiler.is_compiling()
+            and not logits.requires_grad and kernels.stream_gemm_available()):
+        return torch.ops.jakiro_stream_gemm.draft_children(logits, weights, k, per_expert)
+    logp = logits.float().log_softmax(-1)  # [N, S, V]
+    if logp.shape[1] == 1 and weights is None and per_expert >= k:  # coupled: the row's top k
+        top = logp[:, 0].topk(k, dim=-1)
+        return top.indices, top.values, torch.zeros_like(top.indices)
     union, _ = logp.topk(per_expert, dim=-1).indices.flatten(1).sort(-1)  # [N, C = S * per_expert], sorted
-    weighted = logp.gather(2, union[:, None, :].expand(-1, n_sel, -1))  # [N, S, C]: each expert's log-prob
-    if cfg.scoring == "mixture":
-        weighted = weighted + (sel.values / sel.values.sum(-1, keepdim=True)).log()[..., None]
+    weighted = logp.gather(2, union[:, None, :].expand(-1, logp.shape[1], -1))  # [N, S, C]: each row's log-prob
+    if weights is not None:
+        weighted = weighted + (weights / weights.sum(-1, keepdim=True)).log()[..., None]
         scores = weighted.logsumexp(1)
     else:
         scores = weighted.max(1).values
     repeat = torch.zeros_like(union, dtype=torch.bool)
     repeat[:, 1:] = union[:, 1:] == union[:, :-1]
     scores = scores.masked_fill(repeat, float("-inf"))  # [N, C]
-    if scores.shape[1] < K:  # fewer candidates than children asked for: the missing ones score -inf
-        pad = K - scores.shape[1]
+    if scores.shape[1] < k:  # fewer candidates than children asked for: the missing ones score -inf
+        pad = k - scores.shape[1]
         scores = torch.cat([scores, scores.new_full((scores.shape[0], pad), float("-inf"))], 1)
         union = torch.cat([union, union[:, :1].expand(-1, pad)], 1)
         weighted = torch.cat([weighted, weighted[..., :1].expand(-1, -1, pad)], 2)
-    best = scores.topk(K, dim=-1)  # [N, K]; -inf: fewer unique children than K
-    owner = weighted.argmax(1).gather(1, best.indices)  # [N, K]: the expert that backs each child most
-    carried = feats.gather(1, owner[..., None].expand(-1, -1, feats.shape[-1]))  # [N, K, H]
-    return draft.to_target_ids(union.gather(1, best.indices)), best.values, carried
+    best = scores.topk(k, dim=-1)  # [N, k]; -inf: fewer unique children than k
+    return union.gather(1, best.indices), best.values, weighted.argmax(1).gather(1, best.indices)

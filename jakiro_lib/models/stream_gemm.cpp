@@ -14,6 +14,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <cstring>
@@ -1090,6 +1091,133 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_mix_meta(
           at::empty({1, n, gated ? E : 1}, z.options())};
 }
 
+// A frontier's children from the draft head's logits, as decoding/drafting.py's candidate_tensors chooses them
+// (docs/DESIGN.md section 3). logits [N, S, V]: node n's S rows (S = 1: the mixture's, coupled; S > 1: each selected
+// expert's, decoupled), each read as its log-softmax, (x - max) - log(sum_v exp(x_v - max)), as torch's. Each row's
+// top per_expert words (ties: the lower word), their union sorted by word; each word scored by
+// logsumexp_s(logp_s + log(w_s / sum w)) (``weights`` [N, S], the mixture's) or, without weights, by its best row's
+// log-prob; a word met twice scores -inf the second time; fewer than k words padded with the first word at -inf. The k
+// best (ties: the earlier), and the row that backs each most (the first of equal, the weights' term included). Returns
+// the words [N, k] (draft vocabulary), their scores [N, k] and rows [N, k].
+float row_max(const float* r, int64_t V) {
+  vec m = vec{} - std::numeric_limits<float>::infinity();
+  int64_t v = 0;
+  for (; v + L <= V; v += L) {
+    const vec x = load(r + v);
+    m = x > m ? x : m;
+  }
+  float out = m[0];
+  for (int i = 1; i < L; ++i) out = std::max(out, m[i]);
+  for (; v < V; ++v) out = std::max(out, r[v]);
+  return out;
+}
+
+float exp_sum(const float* r, int64_t V, float max) {  // sum_v exp(r_v - max), r_v <= max
+  vec acc{};
+  int64_t v = 0;
+  for (; v + L <= V; v += L) acc += exp_nonpositive(load(r + v) - max);
+  float out = 0.0f;
+  for (int i = 0; i < L; ++i) out += acc[i];
+  for (; v < V; ++v) out += std::exp(r[v] - max);
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_children(const at::Tensor& logits_,
+                                                              const c10::optional<at::Tensor>& weights_, int64_t k,
+                                                              int64_t per_expert) {
+  TORCH_CHECK(logits_.dim() == 3 && logits_.scalar_type() == at::kFloat && k >= 1 && per_expert >= 1 &&
+              per_expert <= logits_.size(2), "stream_gemm.draft_children: shapes do not match");
+  const at::Tensor logits = logits_.contiguous();
+  const int64_t N = logits.size(0), S = logits.size(1), V = logits.size(2), C = S * per_expert, Cp = std::max(C, k);
+  const bool mixture = weights_.has_value() && weights_->defined();
+  at::Tensor weights;
+  if (mixture) {
+    weights = weights_->to(at::kFloat).contiguous();
+    TORCH_CHECK(weights.dim() == 2 && weights.size(0) == N && weights.size(1) == S,
+                "stream_gemm.draft_children: weights [N, S] expected");
+  }
+  at::Tensor ids = at::empty({N, k}, logits.options().dtype(at::kLong)), scores = at::empty({N, k}, logits.options());
+  at::Tensor rows = at::empty({N, k}, logits.options().dtype(at::kLong));
+  const float inf = std::numeric_limits<float>::infinity();
+  at::parallel_for(0, N, 1, [&](int64_t n0, int64_t n1) {
+    std::vector<float> shift(S), log_sum(S), log_w(S, 0.0f), top(per_expert), weighted(S * Cp), score(Cp);
+    std::vector<int64_t> words(Cp), picked(k);
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* node = logits.data_ptr<float>() + n * S * V;
+      if (mixture) {
+        const float* w = weights.data_ptr<float>() + n * S;
+        float total = 0.0f;
+        for (int64_t s = 0; s < S; ++s) total += w[s];
+        for (int64_t s = 0; s < S; ++s) log_w[s] = std::log(w[s] / total);
+      }
+      for (int64_t s = 0; s < S; ++s) {  // the row's log-softmax terms, and its top per_expert words
+        const float* r = node + s * V;
+        shift[s] = row_max(r, V);
+        log_sum[s] = std::log(exp_sum(r, V, shift[s]));
+        int64_t* best = words.data() + s * per_expert;
+        int64_t held = 0;
+        for (int64_t v = 0; v < V; ++v) {
+          if (held == per_expert && !(r[v] > top[held - 1])) continue;
+          int64_t at = held < per_expert ? held++ : held - 1;
+          while (at > 0 && r[v] > top[at - 1]) {
+            top[at] = top[at - 1];
+            best[at] = best[at - 1];
+            --at;
+          }
+          top[at] = r[v];
+          best[at] = v;
+        }
+      }
+      std::sort(words.begin(), words.begin() + C);
+      for (int64_t c = 0; c < Cp; ++c) {
+        const int64_t word = words[c < C ? c : 0];
+        float most = -inf;
+        for (int64_t s = 0; s < S; ++s) {
+          const float x = ((node[s * V + word] - shift[s]) - log_sum[s]) + log_w[s];
+          weighted[s * Cp + c] = x;
+          most = std::max(most, x);
+        }
+        float value = most;
+        if (mixture) {
+          const float m = std::isinf(most) ? 0.0f : most;
+          float sum = 0.0f;
+          for (int64_t s = 0; s < S; ++s) sum += std::exp(weighted[s * Cp + c] - m);
+          value = std::log(sum) + m;
+        }
+        score[c] = c >= C || (c > 0 && words[c] == words[c - 1]) ? -inf : value;
+      }
+      int64_t held = 0;  // the k best scores, the earlier first among equal
+      for (int64_t c = 0; c < Cp; ++c) {
+        if (held == k && !(score[c] > score[picked[held - 1]])) continue;
+        int64_t at = held < k ? held++ : held - 1;
+        while (at > 0 && score[c] > score[picked[at - 1]]) {
+          picked[at] = picked[at - 1];
+          --at;
+        }
+        picked[at] = c;
+      }
+      for (int64_t i = 0; i < k; ++i) {
+        const int64_t c = picked[i];
+        int64_t row = 0;
+        for (int64_t s = 1; s < S; ++s)
+          if (weighted[s * Cp + c] > weighted[row * Cp + c]) row = s;
+        ids.data_ptr<int64_t>()[n * k + i] = words[c < C ? c : 0];
+        scores.data_ptr<float>()[n * k + i] = score[c];
+        rows.data_ptr<int64_t>()[n * k + i] = row;
+      }
+    }
+  });
+  return {ids, scores, rows};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_children_meta(const at::Tensor& logits,
+                                                                   const c10::optional<at::Tensor>& weights, int64_t k,
+                                                                   int64_t per_expert) {
+  const int64_t N = logits.size(0);
+  return {at::empty({N, k}, logits.options().dtype(at::kLong)), at::empty({N, k}, logits.options()),
+          at::empty({N, k}, logits.options().dtype(at::kLong))};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(jakiro_stream_gemm, m) {
@@ -1111,6 +1239,7 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("draft_mix(Tensor z, Tensor q, Tensor keys, Tensor values, Tensor? mask, float scale, Tensor o, Tensor norm, "
         "float eps, Tensor? router, Tensor[] experts, int[] outs, int top_k, int branch) -> (Tensor, Tensor, Tensor, "
         "Tensor)");
+  m.def("draft_children(Tensor logits, Tensor? weights, int k, int per_expert) -> (Tensor, Tensor, Tensor)");
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("pack", pack);
@@ -1126,6 +1255,7 @@ TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("decoder_layers", decoder_layers);
   m.impl("draft_qkv", draft_qkv);
   m.impl("draft_mix", draft_mix);
+  m.impl("draft_children", draft_children);
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, Meta, m) {
   m.impl("linear", linear_meta);
@@ -1137,4 +1267,5 @@ TORCH_LIBRARY_IMPL(jakiro_stream_gemm, Meta, m) {
   m.impl("int8_linear", int8_linear_meta);
   m.impl("draft_qkv", draft_qkv_meta);
   m.impl("draft_mix", draft_mix_meta);
+  m.impl("draft_children", draft_children_meta);
 }
