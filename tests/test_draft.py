@@ -167,8 +167,8 @@ def test_a_bf16_draft_loads_with_packed_gemms_and_unchanged_outputs(tmp_path):
                     reason="the streaming GEMM cannot be built here")
 def test_a_bf16_draft_beside_an_fp32_target_streams_bf16_weights_in_fp32_arithmetic(tmp_path):
     """On a CPU with the streaming GEMM a bf16 draft keeps fp32 layers and reads bf16 copies of its linears' and
-    reduced head's weights: each output is the fp32 draft's with its weights rounded to bf16 (fp32 sums); where the
-    CPU has AMX tiles the reduced head reads an int8 copy, its logits within the activations' rounding of it."""
+    reduced head's weights: each output is the fp32 draft's with its weights rounded to bf16 (fp32 sums); the reduced
+    head reads an int8 copy, its logits the copy's (where the CPU has AMX tiles, within the activations' rounding)."""
     target = load_target(TargetConfig(model="tiny:llama"))
     d = DraftModel.build(DraftConfig(num_experts=2, draft_vocab_size=40), target.model).eval()
     d.save(tmp_path / "d")
@@ -184,15 +184,17 @@ def test_a_bf16_draft_beside_an_fp32_target_streams_bf16_weights_in_fp32_arithme
         out_e, out_r = e(f, x, pos), rounded(f, x, pos)
         torch.testing.assert_close(out_e.a, out_r.a, atol=1e-5, rtol=1e-5)
         feats = out_e.a[0, :3]
-        logits, head, atol = e.logits(feats), d.head_weight().bfloat16().float(), 1e-5
-        if e._head_int8 is not None:  # AMX tiles: the head's int8 copy, the activations rounded to int16
-            screen, scales = e._head_int8
-            V, K = head.shape
+        logits, head, atol = e.logits(feats), d.head_weight(), 1e-5
+        screen, scales = e._head_int8  # the head's int8 copy: on AMX's tiles, the activations rounded to int16
+        V, K = head.shape
+        if screen.dim() == 4:
             head = screen.permute(0, 2, 1, 3).reshape(-1, screen.shape[1] * 4)[:V, :K].float() * scales[:V, None]
             atol = float(feats.abs().max()) / 16383 * float(head.abs().sum(1).max())
+        else:  # the streaming GEMM's panels, fp32 sums times each word's scale
+            head = screen.permute(0, 2, 1).reshape(-1, K)[:V].float() * scales[:V, None]
         torch.testing.assert_close(logits, F.linear(feats, head), atol=atol, rtol=1e-5)
     assert e._head_gemm == (kernels.HALF_WEIGHTS, 1)
-    assert (e._head_int8 is not None) == torch.ops.jakiro_stream_gemm.tile_screen()
+    assert (screen.dim() == 4) == torch.ops.jakiro_stream_gemm.tile_screen()
 
 
 @pytest.mark.skipif(not kernels.packed_gemm_available(torch.zeros(1), kernels.HALF_WEIGHTS),

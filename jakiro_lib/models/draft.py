@@ -121,7 +121,7 @@ class DraftModel(nn.Module):
         self._head_key: tuple = ()
         self._head_packed: tuple[torch.Tensor, torch.Tensor | None] | None = None  # (rows it packs, copy)
         self._head_gemm: tuple[str, int] | None = None  # (backend, min_rows) of the packed head: the target's
-        self._head_int8: tuple[torch.Tensor, torch.Tensor] | None = None  # bf16 drafts with AMX: the head in int8
+        self._head_int8: tuple[torch.Tensor, torch.Tensor] | None = None  # bf16-weight drafts: the head in int8
         self.packed_head = True  # False: plain GEMM for the head (to measure what packing buys)
         self.register_load_state_dict_post_hook(DraftModel._drop_head_cache)
 
@@ -160,8 +160,8 @@ class DraftModel(nn.Module):
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits of predicted features (cast to the head's dtype). A reduced head goes through
-        a packed copy of its rows on the CPU (:mod:`~jakiro_lib.models.kernels`; an int8 copy through AMX's tiles
-        for a draft that streams bf16 weights, where the CPU has them); the full-vocabulary head is the target's
+        a packed copy of its rows on the CPU (:mod:`~jakiro_lib.models.kernels`; for a draft that streams bf16
+        weights an int8 copy, through AMX's tiles where the CPU has them); the full-vocabulary head is the target's
         ``lm_head``, with the target's own fast path."""
         features = features.to(self._shared[1].weight.dtype)
         if self.d2t is None:
@@ -172,7 +172,7 @@ class DraftModel(nn.Module):
             return F.linear(features, w)
         if self._head_packed is None or self._head_packed[0] is not w:
             self._head_gemm = (kernels.HALF_WEIGHTS, 1) if self.half_weights else kernels.follow(self._shared[1], w)
-            self._head_int8 = kernels.pack_int8_rows(w) if self.half_weights else None  # AMX tiles: int8
+            self._head_int8 = kernels.pack_int8_rows(w) if self.half_weights else None
             # the packed copy, where no int8 copy serves instead
             self._head_packed = (w, kernels.pack_weight(w, HEAD_PACK_MAX_ROWS, self._head_gemm[0])
                                  if self._head_gemm and self._head_int8 is None else None)
