@@ -78,16 +78,14 @@ def candidate_tensors(draft: DraftModel, cfg: TreeConfig, a: torch.Tensor, exper
     expert's top children scored by ``cfg.scoring``, duplicates masked out, each carrying its strongest expert's
     feature."""
     K = cfg.top_k
-    if not cfg.decoupled or experts is None:
-        ids, vals, _ = children(draft.logits(a)[:, None], None, K, K)  # [N, K]
-        return draft.to_target_ids(ids), vals, a[:, None].expand(-1, K, -1)
-    n_sel = min(draft.cfg.top_k_experts, draft.cfg.num_experts)
-    sel = gates.float().topk(n_sel, dim=-1)  # [N, S]; gates are zero outside each node's top-k
-    feats = experts.gather(1, sel.indices[..., None].expand(-1, -1, experts.shape[-1]))  # [N, S, H]
-    weights = sel.values if cfg.scoring == "mixture" else None
-    ids, vals, owner = children(draft.logits(feats), weights, K, cfg.children_per_expert or K)  # [N, K] each
-    carried = feats.gather(1, owner[..., None].expand(-1, -1, feats.shape[-1]))  # [N, K, H]
-    return draft.to_target_ids(ids), vals, carried
+    if not cfg.decoupled or experts is None:  # one row a node: the mixture's
+        feats, weights, per_expert = a[:, None], None, K  # [N, 1, H]
+    else:
+        sel = gates.float().topk(min(draft.cfg.top_k_experts, draft.cfg.num_experts), dim=-1)  # [N, S]; 0: unselected
+        feats = experts.gather(1, sel.indices[..., None].expand(-1, -1, experts.shape[-1]))  # [N, S, H]
+        weights, per_expert = sel.values if cfg.scoring == "mixture" else None, cfg.children_per_expert or K
+    ids, vals, rows = children(draft.logits(feats), weights, K, per_expert)  # [N, K] each
+    return draft.to_target_ids(ids), vals, feats.gather(1, rows[..., None].expand(-1, -1, feats.shape[-1]))
 
 
 def children(logits: torch.Tensor, weights: torch.Tensor | None, k: int,
@@ -101,10 +99,10 @@ def children(logits: torch.Tensor, weights: torch.Tensor | None, k: int,
             and not logits.requires_grad and kernels.stream_gemm_available()):
         return torch.ops.jakiro_stream_gemm.draft_children(logits, weights, k, per_expert)
     logp = logits.float().log_softmax(-1)  # [N, S, V]
-    if logp.shape[1] == 1 and weights is None and per_expert >= k:  # coupled: the row's top k
-        top = logp[:, 0].topk(k, dim=-1)
-        return top.indices, top.values, torch.zeros_like(top.indices)
     union, _ = logp.topk(per_expert, dim=-1).indices.flatten(1).sort(-1)  # [N, C = S * per_expert], sorted
+    C = union.shape[1]
+    if C < k:  # fewer candidates than children asked for: the first word again, scored -inf below
+        union = torch.cat([union, union[:, :1].expand(-1, k - C)], 1)
     weighted = logp.gather(2, union[:, None, :].expand(-1, logp.shape[1], -1))  # [N, S, C]: each row's log-prob
     if weights is not None:
         weighted = weighted + (weights / weights.sum(-1, keepdim=True)).log()[..., None]
@@ -113,11 +111,6 @@ def children(logits: torch.Tensor, weights: torch.Tensor | None, k: int,
         scores = weighted.max(1).values
     repeat = torch.zeros_like(union, dtype=torch.bool)
     repeat[:, 1:] = union[:, 1:] == union[:, :-1]
-    scores = scores.masked_fill(repeat, float("-inf"))  # [N, C]
-    if scores.shape[1] < k:  # fewer candidates than children asked for: the missing ones score -inf
-        pad = k - scores.shape[1]
-        scores = torch.cat([scores, scores.new_full((scores.shape[0], pad), float("-inf"))], 1)
-        union = torch.cat([union, union[:, :1].expand(-1, pad)], 1)
-        weighted = torch.cat([weighted, weighted[..., :1].expand(-1, -1, pad)], 2)
-    best = scores.topk(k, dim=-1)  # [N, k]; -inf: fewer unique children than k
+    repeat[:, C:] = True
+    best = scores.masked_fill(repeat, float("-inf")).topk(k, dim=-1)  # [N, k]; -inf: fewer distinct words than k
     return union.gather(1, best.indices), best.values, weighted.argmax(1).gather(1, best.indices)
