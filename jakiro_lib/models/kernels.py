@@ -81,6 +81,9 @@ def stream_build_name() -> str:
     return f"jakiro_stream_gemm_{hashlib.sha1(key).hexdigest()[:12]}"
 
 
+STREAM_LOADED = False  # set by stream_gemm_available once loaded: a plain value that a compiled graph reads
+
+
 @lru_cache(maxsize=1)
 def stream_gemm_available() -> bool:
     """Whether the streaming GEMM (``stream_gemm.cpp``: a few rows times a weight packed in panels of 16 output
@@ -103,6 +106,8 @@ def stream_gemm_available() -> bool:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         log.warning("the streaming GEMM could not be built here (%s); packed weights use MKL or oneDNN", first[:200])
         return False
+    global STREAM_LOADED
+    STREAM_LOADED = True
     return True
 
 
