@@ -81,7 +81,7 @@ def stream_build_name() -> str:
     return f"jakiro_stream_gemm_{hashlib.sha1(key).hexdigest()[:12]}"
 
 
-STREAM_LOADED = False  # set by stream_gemm_available once loaded: a plain value that a compiled graph reads
+STREAM_LOADED = False  # stream_gemm_available()'s last answer: a plain value that a compiled graph reads
 
 
 @lru_cache(maxsize=1)
@@ -90,6 +90,13 @@ def stream_gemm_available() -> bool:
     columns, the weight read once for all rows, a row's result independent of the rows beside it) is loaded here.
     Built for this CPU on first use (``-march=native``; half a minute, once per machine and torch version, in
     torch's extensions folder); False, with one warning, where it cannot be. ``JAKIRO_STREAM_GEMM=0`` leaves it out."""
+    global STREAM_LOADED
+    STREAM_LOADED = _load_stream_gemm()
+    return STREAM_LOADED
+
+
+def _load_stream_gemm() -> bool:
+    """The build and load behind :func:`stream_gemm_available`."""
     if os.environ.get("JAKIRO_STREAM_GEMM", "1") == "0":
         return False
     try:
@@ -106,8 +113,6 @@ def stream_gemm_available() -> bool:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         log.warning("the streaming GEMM could not be built here (%s); packed weights use MKL or oneDNN", first[:200])
         return False
-    global STREAM_LOADED
-    STREAM_LOADED = True
     return True
 
 
