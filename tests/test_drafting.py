@@ -159,6 +159,13 @@ def test_children_in_one_kernel_call_are_torchs(monkeypatch, rows, per_expert, k
     torch.testing.assert_close(fused[1], ops[1], rtol=0, atol=1e-5)
 
 
+def test_children_off_the_cpu_never_ask_for_the_cpu_kernels(monkeypatch):
+    """A GPU run's children go through torch's operators without building the CPU kernels (half a minute)."""
+    monkeypatch.setattr(kernels, "stream_gemm_available", lambda: pytest.fail("asked for the CPU kernels"))
+    ids, vals, rows = children(torch.randn(2, 2, 50, device="meta"), torch.rand(2, 2, device="meta"), 3, 3)
+    assert ids.shape == vals.shape == rows.shape == (2, 3) and ids.device.type == "meta"
+
+
 def test_rewind_lets_every_timed_cycle_draft_from_the_same_context():
     model = tiny_target("llama")
     torch.manual_seed(0)

@@ -95,8 +95,8 @@ def children(logits: torch.Tensor, weights: torch.Tensor | None, k: int,
     logsumexp_s(logp_s + log(w_s / sum w)) (``weights`` [N, S]) or, without weights, by its best row; a word met
     twice scores -inf; the k best. Returns draft ids, scores and the row backing each child most [N, k]. On a CPU one
     call of ``stream_gemm.cpp``'s ``draft_children`` (compiled graphs too, once loaded), else torch's operators."""
-    loaded = kernels.STREAM_LOADED if torch.compiler.is_compiling() else kernels.stream_gemm_available()
-    if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad and loaded:
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad and (
+            kernels.STREAM_LOADED if torch.compiler.is_compiling() else kernels.stream_gemm_available()):
         return torch.ops.jakiro_stream_gemm.draft_children(logits, weights, k, per_expert)
     logp = logits.float().log_softmax(-1)  # [N, S, V]
     union, _ = logp.topk(per_expert, dim=-1).indices.flatten(1).sort(-1)  # [N, C = S * per_expert], sorted
