@@ -27,9 +27,8 @@ def schedule(depth: int, ar_steps: int | None, has_branch_b: bool) -> list[int]:
     steps, done = [], 0
     s = depth if ar_steps is None or not has_branch_b else ar_steps
     while done < depth:
-        n = 2 if done >= s and depth - done >= 2 else 1
-        steps.append(n)
-        done += n
+        steps.append(2 if done >= s and depth - done >= 2 else 1)
+        done += steps[-1]
     return steps
 
 
@@ -72,11 +71,10 @@ class PromptLookup:
 
 def candidate_tensors(draft: DraftModel, cfg: TreeConfig, a: torch.Tensor, experts: torch.Tensor | None,
                       gates: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Children of N frontier nodes from their branch-A outputs, in tensors of fixed shape (no host sync): target ids
-    [N, K], log-probs [N, K] (-inf: no such child) and the feature each carries [N, K, H]. Coupled: the mixture's top K,
-    carrying the node's feature; decoupled (``cfg.decoupled``, docs/DESIGN.md section 3): the union of each selected
-    expert's top children scored by ``cfg.scoring``, duplicates masked out, each carrying its strongest expert's
-    feature."""
+    """Children of N frontier nodes from their branch-A outputs, in fixed shapes (no host sync): target ids and
+    log-probs [N, K] (-inf: no such child), the feature each carries [N, K, H]. Coupled: the mixture's top K, carrying
+    the node's feature; decoupled (``cfg.decoupled``, DESIGN section 3): the union of each selected expert's top
+    children scored by ``cfg.scoring``, duplicates masked out, each carrying its strongest expert's feature."""
     K = cfg.top_k
     if not cfg.decoupled or experts is None:  # one row a node: the mixture's
         feats, weights, per_expert = a[:, None], None, K  # [N, 1, H]
@@ -91,14 +89,16 @@ def candidate_tensors(draft: DraftModel, cfg: TreeConfig, a: torch.Tensor, exper
 def children(logits: torch.Tensor, weights: torch.Tensor | None, k: int,
              per_expert: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The k children of each of N nodes from their S rows of draft-vocabulary ``logits`` [N, S, V] (S = 1: coupled):
-    the union of each row's top ``per_expert`` words under its log-softmax, each scored by the mixture
-    logsumexp_s(logp_s + log(w_s / sum w)) (``weights`` [N, S]) or, without weights, by its best row; a word met
-    twice scores -inf; the k best. Returns draft ids, scores and the row backing each child most [N, k]. On a CPU one
-    call of ``stream_gemm.cpp``'s ``draft_children`` (compiled graphs too, once loaded), else torch's operators."""
+    the union of each row's top ``per_expert`` words by log-softmax, scored by logsumexp_s(logp_s + log(w_s / sum w))
+    (``weights`` [N, S]) or else the best row's; a repeated word -inf; the k best: draft ids, scores, backing rows
+    [N, k]. On a CPU one call of stream_gemm.cpp's ``draft_children`` (compiled too, once loaded), else torch's."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad and (
             kernels.STREAM_LOADED if torch.compiler.is_compiling() else kernels.stream_gemm_available()):
         return torch.ops.jakiro_stream_gemm.draft_children(logits, weights, k, per_expert)
     logp = logits.float().log_softmax(-1)  # [N, S, V]
+    if logp.shape[1] == 1 and weights is None and per_expert >= k:  # coupled: the row's top k
+        top = logp[:, 0].topk(k, dim=-1)
+        return top.indices, top.values, torch.zeros_like(top.indices)
     union, _ = logp.topk(per_expert, dim=-1).indices.flatten(1).sort(-1)  # [N, C = S * per_expert], sorted
     C = union.shape[1]
     if C < k:  # fewer candidates than children asked for: the first word again, scored -inf below
