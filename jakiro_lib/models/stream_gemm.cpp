@@ -340,6 +340,31 @@ inline vec exp_nonpositive(vec x) {
   return under ? vec{} : p * two_n;
 }
 
+// The largest of a row's V values (exact in any order: the same bits however the row is split), and
+// sum_v exp(r_v - max) for r_v <= max.
+float row_max(const float* r, int64_t V) {
+  vec m = vec{} - std::numeric_limits<float>::infinity();
+  int64_t v = 0;
+  for (; v + L <= V; v += L) {
+    const vec x = load(r + v);
+    m = x > m ? x : m;
+  }
+  float out = m[0];
+  for (int i = 1; i < L; ++i) out = std::max(out, m[i]);
+  for (; v < V; ++v) out = std::max(out, r[v]);
+  return out;
+}
+
+float exp_sum(const float* r, int64_t V, float max) {
+  vec acc{};
+  int64_t v = 0;
+  for (; v + L <= V; v += L) acc += exp_nonpositive(load(r + v) - max);
+  float out = 0.0f;
+  for (int i = 0; i < L; ++i) out += acc[i];
+  for (; v < V; ++v) out += std::exp(r[v] - max);
+  return out;
+}
+
 // Lane sums of 2W vectors, two at a time: lanes x and x + W of each block of 2W added, the two vectors' halves packed
 // into one. L vectors folded down to one give each vector's lane sum in its own lane, every sum by the same tree.
 constexpr int half_lane(int W, int half, size_t i) { return int(i / W) * 2 * W + half * W + int(i % W); }
@@ -452,10 +477,7 @@ void attend_queries(const float* const* q, const float* k, int64_t ks, const flo
   for (int64_t i = 0; i < P; ++i) {
     float* si = s + i * Sp;
     for (int64_t j = S; j < Sp; ++j) si[j] = -INFINITY;
-    vec top = vec{} - INFINITY;
-    for (int64_t j = 0; j < Sp; j += L) top = load(si + j) > top ? load(si + j) : top;
-    float m = -INFINITY;
-    for (int64_t t = 0; t < L; ++t) m = std::max(m, top[t]);
+    const float m = row_max(si, Sp);
     for (int64_t j = 0; j < Sp; j += L) store(si + j, exp_nonpositive(load(si + j) - m));
     for (int c = 0; c < DV; ++c) store(out[i] + c * L, vec{});
   }
@@ -1099,29 +1121,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_mix_meta(
 // log-prob; a word met twice scores -inf the second time; fewer than k words padded with the first word at -inf. The k
 // best (ties: the earlier), and the row that backs each most (the first of equal, the weights' term included). Returns
 // the words [N, k] (draft vocabulary), their scores [N, k] and rows [N, k].
-float row_max(const float* r, int64_t V) {
-  vec m = vec{} - std::numeric_limits<float>::infinity();
-  int64_t v = 0;
-  for (; v + L <= V; v += L) {
-    const vec x = load(r + v);
-    m = x > m ? x : m;
-  }
-  float out = m[0];
-  for (int i = 1; i < L; ++i) out = std::max(out, m[i]);
-  for (; v < V; ++v) out = std::max(out, r[v]);
-  return out;
-}
-
-float exp_sum(const float* r, int64_t V, float max) {  // sum_v exp(r_v - max), r_v <= max
-  vec acc{};
-  int64_t v = 0;
-  for (; v + L <= V; v += L) acc += exp_nonpositive(load(r + v) - max);
-  float out = 0.0f;
-  for (int i = 0; i < L; ++i) out += acc[i];
-  for (; v < V; ++v) out += std::exp(r[v] - max);
-  return out;
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_children(const at::Tensor& logits_,
                                                               const c10::optional<at::Tensor>& weights_, int64_t k,
                                                               int64_t per_expert) {
