@@ -20,7 +20,8 @@ EAGLE2_DRAFT, JAKIRO_DRAFT = "dense", "moe2_xgate"
 SPEC = "spec"
 KINDS = ("vanilla", "hf", "pld", SPEC)
 OUR_KINDS = ("vanilla", SPEC)  # the kinds our engine runs; "hf" and "pld" are HF's generate
-DRAFT_DTYPES = ("float32", "bfloat16", "float16")  # what a draft may decode in besides the target's precision
+# what a draft may decode in besides the target's precision; "int8": int8 copies of its weights (fp32 arithmetic)
+DRAFT_DTYPES = ("float32", "bfloat16", "float16", "int8")
 VANILLA_KINDS = ("vanilla", "hf")  # the baselines a speedup is measured against
 
 
@@ -234,8 +235,9 @@ class BenchConfig:
     # The trained drafts (names under drafts/) the main study's EAGLE-2 and Jakiro rows draft from
     eagle2_draft: str = EAGLE2_DRAFT
     jakiro_draft: str = JAKIRO_DRAFT
-    # The precision the drafts decode in: "target" (the target's), a dtype, or "auto": bf16 copies of the weights
-    # beside an fp32 target on a CPU with the streaming GEMM (fp32 arithmetic, half the bytes read), else the target's.
+    # The precision the drafts decode in: "target" (the target's), a dtype, "int8", or "auto": int8 copies of the
+    # weights beside an fp32 target on a CPU with the streaming GEMM (fp32 arithmetic, a quarter of the bytes read),
+    # else the target's.
     # Verification keeps the output exact whatever the draft computes in: a speed setting (docs/DESIGN.md section 12).
     draft_dtype: str = "auto"
 

@@ -518,7 +518,7 @@ def test_the_draft_precision_is_a_setting_that_keeps_greedy_exact(tmp_path):
     ids = random_prompts(1, seed=3, min_len=12, max_len=12)[0]
     vanilla = MethodRunner(target, MethodSpec("vanilla"))(ids, max_new_tokens=12, params=SamplingParams(), seed=0)
     runner = MethodRunner(target, MethodSpec("spec", draft=str(path), tree=tree, draft_dtype="bfloat16"))
-    if runner.draft.half_weights:  # a CPU with the streaming GEMM: bf16 copies of the weights, fp32 arithmetic
+    if runner.draft.reduced_weights:  # a CPU with the streaming GEMM: bf16 copies of the weights, fp32 arithmetic
         assert kernels.packed_gemm(runner.draft).backend == kernels.HALF_WEIGHTS
     else:
         assert runner.draft.fc.weight.dtype == torch.bfloat16
@@ -531,6 +531,14 @@ def test_the_draft_precision_is_a_setting_that_keeps_greedy_exact(tmp_path):
     assert "draft_dtype" not in portable(MethodSpec("spec", draft=str(path), tree=tree))
     assert portable(methods["jakiro"])["draft_dtype"] == "bfloat16"
     with pytest.raises(ConfigError, match="draft_dtype"):
-        get_profile("smoke", **{"bench.draft_dtype": "int8"})
+        get_profile("smoke", **{"bench.draft_dtype": "int4"})
     with pytest.raises(ValueError, match="unknown draft dtype"):
-        MethodSpec("spec", draft=str(path), tree=tree, draft_dtype="int8")
+        MethodSpec("spec", draft=str(path), tree=tree, draft_dtype="int4")
+    if kernels.packed_gemm_available(target.model, kernels.INT8_WEIGHTS):  # int8 copies of the weights, fp32 sums
+        runner = MethodRunner(target, MethodSpec("spec", draft=str(path), tree=tree, draft_dtype="int8"))
+        assert kernels.packed_gemm(runner.draft).backend == kernels.INT8_WEIGHTS
+        out = runner(ids, max_new_tokens=12, params=SamplingParams(), seed=0)
+        assert out.output_ids == vanilla.output_ids and sum(out.accepted) > out.cycles
+    bf16_target = load_target(TargetConfig(model="tiny:llama", dtype="bfloat16"))
+    with pytest.raises(ValueError, match="int8 through the package's CPU kernels only"):
+        MethodRunner(bf16_target, MethodSpec("spec", draft=str(path), tree=tree, draft_dtype="int8"))

@@ -163,22 +163,34 @@ def test_a_bf16_draft_loads_with_packed_gemms_and_unchanged_outputs(tmp_path):
         torch.testing.assert_close(e.logits(out_e.a[0, :3]), d.logits(out_d.a[0, :3]))
 
 
+def _int8_rounded(w: torch.Tensor) -> torch.Tensor:
+    """``w`` [N, K] as its int8 copy holds it: each row scaled by max |w| / 127 into [-127, 127] and rounded."""
+    top = w.abs().amax(1, keepdim=True)
+    scale = torch.where(top > 0, top / 127.0, torch.ones_like(top))
+    return (w / scale).round().clamp(-127, 127) * scale
+
+
 @pytest.mark.skipif(not kernels.packed_gemm_available(torch.zeros(1), kernels.HALF_WEIGHTS),
                     reason="the streaming GEMM cannot be built here")
-def test_a_bf16_draft_beside_an_fp32_target_streams_bf16_weights_in_fp32_arithmetic(tmp_path):
-    """On a CPU with the streaming GEMM a bf16 draft keeps fp32 layers and reads bf16 copies of its linears' and
-    reduced head's weights: each output is the fp32 draft's with its weights rounded to bf16 (fp32 sums); the reduced
-    head reads an int8 copy, its logits the copy's (where the CPU has AMX tiles, within the activations' rounding)."""
+@pytest.mark.parametrize("dtype, backend, rounded_weight", [
+    (torch.bfloat16, kernels.HALF_WEIGHTS, lambda w: w.bfloat16().float()),
+    (torch.int8, kernels.INT8_WEIGHTS, _int8_rounded)])
+def test_a_reduced_precision_draft_streams_its_weights_copies_in_fp32_arithmetic(dtype, backend, rounded_weight,
+                                                                               tmp_path):
+    """On a CPU with the streaming GEMM a bf16 or int8 draft keeps fp32 layers and reads bf16 or int8 copies of its
+    linears' weights (int8: each output column scaled into [-127, 127], its scale applied to the sums) and an int8 copy
+    of its reduced head's: each output is the fp32 draft's with its weights so rounded (fp32 sums); the head's logits
+    the copy's (where the CPU has AMX tiles, within the activations' rounding)."""
     target = load_target(TargetConfig(model="tiny:llama"))
     d = DraftModel.build(DraftConfig(num_experts=2, draft_vocab_size=40), target.model).eval()
     d.save(tmp_path / "d")
-    e = DraftModel.load(tmp_path / "d", target.model, dtype=torch.bfloat16)
-    assert e.half_weights and e.fc.weight.dtype == torch.float32
-    assert kernels.gemm_choice(e) == {"backend": kernels.HALF_WEIGHTS, "min_rows": 1, "max_rows": 64}
+    e = DraftModel.load(tmp_path / "d", target.model, dtype=dtype)
+    assert e.reduced_weights and e.fc.weight.dtype == torch.float32
+    assert kernels.gemm_choice(e) == {"backend": backend, "min_rows": 1, "max_rows": 64}
     rounded = copy.deepcopy(d)
     with torch.no_grad():
         for lin in (m for m in rounded.modules() if isinstance(m, nn.Linear)):
-            lin.weight.copy_(lin.weight.bfloat16().float())
+            lin.weight.copy_(rounded_weight(lin.weight))
     f, x, pos = _inputs()
     with torch.inference_mode():
         out_e, out_r = e(f, x, pos), rounded(f, x, pos)
@@ -287,16 +299,16 @@ def test_soft_cross_entropy_matches_its_definition_and_gradient():
     assert torch.allclose(zb.grad.float(), ref, atol=1e-2)
 
 
-def test_the_draft_precision_auto_is_bf16_weights_only_where_they_stream(monkeypatch):
-    """bench.draft_dtype "auto" (the default): bfloat16 beside an fp32 CPU target where the streaming GEMM is built
-    (bf16 copies of the weights, fp32 arithmetic; with AMX too), the target's precision anywhere else."""
+def test_the_draft_precision_auto_is_int8_weights_only_where_they_stream(monkeypatch):
+    """bench.draft_dtype "auto" (the default): int8 beside an fp32 CPU target where the streaming GEMM is built
+    (int8 copies of the weights, fp32 arithmetic; with AMX too), the target's precision anywhere else."""
     from jakiro_lib.config import BenchConfig
     from jakiro_lib.models.draft import resolve_draft_dtype
 
     assert BenchConfig().draft_dtype == "auto"
     monkeypatch.setattr(kernels, "stream_gemm_available", lambda: True)
     fp32 = TargetConfig(model="tiny:llama")
-    assert resolve_draft_dtype("auto", fp32) == "bfloat16"
+    assert resolve_draft_dtype("auto", fp32) == "int8"
     assert resolve_draft_dtype("auto", dataclasses.replace(fp32, dtype="bfloat16")) is None
     assert resolve_draft_dtype("auto", dataclasses.replace(fp32, device="cuda")) is None
     assert resolve_draft_dtype("target", fp32) is None and resolve_draft_dtype("float16", fp32) == "float16"

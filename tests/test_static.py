@@ -313,14 +313,15 @@ def test_a_bf16_draft_packed_by_onednn_drafts_its_compiled_tree(prompts, vanilla
 
 @pytest.mark.skipif(not kernels.packed_gemm_available(torch.zeros(1), kernels.HALF_WEIGHTS),
                     reason="the streaming GEMM cannot be built here")
-def test_a_draft_streaming_its_panels_steps_in_two_kernel_calls(prompts, vanilla, monkeypatch):
-    """A draft whose linears stream bf16 panels beside an fp32 target takes its eager steps through the two kernel
-    calls (models/draft_step.py: the accepted path's forward, and the whole tree where nothing is compiled) and its
-    compiled tree through the Python step: vanilla's greedy text both ways with drafts accepted, and eagerly the
+@pytest.mark.parametrize("backend", kernels.REDUCED_WEIGHTS)
+def test_a_draft_streaming_its_panels_steps_in_two_kernel_calls(prompts, vanilla, monkeypatch, backend):
+    """A draft whose linears stream bf16 or int8 panels beside an fp32 target takes its eager steps through the two
+    kernel calls (models/draft_step.py: the accepted path's forward, and the whole tree where nothing is compiled) and
+    its compiled tree through the Python step: vanilla's greedy text both ways with drafts accepted, and eagerly the
     reference loop's accepted lengths (its cache another, the calls the same)."""
     model = copy.deepcopy(tiny_target("llama"))
-    draft = trained_draft(model, "moe2")
-    kernels.enable_packed_gemm(draft, max_rows=64, backend=kernels.HALF_WEIGHTS, min_rows=1)
+    draft = copy.deepcopy(trained_draft(model, "moe2"))
+    kernels.enable_packed_gemm(draft, max_rows=64, backend=backend, min_rows=1)
     fused, served = draft_step.fused_step, collections.Counter()
 
     def counted(*args):

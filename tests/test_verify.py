@@ -8,6 +8,7 @@ test has a power check: the same statistic must reject a deliberately broken ver
 """
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter
 from functools import partial
@@ -20,6 +21,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 import reference.loop as decoding
 from jakiro_lib.config import DraftConfig, TreeConfig
 from reference.loop import speculative_generate, vanilla_generate
+from jakiro_lib.models import kernels
 from jakiro_lib.models.draft import DraftModel
 from reference.drafting import make_drafter
 from jakiro_lib.decoding.static import static_generate
@@ -628,14 +630,24 @@ STATIC_SAMPLING = {"dense": ("dense", TreeConfig(depth=2, top_k=3, total_tokens=
                    "moe2-coupled-cepd1": (*TRAINED_SAMPLING["moe2-coupled-cepd1"][:2], 0.12),
                    # a draft in another precision than the target: its layers bf16, the fp32 target's head
                    "moe2-decoupled-bf16": ("moe2", TreeConfig(depth=2, top_k=3, total_tokens=10, decoupled=True), 0.15,
-                                           torch.bfloat16)}
+                                           torch.bfloat16),
+                   # its layers fp32 over int8 copies of their weights and its reduced head's (the CPU default)
+                   "moe2-decoupled-int8": ("moe2", TreeConfig(depth=2, top_k=3, total_tokens=10, decoupled=True), 0.15,
+                                           kernels.INT8_WEIGHTS)}
 
 
 @pytest.mark.parametrize("name", list(STATIC_SAMPLING))
 def test_static_engine_sampling_matches_target(e2e_setup, name):
     model, params, prompt, _ = e2e_setup["T1"]
-    draft_name, tree, floor, *dtype = STATIC_SAMPLING[name]
-    draft = trained_draft(model, draft_name).to(*dtype)
+    draft_name, tree, floor, *precision = STATIC_SAMPLING[name]
+    draft = trained_draft(model, draft_name)
+    if precision and isinstance(precision[0], str):  # weight copies streamed by the package's kernels
+        if not kernels.packed_gemm_available(draft, precision[0]):
+            pytest.skip("the streaming GEMM cannot be built here")
+        draft = copy.deepcopy(draft)
+        kernels.enable_packed_gemm(draft, max_rows=64, backend=precision[0], min_rows=1)
+    else:
+        draft = draft.to(*precision)
     n = 400
     exact = exact_prefix_distribution(model, prompt.tolist(), params, N_TOKENS, 5 / n)
     accepted: list[int] = []

@@ -126,11 +126,11 @@ class DraftModel(nn.Module):
         self.register_load_state_dict_post_hook(DraftModel._drop_head_cache)
 
     @property
-    def half_weights(self) -> bool:
-        """Whether the linears (and so the reduced head) read bf16 copies of their weights (kernels.HALF_WEIGHTS,
-        chosen by :meth:`for_decoding`)."""
+    def reduced_weights(self) -> bool:
+        """Whether the linears read bf16 or int8 copies of their weights (kernels.REDUCED_WEIGHTS, chosen by
+        :meth:`for_decoding`), and so the reduced head its int8 copy."""
         gemm = kernels.packed_gemm(self)
-        return gemm is not None and gemm.backend == kernels.HALF_WEIGHTS
+        return gemm is not None and gemm.backend in kernels.REDUCED_WEIGHTS
 
     @staticmethod
     def _drop_head_cache(module: "DraftModel", incompatible_keys: Any) -> None:
@@ -171,8 +171,9 @@ class DraftModel(nn.Module):
         if not self.packed_head:
             return F.linear(features, w)
         if self._head_packed is None or self._head_packed[0] is not w:
-            self._head_gemm = (kernels.HALF_WEIGHTS, 1) if self.half_weights else kernels.follow(self._shared[1], w)
-            self._head_int8 = kernels.pack_int8_rows(w) if self.half_weights else None
+            reduced = self.reduced_weights
+            self._head_gemm = (kernels.HALF_WEIGHTS, 1) if reduced else kernels.follow(self._shared[1], w)
+            self._head_int8 = kernels.pack_int8_rows(w) if reduced else None
             # the packed copy, where no int8 copy serves instead
             self._head_packed = (w, kernels.pack_weight(w, HEAD_PACK_MAX_ROWS, self._head_gemm[0])
                                  if self._head_gemm and self._head_int8 is None else None)
@@ -357,13 +358,18 @@ class DraftModel(nn.Module):
 
     def for_decoding(self, target_model: nn.Module, dtype: torch.dtype | str | None = None) -> "DraftModel":
         """This draft (eval mode) set up to decode beside ``target_model``: its own layers in ``dtype`` (or its name;
-        default the target's; bf16 where :func:`streams_half_weights`: bf16 copies of the linears' and the reduced
-        head's weights, fp32 arithmetic), its linears on the packed GEMM that suits a frontier's few rows."""
+        default the target's; bf16 or int8 where :func:`streams_reduced_weights`: copies of the linears' weights in
+        that precision and the reduced head's in int8, fp32 arithmetic; int8 nowhere else), its linears on the packed
+        GEMM that suits a frontier's few rows."""
         own = next(self.parameters())
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-        if dtype == torch.bfloat16 and streams_half_weights(own.device, own.dtype):
-            kernels.enable_packed_gemm(self, max_rows=HEAD_PACK_MAX_ROWS, backend=kernels.HALF_WEIGHTS, min_rows=1)
+        reduced = {torch.bfloat16: kernels.HALF_WEIGHTS, torch.int8: kernels.INT8_WEIGHTS}.get(dtype)
+        if reduced is not None and streams_reduced_weights(own.device, own.dtype):
+            kernels.enable_packed_gemm(self, max_rows=HEAD_PACK_MAX_ROWS, backend=reduced, min_rows=1)
             return self.eval()
+        if dtype == torch.int8:
+            raise ValueError("a draft decodes in int8 through the package's CPU kernels only: beside an fp32 target "
+                             "on a CPU where the streaming GEMM is built")
         if dtype is not None:
             self.to(dtype)
         # A draft's forwards take a frontier's few rows: its linears follow the target's packed GEMM; without
@@ -375,15 +381,16 @@ class DraftModel(nn.Module):
         return self.eval()
 
 
-def streams_half_weights(device: torch.device | str, dtype: torch.dtype) -> bool:
-    """Whether a draft beside a target of ``dtype`` on ``device`` can stream bf16 copies of its weights with fp32
-    arithmetic: fp32 on a CPU, the streaming GEMM built (with AMX or without; docs/DESIGN.md section 12)."""
+def streams_reduced_weights(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether a draft beside a target of ``dtype`` on ``device`` can stream bf16 or int8 copies of its weights with
+    fp32 arithmetic: fp32 on a CPU, the streaming GEMM built (with AMX or without; docs/DESIGN.md section 12)."""
     return dtype == torch.float32 and torch.device(device).type == "cpu" and kernels.stream_gemm_available()
 
 
 def resolve_draft_dtype(setting: str, target: TargetConfig) -> str | None:
-    """``bench.draft_dtype`` for ``target``: None for the target's precision, else a dtype's name. "auto": bfloat16
-    where its weights stream (:func:`streams_half_weights`: half the bytes read, faster there), else the target's."""
+    """``bench.draft_dtype`` for ``target``: None for the target's precision, else a dtype's name. "auto": int8 where
+    its weights stream (:func:`streams_reduced_weights`: a quarter of the fp32 bytes read, faster there than bf16's
+    half, tau unchanged: docs/DESIGN.md section 12), else the target's."""
     if setting == "auto":
-        return "bfloat16" if streams_half_weights(target.device, getattr(torch, target.dtype)) else None
+        return "int8" if streams_reduced_weights(target.device, getattr(torch, target.dtype)) else None
     return None if setting == "target" else setting

@@ -32,7 +32,11 @@ BACKENDS = ("stream", "mkl", "onednn")  # fp32 packs through any; bf16 through o
 # the streaming GEMM over a copy rounded to bf16 (half the bytes, fp32 arithmetic): a draft's choice, never probed for
 # the target (it changes the math; verification keeps the output exact whatever the draft computes)
 HALF_WEIGHTS = "stream_bf16"
-STREAM_BACKENDS = ("stream", HALF_WEIGHTS)  # the two through stream_gemm.cpp (its panels in fp32 or bf16)
+# the same over an int8 copy, each output column's weights scaled into [-127, 127] (a quarter of the bytes, fp32
+# arithmetic, the column's scale applied to its sums): a draft's choice too
+INT8_WEIGHTS = "stream_int8"
+REDUCED_WEIGHTS = (HALF_WEIGHTS, INT8_WEIGHTS)
+STREAM_BACKENDS = ("stream", *REDUCED_WEIGHTS)  # those through stream_gemm.cpp (its panels in fp32, bf16 or int8)
 PROBE_ROWS = (1, 2, 4, 8, 16, 32)
 PROBE_MARGIN = 0.97  # a packed copy serves a row count only where it beat the plain kernel by 3% or more
 STREAM_ALLOWANCE = 1.05  # below its first win the streaming GEMM serves where it costs at most 5% more (_choose)
@@ -59,8 +63,8 @@ def packed_gemm_available(model: nn.Module | torch.Tensor, backend: str = "mkl")
 
 def backend_for(weight: torch.Tensor, backend: str) -> str:
     """The backend that packs ``weight``: bf16 weights always go through oneDNN."""
-    if backend not in (*BACKENDS, HALF_WEIGHTS):
-        raise ValueError(f"unknown GEMM backend {backend!r}: use {' or '.join((*BACKENDS, HALF_WEIGHTS))}")
+    if backend not in (*BACKENDS, *REDUCED_WEIGHTS):
+        raise ValueError(f"unknown GEMM backend {backend!r}: use {' or '.join((*BACKENDS, *REDUCED_WEIGHTS))}")
     return "onednn" if weight.dtype == torch.bfloat16 else backend
 
 
@@ -142,9 +146,11 @@ def pack_int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | 
 
 def pack_weight(weight: torch.Tensor, max_rows: int, backend: str = "mkl") -> torch.Tensor:
     """A packed copy of a ``[out, in]`` weight for inputs of up to ``max_rows`` rows: the streaming kernel's
-    panels (fp32, ``backend="stream"``; any row count), MKL's packed format (fp32, ``"mkl"``) or oneDNN's blocked
-    layout (bf16, or fp32 with ``"onednn"``; any row count)."""
+    panels (fp32, ``backend="stream"``, rounded to bf16 or int8 with :data:`REDUCED_WEIGHTS`; any row count), MKL's
+    packed format (fp32, ``"mkl"``) or oneDNN's blocked layout (bf16, or fp32 with ``"onednn"``; any row count)."""
     kind = backend_for(weight, backend)
+    if kind == INT8_WEIGHTS:  # [ceil(out / L) + the scales' panels, in, L]
+        return torch.ops.jakiro_stream_gemm.pack_scaled(weight.detach())
     if kind in STREAM_BACKENDS:  # [ceil(out / L), in, L], zero-padded
         return torch.ops.jakiro_stream_gemm.pack(weight.detach(), kind == HALF_WEIGHTS)
     if kind == "onednn":

@@ -75,8 +75,9 @@ inline vec load(const int8_t* p) {
   return v;
 }
 
+// ``scales`` (int8 panels): each column's sums times its scale, rounded once; null for fp32 and bf16 panels.
 template <int M, int NB, typename W>
-inline void block(const float* x, const W* panels, float* y, int64_t K, int64_t Np, int64_t p) {
+inline void block(const float* x, const W* panels, const float* scales, float* y, int64_t K, int64_t Np, int64_t p) {
   constexpr int64_t ahead = 2048 / (L * sizeof(W));  // k steps: 2 KB ahead on each panel's stream
   vec acc[M][NB];
   for (int m = 0; m < M; ++m)
@@ -93,20 +94,26 @@ inline void block(const float* x, const W* panels, float* y, int64_t K, int64_t 
       for (int j = 0; j < NB; ++j) acc[m][j] += xv * w[j];
     }
   }
+  if (scales != nullptr)
+    for (int j = 0; j < NB; ++j) {
+      const vec scale = load(scales + (p + j) * L);
+      for (int m = 0; m < M; ++m) acc[m][j] *= scale;
+    }
   for (int m = 0; m < M; ++m)
     for (int j = 0; j < NB; ++j) store(y + m * Np + (p + j) * L, acc[m][j]);
 }
 
 template <int M, typename W>
-void rows(const float* x, const W* panels, float* y, int64_t K, int64_t Np, int64_t p, int64_t p_end) {
+void rows(const float* x, const W* panels, const float* scales, float* y, int64_t K, int64_t Np, int64_t p,
+          int64_t p_end) {
   constexpr int NB = panels_in_registers<M>();
-  for (; p + NB <= p_end; p += NB) block<M, NB>(x, panels, y, K, Np, p);
-  for (; p < p_end; ++p) block<M, 1>(x, panels, y, K, Np, p);
+  for (; p + NB <= p_end; p += NB) block<M, NB>(x, panels, scales, y, K, Np, p);
+  for (; p < p_end; ++p) block<M, 1>(x, panels, scales, y, K, Np, p);
 }
 
 template <typename W>
-void run(const float* x, const W* panels, float* y, int64_t M, int64_t K, int64_t P) {
-  using RowsFn = void (*)(const float*, const W*, float*, int64_t, int64_t, int64_t, int64_t);
+void run(const float* x, const W* panels, float* y, int64_t M, int64_t K, int64_t P, const float* scales = nullptr) {
+  using RowsFn = void (*)(const float*, const W*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
   static constexpr RowsFn by_rows[9] = {nullptr, rows<1, W>, rows<2, W>, rows<3, W>, rows<4, W>,
                                         rows<5, W>, rows<6, W>, rows<7, W>, rows<8, W>};
   const int64_t Np = P * L;
@@ -118,7 +125,7 @@ void run(const float* x, const W* panels, float* y, int64_t M, int64_t K, int64_
     for (int64_t b = p0; b < p1; b += per_block) {
       const int64_t b_end = std::min(b + per_block, p1);
       for (int64_t m = 0; m < M; m += CHUNK)
-        by_rows[std::min<int64_t>(CHUNK, M - m)](x + m * K, panels, y + m * Np, K, Np, b, b_end);
+        by_rows[std::min<int64_t>(CHUNK, M - m)](x + m * K, panels, scales, y + m * Np, K, Np, b, b_end);
     }
   });
 }
@@ -159,18 +166,41 @@ std::tuple<at::Tensor, at::Tensor> pack_int8(const at::Tensor& weight, bool tile
   return {panels, scales};
 }
 
-// input [..., K] -> [..., n]: the leading dimensions flattened into rows and restored here, not in Python.
+// The panels an int8 copy of n columns holds, and the panels its scales' bytes take after them (pack_scaled).
+inline int64_t scaled_panels(int64_t n) { return (n + L - 1) / L; }
+inline int64_t scale_panels(int64_t P, int64_t K) { return (4 * P + K - 1) / K; }
+
+// A linear's int8 copy in one tensor: pack_int8's panels [P, K, L] of an fp32 weight [N, K], then as many panels
+// again as its columns' fp32 scales [P * L] fill, their bytes (what linear reads as int8 panels).
+at::Tensor pack_scaled(const at::Tensor& weight) {
+  const auto [panels, scales] = pack_int8(weight, false);
+  const int64_t P = panels.size(0), K = panels.size(1);
+  at::Tensor out = at::zeros({P + scale_panels(P, K), K, L}, panels.options());
+  out.narrow(0, 0, P).copy_(panels);
+  std::memcpy(out.data_ptr<int8_t>() + P * K * L, scales.data_ptr<float>(), P * L * sizeof(float));
+  return out;
+}
+
+// input [..., K] -> [..., n] through panels of fp32, bf16 or int8 (pack_scaled's, each column's sums times its
+// scale): the leading dimensions flattened into rows and restored here, not in Python.
 at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, int64_t n) {
-  TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && packed.dim() == 3 &&
-              packed.size(1) == input.size(-1) && packed.size(2) == L, "stream_gemm.linear: shapes do not match");
-  const at::Tensor x = input.reshape({-1, input.size(-1)}).contiguous();
-  const int64_t M = x.size(0), K = x.size(1), P = packed.size(0);
+  const bool scaled = packed.scalar_type() == at::kChar;
+  const int64_t K = input.dim() >= 1 ? input.size(-1) : 0, P = scaled ? scaled_panels(n) : packed.size(0);
+  TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && packed.dim() == 3 && packed.size(1) == K &&
+              packed.size(2) == L && packed.is_contiguous() && n <= P * L &&
+              (!scaled || packed.size(0) == P + scale_panels(P, K)), "stream_gemm.linear: shapes do not match");
+  const at::Tensor x = input.reshape({-1, K}).contiguous();
+  const int64_t M = x.size(0);
   at::Tensor y = at::empty({M, P * L}, x.options());
-  if (packed.scalar_type() == at::kBFloat16)
+  if (packed.scalar_type() == at::kBFloat16) {
     run(x.data_ptr<float>(), reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), y.data_ptr<float>(),
         M, K, P);
-  else
+  } else if (scaled) {
+    const int8_t* panels = packed.data_ptr<int8_t>();  // the scales start P K L bytes on: a multiple of a float's
+    run(x.data_ptr<float>(), panels, y.data_ptr<float>(), M, K, P, reinterpret_cast<const float*>(panels + P * K * L));
+  } else {
     run(x.data_ptr<float>(), packed.data_ptr<float>(), y.data_ptr<float>(), M, K, P);
+  }
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes.back() = n;
   return (P * L == n ? y : y.narrow(1, 0, n).contiguous()).view(sizes);
@@ -910,8 +940,8 @@ at::Tensor screened_logits(const at::Tensor& x, const at::Tensor& screen, const 
                    t.data(), M, K, screen.size(1) * 4, P);
 #endif
   } else {
-    run(x.data_ptr<float>(), screen.data_ptr<int8_t>(), s.data_ptr<float>(), M, K, P);
-    s.mul_(sc);  // each word's screened logit: its sums times its scale, rounded once
+    // each word's screened logit: its sums times its scale, rounded once
+    run(x.data_ptr<float>(), screen.data_ptr<int8_t>(), s.data_ptr<float>(), M, K, P, sc.data_ptr<float>());
   }
   return s;
 }
@@ -1221,6 +1251,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_children_meta(const at::Ten
 
 TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("pack(Tensor weight, bool bf16=False) -> Tensor");
+  m.def("pack_scaled(Tensor weight) -> Tensor");
   m.def("linear(Tensor input, Tensor packed, int n) -> Tensor");
   m.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
@@ -1242,6 +1273,7 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("pack", pack);
+  m.impl("pack_scaled", pack_scaled);
   m.impl("linear", linear);
   m.impl("rope", rope);
   m.impl("rms_norm", rms_norm);
