@@ -56,11 +56,10 @@ def fused_step(draft: nn.Module, x: torch.Tensor, position_ids: torch.Tensor, ca
     kernel calls, ``cache`` appended between them: a DraftOutput's a, b (None without branch B), experts and gates.
     ``kernel_rows`` and ``head_sizes``: what the attention kernel serves (models/fast_paths.py's). None where the
     calls do not serve: more rows than the attention kernel takes, a batch, several rows without a mask (causal),
-    autograd, another device or dtype, a training-time forward, a draft whose step does not fit (:func:`step_panels`),
-    rows outside its packed GEMM's range, or a compiled graph (inductor's tree ran 3-4% slower with them: it fuses the
-    Python step's operators and drops what the tree does not read)."""
+    autograd, another device or dtype, a training-time forward, a draft whose step does not fit (:func:`step_panels`)
+    or rows outside its packed GEMM's range. A compiled tree calls them too, two extern calls in inductor's graph."""
     n = x.shape[1]
-    if (torch.compiler.is_compiling() or x.shape[0] != 1 or n > kernel_rows or (mask is None and n > 1)
+    if (x.shape[0] != 1 or n > kernel_rows or (mask is None and n > 1)
             or x.dtype != torch.float32 or x.device.type != "cpu" or draft.training or draft.mlp.count_load
             or (torch.is_grad_enabled() and draft.fc.weight.requires_grad)):
         return None
