@@ -315,9 +315,9 @@ def test_a_bf16_draft_packed_by_onednn_drafts_its_compiled_tree(prompts, vanilla
                     reason="the streaming GEMM cannot be built here")
 @pytest.mark.parametrize("backend", kernels.REDUCED_WEIGHTS)
 def test_a_draft_streaming_its_panels_steps_in_two_kernel_calls(prompts, vanilla, monkeypatch, backend):
-    """A draft whose linears stream bf16 or int8 panels beside an fp32 target takes its eager steps through the two
-    kernel calls (models/draft_step.py: the accepted path's forward, and the whole tree where nothing is compiled) and
-    its compiled tree through the Python step: vanilla's greedy text both ways with drafts accepted, and eagerly the
+    """A draft whose linears stream bf16 or int8 panels beside an fp32 target takes its steps of a few rows through the
+    two kernel calls (models/draft_step.py: the accepted path's forward, and the tree, eager or compiled, the calls
+    then extern calls in inductor's graph): vanilla's greedy text both ways with drafts accepted, and eagerly the
     reference loop's accepted lengths (its cache another, the calls the same)."""
     model = copy.deepcopy(tiny_target("llama"))
     draft = copy.deepcopy(trained_draft(model, "moe2"))
@@ -344,6 +344,10 @@ def test_a_draft_streaming_its_panels_steps_in_two_kernel_calls(prompts, vanilla
         assert sum(accepted) / len(accepted) > 1.4, (capture, sum(accepted) / len(accepted))
         assert served[True] > 0 and served[False] > 0, (capture, served)  # the prompts' causal steps: Python
         served.clear()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:  # capture "draft"
+        r = static_generate(model, draft, tree, prompts[0], max_new_tokens=MAX_NEW)
+    mixes = sum(e.count for e in prof.key_averages() if e.key == "jakiro_stream_gemm::draft_mix")
+    assert r.draft_forwards > 0 and mixes > r.cycles, (mixes, r.cycles)  # the tree's forwards too, not only the paths'
 
 
 def test_static_forwards_read_only_their_window(prompts, vanilla, monkeypatch):
