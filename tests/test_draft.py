@@ -247,8 +247,10 @@ def test_a_decoding_step_in_two_kernel_calls_is_the_python_step(cfg, tmp_path, m
         both = torch.cat([e.embed(x), f], -1)
         limits = fast_paths.ATTEND_ROWS, fast_paths.ATTEND_HEAD_SIZES
         assert fused(e, both[:, :4], pos[:, :4], None, None, *limits) is None  # causal
-        many = torch.ones(1, 1, 17, 17, dtype=torch.bool)
-        assert fused(e, torch.cat([both, both[:, :3]], 1), torch.arange(17)[None], None, many, *limits) is None
+        rows = fast_paths.ATTEND_ROWS + 1  # more rows than the attention kernel takes
+        many = torch.ones(1, 1, rows, rows, dtype=torch.bool)
+        past = both.repeat(1, -(-rows // both.shape[1]), 1)[:, :rows]
+        assert fused(e, past, torch.arange(rows)[None], None, many, *limits) is None
     assert fused(e.train(), both[:, :1], pos[:, :1], None, None, *limits) is None
     gelu = DraftModel.build(dataclasses.replace(cfg, expert_mlp="gelu"), target.model)
     gelu.save(tmp_path / "g")

@@ -306,8 +306,9 @@ def test_a_tree_row_is_a_plain_step_bit_for_bit(one_call, monkeypatch):
     """With the streaming GEMM from one row and the attention kernel, the target scores a tree's rows exactly as plain
     steps score each row's path one token at a time: logits and features equal bit for bit (a key the mask hides
     adds exact zeros; each sum runs over the keys in order), so greedy verification cannot part from vanilla
-    decoding by rounding; with the layers in one call (``decoder_layers``) or in the Python loop. Seen failing with
-    SDPA for the attention (ATTEND_ROWS 0): no row equal."""
+    decoding by rounding; with the layers in one call (``decoder_layers``) or in the Python loop, for a tree of 9 rows
+    and one of 40. Seen failing with SDPA for the attention (ATTEND_ROWS 0): no row equal; and with ATTEND_ROWS 16,
+    the 40-row tree's rows."""
     model = copy.deepcopy(tiny_target("llama"))
     assert kernels.enable_packed_gemm(model, max_rows=64, min_rows=1, backend="stream") is not None
     calls = []
@@ -323,17 +324,19 @@ def test_a_tree_row_is_a_plain_step_bit_for_bit(one_call, monkeypatch):
     prompt, tokens = torch.randint(0, 256, (37,), generator=g), torch.randint(0, 256, (9,), generator=g)
     parents, depths = [0, 0, 0, 1, 1, 2, 4, 4, 6], [0, 1, 1, 2, 2, 2, 3, 3, 4]
     anc = ancestor_mask(torch.tensor(parents), max(depths))  # [9, 9]
-    with torch.inference_mode():
-        runner = TargetRunner(model, 128)
-        runner.prefill(prompt)
-        tree_logits, tree_feats = runner.score(tokens, torch.tensor(depths), anc, 37)
-        for leaf in (3, 5, 7, 8):
-            plain = TargetRunner(model, 128)
-            plain.prefill(prompt)
-            for depth, row in enumerate(anc[leaf].nonzero()[:, 0].tolist()):
-                logits, feats = plain.score(tokens[row:row + 1], torch.tensor([0]), None, 37 + depth)
-                assert torch.equal(logits[0], tree_logits[row]) and torch.equal(feats[0], tree_feats[row])
-    assert set(calls) == {1, 9}  # the kernel ran the tree's rows and the plain steps'
+    big = bushy_tree(40, torch.device("cpu"), width=3)  # tokens, depths, the ancestor mask [40, 40]
+    for tokens, depths, anc, leaves in ((tokens, torch.tensor(depths), anc, (3, 5, 7, 8)), (*big, (13, 27, 39))):
+        with torch.inference_mode():
+            runner = TargetRunner(model, 128)
+            runner.prefill(prompt)
+            tree_logits, tree_feats = runner.score(tokens, depths, anc, 37)
+            for leaf in leaves:
+                plain = TargetRunner(model, 128)
+                plain.prefill(prompt)
+                for depth, row in enumerate(anc[leaf].nonzero()[:, 0].tolist()):
+                    logits, feats = plain.score(tokens[row:row + 1], torch.tensor([0]), None, 37 + depth)
+                    assert torch.equal(logits[0], tree_logits[row]) and torch.equal(feats[0], tree_feats[row]), row
+    assert set(calls) == {1, 9, 40}  # the kernel ran the trees' rows and the plain steps'
 
 
 def _runner_steps(model: nn.Module) -> list[torch.Tensor]:
@@ -361,7 +364,8 @@ def test_the_layers_in_one_call_equal_the_python_loop_bit_for_bit(family, monkey
     with torch.no_grad():  # qwen2's q, k and v biases start at zero: give them values to be seen
         for p in (p for name, p in model.named_parameters() if name.endswith("proj.bias")):
             p.normal_(generator=torch.Generator().manual_seed(p.numel()))
-    assert kernels.enable_packed_gemm(model, max_rows=64, min_rows=1, backend="stream") is not None
+    # rows past the attention kernel's (ATTEND_ROWS, the default GEMM's most) within the GEMM's: SDPA in the one call
+    assert kernels.enable_packed_gemm(model, max_rows=fast_paths.ATTEND_ROWS + 32, min_rows=1, backend="stream")
     with DispatchedOps() as mode:
         fused = _runner_steps(model)
     with monkeypatch.context() as patch:

@@ -20,7 +20,9 @@ LEAN_FAMILIES = ("llama", "mistral", "qwen2")
 LEAN = "_jakiro_lean"  # the model attribute that says decoding forwards run lean_forward (checked at load)
 PANELS = "_jakiro_layer_panels"  # the model attribute caching what decoder_layers runs the layers with (_layer_panels)
 SCREEN = "_jakiro_head_screen"  # the model attribute holding greedy_argmax's screen (head_screen), None for none
-ATTEND_ROWS = 16  # the most query rows attend_rows serves (a tree's); SDPA's blocked kernel is faster beyond
+# the most query rows attend_rows serves (a tree's): the packed GEMM's most, so that every tree it serves scores
+# each row as a plain step would; SDPA beyond, and for prefills
+ATTEND_ROWS = 64
 ATTEND_HEAD_SIZES = (16, 32, 64, 128)  # head sizes the kernel serves with 8- or 16-lane registers
 
 
