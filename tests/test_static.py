@@ -342,7 +342,8 @@ def test_a_draft_streaming_its_panels_steps_in_two_kernel_calls(prompts, vanilla
                 assert r.accepted == speculative_generate(model, FeatureDrafter(draft, tree), p,
                                                           max_new_tokens=MAX_NEW).accepted, i
         assert sum(accepted) / len(accepted) > 1.4, (capture, sum(accepted) / len(accepted))
-        assert served[True] > 0 and served[False] > 0, (capture, served)  # the prompts' causal steps: Python
+        # every step here (a prompt too, under the engine's causal mask, at most ATTEND_ROWS rows) takes the calls
+        assert served[True] > 0 and served[False] == 0, (capture, served)
         served.clear()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:  # capture "draft"
         r = static_generate(model, draft, tree, prompts[0], max_new_tokens=MAX_NEW)
