@@ -1143,6 +1143,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_mix_meta(
           at::empty({1, n, gated ? E : 1}, z.options())};
 }
 
+// The indices of the ``cap`` largest of vals[0..count) into out, the largest first and the earlier first among equal
+// (each value inserted among those held: a few of many); returns how many are held.
+int64_t best_indices(const float* vals, int64_t count, int64_t cap, int64_t* out) {
+  int64_t held = 0;
+  float least = 0.0f;  // vals[out[cap - 1]] once cap are held
+  for (int64_t c = 0; c < count; ++c) {
+    if (held == cap && !(vals[c] > least)) continue;
+    int64_t at = held < cap ? held++ : held - 1;
+    while (at > 0 && vals[c] > vals[out[at - 1]]) {
+      out[at] = out[at - 1];
+      --at;
+    }
+    out[at] = c;
+    least = vals[out[held - 1]];
+  }
+  return held;
+}
+
 // A frontier's children from the draft head's logits, as decoding/drafting.py's candidate_tensors chooses them
 // (docs/DESIGN.md section 3). logits [N, S, V]: node n's S rows (S = 1: the mixture's, coupled; S > 1: each selected
 // expert's, decoupled), each read as its log-softmax, (x - max) - log(sum_v exp(x_v - max)), as torch's. Each row's
@@ -1169,7 +1187,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_children(const at::Tensor& 
   at::Tensor rows = at::empty({N, k}, logits.options().dtype(at::kLong));
   const float inf = std::numeric_limits<float>::infinity();
   at::parallel_for(0, N, 1, [&](int64_t n0, int64_t n1) {
-    std::vector<float> shift(S), log_sum(S), log_w(S, 0.0f), top(per_expert), weighted(S * Cp), score(Cp);
+    std::vector<float> shift(S), log_sum(S), log_w(S, 0.0f), weighted(S * Cp), score(Cp);
     std::vector<int64_t> words(Cp), picked(k);
     for (int64_t n = n0; n < n1; ++n) {
       const float* node = logits.data_ptr<float>() + n * S * V;
@@ -1183,19 +1201,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_children(const at::Tensor& 
         const float* r = node + s * V;
         shift[s] = row_max(r, V);
         log_sum[s] = std::log(exp_sum(r, V, shift[s]));
-        int64_t* best = words.data() + s * per_expert;
-        int64_t held = 0;
-        for (int64_t v = 0; v < V; ++v) {
-          if (held == per_expert && !(r[v] > top[held - 1])) continue;
-          int64_t at = held < per_expert ? held++ : held - 1;
-          while (at > 0 && r[v] > top[at - 1]) {
-            top[at] = top[at - 1];
-            best[at] = best[at - 1];
-            --at;
-          }
-          top[at] = r[v];
-          best[at] = v;
-        }
+        best_indices(r, V, per_expert, words.data() + s * per_expert);
       }
       std::sort(words.begin(), words.begin() + C);
       for (int64_t c = 0; c < Cp; ++c) {
@@ -1215,16 +1221,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_children(const at::Tensor& 
         }
         score[c] = c >= C || (c > 0 && words[c] == words[c - 1]) ? -inf : value;
       }
-      int64_t held = 0;  // the k best scores, the earlier first among equal
-      for (int64_t c = 0; c < Cp; ++c) {
-        if (held == k && !(score[c] > score[picked[held - 1]])) continue;
-        int64_t at = held < k ? held++ : held - 1;
-        while (at > 0 && score[c] > score[picked[at - 1]]) {
-          picked[at] = picked[at - 1];
-          --at;
-        }
-        picked[at] = c;
-      }
+      best_indices(score.data(), Cp, k, picked.data());  // Cp >= k: k held
       for (int64_t i = 0; i < k; ++i) {
         const int64_t c = picked[i];
         int64_t row = 0;
