@@ -193,6 +193,17 @@ def test_compiled_draft_keeps_the_eager_trees(prompts, vanilla):
     assert graphs_compiled() == compiled_before + 3
 
 
+@pytest.mark.parametrize("shape", [dict(depth=5, top_k=4, total_tokens=8), dict(depth=6, top_k=4, total_tokens=16)])
+def test_the_compiled_draft_compiles_deep_trees(prompts, vanilla, shape):
+    """target.capture "draft" with trees deeper than the default's (the paper's depth 6): the pool compiles (inductor
+    generated C++ that did not build for a frontier's own slots written into its mask by slice assignment) and gives
+    vanilla's output."""
+    model = copy.deepcopy(tiny_target("llama"))
+    set_capture(model, "draft")
+    r = static_generate(model, trained_draft(model, "dense"), TreeConfig(**shape), prompts[1], max_new_tokens=MAX_NEW)
+    assert r.output_ids == vanilla[1] and max(r.accepted) > 1
+
+
 def test_sampled_plain_decoding_draws_as_the_reference_loop(prompts):
     """At T > 0 plain decoding on the engine (a one-node tree each cycle, its token drawn from the whole distribution
     with one uniform) gives the reference loop's text for the same seed: the same law, the same draws."""

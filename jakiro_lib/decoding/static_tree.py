@@ -239,6 +239,8 @@ class StaticTreeDrafter:
         self.root: DraftOutput | None = None
         self.root_token: torch.Tensor | None = None  # 0-dim
         dev = next(draft.parameters()).device  # a two-token tree's parents, depths and ranks (_best_child)
+        # forward k's rows see their own slots k*K.. [n_steps - 1, K, n_slots], OR-ed in (inductor fails a slice-set)
+        self._own_slots = torch.eye(self.n_slots, dtype=torch.bool, device=dev).view(self.n_steps - 1, K, self.n_slots)
         self._pair = (torch.zeros(2, dtype=torch.long, device=dev), torch.arange(2, device=dev),
                       torch.tensor([-1, 0], device=dev))
 
@@ -311,15 +313,13 @@ class StaticTreeDrafter:
         front_idx, front_score, front_feat = zero, root_score, None
         front_anc = torch.zeros(1, self.n_slots, dtype=torch.bool, device=dev)  # forwarded ancestors' slots
         prefix = cols[None, :] < base  # [1, W]
-        eye = torch.eye(K, dtype=torch.bool, device=dev)
         depth = 0  # the frontier's
         front_tok = self.root_token.reshape(1)
         for k, n_layers in enumerate(self.steps):
             own, last = front_anc, k == self.n_steps - 1
             if k > 0:  # one draft forward for the whole frontier, into slots s0.. of the draft cache
                 s0 = (k - 1) * K
-                own = front_anc.clone()
-                own[:, s0:s0 + K] = eye  # each row also sees itself
+                own = front_anc | self._own_slots[k - 1]  # each row also sees itself (its slots are still unset)
                 slots = base + s0 + torch.arange(K, device=dev)
                 pos = torch.full((K,), depth - 1, device=dev) + base  # [K]
                 out = self._forward(front_feat, front_tok, pos, slots, tree_rows(prefix, base, own))
