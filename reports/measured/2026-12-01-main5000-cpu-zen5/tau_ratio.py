@@ -20,12 +20,14 @@ def tau(records: list[dict]) -> float:
 
 def main() -> None:
     out = {}
-    for run in ("run1", "run2", "run3-t1"):
+    for run in ("run1", "run2", "run3-t1", "run4-t1-q40"):
         records = [json.loads(line) for line in (HERE / run / "records.jsonl").read_text().splitlines() if line]
         by = {}
         for r in records:
             by.setdefault(r["method"], []).append(r)
         for a, b in PAIRS:
+            if a not in by:
+                continue
             lo, hi = ratio_interval(by[a], by[b], measure="tau")
             out[f"{run}/{a}/{b}"] = {"temperature": by[a][0]["temperature"], "tau": tau(by[a]), "tau_ref": tau(by[b]),
                                      "ratio": tau(by[a]) / tau(by[b]), "ci_low": lo, "ci_high": hi}
