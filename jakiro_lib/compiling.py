@@ -23,6 +23,7 @@ T = TypeVar("T")
 
 _LIBRARY = re.compile(r"(/[^\s:'\"]+\.so)\b")  # a shared library's absolute path inside an error message
 _INDUCTOR_LIBRARY = re.compile(r"c[a-z2-7]{51}(?:\.main)?\.so")  # inductor's name for a library it built
+_COMPILER_ERROR = re.compile(r"^\S+:\d+:\d+: error: (.+)$", re.MULTILINE)  # a compiler's "f:1:2: error: ..."
 SETTLED_S = 120  # an empty library of inductor's cache older than this is no build in progress
 REPAIRS = 3  # retries of a first compiled call, each after repair_compile_cache deleted something
 RECOMPILE_LIMIT = 64  # dynamo's default (8) is below the cache lengths x sampling settings one process may compile
@@ -34,8 +35,14 @@ class CompileError(RuntimeError):
 
 def compile_cause(error: BaseException, width: int = 240) -> str:
     """The innermost exception behind a failed compilation, as one line ("ImportError: ...: file too short"),
-    so that an error saying what compiling needs also says what actually went wrong."""
-    root = list(cause_chain(error))[-1]
+    so that an error saying what compiling needs also says what actually went wrong; where a C++ compiler's output is
+    in the chain, its first error instead (the innermost exception is then the command that failed)."""
+    chain = list(cause_chain(error))
+    for e in reversed(chain):
+        if found := _COMPILER_ERROR.search(str(e)):
+            line = f"{type(e).__name__}: {' '.join(found.group(1).split())}"
+            return line if len(line) <= width else line[:width - 3] + "..."
+    root = chain[-1]
     text = " ".join(str(root).split())
     line = f"{type(root).__name__}: {text}" if text else type(root).__name__
     return line if len(line) <= width else line[:width - 3] + "..."

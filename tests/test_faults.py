@@ -806,3 +806,19 @@ def test_a_later_graphs_compiler_failure_is_one_error_and_other_failures_pass_th
                                 compiling=False, **named)
     with pytest.raises(KeyError):
         compiling.run_compiling(failing(KeyError("a bug, not a compiler")), compiling=False, **named)
+
+
+def test_a_failed_cpp_build_is_named_by_the_compilers_first_error():
+    """Inductor's C++ that does not build fails as the compiler's command (the innermost exception) under an error
+    holding the compiler's output: the line names the compiler's first error, not the command."""
+    output = ("C++ compile error\n\nCommand:\ng++ /tmp/k.cpp -O3\n\nOutput:\n/tmp/k.cpp: In function 'void kernel()':\n"
+              "/tmp/k.cpp:120:44: error: operands to '?:' have different types\n/tmp/k.cpp:293:58: error: expected "
+              "primary-expression before 'float'\n")
+    try:
+        try:
+            raise subprocess.CalledProcessError(1, ["g++", "/tmp/k.cpp", "-O3"])
+        except subprocess.CalledProcessError as command:
+            raise RuntimeError(output) from command
+    except RuntimeError as e:
+        assert compiling.compile_cause(e) == "RuntimeError: operands to '?:' have different types"
+        assert compiling.compile_cause(e.__cause__).startswith("CalledProcessError: Command '['g++'")
