@@ -38,12 +38,12 @@ def compile_cause(error: BaseException, width: int = 240) -> str:
     so that an error saying what compiling needs also says what actually went wrong; where a C++ compiler's output is
     in the chain, its first error instead (the innermost exception is then the command that failed)."""
     chain = list(cause_chain(error))
+    root, text = chain[-1], str(chain[-1])
     for e in reversed(chain):
         if found := _COMPILER_ERROR.search(str(e)):
-            line = f"{type(e).__name__}: {' '.join(found.group(1).split())}"
-            return line if len(line) <= width else line[:width - 3] + "..."
-    root = chain[-1]
-    text = " ".join(str(root).split())
+            root, text = e, found.group(1)
+            break
+    text = " ".join(text.split())
     line = f"{type(root).__name__}: {text}" if text else type(root).__name__
     return line if len(line) <= width else line[:width - 3] + "..."
 
