@@ -17,10 +17,10 @@ import torch
 from .api import generate
 from .measure.summary import (common_prompts, greedy_agreement, greedy_divergences, load_bench_records, load_records,
                               versus)
-from .measure.budgets import fixed_tree_tokens, resolve_tree_budgets, tuning_prompts
+from .measure.budgets import fixed_tree, resolve_tree_budgets, tuning_prompts
 from .config import Profile, TargetConfig
 from .profiles import PROFILE_NAMES, get_profile, override, parse_overrides
-from .measure.costmodel import measure_draft_costs, measure_draft_cycle, measure_target_costs, tune_total_tokens
+from .measure.costmodel import measure_draft_costs, measure_draft_cycle, measure_target_costs, shape_key, tune_tree
 from .data.conversations import DataError, Question, load_question_file, load_questions
 from .models.draft import DraftModel, resolve_draft_dtype
 from .data.feature_store import MANIFEST, CacheError, verify_cache
@@ -97,11 +97,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.method == SPEC and not args.draft and not tree.lookup_tokens:
         raise SystemExit("error: --method spec needs --draft DIR (a trained draft, e.g. runs/default/drafts/moe2/draft) "
                          "or --set tree.lookup_tokens=N (prompt lookup alone)")
-    if tree is not None and args.draft and tree.total_tokens == "auto":  # tuned once per machine and draft, then cached
+    if tree is not None and args.draft and tree.tuned:  # tuned once per machine and draft, then cached
         spec = MethodSpec(SPEC, draft=str(Path(args.draft).expanduser().resolve()), tree=tree,
                           draft_dtype=resolve_draft_dtype(profile.bench.draft_dtype, profile.target))
         tree = resolve_tree_budgets(profile, default_run_dir(profile.name), {SPEC: spec}, target)[0][SPEC].tree
-        print(f"[tree budget: {tree.total_tokens} tokens, tuned for this machine]", file=sys.stderr)
+        print(f"[tree: depth {tree.depth}, top-k {tree.top_k}, {tree.total_tokens} tokens, tuned for this machine]",
+              file=sys.stderr)
     out = generate(target, args.prompt, method=args.method, draft=args.draft, tree=tree,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                    seed=args.seed, on_text=lambda text: print(text, end="", flush=True),
@@ -288,7 +289,8 @@ def cmd_costs(args: argparse.Namespace) -> int:
     if args.draft:
         dtype = resolve_draft_dtype(profile.bench.draft_dtype, profile.target)  # as the benchmark decodes it
         draft = DraftModel.load(args.draft, target.model, dtype=dtype)
-        dcost = measure_draft_costs(draft, widths=(1, profile.tree.top_k), context=args.context)
+        fixed = fixed_tree(profile.tree, profile.tree)  # the profile's tree, its "auto" settings fixed
+        dcost = measure_draft_costs(draft, widths=(1, fixed.top_k), context=args.context)
         result["draft_step_ms"] = {w: round(t * 1000, 2) for w, t in dcost.items()}
         print("draft step (frontier width: ms):", result["draft_step_ms"])
         # as the benchmark tunes (jakiro_lib.measure.budgets): held-out training conversations, never benchmark
@@ -296,23 +298,19 @@ def cmd_costs(args: argparse.Namespace) -> int:
         prompts, tuned_on = tuning_prompts(profile, target)
         prompts = prompts[:args.tune_prompts]
         tuned_on = {**tuned_on, "conversations": tuned_on["conversations"][:args.tune_prompts]}
-        tuned = tune_total_tokens(target, draft, profile.tree, prompts, candidates=[n for n in sizes if n >= 2],
-                                  max_new_tokens=64, context=args.context, reference=fixed_tree_tokens(profile.tree))
+        tuned = tune_tree(target, draft, profile.tree, prompts, candidates=[n for n in sizes if n >= 2],
+                          max_new_tokens=64, context=args.context, reference=fixed)
         result["tuning"], result["tuning_prompts"] = tuned, tuned_on
-        print(f"best total_tokens on this machine: {tuned['best']}")
+        best = replace(profile.tree, depth=tuned["depth"], top_k=tuned["top_k"], total_tokens=tuned["best"])
+        print(f"best tree on this machine: {shape_key(best.depth, best.top_k, best.total_tokens)} (depth, top-k, "
+              "tokens)")
         for row in tuned["table"]:
-            print(f"  n={row['total_tokens']:3d}  E[tokens/cycle]={row['expected_tokens_per_cycle']:.2f}  "
-                  f"est. {row['tokens_per_s']:.1f} tok/s")
-        budgets = {tuned["best"]}
-        if isinstance(profile.tree.total_tokens, int):  # the profile's fixed tree too
-            budgets.add(profile.tree.total_tokens)
+            print(f"  {shape_key(row['depth'], row['top_k'], row['total_tokens']):12s}  "
+                  f"E[tokens/cycle]={row['expected_tokens_per_cycle']:.2f}  est. {row['tokens_per_s']:.1f} tok/s")
         result["draft_cycle_ms"] = {}
-        for n in sorted(budgets):
-            tree = replace(profile.tree, total_tokens=n)
-            ms = 1000 * measure_draft_cycle(draft, tree, context=args.context)
-            result["draft_cycle_ms"][n] = round(ms, 3)
-            print(f"drafting per cycle (propose + accept 2 tokens), total_tokens={n}, "
-                  f"decoupled={tree.decoupled}: {ms:.2f} ms")
+        for key, tree in {shape_key(t.depth, t.top_k, t.total_tokens): t for t in (best, fixed)}.items():
+            result["draft_cycle_ms"][key] = ms = round(1000 * measure_draft_cycle(draft, tree, context=args.context), 3)
+            print(f"drafting per cycle (propose + accept 2 tokens), {key}, decoupled={tree.decoupled}: {ms:.2f} ms")
     if args.out:
         write_json(args.out, result)
         print("written to", args.out)

@@ -134,12 +134,13 @@ class DraftConfig:
 @dataclass
 class TreeConfig:
     """EAGLE-2 dynamic tree and Jakiro decoding options (docs/DESIGN.md sections 3 and 5). ``top_k``: frontier width and
-    children per node; ``total_tokens``: verified tokens with the root, or ``"auto"`` (tuned,
-    :func:`jakiro_lib.measure.budgets.resolve_tree_budgets`); ``ar_steps``: None drafts every layer with branch A, s
-    drafts layers 1..s so, then two a forward (CEPD); ``decoupled``: children from each expert's own distribution."""
+    children per node; ``total_tokens``: verified tokens with the root. Each of the three may be ``"auto"``: tuned on
+    this machine (:attr:`tuned`, :func:`jakiro_lib.measure.budgets.resolve_tree_budgets`). ``ar_steps``: None drafts
+    every layer with branch A, s drafts layers 1..s so, then two a forward (CEPD); ``decoupled``: children from each
+    expert's own distribution."""
 
-    depth: int = 4
-    top_k: int = 4
+    depth: int | str = 4
+    top_k: int | str = 4
     total_tokens: int | str = 16
     ar_steps: int | None = None
     decoupled: bool = False
@@ -154,16 +155,23 @@ class TreeConfig:
     def __post_init__(self) -> None:
         if self.lookup_tokens < 0 or not 1 <= self.lookup_min_ngram <= self.lookup_max_ngram:
             raise ValueError("tree.lookup_tokens must be >= 0 and 1 <= lookup_min_ngram <= lookup_max_ngram")
-        if self.depth < 1 or self.top_k < 1:
-            raise ValueError("tree needs depth >= 1 and top_k >= 1")
-        if isinstance(self.total_tokens, str) and self.total_tokens.strip().isdigit():  # "--set tree.total_tokens=8"
-            self.total_tokens = int(self.total_tokens)
-        if self.total_tokens != "auto" and (not isinstance(self.total_tokens, int) or self.total_tokens < 2):
-            raise ValueError(f"tree.total_tokens must be an integer >= 2 or 'auto', got {self.total_tokens!r}")
+        for name, least in (("depth", 1), ("top_k", 1), ("total_tokens", 2)):
+            value = getattr(self, name)
+            if isinstance(value, str) and value.strip().isdigit():  # "--set tree.depth=5" over an "auto"
+                setattr(self, name, value := int(value))
+            if value != "auto" and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+                raise ValueError(f"tree.{name} must be an integer >= {least} or 'auto', got {value!r}")
+        if self.depth == "auto" and self.ar_steps is not None:
+            raise ValueError("CEPD's layers (ar_steps) are counted from a fixed depth: set tree.depth to a number")
         if self.ar_steps is not None and self.ar_steps < 0:
             raise ValueError("ar_steps must be >= 0 or None")
         if self.scoring not in ("mixture", "best"):
             raise ValueError(f"scoring must be 'mixture' or 'best', got {self.scoring!r}")
+
+    @property
+    def tuned(self) -> bool:
+        """Whether the tree's budget, depth or width is "auto" (to be tuned before it drafts)."""
+        return "auto" in (self.total_tokens, self.depth, self.top_k)
 
 
 @dataclass

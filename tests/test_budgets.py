@@ -72,10 +72,10 @@ def test_tuner_gets_held_out_prompts_minimum_timings_and_the_fixed_tree(tiny_run
 
     def tune(target, draft, tree, prompts, **kw):
         seen["tune"].append((prompts, kw))
-        return {"best": 4, "table": [], "estimated_best": 4, "fixed_tokens": kw["reference"]}
+        return {"best": 4, "depth": 2, "top_k": 4, "table": [], "estimated_best": 4, "fixed_tokens": 8}
 
     monkeypatch.setattr(costmodel, "measure_target_costs", costs)
-    monkeypatch.setattr(costmodel, "tune_total_tokens", tune)
+    monkeypatch.setattr(costmodel, "tune_tree", tune)
     old = {"machines": [{"machine": {**budgets._machine(profile, target)}, "target_costs_s": {"1": 1.0},
                          "choices": {}}]}  # a cache from before: median timings, MT-bench prompts
     (root / "bench").mkdir(parents=True, exist_ok=True)
@@ -87,14 +87,17 @@ def test_tuner_gets_held_out_prompts_minimum_timings_and_the_fixed_tree(tiny_run
     assert len(seen["tune"]) == 2
     for prompts, kw in seen["tune"]:
         assert [p.tolist() for p in prompts] == [p.tolist() for p in expected]
-        assert kw["reference"] == 8 and kw["compile"] is False  # the profile's fixed tree, run eagerly
-    assert info["tuning_prompts"] == tuned_on and {m.tree.total_tokens for m in resolved.values()} == {4}
+        ref = kw["reference"]  # the profile's fixed tree, run eagerly
+        assert (ref.depth, ref.top_k, ref.total_tokens) == (profile.tree.depth, profile.tree.top_k, 8)
+        assert kw["compile"] is False
+    assert info["tuning_prompts"] == tuned_on
+    assert {(m.tree.total_tokens, m.tree.depth, m.tree.top_k) for m in resolved.values()} == {(4, 2, 4)}
     saved = json.loads((root / "bench" / "tree_budgets.json").read_text())["machines"]
     fresh = [e for e in saved if e["machine"].get("timing") == "min"]
     assert len(saved) == 2 and len(fresh) == 1  # the old entry is left as it was, not reused
     assert all(c["prompts"] == tuned_on for c in fresh[0]["choices"].values())
     # the same prompts next time: nothing is measured again
-    monkeypatch.setattr(costmodel, "tune_total_tokens", lambda *a, **kw: pytest.fail("retuned"))
+    monkeypatch.setattr(costmodel, "tune_tree", lambda *a, **kw: pytest.fail("retuned"))
     with single_thread():
         resolve_tree_budgets(profile, root, methods, target)
 
@@ -103,7 +106,7 @@ def test_a_busy_machine_is_recorded_and_named_while_the_tuner_times(tiny_run, ta
     profile, root = tiny_run
     methods = {"eagle2_auto": study_methods(profile.tree, root / "drafts")["eagle2_auto"]}
     monkeypatch.setattr(costmodel, "measure_target_costs", lambda model, sizes, **kw: {n: 0.01 * n for n in sizes})
-    monkeypatch.setattr(costmodel, "tune_total_tokens", lambda *a, **kw: {"best": 4, "table": []})
+    monkeypatch.setattr(costmodel, "tune_tree", lambda *a, **kw: {"best": 4, "depth": 3, "top_k": 3, "table": []})
     clock = iter([(0.0, 0, 0), (2.0, 100 * budgets.CLOCK_TICKS, 0)] * 2)  # others: 50 cores' worth for 2 s
     monkeypatch.setattr(budgets, "_cpu_snapshot", lambda: next(clock))
     with caplog.at_level(logging.WARNING, logger="jakiro_lib.measure.budgets"), single_thread():
@@ -126,7 +129,7 @@ def test_bench_config_records_the_tuning_prompts_apart_from_the_benchmarks(tiny_
     prompt the benchmark scores."""
     profile, root = tiny_run
     monkeypatch.setattr(costmodel, "measure_target_costs", lambda model, sizes, **kw: {n: 0.01 * n for n in sizes})
-    monkeypatch.setattr(costmodel, "tune_total_tokens", lambda *a, **kw: {"best": 4, "table": []})
+    monkeypatch.setattr(costmodel, "tune_tree", lambda *a, **kw: {"best": 4, "depth": 3, "top_k": 3, "table": []})
     questions = [Question("q1", "writing", ["Say something.", "Say more."], "mt_bench")]
     with single_thread():
         run_study(StudyContext.at(profile, root), "main", target=target, only="vanilla,eagle2_auto", questions=questions,
@@ -162,26 +165,27 @@ def test_a_captured_method_runs_its_budgets_outright(target):
     assert budgets.measured_sizes("inductor") == budgets.measured_sizes("none") == ()
 
 
-def test_the_check_keeps_the_fastest_measured_budget_and_the_reference_on_ties(target, monkeypatch):
+def test_the_check_keeps_the_fastest_measured_tree_and_the_reference_on_ties(target, monkeypatch):
     draft = DraftModel.build(get_profile("smoke").drafts["dense"], target.model).eval()
-    speeds = {2: 10.0, 4: 30.0, 8: 20.0, 16: 30.0}
-    ran: list[tuple[int, ...]] = []
+    speeds = {"d1 k2 n2": 10.0, "d3 k2 n4": 30.0, "d3 k2 n8": 20.0}
+    ran: list[tuple[str, ...]] = []
 
-    def measured(target, draft, tree, prompts, budgets_, **kw):
-        ran.append(tuple(budgets_))
-        return {n: speeds[n] for n in budgets_}
+    def measured(target, draft, trees, prompts, **kw):
+        ran.append(tuple(trees))
+        return {k: speeds[k] for k in trees}
 
-    monkeypatch.setattr(costmodel, "measure_budget_speeds", measured)
+    monkeypatch.setattr(costmodel, "measure_tree_speeds", measured)
     common = dict(candidates=(2, 4, 8), max_new_tokens=8, context=16, target_costs={1: 0.01, 2: 0.01, 4: 0.01, 8: 0.01})
     prompts = [target.tokenizer("hello there", return_tensors="pt").input_ids[0]]
-    out = costmodel.tune_total_tokens(target, draft, TreeConfig(depth=3, top_k=2), prompts, reference=8,
-                                      measure_sizes=(4, 16), **common)  # 16 is no candidate: not run
-    assert set(ran[-1]) == {out["estimated_best"], 4, 8} and out["best"] == 4
-    assert out["measured_tokens_per_s"]["4"] == 30.0
-    speeds[8] = 30.0  # a tie with the reference keeps the reference
-    out = costmodel.tune_total_tokens(target, draft, TreeConfig(depth=3, top_k=2), prompts, reference=8,
-                                      measure_sizes=(4,), **common)
-    assert out["best"] == 8
+    fixed = TreeConfig(depth=3, top_k=2, total_tokens=8)
+    out = costmodel.tune_tree(target, draft, TreeConfig(depth=3, top_k=2), prompts, reference=fixed,
+                              measure_sizes=(4, 16), **common)  # 16 is no candidate: not run
+    assert set(ran[-1]) == {out["estimated"], "d3 k2 n4", "d3 k2 n8"} and out["best"] == 4
+    assert out["fixed"] == "d3 k2 n8" and out["measured_tokens_per_s"]["d3 k2 n4"] == 30.0
+    speeds["d3 k2 n8"] = 30.0  # a tie with the reference keeps the reference
+    out = costmodel.tune_tree(target, draft, TreeConfig(depth=3, top_k=2), prompts, reference=fixed,
+                              measure_sizes=(4,), **common)
+    assert (out["best"], out["depth"], out["top_k"]) == (8, 3, 2)
 
 
 def test_the_machine_key_names_the_gemm_kernel_the_probe_chose(target, monkeypatch):

@@ -110,10 +110,12 @@ def test_costs_command_with_a_draft_tunes_and_times_drafting_per_cycle(tmp_path)
             "--tune-prompts", "1", "--set", "tree.decoupled=true", "--out", str(out)]
     assert main(argv) == 0
     data = json.loads(out.read_text())
-    best, fixed = data["tuning"]["best"], get_profile("smoke").tree.total_tokens
-    assert set(data["draft_cycle_ms"]) == {str(best), str(fixed)}  # the tuned budget and the profile's tree
+    tuning, tree = data["tuning"], get_profile("smoke").tree
+    fixed = f"d{tree.depth} k{tree.top_k} n{tree.total_tokens}"
+    # the tuned tree (the profile's depth and width: they are not "auto") and the profile's tree
+    assert set(data["draft_cycle_ms"]) == {f"d{min(tree.depth, tuning['best'] - 1)} k3 n{tuning['best']}", fixed}
     # tuned as the benchmark tunes: one held-out training conversation, checked against the fixed tree
-    assert data["tuning"]["fixed_tokens"] == fixed and len(data["tuning_prompts"]["conversations"]) == 1
+    assert tuning["fixed"] == fixed and len(data["tuning_prompts"]["conversations"]) == 1
     assert data["tuning_prompts"]["split"] and data["tuning_prompts"]["source"] == get_profile("smoke").data.source
     assert all(ms > 0 for ms in data["draft_cycle_ms"].values())
 

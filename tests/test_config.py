@@ -83,6 +83,18 @@ def test_tree_budget_auto_and_numeric_strings():
             TreeConfig(total_tokens=bad)
 
 
+def test_a_tuned_tree_shape_is_tuned_with_its_budget():
+    auto = get_profile("smoke", **{"tree.depth": "auto", "tree.top_k": "auto", "tree.total_tokens": "auto"}).tree
+    assert (auto.depth, auto.top_k, auto.total_tokens) == ("auto", "auto", "auto")
+    assert TreeConfig(depth="5", top_k="auto", total_tokens="auto").depth == 5  # --set over an "auto"
+    assert TreeConfig(depth="auto", total_tokens=8).tuned and not TreeConfig(total_tokens=8).tuned
+    with pytest.raises(ValueError, match="ar_steps"):  # CEPD's layers are counted from a fixed depth
+        TreeConfig(depth="auto", total_tokens="auto", ar_steps=1)
+    for bad in (0, "deep", True):
+        with pytest.raises(ValueError, match="top_k"):
+            TreeConfig(top_k=bad)
+
+
 def test_every_named_profile_validates():
     from jakiro_lib.validation import validate
 
@@ -100,7 +112,7 @@ def test_every_named_profile_validates():
     ("bench.tuned", "maybe", ("true or false",)),
     ("data.feature_dtype", "fp8", ("'float32', 'float16', 'bfloat16'",)),
     ("tree.depth", "abc", ("tree.depth = 'abc'", "an integer")),
-    ("tree.depth", "0", ("tree.depth = '0'", "depth >= 1")),  # the ranges TreeConfig.__post_init__ checks
+    ("tree.depth", "0", ("tree.depth = '0'", "an integer >= 1 or 'auto'")),  # the ranges TreeConfig.__post_init__ checks
     ("tree.ar_steps", "-1", ("tree.ar_steps = '-1'", ">= 0")),
     ("tree.lookup_min_ngram", "0", ("tree.lookup_min_ngram = '0'", "1 <= lookup_min_ngram <= lookup_max_ngram")),
     ("drafts.moe4.expert_mlp", "relu", ("drafts.moe4.expert_mlp = 'relu'", "'swiglu' or 'gelu'")),

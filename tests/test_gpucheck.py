@@ -28,9 +28,9 @@ def test_check_profile_is_the_exact_setting_on_the_device():
 
 
 def test_gpu_check_writes_records_goals_and_the_cycle_breakdown(tmp_path, monkeypatch):
-    # the tuner's check of budgets (tests/test_budgets.py) would compile each budget's cycle with inductor here:
-    # every budget measured equal, so the fixed tree is kept and the only compilation is the breakdown's
-    monkeypatch.setattr(costmodel, "measure_budget_speeds", lambda *a, **kw: dict.fromkeys(a[4], 1.0))
+    # the tuner's check of trees (tests/test_budgets.py) would compile each tree's cycle with inductor here:
+    # every tree measured equal, so the fixed tree is kept and the only compilation is the breakdown's
+    monkeypatch.setattr(costmodel, "measure_tree_speeds", lambda *a, **kw: dict.fromkeys(a[2], 1.0))
     prof = check_profile("smoke", "cpu", **SMALL)
     target = load_target(prof.target)
     for name in (EAGLE2_DRAFT, JAKIRO_DRAFT):  # the main study's drafts

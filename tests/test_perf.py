@@ -215,7 +215,7 @@ def test_auto_tree_budget_is_tuned_once_and_cached(tiny_run, monkeypatch):
     def boom(*a, **kw):
         raise AssertionError("retuned although nothing changed")
 
-    monkeypatch.setattr(costmodel, "tune_total_tokens", boom)
+    monkeypatch.setattr(costmodel, "tune_tree", boom)
     monkeypatch.setattr(costmodel, "measure_target_costs", boom)
     with single_thread():  # same machine, same thread count: the cached choice is reused
         again, _ = resolve_tree_budgets(profile, root, methods, target)
@@ -224,11 +224,11 @@ def test_auto_tree_budget_is_tuned_once_and_cached(tiny_run, monkeypatch):
     # other target settings (e.g. a bf16 run) get their own entry; going back reuses the first one
     other = dataclasses.replace(profile, target=dataclasses.replace(profile.target, dtype="bfloat16"))
     monkeypatch.setattr(costmodel, "measure_target_costs", lambda *a, **kw: {n: 0.01 * n for n in (1, 2, 4, 8)})
-    monkeypatch.setattr(costmodel, "tune_total_tokens", lambda *a, **kw: {"best": 3, "table": []})
+    monkeypatch.setattr(costmodel, "tune_tree", lambda *a, **kw: {"best": 3, "depth": 2, "top_k": 3, "table": []})
     with single_thread():
         tuned_other, _ = resolve_tree_budgets(other, root, methods, target)
     assert {k: tuned_other[k].tree.total_tokens for k in spec} == {k: 3 for k in spec}
-    monkeypatch.setattr(costmodel, "tune_total_tokens", boom)
+    monkeypatch.setattr(costmodel, "tune_tree", boom)
     monkeypatch.setattr(costmodel, "measure_target_costs", boom)
     with single_thread():
         back, _ = resolve_tree_budgets(profile, root, methods, target)
@@ -260,7 +260,7 @@ def test_unresolved_auto_budget_is_a_clear_error(tiny_run):
 
 
 def test_tree_budget_table_reads_the_study_file(tmp_path):
-    assert list(tree_budget_table(tmp_path).columns)[:2] == ["method", "total_tokens"]  # empty but typed
+    assert list(tree_budget_table(tmp_path).columns)[:4] == ["method", "depth", "top_k", "total_tokens"]  # empty, typed
 
 
 def test_tree_budget_table_shows_the_measured_check_against_the_fixed_tree(tmp_path):
@@ -279,6 +279,25 @@ def test_tree_budget_table_shows_the_measured_check_against_the_fixed_tree(tmp_p
     assert not table.loc[16, "chosen"] and table["chosen"].sum() == 1
     assert table.loc[8, "measured_tokens_per_s"] == 31.0 and table.loc[16, "measured_tokens_per_s"] == 28.0
     assert math.isnan(table.loc[4, "measured_tokens_per_s"]) and math.isnan(table.loc[8, "tokens_per_s"])
+
+
+def test_tree_budget_table_shows_tuned_shapes_and_reads_an_earlier_tuners_record(tmp_path):
+    """Shapes: the estimate's depth-2 tree of 4 children beat the fixed depth-4 tree of 3 (8 tokens each) where
+    measured; the fixed tree is no candidate row (width 3 not tuned here), so it gets one. The record above, an
+    earlier tuner's (budgets alone), is read as it was."""
+    from jakiro_lib.layout import STUDY_TREE_BUDGET, RunLayout
+
+    row = {"expected_tokens_per_cycle": 2.0, "verify_s": 0.05, "draft_s": 0.01, "tokens_per_s": 30.0}
+    choice = {"best": 8, "depth": 2, "top_k": 4, "estimated": "d2 k4 n8", "fixed": "d4 k3 n8",
+              "measured_tokens_per_s": {"d2 k4 n8": 33.0, "d4 k3 n8": 31.0},
+              "table": [{"depth": d, "top_k": 4, "total_tokens": 8, **row} for d in (1, 2, 3)]}
+    out = RunLayout(tmp_path).bench("main")
+    out.mkdir(parents=True)
+    (out / STUDY_TREE_BUDGET).write_text(json.dumps({"choices": {"jakiro_auto": choice}}))
+    table = tree_budget_table(tmp_path).set_index(["top_k", "depth"])
+    assert table.loc[(4, 2), "chosen"] and table.loc[(4, 2), "estimated_best"] and table["chosen"].sum() == 1
+    assert table.loc[(3, 4), "fixed"] and table.loc[(3, 4), "measured_tokens_per_s"] == 31.0
+    assert math.isnan(table.loc[(3, 4), "tokens_per_s"]) and math.isnan(table.loc[(4, 1), "measured_tokens_per_s"])
 
 
 def test_cost_model_times_sizes_round_robin_with_and_without_fast_paths_back_to_back(tiny_run, monkeypatch):

@@ -767,10 +767,11 @@ def test_a_copy_of_a_model_does_not_share_its_compiled_state():
 
 
 def test_every_registered_method_runs_on_the_engine_as_on_the_reference(prompts, vanilla, tmp_path):
-    """Each main and ablation method's tree settings (the profile's default tree; 'auto' budgets as 8 tokens),
+    """Each main and ablation method's tree settings (the profile's default tree; 'auto' ones as its fixed tree),
     on a tiny draft of its kind (trained dense or moe2; moe4 random), on the engine and the reference loop:
     vanilla's greedy tokens, and the same tokens per cycle on both. Settings shared by several methods run once."""
     from jakiro_lib.profiles import get_profile
+    from jakiro_lib.measure.budgets import fixed_tree
     from jakiro_lib.measure.methods import study_methods
 
     model = tiny_target("llama")
@@ -783,7 +784,7 @@ def test_every_registered_method_runs_on_the_engine_as_on_the_reference(prompts,
             continue
         kind = None if spec.draft is None else spec.draft.split("/")[-2]
         kind = kind and ("moe4" if kind == "moe4" else "dense" if kind.startswith("dense") else "moe2")
-        t = dataclasses.replace(spec.tree, total_tokens=8 if spec.tree.total_tokens == "auto" else spec.tree.total_tokens)
+        t = fixed_tree(spec.tree, tree)  # 'auto' settings as the fixed tree the tuner checks against
         key = (kind, json.dumps(dataclasses.asdict(t), sort_keys=True))
         if key in seen:
             continue

@@ -11,7 +11,7 @@ import torch
 from transformers import PreTrainedModel, StaticCache
 
 from ..compiling import RECOMPILE_LIMIT, CompileError, run_compiling
-from ..models.target import scratch
+from ..models.target import kept, scratch
 from .runner import MAX_TREE_ROOM
 
 def compiled_cache_len(max_context: int) -> int:
@@ -113,10 +113,7 @@ def _warm_up(step: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...]) 
 def static_cache(model: PreTrainedModel, cache_len: int) -> StaticCache:
     """HF's static KV cache of ``cache_len`` positions for ``hf_compiled``, one per model and length (a compiled
     step binds to its cache's buffers)."""
-    caches: dict[int, StaticCache] = scratch(model).setdefault("static_caches", {})
-    if cache_len not in caches:
-        caches[cache_len] = StaticCache(config=model.config, max_cache_len=cache_len)
-    return caches[cache_len]
+    return kept(model, "static_caches", cache_len, lambda: StaticCache(config=model.config, max_cache_len=cache_len))
 
 
 def compiled_step(model: PreTrainedModel, step: Callable[..., torch.Tensor],

@@ -12,8 +12,8 @@ from ..models.draft import DraftModel
 def draft_schedule(draft: DraftModel, tree: TreeConfig, error: type[ValueError] = ValueError) -> list[int]:
     """Layers each draft step yields for ``tree`` (:func:`schedule`), after checking that ``draft`` can draft it
     (``error``: what a refusal raises). A tree of n tokens is at most n - 1 deep, so no deeper layer is drafted."""
-    if tree.total_tokens == "auto":
-        raise error("tree.total_tokens='auto' must be resolved to a number first (jakiro_lib.measure.budgets."
+    if tree.tuned:
+        raise error("a tree with 'auto' settings must be resolved to numbers first (jakiro_lib.measure.budgets."
                     "resolve_tree_budgets or `python -m jakiro_lib costs --draft ...`)")
     if tree.decoupled and draft.cfg.num_experts < 2:
         raise error("decoupled candidates need a draft with at least 2 experts")

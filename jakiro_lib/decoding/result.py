@@ -20,7 +20,7 @@ class GenerationResult:
     output_ids: list[int]
     accepted: list[int] = field(default_factory=list)  # tokens emitted per cycle (accepted + bonus)
     tree_sizes: list[int] = field(default_factory=list)
-    path_ranks: list[list[int]] = field(default_factory=list)  # running max draft rank along each accepted path
+    path_ranks: list[list[list[int]]] = field(default_factory=list)  # per cycle, accepted node, depth cap: see static
     draft_forwards: int = 0
     wall_time: float = 0.0
     prefill_time: float = 0.0
@@ -73,6 +73,5 @@ def check_prompt(prompt_ids: torch.Tensor, max_context: int, margin: int) -> Non
     if prompt_ids.ndim != 1 or prompt_ids.numel() == 0:
         raise ValueError("prompt_ids must be a non-empty 1-D tensor of token ids")
     if prompt_ids.numel() + margin > max_context:
-        raise ContextLengthError(
-            f"prompt of {prompt_ids.numel()} tokens leaves no room to generate in a context of {max_context}"
-        )
+        raise ContextLengthError(f"prompt of {prompt_ids.numel()} tokens leaves no room to generate in a context of "
+                                 f"{max_context}")

@@ -12,7 +12,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .compiled import Capture, call_compiled, compiled_cache_len, compiled_step, cuda_graph
-from ..models.target import capture_of, plain_kernels, scratch
+from ..models.target import capture_of, kept, plain_kernels
 from ..config import TreeConfig
 from .result import GenerationResult, append_tokens, check_prompt, choose_token, text_positions
 from ..machine import synchronize
@@ -40,10 +40,8 @@ def _runner(model: PreTrainedModel, cache_len: int, *, shared: bool) -> TargetRu
     bind to it, and a 7B target's is large)."""
     if not shared:
         return TargetRunner(model, cache_len)
-    runners: dict[int, TargetRunner] = scratch(model).setdefault("static_runners", {})
-    if cache_len not in runners:
-        runners[cache_len] = TargetRunner(model, cache_len)
-    return TargetRunner(model, cache_len, share=runners[cache_len])
+    return TargetRunner(model, cache_len, share=kept(model, "static_runners", cache_len,
+                                                     lambda: TargetRunner(model, cache_len)))
 
 
 def graph_capture(model: PreTrainedModel) -> Capture | None:
@@ -76,6 +74,7 @@ class StaticEngine:
         drafted_m, drafted_depth = (1, 0) if self.drafter is None else (self.drafter.m, self.drafter.max_depth)
         self.m, self.max_depth = drafted_m + L, max(drafted_depth, L)  # the verified tree: drafted rows, then chain
         self.drafted_depth = drafted_depth
+        self.caps = torch.arange(1, drafted_depth + 1, device=model.device)  # the depth caps of ranks read (ranked)
         self.padded = compile or not params.greedy  # a cycle's path padded to the deepest (eager greedy: walked)
         self.plain = draft is None and not L  # plain decoding: each cycle the last token alone
         if ranked and (draft is None or L):
@@ -111,9 +110,9 @@ class StaticEngine:
 
     def cycle(self, start: int | torch.Tensor, uniforms: torch.Tensor,
               chain: torch.Tensor | list[int] | None = None) -> torch.Tensor:
-        """The accepted count, the rows verified, with :attr:`ranked` the running maximum of the selection ranks along
-        the path, then the accepted tokens with the bonus token after them: padded to the deepest path where the
-        cycle is compiled or sampled ([D + 3], [2D + 3] ranked), eager greedy the accepted path alone.
+        """The accepted count, the rows verified, with :attr:`ranked` the path's running maximum selection ranks per
+        depth cap, then the accepted tokens with the bonus token after them: padded to the deepest path where the
+        cycle is compiled or sampled ([D + 3], [D(D + 1) + 3] ranked), eager greedy the accepted path alone.
         ``uniforms``: this cycle's draws (sampling); ``chain``: the lookup chain (compiled, a fixed buffer:
         :func:`~jakiro_lib.decoding.static_tree.graft_chain`; eager, the host's list of its tokens)."""
         drafter, target, clock = self.drafter, self.target, self.clock
@@ -157,8 +156,9 @@ class StaticEngine:
                 self.token.copy_(bonus)
         rows = torch.full((1,), tokens.shape[0], dtype=torch.long, device=tokens.device)
         read = [accepted[None], rows]
-        if self.ranked:  # the running maximum of the selection rank along the accepted path (the budget tuner's)
-            read.append(ranks[path[1:]].cummax(0).values)  # [D] (or [accepted])
+        if self.ranked:  # per path node and depth cap 1..D its rank among the drafted nodes no deeper, running max
+            ahead = (ranks[None, :] < ranks[path[1:], None]) & (depths > 0)  # [P, m]: nodes scored above it
+            read.append((ahead[:, None] & (depths <= self.caps[:, None])).sum(-1).cummax(0).values.flatten())  # [P * D]
         return torch.cat([*read, new])
 
     def _root_only(self, start: int | torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -223,7 +223,7 @@ class StaticEngine:
 
     def _advance(self, start: torch.Tensor, length: int, room: int) -> tuple[list[int], int | None, list[int] | None]:
         """One cycle from ``length`` written positions with ``room`` left: the tokens it emits, the rows it verified
-        (None: plain decoding) and, :attr:`ranked`, the path's running maximum rank (else None)."""
+        (None: plain decoding) and, :attr:`ranked`, the path's running maximum ranks per depth cap (else None)."""
         whole = self.max_depth + 1 <= room
         if whole and self.lookup is not None:  # the chain: compiled, the count then the tokens padded; eager, a list
             chain = self.lookup.propose()
@@ -238,7 +238,8 @@ class StaticEngine:
             read = out.tolist()  # the one host read: [accepted, rows, ranks (ranked), the tokens]
         accepted = read[0]
         ranked = self.ranked and whole
-        n_ranks = (self.max_depth if self.padded else accepted) if ranked else 0
+        D = self.drafted_depth  # the depth caps of each path node's ranks
+        n_ranks = (self.max_depth if self.padded else accepted) * D if ranked else 0
         emitted = read[2 + n_ranks:3 + n_ranks + accepted]
         if self._accepted_path is not None:  # eager: the draft encodes the accepted path and the bonus (no padding)
             (hidden, new), self._accepted_path = self._accepted_path, None
@@ -248,7 +249,8 @@ class StaticEngine:
             self.lookup.extend(emitted)
         if self.drafter is not None and whole:
             self.drafter.forwards += self.drafter.n_steps - 1
-        return emitted, None if self.plain else read[1], read[2:2 + accepted] if ranked else None
+        ranks = [read[i:i + D] for i in range(2, 2 + D * accepted, D)] if ranked else None
+        return emitted, None if self.plain else read[1], ranks
 
     def generate(self, prompt_ids: torch.Tensor, *, max_new_tokens: int, eos_token_ids: list[int] = (),
                  max_context: int, generator: torch.Generator | None = None,
@@ -299,12 +301,10 @@ def _engine(model: PreTrainedModel, draft: DraftModel | None, tree: TreeConfig |
     """The engine for ``draft`` and ``tree``; a compiled one kept on the model (its step binds to its buffers)."""
     if not compile:
         return StaticEngine(model, draft, tree, cache_len, params=params, compile=False, ranked=ranked)
-    engines: dict = scratch(model).setdefault("engines", {})
     tree_key = None if tree is None else json.dumps(dataclasses.asdict(tree), sort_keys=True)
-    key = (id(draft), tree_key, params, cache_len, capture_of(model), ranked)
-    if key not in engines:  # the engine holds the draft, so its id is not reused while the entry lives
-        engines[key] = StaticEngine(model, draft, tree, cache_len, params=params, compile=True, ranked=ranked)
-    return engines[key]
+    key = (id(draft), tree_key, params, cache_len, capture_of(model), ranked)  # the engine holds the draft: its id
+    return kept(model, "engines", key,  # is not reused while the entry lives
+                lambda: StaticEngine(model, draft, tree, cache_len, params=params, compile=True, ranked=ranked))
 
 
 @torch.inference_mode()

@@ -3,7 +3,7 @@ preallocated slots (coupled, decoupled or CEPD), a lookup chain grafted on, and 
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -201,6 +201,11 @@ def root_step(target: TargetRunner, token: torch.Tensor, params: SamplingParams,
     return bonus
 
 
+def pool_size(steps: Sequence[int], K: int) -> int:
+    """Candidates a tree drafted in ``steps`` at width K holds: the root, K, K x K per later step and per CEPD step."""
+    return 1 + K + (len(steps) - 1) * K * K + sum(n == 2 for n in steps) * K * K
+
+
 @functools.cache
 def _compiled_pool() -> Callable[..., tuple[torch.Tensor, ...]]:
     """:meth:`StaticTreeDrafter._pool_candidates` through ``torch.compile`` (inductor): one graph per draft and tree
@@ -222,8 +227,7 @@ class StaticTreeDrafter:
         self.K = K = tree.top_k
         self.n_steps = len(self.steps)
         self.n_slots = (self.n_steps - 1) * K  # tree rows forwarded per cycle
-        # candidates per cycle: the root's K children, K x K per later step, K x K grandchildren per CEPD step
-        self.pool_size = 1 + K + (self.n_steps - 1) * K * K + sum(n == 2 for n in self.steps) * K * K
+        self.pool_size = pool_size(self.steps, K)
         self.m = min(tree.total_tokens, self.pool_size)
         self.max_depth = min(sum(self.steps), self.m - 1)
         if max(self.n_slots, self.m) > MAX_TREE_ROOM:

@@ -38,7 +38,7 @@ TUNE_PROMPTS = 4  # held-out ShareGPT first turns the tree budget is tuned on (t
 TUNE_PROMPT_TOKENS = 256
 PAPER_TREE_TOKENS = 8  # the fixed tree where a profile's own total_tokens is "auto" (EAGLE-2's CPU-sized tree here)
 # The tuner's version in a choice's key: choices made by an earlier tuner are not reused.
-TUNER_VERSION = 3
+TUNER_VERSION = 4
 # Other processes' CPU use, in cores beyond those this process leaves idle, above which the tuner warns
 BUSY_CORES = 0.25
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -111,9 +111,15 @@ def tuning_prompts(profile: Profile, target: Any, exclude: Iterable[str] = ()) -
                      "excluded_benchmark_prompts": len(skip)}
 
 
-def fixed_tree_tokens(tree: TreeConfig) -> int:
-    """The fixed tree's budget on ``tree``: its own ``total_tokens``, or :data:`PAPER_TREE_TOKENS` where "auto"."""
-    return tree.total_tokens if isinstance(tree.total_tokens, int) else PAPER_TREE_TOKENS
+def fixed_tree(tree: TreeConfig, study_tree: TreeConfig) -> TreeConfig:
+    """The fixed tree a tuned ``tree`` must beat: each of its "auto" settings as the study's tree has it, else
+    :data:`PAPER_TREE_TOKENS` tokens and :class:`TreeConfig`'s depth and width."""
+    default = dataclasses.replace(TreeConfig(), total_tokens=PAPER_TREE_TOKENS)
+
+    def fixed(name: str) -> int:
+        return next(v for v in (getattr(tree, name), getattr(study_tree, name), getattr(default, name)) if v != "auto")
+
+    return dataclasses.replace(tree, **{name: fixed(name) for name in ("depth", "top_k", "total_tokens")})
 
 
 def _cpu_snapshot() -> tuple[float, int, int] | None:
@@ -186,7 +192,7 @@ def _entry(entries: list[dict[str, Any]], key: dict[str, Any], target: Any) -> d
     return found
 
 
-def _choice_key(spec: MethodSpec, capture: str, prompts: dict[str, Any], fixed: int,
+def _choice_key(spec: MethodSpec, capture: str, prompts: dict[str, Any], fixed: TreeConfig,
                 measured: Sequence[int] = ()) -> str:
     """What a tuned budget depends on besides the machine: the draft's weights, the tree settings, how the engine
     runs the measured check (``capture``), the conversations it is tuned on, the fixed tree it must beat, the
@@ -194,7 +200,8 @@ def _choice_key(spec: MethodSpec, capture: str, prompts: dict[str, Any], fixed: 
     tree = {k: v for k, v in dataclasses.asdict(spec.tree).items()
             if k != "total_tokens" and not k.startswith("lookup_")}
     tuned_on = [prompts["source"], prompts["path"], [c["id"] for c in prompts["conversations"]]]
-    key = {"weights": draft_fingerprint(spec.draft), "tree": tree, "capture": capture, "prompts": tuned_on, "fixed": fixed, "tuner": TUNER_VERSION}
+    key = {"weights": draft_fingerprint(spec.draft), "tree": tree, "capture": capture, "prompts": tuned_on,
+           "fixed": [fixed.depth, fixed.top_k, fixed.total_tokens], "tuner": TUNER_VERSION}
     if spec.draft_dtype is not None:  # a draft in another precision costs otherwise
         key["draft_dtype"] = spec.draft_dtype
     return json.dumps({**key, "measured": list(measured)} if measured else key, sort_keys=True, default=str)
@@ -228,12 +235,12 @@ def _valid_entry(e: Any) -> bool:
 
 def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any], target: Any, *,
                          force: bool = False, exclude: Iterable[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Methods with ``tree.total_tokens="auto"`` get their tuned budget, unless the fixed tree
-    (:func:`fixed_tree_tokens`) is measured as fast. T(n) is measured once per machine and target settings, each choice
+    """Methods whose tree has "auto" settings (:attr:`TreeConfig.tuned`) get them tuned (budget, depth, width), unless
+    the fixed tree (:func:`fixed_tree`) is measured as fast. T(n) is measured once per machine and target settings, each choice
     keyed by what it depends on (:func:`_choice_key`), so reruns do not retune; ``force`` retunes this machine's entry.
     ``exclude``: the benchmark's prompt texts. Returns (methods with numeric budgets, the measurements, choices and
     ``tuning_prompts``)."""
-    auto = [k for k, m in methods.items() if m.kind == SPEC and m.draft and m.tree.total_tokens == "auto"]
+    auto = [k for k, m in methods.items() if m.kind == SPEC and m.draft and m.tree.tuned]
     if not auto:
         return methods, {}
     path = RunLayout(Path(run_dir)).tree_budgets
@@ -242,7 +249,6 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
     if force:
         entries = [e for e in entries if e.get("machine") != _machine_key(machine)]
     prompts, tuned_on = tuning_prompts(profile, target, exclude)
-    fixed = fixed_tree_tokens(profile.tree)
     choices: dict[str, Any] = {}
     cache = _entry(entries, _machine_key(machine), target)
     costs = {int(n): t for n, t in cache["target_costs_s"].items()}
@@ -250,22 +256,27 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
         spec = methods[name]
         capture = spec.capture(target)
         sizes = measured_sizes(capture)
+        fixed = fixed_tree(spec.tree, profile.tree)
         key = _choice_key(spec, capture, tuned_on, fixed, sizes)
         if key not in cache["choices"]:
             t0 = time.perf_counter()
             draft = spec.load_draft(target)
             with _OthersLoad(f"the tree budget of {name}") as load:
-                tuned = costmodel.tune_total_tokens(target, draft, spec.tree, prompts, target_costs=costs,
-                                                    candidates=[n for n in TUNE_SIZES if n >= 2], reference=fixed,
-                                                    compile=compiles_cycle(capture), measure_sizes=sizes)
+                budget = spec.tree.total_tokens  # a fixed budget is its own only candidate
+                tuned = costmodel.tune_tree(target, draft, spec.tree, prompts, target_costs=costs, reference=fixed,
+                                            candidates=[n for n in TUNE_SIZES if n >= 2] if budget == "auto" else [budget],
+                                            compile=compiles_cycle(capture), measure_sizes=sizes)
             tuned.update(seconds=round(time.perf_counter() - t0, 1), others_cpu_cores=load.cores, prompts=tuned_on)
             cache["choices"][key] = tuned
-            log.info("tree budget for %s: %d tokens (estimate %s, fixed tree %d; tuned in %.1f s)", name,
-                     tuned["best"], tuned.get("estimated_best", tuned["best"]), fixed, tuned["seconds"])
+            log.info("tree for %s: %s (estimate %s, fixed tree %s; tuned in %.1f s)", name,
+                     costmodel.shape_key(tuned["depth"], tuned["top_k"], tuned["best"]), tuned.get("estimated"),
+                     tuned.get("fixed"), tuned["seconds"])
         choices[name] = cache["choices"][key]
     write_json(path, {"machines": entries})
     out = dict(methods)
     for name in auto:
-        m = methods[name]
-        out[name] = dataclasses.replace(m, tree=dataclasses.replace(m.tree, total_tokens=choices[name]["best"]))
+        m, c = methods[name], choices[name]
+        tuned = {"total_tokens": c["best"], "depth": c["depth"], "top_k": c["top_k"]}
+        out[name] = dataclasses.replace(m, tree=dataclasses.replace(
+            m.tree, **{k: v for k, v in tuned.items() if getattr(m.tree, k) == "auto"}))
     return out, {"target_costs_s": costs, "choices": choices, "tuning_prompts": tuned_on}

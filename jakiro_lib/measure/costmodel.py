@@ -1,12 +1,13 @@
-"""Measured cost model of one speculative cycle, and the tree budget it implies on this machine (docs/DESIGN.md
-sections 9 and 11). One greedy run with a generous tree records, per cycle, the selection rank of each accepted node;
-the accepted length a smaller top-n tree would have had is then exact (greedy acceptance at a node depends only on its
-ancestors, and the top-n tree is a prefix of the score order), and :func:`choose_total_tokens` weighs it against the
-measured costs."""
+"""Measured cost model of one speculative cycle, and the tree it implies on this machine (docs/DESIGN.md sections 9
+and 11). One greedy run with a generous tree records, per cycle, the selection rank of each accepted node among the
+nodes no deeper than each depth; the accepted length a smaller or shallower tree of the same width would have had is
+then exact (greedy acceptance at a node depends only on its ancestors, a shallower tree drafts the same first layers,
+and the top-n tree is a prefix of the score order), and :func:`choose_tree` weighs it against the measured costs."""
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import statistics
 import time
 from contextlib import nullcontext
@@ -20,7 +21,7 @@ from ..decoding.drafting import schedule
 from ..decoding.result import GenerationResult
 from ..decoding.runner import MAX_TREE_ROOM, TargetRunner
 from ..decoding.static import engine_cache_len, static_generate
-from ..decoding.static_tree import StaticTreeDrafter, ancestor_mask
+from ..decoding.static_tree import StaticTreeDrafter, ancestor_mask, pool_size
 from ..machine import synchronize
 from ..models.draft import DraftModel, KVCache
 from ..models.target import capture_of, compiles_cycle
@@ -44,6 +45,10 @@ def median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device) ->
 STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {"median": statistics.median, "min": min}
 # Rounds of the tuner's measured check against the fixed tree (measure_budget_speeds): the first pays for new shapes
 CHECK_ROUNDS = 3
+# The shapes the tuner considers where a tree's depth or width is "auto": every depth up to TUNE_DEPTH (one ranked run
+# at that depth tells them all), and each width of TUNE_TOP_K (a ranked run each; EAGLE-2's GPU trees are 10 wide)
+TUNE_DEPTH = 8
+TUNE_TOP_K = (2, 3, 4, 6, 8, 10)
 
 
 def bushy_tree(n: int, device: torch.device, width: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -162,69 +167,100 @@ def measure_draft_cycle(draft: DraftModel, tree: TreeConfig, *, context: int = 2
     return median_seconds(run, repeats, p.device) / cycles
 
 
-def expected_accepted(path_ranks: Sequence[Sequence[int]], budget: int) -> float:
-    """Mean accepted draft tokens per cycle had the tree kept only its best ``budget - 1`` nodes.
+def expected_accepted(path_ranks: Sequence[Sequence[Sequence[int]]], budget: int, depth: int | None = None) -> float:
+    """Mean accepted draft tokens per cycle had the tree kept only its best ``budget - 1`` nodes no deeper than
+    ``depth`` (None: as deep as the ranked run drafted).
 
-    ``path_ranks[c]`` lists, for cycle c, the running maximum of the selection rank along the accepted
-    path (0 = best-scored node); a prefix survives a smaller budget iff its ranks all fit.
+    ``path_ranks[c][j]``: for cycle c's j-th accepted node (depth j + 1), per depth cap 1..D, the running maximum
+    along the path of the selection rank among the nodes no deeper than the cap (0 = best-scored node); a path's
+    prefix survives a smaller tree iff it is no deeper and its ranks under that depth all fit.
     """
     if not path_ranks:
         return 0.0
-    return statistics.fmean(sum(1 for r in ranks if r < budget - 1) for ranks in path_ranks)
+
+    def kept(path: Sequence[Sequence[int]]) -> int:
+        return sum(1 for j, caps in enumerate(path)
+                   if (depth is None or j < depth) and caps[min(depth or len(caps), len(caps)) - 1] < budget - 1)
+
+    return statistics.fmean(kept(path) for path in path_ranks)
 
 
-def choose_total_tokens(target_costs: dict[int, float], draft_cycle_time: float | dict[int, float],
-                        path_ranks: Sequence[Sequence[int]], *, max_budget: int | None = None) -> dict[str, Any]:
-    """The tree budget n maximising (E[accepted(n)] + 1) / (T(n) + draft time per cycle).
+@dataclasses.dataclass
+class RankedRun:
+    """A greedy run on a generous tree (``tree``: its width, depth and budget), read with its selection ranks: every
+    smaller tree of its width, no deeper and within its budget, accepts what :func:`expected_accepted` says."""
 
-    ``draft_cycle_time``: seconds per cycle, the same for every n or per n (small budgets draft fewer
-    layers, see :func:`draft_time_per_budget`).
+    tree: TreeConfig
+    path_ranks: list[list[list[int]]]
+    draft_s: float  # drafting seconds per cycle (the tree's steps, its forwards, the path's encoding)
+    cycles: int
+
+
+def shape_key(depth: int, top_k: int, total_tokens: int) -> str:
+    """A tree shape's name in the tuner's records: "d4 k3 n8"."""
+    return f"d{depth} k{top_k} n{total_tokens}"
+
+
+def parse_shape_key(key: str) -> dict[str, int] | None:
+    """:func:`shape_key`'s depth, top_k and total_tokens back (None: not such a key)."""
+    found = re.fullmatch(r"d(\d+) k(\d+) n(\d+)", key)
+    return None if found is None else dict(zip(("depth", "top_k", "total_tokens"), map(int, found.groups())))
+
+
+def draft_forwards(depth: int, tree: TreeConfig, has_branch_b: bool) -> int:
+    """Draft forwards per cycle of a tree ``depth`` deep drafted as ``tree`` (its steps less one, plus the path's
+    encoding: :func:`~jakiro_lib.decoding.drafting.schedule`)."""
+    return len(schedule(depth, tree.ar_steps, has_branch_b))
+
+
+def choose_tree(target_costs: dict[int, float], runs: Sequence[RankedRun], *, has_branch_b: bool = False,
+                tune_depth: bool = False, max_budget: int | None = None) -> dict[str, Any]:
+    """The tree (width, depth, budget n) maximising (E[accepted] + 1) / (T(n) + draft time per cycle).
+
+    Each run gives its width's trees: at its own depth, or (``tune_depth``) at every depth up to it; a tree of n
+    tokens is at most n - 1 deep and at most as big as its candidate pool. Draft time is the run's scaled by the
+    draft forwards per cycle (shallower trees draft fewer layers).
     """
-    table = []
-    for n, t in sorted(target_costs.items()):
-        if n < 2 or (max_budget and n > max_budget):
-            continue
-        acc = expected_accepted(path_ranks, n)
-        d = draft_cycle_time[n] if isinstance(draft_cycle_time, dict) else draft_cycle_time
-        table.append({"total_tokens": n, "expected_tokens_per_cycle": acc + 1, "verify_s": t, "draft_s": d,
-                      "tokens_per_s": (acc + 1) / (t + d)})
+    table, seen = [], set()
+    for run in runs:
+        K, deepest = run.tree.top_k, run.tree.depth
+        for d in range(1, deepest + 1) if tune_depth else (deepest,):
+            for n, t in sorted(target_costs.items()):
+                e = min(d, n - 1)  # the depth a tree of n tokens has
+                if n < 2 or (max_budget and n > max_budget) or (K, e, n) in seen \
+                        or n > pool_size(schedule(e, run.tree.ar_steps, has_branch_b), K):
+                    continue
+                seen.add((K, e, n))
+                acc = expected_accepted(run.path_ranks, n, e)
+                draft_s = run.draft_s * draft_forwards(e, run.tree, has_branch_b) / draft_forwards(
+                    min(deepest, run.tree.total_tokens - 1), run.tree, has_branch_b)
+                table.append({"depth": e, "top_k": K, "total_tokens": n, "expected_tokens_per_cycle": acc + 1,
+                              "verify_s": t, "draft_s": draft_s, "tokens_per_s": (acc + 1) / (t + draft_s)})
     best = max(table, key=lambda row: row["tokens_per_s"])
-    return {"best": best["total_tokens"], "table": table,
+    return {"best": best["total_tokens"], "depth": best["depth"], "top_k": best["top_k"], "table": table,
             "vanilla_tokens_per_s": 1.0 / target_costs[1] if 1 in target_costs else None}
 
 
-def draft_time_per_budget(measured: float, tree: TreeConfig, has_branch_b: bool,
-                          budgets: Sequence[int]) -> dict[int, float]:
-    """Draft seconds per cycle at each budget, estimated from ``measured`` at the largest one by the draft forwards
-    per cycle (a budget of n drafts at most n - 1 layers: :func:`~jakiro_lib.decoding.drafting.draft_schedule`)."""
-    def forwards(n: int) -> int:
-        return len(schedule(min(tree.depth, n - 1), tree.ar_steps, has_branch_b))  # (steps - 1) + 1
-
-    full = forwards(max(budgets))
-    return {n: measured * forwards(n) / full for n in budgets}
-
-
 @torch.inference_mode()
-def measure_budget_speeds(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequence[torch.Tensor],
-                          budgets: Sequence[int], *, max_new_tokens: int = 64, rounds: int = CHECK_ROUNDS,
-                          compile: bool = False) -> dict[int, float]:
-    """Greedy tokens/s of ``draft`` on ``tree`` at each of ``budgets`` on ``prompts`` (new tokens over whole
-    generations' wall time). Each round runs every prompt at every budget back to back; each (prompt, budget) keeps
-    its fastest of ``rounds`` runs (at least 2: the first run of a shape pays its set-up, with ``compile`` a
-    compilation or a recording)."""
+def measure_tree_speeds(target: Any, draft: DraftModel, trees: Mapping[str, TreeConfig],
+                        prompts: Sequence[torch.Tensor], *, max_new_tokens: int = 64, rounds: int = CHECK_ROUNDS,
+                        compile: bool = False) -> dict[str, float]:
+    """Greedy tokens/s of ``draft`` on each of ``trees`` on ``prompts`` (new tokens over whole generations' wall
+    time). Each round runs every prompt on every tree back to back; each (prompt, tree) keeps its fastest of
+    ``rounds`` runs (at least 2: the first run of a shape pays its set-up, with ``compile`` a compilation or a
+    recording)."""
     if rounds < 2:
         raise ValueError(f"rounds must be >= 2 (the first run of a shape pays its set-up), got {rounds}")
-    fastest: dict[tuple[int, int], float] = {}
-    tokens: dict[tuple[int, int], int] = {}
+    fastest: dict[tuple[int, str], float] = {}
+    tokens: dict[tuple[int, str], int] = {}
     for _ in range(rounds):
         for i, ids in enumerate(prompts):
-            for n in budgets:
-                res = _generate(target, draft, dataclasses.replace(tree, total_tokens=n), ids, max_new_tokens,
-                                compile=compile)
-                fastest[i, n] = min(fastest.get((i, n), math.inf), res.wall_time)
-                tokens[i, n] = res.new_tokens
-    return {n: sum(tokens[i, n] for i in range(len(prompts))) / sum(fastest[i, n] for i in range(len(prompts)))
-            for n in budgets}
+            for name, tree in trees.items():
+                res = _generate(target, draft, tree, ids, max_new_tokens, compile=compile)
+                fastest[i, name] = min(fastest.get((i, name), math.inf), res.wall_time)
+                tokens[i, name] = res.new_tokens
+    return {name: sum(tokens[i, name] for i in range(len(prompts))) / sum(fastest[i, name] for i in range(len(prompts)))
+            for name in trees}
 
 
 def _generate(target: Any, draft: DraftModel, tree: TreeConfig, ids: torch.Tensor, max_new_tokens: int, *,
@@ -236,49 +272,63 @@ def _generate(target: Any, draft: DraftModel, tree: TreeConfig, ids: torch.Tenso
                            max_context=target.config.max_context, clock=clock, ranked=ranked)
 
 
-def tune_total_tokens(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequence[torch.Tensor], *,
-                      candidates: Sequence[int] = (2, 3, 4, 6, 8, 12, 16, 24, 32), max_new_tokens: int = 64,
-                      context: int = 256, target_costs: dict[int, float] | None = None,
-                      reference: int | None = None, compile: bool = False,
-                      check_rounds: int = CHECK_ROUNDS, measure_sizes: Sequence[int] = ()) -> dict[str, Any]:
-    """Pick ``tree.total_tokens`` for this machine: measured T(n) + one greedy run at the largest budget.
+def tune_tree(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequence[torch.Tensor], *,
+              candidates: Sequence[int] = (2, 3, 4, 6, 8, 12, 16, 24, 32), max_new_tokens: int = 64,
+              context: int = 256, target_costs: dict[int, float] | None = None,
+              reference: TreeConfig | None = None, compile: bool = False,
+              check_rounds: int = CHECK_ROUNDS, measure_sizes: Sequence[int] = ()) -> dict[str, Any]:
+    """Pick a tree for this machine: its budget among ``candidates``, and its depth and width where ``tree`` has them
+    "auto", from measured T(n) and one ranked greedy run per width (:data:`TUNE_TOP_K`) at the largest budget and
+    depth (:data:`TUNE_DEPTH`).
 
-    ``target_costs`` (from :func:`measure_target_costs`, covering ``candidates`` and n = 1) skips timing the
-    target. ``reference``: the fixed tree's budget; where the estimate chooses another, both run on ``prompts`` as
-    the method runs (eager, or ``compile``: captured), each the fastest of ``check_rounds``
-    (:func:`measure_budget_speeds`), and the reference is kept unless strictly beaten. ``measure_sizes``: budgets
-    also run in that check, where the estimate's eager timings do not describe the engine (a captured one).
-    Returns the choice (``best``; with a reference ``estimated_best``, ``fixed_tokens``,
-    ``measured_tokens_per_s``) and the estimate's table.
+    ``target_costs`` (from :func:`measure_target_costs`) skips timing the target at the sizes it has. ``reference``:
+    the fixed tree; where the estimate chooses another, both run on ``prompts`` as the method runs (eager, or
+    ``compile``: captured), each the fastest of ``check_rounds`` (:func:`measure_tree_speeds`), and the reference is
+    kept unless strictly beaten. ``measure_sizes``: budgets of the estimate's shape also run in that
+    check, where the estimate's eager timings do not describe the engine (a captured one). Returns the choice
+    (``best``, the budget; ``depth``, ``top_k``; with a reference ``estimated``, ``fixed`` and
+    ``measured_tokens_per_s``, keyed by :func:`shape_key`), the estimate's table and the ranked runs.
     """
-    big = dataclasses.replace(tree, total_tokens=max(candidates))
-    # Not counted: first calls pay for kernel loading and library handles
-    _generate(target, draft, big, prompts[0], min(8, max_new_tokens))
-    ranks: list[list[int]] = []
-    clock = StepClock(target.device)  # eager: drafting is the tree's steps, its forwards and the path's encoding
-    cycles = 0
-    for ids in prompts:
-        res = _generate(target, draft, big, ids, max_new_tokens, clock=clock, ranked=True)
-        ranks += res.path_ranks
-        cycles += res.cycles
-    draft_time = sum(clock.seconds[s] for s in ("draft", "draft_forward", "update"))
-    if target_costs is None:
-        target_costs = measure_target_costs(target.model, sizes=sorted({1, *candidates}), context=context)
-    missing = sorted({1, *candidates} - set(target_costs))
-    if missing:
-        raise ValueError(f"target_costs lack the tree sizes {missing}")
+    widths = TUNE_TOP_K if tree.top_k == "auto" else (tree.top_k,)
+    deepest = TUNE_DEPTH if tree.depth == "auto" else tree.depth
+    runs = []
+    for K in widths:
+        big = dataclasses.replace(tree, depth=deepest, top_k=K, total_tokens=max(candidates))
+        # Not counted: first calls pay for kernel loading, library handles and (capture "draft") the tree's compilation
+        _generate(target, draft, big, prompts[0], min(8, max_new_tokens))
+        clock = StepClock(target.device)  # eager: drafting is the tree's steps, its forwards and the path's encoding
+        ranks: list[list[list[int]]] = []
+        for ids in prompts:
+            ranks += _generate(target, draft, big, ids, max_new_tokens, clock=clock, ranked=True).path_ranks
+        drafting = sum(clock.seconds[s] for s in ("draft", "draft_forward", "update"))
+        runs.append(RankedRun(big, ranks, drafting / max(clock.entries["cycle"], 1), clock.entries["cycle"]))
+    missing = sorted({1, *candidates} - set(target_costs or {}))
+    if missing:  # T(n) of the sizes not given, each its fastest round as the tuner times (docs/DESIGN.md section 11)
+        target_costs = {**(target_costs or {}), **measure_target_costs(target.model, sizes=missing, context=context,
+                                                                       stat="min")}
     costs = {n: target_costs[n] for n in sorted({1, *candidates})}
-    per_cycle = draft_time / max(cycles, 1)
-    budgets = [n for n in costs if n >= 2]
-    choice = choose_total_tokens(costs, draft_time_per_budget(per_cycle, big, draft.cfg.branch_b, budgets), ranks)
-    choice["draft_time_per_cycle_s"] = per_cycle
-    choice["cycles_observed"] = int(cycles)
+    choice = choose_tree(costs, runs, has_branch_b=draft.cfg.branch_b, tune_depth=tree.depth == "auto")
+    choice["ranked_runs"] = [{"depth": r.tree.depth, "top_k": r.tree.top_k, "total_tokens": r.tree.total_tokens,
+                              "cycles": r.cycles, "draft_time_per_cycle_s": r.draft_s} for r in runs]
+    choice["cycles_observed"] = sum(r.cycles for r in runs)
     if reference is not None:
-        choice["estimated_best"], choice["fixed_tokens"] = choice["best"], reference
-        tried = sorted({choice["best"], reference, *(n for n in measure_sizes if n in candidates)})
+        def shaped(depth: int, top_k: int, n: int) -> TreeConfig:
+            return dataclasses.replace(tree, depth=depth, top_k=top_k, total_tokens=n)
+
+        def key(t: TreeConfig) -> str:  # a tree of n tokens is at most n - 1 deep
+            return shape_key(min(t.depth, t.total_tokens - 1), t.top_k, t.total_tokens)
+
+        best = shaped(choice["depth"], choice["top_k"], choice["best"])
+        depth = best.depth if tree.depth == "auto" else tree.depth  # of the other budgets run
+        tried = {key(t): t for t in (best, reference, *(shaped(depth, best.top_k, n) for n in measure_sizes
+                                                        if n in candidates))}
+        fixed = key(reference)
+        choice["estimated"], choice["fixed"] = key(best), fixed
+        choice["estimated_best"], choice["fixed_tokens"] = best.total_tokens, reference.total_tokens
         if len(tried) > 1:
-            speeds = measure_budget_speeds(target, draft, tree, prompts, tried, max_new_tokens=max_new_tokens,
-                                           rounds=check_rounds, compile=compile)
-            choice["measured_tokens_per_s"] = {str(n): v for n, v in speeds.items()}
-            choice["best"] = max(tried, key=lambda n: (speeds[n], n == reference))  # the reference unless beaten
+            speeds = measure_tree_speeds(target, draft, tried, prompts, max_new_tokens=max_new_tokens,
+                                         rounds=check_rounds, compile=compile)
+            choice["measured_tokens_per_s"] = speeds
+            kept = tried[max(tried, key=lambda k: (speeds[k], k == fixed))]  # the reference unless beaten
+            choice.update(best=kept.total_tokens, depth=kept.depth, top_k=kept.top_k)
     return choice

@@ -87,6 +87,7 @@ def cepd_steps(tree: TreeConfig) -> int:
 
 
 _JAKIRO = {"decoupled": True}
+_AUTO = {"total_tokens": "auto", "depth": "auto", "top_k": "auto"}  # the tree's budget and shape tuned on this machine
 _LOOKUP = {"total_tokens": TUNED, "lookup_tokens": LOOKUP_TOKENS}
 # The Jakiro authors' released configuration: the coupled mixture (one candidate list from the mixed
 # expert output) with CEPD on the last layer
@@ -101,8 +102,8 @@ MAIN = (
     Method("eagle2", SPEC, EAGLE2, group="eagle2"),
     Method("jakiro", SPEC, JAKIRO, _JAKIRO, group="jakiro"),
     Method("jakiro_cepd", SPEC, JAKIRO, {**_JAKIRO, "ar_steps": CEPD}, group="jakiro"),
-    Method("eagle2_auto", SPEC, EAGLE2, {"total_tokens": "auto"}, group="eagle2", when="tuned"),
-    Method("jakiro_auto", SPEC, JAKIRO, {**_JAKIRO, "total_tokens": "auto"}, group="jakiro", when="tuned"),
+    Method("eagle2_auto", SPEC, EAGLE2, _AUTO, group="eagle2", when="tuned"),
+    Method("jakiro_auto", SPEC, JAKIRO, {**_JAKIRO, **_AUTO}, group="jakiro", when="tuned"),
     Method("lookup_only", SPEC, None, {"lookup_tokens": LOOKUP_TOKENS}, group="lookup_only"),
     Method("eagle2_lookup", SPEC, EAGLE2, _LOOKUP, group="eagle2_lookup"),
     Method("jakiro_lookup", SPEC, JAKIRO, {**_JAKIRO, **_LOOKUP}, group="jakiro_lookup"),
@@ -225,7 +226,7 @@ def study_methods(tree: TreeConfig, drafts_dir: str | Path, *, study: str = "mai
     if study not in STUDIES:
         raise ValueError(f"unknown study {study!r}: use {' or '.join(repr(s) for s in STUDIES)}")
     switches: dict[str, Callable[[], bool]] = {"compiled": lambda: compiled, "imported": lambda: imported,
-                                               "tuned": lambda: tuned and tree.total_tokens != "auto"}
+                                               "tuned": lambda: tuned and not tree.tuned}
     registered = [m.on_drafts(eagle2_draft, jakiro_draft) for m in (MAIN if study == "main" else _ablation_methods(tree))]
     chosen = [m for m in registered if (m.when is None or switches[m.when]())
               and (drafts is None or m.draft is None or m.draft in drafts)]

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..models import fast_paths, kernels
 from .summary import by_method_temperature, headline_table, ratio_interval
-from .budgets import PAPER_TREE_TOKENS, fixed_tree_tokens
+from .budgets import PAPER_TREE_TOKENS, fixed_tree
 from ..config import EAGLE2_DRAFT, JAKIRO_DRAFT, TreeConfig
 from .costmodel import measure_draft_costs, measure_draft_cycle, measure_target_cost_variants
 from ..models.draft import DraftModel
@@ -87,10 +87,11 @@ def cost_model(target: Any, drafts_dir: str | Path, *, drafts: Sequence[str] = (
 
 def _draft_cycle_rows(name: str, draft: Any, tree: TreeConfig, *, context: int, repeats: int) -> list[dict[str, Any]]:
     """Drafting ms per cycle with the packed and the plain head, back to back (see :func:`cost_model`)."""
-    total = fixed_tree_tokens(tree)
+    fixed = fixed_tree(tree, tree)
+    total = fixed.total_tokens
     rows, before = [], draft.packed_head
     for decoupled in (False, True) if draft.cfg.num_experts > 1 else (False,):
-        cfg = dataclasses.replace(tree, total_tokens=total, decoupled=decoupled, ar_steps=None)
+        cfg = dataclasses.replace(fixed, decoupled=decoupled, ar_steps=None)
         row = {"draft": name, "decoupled": decoupled, "total_tokens": total}
         for col, packed in (("ms", True), ("ms_plain_head", False)):
             draft.packed_head = packed

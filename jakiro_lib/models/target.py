@@ -10,7 +10,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Hashable, Iterator, TypeVar
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -43,6 +43,18 @@ def scratch(model: PreTrainedModel) -> dict[str, Any]:
         state = {}
         model.__dict__[_SCRATCH] = (id(model), state)
     return state
+
+
+T = TypeVar("T")
+
+
+def kept(model: PreTrainedModel, kind: str, key: Hashable, make: Callable[[], T]) -> T:
+    """The entry ``key`` of the ``kind`` that :func:`scratch` keeps for ``model`` (a static cache, a shared runner, a
+    compiled engine), made by ``make`` the first time it is asked for."""
+    entries = scratch(model).setdefault(kind, {})
+    if key not in entries:
+        entries[key] = make()
+    return entries[key]
 
 
 def resolve_capture(how: str, device: torch.device) -> str:

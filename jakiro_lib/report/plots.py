@@ -337,13 +337,14 @@ def plot_cost_model(target_costs: pd.DataFrame | Iterable[dict], draft_costs: pd
         ax2 = axes[0, 1]
         for i, (method, sub) in enumerate(b.groupby("method", sort=False)):
             color = sns.color_palette("deep", 8)[i % 8]
-            ax2.plot(sub["total_tokens"], sub["tokens_per_s"], marker="o", color=color, label=method)
+            best = sub.groupby("total_tokens", sort=True)["tokens_per_s"].max()  # the best shape at each budget
+            ax2.plot(best.index, best.values, marker="o", color=color, label=method)
             chosen = sub[sub["chosen"].astype(bool)]
             ax2.scatter(chosen["total_tokens"], chosen["tokens_per_s"], s=120, facecolors="none",
                         edgecolors=color, linewidths=2)
         ax2.set_xlabel("tree budget total_tokens")
-        ax2.set_ylabel("estimated tokens/s")
-        ax2.set_title("circle: chosen budget (total_tokens='auto')", fontsize=9)
+        ax2.set_ylabel("estimated tokens/s, best depth and width")
+        ax2.set_title("circle: chosen tree ('auto')", fontsize=9)
         ax2.legend(fontsize=8)
     fig.suptitle("Cost model on this machine")
     return fig

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ..measure.budgets import fixed_tree_tokens
+from ..measure.budgets import fixed_tree
 from ..measure.methods import portable
 from ..measure.cycles import COLUMNS as CYCLE_COLUMNS, cycle_methods, cycle_prompts, cycle_table
 from ..measure.perf import cost_model, lever_table, performance_targets
@@ -25,10 +25,11 @@ def write_performance_report(ctx: StudyContext, main: pd.DataFrame, *, target: A
     ``performance_targets.csv`` and ``levers.csv`` in the report directory. Returns the six tables."""
     target = target or get_target(ctx)
     bench = ctx.profile.bench
+    fixed = fixed_tree(ctx.profile.tree, ctx.profile.tree)
     costs = cost_model(target, ctx.layout.drafts, drafts=(bench.eagle2_draft, bench.jakiro_draft),
-                       widths=sorted({1, ctx.profile.tree.top_k}), tree=ctx.profile.tree,
+                       widths=sorted({1, fixed.top_k}), tree=ctx.profile.tree,
                        draft_dtype=resolve_draft_dtype(bench.draft_dtype, ctx.profile.target))
-    levers = lever_table(costs["target"], costs["draft"], main, tree_tokens=fixed_tree_tokens(ctx.profile.tree),
+    levers = lever_table(costs["target"], costs["draft"], main, tree_tokens=fixed.total_tokens,
                          draft_cycle=costs["draft_cycle"])
     tables = {"cost_model_target": costs["target"], "cost_model_draft": costs["draft"],
               "cost_model_draft_cycle": costs["draft_cycle"], "tree_budget": tree_budget_table(ctx.run_dir, "main"),

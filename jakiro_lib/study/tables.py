@@ -12,10 +12,11 @@ import pandas as pd
 from ..measure.summary import load_records, summarize, summarize_by_category, versus
 from ..layout import STUDY_TREE_BUDGET, RunLayout, draft_name
 from ..decoding.methods import MethodSpec
+from ..measure.costmodel import parse_shape_key, shape_key
 from ..measure.methods import EAGLE2_BASELINE, SPEC, record_label
 from ..files import atomic_path, read_json, write_table
 
-SETTING_COLUMNS = ("draft", "total_tokens", "decoupled", "ar_steps", "scoring", "lookup_tokens")
+SETTING_COLUMNS = ("draft", "depth", "top_k", "total_tokens", "decoupled", "ar_steps", "scoring", "lookup_tokens")
 
 
 def method_setting(spec: MethodSpec, key: str) -> Any:
@@ -163,32 +164,43 @@ def load_study_records(run_dir: str | Path, study: str) -> list[dict[str, Any]]:
     return load_records(path) if path.is_file() else []
 
 
-TREE_BUDGET_COLUMNS = ["method", "total_tokens", "expected_tokens_per_cycle", "verify_ms", "draft_ms", "tokens_per_s",
-                       "chosen", "estimated_best", "fixed", "measured_tokens_per_s"]
+TREE_BUDGET_COLUMNS = ["method", "depth", "top_k", "total_tokens", "expected_tokens_per_cycle", "verify_ms", "draft_ms",
+                       "tokens_per_s", "chosen", "estimated_best", "fixed", "measured_tokens_per_s"]
+
+
+def _tree_key(depth: Any, top_k: Any, n: int) -> str:
+    """A tree's key in a tuning record: :func:`~jakiro_lib.measure.costmodel.shape_key` (a tree of n tokens at most
+    n - 1 deep), or the budget alone where the record has no shape (an earlier tuner's)."""
+    return str(n) if depth is None or top_k is None else shape_key(min(depth, n - 1), top_k, n)
 
 
 def tree_budget_table(run_dir: str | Path, study: str = "main") -> pd.DataFrame:
-    """The tuning behind ``total_tokens="auto"``: per tuned method and candidate budget, expected tokens per
-    cycle, verify time and estimated tokens/s; flagged: the budget the estimate picked (``estimated_best``), the
-    fixed tree it was checked against (``fixed``) and the one kept (``chosen``), with the tokens/s both measured
-    on the tuning prompts (``measured_tokens_per_s``; :func:`jakiro_lib.measure.costmodel.tune_total_tokens`). A fixed
-    tree outside the candidates gets a row of its own."""
+    """The tuning behind "auto" trees: per tuned method and candidate tree (depth, width, budget), expected tokens
+    per cycle, verify and draft time and estimated tokens/s; flagged: the tree the estimate picked
+    (``estimated_best``), the fixed tree it was checked against (``fixed``) and the one kept (``chosen``), with the
+    tokens/s those measured on the tuning prompts (``measured_tokens_per_s``;
+    :func:`jakiro_lib.measure.costmodel.tune_tree`). A fixed tree outside the candidates gets a row of its own."""
     info = read_json(RunLayout(Path(run_dir)).bench(study) / STUDY_TREE_BUDGET) or {}
     rows = []
     nan = float("nan")
     for method, choice in info.get("choices", {}).items():
-        measured = {int(n): v for n, v in choice.get("measured_tokens_per_s", {}).items()}
+        measured = choice.get("measured_tokens_per_s", {})
         table = list(choice["table"])
-        fixed = choice.get("fixed_tokens")
-        if fixed is not None and fixed not in {row["total_tokens"] for row in table}:
-            table.append({"total_tokens": fixed, "expected_tokens_per_cycle": nan, "verify_s": nan, "draft_s": nan,
-                          "tokens_per_s": nan})
-        for row in table:
-            n = row["total_tokens"]
-            rows.append({"method": method, "total_tokens": n,
+        chosen = _tree_key(choice.get("depth"), choice.get("top_k"), choice["best"])
+        estimated = choice.get("estimated", str(choice.get("estimated_best", choice["best"])))
+        fixed = choice.get("fixed", None if choice.get("fixed_tokens") is None else str(choice["fixed_tokens"]))
+        keys = [_tree_key(row.get("depth"), row.get("top_k"), row["total_tokens"]) for row in table]
+        if fixed is not None and fixed not in keys:
+            shape = parse_shape_key(fixed)
+            table.append({**(shape or {"total_tokens": int(fixed)}), "expected_tokens_per_cycle": nan,
+                          "verify_s": nan, "draft_s": nan, "tokens_per_s": nan})
+            keys.append(fixed)
+        for key, row in zip(keys, table):
+            rows.append({"method": method, "depth": row.get("depth", nan), "top_k": row.get("top_k", nan),
+                         "total_tokens": row["total_tokens"],
                          "expected_tokens_per_cycle": row["expected_tokens_per_cycle"],
                          "verify_ms": 1000 * row["verify_s"], "draft_ms": 1000 * row["draft_s"],
-                         "tokens_per_s": row["tokens_per_s"], "chosen": n == choice["best"],
-                         "estimated_best": n == choice.get("estimated_best", choice["best"]), "fixed": n == fixed,
-                         "measured_tokens_per_s": measured.get(n, nan)})
+                         "tokens_per_s": row["tokens_per_s"], "chosen": key == chosen,
+                         "estimated_best": key == estimated, "fixed": key == fixed,
+                         "measured_tokens_per_s": measured.get(key, nan)})
     return pd.DataFrame(rows, columns=TREE_BUDGET_COLUMNS)

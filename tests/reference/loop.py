@@ -62,6 +62,15 @@ class LoopRunner(TargetRunner):
         self.length = end
 
 
+def capped_path_ranks(tree: Tree, path: list[int], caps: int) -> list[list[int]]:
+    """Per accepted node and depth cap c = 1..``caps``: the most drafted nodes of depth <= c scored above it or above
+    one of its ancestors on the path (its running maximum rank in the tree cut at depth c)."""
+    depths = tree.depths.tolist()
+    rank = [[sum(1 for i in range(1, len(tree)) if depths[i] <= c and tree.ranks[i] < tree.ranks[n])
+             for c in range(1, caps + 1)] for n in path[1:]]
+    return [[max(r[c] for r in rank[:j + 1]) for c in range(caps)] for j in range(len(rank))]
+
+
 @torch.inference_mode()
 def vanilla_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tokens: int = 128,
                      params: SamplingParams = SamplingParams(), eos_token_ids: list[int] = (),
@@ -129,8 +138,9 @@ def speculative_generate(model: PreTrainedModel, drafter: Drafter, prompt_ids: t
         runner.keep(start, path)
         new = tree.tokens[path[1:]].tolist() + [bonus]
         result.tree_sizes.append(len(tree))
-        if tree.ranks:
-            result.path_ranks.append([max(tree.ranks[n] for n in path[1:j + 1]) for j in range(1, len(path))])
+        if tree.ranks:  # the drafter's depth caps, as the static engine reads them
+            caps = min(sum(drafter.steps), len(tree) - 1) if hasattr(drafter, "steps") else int(tree.depths.max())
+            result.path_ranks.append(capped_path_ranks(tree, path, caps))
         emitted = len(result.output_ids)
         done = append_tokens(result, new, eos, max_new_tokens, on_tokens)
         result.accepted.append(len(result.output_ids) - emitted)  # EOS or the budget may cut ``new`` short
