@@ -39,6 +39,27 @@ def process_ticks(stat: Path) -> int:
     return int(fields[11]) + int(fields[12])
 
 
+def family_ticks(pid: int | None = None, proc: Path = Path("/proc")) -> int:
+    """User + system CPU ticks so far of process ``pid`` (None: this one), of the children it has waited for (a C++
+    compiler run by inductor) and of every process it started that still runs, at any depth (a worker pool): its
+    own load, not another process's."""
+    pid = os.getpid() if pid is None else pid
+    parent, ticks = {}, {}
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            n = int(stat.parent.name)
+            parent[n], ticks[n] = int(fields[1]), sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+        except (OSError, IndexError, ValueError):
+            continue
+    family, grown = {pid}, True
+    while grown:
+        more = {n for n, up in parent.items() if up in family} - family
+        family |= more
+        grown = bool(more)
+    return sum(ticks.get(n, 0) for n in family)
+
+
 def _cpu_ticks(proc: Path) -> dict[int, int]:
     """pid -> user + system CPU ticks so far."""
     out = {}

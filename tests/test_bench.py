@@ -170,6 +170,22 @@ def test_greedy_divergences_locate_the_first_differing_token_and_the_targets_mar
     json.dumps(rows)  # plain values, ready for a CSV/JSON report
 
 
+def test_methods_take_turns_going_first_question_by_question(tmp_path):
+    """Interleaved, and no method always right after the same one: no place effect can favour one method."""
+    from jakiro_lib.measure.bench import run_benchmark
+    from jakiro_lib.measure.summary import load_records
+    from jakiro_lib.config import TargetConfig
+    from jakiro_lib.data.conversations import Question
+    from jakiro_lib.models.target import load_target
+
+    target = load_target(TargetConfig(model="tiny:llama"))
+    qs = [Question(f"q{i}", "writing", [f"Say {i}."], "mt_bench") for i in range(4)]
+    methods = {name: MethodSpec("vanilla") for name in ("a", "b", "c")}
+    path = run_benchmark(target, methods, qs, max_new_tokens=2, warmup=0, out_dir=tmp_path, progress=False)
+    ran = [(r["question_id"], r["method"]) for r in load_records(path)]
+    assert ran == [(f"q{i}", m) for i, names in enumerate(["abc", "bca", "cab", "abc"]) for m in names]
+
+
 def test_bench_config_names_the_draft_relative_to_itself(tmp_path):
     import json
 

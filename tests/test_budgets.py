@@ -124,6 +124,20 @@ def test_a_busy_machine_is_recorded_and_named_while_the_tuner_times(tiny_run, ta
     assert "other processes" not in caplog.text and info["choices"]["eagle2_auto"]["others_cpu_cores"] == 50.0
 
 
+def test_the_processes_the_tuner_started_count_as_its_own_load(tmp_path):
+    """A compiled tree's C++ compiler (a child this process waited for: its time in the parent's cutime and cstime)
+    and worker pools (children and grandchildren still running) are the tuner's own CPU use, not another process's:
+    a tuning that compiles must not warn of a busy machine (it did, 0.47 cores, 2026-12-01)."""
+    from jakiro_lib.busy import family_ticks
+
+    tree = {10: (1, 5), 11: (10, 7), 12: (11, 11), 13: (1, 100), 14: (13, 1000)}  # pid: (parent, ticks)
+    for pid, (parent, ticks) in tree.items():  # utime, stime, then the waited children's cutime, cstime
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (py (worker)) S {parent} 0 0 0 0 0 0 0 0 0 {ticks - 4} 1 2 1 0")
+    assert family_ticks(10, tmp_path) == 5 + 7 + 11  # itself, its child and grandchild; not 13's family
+    assert family_ticks(13, tmp_path) == 1100
+
+
 def test_bench_config_records_the_tuning_prompts_apart_from_the_benchmarks(tiny_run, target, monkeypatch):
     """What the issue asks to see: the prompts the budget was tuned on, in bench_config.json, none of them a
     prompt the benchmark scores."""

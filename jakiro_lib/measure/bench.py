@@ -1,6 +1,6 @@
 """One evaluation loop for every method of :mod:`jakiro_lib.measure.methods` (Spec-Bench style) and one results schema:
-same prompts, chat template, token budget and machine, methods interleaved question by question (docs/DESIGN.md section
-11). Records are JSONL, one line per (method, temperature, question, turn, repeat): ``method`` is the registry's name,
+same prompts, chat template, token budget and machine, methods interleaved question by question, each first in turn
+(docs/DESIGN.md section 11). Records are JSONL, one line per (method, temperature, question, turn, repeat): ``method`` is the registry's name,
 ``engine`` and ``capture`` how it ran."""
 from __future__ import annotations
 
@@ -96,14 +96,16 @@ def run_benchmark(target: Target, methods: dict[str, MethodSpec], questions: Ite
     late_compiles = 0
     bar = tqdm(total=len(questions) * len(temperatures) * repeats * len(methods), desc="bench", disable=not progress)
     end_last_line(records_path)  # a crash may have cut the last record short
+    order, first = list(runners.items()), 0
     with records_path.open("a") as fh:
         for q in questions:
             for temp in temperatures:
-                for rep in range(repeats):
-                    for name, runner in runners.items():
+                for rep in range(repeats):  # each method first in turn: none keeps one place after another
+                    for name, runner in order[first:] + order[:first]:
                         late_compiles += _run_turns(target, name, runner, q, _params(temp, top_p), rep, done, fh,
                                                     max_new_tokens=max_new_tokens, seed=seed)
                         bar.update(1)
+                    first = (first + 1) % len(order)
     bar.close()
     if late_compiles:
         log.warning("%d timed prompts compiled graphs (their times include compilation): the warm-up did not "

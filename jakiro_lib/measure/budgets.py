@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from ..busy import process_ticks
+from ..busy import family_ticks
 from ..config import SPEC, Profile, TreeConfig
 from ..data.chat import format_prompt_ids
 from ..data.conversations import DataError, load_conversations
@@ -123,11 +123,12 @@ def fixed_tree(tree: TreeConfig, study_tree: TreeConfig) -> TreeConfig:
 
 
 def _cpu_snapshot() -> tuple[float, int, int] | None:
-    """(seconds, CPU ticks of the whole machine, CPU ticks of this process) from ``/proc``; None elsewhere."""
+    """(seconds, CPU ticks of the whole machine, CPU ticks of this process and those it started: the compiled tree's
+    worker pool) from ``/proc``; None elsewhere."""
     try:
         machine = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
         busy = sum(int(machine[i]) for i in (0, 1, 2, 5, 6, 7))  # user, nice, system, irq, softirq, steal
-        return time.perf_counter(), busy, process_ticks(Path("/proc/self/stat"))
+        return time.perf_counter(), busy, family_ticks()
     except (OSError, ValueError, IndexError):
         return None
 
