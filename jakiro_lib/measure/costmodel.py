@@ -272,6 +272,20 @@ def _generate(target: Any, draft: DraftModel, tree: TreeConfig, ids: torch.Tenso
                            max_context=target.config.max_context, clock=clock, ranked=ranked)
 
 
+def ranked_run(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequence[torch.Tensor],
+               max_new_tokens: int) -> RankedRun:
+    """Greedy decoding of ``prompts`` on ``tree``, read with its selection ranks and its drafting timed (eager: the
+    tree's steps, its forwards and the path's encoding), after one untimed generation (first calls pay for kernel
+    loading, library handles and, under capture "draft", the tree's compilation)."""
+    _generate(target, draft, tree, prompts[0], min(8, max_new_tokens))
+    clock = StepClock(target.device)
+    ranks: list[list[list[int]]] = []
+    for ids in prompts:
+        ranks += _generate(target, draft, tree, ids, max_new_tokens, clock=clock, ranked=True).path_ranks
+    drafting = sum(clock.seconds[s] for s in ("draft", "draft_forward", "update"))
+    return RankedRun(tree, ranks, drafting / max(clock.entries["cycle"], 1), clock.entries["cycle"])
+
+
 def tune_tree(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequence[torch.Tensor], *,
               candidates: Sequence[int] = (2, 3, 4, 6, 8, 12, 16, 24, 32), max_new_tokens: int = 64,
               context: int = 256, target_costs: dict[int, float] | None = None,
@@ -291,17 +305,8 @@ def tune_tree(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequenc
     """
     widths = TUNE_TOP_K if tree.top_k == "auto" else (tree.top_k,)
     deepest = TUNE_DEPTH if tree.depth == "auto" else tree.depth
-    runs = []
-    for K in widths:
-        big = dataclasses.replace(tree, depth=deepest, top_k=K, total_tokens=max(candidates))
-        # Not counted: first calls pay for kernel loading, library handles and (capture "draft") the tree's compilation
-        _generate(target, draft, big, prompts[0], min(8, max_new_tokens))
-        clock = StepClock(target.device)  # eager: drafting is the tree's steps, its forwards and the path's encoding
-        ranks: list[list[list[int]]] = []
-        for ids in prompts:
-            ranks += _generate(target, draft, big, ids, max_new_tokens, clock=clock, ranked=True).path_ranks
-        drafting = sum(clock.seconds[s] for s in ("draft", "draft_forward", "update"))
-        runs.append(RankedRun(big, ranks, drafting / max(clock.entries["cycle"], 1), clock.entries["cycle"]))
+    runs = [ranked_run(target, draft, dataclasses.replace(tree, depth=deepest, top_k=K, total_tokens=max(candidates)),
+                       prompts, max_new_tokens) for K in widths]
     missing = sorted({1, *candidates} - set(target_costs or {}))
     if missing:  # T(n) of the sizes not given, each its fastest round as the tuner times (docs/DESIGN.md section 11)
         target_costs = {**(target_costs or {}), **measure_target_costs(target.model, sizes=missing, context=context,
