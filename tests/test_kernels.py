@@ -101,6 +101,16 @@ def test_the_probe_picks_the_backend_and_first_row_count_that_beat_the_plain_ker
     assert kernels._choose({"mkl": {1: 0.99, 2: 0.98, 4: 0.9, 8: 0.9}}) == ("mkl", 4)
     assert kernels._choose({"stream": {1: 1.08, 2: 0.99, 4: 0.9, 8: 0.9}}) == ("stream", 2)
     assert kernels._choose({"stream": {1: 0.9, 2: 1.06, 4: 1.0, 8: 0.9}}) == ("stream", 4)
+    # serving from one row it also runs a decoding step's layers in one call, which the linears' ratios do not see:
+    # another backend's linears must beat it by more than STREAM_STEP_CREDIT (oneDNN probed 0.327 against its 0.328
+    # on a Zen 5 and decoded 1.42x slower for it, 2026-12-01)
+    zen5 = {"stream": {1: 0.42, 2: 0.26, 4: 0.28, 8: 0.32, 16: 0.33, 32: 0.36},
+            "onednn": {1: 0.40, 2: 0.26, 4: 0.29, 8: 0.33, 16: 0.33, 32: 0.35}}
+    assert kernels._choose(zen5) == ("stream", 1)
+    much = {**zen5, "onednn": {r: 0.7 * x for r, x in zen5["stream"].items()}}  # far faster linears still win
+    assert kernels._choose(much) == ("onednn", 1)
+    late = {**zen5, "stream": {1: 1.2, **{r: x for r, x in zen5["stream"].items() if r > 1}}}  # from 2 rows: no credit
+    assert kernels._choose(late) == ("onednn", 1)
 
 
 @needs_mkl

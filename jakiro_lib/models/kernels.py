@@ -40,6 +40,11 @@ STREAM_BACKENDS = ("stream", *REDUCED_WEIGHTS)  # those through stream_gemm.cpp 
 PROBE_ROWS = (1, 2, 4, 8, 16, 32)
 PROBE_MARGIN = 0.97  # a packed copy serves a row count only where it beat the plain kernel by 3% or more
 STREAM_ALLOWANCE = 1.05  # below its first win the streaming GEMM serves where it costs at most 5% more (_choose)
+# Serving from one row, the streaming GEMM also runs a decoding step's layers in one call (fast_paths._fused_layers),
+# which the linears' ratios do not see: another backend must beat its mean ratio by more than this share to be
+# chosen. Measured: the layers in one call took T(1) to 0.76-0.84x (AMX Xeon, 2026-11-30); oneDNN's copies, probed
+# within 1% of the streaming kernel's, decoded 1.42x slower for it (Zen 5, 2026-12-01; docs/results.md)
+STREAM_STEP_CREDIT = 0.25
 
 
 def _first(model: nn.Module | torch.Tensor) -> torch.Tensor:
@@ -248,7 +253,7 @@ def _choose(ratios: dict[str, dict[int, float]]) -> tuple[str | None, int]:
     :data:`STREAM_ALLOWANCE` of the plain kernel's time: one kernel for every row count gives a plain step's row and
     a tree's the same bits, and from one row a decoding step's layers run in one call, which saves far more than the
     linears' few percent); of those, the backend with the lowest mean time ratio over all probed counts (1 where it
-    does not serve)."""
+    does not serve), the streaming GEMM's lowered by :data:`STREAM_STEP_CREDIT` where it serves from one row."""
     best: tuple[float, str | None, int] = (1.0, None, 0)
     for backend, by_rows in ratios.items():
         start = None
@@ -260,6 +265,8 @@ def _choose(ratios: dict[str, dict[int, float]]) -> tuple[str | None, int]:
         if start is None:
             continue
         score = statistics.fmean(r if rows >= start else 1.0 for rows, r in by_rows.items())
+        if backend == "stream" and start == min(by_rows):  # and a decoding step's layers in one call
+            score *= 1 - STREAM_STEP_CREDIT
         if score < best[0]:
             best = (score, backend, start)
     return best[1], best[2]
