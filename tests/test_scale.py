@@ -94,7 +94,7 @@ def test_rates_come_from_the_stage_plan_with_the_compile_gain(monkeypatch):
     assert r.cache_s_per_token == pytest.approx(1 / 1000)
     per_token = (1 / 4000 + 1 / 5000 + 1 / 2000 + 1 / 1000 + 2 / 4000 + 2 / 2000) * (1 - p.data.heldout_fraction)
     assert r.train_s_per_token == pytest.approx(per_token / SP.COMPILE_GAIN)
-    assert r.bench_s == pytest.approx(SP.BENCH_SECONDS_PER_T1_MS * 40.0) and r.measure_s == 70.0
+    assert r.bench_s == pytest.approx(SP.BENCH_SECONDS_PER_T1_MS * 40.0 + SP.TREE_TUNING_SECONDS) and r.measure_s == 70.0
     eager = SP.rates(get_profile("default", **{"train.compile": "no"}), m)
     assert eager.train_s_per_token == pytest.approx(per_token)
     fp32 = SP.rates(p, SP.Measurement(table=_table(False), t1_ms=40.0, tokens_per_conversation=300.0, available=10,

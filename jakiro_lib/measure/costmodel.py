@@ -46,8 +46,9 @@ STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {"median": statistic
 # Rounds of the tuner's measured check against the fixed tree (measure_budget_speeds): the first pays for new shapes
 CHECK_ROUNDS = 3
 # The shapes the tuner considers where a tree's depth or width is "auto": every depth up to TUNE_DEPTH (one ranked run
-# at that depth tells them all), and each width of TUNE_TOP_K (a ranked run each; EAGLE-2's GPU trees are 10 wide)
-TUNE_DEPTH = 8
+# at that depth tells them all; the paper's trees are 6 deep), and each width of TUNE_TOP_K (a ranked run each;
+# EAGLE-2's GPU trees are 10 wide)
+TUNE_DEPTH = 6
 TUNE_TOP_K = (2, 3, 4, 6, 8, 10)
 
 
