@@ -144,6 +144,34 @@ def test_tune_tree_returns_a_measured_choice(monkeypatch):
     assert (out["top_k"], out["depth"], out["best"]) in shapes
 
 
+def test_widths_are_run_in_turn_until_one_falls_below_the_best(monkeypatch):
+    """Each width costs a compilation and a ranked run: past the first width whose best tree is estimated TUNE_STOP
+    below the best so far, the wider ones are not run."""
+    import jakiro_lib.measure.costmodel as costmodel
+    from jakiro_lib.config import TargetConfig
+    from jakiro_lib.models.target import load_target
+
+    accepted = {2: 1, 3: 2, 4: 0, 6: 3}  # nodes every cycle accepts at each width (6 would win, were it run)
+    asked = []
+
+    def fake_run(target, draft, tree, prompts, max_new_tokens):
+        asked.append(tree.top_k)
+        return RankedRun(tree, [[[0] * tree.depth] * accepted[tree.top_k]] * 4, draft_s=0.001, cycles=4)
+
+    monkeypatch.setattr(costmodel, "ranked_run", fake_run)
+    monkeypatch.setattr(costmodel, "TUNE_TOP_K", (6, 2, 4, 3))  # run narrowest first whatever the order given
+    target = load_target(TargetConfig(model="tiny:llama"))
+    draft = DraftModel.build(DraftConfig(), target.model).eval()
+    flat = {n: 0.01 for n in (1, 2, 4, 8)}
+    auto = TreeConfig(depth=3, top_k="auto", total_tokens="auto")
+    out = costmodel.tune_tree(target, draft, auto, random_prompts(1, seed=1), candidates=(2, 4, 8), target_costs=flat)
+    assert asked == [2, 3, 4] and out["top_k"] == 3 and [r["top_k"] for r in out["ranked_runs"]] == [2, 3, 4]
+    accepted[4] = 2  # as good as 3: not below the best, so 6 runs and wins
+    asked.clear()
+    out = costmodel.tune_tree(target, draft, auto, random_prompts(1, seed=1), candidates=(2, 4, 8), target_costs=flat)
+    assert asked == [2, 3, 4, 6] and out["top_k"] == 6
+
+
 def test_tuning_does_not_count_a_warm_up_generation(monkeypatch):
     """First calls on a GPU pay for kernel loading: the tuner's draft time must come from warm runs only."""
     import jakiro_lib.measure.costmodel as costmodel

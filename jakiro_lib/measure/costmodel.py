@@ -6,6 +6,7 @@ and the top-n tree is a prefix of the score order), and :func:`choose_tree` weig
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import statistics
@@ -50,6 +51,10 @@ CHECK_ROUNDS = 3
 # EAGLE-2's GPU trees are 10 wide)
 TUNE_DEPTH = 6
 TUNE_TOP_K = (2, 3, 4, 6, 8, 10)
+# Widths are run in turn until one's best tree is estimated this share below the best so far: in the eight tunings of
+# 2026-12-01 on a Zen 5 the best tree per width rose to one peak (width 3, 4 or 6) and the widths past the first one
+# 2% below it never came back within 1% of it (docs/results.md)
+TUNE_STOP = 0.02
 
 
 def bushy_tree(n: int, device: torch.device, width: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -216,12 +221,22 @@ def draft_forwards(depth: int, tree: TreeConfig, has_branch_b: bool) -> int:
 
 def choose_tree(target_costs: dict[int, float], runs: Sequence[RankedRun], *, has_branch_b: bool = False,
                 tune_depth: bool = False, max_budget: int | None = None) -> dict[str, Any]:
-    """The tree (width, depth, budget n) maximising (E[accepted] + 1) / (T(n) + draft time per cycle).
+    """The tree (width, depth, budget n) maximising (E[accepted] + 1) / (T(n) + draft time per cycle) among those
+    :func:`price_trees` prices."""
+    table = price_trees(target_costs, runs, has_branch_b=has_branch_b, tune_depth=tune_depth, max_budget=max_budget)
+    if not table:
+        raise ValueError("no tree of the ranked runs' widths and depths holds any of the candidate budgets")
+    best = max(table, key=lambda row: row["tokens_per_s"])
+    return {"best": best["total_tokens"], "depth": best["depth"], "top_k": best["top_k"], "table": table,
+            "vanilla_tokens_per_s": 1.0 / target_costs[1] if 1 in target_costs else None}
 
-    Each run gives its width's trees: at its own depth, or (``tune_depth``) at every depth up to it; a tree of n
-    tokens is at most n - 1 deep and at most as big as its candidate pool. Draft time is the run's scaled by the
-    draft forwards per cycle (shallower trees draft fewer layers).
-    """
+
+def price_trees(target_costs: dict[int, float], runs: Sequence[RankedRun], *, has_branch_b: bool = False,
+                tune_depth: bool = False, max_budget: int | None = None) -> list[dict[str, Any]]:
+    """Expected tokens per cycle, verify and draft time and tokens/s of every tree the runs tell: each run its
+    width's trees at its own depth, or (``tune_depth``) at every depth up to it; a tree of n tokens is at most n - 1
+    deep and at most as big as its candidate pool. Draft time is the run's scaled by the draft forwards per cycle
+    (shallower trees draft fewer layers)."""
     table, seen = [], set()
     for run in runs:
         K, deepest = run.tree.top_k, run.tree.depth
@@ -237,9 +252,7 @@ def choose_tree(target_costs: dict[int, float], runs: Sequence[RankedRun], *, ha
                     min(deepest, run.tree.total_tokens - 1), run.tree, has_branch_b)
                 table.append({"depth": e, "top_k": K, "total_tokens": n, "expected_tokens_per_cycle": acc + 1,
                               "verify_s": t, "draft_s": draft_s, "tokens_per_s": (acc + 1) / (t + draft_s)})
-    best = max(table, key=lambda row: row["tokens_per_s"])
-    return {"best": best["total_tokens"], "depth": best["depth"], "top_k": best["top_k"], "table": table,
-            "vanilla_tokens_per_s": 1.0 / target_costs[1] if 1 in target_costs else None}
+    return table
 
 
 @torch.inference_mode()
@@ -304,15 +317,23 @@ def tune_tree(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequenc
     (``best``, the budget; ``depth``, ``top_k``; with a reference ``estimated``, ``fixed`` and
     ``measured_tokens_per_s``, keyed by :func:`shape_key`), the estimate's table and the ranked runs.
     """
-    widths = TUNE_TOP_K if tree.top_k == "auto" else (tree.top_k,)
-    deepest = TUNE_DEPTH if tree.depth == "auto" else tree.depth
-    runs = [ranked_run(target, draft, dataclasses.replace(tree, depth=deepest, top_k=K, total_tokens=max(candidates)),
-                       prompts, max_new_tokens) for K in widths]
     missing = sorted({1, *candidates} - set(target_costs or {}))
     if missing:  # T(n) of the sizes not given, each its fastest round as the tuner times (docs/DESIGN.md section 11)
         target_costs = {**(target_costs or {}), **measure_target_costs(target.model, sizes=missing, context=context,
                                                                        stat="min")}
     costs = {n: target_costs[n] for n in sorted({1, *candidates})}
+    widths = TUNE_TOP_K if tree.top_k == "auto" else (tree.top_k,)
+    deepest = TUNE_DEPTH if tree.depth == "auto" else tree.depth
+    priced = functools.partial(price_trees, costs, has_branch_b=draft.cfg.branch_b, tune_depth=tree.depth == "auto")
+    runs: list[RankedRun] = []
+    best = 0.0
+    for K in sorted(widths):  # in turn, until a width's best tree falls TUNE_STOP below the best so far
+        runs.append(ranked_run(target, draft, dataclasses.replace(tree, depth=deepest, top_k=K,
+                                                                  total_tokens=max(candidates)), prompts, max_new_tokens))
+        top = max((row["tokens_per_s"] for row in priced(runs[-1:])), default=0.0)
+        if top < best * (1 - TUNE_STOP):
+            break
+        best = max(best, top)
     choice = choose_tree(costs, runs, has_branch_b=draft.cfg.branch_b, tune_depth=tree.depth == "auto")
     choice["ranked_runs"] = [{"depth": r.tree.depth, "top_k": r.tree.top_k, "total_tokens": r.tree.total_tokens,
                               "cycles": r.cycles, "draft_time_per_cycle_s": r.draft_s} for r in runs]
