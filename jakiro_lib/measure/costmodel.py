@@ -51,9 +51,9 @@ CHECK_ROUNDS = 3
 # EAGLE-2's GPU trees are 10 wide)
 TUNE_DEPTH = 6
 TUNE_TOP_K = (2, 3, 4, 6, 8, 10)
-# Widths are run in turn until one's best tree is estimated this share below the best so far: in the eight tunings of
-# 2026-12-01 on a Zen 5 the best tree per width rose to one peak (width 3, 4 or 6) and the widths past the first one
-# 2% below it never came back within 1% of it (docs/results.md)
+# Widths are run in turn until one's best tree is estimated this share below the best so far: in the tunings measured
+# the best tree per width rose to one peak, and no width past the first one 2% below it came back within 1% of it
+# (docs/results.md, measurements that stood in the code)
 TUNE_STOP = 0.02
 
 

@@ -42,8 +42,8 @@ PROBE_MARGIN = 0.97  # a packed copy serves a row count only where it beat the p
 STREAM_ALLOWANCE = 1.05  # below its first win the streaming GEMM serves where it costs at most 5% more (_choose)
 # Serving from one row, the streaming GEMM also runs a decoding step's layers in one call (fast_paths._fused_layers),
 # which the linears' ratios do not see: another backend must beat its mean ratio by more than this share to be
-# chosen. Measured: the layers in one call took T(1) to 0.76-0.84x (AMX Xeon, 2026-11-30); oneDNN's copies, probed
-# within 1% of the streaming kernel's, decoded 1.42x slower for it (Zen 5, 2026-12-01; docs/results.md)
+# chosen. Measured (docs/results.md): the layers in one call took T(1) to 0.76-0.84x, and oneDNN's copies, probed
+# within 1% of the streaming kernel's, decoded 1.42-1.46x slower without them
 STREAM_STEP_CREDIT = 0.25
 
 

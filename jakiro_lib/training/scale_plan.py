@@ -25,9 +25,9 @@ PLAN_OVERRUN = 1.25
 # a misjudged budget cannot shrink (measured: docs/results.md, Measurements that stood in the code: data, models,
 # training)
 BENCH_SECONDS_PER_T1_MS = 56.0
-# And the trees' tuning, whose compilations do not follow T(1): the main study's four tuned methods with inductor's
-# cache empty took 262 s (the shapes of two searched to depth 6, 2026-12-01 on a Zen 5, docs/results.md) against
-# about 90 with the budget alone; counted besides the 56 s per ms above
+# And the trees' tuning, whose compilations do not follow T(1): the default main study's four tuned methods with
+# inductor's cache empty took 262 s (the shapes of two searched to depth 6) against about 90 with the budget alone
+# (docs/results.md, measurements that stood in the code); counted besides the seconds per ms above
 TREE_TUNING_SECONDS = 270.0
 # Compiled over eager bf16 training steps: the smallest gain of any draft measured
 # (docs/results.md, measurements that stood in the code), for every draft
