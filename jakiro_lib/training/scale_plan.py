@@ -26,7 +26,7 @@ PLAN_OVERRUN = 1.25
 # training)
 BENCH_SECONDS_PER_T1_MS = 56.0
 # And the trees' tuning, whose compilations do not follow T(1): the default main study's four tuned methods with
-# inductor's cache empty took 262 s (the shapes of two searched to depth 6) against about 90 with the budget alone
+# inductor's cache empty took 216-262 s (the shapes of two searched to depth 6) against about 90 with the budget alone
 # (docs/results.md, measurements that stood in the code); counted besides the seconds per ms above
 TREE_TUNING_SECONDS = 270.0
 # Compiled over eager bf16 training steps: the smallest gain of any draft measured
