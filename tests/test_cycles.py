@@ -65,6 +65,7 @@ def test_cycle_table_rows_add_up(tmp_path, capture):
         assert math.isclose(r["overhead"], (r["cycle_ms"] - r["tn_ms"]) / r["plain_ms"], rel_tol=1e-9)
         assert r["cycle_ops"] == sum(r[f"{p}_ops"] for p in PARTS) > 0
     plain, jakiro = rows["vanilla"], rows["jakiro"]
+    assert (plain["tree"], jakiro["tree"]) == ("", f"d{TREE.depth} k{TREE.top_k} n{TREE.total_tokens}")
     assert (plain["rows"], plain["draft_forwards"], plain["tau"]) == (1, 0, 1)
     assert math.isclose(plain["cycle_per_plain"], 1.0)
     assert 1 < jakiro["rows"] <= 8 and jakiro["draft_forwards"] == 4 and jakiro["tau"] > 1

@@ -22,7 +22,7 @@ from ..models.draft import DraftModel
 from ..models.target import Target, capture_of, set_capture
 from .budgets import resolve_tree_budgets
 from .clock import StepClock
-from .costmodel import measure_target_costs
+from .costmodel import measure_target_costs, shape_key
 from .methods import profile_methods
 
 # the methods the table shows by default: plain decoding, EAGLE-2 and Jakiro at the fixed and tuned trees, CEPD, a chain
@@ -31,7 +31,7 @@ CYCLE_METHODS = ("vanilla", "eagle2_auto", "jakiro_auto", "eagle2", "jakiro", "j
 # a cycle's parts as the table names them, each the clock steps it sums
 PARTS = {"verify": ("verify",), "draft_forward": ("draft_forward",), "tree": ("draft", "cycle"),
          "evaluate": ("evaluate",), "update": ("update",), "read": ("read",)}
-COLUMNS = ("method", "rows", "cycles", "tau", "draft_forwards", "plain_ms", "cycle_ms", "cycle_per_plain", "tn_ms",
+COLUMNS = ("method", "tree", "rows", "cycles", "tau", "draft_forwards", "plain_ms", "cycle_ms", "cycle_per_plain", "tn_ms",
            *(f"{p}_ms" for p in PARTS), "host_ms", "overhead", "overhead_per_forward",
            *(f"{p}_ops" for p in PARTS), "cycle_ops")
 
@@ -82,8 +82,19 @@ def count_operators(target: Target, draft: DraftModel | None, spec: MethodSpec, 
     return counted
 
 
-def cycle_row(name: str, timed: _Timed, counted: StepClock, plain_s: float, tn: dict[int, float]) -> dict[str, Any]:
-    """One method's row of the table (:data:`COLUMNS`), times in ms per cycle."""
+def tree_label(spec: MethodSpec) -> str:
+    """A method's tree as the table names it: "d2 k6 n8" (depth, width, budget), "+10" for a lookup chain of up to 10
+    tokens; "" for plain decoding."""
+    tree = spec.tree
+    if spec.kind != SPEC or tree is None:
+        return ""
+    drafted = shape_key(min(tree.depth, tree.total_tokens - 1), tree.top_k, tree.total_tokens) if spec.draft else ""
+    return drafted + (f"+{tree.lookup_tokens}" if tree.lookup_tokens else "")
+
+
+def cycle_row(name: str, tree: str, timed: _Timed, counted: StepClock, plain_s: float,
+              tn: dict[int, float]) -> dict[str, Any]:
+    """One method's row of the table (:data:`COLUMNS`; ``tree``: :func:`tree_label`), times in ms per cycle."""
     cycles = max(timed.cycles, 1)
     per_cycle = {p: 1e3 * sum(timed.clock.seconds.get(s, 0.0) for s in steps) / cycles for p, steps in PARTS.items()}
     cycle_ms = 1e3 * timed.wall / cycles
@@ -93,7 +104,7 @@ def cycle_row(name: str, timed: _Timed, counted: StepClock, plain_s: float, tn: 
     overhead = (cycle_ms - tn_ms) / (1e3 * plain_s)
     n_counted = max(counted.entries["cycle"], 1)
     row: dict[str, Any] = {
-        "method": name, "rows": rows, "cycles": timed.cycles, "tau": timed.emitted / cycles,
+        "method": name, "tree": tree, "rows": rows, "cycles": timed.cycles, "tau": timed.emitted / cycles,
         "draft_forwards": forwards, "plain_ms": 1e3 * plain_s, "cycle_ms": cycle_ms,
         "cycle_per_plain": cycle_ms / (1e3 * plain_s), "tn_ms": tn_ms,
         **{f"{p}_ms": v for p, v in per_cycle.items()}, "host_ms": cycle_ms - sum(per_cycle.values()),
@@ -133,7 +144,7 @@ def cycle_table(target: Target, methods: dict[str, MethodSpec], prompts: Sequenc
                for name, spec in methods.items()}
     plain_s = base.wall / max(base.cycles, 1)
     tn = {n: statistics.median(times) for n, times in tn_rounds.items()}
-    return [cycle_row(name, timed[name], counted[name], plain_s, tn) for name in methods]
+    return [cycle_row(name, tree_label(spec), timed[name], counted[name], plain_s, tn) for name, spec in methods.items()]
 
 
 def cycle_methods(profile: Profile, run_dir: Path, target: Target,
