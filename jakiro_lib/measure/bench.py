@@ -1,7 +1,7 @@
 """One evaluation loop for every method of :mod:`jakiro_lib.measure.methods` (Spec-Bench style) and one results schema:
 same prompts, chat template, token budget and machine, methods interleaved question by question, each first in turn
-(docs/DESIGN.md section 11). Records are JSONL, one line per (method, temperature, question, turn, repeat): ``method`` is the registry's name,
-``engine`` and ``capture`` how it ran."""
+(docs/DESIGN.md section 11). Records are JSONL, one line per (method, temperature, question, turn, repeat):
+``method`` is the registry's name, ``engine`` and ``capture`` how it ran."""
 from __future__ import annotations
 
 import dataclasses

@@ -264,9 +264,9 @@ def resolve_tree_budgets(profile: Profile, run_dir: Path, methods: dict[str, Any
             draft = spec.load_draft(target)
             with _OthersLoad(f"the tree budget of {name}") as load:
                 budget = spec.tree.total_tokens  # a fixed budget is its own only candidate
+                candidates = [n for n in TUNE_SIZES if n >= 2] if budget == "auto" else [budget]
                 tuned = costmodel.tune_tree(target, draft, spec.tree, prompts, target_costs=costs, reference=fixed,
-                                            candidates=[n for n in TUNE_SIZES if n >= 2] if budget == "auto" else [budget],
-                                            compile=compiles_cycle(capture), measure_sizes=sizes)
+                                            candidates=candidates, compile=compiles_cycle(capture), measure_sizes=sizes)
             tuned.update(seconds=round(time.perf_counter() - t0, 1), others_cpu_cores=load.cores, prompts=tuned_on)
             cache["choices"][key] = tuned
             log.info("tree for %s: %s (estimate %s, fixed tree %s; tuned in %.1f s)", name,

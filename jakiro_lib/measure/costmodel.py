@@ -328,8 +328,8 @@ def tune_tree(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequenc
     runs: list[RankedRun] = []
     best = 0.0
     for K in sorted(widths):  # in turn, until a width's best tree falls TUNE_STOP below the best so far
-        runs.append(ranked_run(target, draft, dataclasses.replace(tree, depth=deepest, top_k=K,
-                                                                  total_tokens=max(candidates)), prompts, max_new_tokens))
+        big = dataclasses.replace(tree, depth=deepest, top_k=K, total_tokens=max(candidates))
+        runs.append(ranked_run(target, draft, big, prompts, max_new_tokens))
         top = max((row["tokens_per_s"] for row in priced(runs[-1:])), default=0.0)
         if top < best * (1 - TUNE_STOP):
             break

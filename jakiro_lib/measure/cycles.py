@@ -31,8 +31,8 @@ CYCLE_METHODS = ("vanilla", "eagle2_auto", "jakiro_auto", "eagle2", "jakiro", "j
 # a cycle's parts as the table names them, each the clock steps it sums
 PARTS = {"verify": ("verify",), "draft_forward": ("draft_forward",), "tree": ("draft", "cycle"),
          "evaluate": ("evaluate",), "update": ("update",), "read": ("read",)}
-COLUMNS = ("method", "tree", "rows", "cycles", "tau", "draft_forwards", "plain_ms", "cycle_ms", "cycle_per_plain", "tn_ms",
-           *(f"{p}_ms" for p in PARTS), "host_ms", "overhead", "overhead_per_forward",
+COLUMNS = ("method", "tree", "rows", "cycles", "tau", "draft_forwards", "plain_ms", "cycle_ms", "cycle_per_plain",
+           "tn_ms", *(f"{p}_ms" for p in PARTS), "host_ms", "overhead", "overhead_per_forward",
            *(f"{p}_ops" for p in PARTS), "cycle_ops")
 
 
