@@ -326,14 +326,14 @@ def tune_tree(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequenc
     deepest = TUNE_DEPTH if tree.depth == "auto" else tree.depth
     priced = functools.partial(price_trees, costs, has_branch_b=draft.cfg.branch_b, tune_depth=tree.depth == "auto")
     runs: list[RankedRun] = []
-    best = 0.0
-    for K in sorted(widths):  # in turn, until a width's best tree falls TUNE_STOP below the best so far
+    peak = 0.0  # the best tree's estimated tokens/s so far
+    for K in sorted(widths):  # in turn, until a width's best tree falls TUNE_STOP below the peak
         big = dataclasses.replace(tree, depth=deepest, top_k=K, total_tokens=max(candidates))
         runs.append(ranked_run(target, draft, big, prompts, max_new_tokens))
         top = max((row["tokens_per_s"] for row in priced(runs[-1:])), default=0.0)
-        if top < best * (1 - TUNE_STOP):
+        if top < peak * (1 - TUNE_STOP):
             break
-        best = max(best, top)
+        peak = max(peak, top)
     choice = choose_tree(costs, runs, has_branch_b=draft.cfg.branch_b, tune_depth=tree.depth == "auto")
     choice["ranked_runs"] = [{"depth": r.tree.depth, "top_k": r.tree.top_k, "total_tokens": r.tree.total_tokens,
                               "cycles": r.cycles, "draft_time_per_cycle_s": r.draft_s} for r in runs]
