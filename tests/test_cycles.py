@@ -73,6 +73,16 @@ def test_cycle_table_rows_add_up(tmp_path, capture):
     assert capture_of(model) == capture  # the operator count's eager pool leaves the capture as it was
 
 
+def test_the_tree_column_names_depth_width_budget_and_chain():
+    from jakiro_lib.measure.cycles import tree_label
+
+    chained = TreeConfig(depth=4, top_k=3, total_tokens=8, lookup_tokens=10)
+    assert tree_label(MethodSpec("spec", draft="d", tree=chained)) == "d4 k3 n8+10"
+    assert tree_label(MethodSpec("spec", tree=chained)) == "+10"  # the chain alone
+    assert tree_label(MethodSpec("spec", draft="d", tree=TreeConfig(depth=4, top_k=6, total_tokens=3))) == "d2 k6 n3"
+    assert tree_label(MethodSpec("vanilla")) == ""
+
+
 def test_the_methods_are_timed_interleaved_prompt_by_prompt(tmp_path, monkeypatch):
     """Each prompt runs every method once, the order turning by one each prompt, then T(n) once for every n a method
     may verify (the machine's drift reaches them alike), after one warm-up each; T(n) is the median of its rounds;
