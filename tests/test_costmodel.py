@@ -86,7 +86,7 @@ def test_choose_tree_trades_acceptance_against_verify_and_draft_cost():
     assert expected_accepted(ranks, 7, depth=1) == pytest.approx(1.0)
     flat = {1: 0.05, 2: 0.05, 4: 0.05, 8: 0.05, 16: 0.05}
     steep = {1: 0.05, 2: 0.06, 4: 0.07, 8: 0.15, 16: 0.30}
-    run = RankedRun(TreeConfig(depth=3, top_k=3, total_tokens=16), ranks, draft_s=0.03, cycles=3)
+    run = RankedRun(TreeConfig(depth=3, top_k=3, total_tokens=16), ranks, tree_s=0.03, path_s=0.0, cycles=3)
     free = choose_tree(flat, [run])
     assert (free["best"], free["depth"], free["top_k"]) == (16, 3, 3)  # free verification: the biggest tree
     assert choose_tree(steep, [run])["best"] == 2
@@ -95,9 +95,10 @@ def test_choose_tree_trades_acceptance_against_verify_and_draft_cost():
     shallow = choose_tree(flat, [run], tune_depth=True)
     assert (shallow["best"], shallow["depth"], shallow["top_k"]) == (4, 2, 3)
     rows = {(r["depth"], r["total_tokens"]): r for r in shallow["table"]}
-    assert rows[2, 8]["draft_s"] == pytest.approx(0.02)  # two draft forwards a cycle of three
+    assert rows[2, 8]["draft_s"] == pytest.approx(0.02)  # two draft steps of three
     assert (3, 2) not in rows and (1, 8) not in rows  # 2 tokens are 1 deep; a 1-deep tree of width 3 holds 4
-    wide = RankedRun(TreeConfig(depth=3, top_k=4, total_tokens=16), [[[0, 0, 0]] * 3] * 3, draft_s=0.03, cycles=3)
+    wide = RankedRun(TreeConfig(depth=3, top_k=4, total_tokens=16), [[[0, 0, 0]] * 3] * 3, tree_s=0.03, path_s=0.0,
+                     cycles=3)
     assert choose_tree(steep, [run, wide])["top_k"] == 4  # the width whose run accepts more
 
 
@@ -156,7 +157,7 @@ def test_widths_are_run_in_turn_until_one_falls_below_the_best(monkeypatch):
 
     def fake_run(target, draft, tree, prompts, max_new_tokens):
         asked.append(tree.top_k)
-        return RankedRun(tree, [[[0] * tree.depth] * accepted[tree.top_k]] * 4, draft_s=0.001, cycles=4)
+        return RankedRun(tree, [[[0] * tree.depth] * accepted[tree.top_k]] * 4, tree_s=0.001, path_s=0.0, cycles=4)
 
     monkeypatch.setattr(costmodel, "ranked_run", fake_run)
     monkeypatch.setattr(costmodel, "TUNE_TOP_K", (6, 2, 4, 3))  # run narrowest first whatever the order given
@@ -197,19 +198,25 @@ def test_tuning_does_not_count_a_warm_up_generation(monkeypatch):
     assert all(c is clock and ranked for c, ranked, _ in timed)  # the timed runs: one clock, path ranks read
     assert out["cycles_observed"] == sum(n for *_, n in timed) == clock.entries["cycle"]
     drafting = sum(clock.seconds[s] for s in ("draft", "draft_forward", "update"))  # the tree, forwards, encoding
-    assert out["ranked_runs"][0]["draft_time_per_cycle_s"] == pytest.approx(drafting / out["cycles_observed"])
+    run = out["ranked_runs"][0]
+    assert run["draft_time_per_cycle_s"] == pytest.approx(drafting / out["cycles_observed"])
+    # the accepted path's encoding (a mean draft forward and the update) apart from the tree's, which depth scales
+    per_forward = clock.seconds["draft_forward"] / clock.entries["draft_forward"]
+    assert run["path_s"] == pytest.approx(per_forward + clock.seconds["update"] / out["cycles_observed"])
+    assert 0 < run["path_s"] < run["draft_time_per_cycle_s"] and run["tree_s"] + run["path_s"] == pytest.approx(
+        run["draft_time_per_cycle_s"])
 
 
-def test_shallow_trees_are_charged_fewer_draft_forwards():
+def test_shallow_trees_are_charged_fewer_draft_steps_and_the_same_path_encoding():
     costs = {2: 0.01, 3: 0.01, 5: 0.01, 32: 0.01}
-    run = RankedRun(TreeConfig(depth=4, total_tokens=32), [], draft_s=0.010, cycles=1)
+    run = RankedRun(TreeConfig(depth=4, total_tokens=32), [], tree_s=0.008, path_s=0.002, cycles=1)
     est = {r["total_tokens"]: r["draft_s"] for r in choose_tree(costs, [run])["table"]}
-    # forwards per cycle: depth-1 tree 1 (only the accepted-token encoding), depth 2: 2, depth >= 4: 4
-    assert est == pytest.approx({2: 0.0025, 3: 0.005, 5: 0.010, 32: 0.010})
-    cepd = RankedRun(TreeConfig(depth=4, total_tokens=32, ar_steps=0), [], draft_s=0.010, cycles=1)
+    # draft steps: a depth-1 tree 1 (the root's candidates), depth 2: 2, depth >= 4: 4; the path's forward each
+    assert est == pytest.approx({2: 0.004, 3: 0.006, 5: 0.010, 32: 0.010})
+    cepd = RankedRun(TreeConfig(depth=4, total_tokens=32, ar_steps=0), [], tree_s=0.008, path_s=0.002, cycles=1)
     est = {r["total_tokens"]: r["draft_s"] for r in choose_tree(costs, [cepd], has_branch_b=True)["table"]}
-    # CEPD from the root: layers 1-2 come from the root's own output, 3-4 from one forward; + 1 encoding
-    assert est[3] == pytest.approx(0.005)
+    # CEPD from the root: layers 1-2 come from the root's own output, 3-4 from one forward
+    assert est[3] == pytest.approx(0.006)
 
 
 def test_target_costs_can_take_each_sizes_fastest_round(monkeypatch):

@@ -38,7 +38,7 @@ TUNE_PROMPTS = 4  # held-out ShareGPT first turns the tree budget is tuned on (t
 TUNE_PROMPT_TOKENS = 256
 PAPER_TREE_TOKENS = 8  # the fixed tree where a profile's own total_tokens is "auto" (EAGLE-2's CPU-sized tree here)
 # The tuner's version in a choice's key: choices made by an earlier tuner are not reused.
-TUNER_VERSION = 4
+TUNER_VERSION = 5
 # Other processes' CPU use, in cores beyond those this process leaves idle, above which the tuner warns
 BUSY_CORES = 0.25
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

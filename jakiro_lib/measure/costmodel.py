@@ -198,7 +198,8 @@ class RankedRun:
 
     tree: TreeConfig
     path_ranks: list[list[list[int]]]
-    draft_s: float  # drafting seconds per cycle (the tree's steps, its forwards, the path's encoding)
+    tree_s: float  # seconds per cycle drafting the tree (its steps and forwards)
+    path_s: float  # seconds per cycle encoding the accepted path (one draft forward, whatever the tree)
     cycles: int
 
 
@@ -213,9 +214,9 @@ def parse_shape_key(key: str) -> dict[str, int] | None:
     return None if found is None else dict(zip(("depth", "top_k", "total_tokens"), map(int, found.groups())))
 
 
-def draft_forwards(depth: int, tree: TreeConfig, has_branch_b: bool) -> int:
-    """Draft forwards per cycle of a tree ``depth`` deep drafted as ``tree`` (its steps less one, plus the path's
-    encoding: :func:`~jakiro_lib.decoding.drafting.schedule`)."""
+def draft_steps(depth: int, tree: TreeConfig, has_branch_b: bool) -> int:
+    """Draft steps of a tree ``depth`` deep drafted as ``tree``: the root's candidates, then a forward and its
+    candidates each (:func:`~jakiro_lib.decoding.drafting.schedule`)."""
     return len(schedule(depth, tree.ar_steps, has_branch_b))
 
 
@@ -235,8 +236,8 @@ def price_trees(target_costs: dict[int, float], runs: Sequence[RankedRun], *, ha
                 tune_depth: bool = False, max_budget: int | None = None) -> list[dict[str, Any]]:
     """Expected tokens per cycle, verify and draft time and tokens/s of every tree the runs tell: each run its
     width's trees at its own depth, or (``tune_depth``) at every depth up to it; a tree of n tokens is at most n - 1
-    deep and at most as big as its candidate pool. Draft time is the run's scaled by the draft forwards per cycle
-    (shallower trees draft fewer layers)."""
+    deep and at most as big as its candidate pool. Draft time is the run's tree time scaled by the draft steps
+    (shallower trees draft fewer layers), and its accepted path's encoding as it was."""
     table, seen = [], set()
     for run in runs:
         K, deepest = run.tree.top_k, run.tree.depth
@@ -248,7 +249,7 @@ def price_trees(target_costs: dict[int, float], runs: Sequence[RankedRun], *, ha
                     continue
                 seen.add((K, e, n))
                 acc = expected_accepted(run.path_ranks, n, e)
-                draft_s = run.draft_s * draft_forwards(e, run.tree, has_branch_b) / draft_forwards(
+                draft_s = run.path_s + run.tree_s * draft_steps(e, run.tree, has_branch_b) / draft_steps(
                     min(deepest, run.tree.total_tokens - 1), run.tree, has_branch_b)
                 table.append({"depth": e, "top_k": K, "total_tokens": n, "expected_tokens_per_cycle": acc + 1,
                               "verify_s": t, "draft_s": draft_s, "tokens_per_s": (acc + 1) / (t + draft_s)})
@@ -296,8 +297,11 @@ def ranked_run(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequen
     ranks: list[list[list[int]]] = []
     for ids in prompts:
         ranks += _generate(target, draft, tree, ids, max_new_tokens, clock=clock, ranked=True).path_ranks
-    drafting = sum(clock.seconds[s] for s in ("draft", "draft_forward", "update"))
-    return RankedRun(tree, ranks, drafting / max(clock.entries["cycle"], 1), clock.entries["cycle"])
+    cycles = max(clock.entries["cycle"], 1)
+    drafting = sum(clock.seconds[s] for s in ("draft", "draft_forward", "update")) / cycles
+    # the accepted path's encoding: a mean draft forward (the compiled tree's are not clocked apart) and the update
+    path = clock.seconds["draft_forward"] / max(clock.entries["draft_forward"], 1) + clock.seconds["update"] / cycles
+    return RankedRun(tree, ranks, tree_s=drafting - path, path_s=path, cycles=clock.entries["cycle"])
 
 
 def tune_tree(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequence[torch.Tensor], *,
@@ -336,7 +340,8 @@ def tune_tree(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequenc
         peak = max(peak, top)
     choice = choose_tree(costs, runs, has_branch_b=draft.cfg.branch_b, tune_depth=tree.depth == "auto")
     choice["ranked_runs"] = [{"depth": r.tree.depth, "top_k": r.tree.top_k, "total_tokens": r.tree.total_tokens,
-                              "cycles": r.cycles, "draft_time_per_cycle_s": r.draft_s} for r in runs]
+                              "cycles": r.cycles, "draft_time_per_cycle_s": r.tree_s + r.path_s, "tree_s": r.tree_s,
+                              "path_s": r.path_s} for r in runs]
     choice["cycles_observed"] = sum(r.cycles for r in runs)
     if reference is not None:
         def shaped(depth: int, top_k: int, n: int) -> TreeConfig:
