@@ -35,8 +35,14 @@ def busy_warning() -> str | None:
 
 def process_ticks(stat: Path) -> int:
     """User + system CPU ticks so far of the process whose ``/proc/<pid>/stat`` is ``stat`` (its fields 14, 15)."""
-    fields = stat.read_text().rsplit(")", 1)[1].split()
+    fields = _stat_fields(stat)
     return int(fields[11]) + int(fields[12])
+
+
+def _stat_fields(stat: Path) -> list[str]:
+    """The fields of a ``/proc/<pid>/stat`` after the command's name (which may hold spaces and parentheses): its
+    state first, then the parent's pid, ..."""
+    return stat.read_text().rsplit(")", 1)[1].split()
 
 
 def family_ticks(pid: int | None = None, proc: Path = Path("/proc")) -> int:
@@ -47,7 +53,7 @@ def family_ticks(pid: int | None = None, proc: Path = Path("/proc")) -> int:
     parent, ticks = {}, {}
     for stat in proc.glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            fields = _stat_fields(stat)
             n = int(stat.parent.name)
             parent[n], ticks[n] = int(fields[1]), sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
         except (OSError, IndexError, ValueError):

@@ -204,8 +204,9 @@ class RankedRun:
 
 
 def shape_key(depth: int, top_k: int, total_tokens: int) -> str:
-    """A tree shape's name in the tuner's records: "d4 k3 n8"."""
-    return f"d{depth} k{top_k} n{total_tokens}"
+    """A tree shape's name in the tuner's records: "d4 k3 n8", at the depth it has (a tree of n tokens is at most
+    n - 1 deep)."""
+    return f"d{min(depth, total_tokens - 1)} k{top_k} n{total_tokens}"
 
 
 def parse_shape_key(key: str) -> dict[str, int] | None:
@@ -347,8 +348,8 @@ def tune_tree(target: Any, draft: DraftModel, tree: TreeConfig, prompts: Sequenc
         def shaped(depth: int, top_k: int, n: int) -> TreeConfig:
             return dataclasses.replace(tree, depth=depth, top_k=top_k, total_tokens=n)
 
-        def key(t: TreeConfig) -> str:  # a tree of n tokens is at most n - 1 deep
-            return shape_key(min(t.depth, t.total_tokens - 1), t.top_k, t.total_tokens)
+        def key(t: TreeConfig) -> str:
+            return shape_key(t.depth, t.top_k, t.total_tokens)
 
         best = shaped(choice["depth"], choice["top_k"], choice["best"])
         depth = best.depth if tree.depth == "auto" else tree.depth  # of the other budgets run

@@ -88,7 +88,7 @@ def tree_label(spec: MethodSpec) -> str:
     tree = spec.tree
     if spec.kind != SPEC or tree is None:
         return ""
-    drafted = shape_key(min(tree.depth, tree.total_tokens - 1), tree.top_k, tree.total_tokens) if spec.draft else ""
+    drafted = shape_key(tree.depth, tree.top_k, tree.total_tokens) if spec.draft else ""
     return drafted + (f"+{tree.lookup_tokens}" if tree.lookup_tokens else "")
 
 

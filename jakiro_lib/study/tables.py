@@ -169,9 +169,9 @@ TREE_BUDGET_COLUMNS = ["method", "depth", "top_k", "total_tokens", "expected_tok
 
 
 def _tree_key(depth: Any, top_k: Any, n: int) -> str:
-    """A tree's key in a tuning record: :func:`~jakiro_lib.measure.costmodel.shape_key` (a tree of n tokens at most
-    n - 1 deep), or the budget alone where the record has no shape (an earlier tuner's)."""
-    return str(n) if depth is None or top_k is None else shape_key(min(depth, n - 1), top_k, n)
+    """A tree's key in a tuning record: :func:`~jakiro_lib.measure.costmodel.shape_key`, or the budget alone where
+    the record has no shape (an earlier tuner's)."""
+    return str(n) if depth is None or top_k is None else shape_key(depth, top_k, n)
 
 
 def tree_budget_table(run_dir: str | Path, study: str = "main") -> pd.DataFrame:
