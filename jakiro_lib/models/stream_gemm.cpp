@@ -75,8 +75,10 @@ inline vec load(const int8_t* p) {
   return v;
 }
 
-// ``scales`` (int8 panels): each column's sums times its scale, rounded once; null for fp32 and bf16 panels.
-template <int M, int NB, typename W>
+// ``scales`` (int8 panels): each column's sums times its scale, rounded once; null for fp32 and bf16 panels. ``Stream``:
+// the panels are prefetched non-temporally (prefetchnta), so that weights read once a step pass through the caches
+// without evicting what the step reads again (run's ``stream``).
+template <int M, int NB, bool Stream, typename W>
 inline void block(const float* x, const W* panels, const float* scales, float* y, int64_t K, int64_t Np, int64_t p) {
   constexpr int64_t ahead = 2048 / (L * sizeof(W));  // k steps: 2 KB ahead on each panel's stream
   vec acc[M][NB];
@@ -87,7 +89,7 @@ inline void block(const float* x, const W* panels, const float* scales, float* y
     vec w[NB];
     for (int j = 0; j < NB; ++j) {
       w[j] = load(src + (j * K + k) * L);
-      __builtin_prefetch(src + (j * K + k + ahead) * L);
+      __builtin_prefetch(src + (j * K + k + ahead) * L, 0, Stream ? 0 : 3);
     }
     for (int m = 0; m < M; ++m) {
       const float xv = x[m * K + k];
@@ -103,19 +105,32 @@ inline void block(const float* x, const W* panels, const float* scales, float* y
     for (int j = 0; j < NB; ++j) store(y + m * Np + (p + j) * L, acc[m][j]);
 }
 
-template <int M, typename W>
+template <int M, bool Stream, typename W>
 void rows(const float* x, const W* panels, const float* scales, float* y, int64_t K, int64_t Np, int64_t p,
           int64_t p_end) {
   constexpr int NB = panels_in_registers<M>();
-  for (; p + NB <= p_end; p += NB) block<M, NB>(x, panels, scales, y, K, Np, p);
-  for (; p < p_end; ++p) block<M, 1>(x, panels, scales, y, K, Np, p);
+  for (; p + NB <= p_end; p += NB) block<M, NB, Stream>(x, panels, scales, y, K, Np, p);
+  for (; p < p_end; ++p) block<M, 1, Stream>(x, panels, scales, y, K, Np, p);
 }
 
+bool stream_hint = true;  // TEMPORARY: the record's A/B switch (set_stream_hint)
+int64_t set_stream_hint(int64_t on) {
+  stream_hint = on != 0;
+  return on;
+}
+
+// ``stream``: weights a step reads once (a target's), prefetched non-temporally where one pass over each block serves
+// every row (M <= CHUNK; more rows pass over a block once per chunk and need it kept in cache between passes).
 template <typename W>
-void run(const float* x, const W* panels, float* y, int64_t M, int64_t K, int64_t P, const float* scales = nullptr) {
+void run(const float* x, const W* panels, float* y, int64_t M, int64_t K, int64_t P, const float* scales, bool stream) {
   using RowsFn = void (*)(const float*, const W*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
-  static constexpr RowsFn by_rows[9] = {nullptr, rows<1, W>, rows<2, W>, rows<3, W>, rows<4, W>,
-                                        rows<5, W>, rows<6, W>, rows<7, W>, rows<8, W>};
+  static constexpr RowsFn kept[9] = {nullptr, rows<1, false, W>, rows<2, false, W>, rows<3, false, W>,
+                                     rows<4, false, W>, rows<5, false, W>, rows<6, false, W>, rows<7, false, W>,
+                                     rows<8, false, W>};
+  static constexpr RowsFn streamed[9] = {nullptr, rows<1, true, W>, rows<2, true, W>, rows<3, true, W>,
+                                         rows<4, true, W>, rows<5, true, W>, rows<6, true, W>, rows<7, true, W>,
+                                         rows<8, true, W>};
+  const RowsFn* by_rows = stream && stream_hint && M <= CHUNK ? streamed : kept;
   const int64_t Np = P * L;
   // Threads split the panels; a thread passes over a block of its panels (about 512 KB) once per chunk of
   // rows, the block staying in cache between chunks. A block holds a multiple of 12 panels, which every NB
@@ -182,7 +197,9 @@ at::Tensor pack_scaled(const at::Tensor& weight) {
 }
 
 // input [..., K] -> [..., n] through panels of fp32, bf16 or int8 (pack_scaled's, each column's sums times its
-// scale): the leading dimensions flattened into rows and restored here, not in Python.
+// scale): the leading dimensions flattened into rows and restored here, not in Python. fp32 panels (a target's weights,
+// or a draft's kept in fp32) are streamed (run's ``stream``); bf16 and int8 panels, a draft's copies read several times
+// a cycle, are kept in cache.
 at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, int64_t n) {
   const bool scaled = packed.scalar_type() == at::kChar;
   const int64_t K = input.dim() >= 1 ? input.size(-1) : 0, P = scaled ? scaled_panels(n) : packed.size(0);
@@ -194,12 +211,13 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, int64_t n) 
   at::Tensor y = at::empty({M, P * L}, x.options());
   if (packed.scalar_type() == at::kBFloat16) {
     run(x.data_ptr<float>(), reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), y.data_ptr<float>(),
-        M, K, P);
+        M, K, P, nullptr, false);
   } else if (scaled) {
     const int8_t* panels = packed.data_ptr<int8_t>();  // the scales start P K L bytes on: a multiple of a float's
-    run(x.data_ptr<float>(), panels, y.data_ptr<float>(), M, K, P, reinterpret_cast<const float*>(panels + P * K * L));
+    run(x.data_ptr<float>(), panels, y.data_ptr<float>(), M, K, P, reinterpret_cast<const float*>(panels + P * K * L),
+        false);
   } else {
-    run(x.data_ptr<float>(), packed.data_ptr<float>(), y.data_ptr<float>(), M, K, P);
+    run(x.data_ptr<float>(), packed.data_ptr<float>(), y.data_ptr<float>(), M, K, P, nullptr, true);
   }
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes.back() = n;
@@ -921,9 +939,10 @@ at::Tensor greedy_head_meta(const at::Tensor& input, const at::Tensor& screen, c
 
 // The screened logits s [M, P * L] of rows x [M, K] through W's int8 panels ([P, K, L], or the tile screen's
 // [P, Kt / 4, L, 4]) and their columns' scales (pack_int8): the tile screen's (integer_screen, each row's t set) or
-// the fp32 screen's (t 0). ``op`` names the caller in its errors.
+// the fp32 screen's (t 0). ``op`` names the caller in its errors; ``stream``: the screen is a target's head, read once a
+// step (run's ``stream``).
 at::Tensor screened_logits(const at::Tensor& x, const at::Tensor& screen, const at::Tensor& scales,
-                           std::vector<float>& t, const char* op) {
+                           std::vector<float>& t, const char* op, bool stream) {
   const int64_t M = x.size(0), K = x.size(1), P = screen.dim() >= 1 ? screen.size(0) : 0;
   const bool tiles = screen.dim() == 4;
   TORCH_CHECK(screen.scalar_type() == at::kChar &&
@@ -941,7 +960,7 @@ at::Tensor screened_logits(const at::Tensor& x, const at::Tensor& screen, const 
 #endif
   } else {
     // each word's screened logit: its sums times its scale, rounded once
-    run(x.data_ptr<float>(), screen.data_ptr<int8_t>(), s.data_ptr<float>(), M, K, P, sc.data_ptr<float>());
+    run(x.data_ptr<float>(), screen.data_ptr<int8_t>(), s.data_ptr<float>(), M, K, P, sc.data_ptr<float>(), stream);
   }
   return s;
 }
@@ -960,7 +979,7 @@ at::Tensor greedy_head(const at::Tensor& input, const at::Tensor& screen, const 
   const at::Tensor b = bound.contiguous(), l = l1.contiguous();
   const int64_t M = x.size(0), P = screen.size(0), V = w.size(0);
   std::vector<float> t;  // B_c = bound_c * norm, and l1_c * t on the tiles
-  const at::Tensor s = screened_logits(x, screen, scales, t, "stream_gemm.greedy_head");
+  const at::Tensor s = screened_logits(x, screen, scales, t, "stream_gemm.greedy_head", true);
   at::Tensor out = greedy_head_meta(input, screen, scales, bound, l1, weight);
   int64_t* o = out.data_ptr<int64_t>();
   const float *xp = x.data_ptr<float>(), *sp = s.data_ptr<float>(), *bp = b.data_ptr<float>();
@@ -978,7 +997,7 @@ at::Tensor int8_linear(const at::Tensor& input, const at::Tensor& screen, const 
               "stream_gemm.int8_linear: shapes do not match");
   std::vector<float> t;
   const at::Tensor s = screened_logits(input.reshape({-1, input.size(-1)}).contiguous(), screen, scales, t,
-                                       "stream_gemm.int8_linear");
+                                       "stream_gemm.int8_linear", false);
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes.back() = n;
   return (n == s.size(1) ? s : s.narrow(1, 0, n).contiguous()).view(sizes);
@@ -1256,6 +1275,7 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("attend(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor");
   m.def("argmax(Tensor x) -> Tensor");
   m.def("pack_int8(Tensor weight, bool tiles=False) -> (Tensor, Tensor)");
+  m.def("set_stream_hint(int on) -> int", set_stream_hint);  // TEMPORARY: the record's A/B switch
   m.def("greedy_head(Tensor x, Tensor screen, Tensor scales, Tensor bound, Tensor l1, Tensor weight) -> Tensor");
   m.def("tile_screen() -> bool", tile_screen);
   m.def("int8_linear(Tensor x, Tensor screen, Tensor scales, int n) -> Tensor");
