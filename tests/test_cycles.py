@@ -108,7 +108,7 @@ def test_the_methods_are_timed_interleaved_prompt_by_prompt(tmp_path, monkeypatc
     monkeypatch.setattr(cycles, "measure_target_costs", costs)
     rows = {r["method"]: r for r in cycle_table(target, methods, prompts, max_new_tokens=6)}
     assert calls[:3] == [(n, 0, True) for n in methods]  # the warm-ups
-    order, sizes = ["vanilla", "jakiro", "jakiro_2"], ("T(n)", tuple(range(1, 9)), 1)
+    order, sizes = ["vanilla", "jakiro", "jakiro_2"], ("T(n)", tuple(range(1, 9)), cycles.TN_REPEATS)
     assert calls[3:15] == [c for i in range(3) for c in [(n, i, False) for n in order[i:] + order[:i]] + [sizes]]
     assert calls[15:] == [(n, 0, False) for n in methods]  # the operator counts
     assert rows["vanilla"]["tn_ms"] == pytest.approx(1 + 11)  # T(1): the median of its three rounds (8, 12, 16 ms)

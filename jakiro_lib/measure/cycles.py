@@ -28,6 +28,10 @@ from .methods import profile_methods
 # the methods the table shows by default: plain decoding, EAGLE-2 and Jakiro at the fixed and tuned trees, CEPD, a chain
 CYCLE_METHODS = ("vanilla", "eagle2_auto", "jakiro_auto", "eagle2", "jakiro", "jakiro_cepd", "jakiro_lookup")
 
+# rounds of T(n) after each prompt, their median kept: a first round alone runs cold (after a prefill on a fresh cache;
+# 5% over the median of five for T(1) where the target's weights stream past the caches, docs/results.md)
+TN_REPEATS = 3
+
 # a cycle's parts as the table names them, each the clock steps it sums
 PARTS = {"verify": ("verify",), "draft_forward": ("draft_forward",), "tree": ("draft", "cycle"),
          "evaluate": ("evaluate",), "update": ("update",), "read": ("read",)}
@@ -119,8 +123,8 @@ def cycle_table(target: Target, methods: dict[str, MethodSpec], prompts: Sequenc
     """The rows of the cycle-cost table for ``methods`` (our kinds; ``plain``, plain decoding, among them: its
     cycle is the plain step) on ``prompts``, greedy, in the order given. The methods' generations are timed step by
     step (after one warm-up each) interleaved prompt by prompt, the order turning by one each prompt, and after each
-    prompt T(n) once for every n a method may verify, at plain decoding's mean context so far (T(n): the median of
-    those), so that the machine's drift reaches every method and T(n) alike; then operators counted on the first
+    prompt T(n) for every n a method may verify, at plain decoding's mean context so far (the median of
+    :data:`TN_REPEATS` rounds; T(n): the median of those over prompts), so that the machine's drift reaches every method and T(n) alike; then operators counted on the first
     prompt."""
     if plain not in methods:
         raise ValueError(f"the cycle-cost table needs plain decoding ({plain!r}) among the methods")
@@ -137,7 +141,7 @@ def cycle_table(target: Target, methods: dict[str, MethodSpec], prompts: Sequenc
             result = _generate(target, drafts[name], methods[name], ids, max_new_tokens, timed[name].clock)
             timed[name].add(result, pooled=pooled)
         context = round(base.context / max(base.cycles, 1))
-        for n, seconds in measure_target_costs(target.model, list(tn_rounds), context=context, repeats=1,
+        for n, seconds in measure_target_costs(target.model, list(tn_rounds), context=context, repeats=TN_REPEATS,
                                                greedy=True).items():
             tn_rounds[n].append(seconds)
     counted = {name: count_operators(target, drafts[name], spec, prompts[0], max_new_tokens=max_new_tokens)

@@ -113,11 +113,6 @@ void rows(const float* x, const W* panels, const float* scales, float* y, int64_
   for (; p < p_end; ++p) block<M, 1, Stream>(x, panels, scales, y, K, Np, p);
 }
 
-bool stream_hint = true;  // TEMPORARY: the record's A/B switch (set_stream_hint)
-int64_t set_stream_hint(int64_t on) {
-  stream_hint = on != 0;
-  return on;
-}
 
 // ``stream``: weights a step reads once (a target's), prefetched non-temporally where one pass over each block serves
 // every row (M <= CHUNK; more rows pass over a block once per chunk and need it kept in cache between passes).
@@ -130,7 +125,7 @@ void run(const float* x, const W* panels, float* y, int64_t M, int64_t K, int64_
   static constexpr RowsFn streamed[9] = {nullptr, rows<1, true, W>, rows<2, true, W>, rows<3, true, W>,
                                          rows<4, true, W>, rows<5, true, W>, rows<6, true, W>, rows<7, true, W>,
                                          rows<8, true, W>};
-  const RowsFn* by_rows = stream && stream_hint && M <= CHUNK ? streamed : kept;
+  const RowsFn* by_rows = stream && M <= CHUNK ? streamed : kept;
   const int64_t Np = P * L;
   // Threads split the panels; a thread passes over a block of its panels (about 512 KB) once per chunk of
   // rows, the block staying in cache between chunks. A block holds a multiple of 12 panels, which every NB
@@ -1275,7 +1270,6 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("attend(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor");
   m.def("argmax(Tensor x) -> Tensor");
   m.def("pack_int8(Tensor weight, bool tiles=False) -> (Tensor, Tensor)");
-  m.def("set_stream_hint(int on) -> int", set_stream_hint);  // TEMPORARY: the record's A/B switch
   m.def("greedy_head(Tensor x, Tensor screen, Tensor scales, Tensor bound, Tensor l1, Tensor weight) -> Tensor");
   m.def("tile_screen() -> bool", tile_screen);
   m.def("int8_linear(Tensor x, Tensor screen, Tensor scales, int n) -> Tensor");
