@@ -28,8 +28,7 @@ from .methods import profile_methods
 # the methods the table shows by default: plain decoding, EAGLE-2 and Jakiro at the fixed and tuned trees, CEPD, a chain
 CYCLE_METHODS = ("vanilla", "eagle2_auto", "jakiro_auto", "eagle2", "jakiro", "jakiro_cepd", "jakiro_lookup")
 
-# rounds of T(n) after each prompt, their median kept: a first round alone runs cold (after a prefill on a fresh cache;
-# 5% over the median of five for T(1) where the target's weights stream past the caches, docs/results.md)
+# rounds of T(n) after each prompt, their median kept (one round alone: the machine's noise in one number)
 TN_REPEATS = 3
 
 # a cycle's parts as the table names them, each the clock steps it sums
