@@ -301,7 +301,8 @@ def test_tree_budget_table_shows_tuned_shapes_and_reads_an_earlier_tuners_record
 
 
 def test_cost_model_times_sizes_round_robin_with_and_without_fast_paths_back_to_back(tiny_run, monkeypatch):
-    """Every round times each size once, its kernel variants back to back: drift hits all alike."""
+    """Every round times each size once, its kernel variants back to back (drift hits all alike), each timed call
+    after a lead-in of the same size and variant."""
     target, _, root = tiny_run
     real_tree, real_prefill = TargetRunner.score, TargetRunner.prefill
     seen, prefills = [], []
@@ -325,8 +326,8 @@ def test_cost_model_times_sizes_round_robin_with_and_without_fast_paths_back_to_
         kernels.disable_packed_gemm(target.model)
     fast, plain = (fast_paths.GQA_ATTENTION, True), ("sdpa", False)
     no_gemm = (fast_paths.GQA_ATTENTION, False)
-    one_pass = [(n, *v) for n in (1, 4) for v in (fast, plain, no_gemm)]
-    assert seen[:18] == one_pass * 3  # warm-up, then 2 timed rounds (the draft rows time after these)
+    one_round = [(n, *v) for n in (1, 4) for v in (fast, plain, no_gemm) for _ in ("lead-in", "timed")]
+    assert seen[:24] == one_round * 2  # 2 rounds (the draft rows time after these)
     assert prefills == [16]  # one prefill serves every size and variant
     t = tables["target"]
     assert list(t.columns) == ["n", "ms", "x_one_step", "ms_library_defaults", "ms_without_packed_gemm"]
