@@ -123,8 +123,8 @@ def cycle_table(target: Target, methods: dict[str, MethodSpec], prompts: Sequenc
     cycle is the plain step) on ``prompts``, greedy, in the order given. The methods' generations are timed step by
     step (after one warm-up each) interleaved prompt by prompt, the order turning by one each prompt, and after each
     prompt T(n) for every n a method may verify, at plain decoding's mean context so far (the median of
-    :data:`TN_REPEATS` rounds; T(n): the median of those over prompts), so that the machine's drift reaches every method and T(n) alike; then operators counted on the first
-    prompt."""
+    :data:`TN_REPEATS` rounds; T(n): the median of those over prompts), so that the machine's drift reaches every
+    method and T(n) alike; then operators counted on the first prompt."""
     if plain not in methods:
         raise ValueError(f"the cycle-cost table needs plain decoding ({plain!r}) among the methods")
     drafts = {name: spec.load_draft(target) for name, spec in methods.items()}

@@ -75,9 +75,9 @@ inline vec load(const int8_t* p) {
   return v;
 }
 
-// ``scales`` (int8 panels): each column's sums times its scale, rounded once; null for fp32 and bf16 panels. ``Stream``:
-// the panels are prefetched non-temporally (prefetchnta), so that weights read once a step pass through the caches
-// without evicting what the step reads again (run's ``stream``).
+// ``scales`` (int8 panels): each column's sums times its scale, rounded once; null for fp32 and bf16 panels.
+// ``Stream``: the panels are prefetched non-temporally (prefetchnta), so that weights read once a step pass through
+// the caches without evicting what the step reads again (run's ``stream``).
 template <int M, int NB, bool Stream, typename W>
 inline void block(const float* x, const W* panels, const float* scales, float* y, int64_t K, int64_t Np, int64_t p) {
   constexpr int64_t ahead = 2048 / (L * sizeof(W));  // k steps: 2 KB ahead on each panel's stream
@@ -112,7 +112,6 @@ void rows(const float* x, const W* panels, const float* scales, float* y, int64_
   for (; p + NB <= p_end; p += NB) block<M, NB, Stream>(x, panels, scales, y, K, Np, p);
   for (; p < p_end; ++p) block<M, 1, Stream>(x, panels, scales, y, K, Np, p);
 }
-
 
 // ``stream``: weights a step reads once (a target's), prefetched non-temporally where one pass over each block serves
 // every row (M <= CHUNK; more rows pass over a block once per chunk and need it kept in cache between passes).
@@ -934,8 +933,8 @@ at::Tensor greedy_head_meta(const at::Tensor& input, const at::Tensor& screen, c
 
 // The screened logits s [M, P * L] of rows x [M, K] through W's int8 panels ([P, K, L], or the tile screen's
 // [P, Kt / 4, L, 4]) and their columns' scales (pack_int8): the tile screen's (integer_screen, each row's t set) or
-// the fp32 screen's (t 0). ``op`` names the caller in its errors; ``stream``: the screen is a target's head, read once a
-// step (run's ``stream``).
+// the fp32 screen's (t 0). ``op`` names the caller in its errors; ``stream``: the screen is a target's head, read
+// once a step (run's ``stream``).
 at::Tensor screened_logits(const at::Tensor& x, const at::Tensor& screen, const at::Tensor& scales,
                            std::vector<float>& t, const char* op, bool stream) {
   const int64_t M = x.size(0), K = x.size(1), P = screen.dim() >= 1 ? screen.size(0) : 0;
