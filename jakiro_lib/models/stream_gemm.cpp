@@ -113,18 +113,19 @@ void rows(const float* x, const W* panels, const float* scales, float* y, int64_
   for (; p < p_end; ++p) block<M, 1, Stream>(x, panels, scales, y, K, Np, p);
 }
 
+// rows<M> for M = 1..8 at index M, under either prefetch hint
+template <typename W>
+using RowsFn = void (*)(const float*, const W*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+template <bool Stream, typename W>
+constexpr RowsFn<W> rows_by_count[9] = {nullptr, rows<1, Stream, W>, rows<2, Stream, W>, rows<3, Stream, W>,
+                                        rows<4, Stream, W>, rows<5, Stream, W>, rows<6, Stream, W>,
+                                        rows<7, Stream, W>, rows<8, Stream, W>};
+
 // ``stream``: weights a step reads once (a target's), prefetched non-temporally where one pass over each block serves
 // every row (M <= CHUNK; more rows pass over a block once per chunk and need it kept in cache between passes).
 template <typename W>
 void run(const float* x, const W* panels, float* y, int64_t M, int64_t K, int64_t P, const float* scales, bool stream) {
-  using RowsFn = void (*)(const float*, const W*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
-  static constexpr RowsFn kept[9] = {nullptr, rows<1, false, W>, rows<2, false, W>, rows<3, false, W>,
-                                     rows<4, false, W>, rows<5, false, W>, rows<6, false, W>, rows<7, false, W>,
-                                     rows<8, false, W>};
-  static constexpr RowsFn streamed[9] = {nullptr, rows<1, true, W>, rows<2, true, W>, rows<3, true, W>,
-                                         rows<4, true, W>, rows<5, true, W>, rows<6, true, W>, rows<7, true, W>,
-                                         rows<8, true, W>};
-  const RowsFn* by_rows = stream && M <= CHUNK ? streamed : kept;
+  const RowsFn<W>* by_rows = stream && M <= CHUNK ? rows_by_count<true, W> : rows_by_count<false, W>;
   const int64_t Np = P * L;
   // Threads split the panels; a thread passes over a block of its panels (about 512 KB) once per chunk of
   // rows, the block staying in cache between chunks. A block holds a multiple of 12 panels, which every NB
