@@ -220,6 +220,20 @@ def test_main_study_carries_compiled_hf_generate_as_a_baseline(tmp_path):
     assert "hf_compiled" not in study_methods(TreeConfig(total_tokens=8), tmp_path, study="main", compiled=False)
 
 
+def test_the_lookup_methods_graft_their_chain_on_the_auto_methods_tree(tmp_path):
+    """eagle2_lookup and jakiro_lookup draft the tree of eagle2_auto and jakiro_auto, the chain added: tuned, the
+    same "auto" settings (so one tuning serves both: the tuner's key leaves the chain out); untuned, the study's tree."""
+    tree = TreeConfig(depth=3, top_k=5, total_tokens=12)
+    tuned = study_methods(tree, tmp_path, study="main")
+    for base in ("eagle2", "jakiro"):
+        auto, lookup = tuned[f"{base}_auto"].tree, tuned[f"{base}_lookup"].tree
+        assert lookup.tuned and lookup == dataclasses.replace(auto, lookup_tokens=10)
+    fixed = study_methods(tree, tmp_path, study="main", tuned=False)
+    assert "eagle2_auto" not in fixed
+    assert (fixed["eagle2_lookup"].tree.depth, fixed["eagle2_lookup"].tree.top_k,
+            fixed["eagle2_lookup"].tree.total_tokens) == (3, 5, 12)
+
+
 def test_compile_is_hf_compiled_alone_and_our_methods_run_as_the_target_captures(tmp_path, monkeypatch):
     """One meaning of compile in a spec: HF generate over a static cache (hf_compiled). Our methods (plain decoding,
     drafted trees, lookup chains) run on the one engine, eager or captured as target.capture says, never per method:

@@ -39,7 +39,7 @@ def portable(spec: MethodSpec, relative_to: str | Path | None = None) -> dict[st
 EAGLE2 = "<eagle2 draft>"  # Method.draft placeholders in the main study: bench.eagle2_draft / bench.jakiro_draft
 JAKIRO = "<jakiro draft>"
 CEPD = "cepd"  # tree.ar_steps placeholder: depth - 2, the last draft forward yields two layers (reference)
-TUNED = "tuned"  # tree.total_tokens placeholder: "auto" when the study tunes budgets, else the tree's own
+TUNED = "tuned"  # a tree setting's placeholder: "auto" when the study tunes trees, else the study tree's own
 
 
 @dataclass(frozen=True)
@@ -67,17 +67,17 @@ class Method:
         """The runnable spec on the study's ``tree`` with drafts under ``drafts_dir``, decoding in ``draft_dtype``."""
         if self.kind != SPEC:
             return MethodSpec(self.kind, compile=self.compile)
-        values = {k: _resolve(v, tree, tuned) for k, v in self.tree.items()}
+        values = {k: _resolve(k, v, tree, tuned) for k, v in self.tree.items()}
         return MethodSpec(SPEC, draft=str(draft_path(drafts_dir, self.draft)) if self.draft else None,
                           tree=dataclasses.replace(tree, **values), compile=self.compile,
                           draft_dtype=draft_dtype if self.draft else None)
 
 
-def _resolve(value: Any, tree: TreeConfig, tuned: bool) -> Any:
+def _resolve(name: str, value: Any, tree: TreeConfig, tuned: bool) -> Any:
     if value == CEPD:
         return cepd_steps(tree)
     if value == TUNED:
-        return "auto" if tuned else tree.total_tokens
+        return "auto" if tuned else getattr(tree, name)
     return value
 
 
@@ -87,8 +87,10 @@ def cepd_steps(tree: TreeConfig) -> int:
 
 
 _JAKIRO = {"decoupled": True}
-_AUTO = {"total_tokens": "auto", "depth": "auto", "top_k": "auto"}  # the tree's budget and shape tuned on this machine
-_LOOKUP = {"total_tokens": TUNED, "lookup_tokens": LOOKUP_TOKENS}
+_AUTO = dict.fromkeys(("total_tokens", "depth", "top_k"), TUNED)  # the tree's budget and shape tuned on this machine
+# the chain grafted on the _auto methods' tree: the same tuned settings, so one tuning serves both (the tuner's key
+# leaves the chain out)
+_LOOKUP = {**_AUTO, "lookup_tokens": LOOKUP_TOKENS}
 # The Jakiro authors' released configuration: the coupled mixture (one candidate list from the mixed
 # expert output) with CEPD on the last layer
 _RELEASED_TREE = {"decoupled": False, "ar_steps": CEPD}
