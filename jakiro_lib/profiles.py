@@ -73,12 +73,12 @@ def _smoke() -> Profile:
 def _default() -> Profile:
     """The built-in offline main job on a CPU."""
     # Sized for a 2-core CPU and a <= 90 min main job (docs/DESIGN.md sections 9 and 11; lr 2e-3, the best of
-    # 5e-4..5e-3: docs/results.md). Greedy only: `bench --temperature 1` adds sampling. The draft's trees compiled
-    # (capture "draft"), what pays on a CPU (DESIGN section 12).
+    # 5e-4..5e-3: docs/results.md). Greedy only: `bench --temperature 1` adds sampling. The cycle eager on a CPU
+    # (capture "auto"; "draft", the draft's trees compiled, measured no faster: DESIGN section 12).
     conversations, epochs = DEFAULT_SCALE
     return Profile(
         name="default",
-        target=TargetConfig(model="builtin:smollm2", max_context=2048, packed_gemm=64, capture="draft"),
+        target=TargetConfig(model="builtin:smollm2", max_context=2048, packed_gemm=64),
         data=DataConfig(num_conversations=conversations, max_length=384, shard_size=50, cache_dtype="auto",
                         cache_batch_size=8, scale="auto"),
         train=TrainConfig(epochs=epochs, batch_size=8, lr=2e-3, warmup_steps=20, mixed_precision="auto", compile="auto"),
