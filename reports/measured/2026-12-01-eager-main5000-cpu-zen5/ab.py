@@ -1,9 +1,8 @@
-"""The draft's tree eager (`target.capture="none"`) against compiled (`"draft"`, the default profile's) on the main
-study's drafts and tuned trees, side by side in one process: each prompt every way, the order turning prompt by prompt,
-``--repeats`` repeats; tokens/s of the eager tree over the compiled one with 95% paired bootstrap intervals
+"""The draft's tree eager (`target.capture="none"`) against compiled (`"draft"`, the default profile's before it) on
+the main study's drafts and tuned trees, side by side in one process: each prompt every way, the order turning prompt
+by prompt, ``--repeats`` repeats; tokens/s of the eager tree over the compiled one with 95% paired bootstrap intervals
 (`jakiro_lib.measure.summary.ratio_interval`), tau, outputs against vanilla's, and each tree's first (compiling) call.
 
-    S="--profile default --set data.num_conversations=5000 --set train.epochs=4"
     python reports/measured/2026-12-01-eager-main5000-cpu-zen5/ab.py --run-dir runs/main5000 \\
         --set data.num_conversations=5000 --set train.epochs=4 --out reports/measured/2026-12-01-eager-main5000-cpu-zen5
 """
