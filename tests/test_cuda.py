@@ -78,7 +78,7 @@ def test_static_engine_equals_vanilla_on_cuda_with_one_sync_per_cycle(cuda_setup
     from jakiro_lib.decoding.static import StaticEngine, static_generate
 
     lines, first = inspect.getsourcelines(StaticEngine._advance)
-    read = ("static.py", first + next(i for i, line in enumerate(lines) if "step.tolist()" in line))
+    read = ("static.py", first + next(i for i, line in enumerate(lines) if "out.tolist()" in line))
     target, draft = cuda_setup
     compile = _capture(target.model, how)
     tree = TreeConfig(depth=3, top_k=2, total_tokens=6, decoupled=True)

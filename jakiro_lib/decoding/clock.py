@@ -1,6 +1,5 @@
 """Named steps of a decoding cycle (docs/DESIGN.md section 12): each a profiler range while a profiler runs, and
-what a listening clock (:class:`Clock`; the one that measures, :class:`jakiro_lib.measure.clock.StepClock`) is told.
-"""
+what a listening clock (:class:`Clock`; the one that measures, :class:`jakiro_lib.measure.clock.StepClock`) is told."""
 from __future__ import annotations
 
 import contextlib

@@ -130,9 +130,8 @@ class KVLayer(CacheLayerMixin):
 
 class TargetRunner:
     """The target over one :class:`KVLayer` cache of ``capacity`` positions: the prefill (host positions), a tree
-    scored and an accepted path kept with positions in device tensors (:meth:`score`, :meth:`move`).
-    ``share``: another runner, to share its buffers (a compiled step binds to its buffers, and a 7B target's
-    cache is large)."""
+    scored and an accepted path kept with positions in device tensors (:meth:`score`, :meth:`move`). ``share``:
+    another runner, to share its buffers (a compiled step binds to its buffers, and a 7B target's cache is large)."""
 
     def __init__(self, model: PreTrainedModel, capacity: int, *, share: "TargetRunner | None" = None) -> None:
         self.model, self.device, self.dtype = model, model.device, model.dtype

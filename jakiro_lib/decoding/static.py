@@ -75,7 +75,8 @@ class StaticEngine:
         self.m, self.max_depth = drafted_m + L, max(drafted_depth, L)  # the verified tree: drafted rows, then chain
         self.drafted_depth = drafted_depth
         self.caps = torch.arange(1, drafted_depth + 1, device=model.device)  # the depth caps of ranks read (ranked)
-        self.padded = compile or not params.greedy  # a cycle's path padded to the deepest (eager greedy: walked)
+        # a cycle's path padded to the deepest (eager greedy on a CPU: walked on the host; a GPU would wait on the walk)
+        self.padded = compile or not params.greedy or model.device.type != "cpu"
         self.plain = draft is None and not L  # plain decoding: each cycle the last token alone
         if ranked and (draft is None or L):
             raise StaticEngineError("selection ranks are a drafted tree's: rank without a lookup chain")
@@ -109,12 +110,12 @@ class StaticEngine:
             self.drafter.clock = clock
 
     def cycle(self, start: int | torch.Tensor, uniforms: torch.Tensor,
-              chain: torch.Tensor | list[int] | None = None) -> torch.Tensor:
+              chain: torch.Tensor | list[int] | None = None) -> torch.Tensor | list[int]:
         """The accepted count, the rows verified, with :attr:`ranked` the path's running maximum selection ranks per
-        depth cap, then the accepted tokens with the bonus token after them: padded to the deepest path where the
-        cycle is compiled or sampled ([D + 3], [D(D + 1) + 3] ranked), eager greedy the accepted path alone.
-        ``uniforms``: this cycle's draws (sampling); ``chain``: the lookup chain (compiled, a fixed buffer:
-        :func:`~jakiro_lib.decoding.static_tree.graft_chain`; eager, the host's list of its tokens)."""
+        depth cap, then the accepted tokens and the bonus token: padded to the deepest path where the cycle is compiled
+        or sampled ([D + 3], [D(D + 1) + 3] ranked), eager greedy the accepted path alone, a host list (the walk read
+        the tree). ``uniforms``: this cycle's draws (sampling); ``chain``: the lookup chain (compiled, a fixed buffer:
+        :func:`~.static_tree.graft_chain`; eager, the host's list of its tokens)."""
         drafter, target, clock = self.drafter, self.target, self.clock
         if self.plain:
             return self._root_only(start, uniforms)
@@ -133,11 +134,13 @@ class StaticEngine:
                 draws = None if self.params.greedy else uniforms
                 tokens, parents, depths, anc, uniforms = graft_chain_eager(tokens, parents, depths, anc, chain, draws,
                                                                            self.max_depth, self.m)
+        walked = not self.padded  # eager greedy: the path and its tokens walked on the host (host lists)
         with step(clock, "verify"):
-            out, hidden = target.score(tokens, depths, anc, start, greedy=not self.padded)  # [m] argmaxes, or logits
+            out, hidden = target.score(tokens, depths, anc, start, greedy=walked)  # [m] argmaxes, or logits
         with step(clock, "evaluate"):
-            if not self.padded:  # eager greedy: walked on the host, the path alone
-                path, accepted, bonus = greedy_walk(tokens, parents, out)
+            if walked:
+                host_path, emitted = greedy_walk(tokens, parents, out)
+                path, accepted = torch.tensor(host_path, device=tokens.device), len(host_path) - 1
             elif self.params.greedy:
                 path, accepted, bonus = greedy_path(tokens, parents, depths, anc, out, self.max_depth, valid)
             else:
@@ -145,21 +148,22 @@ class StaticEngine:
                                                       valid, sync=not self.compile)
         with step(clock, "update"):
             target.move(start, path)  # the path's entries to start..; the next cycle writes after the accepted ones
-            new = torch.cat([tokens[path[1:]], bonus[None]])  # [D + 1] (eager greedy: [accepted + 1])
-            if self.padded:  # the bonus at `accepted`
-                new = new.scatter(0, accepted[None], bonus[None])
+            new = torch.tensor(emitted, device=tokens.device) if walked else torch.cat(  # [accepted + 1], or [D + 1]
+                [tokens[path[1:]], bonus[None]]).scatter(0, accepted[None], bonus[None])  # with the bonus at `accepted`
             if drafter is not None and self.compile:
                 drafter.extend(hidden[path], new, start, accepted)
             elif drafter is not None:  # eager: once the host has read how many were accepted (_advance)
                 self._accepted_path = (hidden[path], new)
             else:
-                self.token.copy_(bonus)
-        rows = torch.full((1,), tokens.shape[0], dtype=torch.long, device=tokens.device)
-        read = [accepted[None], rows]
+                self.token.copy_(new[-1] if walked else bonus)
+        path_ranks = []
         if self.ranked:  # per path node and depth cap 1..D its rank among the drafted nodes no deeper, running max
             ahead = (ranks[None, :] < ranks[path[1:], None]) & (depths > 0)  # [P, m]: nodes scored above it
-            read.append((ahead[:, None] & (depths <= self.caps[:, None])).sum(-1).cummax(0).values.flatten())  # [P * D]
-        return torch.cat([*read, new])
+            path_ranks = [(ahead[:, None] & (depths <= self.caps[:, None])).sum(-1).cummax(0).values.flatten()]
+        if walked:
+            return [accepted, tokens.shape[0], *(path_ranks[0].tolist() if path_ranks else []), *emitted]
+        return torch.cat([accepted[None], torch.full((1,), tokens.shape[0], dtype=torch.long, device=tokens.device),
+                          *path_ranks, new])  # path_ranks: [P * D]
 
     def _root_only(self, start: int | torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
         """Plain decoding's cycle (and the last cycles, where no tree fits): [0, 1 row verified, the next token]."""
@@ -195,7 +199,7 @@ class StaticEngine:
             while getattr(self._compiled.get(window), "replay", None) is None:  # its warm-up, then its recording
                 self._run_step(start, text)
 
-    def _run_step(self, start: torch.Tensor, length: int) -> torch.Tensor:
+    def _run_step(self, start: torch.Tensor, length: int) -> torch.Tensor | list[int]:
         """The cycle from ``length`` written positions: eagerly with the host int, compiled with ``start`` (0-dim)."""
         if not self.compile:
             return self.cycle(length, self.uniforms, *self.inputs)
@@ -235,7 +239,8 @@ class StaticEngine:
             out = self._run_step(start, length) if whole else self._root_only(start if self.compile else length,
                                                                               self.uniforms)
         with step(self.clock, "read"):
-            read = out.tolist()  # the one host read: [accepted, rows, ranks (ranked), the tokens]
+            # the one host read (eager greedy: the walk's, done): [accepted, rows, ranks (ranked), the tokens]
+            read = out if isinstance(out, list) else out.tolist()
         accepted = read[0]
         ranked = self.ranked and whole
         D = self.drafted_depth  # the depth caps of each path node's ranks

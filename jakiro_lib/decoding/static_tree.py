@@ -77,17 +77,15 @@ def _child(words: list[int], up: list[int], node: int, token: int) -> int | None
     return next((j for j in range(node + 1, len(words)) if up[j] == node and words[j] == token), None)
 
 
-def greedy_walk(tokens: torch.Tensor, parents: torch.Tensor,
-                best: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def greedy_walk(tokens: torch.Tensor, parents: torch.Tensor, best: torch.Tensor) -> tuple[list[int], list[int]]:
     """Eager greedy verification walked on the host as the loop engine walks it, from one read of the tree's tokens,
-    parents and rows' argmaxes ``best``: the accepted path alone [accepted + 1], the accepted count and the bonus."""
+    parents and rows' argmaxes ``best``: host lists of the accepted path's nodes [accepted + 1] (the root first) and of
+    the tokens the cycle emits, the accepted ones and then the bonus [accepted + 1]."""
     words, up, best = torch.stack([tokens, parents, best]).tolist()
     path = [0]
     while (child := _child(words, up, path[-1], best[path[-1]])) is not None:
         path.append(child)
-    dev = tokens.device
-    return (torch.tensor(path, device=dev), torch.tensor(len(path) - 1, device=dev),
-            torch.tensor(best[path[-1]], device=dev))
+    return path, [words[j] for j in path[1:]] + [best[path[-1]]]
 
 
 def repeated_siblings(tokens: torch.Tensor, children: torch.Tensor) -> torch.Tensor:

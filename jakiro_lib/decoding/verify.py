@@ -1,8 +1,7 @@
 """Sampling settings and what sampling draws with: the target's distribution after temperature, top-k and top-p
 (:func:`warp_probs`), and one token by inverse CDF from one uniform draw (:func:`sample`). Verification itself, in
 tensors: :func:`~jakiro_lib.decoding.static_tree.greedy_path` and :func:`~jakiro_lib.decoding.static_tree.sampling_path`
-(docs/DESIGN.md section 6).
-"""
+(docs/DESIGN.md section 6)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
