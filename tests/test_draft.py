@@ -258,6 +258,58 @@ def test_a_decoding_step_in_two_kernel_calls_is_the_python_step(cfg, tmp_path, m
     assert draft_step.step_panels(gelu, fast_paths.ATTEND_HEAD_SIZES) is None
 
 
+@pytest.mark.skipif(not kernels.packed_gemm_available(torch.zeros(1), kernels.HALF_WEIGHTS),
+                    reason="the streaming GEMM cannot be built here")
+@pytest.mark.parametrize("cfg", [DENSE, DraftConfig(), DraftConfig(num_experts=4, top_k_experts=2, contrastive=False)])
+def test_a_decoding_step_in_one_kernel_call_is_the_two_call_step_bit_for_bit(cfg, tmp_path):
+    """The engine's draft step in one call (``draft_step``: the embedding, RoPE's rows from the draft's tables, the two
+    calls and the cache write between them) gives the two-call step's outputs and cache bit for bit, at 1, 3 and 8
+    rows under a tree's mask, written at slots past the text; RoPE's tables are the rotary's rows at every position.
+    A cache without buffers yet, a draft in training and more rows than the attention kernel takes keep the other
+    path."""
+    from jakiro_lib.decoding.static_tree import StaticKV
+
+    target = load_target(TargetConfig(model="tiny:llama"))
+    DraftModel.build(cfg, target.model).save(tmp_path / "d")
+    e = DraftModel.load(tmp_path / "d", target.model, dtype=torch.bfloat16)
+    limits = fast_paths.ATTEND_ROWS, fast_paths.ATTEND_HEAD_SIZES
+    cos, sin = draft_step.rope_tables(e, 48)
+    for n in (1, 3, 8):
+        at = torch.randint(0, 48, (1, n), generator=torch.Generator().manual_seed(n))
+        want = e.rotary(torch.zeros(1, n, 8), at)
+        assert torch.equal(cos[at[0]], want[0][0]) and torch.equal(sin[at[0]], want[1][0]), n
+    f, x, pos = _inputs(L=20)
+    with torch.inference_mode():
+        for rows in (1, 3, 8):
+            outs, caches = [], []
+            for one in (True, False):
+                cache = StaticKV(48)
+                cache.slots = pos[0, :10]
+                e(f[:, :10], x[:, :10], pos[:, :10], cache, torch.ones(10, 48, dtype=torch.bool).tril()[None, None])
+                slots = 20 + torch.arange(rows)  # a tree's rows written past the text, at positions 10..
+                allowed = (torch.arange(48)[None, :] < 10) | (torch.arange(48)[None, :] == slots[:, None])
+                cache.slots = slots
+                at = pos[0, 10:10 + rows]
+                if one:
+                    out = draft_step.one_call(e, f[0, 10:10 + rows], x[0, 10:10 + rows], at, cache, allowed, *limits)
+                    assert out is not None
+                else:
+                    step = e(f[:, 10:10 + rows], x[:, 10:10 + rows], at[None], cache, allowed[None, None])
+                    out = tuple(None if t is None else t[0] for t in (step.a, step.b, step.experts, step.gates))
+                outs.append(out)
+                caches.append((cache.k.clone(), cache.v.clone()))
+            for got, want in zip(*outs):
+                assert (got is None) == (want is None) and (got is None or torch.equal(got, want)), rows
+            assert all(torch.equal(a, b) for a, b in zip(*caches)), rows
+        assert draft_step.one_call(e, f[0, :1], x[0, :1], pos[0, :1], StaticKV(48), allowed[:1], *limits) is None
+        rows = fast_paths.ATTEND_ROWS + 1
+        many = torch.ones(rows, 48, dtype=torch.bool)
+        wide = f[0, :1].expand(rows, -1)
+        assert draft_step.one_call(e, wide, x[0, :1].expand(rows), pos[0, :1].expand(rows), cache, many,
+                                   *limits) is None
+    assert draft_step.one_call(e.train(), f[0, :1], x[0, :1], pos[0, :1], cache, allowed[:1], *limits) is None
+
+
 @pytest.mark.skipif(not kernels.packed_gemm_available(torch.zeros(1), "onednn"),
                     reason="fp32 reordering needs torch with oneDNN")
 def test_an_fp32_draft_follows_its_targets_packed_gemm_choice(tmp_path):

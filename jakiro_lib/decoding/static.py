@@ -75,8 +75,8 @@ class StaticEngine:
         self.m, self.max_depth = drafted_m + L, max(drafted_depth, L)  # the verified tree: drafted rows, then chain
         self.drafted_depth = drafted_depth
         self.caps = torch.arange(1, drafted_depth + 1, device=model.device)  # the depth caps of ranks read (ranked)
-        # a cycle's path padded to the deepest (eager greedy on a CPU: walked on the host; a GPU would wait on the walk)
-        self.padded = compile or not params.greedy or model.device.type != "cpu"
+        # eager greedy on a CPU: the path walked on the host (a GPU would wait on the walk); else padded to the deepest
+        self.walked = not compile and params.greedy and model.device.type == "cpu"
         self.plain = draft is None and not L  # plain decoding: each cycle the last token alone
         if ranked and (draft is None or L):
             raise StaticEngineError("selection ranks are a drafted tree's: rank without a lookup chain")
@@ -134,11 +134,10 @@ class StaticEngine:
                 draws = None if self.params.greedy else uniforms
                 tokens, parents, depths, anc, uniforms = graft_chain_eager(tokens, parents, depths, anc, chain, draws,
                                                                            self.max_depth, self.m)
-        walked = not self.padded  # eager greedy: the path and its tokens walked on the host (host lists)
         with step(clock, "verify"):
-            out, hidden = target.score(tokens, depths, anc, start, greedy=walked)  # [m] argmaxes, or logits
+            out, hidden = target.score(tokens, depths, anc, start, greedy=self.walked)  # [m] argmaxes, or logits
         with step(clock, "evaluate"):
-            if walked:
+            if self.walked:
                 host_path, emitted = greedy_walk(tokens, parents, out)
                 path, accepted = torch.tensor(host_path, device=tokens.device), len(host_path) - 1
             elif self.params.greedy:
@@ -148,19 +147,19 @@ class StaticEngine:
                                                       valid, sync=not self.compile)
         with step(clock, "update"):
             target.move(start, path)  # the path's entries to start..; the next cycle writes after the accepted ones
-            new = torch.tensor(emitted, device=tokens.device) if walked else torch.cat(  # [accepted + 1], or [D + 1]
-                [tokens[path[1:]], bonus[None]]).scatter(0, accepted[None], bonus[None])  # with the bonus at `accepted`
+            new = torch.tensor(emitted, device=tokens.device) if self.walked else torch.cat(  # [accepted + 1] or
+                [tokens[path[1:]], bonus[None]]).scatter(0, accepted[None], bonus[None])  # [D + 1], bonus at `accepted`
             if drafter is not None and self.compile:
                 drafter.extend(hidden[path], new, start, accepted)
             elif drafter is not None:  # eager: once the host has read how many were accepted (_advance)
                 self._accepted_path = (hidden[path], new)
             else:
-                self.token.copy_(new[-1] if walked else bonus)
+                self.token.copy_(new[-1] if self.walked else bonus)
         path_ranks = []
         if self.ranked:  # per path node and depth cap 1..D its rank among the drafted nodes no deeper, running max
             ahead = (ranks[None, :] < ranks[path[1:], None]) & (depths > 0)  # [P, m]: nodes scored above it
             path_ranks = [(ahead[:, None] & (depths <= self.caps[:, None])).sum(-1).cummax(0).values.flatten()]
-        if walked:
+        if self.walked:
             return [accepted, tokens.shape[0], *(path_ranks[0].tolist() if path_ranks else []), *emitted]
         return torch.cat([accepted[None], torch.full((1,), tokens.shape[0], dtype=torch.long, device=tokens.device),
                           *path_ranks, new])  # path_ranks: [P * D]
@@ -244,7 +243,7 @@ class StaticEngine:
         accepted = read[0]
         ranked = self.ranked and whole
         D = self.drafted_depth  # the depth caps of each path node's ranks
-        n_ranks = (self.max_depth if self.padded else accepted) * D if ranked else 0
+        n_ranks = (accepted if self.walked else self.max_depth) * D if ranked else 0
         emitted = read[2 + n_ranks:3 + n_ranks + accepted]
         if self._accepted_path is not None:  # eager: the draft encodes the accepted path and the bonus (no padding)
             (hidden, new), self._accepted_path = self._accepted_path, None

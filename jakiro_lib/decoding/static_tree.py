@@ -10,6 +10,8 @@ import torch
 from ..compiling import RECOMPILE_LIMIT, CompileError, run_compiling
 from ..config import TreeConfig
 from ..models.draft import DraftModel, DraftOutput
+from ..models.draft_step import engine_step
+from ..models.fast_paths import ATTEND_HEAD_SIZES, ATTEND_ROWS
 from .clock import Clock, step
 from .drafting import candidate_tensors, draft_schedule
 from .runner import MAX_TREE_ROOM, TargetRunner, fixed_address, tree_rows
@@ -79,8 +81,7 @@ def _child(words: list[int], up: list[int], node: int, token: int) -> int | None
 
 def greedy_walk(tokens: torch.Tensor, parents: torch.Tensor, best: torch.Tensor) -> tuple[list[int], list[int]]:
     """Eager greedy verification walked on the host as the loop engine walks it, from one read of the tree's tokens,
-    parents and rows' argmaxes ``best``: host lists of the accepted path's nodes [accepted + 1] (the root first) and of
-    the tokens the cycle emits, the accepted ones and then the bonus [accepted + 1]."""
+    parents and rows' argmaxes ``best``: host lists of the path's nodes (root first) and of the tokens it emits."""
     words, up, best = torch.stack([tokens, parents, best]).tolist()
     path = [0]
     while (child := _child(words, up, path[-1], best[path[-1]])) is not None:
@@ -251,8 +252,8 @@ class StaticTreeDrafter:
         """Rows [L] written at ``slots``, attending where ``allowed`` [L, window]; outputs without batch."""
         self.cache.slots = slots
         with step(None if torch.compiler.is_compiling() else self.clock, "draft_forward"):
-            return self.draft(feats[None].to(self.dtype), tokens[None], pos[None], self.cache,
-                              allowed[None, None]).map(lambda x: x[0])
+            return DraftOutput(*engine_step(self.draft, feats.to(self.dtype), tokens, pos, self.cache, allowed,
+                                            ATTEND_ROWS, ATTEND_HEAD_SIZES))
 
     def extend(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int | torch.Tensor,
                last: int | torch.Tensor) -> None:

@@ -50,24 +50,29 @@ def step_panels(draft: nn.Module, head_sizes: tuple[int, ...]) -> dict[str, Any]
     return panels
 
 
+def _serving(draft: nn.Module, x: torch.Tensor, n: int, masked: bool, kernel_rows: int,
+             head_sizes: tuple[int, ...]) -> dict[str, Any] | None:
+    """The panels the kernel calls run ``draft``'s step of ``n`` rows of ``x`` (its input, for dtype and device) with,
+    or None where they do not serve: more rows than the attention kernel takes, several rows without a mask (causal),
+    autograd, another device or dtype, a training-time forward, a draft whose step does not fit (:func:`step_panels`)
+    or rows outside its packed GEMM's range."""
+    if (n > kernel_rows or (not masked and n > 1) or x.dtype != torch.float32 or x.device.type != "cpu"
+            or draft.training or draft.mlp.count_load or (torch.is_grad_enabled() and draft.fc.weight.requires_grad)):
+        return None
+    panels = step_panels(draft, head_sizes)
+    gemm = draft.fc._jakiro_gemm if panels is not None else None  # the packed GEMM step_panels read the panels from
+    return panels if gemm is not None and gemm.active and gemm.min_rows <= n <= gemm.max_rows else None
+
+
 def fused_step(draft: nn.Module, x: torch.Tensor, position_ids: torch.Tensor, cache: Any, mask: torch.Tensor | None,
                kernel_rows: int, head_sizes: tuple[int, ...]) -> tuple[torch.Tensor | None, ...] | None:
     """The step of ``x`` [1, n, 2H] (the embedding and the features) at ``position_ids`` [1, n] through the two
     kernel calls, ``cache`` appended between them: a DraftOutput's a, b (None without branch B), experts and gates.
     ``kernel_rows`` and ``head_sizes``: what the attention kernel serves (models/fast_paths.py's). None where the
-    calls do not serve: more rows than the attention kernel takes, a batch, several rows without a mask (causal),
-    autograd, another device or dtype, a training-time forward, a draft whose step does not fit (:func:`step_panels`)
-    or rows outside its packed GEMM's range. A compiled tree calls them too, two extern calls in inductor's graph."""
-    n = x.shape[1]
-    if (x.shape[0] != 1 or n > kernel_rows or (mask is None and n > 1)
-            or x.dtype != torch.float32 or x.device.type != "cpu" or draft.training or draft.mlp.count_load
-            or (torch.is_grad_enabled() and draft.fc.weight.requires_grad)):
-        return None
-    panels = step_panels(draft, head_sizes)
+    calls do not serve (:func:`_serving`; a batch too). A compiled tree calls them too, two extern calls in inductor's
+    graph."""
+    panels = None if x.shape[0] != 1 else _serving(draft, x, x.shape[1], mask is not None, kernel_rows, head_sizes)
     if panels is None:
-        return None
-    gemm = draft.fc._jakiro_gemm  # the packed GEMM step_panels read the panels from
-    if not gemm.active or not gemm.min_rows <= n <= gemm.max_rows:
         return None
     ops, attn, norm = torch.ops.jakiro_stream_gemm, draft.attn, draft.post_attention_layernorm
     cos, sin = draft.rotary(x, position_ids)  # [1, n, D]
@@ -78,3 +83,54 @@ def fused_step(draft: nn.Module, x: torch.Tensor, position_ids: torch.Tensor, ca
                                          norm.variance_epsilon, panels["router"], panels["experts"],
                                          panels["mix_outs"], draft.cfg.top_k_experts, panels["branch"])
     return a, b if panels["branch"] else None, experts, gates
+
+
+ROPE_TABLES = "_jakiro_rope_tables"  # the draft attribute caching rope_tables' cos and sin
+
+
+def rope_tables(draft: nn.Module, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft's RoPE cos and sin [T >= length, D] at positions 0..T-1: its rotary's, row for row the values it gives
+    a step of a few rows (elementwise operators; tested), computed once per draft and longest length asked."""
+    tables = draft.__dict__.get(ROPE_TABLES)
+    if tables is None or tables[0].shape[0] < length:
+        fc = draft.fc.weight
+        pos = torch.arange(length, device=fc.device)[None]
+        cos, sin = draft.rotary(torch.empty(0, dtype=torch.float32, device=fc.device), pos)  # [1, T, D]
+        tables = draft.__dict__[ROPE_TABLES] = (cos[0], sin[0])
+    return tables
+
+
+def one_call(draft: nn.Module, features: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, cache: Any,
+             allowed: torch.Tensor, kernel_rows: int,
+             head_sizes: tuple[int, ...]) -> tuple[torch.Tensor | None, ...] | None:
+    """The step of ``features`` [n, H] and ``ids`` [n] at ``pos`` [n] over the engine's draft cache (its ``k``, ``v``
+    [1, KV heads, capacity, D], written at its ``slots``, read over its ``window``) under ``allowed`` [n, window], in
+    one kernel call (``draft_step``): what :func:`fused_step` and the Python around it compute, the embedding and the
+    rotary included, without the interpreter between them. A, b (None without branch B), experts and gates without the
+    batch dimension; None where the kernel calls do not serve (:func:`_serving`) or the cache has no buffers yet."""
+    if (cache.k is None or torch.compiler.is_compiling() or type(draft.embed) is not nn.Embedding
+            or "dynamic" in draft.rotary.rope_type or draft.rotary.rope_type == "longrope"):  # a table of fixed values
+        return None
+    panels = _serving(draft, features, features.shape[0], True, kernel_rows, head_sizes)
+    if panels is None:
+        return None
+    attn, norm = draft.attn, draft.post_attention_layernorm
+    a, b, experts, gates = torch.ops.jakiro_stream_gemm.draft_step(
+        ids, features, draft.embed.weight, pos, *rope_tables(draft, cache.capacity), *panels["qkv"],
+        panels["qkv_outs"], attn.head_dim, cache.k, cache.v, cache.slots, cache.window, allowed[None, None],
+        attn.head_dim ** -0.5, panels["o"], norm.weight, norm.variance_epsilon, panels["router"], panels["experts"],
+        panels["mix_outs"], draft.cfg.top_k_experts, panels["branch"])
+    return a, b if panels["branch"] else None, experts, gates
+
+
+def engine_step(draft: nn.Module, features: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, cache: Any,
+                allowed: torch.Tensor, kernel_rows: int,
+                head_sizes: tuple[int, ...]) -> tuple[torch.Tensor | None, ...]:
+    """The engine's draft step of ``features`` [n, H] and ``ids`` [n] at ``pos`` [n] over its cache under ``allowed``
+    [n, window]: in one call where it serves (:func:`one_call`), else the draft's forward. A, b (None without branch
+    B), experts and gates without the batch dimension."""
+    one = one_call(draft, features, ids, pos, cache, allowed, kernel_rows, head_sizes)
+    if one is not None:
+        return one
+    out = draft(features[None], ids[None], pos[None], cache, allowed[None, None])
+    return tuple(None if x is None else x[0] for x in (out.a, out.b, out.experts, out.gates))

@@ -1157,6 +1157,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_mix_meta(
           at::empty({1, n, gated ? E : 1}, z.options())};
 }
 
+// draft_step: the whole step of a few rows for the engine's own draft cache, the two calls above and what the Python
+// step does around them in one call, by the same operators in the same order (models/draft_step.py's one_call): the
+// embedding of ``ids`` [n] (the target's table ``embed``) beside ``features`` [n, H], the rows ``pos`` [n] of RoPE's
+// cos and sin tables [T, D] (the draft's rotary at positions 0..T-1), draft_qkv, the keys and values written at
+// ``slots`` [n] of the cache [1, KV heads, capacity, D], draft_mix over its first ``window`` positions under ``mask``
+// [1, 1, n, window]. Returns a, b (empty for no branch B), experts and gates without the batch dimension.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_step(
+    const at::Tensor& ids, const at::Tensor& features, const at::Tensor& embed, const at::Tensor& pos,
+    const at::Tensor& cos_table, const at::Tensor& sin_table, const at::Tensor& fc, const at::Tensor& fc_bias,
+    const at::Tensor& q_panels, const at::Tensor& k_panels, const at::Tensor& v_panels, at::IntArrayRef qkv_outs,
+    int64_t D, at::Tensor cache_k, at::Tensor cache_v, const at::Tensor& slots, int64_t window,
+    const c10::optional<at::Tensor>& mask, double scale, const at::Tensor& o_panels, const at::Tensor& norm, double eps,
+    const c10::optional<at::Tensor>& router, at::TensorList experts, at::IntArrayRef mix_outs, int64_t top_k,
+    int64_t branch) {
+  const int64_t n = ids.dim() == 1 ? ids.size(0) : -1;
+  TORCH_CHECK(n > 0 && features.dim() == 2 && features.size(0) == n && pos.sizes() == ids.sizes() &&
+              slots.sizes() == ids.sizes() && cache_k.dim() == 4 && cache_v.sizes() == cache_k.sizes() &&
+              0 < window && window <= cache_k.size(2) && cos_table.dim() == 2 && sin_table.sizes() ==
+              cos_table.sizes(), "stream_gemm.draft_step: shapes do not match");
+  const at::Tensor x = at::cat({at::embedding(embed, ids).to(features.scalar_type()), features}, -1).unsqueeze(0);
+  const at::Tensor cos = cos_table.index_select(0, pos).to(x.scalar_type()).unsqueeze(0).unsqueeze(0);  // [1, 1, n, D]
+  const at::Tensor sin = sin_table.index_select(0, pos).to(x.scalar_type()).unsqueeze(0).unsqueeze(0);
+  const auto [z, q, k, v] = draft_qkv(x, fc, fc_bias, q_panels, k_panels, v_panels, qkv_outs, D, cos, sin);
+  cache_k.index_copy_(2, slots, k);
+  cache_v.index_copy_(2, slots, v);
+  const auto [a, b, each, gates] = draft_mix(z, q, cache_k.narrow(2, 0, window), cache_v.narrow(2, 0, window), mask,
+                                             scale, o_panels, norm, eps, router, experts, mix_outs, top_k, branch);
+  return {a.select(0, 0), branch != 0 ? b.select(0, 0) : b, each.select(0, 0), gates.select(0, 0)};
+}
+
 // The indices of the ``cap`` largest of vals[0..count) into out, the largest first and the earlier first among equal
 // (each value inserted among those held: a few of many); returns how many are held.
 int64_t best_indices(const float* vals, int64_t count, int64_t cap, int64_t* out) {
@@ -1281,6 +1311,10 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
         "float eps, Tensor? router, Tensor[] experts, int[] outs, int top_k, int branch) -> (Tensor, Tensor, Tensor, "
         "Tensor)");
   m.def("draft_children(Tensor logits, Tensor? weights, int k, int per_expert) -> (Tensor, Tensor, Tensor)");
+  m.def("draft_step(Tensor ids, Tensor features, Tensor embed, Tensor pos, Tensor cos_table, Tensor sin_table, "
+        "Tensor fc, Tensor fc_bias, Tensor q, Tensor k, Tensor v, int[] qkv_outs, int D, Tensor(a!) cache_k, "
+        "Tensor(b!) cache_v, Tensor slots, int window, Tensor? mask, float scale, Tensor o, Tensor norm, float eps, "
+        "Tensor? router, Tensor[] experts, int[] mix_outs, int top_k, int branch) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("pack", pack);
@@ -1298,6 +1332,7 @@ TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("draft_qkv", draft_qkv);
   m.impl("draft_mix", draft_mix);
   m.impl("draft_children", draft_children);
+  m.impl("draft_step", draft_step);
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, Meta, m) {
   m.impl("linear", linear_meta);
