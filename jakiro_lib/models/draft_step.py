@@ -1,7 +1,8 @@
 """A draft's decoding step in two calls of the package's kernels (``stream_gemm.cpp``'s ``draft_qkv`` and
-``draft_mix``), the cache written between them: the operators of :meth:`~jakiro_lib.models.draft.DraftModel._step`
-in the same order, the attention by the few-row kernel instead of SDPA, without the interpreter and dispatch that
-took most of a step of a few rows (docs/DESIGN.md section 12)."""
+``draft_mix``), the cache written between them, or, over the engine's own cache, in one (``draft_step``: the embedding
+and RoPE's rows too): the operators of :meth:`~jakiro_lib.models.draft.DraftModel._step` in the same order, the
+attention by the few-row kernel instead of SDPA, without the interpreter and dispatch that took most of a step of a
+few rows (docs/DESIGN.md section 12)."""
 from __future__ import annotations
 
 from typing import Any
