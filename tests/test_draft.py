@@ -9,6 +9,7 @@ from torch import nn
 from jakiro_lib.models import draft_step, fast_paths, kernels
 from jakiro_lib.config import DraftConfig, TargetConfig
 from jakiro_lib.models.draft import DraftLoadError, DraftModel, KVCache, soft_cross_entropy
+from jakiro_lib.models.draft_blocks import StaticKV
 from jakiro_lib.models.target import load_target
 
 DENSE = DraftConfig(mlp="dense", num_experts=1, top_k_experts=1, branch_b=False, contrastive=False)
@@ -267,8 +268,6 @@ def test_a_decoding_step_in_one_kernel_call_is_the_two_call_step_bit_for_bit(cfg
     rows under a tree's mask, written at slots past the text; RoPE's tables are the rotary's rows at every position.
     A cache without buffers yet, a draft in training and more rows than the attention kernel takes keep the other
     path."""
-    from jakiro_lib.decoding.static_tree import StaticKV
-
     target = load_target(TargetConfig(model="tiny:llama"))
     DraftModel.build(cfg, target.model).save(tmp_path / "d")
     e = DraftModel.load(tmp_path / "d", target.model, dtype=torch.bfloat16)

@@ -22,10 +22,11 @@ from jakiro_lib.config import DraftConfig, TargetConfig, TreeConfig
 from reference.loop import LoopRunner, speculative_generate, vanilla_generate
 from jakiro_lib.models import draft_step, fast_paths, kernels
 from jakiro_lib.models.draft import DraftModel
+from jakiro_lib.models.draft_blocks import StaticKV
 from reference.drafting import FeatureDrafter, make_drafter
 from jakiro_lib.decoding.runner import MAX_TREE_ROOM, KVLayer, SlidingWindowError, TargetRunner, _Where
 from jakiro_lib.decoding.static import static_generate
-from jakiro_lib.decoding.static_tree import (StaticEngineError, StaticKV, StaticTreeDrafter, ancestor_mask, graft_chain,
+from jakiro_lib.decoding.static_tree import (StaticEngineError, StaticTreeDrafter, ancestor_mask, graft_chain,
                                              graft_chain_eager, greedy_path, greedy_walk)
 from reference.tree import Tree
 from jakiro_lib.decoding.verify import SamplingParams
@@ -76,8 +77,8 @@ def test_static_trees_equal_the_loop_drafters(prompts, case, shape):
             n = p.numel()
             static.extend(hidden, torch.cat([p[1:], torch.tensor([root])]), torch.tensor(0), torch.tensor(n - 1))
             want = loop.propose()
-            tokens, parents, depths, ranks = static.propose(torch.tensor(n))
-            anc = ancestor_mask(parents, static.max_depth)
+            tokens, parents, depths, ranks, anc = static.propose(torch.tensor(n))
+            assert torch.equal(anc, ancestor_mask(parents, static.max_depth))
             assert tokens.tolist() == want.tokens.tolist(), (case, shape)
             assert parents.tolist()[1:] == want.parents[1:] and depths.tolist() == want.depths.tolist()
             assert torch.equal(anc, want.ancestor_mask()) and ranks.tolist() == want.ranks
@@ -366,6 +367,69 @@ def test_a_draft_streaming_its_panels_steps_in_two_kernel_calls(prompts, vanilla
         r = static_generate(model, draft, tree, prompts[0], max_new_tokens=MAX_NEW)
     mixes = sum(e.count for e in prof.key_averages() if e.key == "jakiro_stream_gemm::draft_mix")
     assert r.draft_forwards > 0 and mixes > r.cycles, (mixes, r.cycles)  # the tree's forwards too, not only the paths'
+
+
+def _reduced_vocab_copy(model, name: str, backend: str):
+    """Trained draft ``name`` as a reduced-vocabulary draft over the whole vocabulary in a shuffled order (its head the
+    lm_head's rows through ``d2t``, so the int8 head and the id map are both exercised), streaming ``backend``'s
+    panels: the same draft in target ids."""
+    base = trained_draft(model, name)
+    V = model.config.vocab_size
+    d2t = torch.randperm(V, generator=torch.Generator().manual_seed(3))
+    draft = DraftModel.build(dataclasses.replace(base.cfg, draft_vocab_size=V), model, d2t=d2t)
+    draft.load_state_dict({**base.state_dict(), "d2t": d2t})
+    kernels.enable_packed_gemm(draft.eval(), max_rows=64, backend=backend, min_rows=1)
+    return draft
+
+
+@pytest.mark.skipif(not kernels.packed_gemm_available(torch.zeros(1), kernels.HALF_WEIGHTS),
+                    reason="the streaming GEMM cannot be built here")
+@pytest.mark.parametrize("backend", kernels.REDUCED_WEIGHTS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_an_eager_tree_in_one_kernel_call_is_the_python_pools_bit_for_bit(prompts, vanilla, monkeypatch, case,
+                                                                          backend):
+    """The eager tree of a draft streaming reduced panels with an int8 head, drafted and selected in one kernel call
+    (``draft_tree``, models/draft_step.py's one_tree), is the Python pool's and select_tree's: tokens, parents, depths,
+    ranks, the ancestor mask and the draft cache it wrote, equal, for three tree shapes; and greedy generation with it
+    is vanilla's, with the reference loop's accepted lengths (drafts accepted)."""
+    model = tiny_target("llama")
+    name, opts = CASES[case]
+    draft = _reduced_vocab_copy(model, name, backend)
+    served = collections.Counter()
+    one_tree = static_tree.one_tree
+
+    def counted(*args):
+        out = one_tree(*args)
+        served[out is not None] += 1
+        return out
+    with torch.inference_mode():
+        for shape in SHAPES[:3]:
+            tree = TreeConfig(**shape, **opts)
+            trees = []
+            for native in (True, False):
+                monkeypatch.setattr(static_tree, "one_tree", counted if native else lambda *args: None)
+                drafter = StaticTreeDrafter(draft, tree, capacity=256)
+                for p in prompts[:3]:
+                    hidden = model.model(input_ids=p[None]).last_hidden_state[0]
+                    n = p.numel()
+                    drafter.cache.window = n + MAX_TREE_ROOM
+                    drafter.extend(hidden, torch.cat([p[1:], model.lm_head(hidden[-1:]).argmax(-1)]), 0, n - 1)
+                    trees.append([*drafter.propose(n), drafter.cache.k[:, :, :n + drafter.n_slots].clone()])
+            half = len(trees) // 2
+            for got, want in zip(trees[:half], trees[half:]):
+                assert all(torch.equal(a, b) for a, b in zip(got, want)), (case, shape)
+    assert served[True] == 9 and served[False] == 0, served
+    monkeypatch.setattr(static_tree, "one_tree", counted)
+    tree = TreeConfig(depth=4, top_k=3, total_tokens=12, **opts)
+    accepted = []
+    for i, p in enumerate(prompts[:3]):
+        r = static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW)
+        assert r.output_ids == vanilla[i], (case, i)
+        assert r.accepted == speculative_generate(model, FeatureDrafter(draft, tree), p,
+                                                  max_new_tokens=MAX_NEW).accepted, (case, i)
+        accepted += r.accepted
+    assert served[True] > 9 and served[False] == 0, served
+    assert sum(accepted) / len(accepted) > 1.4, sum(accepted) / len(accepted)
 
 
 def test_static_forwards_read_only_their_window(prompts, vanilla, monkeypatch):

@@ -16,6 +16,8 @@ STEP_RANGES = {s: f"jakiro::{s}" for s in STEPS}
 class Clock(Protocol):
     def step(self, name: str) -> ContextManager[None]: ...
 
+    def credit(self, name: str, seconds: float, entries: int) -> None: ...
+
 
 def step(clock: Clock | None, name: str) -> contextlib.AbstractContextManager:
     """The context of step ``name``: the clock's where one listens, else the profiler's range while a profiler runs

@@ -9,16 +9,10 @@ from transformers import Cache, PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin
 
 from ..models import fast_paths
+from ..models.draft_blocks import fixed_address
 from ..models.target import additive_mask, cache_keyword, transformers_hidden
 
 MAX_TREE_ROOM = 128  # cache positions kept past the text for a tree forward (a larger tree is refused)
-
-
-def fixed_address(t: torch.Tensor) -> torch.Tensor:
-    """``t``, marked as a buffer whose address never changes (a captured CUDA graph reads and writes it in place)."""
-    if not torch.compiler.is_compiling():
-        torch._dynamo.mark_static_address(t)
-    return t
 
 
 class SlidingWindowError(ValueError):

@@ -17,12 +17,13 @@ from ..config import TreeConfig
 from .result import GenerationResult, append_tokens, check_prompt, choose_token, text_positions
 from ..machine import synchronize
 from ..models.draft import DraftModel
+from ..models.draft_blocks import fixed_address
 from .clock import Clock, step
 from .drafting import PromptLookup
-from .runner import MAX_TREE_ROOM, TargetRunner, fixed_address
+from .runner import MAX_TREE_ROOM, TargetRunner
 from .verify import SamplingParams
-from .static_tree import (StaticEngineError, StaticTreeDrafter, ancestor_mask, graft_chain, graft_chain_eager,
-                          greedy_path, greedy_walk, root_step, sampling_path)
+from .static_tree import (StaticEngineError, StaticTreeDrafter, graft_chain, graft_chain_eager, greedy_path,
+                          greedy_walk, root_step, sampling_path)
 
 
 CACHE_STEP = 128  # eager engines round their cache lengths up to this (no compiled step binds to a length)
@@ -122,8 +123,7 @@ class StaticEngine:
         with step(clock, "draft"):
             ranks = valid = None
             if drafter is not None:
-                tokens, parents, depths, ranks = drafter.propose(start)
-                anc = ancestor_mask(parents, self.drafted_depth)  # [m, m]
+                tokens, parents, depths, ranks, anc = drafter.propose(start)  # anc [m, m]
             else:  # the root alone, the chain grafted on it below
                 tokens = self.token.reshape(1)
                 parents = depths = torch.zeros(1, dtype=torch.long, device=tokens.device)

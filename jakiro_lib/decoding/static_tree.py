@@ -10,39 +10,17 @@ import torch
 from ..compiling import RECOMPILE_LIMIT, CompileError, run_compiling
 from ..config import TreeConfig
 from ..models.draft import DraftModel, DraftOutput
-from ..models.draft_step import engine_step
+from ..models.draft_blocks import StaticKV, fixed_address
+from ..models.draft_step import engine_step, one_tree
 from ..models.fast_paths import ATTEND_HEAD_SIZES, ATTEND_ROWS
 from .clock import Clock, step
 from .drafting import candidate_tensors, draft_schedule
-from .runner import MAX_TREE_ROOM, TargetRunner, fixed_address, tree_rows
+from .runner import MAX_TREE_ROOM, TargetRunner, tree_rows
 from .verify import SamplingParams, inverse_cdf, warp_probs
 
 
 class StaticEngineError(ValueError):
     """A setting the engine does not run (an unresolved 'auto' budget, a tree larger than the room past the text)."""
-
-
-class StaticKV:
-    """The draft's key/value cache, one preallocated buffer of ``capacity`` positions: ``slots`` [L] (a device
-    tensor, set before each forward) says where the forward's L rows are written; attention reads the first
-    ``window`` positions (the engine's choice per cycle, as the target's) under the caller's mask."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = self.window = capacity
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
-        self.slots: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return self.window
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.k is None:
-            self.k = fixed_address(k.new_zeros(*k.shape[:2], self.capacity, k.shape[-1]))  # [B, n_kv, capacity, hd]
-            self.v = fixed_address(v.new_zeros(*v.shape[:2], self.capacity, v.shape[-1]))
-        self.k.index_copy_(2, self.slots, k)
-        self.v.index_copy_(2, self.slots, v)
-        return self.k[:, :, :self.window], self.v[:, :, :self.window]
 
 
 def ancestor_mask(parents: torch.Tensor, depth: int) -> torch.Tensor:
@@ -245,7 +223,7 @@ class StaticTreeDrafter:
         # forward k's rows see their own slots k*K.. [n_steps - 1, K, n_slots], OR-ed in (inductor fails a slice-set)
         self._own_slots = torch.eye(self.n_slots, dtype=torch.bool, device=dev).view(self.n_steps - 1, K, self.n_slots)
         self._pair = (torch.zeros(2, dtype=torch.long, device=dev), torch.arange(2, device=dev),
-                      torch.tensor([-1, 0], device=dev))
+                      torch.tensor([-1, 0], device=dev), torch.ones(2, 2, dtype=torch.bool, device=dev).tril())
 
     def _forward(self, feats: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                  allowed: torch.Tensor) -> DraftOutput:
@@ -277,12 +255,13 @@ class StaticTreeDrafter:
             if buf is not None:
                 buf.copy_(x)
 
-    def propose(self, base: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def propose(self, base: int | torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The tree rooted at the last token, drafted after ``base`` cached positions: tokens, parents (root's: 0),
-        depths and selection ranks [m] (:func:`select_tree`); a CEPD step also drafts from branch B (DESIGN 3, 12)."""
+        depths and selection ranks [m] (:func:`select_tree`), and its :func:`ancestor_mask` [m, m]; a CEPD step also
+        drafts from branch B (DESIGN 3, 12)."""
         return self._best_child() if self.m == 2 else self._pool(base)
 
-    def _best_child(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _best_child(self) -> tuple[torch.Tensor, ...]:
         """A two-token tree: the root and its best child, as :meth:`_pool` selects it (no deeper node outscores its
         parent; ties go to the first), without building the pool."""
         root = self.root.map(lambda x: x[None])
@@ -291,18 +270,25 @@ class StaticTreeDrafter:
         # index_select, not ids[best]: a tensor index would be read on the host (no capture, no compile)
         return (torch.cat([self.root_token.reshape(1), ids.flatten().index_select(0, best)]), *self._pair)
 
-    def _pool(self, base: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The general tree: the candidate pool drafted step by step (:attr:`compiled`: in one call, which a clock
-        times whole as the engine's "draft"), then :func:`select_tree`."""
+    def _pool(self, base: int | torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The general tree: the candidate pool drafted step by step, then :func:`select_tree`; eagerly in one kernel
+        call where it serves (:func:`~jakiro_lib.models.draft_step.one_tree`: a clock is told its steps' time), or
+        :attr:`compiled` in one compiled call (which a clock times whole as the engine's "draft")."""
+        native = None if self.compiled or not isinstance(base, int) else one_tree(self, base, ATTEND_ROWS,
+                                                                                  ATTEND_HEAD_SIZES)
+        if native is not None:
+            return native
         cols = torch.arange(self.cache.window, device=self.root_token.device)  # [W]
         if not self.compiled:
-            return select_tree(*self._pool_candidates(base, cols), self.m)
-        for free in ((cols, 0), (self.cache.k, 2), (self.cache.v, 2)):  # the window and the cache's length
-            torch._dynamo.mark_dynamic(*free)
-        fresh = _compiled_pool.cache_info().currsize == 0  # the process's first sweeps inductor's cache
-        pool = run_compiling(lambda: _compiled_pool()(self, torch.as_tensor(base), cols), compiling=fresh,
-                             what="the compiled draft", remedy='set target.capture to "none"', error=CompileError)
-        return select_tree(*pool, self.m)
+            pool = self._pool_candidates(base, cols)
+        else:
+            for free in ((cols, 0), (self.cache.k, 2), (self.cache.v, 2)):  # the window and the cache's length
+                torch._dynamo.mark_dynamic(*free)
+            fresh = _compiled_pool.cache_info().currsize == 0  # the process's first sweeps inductor's cache
+            pool = run_compiling(lambda: _compiled_pool()(self, torch.as_tensor(base), cols), compiling=fresh,
+                                 what="the compiled draft", remedy='set target.capture to "none"', error=CompileError)
+        tree = select_tree(*pool, self.m)
+        return *tree, ancestor_mask(tree[1], self.max_depth)
 
     def _pool_candidates(self, base: int | torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The candidate pool drafted step by step: tokens, parents, scores, depths [P], the root first. ``cols``

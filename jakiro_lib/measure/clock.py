@@ -56,6 +56,14 @@ class StepClock:
                 outer, _ = self._open[-1]
                 self._open[-1] = (outer, now)
 
+    def credit(self, name: str, seconds: float, entries: int) -> None:
+        """``seconds`` of the open step that ran as ``entries`` runs of step ``name`` inside one native call (the
+        draft's forwards inside the tree's): moved from the open step's time to ``name``'s."""
+        if self._open:
+            self.seconds[self._open[-1][0]] -= seconds
+        self.seconds[name] += seconds
+        self.entries[name] += entries
+
     @property
     def current(self) -> str | None:
         return self._open[-1][0] if self._open else None

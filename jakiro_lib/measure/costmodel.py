@@ -157,15 +157,13 @@ def measure_draft_cycle(draft: DraftModel, tree: TreeConfig, *, context: int = 2
     drafter = StaticTreeDrafter(draft, tree, engine_cache_len(context + MAX_TREE_ROOM))
     room = max(drafter.m, drafter.max_depth + 1, drafter.n_slots)  # what a cycle writes past the text (the engine's)
     drafter.cache.window = context + room
-    zero, base = (torch.full((), n, device=p.device) for n in (0, context))
-    drafter.extend(hidden, ids, zero, base - 1)
     path = drafter.max_depth + 1
-    last = torch.full((), accepted - 1, device=p.device)
+    drafter.extend(hidden, ids, 0, context - 1)  # host ints, as the eager engine's
 
     def run() -> None:
         for _ in range(cycles):  # from the same context every cycle (its rows rewritten), so every cycle costs alike
-            drafter.propose(base)
-            drafter.extend(hidden[:path], ids[:path], base, last)
+            drafter.propose(context)
+            drafter.extend(hidden[:path], ids[:path], context, accepted - 1)
 
     run()  # warm-up
     return median_seconds(run, repeats, p.device) / cycles

@@ -22,7 +22,8 @@ from ..config import DraftConfig, TreeConfig
 from ..decoding.compiled import CapturedStep, compiled_cache_len
 from ..decoding.result import GenerationResult
 from ..decoding.runner import TargetRunner
-from ..decoding.static import ancestor_mask, static_generate
+from ..decoding.static import static_generate
+from ..decoding.static_tree import ancestor_mask
 from ..files import write_json, write_table
 from ..machine import run_metadata
 from ..models.target import _dtype, set_capture

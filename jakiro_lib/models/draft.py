@@ -170,6 +170,16 @@ class DraftModel(nn.Module):
         w = self.head_weight()
         if not self.packed_head:
             return F.linear(features, w)
+        self._pack_head(w)
+        if self._head_int8 is not None and features.device.type == "cpu":
+            return torch.ops.jakiro_stream_gemm.int8_linear(features, *self._head_int8, w.shape[0])
+        packed = self._head_packed[1] if self.packed_head else None
+        backend, min_rows = self._head_gemm or ("mkl", 1)
+        return kernels.linear_maybe_packed(features, w, None, packed, min_rows, HEAD_PACK_MAX_ROWS, backend)
+
+    def _pack_head(self, w: torch.Tensor) -> None:
+        """The reduced head ``w``'s packed copy, or its int8 copy for a draft that streams reduced weights, made once
+        per head weight."""
         if self._head_packed is None or self._head_packed[0] is not w:
             reduced = self.reduced_weights
             self._head_gemm = (kernels.HALF_WEIGHTS, 1) if reduced else kernels.follow(self._shared[1], w)
@@ -177,11 +187,17 @@ class DraftModel(nn.Module):
             # the packed copy, where no int8 copy serves instead
             self._head_packed = (w, kernels.pack_weight(w, HEAD_PACK_MAX_ROWS, self._head_gemm[0])
                                  if self._head_gemm and self._head_int8 is None else None)
-        if self._head_int8 is not None and features.device.type == "cpu":
-            return torch.ops.jakiro_stream_gemm.int8_linear(features, *self._head_int8, w.shape[0])
-        packed = self._head_packed[1] if self.packed_head else None
-        backend, min_rows = self._head_gemm or ("mkl", 1)
-        return kernels.linear_maybe_packed(features, w, None, packed, min_rows, HEAD_PACK_MAX_ROWS, backend)
+
+    def int8_head(self) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """The reduced head's int8 copy (screen and scales) and its rows, which :meth:`logits` reads for fp32 features
+        on a CPU; None where it reads another head (the full vocabulary's, fp32 or unpacked rows)."""
+        if self.d2t is None or not self.packed_head:
+            return None
+        w = self.head_weight()
+        if w.dtype != torch.float32 or w.device.type != "cpu":
+            return None
+        self._pack_head(w)
+        return None if self._head_int8 is None else (*self._head_int8, w.shape[0])
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.d2t is None else self.d2t[draft_ids]

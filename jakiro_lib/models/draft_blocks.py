@@ -1,6 +1,7 @@
 """The draft head's config-free building blocks (assembled by :mod:`jakiro_lib.models.draft`): its output
-record, the soft cross-entropy, its KV cache, the experts (SwiGLU, or GELU as in Jakiro*'s heads),
-self-attention with the target's head layout and RoPE, and the attention mask of unrolled steps.
+record, the soft cross-entropy, its KV caches (the reference loop's and the engine's preallocated one), the experts
+(SwiGLU, or GELU as in Jakiro*'s heads), self-attention with the target's head layout and RoPE, and the attention mask
+of unrolled steps.
 """
 from __future__ import annotations
 
@@ -68,6 +69,36 @@ class KVCache:
     def crop(self, length: int) -> None:
         if self.k is not None:
             self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
+
+
+def fixed_address(t: torch.Tensor) -> torch.Tensor:
+    """``t``, marked as a buffer whose address never changes (a captured CUDA graph reads and writes it in place)."""
+    if not torch.compiler.is_compiling():
+        torch._dynamo.mark_static_address(t)
+    return t
+
+
+class StaticKV:
+    """The draft's key/value cache, one preallocated buffer of ``capacity`` positions: ``slots`` [L] (a device
+    tensor, set before each forward) says where the forward's L rows are written; attention reads the first
+    ``window`` positions (the engine's choice per cycle, as the target's) under the caller's mask."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = self.window = capacity
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.slots: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.window
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.k is None:
+            self.k = fixed_address(k.new_zeros(*k.shape[:2], self.capacity, k.shape[-1]))  # [B, n_kv, capacity, hd]
+            self.v = fixed_address(v.new_zeros(*v.shape[:2], self.capacity, v.shape[-1]))
+        self.k.index_copy_(2, self.slots, k)
+        self.v.index_copy_(2, self.slots, v)
+        return self.k[:, :, :self.window], self.v[:, :, :self.window]
 
 
 class SwiGLU(nn.Module):

@@ -109,19 +109,31 @@ def one_call(draft: nn.Module, features: torch.Tensor, ids: torch.Tensor, pos: t
     one kernel call (``draft_step``): what :func:`fused_step` and the Python around it compute, the embedding and the
     rotary included, without the interpreter between them. A, b (None without branch B), experts and gates without the
     batch dimension; None where the kernel calls do not serve (:func:`_serving`) or the cache has no buffers yet."""
-    if (cache.k is None or torch.compiler.is_compiling() or type(draft.embed) is not nn.Embedding
-            or "dynamic" in draft.rotary.rope_type or draft.rotary.rope_type == "longrope"):  # a table of fixed values
+    shared = _engine_step_args(draft, features, features.shape[0], cache, kernel_rows, head_sizes)
+    if shared is None:
         return None
-    panels = _serving(draft, features, features.shape[0], True, kernel_rows, head_sizes)
+    a, b, experts, gates = torch.ops.jakiro_stream_gemm.draft_step(ids, features, pos, cache.slots,
+                                                                   allowed[None, None], *shared)
+    return a, b if shared[-1] else None, experts, gates
+
+
+def _engine_step_args(draft: nn.Module, x: torch.Tensor, n: int, cache: Any, kernel_rows: int,
+                      head_sizes: tuple[int, ...]) -> tuple[Any, ...] | None:
+    """``draft_step``'s arguments after the rows' own (ids, features, positions, slots, mask) for ``draft``'s step of
+    ``n`` rows like ``x`` over the engine's cache (``draft_tree`` takes them too); None where the kernel calls do not
+    serve (:func:`_serving`), the cache has no buffers yet, a graph is being compiled, or the embedding or the rotary is
+    not a table of fixed values."""
+    if (cache.k is None or torch.compiler.is_compiling() or type(draft.embed) is not nn.Embedding
+            or "dynamic" in draft.rotary.rope_type or draft.rotary.rope_type == "longrope"):
+        return None
+    panels = _serving(draft, x, n, True, kernel_rows, head_sizes)
     if panels is None:
         return None
     attn, norm = draft.attn, draft.post_attention_layernorm
-    a, b, experts, gates = torch.ops.jakiro_stream_gemm.draft_step(
-        ids, features, draft.embed.weight, pos, *rope_tables(draft, cache.capacity), *panels["qkv"],
-        panels["qkv_outs"], attn.head_dim, cache.k, cache.v, cache.slots, cache.window, allowed[None, None],
-        attn.head_dim ** -0.5, panels["o"], norm.weight, norm.variance_epsilon, panels["router"], panels["experts"],
-        panels["mix_outs"], draft.cfg.top_k_experts, panels["branch"])
-    return a, b if panels["branch"] else None, experts, gates
+    return (draft.embed.weight, *rope_tables(draft, cache.capacity), *panels["qkv"], panels["qkv_outs"],
+            attn.head_dim, cache.k, cache.v, cache.window, attn.head_dim ** -0.5, panels["o"], norm.weight,
+            norm.variance_epsilon, panels["router"], panels["experts"], panels["mix_outs"], draft.cfg.top_k_experts,
+            panels["branch"])
 
 
 def engine_step(draft: nn.Module, features: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, cache: Any,
@@ -135,3 +147,28 @@ def engine_step(draft: nn.Module, features: torch.Tensor, ids: torch.Tensor, pos
         return one
     out = draft(features[None], ids[None], pos[None], cache, allowed[None, None])
     return tuple(None if x is None else x[0] for x in (out.a, out.b, out.experts, out.gates))
+
+
+def one_tree(drafter: Any, base: int, kernel_rows: int,
+             head_sizes: tuple[int, ...]) -> tuple[torch.Tensor, ...] | None:
+    """The eager engine's tree (``drafter``: decoding/static_tree.py's StaticTreeDrafter, its draft, tree settings,
+    root and cache) drafted after ``base`` cached positions in one kernel call (``draft_tree``): the pool of its
+    ``_pool_candidates``, the draft steps as :func:`one_call`'s, the head's int8 copy, the children of
+    ``draft_children``, then ``select_tree``'s choice, without the interpreter between them. Returns tokens, parents,
+    depths, ranks [m] and the ancestor mask [m, m], the drafter's clock told the time of the draft steps inside; None
+    where a step of the tree's width is not served in one call or the head has no int8 copy."""
+    draft, tree, root = drafter.draft, drafter.cfg, drafter.root
+    head = draft.int8_head() if root.experts is not None else None
+    shared = None if head is None else _engine_step_args(draft, root.a, tree.top_k, drafter.cache, kernel_rows,
+                                                         head_sizes)
+    if shared is None:
+        return None
+    cfg, empty = draft.cfg, root.a.new_empty(0)
+    *out, ns = torch.ops.jakiro_stream_gemm.draft_tree(
+        root.a, empty if root.b is None else root.b, root.experts, root.gates, drafter.root_token, *head,
+        empty.long() if draft.d2t is None else draft.d2t, drafter.steps, tree.top_k, drafter.m, tree.decoupled,
+        min(cfg.top_k_experts, cfg.num_experts), tree.scoring == "mixture", tree.children_per_expert or tree.top_k,
+        base, *shared)
+    if drafter.clock is not None:
+        drafter.clock.credit("draft_forward", ns * 1e-9, drafter.n_steps - 1)
+    return tuple(out)

@@ -15,6 +15,7 @@
 #include <unistd.h>
 #endif
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <cstring>
@@ -1164,11 +1165,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_mix_meta(
 // ``slots`` [n] of the cache [1, KV heads, capacity, D], draft_mix over its first ``window`` positions under ``mask``
 // [1, 1, n, window]. Returns a, b (empty for no branch B), experts and gates without the batch dimension.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_step(
-    const at::Tensor& ids, const at::Tensor& features, const at::Tensor& embed, const at::Tensor& pos,
-    const at::Tensor& cos_table, const at::Tensor& sin_table, const at::Tensor& fc, const at::Tensor& fc_bias,
-    const at::Tensor& q_panels, const at::Tensor& k_panels, const at::Tensor& v_panels, at::IntArrayRef qkv_outs,
-    int64_t D, at::Tensor cache_k, at::Tensor cache_v, const at::Tensor& slots, int64_t window,
-    const c10::optional<at::Tensor>& mask, double scale, const at::Tensor& o_panels, const at::Tensor& norm, double eps,
+    const at::Tensor& ids, const at::Tensor& features, const at::Tensor& pos, const at::Tensor& slots,
+    const c10::optional<at::Tensor>& mask, const at::Tensor& embed, const at::Tensor& cos_table,
+    const at::Tensor& sin_table, const at::Tensor& fc, const at::Tensor& fc_bias, const at::Tensor& q_panels,
+    const at::Tensor& k_panels, const at::Tensor& v_panels, at::IntArrayRef qkv_outs, int64_t D, at::Tensor cache_k,
+    at::Tensor cache_v, int64_t window, double scale, const at::Tensor& o_panels, const at::Tensor& norm, double eps,
     const c10::optional<at::Tensor>& router, at::TensorList experts, at::IntArrayRef mix_outs, int64_t top_k,
     int64_t branch) {
   const int64_t n = ids.dim() == 1 ? ids.size(0) : -1;
@@ -1288,6 +1289,179 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_children_meta(const at::Ten
           at::empty({N, k}, logits.options().dtype(at::kLong))};
 }
 
+
+// draft_tree: EAGLE-2's tree for the engine's eager cycle in one call, as decoding/static_tree.py's _pool_candidates
+// and select_tree draft and select it (docs/DESIGN.md sections 3 and 12), by the same operators in the same order where
+// they round (the steps, the int8 head, draft_children, branch B's log-softmax and top k) and by plain loops over the
+// pool's few dozen entries where they do not (its scores are sums and minima of doubles, its orders stable sorts).
+// The root's outputs (a [H], b [H] or empty, experts [E, H], gates [E]) and token (0-dim); the head's int8 copy
+// (screen, scales, rows) and ``d2t`` (draft to target ids, or empty); the schedule ``steps`` (1: branch A, 2: A then
+// B's grandchildren), ``K`` children a node, ``m`` tokens kept; decoupled candidates from ``select`` experts, scored as
+// their mixture or by the best; ``base`` positions cached; the rest draft_step's. Returns tokens, parents (the
+// root's 0), depths, ranks [m] (the root's -1), the ancestor mask [m, m] and the nanoseconds spent in draft steps.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> draft_tree(
+    const at::Tensor& root_a, const at::Tensor& root_b, const at::Tensor& root_experts, const at::Tensor& root_gates,
+    const at::Tensor& root_token, const at::Tensor& head_screen, const at::Tensor& head_scales, int64_t head_rows,
+    const at::Tensor& d2t, at::IntArrayRef steps, int64_t K, int64_t m, bool decoupled, int64_t select, bool mixture,
+    int64_t per_expert, int64_t base, const at::Tensor& embed, const at::Tensor& cos_table,
+    const at::Tensor& sin_table, const at::Tensor& fc, const at::Tensor& fc_bias, const at::Tensor& q_panels,
+    const at::Tensor& k_panels, const at::Tensor& v_panels, at::IntArrayRef qkv_outs, int64_t D, at::Tensor cache_k,
+    at::Tensor cache_v, int64_t window, double scale, const at::Tensor& o_panels, const at::Tensor& norm, double eps,
+    const c10::optional<at::Tensor>& router, at::TensorList experts, at::IntArrayRef mix_outs, int64_t top_k,
+    int64_t branch) {
+  const int64_t n_steps = int64_t(steps.size()), n_slots = (n_steps - 1) * K, H = root_a.size(-1);
+  TORCH_CHECK(n_steps >= 1 && K >= 1 && m >= 2 && root_a.dim() == 1 && root_experts.dim() == 2 &&
+              root_gates.dim() == 1 && base + n_slots <= window && window <= cache_k.size(2),
+              "stream_gemm.draft_tree: shapes do not match");
+  const auto opts = root_a.options();
+  const auto longs = opts.dtype(at::kLong);
+  auto target_ids = [&](const at::Tensor& ids) { return d2t.numel() ? d2t.index_select(0, ids.flatten()) : ids.flatten(); };
+  auto head = [&](const at::Tensor& x) { return int8_linear(x, head_screen, head_scales, head_rows); };
+  // the pool, the root first: tokens, parents, scores (doubles, as the Python pool's), depths
+  std::vector<int64_t> tokens{root_token.item<int64_t>()}, parents{0}, depths{0};
+  std::vector<double> scores{0.0};
+  auto add = [&](const int64_t* ids, const float* vals, const std::vector<int64_t>& owner,
+                 const std::vector<double>& owner_score, int64_t n, int64_t depth) {  // n children an owner
+    std::vector<double> child;
+    for (size_t o = 0; o < owner.size(); ++o)
+      for (int64_t i = 0; i < n; ++i) {
+        const double s = owner_score[o] + double(vals[o * n + i]);
+        child.push_back(std::min(s, owner_score[o]));  // a child never outscores its parent
+        tokens.push_back(ids[o * n + i]);
+        parents.push_back(owner[o]);
+        scores.push_back(child.back());
+        depths.push_back(depth);
+      }
+    return child;
+  };
+  auto best = [](const std::vector<double>& v, int64_t k) {  // stable descending order, the first k
+    std::vector<int64_t> order(v.size());
+    for (size_t i = 0; i < v.size(); ++i) order[i] = int64_t(i);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return v[x] > v[y]; });
+    order.resize(std::min<int64_t>(k, int64_t(order.size())));
+    return order;
+  };
+  auto indices = [&](const std::vector<int64_t>& v) { return at::tensor(v, longs); };
+  // the frontier: pool indices, scores, tokens, features, and the forwarded slots each row sees [N][n_slots]
+  std::vector<int64_t> front_idx{0}, front_tok{tokens[0]};
+  std::vector<double> front_score{0.0};
+  std::vector<std::vector<uint8_t>> front_anc(1, std::vector<uint8_t>(n_slots, 0));
+  at::Tensor front_feat, a = root_a.unsqueeze(0), b = root_b.numel() ? root_b.unsqueeze(0) : root_b;
+  at::Tensor each = root_experts.unsqueeze(0), gates = root_gates.unsqueeze(0);
+  int64_t depth = 0, forward_ns = 0;
+  for (int64_t k = 0; k < n_steps; ++k) {
+    const bool last = k == n_steps - 1;
+    std::vector<std::vector<uint8_t>> own = front_anc;
+    if (k > 0) {  // one draft step for the whole frontier, into slots base + s0.. of the draft cache
+      const int64_t s0 = (k - 1) * K;
+      at::Tensor mask = at::zeros({1, 1, K, window}, opts.dtype(at::kBool));
+      bool* mk = mask.data_ptr<bool>();
+      for (int64_t r = 0; r < K; ++r) {
+        own[r][s0 + r] = 1;  // each row also sees itself
+        for (int64_t c = 0; c < base; ++c) mk[r * window + c] = true;
+        for (int64_t j = 0; j < n_slots; ++j) mk[r * window + base + j] = own[r][j] != 0;
+      }
+      const at::Tensor slots = at::arange(base + s0, base + s0 + K, longs);
+      const at::Tensor pos = at::full({K}, base + depth - 1, longs);
+      const auto t0 = std::chrono::steady_clock::now();
+      std::tie(a, b, each, gates) = draft_step(indices(front_tok), front_feat, pos, slots, mask, embed, cos_table,
+                                               sin_table, fc, fc_bias, q_panels, k_panels, v_panels, qkv_outs, D,
+                                               cache_k, cache_v, window, scale, o_panels, norm, eps, router, experts,
+                                               mix_outs, top_k, branch);
+      forward_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+                        .count();
+    }
+    // the frontier's children (decoding/drafting.py's candidate_tensors)
+    at::Tensor feats = a.unsqueeze(1), weights;  // [N, 1, H]: the mixture's row
+    int64_t per = K;
+    if (decoupled) {
+      const auto [values, chosen] = gates.to(at::kFloat).topk(std::min(select, gates.size(-1)), -1);  // [N, S]
+      feats = each.gather(1, chosen.unsqueeze(-1).expand({-1, -1, each.size(-1)}));  // [N, S, H]
+      weights = mixture ? values : at::Tensor();
+      per = per_expert;
+    }
+    const auto [words, vals_, rows] = draft_children(head(feats), weights, K, per);  // [N, K]
+    const at::Tensor ids = target_ids(words).contiguous(), vals = vals_.contiguous();
+    const int64_t first = int64_t(tokens.size());
+    const std::vector<double> child = add(ids.data_ptr<int64_t>(), vals.data_ptr<float>(), front_idx, front_score,
+                                          K, depth + 1);
+    if (last && steps[k] == 1) break;  // the last layer's children are candidates, never forwarded
+    std::vector<int64_t> order = best(child, K);
+    const at::Tensor feats_k = feats.gather(1, rows.unsqueeze(-1).expand({-1, -1, feats.size(-1)})).flatten(0, 1);
+    front_feat = feats_k.index_select(0, indices(order));
+    std::vector<std::vector<uint8_t>> anc_k;
+    for (size_t i = 0; i < order.size(); ++i) {
+      anc_k.push_back(own[order[i] / K]);
+    }
+    front_idx.assign(order.size(), 0);
+    front_score.assign(order.size(), 0.0);
+    front_tok.assign(order.size(), 0);
+    for (size_t i = 0; i < order.size(); ++i) {
+      front_idx[i] = first + order[i];
+      front_score[i] = child[order[i]];
+      front_tok[i] = ids.data_ptr<int64_t>()[order[i]];
+    }
+    front_anc = anc_k;
+    ++depth;
+    if (steps[k] == 2) {  // CEPD: the survivors' children from their parents' branch B
+      std::vector<int64_t> up(order.size());
+      for (size_t i = 0; i < order.size(); ++i) up[i] = order[i] / K;  // each survivor's parent, a row of b
+      const auto [top_v, top_i] = head(b).to(at::kFloat).log_softmax(-1).topk(K, -1);  // [N, K]
+      const at::Tensor rows_b = indices(up);
+      const at::Tensor grand_ids = target_ids(top_i).view({-1, K}).index_select(0, rows_b).contiguous();  // [K, K]
+      const at::Tensor grand_v = top_v.index_select(0, rows_b).contiguous();
+      const int64_t first_b = int64_t(tokens.size());
+      const std::vector<double> grand = add(grand_ids.data_ptr<int64_t>(), grand_v.data_ptr<float>(), front_idx,
+                                            front_score, K, depth + 1);
+      if (last) break;
+      const std::vector<int64_t> order_b = best(grand, K);
+      std::vector<int64_t> feat_rows;
+      std::vector<std::vector<uint8_t>> anc_b;
+      std::vector<int64_t> idx_b, tok_b;
+      std::vector<double> score_b;
+      for (int64_t o : order_b) {
+        idx_b.push_back(first_b + o);
+        score_b.push_back(grand[o]);
+        tok_b.push_back(grand_ids.data_ptr<int64_t>()[o]);
+        feat_rows.push_back(up[o / K]);
+        anc_b.push_back(front_anc[o / K]);
+      }
+      front_idx = idx_b;
+      front_score = score_b;
+      front_tok = tok_b;
+      front_feat = b.index_select(0, indices(feat_rows));
+      front_anc = anc_b;
+      ++depth;
+    }
+  }
+  // select_tree: the root and the best m - 1 candidates (ties: the earlier), kept in pool order
+  const int64_t P = int64_t(scores.size());
+  TORCH_CHECK(m <= P, "stream_gemm.draft_tree: a tree of ", m, " tokens from a pool of ", P);
+  std::vector<double> rest(scores.begin() + 1, scores.end());
+  const std::vector<int64_t> ranked = best(rest, m - 1);  // pool index - 1, best first
+  std::vector<int64_t> rank_of(P, -1), kept{0};
+  for (int64_t r = 0; r < m - 1; ++r) rank_of[ranked[r] + 1] = r;
+  for (int64_t i = 1; i < P; ++i)
+    if (rank_of[i] >= 0) kept.push_back(i);
+  std::vector<int64_t> new_index(P, 0);
+  for (int64_t j = 0; j < m; ++j) new_index[kept[j]] = j;
+  at::Tensor out_tokens = at::empty({m}, longs), out_parents = at::empty({m}, longs);
+  at::Tensor out_depths = at::empty({m}, longs), out_ranks = at::empty({m}, longs);
+  at::Tensor anc = at::zeros({m, m}, opts.dtype(at::kBool));
+  bool* am = anc.data_ptr<bool>();
+  for (int64_t j = 0; j < m; ++j) {
+    const int64_t i = kept[j], up = new_index[parents[i]];
+    out_tokens.data_ptr<int64_t>()[j] = tokens[i];
+    out_parents.data_ptr<int64_t>()[j] = up;
+    out_depths.data_ptr<int64_t>()[j] = depths[i];
+    out_ranks.data_ptr<int64_t>()[j] = j == 0 ? -1 : rank_of[i];
+    if (j > 0)
+      for (int64_t c = 0; c < m; ++c) am[j * m + c] = am[up * m + c];  // a parent precedes its children
+    am[j * m + j] = true;
+  }
+  return {out_tokens, out_parents, out_depths, out_ranks, anc, forward_ns};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(jakiro_stream_gemm, m) {
@@ -1311,10 +1485,16 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
         "float eps, Tensor? router, Tensor[] experts, int[] outs, int top_k, int branch) -> (Tensor, Tensor, Tensor, "
         "Tensor)");
   m.def("draft_children(Tensor logits, Tensor? weights, int k, int per_expert) -> (Tensor, Tensor, Tensor)");
-  m.def("draft_step(Tensor ids, Tensor features, Tensor embed, Tensor pos, Tensor cos_table, Tensor sin_table, "
-        "Tensor fc, Tensor fc_bias, Tensor q, Tensor k, Tensor v, int[] qkv_outs, int D, Tensor(a!) cache_k, "
-        "Tensor(b!) cache_v, Tensor slots, int window, Tensor? mask, float scale, Tensor o, Tensor norm, float eps, "
+  m.def("draft_step(Tensor ids, Tensor features, Tensor pos, Tensor slots, Tensor? mask, Tensor embed, "
+        "Tensor cos_table, Tensor sin_table, Tensor fc, Tensor fc_bias, Tensor q, Tensor k, Tensor v, int[] qkv_outs, "
+        "int D, Tensor(a!) cache_k, Tensor(b!) cache_v, int window, float scale, Tensor o, Tensor norm, float eps, "
         "Tensor? router, Tensor[] experts, int[] mix_outs, int top_k, int branch) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("draft_tree(Tensor root_a, Tensor root_b, Tensor root_experts, Tensor root_gates, Tensor root_token, "
+        "Tensor head_screen, Tensor head_scales, int head_rows, Tensor d2t, int[] steps, int K, int m, bool decoupled, "
+        "int select, bool mixture, int per_expert, int base, Tensor embed, Tensor cos_table, Tensor sin_table, "
+        "Tensor fc, Tensor fc_bias, Tensor q, Tensor k, Tensor v, int[] qkv_outs, int D, Tensor(a!) cache_k, "
+        "Tensor(b!) cache_v, int window, float scale, Tensor o, Tensor norm, float eps, Tensor? router, "
+        "Tensor[] experts, int[] mix_outs, int top_k, int branch) -> (Tensor, Tensor, Tensor, Tensor, Tensor, int)");
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("pack", pack);
@@ -1333,6 +1513,7 @@ TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("draft_mix", draft_mix);
   m.impl("draft_children", draft_children);
   m.impl("draft_step", draft_step);
+  m.impl("draft_tree", draft_tree);
 }
 TORCH_LIBRARY_IMPL(jakiro_stream_gemm, Meta, m) {
   m.impl("linear", linear_meta);
