@@ -390,8 +390,9 @@ def test_an_eager_tree_in_one_kernel_call_is_the_python_pools_bit_for_bit(prompt
                                                                           backend):
     """The eager tree of a draft streaming reduced panels with an int8 head, drafted and selected in one kernel call
     (``draft_tree``, models/draft_step.py's one_tree), is the Python pool's and select_tree's: tokens, parents, depths,
-    ranks, the ancestor mask and the draft cache it wrote, equal, for three tree shapes; and greedy generation with it
-    is vanilla's, with the reference loop's accepted lengths (drafts accepted)."""
+    ranks, the ancestor mask and the draft cache it wrote, equal, for three tree shapes; greedy generation with it is
+    vanilla's, with the reference loop's accepted lengths (drafts accepted); sampled, one seed gives the Python pool's
+    text."""
     model = tiny_target("llama")
     name, opts = CASES[case]
     draft = _reduced_vocab_copy(model, name, backend)
@@ -430,6 +431,14 @@ def test_an_eager_tree_in_one_kernel_call_is_the_python_pools_bit_for_bit(prompt
         accepted += r.accepted
     assert served[True] > 9 and served[False] == 0, served
     assert sum(accepted) / len(accepted) > 1.4, sum(accepted) / len(accepted)
+    params = SamplingParams(temperature=1.0, top_p=0.9)  # sampling (tests/test_verify.py) on the same trees: one seed,
+    sampled = []  # one text, either way
+    for native in (True, False):
+        monkeypatch.setattr(static_tree, "one_tree", counted if native else lambda *args: None)
+        sampled.append([static_generate(model, draft, tree, p, max_new_tokens=MAX_NEW, params=params,
+                                        generator=torch.Generator().manual_seed(i)).output_ids
+                        for i, p in enumerate(prompts[:2])])
+    assert sampled[0] == sampled[1]
 
 
 def test_static_forwards_read_only_their_window(prompts, vanilla, monkeypatch):
