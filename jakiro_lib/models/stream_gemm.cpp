@@ -1315,7 +1315,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> 
               "stream_gemm.draft_tree: shapes do not match");
   const auto opts = root_a.options();
   const auto longs = opts.dtype(at::kLong);
-  auto target_ids = [&](const at::Tensor& ids) { return d2t.numel() ? d2t.index_select(0, ids.flatten()) : ids.flatten(); };
+  auto target_ids = [&](const at::Tensor& ids) {
+    return d2t.numel() ? d2t.index_select(0, ids.flatten()) : ids.flatten();
+  };
   auto head = [&](const at::Tensor& x) { return int8_linear(x, head_screen, head_scales, head_rows); };
   // the pool, the root first: tokens, parents, scores (doubles, as the Python pool's), depths
   std::vector<int64_t> tokens{root_token.item<int64_t>()}, parents{0}, depths{0};
@@ -1342,19 +1344,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> 
     return order;
   };
   auto indices = [&](const std::vector<int64_t>& v) { return at::tensor(v, longs); };
-  // the frontier: pool indices, scores, tokens, features, and the forwarded slots each row sees [N][n_slots]
-  std::vector<int64_t> front_idx{0}, front_tok{tokens[0]};
-  std::vector<double> front_score{0.0};
-  std::vector<std::vector<uint8_t>> front_anc(1, std::vector<uint8_t>(n_slots, 0));
+  struct Frontier {  // pool indices, scores, tokens, and the forwarded slots each row sees [N][n_slots]
+    std::vector<int64_t> idx, tok;
+    std::vector<double> score;
+    std::vector<std::vector<uint8_t>> anc;
+  };
+  // The next frontier: candidates `order` of those just pooled (the first at pool index `first`, scores `child`,
+  // target ids `ids`, K an owner), each seeing what its owner row saw (`anc`)
+  auto next = [&](const std::vector<int64_t>& order, int64_t first, const std::vector<double>& child,
+                  const int64_t* ids, const std::vector<std::vector<uint8_t>>& anc) {
+    Frontier f;
+    for (int64_t c : order) {
+      f.idx.push_back(first + c);
+      f.score.push_back(child[c]);
+      f.tok.push_back(ids[c]);
+      f.anc.push_back(anc[c / K]);
+    }
+    return f;
+  };
+  Frontier front{{0}, {tokens[0]}, {0.0}, {std::vector<uint8_t>(n_slots, 0)}};
   at::Tensor front_feat, a = root_a.unsqueeze(0), b = root_b.numel() ? root_b.unsqueeze(0) : root_b;
   at::Tensor each = root_experts.unsqueeze(0), gates = root_gates.unsqueeze(0);
   int64_t depth = 0, forward_ns = 0;
   for (int64_t k = 0; k < n_steps; ++k) {
     const bool last = k == n_steps - 1;
-    std::vector<std::vector<uint8_t>> own = front_anc;
+    std::vector<std::vector<uint8_t>> own = front.anc;
     if (k > 0) {  // one draft step for the whole frontier, into slots base + s0.. of the draft cache
       const int64_t s0 = (k - 1) * K;
-      at::Tensor mask = at::zeros({1, 1, K, window}, opts.dtype(at::kBool));
+      at::Tensor mask = at::zeros({1, 1, K, window}, opts.dtype(at::kBool));  // the text, and the slots it sees
       bool* mk = mask.data_ptr<bool>();
       for (int64_t r = 0; r < K; ++r) {
         own[r][s0 + r] = 1;  // each row also sees itself
@@ -1364,7 +1381,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> 
       const at::Tensor slots = at::arange(base + s0, base + s0 + K, longs);
       const at::Tensor pos = at::full({K}, base + depth - 1, longs);
       const auto t0 = std::chrono::steady_clock::now();
-      std::tie(a, b, each, gates) = draft_step(indices(front_tok), front_feat, pos, slots, mask, embed, cos_table,
+      std::tie(a, b, each, gates) = draft_step(indices(front.tok), front_feat, pos, slots, mask, embed, cos_table,
                                                sin_table, fc, fc_bias, q_panels, k_panels, v_panels, qkv_outs, D,
                                                cache_k, cache_v, window, scale, o_panels, norm, eps, router, experts,
                                                mix_outs, top_k, branch);
@@ -1383,54 +1400,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> 
     const auto [words, vals_, rows] = draft_children(head(feats), weights, K, per);  // [N, K]
     const at::Tensor ids = target_ids(words).contiguous(), vals = vals_.contiguous();
     const int64_t first = int64_t(tokens.size());
-    const std::vector<double> child = add(ids.data_ptr<int64_t>(), vals.data_ptr<float>(), front_idx, front_score,
+    const std::vector<double> child = add(ids.data_ptr<int64_t>(), vals.data_ptr<float>(), front.idx, front.score,
                                           K, depth + 1);
     if (last && steps[k] == 1) break;  // the last layer's children are candidates, never forwarded
-    std::vector<int64_t> order = best(child, K);
-    const at::Tensor feats_k = feats.gather(1, rows.unsqueeze(-1).expand({-1, -1, feats.size(-1)})).flatten(0, 1);
-    front_feat = feats_k.index_select(0, indices(order));
-    std::vector<std::vector<uint8_t>> anc_k;
-    for (size_t i = 0; i < order.size(); ++i) {
-      anc_k.push_back(own[order[i] / K]);
-    }
-    front_idx.assign(order.size(), 0);
-    front_score.assign(order.size(), 0.0);
-    front_tok.assign(order.size(), 0);
-    for (size_t i = 0; i < order.size(); ++i) {
-      front_idx[i] = first + order[i];
-      front_score[i] = child[order[i]];
-      front_tok[i] = ids.data_ptr<int64_t>()[order[i]];
-    }
-    front_anc = anc_k;
+    const std::vector<int64_t> order = best(child, K);
+    front = next(order, first, child, ids.data_ptr<int64_t>(), own);
+    front_feat = feats.gather(1, rows.unsqueeze(-1).expand({-1, -1, H})).flatten(0, 1).index_select(0, indices(order));
     ++depth;
     if (steps[k] == 2) {  // CEPD: the survivors' children from their parents' branch B
-      std::vector<int64_t> up(order.size());
-      for (size_t i = 0; i < order.size(); ++i) up[i] = order[i] / K;  // each survivor's parent, a row of b
+      std::vector<int64_t> up;  // each survivor's parent, a row of b
+      for (int64_t c : order) up.push_back(c / K);
       const auto [top_v, top_i] = head(b).to(at::kFloat).log_softmax(-1).topk(K, -1);  // [N, K]
       const at::Tensor rows_b = indices(up);
       const at::Tensor grand_ids = target_ids(top_i).view({-1, K}).index_select(0, rows_b).contiguous();  // [K, K]
       const at::Tensor grand_v = top_v.index_select(0, rows_b).contiguous();
       const int64_t first_b = int64_t(tokens.size());
-      const std::vector<double> grand = add(grand_ids.data_ptr<int64_t>(), grand_v.data_ptr<float>(), front_idx,
-                                            front_score, K, depth + 1);
+      const std::vector<double> grand = add(grand_ids.data_ptr<int64_t>(), grand_v.data_ptr<float>(), front.idx,
+                                            front.score, K, depth + 1);
       if (last) break;
       const std::vector<int64_t> order_b = best(grand, K);
-      std::vector<int64_t> feat_rows;
-      std::vector<std::vector<uint8_t>> anc_b;
-      std::vector<int64_t> idx_b, tok_b;
-      std::vector<double> score_b;
-      for (int64_t o : order_b) {
-        idx_b.push_back(first_b + o);
-        score_b.push_back(grand[o]);
-        tok_b.push_back(grand_ids.data_ptr<int64_t>()[o]);
-        feat_rows.push_back(up[o / K]);
-        anc_b.push_back(front_anc[o / K]);
-      }
-      front_idx = idx_b;
-      front_score = score_b;
-      front_tok = tok_b;
+      std::vector<int64_t> feat_rows;  // each grandchild carries its parent's branch-B output
+      for (int64_t c : order_b) feat_rows.push_back(up[c / K]);
+      front = next(order_b, first_b, grand, grand_ids.data_ptr<int64_t>(), front.anc);
       front_feat = b.index_select(0, indices(feat_rows));
-      front_anc = anc_b;
       ++depth;
     }
   }
