@@ -468,43 +468,6 @@ inline vec scores(const float* q, const float* k, int64_t ks, int64_t j0, int64_
   return j0 + L <= S ? block_scores<DV, true>(qv, k, ks, L) : block_scores<DV, false>(qv, k, ks, S - j0);
 }
 
-#if defined(__AVX512F__)
-// key_sums for C queries at once (AVX-512, where block_scores is key_sums' tree): each key vector loaded once for all
-// of them, every query's products, folds and sums those of key_sums, in its order, so each query's scores are the
-// ones it gets alone bit for bit.
-template <int DV, int C, int W, bool Full>
-inline void key_sums_queries(const vec (*qv)[DV], const float* k, int64_t ks, int64_t j, int64_t keys, vec* t) {
-  if constexpr (W == L) {
-    const float* kj = k + (Full || j < keys ? j : 0) * ks;
-    for (int i = 0; i < C; ++i) t[i] = vec{};
-    for (int c = 0; c < DV; ++c) {
-      const vec kc = load(kj + c * L);
-      for (int i = 0; i < C; ++i) t[i] += qv[i][c] * kc;
-    }
-    if (!Full && j >= keys)
-      for (int i = 0; i < C; ++i) t[i] = vec{};
-  } else {
-    vec a[C], b[C];
-    key_sums_queries<DV, C, 2 * W, Full>(qv, k, ks, j, keys, a);
-    key_sums_queries<DV, C, 2 * W, Full>(qv, k, ks, j + L / (2 * W), keys, b);
-    for (int i = 0; i < C; ++i) t[i] = fold<W>(a[i], b[i], std::make_index_sequence<L>{});
-  }
-}
-
-// The scores of keys j0 <= j < j0 + L (those < S; the rest 0) with queries q[0..C), into x[0..C): scores' for each.
-template <int DV, int C>
-inline void scores_queries(const float* const* q, const float* k, int64_t ks, int64_t j0, int64_t S, vec* x) {
-  vec qv[C][DV];
-  for (int i = 0; i < C; ++i)
-    for (int c = 0; c < DV; ++c) qv[i][c] = load(q[i] + c * L);
-  k += j0 * ks;
-  if (j0 + L <= S)
-    key_sums_queries<DV, C, 1, true>(qv, k, ks, 0, L, x);
-  else
-    key_sums_queries<DV, C, 1, false>(qv, k, ks, 0, S - j0, x);
-}
-#endif
-
 // out[i] += sum_j w[i][j] v_j and total[i] += sum_j w[i][j] for keys j0 <= j < j1 in order, for C queries at once
 // (their chains interleaved, each query's order unchanged); w[i] at w + i * stride.
 template <int DV, int C>
@@ -548,20 +511,7 @@ void attend_queries(const float* const* q, const float* k, int64_t ks, const flo
   // is a 4 KB page, past which the hardware's prefetcher does not follow
   for (int64_t j0 = 0; j0 < S; j0 += L) {
     prefetch_rows<DV>(k, ks, j0 + L, j0 + 2 * L, S);
-    int64_t i = 0;
-#if defined(__AVX512F__)
-    constexpr int CQ = 4;  // queries scored together, each block's keys loaded once for them
-    for (; i + CQ <= P; i += CQ) {
-      vec x[CQ];
-      scores_queries<DV, CQ>(q + i, k, ks, j0, S, x);
-      for (int c = 0; c < CQ; ++c) {
-        x[c] = x[c] * scale;
-        if (mask != nullptr) x[c] += load(mask[i + c] + j0);
-        store(s + (i + c) * Sp + j0, x[c]);
-      }
-    }
-#endif
-    for (; i < P; ++i) {
+    for (int64_t i = 0; i < P; ++i) {
       vec x = scores<DV>(q[i], k, ks, j0, S) * scale;
       if (mask != nullptr) x += load(mask[i] + j0);
       store(s + i * Sp + j0, x);
