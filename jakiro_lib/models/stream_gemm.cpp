@@ -196,28 +196,44 @@ at::Tensor pack_scaled(const at::Tensor& weight) {
 // scale): the leading dimensions flattened into rows and restored here, not in Python. fp32 panels (a target's weights,
 // or a draft's kept in fp32) are streamed (run's ``stream``); bf16 and int8 panels, a draft's copies read several times
 // a cycle, are kept in cache.
-at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, int64_t n) {
+// The panels ``packed`` holds for n output columns, and whether it serves rows of K inputs.
+inline int64_t panels_of(const at::Tensor& packed, int64_t n) {
+  return packed.scalar_type() == at::kChar ? scaled_panels(n) : packed.size(0);
+}
+bool linear_serves(const at::Tensor& packed, int64_t K, int64_t n) {
   const bool scaled = packed.scalar_type() == at::kChar;
-  const int64_t K = input.dim() >= 1 ? input.size(-1) : 0, P = scaled ? scaled_panels(n) : packed.size(0);
-  TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && packed.dim() == 3 && packed.size(1) == K &&
-              packed.size(2) == L && packed.is_contiguous() && n <= P * L &&
-              (!scaled || packed.size(0) == P + scale_panels(P, K)), "stream_gemm.linear: shapes do not match");
-  const at::Tensor x = input.reshape({-1, K}).contiguous();
-  const int64_t M = x.size(0);
-  at::Tensor y = at::empty({M, P * L}, x.options());
+  const int64_t P = panels_of(packed, n);
+  return packed.dim() == 3 && packed.size(1) == K && packed.size(2) == L && packed.is_contiguous() && n <= P * L &&
+         (!scaled || packed.size(0) == P + scale_panels(P, K));
+}
+
+// linear's arithmetic on raw rows: x [M, K] -> y [M, n], rows n apart; y holds M P L floats (the panels' padded
+// columns are written, then the rows closed up).
+void linear_rows(const float* x, const at::Tensor& packed, int64_t M, int64_t K, int64_t n, float* y) {
+  const int64_t P = panels_of(packed, n);
   if (packed.scalar_type() == at::kBFloat16) {
-    run(x.data_ptr<float>(), reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), y.data_ptr<float>(),
-        M, K, P, nullptr, false);
-  } else if (scaled) {
+    run(x, reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), y, M, K, P, nullptr, false);
+  } else if (packed.scalar_type() == at::kChar) {
     const int8_t* panels = packed.data_ptr<int8_t>();  // the scales start P K L bytes on: a multiple of a float's
-    run(x.data_ptr<float>(), panels, y.data_ptr<float>(), M, K, P, reinterpret_cast<const float*>(panels + P * K * L),
-        false);
+    run(x, panels, y, M, K, P, reinterpret_cast<const float*>(panels + P * K * L), false);
   } else {
-    run(x.data_ptr<float>(), packed.data_ptr<float>(), y.data_ptr<float>(), M, K, P, nullptr, true);
+    run(x, packed.data_ptr<float>(), y, M, K, P, nullptr, true);
   }
+  if (P * L != n)
+    for (int64_t m = 1; m < M; ++m) std::memmove(y + m * n, y + m * P * L, n * sizeof(float));
+}
+
+at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, int64_t n) {
+  const int64_t K = input.dim() >= 1 ? input.size(-1) : 0;
+  TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && linear_serves(packed, K, n),
+              "stream_gemm.linear: shapes do not match");
+  const at::Tensor x = input.reshape({-1, K}).contiguous();
+  const int64_t M = x.size(0), padded = M * panels_of(packed, n) * L;
+  at::Tensor y = at::empty({padded}, x.options());
+  linear_rows(x.data_ptr<float>(), packed, M, K, n, y.data_ptr<float>());
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes.back() = n;
-  return (P * L == n ? y : y.narrow(1, 0, n).contiguous()).view(sizes);
+  return (padded == M * n ? y : y.narrow(0, 0, M * n)).view(sizes);
 }
 
 at::Tensor linear_meta(const at::Tensor& input, const at::Tensor& packed, int64_t n) {
@@ -236,33 +252,41 @@ at::Tensor linear_meta(const at::Tensor& input, const at::Tensor& packed, int64_
 #pragma GCC optimize("fp-contract=off")
 #define NO_CONTRACTION
 #endif
-at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+// One sequence's heads: head h of row t at x + h * sh + t * st (D contiguous floats), cos and sin [n, D] -> out
+// [n, H, D].
+void rotate_rows(const float* x, int64_t sh, int64_t st, int64_t H, int64_t n, int64_t D, const float* cp,
+                 const float* sp, float* out) {
   NO_CONTRACTION
-  const int64_t B = x.size(0), H = x.size(1), n = x.size(2), D = x.size(3), half = D / 2;
+  const int64_t half = D / 2;
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t t = 0; t < n; ++t) {
+      const float* in = x + h * sh + t * st;
+      const float *ct = cp + t * D, *s = sp + t * D;
+      float* y = out + (t * H + h) * D;
+      for (int64_t d = 0; d < half; ++d) {
+        const float kept = in[d] * ct[d], turned = -in[d + half] * s[d];
+        y[d] = kept + turned;
+      }
+      for (int64_t d = half; d < D; ++d) {
+        const float kept = in[d] * ct[d], turned = in[d - half] * s[d];
+        y[d] = kept + turned;
+      }
+    }
+}
+
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t B = x.size(0), H = x.size(1), n = x.size(2), D = x.size(3);
   TORCH_CHECK(x.stride(3) == 1 && D % 2 == 0 && cos.sizes() == sin.sizes() && cos.size(1) == 1 &&
               cos.size(2) == n && cos.size(3) == D && (cos.size(0) == B || cos.size(0) == 1),
               "stream_gemm.rope: shapes do not match");
   const at::Tensor c = cos.contiguous(), s = sin.contiguous();
   // [B, n, H, D], returned as [B, H, n, D]: the layout of the projections' views
   at::Tensor y = at::empty({B, n, H, D}, x.options());
-  const float *xp = x.data_ptr<float>(), *cp = c.data_ptr<float>(), *sp = s.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t t = 0; t < n; ++t) {
-        const float* in = xp + b * x.stride(0) + h * x.stride(1) + t * x.stride(2);
-        const int64_t row = ((cos.size(0) == 1 ? 0 : b) * n + t) * D;  // cos and sin at (b, t)
-        const float *ct = cp + row, *st = sp + row;
-        float* out = yp + ((b * n + t) * H + h) * D;
-        for (int64_t d = 0; d < half; ++d) {
-          const float kept = in[d] * ct[d], turned = -in[d + half] * st[d];
-          out[d] = kept + turned;
-        }
-        for (int64_t d = half; d < D; ++d) {
-          const float kept = in[d] * ct[d], turned = in[d - half] * st[d];
-          out[d] = kept + turned;
-        }
-      }
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t row = (cos.size(0) == 1 ? 0 : b) * n * D;  // cos and sin at (b, 0)
+    rotate_rows(x.data_ptr<float>() + b * x.stride(0), x.stride(1), x.stride(2), H, n, D, c.data_ptr<float>() + row,
+                s.data_ptr<float>() + row, y.data_ptr<float>() + b * n * H * D);
+  }
   return y.transpose(1, 2);
 }
 #if !defined(__clang__)
@@ -289,6 +313,25 @@ std::tuple<at::Tensor, at::Tensor> rope_meta(const at::Tensor& q, const at::Tens
 // forward's norms, models/fast_paths.py): each row alone, its sum of squares in L lanes along the row then the lanes
 // added in order, so a row's result does not depend on the rows beside it. Equal to torch's operators to rounding
 // (their sum runs in another order), not bit for bit.
+void norm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t H, double eps) {
+  const float e = static_cast<float>(eps);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* in = x + r * H;
+    float* out = y + r * H;
+    vec acc{};
+    int64_t i = 0;
+    for (; i + L <= H; i += L) {
+      const vec v = load(in + i);
+      acc += v * v;
+    }
+    float squares = 0.0f;
+    for (int64_t lane = 0; lane < L; ++lane) squares += acc[lane];
+    for (; i < H; ++i) squares += in[i] * in[i];
+    const float scale = 1.0f / std::sqrt(squares / static_cast<float>(H) + e);
+    for (int64_t j = 0; j < H; ++j) out[j] = w[j] * (in[j] * scale);
+  }
+}
+
 at::Tensor rms_norm(const at::Tensor& input, const at::Tensor& weight, double eps) {
   TORCH_CHECK(input.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat && weight.dim() == 1 &&
               input.dim() >= 1 && input.size(-1) == weight.size(0) && weight.size(0) > 0,
@@ -296,25 +339,8 @@ at::Tensor rms_norm(const at::Tensor& input, const at::Tensor& weight, double ep
   const at::Tensor x = input.contiguous(), w = weight.contiguous();
   at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
   const int64_t H = w.size(0), rows = x.numel() / H;
-  const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  const float e = static_cast<float>(eps);
   at::parallel_for(0, rows, 256, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* in = xp + r * H;
-      float* out = yp + r * H;
-      vec acc{};
-      int64_t i = 0;
-      for (; i + L <= H; i += L) {
-        const vec v = load(in + i);
-        acc += v * v;
-      }
-      float squares = 0.0f;
-      for (int64_t lane = 0; lane < L; ++lane) squares += acc[lane];
-      for (; i < H; ++i) squares += in[i] * in[i];
-      const float scale = 1.0f / std::sqrt(squares / static_cast<float>(H) + e);
-      for (int64_t j = 0; j < H; ++j) out[j] = wp[j] * (in[j] * scale);
-    }
+    norm_rows(x.data_ptr<float>() + r0 * H, w.data_ptr<float>(), y.data_ptr<float>() + r0 * H, r1 - r0, H, eps);
   });
   return y;
 }
@@ -576,20 +602,13 @@ bool attend_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
          k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && queries_fn(q.size(3)) != nullptr;
 }
 
-// attend with its mask padded (padded_mask)
-at::Tensor attend_padded(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_, const at::Tensor& mask,
-                         double scale) {
-  TORCH_CHECK(attend_serves(q_, k_, v_) && (!mask.defined() || (mask.size(0) == q_.size(2) &&
-              mask.size(1) == (k_.size(2) + L - 1) / L * L)), "stream_gemm.attend: shapes do not match");
-  auto last_contiguous = [](const at::Tensor& x) { return x.stride(3) == 1 ? x : x.contiguous(); };
-  const at::Tensor q = last_contiguous(q_), k = last_contiguous(k_), v = last_contiguous(v_);
-  const int64_t Hq = q.size(1), n = q.size(2), D = q.size(3), Hk = k.size(1), S = k.size(2), G = Hq / Hk;
-  const int64_t Sp = (S + L - 1) / L * L;
-  at::Tensor out = at::empty({1, n, Hq, D}, q.options());
+// The attention on raw rows: query head h of row r at qp + h * qh + r * qr, KV head g's key j at kp + g * kh + j * ks
+// (values alike), each D contiguous floats; mask [n, Sp] or null; out [n, Hq, D].
+void attend_rows(const float* qp, int64_t qh, int64_t qr, const float* kp, int64_t kh, int64_t ks, const float* vp,
+                 int64_t vh, int64_t vs, const float* mp, int64_t Hq, int64_t Hk, int64_t n, int64_t S, int64_t D,
+                 double scale, float* op) {
+  const int64_t G = Hq / Hk, Sp = (S + L - 1) / L * L;
   const QueriesFn fn = queries_fn(D);
-  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-  const float* mp = mask.defined() ? mask.data_ptr<float>() : nullptr;
-  float* op = out.data_ptr<float>();
   const int64_t chunks = std::max<int64_t>((n + 7) / 8, std::min<int64_t>(n, (4 + Hk - 1) / Hk));
   const int64_t R = (n + chunks - 1) / chunks;
   at::parallel_for(0, (n + R - 1) / R * Hk, 1, [&](int64_t t0, int64_t t1) {
@@ -600,14 +619,27 @@ at::Tensor attend_padded(const at::Tensor& q_, const at::Tensor& k_, const at::T
       const int64_t g = t % Hk, r0 = t / Hk * R, P = std::min(R, n - r0) * G;
       for (int64_t i = 0; i < P; ++i) {
         const int64_t r = r0 + i / G, h = g * G + i % G;
-        qs[i] = qp + h * q.stride(1) + r * q.stride(2);
+        qs[i] = qp + h * qh + r * qr;
         ms[i] = mp == nullptr ? nullptr : mp + r * Sp;
         os[i] = op + (r * Hq + h) * D;
       }
-      fn(qs.data(), kp + g * k.stride(1), k.stride(2), vp + g * v.stride(1), v.stride(2),
-         mp == nullptr ? nullptr : ms.data(), S, P, float(scale), os.data(), s.data());
+      fn(qs.data(), kp + g * kh, ks, vp + g * vh, vs, mp == nullptr ? nullptr : ms.data(), S, P, float(scale),
+         os.data(), s.data());
     }
   });
+}
+
+// attend with its mask padded (padded_mask)
+at::Tensor attend_padded(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_, const at::Tensor& mask,
+                         double scale) {
+  TORCH_CHECK(attend_serves(q_, k_, v_) && (!mask.defined() || (mask.size(0) == q_.size(2) &&
+              mask.size(1) == (k_.size(2) + L - 1) / L * L)), "stream_gemm.attend: shapes do not match");
+  auto last_contiguous = [](const at::Tensor& x) { return x.stride(3) == 1 ? x : x.contiguous(); };
+  const at::Tensor q = last_contiguous(q_), k = last_contiguous(k_), v = last_contiguous(v_);
+  at::Tensor out = at::empty({1, q.size(2), q.size(1), q.size(3)}, q.options());
+  attend_rows(q.data_ptr<float>(), q.stride(1), q.stride(2), k.data_ptr<float>(), k.stride(1), k.stride(2),
+              v.data_ptr<float>(), v.stride(1), v.stride(2), mask.defined() ? mask.data_ptr<float>() : nullptr,
+              q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), scale, out.data_ptr<float>());
   return out;
 }
 
@@ -1015,43 +1047,110 @@ bool tile_screen() {
 }
 
 // The decoder layers of the lean forward (models/fast_paths.py's lean_forward) for a decoding step, in one call: each
-// layer's norms, projections, RoPE, cache write, attention, residual adds and SwiGLU MLP by the same kernels and
-// torch operators, in the same order, as the Python loop, so the hidden states equal its bit for bit; what goes is
-// the interpreter's work between them. hidden [1, n, H]; weights, 9 a layer (the input norm's weight, the q, k, v and
+// layer's norms, projections, RoPE, cache write, attention, residual adds and SwiGLU MLP by the same kernels (their
+// raw-row forms) and torch's silu and multiply, in the same order, as the Python loop, so the hidden states equal its
+// bit for bit; what goes is the interpreter's work between them and, the rows living in one scratch buffer, the
+// tensors each kernel's wrapper would make (some seventy dispatched operators a layer, views and allocations most of
+// them: DESIGN section 9). hidden [1, n, H]; weights, 9 a layer (the input norm's weight, the q, k, v and
 // o projections' stream panels, the post-attention norm's weight, the gate, up and down projections' panels), or 12
 // with the q, k and v projections' biases after them; outs: the 7 projections' output sizes; stack: the runner's
 // cache [layers, 2, 1, n_kv, capacity, D], each layer writing its slot at start..start+n; cos and sin [1, 1, n, D];
-// mask additive [1, 1, n, start + n] or none (one row); attention by the kernel up to attend_rows rows where it
+// mask additive [1, 1, n, start + n] or none (one row); attention by the kernel up to attend_rows_max rows where it
 // serves, else SDPA, as _sdpa_gqa chooses.
 at::Tensor decoder_layers(const at::Tensor& hidden, at::TensorList weights, at::IntArrayRef outs,
                           const at::Tensor& stack, int64_t start, const at::Tensor& cos, const at::Tensor& sin,
                           const c10::optional<at::Tensor>& mask, int64_t D, double eps, double scale,
-                          int64_t attend_rows) {
+                          int64_t attend_rows_max) {
   const int64_t n = hidden.dim() == 3 ? hidden.size(1) : 0, layers = stack.dim() == 6 ? stack.size(0) : 0;
-  const int64_t per = layers > 0 ? int64_t(weights.size()) / layers : 0;
-  TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && layers > 0 && (per == 9 || per == 12) &&
-              int64_t(weights.size()) == per * layers && outs.size() == 7 && stack.size(5) == D &&
-              (n == 1 || (mask.has_value() && mask->defined())), "stream_gemm.decoder_layers: shapes do not match");
-  const bool kernel = n <= attend_rows && queries_fn(D) != nullptr;
-  const at::Tensor padded = kernel ? padded_mask(mask, n, start + n) : at::Tensor();
-  at::Tensor h = hidden;
+  const int64_t per = layers > 0 ? int64_t(weights.size()) / layers : 0, H = hidden.dim() == 3 ? hidden.size(2) : 0;
+  TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && hidden.scalar_type() == at::kFloat && layers > 0 &&
+              (per == 9 || per == 12) && int64_t(weights.size()) == per * layers && outs.size() == 7 && D > 0 &&
+              D % 2 == 0 && stack.size(1) == 2 && stack.size(2) == 1 && stack.size(5) == D &&
+              stack.scalar_type() == at::kFloat && stack.is_contiguous() && outs[0] % D == 0 && outs[1] % D == 0 &&
+              outs[1] == outs[2] && outs[1] / D == stack.size(3) && (outs[0] / D) % stack.size(3) == 0 &&
+              outs[3] == H && outs[4] == outs[5] && outs[6] == H && 0 <= start && start + n <= stack.size(4) &&
+              cos.sizes() == sin.sizes() && cos.numel() == n * D && cos.scalar_type() == at::kFloat &&
+              sin.scalar_type() == at::kFloat && (n == 1 || (mask.has_value() && mask->defined())),
+              "stream_gemm.decoder_layers: shapes do not match");
+  const int64_t Q = outs[0], KV = outs[1], I = outs[4], Hq = Q / D, Hk = KV / D, S = start + n;
+  const int64_t cap = stack.size(4);
   for (int64_t l = 0; l < layers; ++l) {
     const at::Tensor* w = weights.data() + per * l;
-    at::Tensor x = rms_norm(h, w[0], eps);
-    auto heads = [&](int i) {
-      const at::Tensor y = linear(x, w[1 + i], outs[i]);
-      return (per == 12 ? y + w[9 + i] : y).view({1, n, -1, D}).transpose(1, 2);  // [1, heads, n, D]
-    };
-    const at::Tensor q = heads(0), k = heads(1), v = heads(2);
-    const auto [q_turned, k_turned] = rope(q, k, cos, sin);
-    const auto [keys, values] = kv_write(stack, l, k_turned, v, start);
-    const at::Tensor out = kernel && attend_serves(q_turned, keys, values)
-        ? attend_padded(q_turned, keys, values, padded, scale)
-        : at::scaled_dot_product_attention(q_turned, keys, values, mask, 0.0, false, scale,
-                                           q_turned.size(1) != keys.size(1)).transpose(1, 2).contiguous();
-    h = h + linear(out.reshape({1, n, -1}), w[4], outs[3]);
-    x = rms_norm(h, w[5], eps);
-    h = h + linear(at::silu(linear(x, w[6], outs[4])) * linear(x, w[7], outs[5]), w[8], outs[6]);
+    const int64_t ins[7] = {H, H, H, Q, H, H, I};
+    bool ok = w[0].numel() == H && w[5].numel() == H && w[0].scalar_type() == at::kFloat &&
+              w[5].scalar_type() == at::kFloat && w[0].is_contiguous() && w[5].is_contiguous();
+    for (int i = 0; i < 7; ++i) ok = ok && linear_serves(w[i < 4 ? 1 + i : 2 + i], ins[i], outs[i]);
+    for (int i = 0; per == 12 && i < 3; ++i)
+      ok = ok && w[9 + i].numel() == outs[i] && w[9 + i].scalar_type() == at::kFloat && w[9 + i].is_contiguous();
+    TORCH_CHECK(ok, "stream_gemm.decoder_layers: layer ", l, "'s weights do not match");
+  }
+  // Every layer's work on raw rows in one scratch buffer, no tensor made a layer: the norms' output x [n, H], the
+  // projections' outputs (each with room for its panels' padded columns), the rotated queries [n, Hq, D] and keys
+  // [n, Hk, D], attention's output [n, Hq, D], the o and down projections' outputs y before the residual adds; the
+  // gate and up projections' outputs are tensors, for torch's silu and multiply as the Python loop calls them.
+  auto room = [&](const at::Tensor& packed, int64_t width) { return n * panels_of(packed, width) * L; };
+  const at::Tensor* w0 = weights.data();
+  const int64_t sizes[8] = {n * H, room(w0[1], Q), room(w0[2], KV), room(w0[3], KV), n * Q, n * KV, n * Q,
+                            std::max(room(w0[4], H), room(w0[8], H))};
+  int64_t total = 0;
+  for (const int64_t size : sizes) total += size;
+  const at::Tensor scratch = at::empty({total}, hidden.options());
+  float* const base = scratch.data_ptr<float>();
+  float *x = base, *q = x + sizes[0], *k = q + sizes[1], *v = k + sizes[2], *qr = v + sizes[3], *kr = qr + sizes[4];
+  float *att = kr + sizes[5], *y = att + sizes[6];
+  const at::Tensor gate = at::empty({n * panels_of(w0[6], I) * L}, hidden.options());
+  const at::Tensor up = at::empty({n * panels_of(w0[7], I) * L}, hidden.options());
+  at::Tensor gate_rows = gate.narrow(0, 0, n * I).view({1, n, I});
+  const at::Tensor up_rows = up.narrow(0, 0, n * I).view({1, n, I});
+  at::Tensor h = hidden.contiguous().clone();  // [1, n, H]: the residual stream, added to in place
+  float* hp = h.data_ptr<float>();
+  const at::Tensor c = cos.contiguous(), si = sin.contiguous();
+  const bool kernel = n <= attend_rows_max && queries_fn(D) != nullptr;
+  const at::Tensor padded = kernel ? padded_mask(mask, n, S) : at::Tensor();
+  auto add_rows = [](float* to, const float* from, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) to[i] += from[i];
+  };
+  for (int64_t l = 0; l < layers; ++l) {
+    const at::Tensor* w = weights.data() + per * l;
+    norm_rows(hp, w[0].data_ptr<float>(), x, n, H, eps);
+    linear_rows(x, w[1], n, H, Q, q);
+    linear_rows(x, w[2], n, H, KV, k);
+    linear_rows(x, w[3], n, H, KV, v);
+    if (per == 12)
+      for (int64_t r = 0; r < n; ++r) {
+        add_rows(q + r * Q, w[9].data_ptr<float>(), Q);
+        add_rows(k + r * KV, w[10].data_ptr<float>(), KV);
+        add_rows(v + r * KV, w[11].data_ptr<float>(), KV);
+      }
+    rotate_rows(q, D, Q, Hq, n, D, c.data_ptr<float>(), si.data_ptr<float>(), qr);
+    rotate_rows(k, D, KV, Hk, n, D, c.data_ptr<float>(), si.data_ptr<float>(), kr);
+    float* keys = stack.data_ptr<float>() + l * 2 * Hk * cap * D;  // [Hk, cap, D], the values after them
+    float* values = keys + Hk * cap * D;
+    for (int64_t g = 0; g < Hk; ++g)
+      for (int64_t t = 0; t < n; ++t) {
+        std::memcpy(keys + (g * cap + start + t) * D, kr + (t * Hk + g) * D, D * sizeof(float));
+        std::memcpy(values + (g * cap + start + t) * D, v + t * KV + g * D, D * sizeof(float));
+      }
+    if (kernel) {
+      attend_rows(qr, D, Q, keys, cap * D, D, values, cap * D, D, padded.defined() ? padded.data_ptr<float>() : nullptr,
+                  Hq, Hk, n, S, D, scale, att);
+    } else {  // SDPA over the slot's views, as _sdpa_gqa calls it
+      const at::Tensor slot = stack.select(0, l).select(1, 0);  // [2, Hk, cap, D]
+      const at::Tensor turned = scratch.narrow(0, qr - base, n * Q).view({1, n, Hq, D}).transpose(1, 2);
+      const at::Tensor out = at::scaled_dot_product_attention(
+          turned, slot.select(0, 0).narrow(1, 0, S).unsqueeze(0), slot.select(0, 1).narrow(1, 0, S).unsqueeze(0), mask,
+          0.0, false, scale, Hq != Hk).transpose(1, 2).contiguous();
+      std::memcpy(att, out.data_ptr<float>(), n * Q * sizeof(float));
+    }
+    linear_rows(att, w[4], n, Q, H, y);
+    add_rows(hp, y, n * H);
+    norm_rows(hp, w[5].data_ptr<float>(), x, n, H, eps);
+    linear_rows(x, w[6], n, H, I, gate.data_ptr<float>());
+    linear_rows(x, w[7], n, H, I, up.data_ptr<float>());
+    at::silu_(gate_rows);
+    gate_rows.mul_(up_rows);
+    linear_rows(gate.data_ptr<float>(), w[8], n, I, H, y);
+    add_rows(hp, y, n * H);
   }
   return h;
 }
