@@ -1157,23 +1157,60 @@ at::Tensor decoder_layers(const at::Tensor& hidden, at::TensorList weights, at::
 
 
 // A draft's decoding step (models/draft.py's DraftModel._step) in two calls, the cache written between them in Python
-// (whatever the cache): the same kernels and torch operators, in the same order, as the Python step, whose
-// interpreter and dispatch took most of a step of a few rows (DESIGN section 12); the attention by the kernel above.
+// (whatever the cache): the same kernels (their raw-row forms, shared with draft_step) and torch operators, in the
+// same order, as the Python step, whose interpreter and dispatch took most of a step of a few rows (DESIGN section
+// 12); the attention by the kernel above.
+
+// Whether draft_qkv's weights serve rows of K inputs: every projection's panels, fc's fp32 bias, whole heads.
+bool qkv_serves(int64_t K, const at::Tensor& fc, const at::Tensor& fc_bias, const at::Tensor& q_panels,
+                const at::Tensor& k_panels, const at::Tensor& v_panels, at::IntArrayRef outs, int64_t D) {
+  return outs.size() == 4 && D > 0 && D % 2 == 0 && outs[1] % D == 0 && outs[2] % D == 0 && outs[2] == outs[3] &&
+         linear_serves(fc, K, outs[0]) && linear_serves(q_panels, outs[0], outs[1]) &&
+         linear_serves(k_panels, outs[0], outs[2]) && linear_serves(v_panels, outs[0], outs[3]) &&
+         fc_bias.scalar_type() == at::kFloat && fc_bias.numel() == outs[0] && fc_bias.is_contiguous();
+}
+
+// draft_qkv's work on raw rows: x [n, K] -> z [n, H] (fc's output plus its bias), the queries and keys before RoPE
+// (q, k) and rotated (qr [n, Hq, D], kr [n, Hk, D]), the values v [n, Hk D]; cos and sin [n, D]. z, q, k and v have
+// room for their panels' padded columns (linear_rows).
+void qkv_rows(const float* x, int64_t n, int64_t K, const at::Tensor& fc, const at::Tensor& fc_bias,
+              const at::Tensor& q_panels, const at::Tensor& k_panels, const at::Tensor& v_panels, at::IntArrayRef outs,
+              int64_t D, const float* cos, const float* sin, float* z, float* q, float* k, float* v, float* qr,
+              float* kr) {
+  const int64_t H = outs[0];
+  linear_rows(x, fc, n, K, H, z);
+  const float* bias = fc_bias.data_ptr<float>();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < H; ++c) z[r * H + c] += bias[c];
+  linear_rows(z, q_panels, n, H, outs[1], q);
+  linear_rows(z, k_panels, n, H, outs[2], k);
+  linear_rows(z, v_panels, n, H, outs[3], v);
+  rotate_rows(q, D, outs[1], outs[1] / D, n, D, cos, sin, qr);
+  rotate_rows(k, D, outs[2], outs[2] / D, n, D, cos, sin, kr);
+}
+
 // draft_qkv: x [1, n, 2H] (the embedding and the features) -> z = fc(x) + bias [1, n, H], and the rotated queries
 // and keys and the values [1, heads, n, D] as DraftAttention makes them; cos and sin [1, 1, n, D].
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_qkv(
-    const at::Tensor& x, const at::Tensor& fc, const at::Tensor& fc_bias, const at::Tensor& q_panels,
-    const at::Tensor& k_panels, const at::Tensor& v_panels, at::IntArrayRef outs, int64_t D, const at::Tensor& cos,
-    const at::Tensor& sin) {
-  TORCH_CHECK(x.dim() == 3 && x.size(0) == 1 && outs.size() == 4 && D > 0,
-              "stream_gemm.draft_qkv: shapes do not match");
-  const int64_t n = x.size(1);
-  const at::Tensor z = linear(x, fc, outs[0]) + fc_bias;
-  auto heads = [&](const at::Tensor& panels, int64_t width) {
-    return linear(z, panels, width).view({1, n, -1, D}).transpose(1, 2);  // [1, heads, n, D]
+    const at::Tensor& x_, const at::Tensor& fc, const at::Tensor& fc_bias, const at::Tensor& q_panels,
+    const at::Tensor& k_panels, const at::Tensor& v_panels, at::IntArrayRef outs, int64_t D, const at::Tensor& cos_,
+    const at::Tensor& sin_) {
+  TORCH_CHECK(x_.dim() == 3 && x_.size(0) == 1 && x_.scalar_type() == at::kFloat &&
+              qkv_serves(x_.size(2), fc, fc_bias, q_panels, k_panels, v_panels, outs, D) &&
+              cos_.sizes() == sin_.sizes() && cos_.numel() == x_.size(1) * D && cos_.scalar_type() == at::kFloat &&
+              sin_.scalar_type() == at::kFloat, "stream_gemm.draft_qkv: shapes do not match");
+  const int64_t n = x_.size(1), K = x_.size(2), H = outs[0], Q = outs[1], KV = outs[2];
+  const at::Tensor x = x_.contiguous(), cos = cos_.contiguous(), sin = sin_.contiguous();
+  auto rows = [&](const at::Tensor& packed, int64_t width) {  // a [1, n, width] tensor with room for padded columns
+    return at::empty({n * panels_of(packed, width) * L}, x.options());
   };
-  const auto [q, k] = rope(heads(q_panels, outs[1]), heads(k_panels, outs[2]), cos, sin);
-  return {z, q, k, heads(v_panels, outs[3])};
+  const at::Tensor z = rows(fc, H), v = rows(v_panels, KV), q_rows = rows(q_panels, Q), k_rows = rows(k_panels, KV);
+  const at::Tensor qr = at::empty({1, n, Q / D, D}, x.options()), kr = at::empty({1, n, KV / D, D}, x.options());
+  qkv_rows(x.data_ptr<float>(), n, K, fc, fc_bias, q_panels, k_panels, v_panels, outs, D, cos.data_ptr<float>(),
+           sin.data_ptr<float>(), z.data_ptr<float>(), q_rows.data_ptr<float>(), k_rows.data_ptr<float>(),
+           v.data_ptr<float>(), qr.data_ptr<float>(), kr.data_ptr<float>());
+  return {z.narrow(0, 0, n * H).view({1, n, H}), qr.transpose(1, 2), kr.transpose(1, 2),
+          v.narrow(0, 0, n * KV).view({1, n, KV / D, D}).transpose(1, 2)};  // [1, heads, n, D]
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_qkv_meta(
@@ -1196,35 +1233,63 @@ at::Tensor topk_weights(const at::Tensor& logits, int64_t k) {
   return weights / weights.sum(-1, true);
 }
 
-// draft_mix: the rest of the step from z [1, n, H], the rotated queries and the keys and values to attend [1, KV heads,
-// S, D] (the cache's, this step's written): attention under ``mask`` (as padded_mask reads it; none: every
-// key), the output projection and residual, the post-attention norm, then the MoE block: each expert's
-// SwiGLU (gate, up and down panels, three an expert), the router (undefined: one expert and no branch B), branch A's
-// top-k mixture and, ``branch`` 1 or 2, branch B's (its mixture, or contrastive: the two leading experts' difference).
-// outs: the output projection's, the experts' gate, up and down projections' and the router's widths. Returns a, b
-// (empty for no branch B), experts [1, n, E, H] and gates [1, n, E], as MoEBlock.forward does.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_mix(
-    const at::Tensor& z, const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-    const c10::optional<at::Tensor>& mask, double scale, const at::Tensor& o_panels, const at::Tensor& norm,
-    double eps, const c10::optional<at::Tensor>& router, at::TensorList experts, at::IntArrayRef outs, int64_t top_k,
-    int64_t branch) {
-  const int64_t n = q.size(2), E = int64_t(experts.size()) / 3;
-  TORCH_CHECK(z.dim() == 3 && z.size(0) == 1 && E >= 1 && int64_t(experts.size()) == 3 * E && outs.size() == 5 &&
-              attend_serves(q, keys, values) && (E == 1 || (router.has_value() && router->defined())) &&
-              (branch == 0 || (router.has_value() && router->defined())), "stream_gemm.draft_mix: shapes do not match");
-  const at::Tensor att = attend_padded(q, keys, values, padded_mask(mask, n, keys.size(2)), scale);
-  const at::Tensor h = z + linear(att.reshape({1, n, -1}), o_panels, outs[0]);
-  const at::Tensor u = rms_norm(h, norm, eps);
-  std::vector<at::Tensor> each;
-  for (int64_t e = 0; e < E; ++e)
-    each.push_back(linear(at::silu(linear(u, experts[3 * e], outs[1])) * linear(u, experts[3 * e + 1], outs[2]),
-                          experts[3 * e + 2], outs[3]));
-  const at::Tensor mixed = at::stack(each, -2);  // [1, n, E, H]
-  at::Tensor gates, b = at::empty({0}, z.options());
+// Whether draft_mix's weights serve z [.., H] and attention rows of Q: the panels of the output projection, the
+// experts (SwiGLU, three an expert) and the router, an fp32 norm weight, a router where there are experts to gate
+// or a branch B.
+bool mix_serves(int64_t H, int64_t Q, const at::Tensor& o_panels, const at::Tensor& norm,
+                const c10::optional<at::Tensor>& router, at::TensorList experts, at::IntArrayRef outs,
+                int64_t branch) {
+  const int64_t E = int64_t(experts.size()) / 3;
+  const bool gated = router.has_value() && router->defined();
+  bool ok = E >= 1 && int64_t(experts.size()) == 3 * E && outs.size() == 5 && outs[0] == H && outs[1] == outs[2] &&
+            outs[3] == H && linear_serves(o_panels, Q, H) && norm.scalar_type() == at::kFloat && norm.numel() == H &&
+            norm.is_contiguous() && (E == 1 || gated) && (branch == 0 || gated) &&
+            (!gated || linear_serves(*router, H, outs[4]));
+  for (int64_t e = 0; ok && e < E; ++e)
+    ok = linear_serves(experts[3 * e], H, outs[1]) && linear_serves(experts[3 * e + 1], H, outs[2]) &&
+         linear_serves(experts[3 * e + 2], outs[1], H);
+  return ok;
+}
+
+// draft_mix's work after the attention, from its output att [n, Q] and z [n, H] on raw rows: h = z + o(att), the
+// post-attention norm, each expert's SwiGLU into experts [1, n, E, H], the router's gates and branch B by torch's
+// operators as MoEBlock.forward; the projections' outputs in scratch rows, torch's silu and multiply on two tensors
+// made once. Returns draft_mix's a, b, experts and gates.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mix_rows(
+    const float* z, const float* att, int64_t n, int64_t Q, const at::TensorOptions& options,
+    const at::Tensor& o_panels, const at::Tensor& norm, double eps, const c10::optional<at::Tensor>& router,
+    at::TensorList experts, at::IntArrayRef outs, int64_t top_k, int64_t branch) {
+  const int64_t E = int64_t(experts.size()) / 3, H = outs[0], I = outs[1];
+  auto room = [&](const at::Tensor& packed, int64_t width) { return n * panels_of(packed, width) * L; };
+  int64_t most = room(o_panels, H);
+  for (int64_t e = 0; e < E; ++e) most = std::max(most, room(experts[3 * e + 2], H));
+  const at::Tensor scratch = at::empty({most + n * H}, options);
+  float *y = scratch.data_ptr<float>(), *u = y + most;
+  const at::Tensor h = at::empty({1, n, H}, options);
+  float* hp = h.data_ptr<float>();
+  linear_rows(att, o_panels, n, Q, H, y);
+  for (int64_t i = 0; i < n * H; ++i) hp[i] = z[i] + y[i];
+  norm_rows(hp, norm.data_ptr<float>(), u, n, H, eps);
+  const at::Tensor gate = at::empty({room(experts[0], I)}, options), up = at::empty({room(experts[1], I)}, options);
+  at::Tensor gate_rows = gate.narrow(0, 0, n * I).view({1, n, I});
+  const at::Tensor up_rows = up.narrow(0, 0, n * I).view({1, n, I});
+  const at::Tensor mixed = at::empty({1, n, E, H}, options);  // [1, n, E, H]
+  float* mp = mixed.data_ptr<float>();
+  for (int64_t e = 0; e < E; ++e) {
+    linear_rows(u, experts[3 * e], n, H, I, gate.data_ptr<float>());
+    linear_rows(u, experts[3 * e + 1], n, H, I, up.data_ptr<float>());
+    at::silu_(gate_rows);
+    gate_rows.mul_(up_rows);
+    linear_rows(gate.data_ptr<float>(), experts[3 * e + 2], n, I, H, y);
+    for (int64_t r = 0; r < n; ++r) std::memcpy(mp + (r * E + e) * H, y + r * H, H * sizeof(float));
+  }
+  at::Tensor gates, b = at::empty({0}, options);
   if (!router.has_value() || !router->defined()) {
-    gates = at::ones({1, n, 1}, z.options());
+    gates = at::ones({1, n, 1}, options);
   } else {
-    const at::Tensor logits = linear(u, *router, outs[4]);  // [1, n, E], or [1, n, 2E] with branch B
+    const at::Tensor scores = at::empty({room(*router, outs[4])}, options);
+    linear_rows(u, *router, n, H, outs[4], scores.data_ptr<float>());
+    const at::Tensor logits = scores.narrow(0, 0, n * outs[4]).view({1, n, outs[4]});  // [1, n, E], or [1, n, 2E]
     gates = E > 1 ? topk_weights(logits.narrow(-1, 0, E), top_k) : at::ones_like(logits.narrow(-1, 0, 1));
     if (branch != 0) {
       const at::Tensor logits_b = logits.narrow(-1, E, E), gb = logits_b.softmax(-1);
@@ -1245,6 +1310,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_mix(
   return {a, b, h.unsqueeze(-2) + mixed, gates};
 }
 
+// draft_mix: the rest of the step from z [1, n, H], the rotated queries and the keys and values to attend [1, KV heads,
+// S, D] (the cache's, this step's written): attention under ``mask`` (as padded_mask reads it; none: every
+// key), the output projection and residual, the post-attention norm, then the MoE block: each expert's
+// SwiGLU (gate, up and down panels, three an expert), the router (undefined: one expert and no branch B), branch A's
+// top-k mixture and, ``branch`` 1 or 2, branch B's (its mixture, or contrastive: the two leading experts' difference).
+// outs: the output projection's, the experts' gate, up and down projections' and the router's widths. Returns a, b
+// (empty for no branch B), experts [1, n, E, H] and gates [1, n, E], as MoEBlock.forward does.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_mix(
+    const at::Tensor& z, const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+    const c10::optional<at::Tensor>& mask, double scale, const at::Tensor& o_panels, const at::Tensor& norm,
+    double eps, const c10::optional<at::Tensor>& router, at::TensorList experts, at::IntArrayRef outs, int64_t top_k,
+    int64_t branch) {
+  const int64_t n = q.size(2);
+  TORCH_CHECK(z.dim() == 3 && z.size(0) == 1 && z.size(1) == n && z.scalar_type() == at::kFloat &&
+              attend_serves(q, keys, values) && mix_serves(z.size(2), q.size(1) * q.size(3), o_panels, norm, router,
+                                                           experts, outs, branch),
+              "stream_gemm.draft_mix: shapes do not match");
+  const at::Tensor att = attend_padded(q, keys, values, padded_mask(mask, n, keys.size(2)), scale);
+  return mix_rows(z.contiguous().data_ptr<float>(), att.data_ptr<float>(), n, q.size(1) * q.size(3), z.options(),
+                  o_panels, norm, eps, router, experts, outs, top_k, branch);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_mix_meta(
     const at::Tensor& z, const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
     const c10::optional<at::Tensor>& mask, double scale, const at::Tensor& o_panels, const at::Tensor& norm,
@@ -1258,11 +1345,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_mix_meta(
 }
 
 // draft_step: the whole step of a few rows for the engine's own draft cache, the two calls above and what the Python
-// step does around them in one call, by the same operators in the same order (models/draft_step.py's one_call): the
-// embedding of ``ids`` [n] (the target's table ``embed``) beside ``features`` [n, H], the rows ``pos`` [n] of RoPE's
-// cos and sin tables [T, D] (the draft's rotary at positions 0..T-1), draft_qkv, the keys and values written at
-// ``slots`` [n] of the cache [1, KV heads, capacity, D], draft_mix over its first ``window`` positions under ``mask``
-// [1, 1, n, window]. Returns a, b (empty for no branch B), experts and gates without the batch dimension.
+// step does around them in one call, the same arithmetic in the same order on raw rows (models/draft_step.py's
+// one_call): the embedding of ``ids`` [n] (the target's table ``embed``) beside ``features`` [n, H], the rows ``pos``
+// [n] of RoPE's cos and sin tables [T, D] (the draft's rotary at positions 0..T-1), draft_qkv, the keys and values
+// written at ``slots`` [n] of the cache [1, KV heads, capacity, D], draft_mix over its first ``window`` positions under
+// ``mask`` [1, 1, n, window]. Returns a, b (empty for no branch B), experts and gates without the batch dimension.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_step(
     const at::Tensor& ids, const at::Tensor& features, const at::Tensor& pos, const at::Tensor& slots,
     const c10::optional<at::Tensor>& mask, const at::Tensor& embed, const at::Tensor& cos_table,
@@ -1276,14 +1363,58 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_step(
               slots.sizes() == ids.sizes() && cache_k.dim() == 4 && cache_v.sizes() == cache_k.sizes() &&
               0 < window && window <= cache_k.size(2) && cos_table.dim() == 2 && sin_table.sizes() ==
               cos_table.sizes(), "stream_gemm.draft_step: shapes do not match");
-  const at::Tensor x = at::cat({at::embedding(embed, ids).to(features.scalar_type()), features}, -1).unsqueeze(0);
-  const at::Tensor cos = cos_table.index_select(0, pos).to(x.scalar_type()).unsqueeze(0).unsqueeze(0);  // [1, 1, n, D]
-  const at::Tensor sin = sin_table.index_select(0, pos).to(x.scalar_type()).unsqueeze(0).unsqueeze(0);
-  const auto [z, q, k, v] = draft_qkv(x, fc, fc_bias, q_panels, k_panels, v_panels, qkv_outs, D, cos, sin);
-  cache_k.index_copy_(2, slots, k);
-  cache_v.index_copy_(2, slots, v);
-  const auto [a, b, each, gates] = draft_mix(z, q, cache_k.narrow(2, 0, window), cache_v.narrow(2, 0, window), mask,
-                                             scale, o_panels, norm, eps, router, experts, mix_outs, top_k, branch);
+  const int64_t H = features.size(1), Q = qkv_outs.size() == 4 ? qkv_outs[1] : 0;
+  const int64_t KV = qkv_outs.size() == 4 ? qkv_outs[2] : 0, Hk = D > 0 ? KV / D : 0, cap = cache_k.size(2);
+  TORCH_CHECK(features.scalar_type() == at::kFloat && ids.scalar_type() == at::kLong &&
+              pos.scalar_type() == at::kLong && slots.scalar_type() == at::kLong && embed.dim() == 2 &&
+              embed.size(1) == H && cos_table.scalar_type() == at::kFloat && sin_table.scalar_type() == at::kFloat &&
+              cos_table.size(1) == D && cache_k.scalar_type() == at::kFloat && cache_v.scalar_type() == at::kFloat &&
+              cache_k.size(0) == 1 && cache_k.size(1) == Hk && cache_k.size(3) == D && cache_k.stride(3) == 1 &&
+              cache_v.stride(3) == 1 && qkv_serves(2 * H, fc, fc_bias, q_panels, k_panels, v_panels, qkv_outs, D) &&
+              Hk > 0 && (Q / D) % Hk == 0 && queries_fn(D) != nullptr &&
+              mix_serves(qkv_outs[0], Q, o_panels, norm, router, experts, mix_outs, branch),
+              "stream_gemm.draft_step: shapes do not match");
+  const at::Tensor ids_c = ids.contiguous(), pos_c = pos.contiguous(), slots_c = slots.contiguous();
+  const int64_t *id = ids_c.data_ptr<int64_t>(), *at_pos = pos_c.data_ptr<int64_t>();
+  const int64_t* slot = slots_c.data_ptr<int64_t>();
+  for (int64_t r = 0; r < n; ++r)
+    TORCH_CHECK(0 <= id[r] && id[r] < embed.size(0) && 0 <= at_pos[r] && at_pos[r] < cos_table.size(0) &&
+                0 <= slot[r] && slot[r] < cap, "stream_gemm.draft_step: an id, position or slot out of range");
+  // the rows on raw scratch: the embedding and features x [n, 2H], cos and sin [n, D], then draft_qkv's and the
+  // attention's (qkv_rows)
+  auto room = [&](const at::Tensor& packed, int64_t width) { return n * panels_of(packed, width) * L; };
+  const int64_t sizes[10] = {n * 2 * H, n * D, n * D, room(fc, qkv_outs[0]), room(q_panels, Q), room(k_panels, KV),
+                             room(v_panels, KV), n * Q, n * KV, n * Q};
+  int64_t total = 0;
+  for (const int64_t size : sizes) total += size;
+  const at::Tensor scratch = at::empty({total}, features.options());
+  float* row[10] = {scratch.data_ptr<float>()};
+  for (int i = 1; i < 10; ++i) row[i] = row[i - 1] + sizes[i - 1];
+  float *x = row[0], *cos = row[1], *sin = row[2], *z = row[3], *qr = row[7], *kr = row[8], *att = row[9];
+  const at::Tensor table = embed.scalar_type() == at::kFloat ? embed.contiguous() : at::Tensor();
+  const at::Tensor taken = table.defined() ? table : at::embedding(embed, ids).to(at::kFloat).contiguous();
+  const at::Tensor feats_c = features.contiguous(), cos_c = cos_table.contiguous(), sin_c = sin_table.contiguous();
+  const float *feats = feats_c.data_ptr<float>(), *ct = cos_c.data_ptr<float>(), *st = sin_c.data_ptr<float>();
+  for (int64_t r = 0; r < n; ++r) {  // as the embedding and its concatenation with the features, and the tables' rows
+    std::memcpy(x + r * 2 * H, taken.data_ptr<float>() + (table.defined() ? id[r] : r) * H, H * sizeof(float));
+    std::memcpy(x + r * 2 * H + H, feats + r * H, H * sizeof(float));
+    std::memcpy(cos + r * D, ct + at_pos[r] * D, D * sizeof(float));
+    std::memcpy(sin + r * D, st + at_pos[r] * D, D * sizeof(float));
+  }
+  qkv_rows(x, n, 2 * H, fc, fc_bias, q_panels, k_panels, v_panels, qkv_outs, D, cos, sin, z, row[4], row[5], row[6],
+           qr, kr);
+  float *ck = cache_k.data_ptr<float>(), *cv = cache_v.data_ptr<float>();
+  for (int64_t g = 0; g < Hk; ++g)  // the keys and values at their slots (as index_copy_ writes them)
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(ck + g * cache_k.stride(1) + slot[t] * cache_k.stride(2), kr + (t * Hk + g) * D, D * sizeof(float));
+      std::memcpy(cv + g * cache_v.stride(1) + slot[t] * cache_v.stride(2), row[6] + t * KV + g * D,
+                  D * sizeof(float));
+    }
+  const at::Tensor padded = padded_mask(mask, n, window);
+  attend_rows(qr, D, Q, ck, cache_k.stride(1), cache_k.stride(2), cv, cache_v.stride(1), cache_v.stride(2),
+              padded.defined() ? padded.data_ptr<float>() : nullptr, Q / D, Hk, n, window, D, scale, att);
+  const auto [a, b, each, gates] = mix_rows(z, att, n, Q, features.options(), o_panels, norm, eps, router, experts,
+                                            mix_outs, top_k, branch);
   return {a.select(0, 0), branch != 0 ? b.select(0, 0) : b, each.select(0, 0), gates.select(0, 0)};
 }
 
