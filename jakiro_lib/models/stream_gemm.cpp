@@ -207,7 +207,10 @@ bool linear_serves(const at::Tensor& packed, int64_t K, int64_t n) {
          (!scaled || packed.size(0) == P + scale_panels(P, K));
 }
 
-// linear's arithmetic on raw rows: x [M, K] -> y [M, n], rows n apart; y holds M P L floats (the panels' padded
+// The floats linear_rows writes for M rows through ``packed``'s panels of n columns (their padded columns included).
+inline int64_t padded_floats(const at::Tensor& packed, int64_t n, int64_t M) { return M * panels_of(packed, n) * L; }
+
+// linear's arithmetic on raw rows: x [M, K] -> y [M, n], rows n apart; y holds padded_floats (the panels' padded
 // columns are written, then the rows closed up).
 void linear_rows(const float* x, const at::Tensor& packed, int64_t M, int64_t K, int64_t n, float* y) {
   const int64_t P = panels_of(packed, n);
@@ -228,7 +231,7 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, int64_t n) 
   TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && linear_serves(packed, K, n),
               "stream_gemm.linear: shapes do not match");
   const at::Tensor x = input.reshape({-1, K}).contiguous();
-  const int64_t M = x.size(0), padded = M * panels_of(packed, n) * L;
+  const int64_t M = x.size(0), padded = padded_floats(packed, n, M);
   at::Tensor y = at::empty({padded}, x.options());
   linear_rows(x.data_ptr<float>(), packed, M, K, n, y.data_ptr<float>());
   std::vector<int64_t> sizes = input.sizes().vec();
@@ -349,6 +352,16 @@ at::Tensor rms_norm_meta(const at::Tensor& input, const at::Tensor& weight, doub
   return at::empty_like(input, at::MemoryFormat::Contiguous);
 }
 
+// n rows of H heads of D floats copied into a cache part: row t of head h from in + h * ih + t * it to out + h * oh +
+// p * op at position p = start + t, or slots[t] where given.
+void write_rows(const float* in, int64_t ih, int64_t it, float* out, int64_t oh, int64_t op, int64_t H, int64_t n,
+                int64_t D, int64_t start, const int64_t* slots) {
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t t = 0; t < n; ++t)
+      std::memcpy(out + h * oh + (slots == nullptr ? start + t : slots[t]) * op, in + h * ih + t * it,
+                  D * sizeof(float));
+}
+
 // A decoding step's keys and values [B, n_kv, n, D] written into one layer's slot of the runner's cache buffer
 // [layers, 2, B, n_kv, capacity, D] at positions start.. (models/fast_paths.py's write_kv), and that slot's keys and
 // values up to the last written position returned as views: one call where the views and copies were ten a layer.
@@ -363,15 +376,12 @@ std::tuple<at::Tensor, at::Tensor> kv_write(const at::Tensor& stack, int64_t slo
   const at::Tensor layer = stack.select(0, slot);  // [2, B, n_kv, capacity, D]
   at::Tensor k = layer.select(0, 0), v = layer.select(0, 1);
   if (stack.scalar_type() == at::kFloat && keys.stride(3) == 1 && values.stride(3) == 1) {  // rows of D floats
+    const int64_t cap = stack.size(4);
     for (int part = 0; part < 2; ++part) {
       const at::Tensor& src = part == 0 ? keys : values;
-      const float* in = src.data_ptr<float>();
-      float* out = (part == 0 ? k : v).data_ptr<float>();
       for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < H; ++h)
-          for (int64_t t = 0; t < n; ++t)
-            std::memcpy(out + ((b * H + h) * stack.size(4) + start + t) * D,
-                        in + b * src.stride(0) + h * src.stride(1) + t * src.stride(2), D * sizeof(float));
+        write_rows(src.data_ptr<float>() + b * src.stride(0), src.stride(1), src.stride(2),
+                   (part == 0 ? k : v).data_ptr<float>() + b * H * cap * D, cap * D, D, H, n, D, start, nullptr);
     }
   } else {
     k.narrow(2, start, n).copy_(keys);
@@ -1046,6 +1056,19 @@ bool tile_screen() {
 #endif
 }
 
+// A SwiGLU MLP on raw rows: y [n, H] = down(silu(gate(x)) * up(x)) for x [n, H] through each projection's panels.
+// gate_rows and up_rows [1, n, I]: the first n I floats of buffers of padded_floats each (linear_rows writes the padded
+// columns past them), which torch's silu and multiply run on in place, as the Python loop's silu(gate(x)) * up(x).
+void swiglu_rows(const float* x, const at::Tensor& gate_panels, const at::Tensor& up_panels,
+                 const at::Tensor& down_panels, int64_t n, int64_t H, int64_t I, at::Tensor& gate_rows,
+                 const at::Tensor& up_rows, float* y) {
+  linear_rows(x, gate_panels, n, H, I, gate_rows.data_ptr<float>());
+  linear_rows(x, up_panels, n, H, I, up_rows.data_ptr<float>());
+  at::silu_(gate_rows);
+  gate_rows.mul_(up_rows);
+  linear_rows(gate_rows.data_ptr<float>(), down_panels, n, I, H, y);
+}
+
 // The decoder layers of the lean forward (models/fast_paths.py's lean_forward) for a decoding step, in one call: each
 // layer's norms, projections, RoPE, cache write, attention, residual adds and SwiGLU MLP by the same kernels (their
 // raw-row forms) and torch's silu and multiply, in the same order, as the Python loop, so the hidden states equal its
@@ -1074,12 +1097,17 @@ at::Tensor decoder_layers(const at::Tensor& hidden, at::TensorList weights, at::
               "stream_gemm.decoder_layers: shapes do not match");
   const int64_t Q = outs[0], KV = outs[1], I = outs[4], Hq = Q / D, Hk = KV / D, S = start + n;
   const int64_t cap = stack.size(4);
+  int64_t most[7] = {};  // the floats each projection's output needs, the most of any layer (padded_floats)
   for (int64_t l = 0; l < layers; ++l) {
     const at::Tensor* w = weights.data() + per * l;
     const int64_t ins[7] = {H, H, H, Q, H, H, I};
     bool ok = w[0].numel() == H && w[5].numel() == H && w[0].scalar_type() == at::kFloat &&
               w[5].scalar_type() == at::kFloat && w[0].is_contiguous() && w[5].is_contiguous();
-    for (int i = 0; i < 7; ++i) ok = ok && linear_serves(w[i < 4 ? 1 + i : 2 + i], ins[i], outs[i]);
+    for (int i = 0; i < 7; ++i) {
+      const at::Tensor& panels = w[i < 4 ? 1 + i : 2 + i];
+      ok = ok && linear_serves(panels, ins[i], outs[i]);
+      if (ok) most[i] = std::max(most[i], padded_floats(panels, outs[i], n));
+    }
     for (int i = 0; per == 12 && i < 3; ++i)
       ok = ok && w[9 + i].numel() == outs[i] && w[9 + i].scalar_type() == at::kFloat && w[9 + i].is_contiguous();
     TORCH_CHECK(ok, "stream_gemm.decoder_layers: layer ", l, "'s weights do not match");
@@ -1088,21 +1116,16 @@ at::Tensor decoder_layers(const at::Tensor& hidden, at::TensorList weights, at::
   // projections' outputs (each with room for its panels' padded columns), the rotated queries [n, Hq, D] and keys
   // [n, Hk, D], attention's output [n, Hq, D], the o and down projections' outputs y before the residual adds; the
   // gate and up projections' outputs are tensors, for torch's silu and multiply as the Python loop calls them.
-  auto room = [&](const at::Tensor& packed, int64_t width) { return n * panels_of(packed, width) * L; };
-  const at::Tensor* w0 = weights.data();
-  const int64_t sizes[8] = {n * H, room(w0[1], Q), room(w0[2], KV), room(w0[3], KV), n * Q, n * KV, n * Q,
-                            std::max(room(w0[4], H), room(w0[8], H))};
+  const int64_t sizes[8] = {n * H, most[0], most[1], most[2], n * Q, n * KV, n * Q, std::max(most[3], most[6])};
   int64_t total = 0;
   for (const int64_t size : sizes) total += size;
   const at::Tensor scratch = at::empty({total}, hidden.options());
   float* const base = scratch.data_ptr<float>();
   float *x = base, *q = x + sizes[0], *k = q + sizes[1], *v = k + sizes[2], *qr = v + sizes[3], *kr = qr + sizes[4];
   float *att = kr + sizes[5], *y = att + sizes[6];
-  const at::Tensor gate = at::empty({n * panels_of(w0[6], I) * L}, hidden.options());
-  const at::Tensor up = at::empty({n * panels_of(w0[7], I) * L}, hidden.options());
-  at::Tensor gate_rows = gate.narrow(0, 0, n * I).view({1, n, I});
-  const at::Tensor up_rows = up.narrow(0, 0, n * I).view({1, n, I});
-  at::Tensor h = hidden.contiguous().clone();  // [1, n, H]: the residual stream, added to in place
+  at::Tensor gate_rows = at::empty({most[4]}, hidden.options()).narrow(0, 0, n * I).view({1, n, I});
+  const at::Tensor up_rows = at::empty({most[5]}, hidden.options()).narrow(0, 0, n * I).view({1, n, I});
+  at::Tensor h = hidden.clone(at::MemoryFormat::Contiguous);  // [1, n, H]: the residual stream, added to in place
   float* hp = h.data_ptr<float>();
   const at::Tensor c = cos.contiguous(), si = sin.contiguous();
   const bool kernel = n <= attend_rows_max && queries_fn(D) != nullptr;
@@ -1126,11 +1149,8 @@ at::Tensor decoder_layers(const at::Tensor& hidden, at::TensorList weights, at::
     rotate_rows(k, D, KV, Hk, n, D, c.data_ptr<float>(), si.data_ptr<float>(), kr);
     float* keys = stack.data_ptr<float>() + l * 2 * Hk * cap * D;  // [Hk, cap, D], the values after them
     float* values = keys + Hk * cap * D;
-    for (int64_t g = 0; g < Hk; ++g)
-      for (int64_t t = 0; t < n; ++t) {
-        std::memcpy(keys + (g * cap + start + t) * D, kr + (t * Hk + g) * D, D * sizeof(float));
-        std::memcpy(values + (g * cap + start + t) * D, v + t * KV + g * D, D * sizeof(float));
-      }
+    write_rows(kr, D, KV, keys, cap * D, D, Hk, n, D, start, nullptr);
+    write_rows(v, D, KV, values, cap * D, D, Hk, n, D, start, nullptr);
     if (kernel) {
       attend_rows(qr, D, Q, keys, cap * D, D, values, cap * D, D, padded.defined() ? padded.data_ptr<float>() : nullptr,
                   Hq, Hk, n, S, D, scale, att);
@@ -1145,11 +1165,7 @@ at::Tensor decoder_layers(const at::Tensor& hidden, at::TensorList weights, at::
     linear_rows(att, w[4], n, Q, H, y);
     add_rows(hp, y, n * H);
     norm_rows(hp, w[5].data_ptr<float>(), x, n, H, eps);
-    linear_rows(x, w[6], n, H, I, gate.data_ptr<float>());
-    linear_rows(x, w[7], n, H, I, up.data_ptr<float>());
-    at::silu_(gate_rows);
-    gate_rows.mul_(up_rows);
-    linear_rows(gate.data_ptr<float>(), w[8], n, I, H, y);
+    swiglu_rows(x, w[6], w[7], w[8], n, H, I, gate_rows, up_rows, y);
     add_rows(hp, y, n * H);
   }
   return h;
@@ -1202,7 +1218,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_qkv(
   const int64_t n = x_.size(1), K = x_.size(2), H = outs[0], Q = outs[1], KV = outs[2];
   const at::Tensor x = x_.contiguous(), cos = cos_.contiguous(), sin = sin_.contiguous();
   auto rows = [&](const at::Tensor& packed, int64_t width) {  // a [1, n, width] tensor with room for padded columns
-    return at::empty({n * panels_of(packed, width) * L}, x.options());
+    return at::empty({padded_floats(packed, width, n)}, x.options());
   };
   const at::Tensor z = rows(fc, H), v = rows(v_panels, KV), q_rows = rows(q_panels, Q), k_rows = rows(k_panels, KV);
   const at::Tensor qr = at::empty({1, n, Q / D, D}, x.options()), kr = at::empty({1, n, KV / D, D}, x.options());
@@ -1260,9 +1276,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mix_rows(
     const at::Tensor& o_panels, const at::Tensor& norm, double eps, const c10::optional<at::Tensor>& router,
     at::TensorList experts, at::IntArrayRef outs, int64_t top_k, int64_t branch) {
   const int64_t E = int64_t(experts.size()) / 3, H = outs[0], I = outs[1];
-  auto room = [&](const at::Tensor& packed, int64_t width) { return n * panels_of(packed, width) * L; };
-  int64_t most = room(o_panels, H);
-  for (int64_t e = 0; e < E; ++e) most = std::max(most, room(experts[3 * e + 2], H));
+  int64_t most = padded_floats(o_panels, H, n), gate_room = 0, up_room = 0;  // the most any expert's output needs
+  for (int64_t e = 0; e < E; ++e) {
+    most = std::max(most, padded_floats(experts[3 * e + 2], H, n));
+    gate_room = std::max(gate_room, padded_floats(experts[3 * e], I, n));
+    up_room = std::max(up_room, padded_floats(experts[3 * e + 1], I, n));
+  }
   const at::Tensor scratch = at::empty({most + n * H}, options);
   float *y = scratch.data_ptr<float>(), *u = y + most;
   const at::Tensor h = at::empty({1, n, H}, options);
@@ -1270,24 +1289,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mix_rows(
   linear_rows(att, o_panels, n, Q, H, y);
   for (int64_t i = 0; i < n * H; ++i) hp[i] = z[i] + y[i];
   norm_rows(hp, norm.data_ptr<float>(), u, n, H, eps);
-  const at::Tensor gate = at::empty({room(experts[0], I)}, options), up = at::empty({room(experts[1], I)}, options);
-  at::Tensor gate_rows = gate.narrow(0, 0, n * I).view({1, n, I});
-  const at::Tensor up_rows = up.narrow(0, 0, n * I).view({1, n, I});
+  at::Tensor gate_rows = at::empty({gate_room}, options).narrow(0, 0, n * I).view({1, n, I});
+  const at::Tensor up_rows = at::empty({up_room}, options).narrow(0, 0, n * I).view({1, n, I});
   const at::Tensor mixed = at::empty({1, n, E, H}, options);  // [1, n, E, H]
   float* mp = mixed.data_ptr<float>();
   for (int64_t e = 0; e < E; ++e) {
-    linear_rows(u, experts[3 * e], n, H, I, gate.data_ptr<float>());
-    linear_rows(u, experts[3 * e + 1], n, H, I, up.data_ptr<float>());
-    at::silu_(gate_rows);
-    gate_rows.mul_(up_rows);
-    linear_rows(gate.data_ptr<float>(), experts[3 * e + 2], n, I, H, y);
+    swiglu_rows(u, experts[3 * e], experts[3 * e + 1], experts[3 * e + 2], n, H, I, gate_rows, up_rows, y);
     for (int64_t r = 0; r < n; ++r) std::memcpy(mp + (r * E + e) * H, y + r * H, H * sizeof(float));
   }
   at::Tensor gates, b = at::empty({0}, options);
   if (!router.has_value() || !router->defined()) {
     gates = at::ones({1, n, 1}, options);
   } else {
-    const at::Tensor scores = at::empty({room(*router, outs[4])}, options);
+    const at::Tensor scores = at::empty({padded_floats(*router, outs[4], n)}, options);
     linear_rows(u, *router, n, H, outs[4], scores.data_ptr<float>());
     const at::Tensor logits = scores.narrow(0, 0, n * outs[4]).view({1, n, outs[4]});  // [1, n, E], or [1, n, 2E]
     gates = E > 1 ? topk_weights(logits.narrow(-1, 0, E), top_k) : at::ones_like(logits.narrow(-1, 0, 1));
@@ -1382,9 +1396,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_step(
                 0 <= slot[r] && slot[r] < cap, "stream_gemm.draft_step: an id, position or slot out of range");
   // the rows on raw scratch: the embedding and features x [n, 2H], cos and sin [n, D], then draft_qkv's and the
   // attention's (qkv_rows)
-  auto room = [&](const at::Tensor& packed, int64_t width) { return n * panels_of(packed, width) * L; };
-  const int64_t sizes[10] = {n * 2 * H, n * D, n * D, room(fc, qkv_outs[0]), room(q_panels, Q), room(k_panels, KV),
-                             room(v_panels, KV), n * Q, n * KV, n * Q};
+  const int64_t sizes[10] = {n * 2 * H, n * D, n * D, padded_floats(fc, qkv_outs[0], n), padded_floats(q_panels, Q, n),
+                             padded_floats(k_panels, KV, n), padded_floats(v_panels, KV, n), n * Q, n * KV, n * Q};
   int64_t total = 0;
   for (const int64_t size : sizes) total += size;
   const at::Tensor scratch = at::empty({total}, features.options());
@@ -1404,12 +1417,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_step(
   qkv_rows(x, n, 2 * H, fc, fc_bias, q_panels, k_panels, v_panels, qkv_outs, D, cos, sin, z, row[4], row[5], row[6],
            qr, kr);
   float *ck = cache_k.data_ptr<float>(), *cv = cache_v.data_ptr<float>();
-  for (int64_t g = 0; g < Hk; ++g)  // the keys and values at their slots (as index_copy_ writes them)
-    for (int64_t t = 0; t < n; ++t) {
-      std::memcpy(ck + g * cache_k.stride(1) + slot[t] * cache_k.stride(2), kr + (t * Hk + g) * D, D * sizeof(float));
-      std::memcpy(cv + g * cache_v.stride(1) + slot[t] * cache_v.stride(2), row[6] + t * KV + g * D,
-                  D * sizeof(float));
-    }
+  // the keys and values at their slots, as index_copy_ writes them
+  write_rows(kr, D, KV, ck, cache_k.stride(1), cache_k.stride(2), Hk, n, D, 0, slot);
+  write_rows(row[6], D, KV, cv, cache_v.stride(1), cache_v.stride(2), Hk, n, D, 0, slot);
   const at::Tensor padded = padded_mask(mask, n, window);
   attend_rows(qr, D, Q, ck, cache_k.stride(1), cache_k.stride(2), cv, cache_v.stride(1), cache_v.stride(2),
               padded.defined() ? padded.data_ptr<float>() : nullptr, Q / D, Hk, n, window, D, scale, att);
