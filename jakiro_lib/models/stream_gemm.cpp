@@ -122,23 +122,48 @@ constexpr RowsFn<W> rows_by_count[9] = {nullptr, rows<1, Stream, W>, rows<2, Str
                                         rows<4, Stream, W>, rows<5, Stream, W>, rows<6, Stream, W>,
                                         rows<7, Stream, W>, rows<8, Stream, W>};
 
-// ``stream``: weights a step reads once (a target's), prefetched non-temporally where one pass over each block serves
-// every row (M <= CHUNK; more rows pass over a block once per chunk and need it kept in cache between passes).
+// One linear of a run: its panels (P of them), its scales (int8 panels; null otherwise), its output rows y [M, P L], and
+// whether its weights stream (``stream``: weights a step reads once, a target's, prefetched non-temporally where one
+// pass over each block serves every row, M <= CHUNK; more rows pass over a block once per chunk and need it kept in
+// cache between passes).
 template <typename W>
-void run(const float* x, const W* panels, float* y, int64_t M, int64_t K, int64_t P, const float* scales, bool stream) {
-  const RowsFn<W>* by_rows = stream && M <= CHUNK ? rows_by_count<true, W> : rows_by_count<false, W>;
-  const int64_t Np = P * L;
-  // Threads split the panels; a thread passes over a block of its panels (about 512 KB) once per chunk of
-  // rows, the block staying in cache between chunks. A block holds a multiple of 12 panels, which every NB
-  // divides: no panel is left to a one-panel pass (one stream, M FMA chains) where a thread's share allows.
+struct Job {
+  const W* panels;
+  const float* scales;
+  float* y;
+  int64_t P;
+  bool stream;
+};
+
+// The jobs' linears of the same rows x [M, K] in one parallel region: the threads split the jobs' panels laid end to
+// end, so linears that read the same input (a layer's q, k and v; gate and up) meet once at the end, not once each.
+// A thread passes over a block of its panels (about 512 KB) once per chunk of rows, the block staying in cache between
+// chunks. A block holds a multiple of 12 panels, which every NB divides: no panel is left to a one-panel pass (one
+// stream, M FMA chains) where a thread's share allows. Each column's sums are the same whichever thread and block
+// take its panel.
+template <typename W>
+void run_jobs(const float* x, int64_t M, int64_t K, const Job<W>* jobs, int64_t n_jobs) {
   const int64_t per_block = std::max<int64_t>(12, (512 * 1024) / (K * L * int64_t(sizeof(W))) / 12 * 12);
-  at::parallel_for(0, P, 4, [&](int64_t p0, int64_t p1) {
-    for (int64_t b = p0; b < p1; b += per_block) {
-      const int64_t b_end = std::min(b + per_block, p1);
-      for (int64_t m = 0; m < M; m += CHUNK)
-        by_rows[std::min<int64_t>(CHUNK, M - m)](x + m * K, panels, scales, y + m * Np, K, Np, b, b_end);
+  int64_t total = 0;
+  for (int64_t j = 0; j < n_jobs; ++j) total += jobs[j].P;
+  at::parallel_for(0, total, 4, [&](int64_t p0, int64_t p1) {
+    for (int64_t j = 0, first = 0; j < n_jobs; first += jobs[j].P, ++j) {
+      const Job<W>& job = jobs[j];
+      const int64_t from = std::max<int64_t>(p0 - first, 0), to = std::min(p1 - first, job.P), Np = job.P * L;
+      const RowsFn<W>* by_rows = job.stream && M <= CHUNK ? rows_by_count<true, W> : rows_by_count<false, W>;
+      for (int64_t b = from; b < to; b += per_block) {
+        const int64_t b_end = std::min(b + per_block, to);
+        for (int64_t m = 0; m < M; m += CHUNK)
+          by_rows[std::min<int64_t>(CHUNK, M - m)](x + m * K, job.panels, job.scales, job.y + m * Np, K, Np, b, b_end);
+      }
     }
   });
+}
+
+template <typename W>
+void run(const float* x, const W* panels, float* y, int64_t M, int64_t K, int64_t P, const float* scales, bool stream) {
+  const Job<W> job{panels, scales, y, P, stream};
+  run_jobs(x, M, K, &job, 1);
 }
 
 // Rows [N, K] as panels [ceil(N / L), K, L] of ``dtype``, the last panel's missing columns zero.
@@ -192,10 +217,6 @@ at::Tensor pack_scaled(const at::Tensor& weight) {
   return out;
 }
 
-// input [..., K] -> [..., n] through panels of fp32, bf16 or int8 (pack_scaled's, each column's sums times its
-// scale): the leading dimensions flattened into rows and restored here, not in Python. fp32 panels (a target's weights,
-// or a draft's kept in fp32) are streamed (run's ``stream``); bf16 and int8 panels, a draft's copies read several times
-// a cycle, are kept in cache.
 // The panels ``packed`` holds for n output columns, and whether it serves rows of K inputs.
 inline int64_t panels_of(const at::Tensor& packed, int64_t n) {
   return packed.scalar_type() == at::kChar ? scaled_panels(n) : packed.size(0);
@@ -210,22 +231,60 @@ bool linear_serves(const at::Tensor& packed, int64_t K, int64_t n) {
 // The floats linear_rows writes for M rows through ``packed``'s panels of n columns (their padded columns included).
 inline int64_t padded_floats(const at::Tensor& packed, int64_t n, int64_t M) { return M * panels_of(packed, n) * L; }
 
-// linear's arithmetic on raw rows: x [M, K] -> y [M, n], rows n apart; y holds padded_floats (the panels' padded
-// columns are written, then the rows closed up).
-void linear_rows(const float* x, const at::Tensor& packed, int64_t M, int64_t K, int64_t n, float* y) {
-  const int64_t P = panels_of(packed, n);
-  if (packed.scalar_type() == at::kBFloat16) {
-    run(x, reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), y, M, K, P, nullptr, false);
-  } else if (packed.scalar_type() == at::kChar) {
-    const int8_t* panels = packed.data_ptr<int8_t>();  // the scales start P K L bytes on: a multiple of a float's
-    run(x, panels, y, M, K, P, reinterpret_cast<const float*>(panels + P * K * L), false);
-  } else {
-    run(x, packed.data_ptr<float>(), y, M, K, P, nullptr, true);
-  }
+// Rows written P L floats apart closed up to n apart.
+inline void close_rows(float* y, int64_t M, int64_t P, int64_t n) {
   if (P * L != n)
     for (int64_t m = 1; m < M; ++m) std::memmove(y + m * n, y + m * P * L, n * sizeof(float));
 }
 
+// Linears of the same rows x [M, K] through panels of fp32, bf16 or int8 (``packed[i]`` for ``outs[i]`` columns, rows
+// into ``ys[i]`` as linear_rows writes them), in one parallel region where their panels are of one kind (run_jobs),
+// else one after another. fp32 panels (a target's weights, or a draft's kept in fp32) are streamed; bf16 and int8
+// panels (pack_scaled's, each column's sums times its scale), a draft's copies read several times a cycle, are kept in
+// cache.
+void linears_rows(const float* x, int64_t M, int64_t K, std::initializer_list<const at::Tensor*> packed,
+                  std::initializer_list<int64_t> outs, std::initializer_list<float*> ys) {
+  const int64_t count = int64_t(packed.size());
+  const at::ScalarType kind = packed.begin()[0]->scalar_type();
+  for (int64_t i = 1; i < count; ++i)
+    if (packed.begin()[i]->scalar_type() != kind) {
+      for (int64_t j = 0; j < count; ++j) linears_rows(x, M, K, {packed.begin()[j]}, {outs.begin()[j]}, {ys.begin()[j]});
+      return;
+    }
+  auto jobs = [&](auto tag) {  // each linear's job over its panels of type decltype(tag)
+    using W = decltype(tag);
+    std::vector<Job<W>> out;
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t P = panels_of(*packed.begin()[i], outs.begin()[i]);
+      const W* panels = reinterpret_cast<const W*>(packed.begin()[i]->data_ptr());
+      const float* scales = kind != at::kChar ? nullptr  // the scales start P K L bytes on: a multiple of a float's
+                            : reinterpret_cast<const float*>(reinterpret_cast<const int8_t*>(panels) + P * K * L);
+      out.push_back({panels, scales, ys.begin()[i], P, kind == at::kFloat});
+    }
+    run_jobs(x, M, K, out.data(), count);
+  };
+  if (kind == at::kBFloat16) {
+    jobs(uint16_t{});
+  } else if (kind == at::kChar) {
+    jobs(int8_t{});
+  } else {
+    jobs(float{});
+  }
+  for (int64_t i = 0; i < count; ++i) {  // rows written P L floats apart closed up to n apart
+    float* y = ys.begin()[i];
+    const int64_t n = outs.begin()[i], P = panels_of(*packed.begin()[i], n);
+    if (P * L != n)
+      for (int64_t m = 1; m < M; ++m) std::memmove(y + m * n, y + m * P * L, n * sizeof(float));
+  }
+}
+
+// linear's arithmetic on raw rows: x [M, K] -> y [M, n], rows n apart; y holds padded_floats (the panels' padded
+// columns are written, then the rows closed up).
+void linear_rows(const float* x, const at::Tensor& packed, int64_t M, int64_t K, int64_t n, float* y) {
+  linears_rows(x, M, K, {&packed}, {n}, {y});
+}
+
+// input [..., K] -> [..., n] (linear_rows): the leading dimensions flattened into rows and restored here, not in Python.
 at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, int64_t n) {
   const int64_t K = input.dim() >= 1 ? input.size(-1) : 0;
   TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && linear_serves(packed, K, n),
@@ -1062,8 +1121,7 @@ bool tile_screen() {
 void swiglu_rows(const float* x, const at::Tensor& gate_panels, const at::Tensor& up_panels,
                  const at::Tensor& down_panels, int64_t n, int64_t H, int64_t I, at::Tensor& gate_rows,
                  const at::Tensor& up_rows, float* y) {
-  linear_rows(x, gate_panels, n, H, I, gate_rows.data_ptr<float>());
-  linear_rows(x, up_panels, n, H, I, up_rows.data_ptr<float>());
+  linears_rows(x, n, H, {&gate_panels, &up_panels}, {I, I}, {gate_rows.data_ptr<float>(), up_rows.data_ptr<float>()});
   at::silu_(gate_rows);
   gate_rows.mul_(up_rows);
   linear_rows(gate_rows.data_ptr<float>(), down_panels, n, I, H, y);
@@ -1136,9 +1194,7 @@ at::Tensor decoder_layers(const at::Tensor& hidden, at::TensorList weights, at::
   for (int64_t l = 0; l < layers; ++l) {
     const at::Tensor* w = weights.data() + per * l;
     norm_rows(hp, w[0].data_ptr<float>(), x, n, H, eps);
-    linear_rows(x, w[1], n, H, Q, q);
-    linear_rows(x, w[2], n, H, KV, k);
-    linear_rows(x, w[3], n, H, KV, v);
+    linears_rows(x, n, H, {&w[1], &w[2], &w[3]}, {Q, KV, KV}, {q, k, v});
     if (per == 12)
       for (int64_t r = 0; r < n; ++r) {
         add_rows(q + r * Q, w[9].data_ptr<float>(), Q);
@@ -1198,9 +1254,7 @@ void qkv_rows(const float* x, int64_t n, int64_t K, const at::Tensor& fc, const 
   const float* bias = fc_bias.data_ptr<float>();
   for (int64_t r = 0; r < n; ++r)
     for (int64_t c = 0; c < H; ++c) z[r * H + c] += bias[c];
-  linear_rows(z, q_panels, n, H, outs[1], q);
-  linear_rows(z, k_panels, n, H, outs[2], k);
-  linear_rows(z, v_panels, n, H, outs[3], v);
+  linears_rows(z, n, H, {&q_panels, &k_panels, &v_panels}, {outs[1], outs[2], outs[3]}, {q, k, v});
   rotate_rows(q, D, outs[1], outs[1] / D, n, D, cos, sin, qr);
   rotate_rows(k, D, outs[2], outs[2] / D, n, D, cos, sin, kr);
 }
