@@ -439,7 +439,7 @@ def _screened_head(weight: torch.Tensor, tiles: bool = True) -> nn.Module:
 
 
 def _screens() -> list[bool]:
-    """The screens this CPU runs: the fp32 one, and AMX's tiles where it has them."""
+    """The screens this CPU runs: the fp32 one, and the integer one where it has one (AMX's tiles, or AVX-512 VNNI)."""
     return [False, True] if torch.ops.jakiro_stream_gemm.tile_screen() else [False]
 
 

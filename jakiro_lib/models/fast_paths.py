@@ -172,12 +172,12 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 def head_screen(model: nn.Module) -> tuple[torch.Tensor, ...] | None:
     """What :func:`greedy_argmax` screens ``model``'s head with: its weight [V, K] in the streaming GEMM's int8 panels
-    (laid out for AMX's tiles where the kernel has them: activations rounded to int16, exact integer sums), each
-    word's scale (max_k |w_ck| / 127), each word's bound factor [V]: the largest rounding of its weights in the copy,
-    max_k |scale_c q_ck - w_ck| (measured: at most half a step), plus both fp32 dot products' accumulation error (2.02
-    K 2^-24 max_k |w_ck|), with 1% to spare for the screen's own roundings, plus 2^-100; and each word's l1 [V], sum_k
-    |scale_c q_ck| (rounded up), which the tile screen's bound takes times the activations' rounding (DESIGN section
-    9); a quarter of the head's memory once more. None where the package's kernel is not loaded or the head is not a
+    (laid out for the integer screen where the kernel has one, AMX's tiles or AVX-512 VNNI: activations rounded to
+    int16, exact integer sums), each word's scale (max_k |w_ck| / 127), each word's bound factor [V]: the largest
+    rounding of its weights in the copy, max_k |scale_c q_ck - w_ck| (measured: at most half a step), plus both fp32
+    dot products' accumulation error (2.02 K 2^-24 max_k |w_ck|), with 1% to spare for the screen's own roundings, plus
+    2^-100; and each word's l1 [V], sum_k |scale_c q_ck| (rounded up), which the integer screen's bound takes times the
+    activations' rounding (DESIGN section 9); a quarter of the head's memory once more. None where the package's kernel is not loaded or the head is not a
     bias-free, finite fp32 CPU linear."""
     head = getattr(model, "lm_head", None)
     if type(head) is not nn.Linear or head.bias is not None or _kernel("greedy_head", head.weight) is None:

@@ -140,9 +140,10 @@ def _onednn_packs(dtype: torch.dtype) -> bool:
 
 def pack_int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """An int8 copy of an fp32 CPU weight [N, K] and each row's scale, for ``torch.ops.jakiro_stream_gemm.int8_linear``
-    (x W^T to within the weights' rounding, and on AMX's tiles the activations', a quarter of the bytes): a draft's
-    reduced head, whose precision is ours to choose. In the tiles' layout where the CPU and the operating system grant
-    them, else in the streaming GEMM's panels (fp32 arithmetic); None where the kernels are not built."""
+    (x W^T to within the weights' rounding, and on the integer screen the activations', a quarter of the bytes): a
+    draft's reduced head, whose precision is ours to choose. In the integer screen's layout where the kernel has one
+    (AMX's tiles granted by the operating system, or AVX-512 VNNI), else in the streaming GEMM's panels (fp32
+    arithmetic); None where the kernels are not built."""
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or not stream_gemm_available():
         return None
     ops = torch.ops.jakiro_stream_gemm

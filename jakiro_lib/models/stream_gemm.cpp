@@ -41,6 +41,11 @@ template <int M> constexpr int panels_in_registers() { return M == 1 ? 6 : M == 
 #else
 #define TILE_SCREEN 0
 #endif
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && !TILE_SCREEN
+#define VNNI_SCREEN 1  // the head's integer screen through AVX-512 VNNI alone (integer_screen, signed_screen_sums)
+#else
+#define VNNI_SCREEN 0
+#endif
 typedef float vec __attribute__((vector_size(L * sizeof(float))));
 typedef uint16_t half_vec __attribute__((vector_size(L * sizeof(uint16_t))));
 typedef uint32_t wide_vec __attribute__((vector_size(L * sizeof(uint32_t))));
@@ -187,7 +192,8 @@ at::Tensor pack(const at::Tensor& weight, bool bf16) {
 // side (what an AMX tile of int8 B rows holds).
 std::tuple<at::Tensor, at::Tensor> pack_int8(const at::Tensor& weight, bool tiles) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu() &&
-              (!tiles || TILE_SCREEN), "stream_gemm.pack_int8 takes a 2-D fp32 CPU weight (tiles: with AMX)");
+              (!tiles || TILE_SCREEN || VNNI_SCREEN),
+              "stream_gemm.pack_int8 takes a 2-D fp32 CPU weight (tiles: with AMX or AVX-512 VNNI)");
   const int64_t N = weight.size(0), K = weight.size(1), P = (N + L - 1) / L;
   const at::Tensor top = weight.abs().amax(1);
   const at::Tensor scale = at::where(top > 0, top / 127.0, at::ones_like(top));
@@ -989,13 +995,114 @@ void vnni_screen_sums(const uint8_t* hu, const uint8_t* pl, const int8_t* panels
   });
 }
 
+#endif
+
+#if VNNI_SCREEN
+// The integer screen's sums through AVX-512 VNNI alone, the activations the signed operand so that each row's bytes
+// reach vpdpbusd as a broadcast: each row's p = 128 h + l (h = p >> 7 and l = p & 127, both signed bytes), each word's
+// weights offset to unsigned bytes (q + 128, the panel's bytes with their top bit flipped), and the offsets' share,
+// 128 sum_k h_k and 128 sum_k l_k a row (``off``), taken off: sum = 128 (sum (q + 128) h - 128 sum h) + sum (q + 128) l
+// - 128 sum l, exact in int32 (sums wrap on the way; the total is within int32 by ``top``). ``hw`` and ``lw`` [M, Kt /
+// 4]: a row's h and l, four k a word.
+template <int M, int NB, bool Stream>
+inline void signed_block(const int32_t* hw, const int32_t* lw, const int32_t* off, const int8_t* panels,
+                         const float* scales, const float* sx, float* s, int64_t Kt, int64_t Np, int64_t p) {
+  const int64_t G = Kt / 4;
+  __m512i hi[M][NB], lo[M][NB];
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < NB; ++j) hi[m][j] = lo[m][j] = _mm512_setzero_si512();
+  const int8_t* src = panels + p * Kt * L;
+  const __m512i flip = _mm512_set1_epi8(char(0x80));
+  for (int64_t g = 0; g < G; ++g) {  // four k a step: 16 columns x 4 bytes
+    __m512i w[NB];
+    for (int j = 0; j < NB; ++j) {
+      w[j] = _mm512_xor_si512(_mm512_loadu_si512(src + (j * G + g) * 64), flip);
+      __builtin_prefetch(src + (j * G + g + 32) * 64, 0, Stream ? 0 : 3);
+    }
+    for (int m = 0; m < M; ++m) {
+      const __m512i h = _mm512_set1_epi32(hw[m * G + g]), l = _mm512_set1_epi32(lw[m * G + g]);
+      for (int j = 0; j < NB; ++j) {
+        hi[m][j] = _mm512_dpbusd_epi32(hi[m][j], w[j], h);
+        lo[m][j] = _mm512_dpbusd_epi32(lo[m][j], w[j], l);
+      }
+    }
+  }
+  for (int j = 0; j < NB; ++j) {
+    const __m512 sc = _mm512_loadu_ps(scales + (p + j) * L);
+    for (int m = 0; m < M; ++m) {
+      const __m512i high = _mm512_sub_epi32(hi[m][j], _mm512_set1_epi32(off[2 * m]));
+      const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(high, 7),
+                                           _mm512_sub_epi32(lo[m][j], _mm512_set1_epi32(off[2 * m + 1])));
+      _mm512_storeu_ps(s + m * Np + (p + j) * L,
+                       _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), sc), _mm512_set1_ps(sx[m])));
+    }
+  }
+}
+
+template <int M, bool Stream>
+void signed_rows(const int32_t* hw, const int32_t* lw, const int32_t* off, const int8_t* panels, const float* scales,
+                 const float* sx, float* s, int64_t Kt, int64_t Np, int64_t p, int64_t p_end) {
+  constexpr int NB = M == 1 ? 6 : M == 2 ? 4 : 1;  // 2 M NB sums and NB panels in 32 registers
+  for (; p + NB <= p_end; p += NB) signed_block<M, NB, Stream>(hw, lw, off, panels, scales, sx, s, Kt, Np, p);
+  for (; p < p_end; ++p) signed_block<M, 1, Stream>(hw, lw, off, panels, scales, sx, s, Kt, Np, p);
+}
+
+template <bool Stream>
+using SignedFn = void (*)(const int32_t*, const int32_t*, const int32_t*, const int8_t*, const float*, const float*,
+                          float*, int64_t, int64_t, int64_t, int64_t);
+template <bool Stream>
+constexpr SignedFn<Stream> signed_by_rows[9] = {
+    nullptr, signed_rows<1, Stream>, signed_rows<2, Stream>, signed_rows<3, Stream>, signed_rows<4, Stream>,
+    signed_rows<5, Stream>, signed_rows<6, Stream>, signed_rows<7, Stream>, signed_rows<8, Stream>};
+
+// The rows' integer activations p [M, Kt] (within int16) through the panels [P, Kt / 4, L, 4], eight rows a pass
+// over each block of panels (about 512 KB, kept in cache between passes; the weights of a one-pass ``stream``
+// prefetched non-temporally), the threads splitting the panels.
+void signed_screen_sums(const int32_t* pv, const int8_t* panels, const float* scales, const float* sx, float* s,
+                        int64_t M, int64_t Kt, int64_t P, bool stream) {
+  const int64_t G = Kt / 4, Np = P * L;
+  std::vector<int32_t> hw(M * G), lw(M * G), off(2 * M);
+  for (int64_t m = 0; m < M; ++m) {
+    int32_t sum_h = 0, sum_l = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      uint32_t h = 0, l = 0;
+      for (int b = 0; b < 4; ++b) {
+        const int32_t v = pv[m * Kt + 4 * g + b];
+        sum_h += v >> 7;
+        sum_l += v & 127;
+        h |= uint32_t(uint8_t(int8_t(v >> 7))) << (8 * b);
+        l |= uint32_t(uint8_t(v & 127)) << (8 * b);
+      }
+      hw[m * G + g] = int32_t(h);
+      lw[m * G + g] = int32_t(l);
+    }
+    off[2 * m] = 128 * sum_h;
+    off[2 * m + 1] = 128 * sum_l;
+  }
+  const bool one = stream && M <= 8;
+  const int64_t per_block = std::max<int64_t>(12, (512 * 1024) / (Kt * L) / 12 * 12);
+  at::parallel_for(0, P, 4, [&](int64_t p0, int64_t p1) {
+    for (int64_t b = p0; b < p1; b += per_block) {
+      const int64_t b_end = std::min(b + per_block, p1);
+      for (int64_t m = 0; m < M; m += 8) {
+        const int64_t r = std::min<int64_t>(8, M - m);
+        (one ? signed_by_rows<true> : signed_by_rows<false>)[r](hw.data() + m * G, lw.data() + m * G,
+                                                                 off.data() + 2 * m, panels, scales, sx + m,
+                                                                 s + m * Np, Kt, Np, b, b_end);
+      }
+    }
+  });
+}
+#endif
+
+#if TILE_SCREEN || VNNI_SCREEN
 // The tile screen: each row's activations rounded to integers p_k = round(x_k / sx) of at most ``top`` in magnitude
 // (sx = max_k |x_k| / top; top keeps every sum of Kt products with int8 weights within int32), the exact integer sums
 // and s_c of tile_screen_sums. Against the fp32 screen B_c gains l1_c * t, l1_c = sum_k |scale_c q_ck| (Python,
 // rounded up): t covers the activations' rounding (the largest |x_k - sx p_k|, 1% spared) and the three fp32
 // roundings of s_c (2^-21 max_k |x_k|).
 void integer_screen(const float* x, const int8_t* panels, const float* scales, float* s, float* t, int64_t M,
-                    int64_t K, int64_t Kt, int64_t P) {
+                    int64_t K, int64_t Kt, int64_t P, bool stream) {
   const float top = float(std::min<int64_t>(16383, ((int64_t(1) << 31) - 1) / (127 * Kt)));
   std::vector<int8_t> ph(M * Kt, 0);
   std::vector<uint8_t> pl(M * Kt, 0);
@@ -1016,6 +1123,7 @@ void integer_screen(const float* x, const int8_t* panels, const float* scales, f
       }
     t[m] = std::nextafter(float(1.01 * err + std::ldexp(double(big), -21)), INFINITY);
   }
+#if TILE_SCREEN
   if (M <= kVnniRows) {
     std::vector<uint8_t> hu(M * Kt);
     for (int64_t i = 0; i < M * Kt; ++i) hu[i] = uint8_t(ph[i] + 128);
@@ -1023,6 +1131,11 @@ void integer_screen(const float* x, const int8_t* panels, const float* scales, f
   } else {
     tile_screen_sums(ph.data(), pl.data(), panels, scales, sx.data(), s, M, Kt, P);
   }
+#else
+  std::vector<int32_t> pv(M * Kt);
+  for (int64_t i = 0; i < M * Kt; ++i) pv[i] = 256 * int32_t(ph[i]) + int32_t(pl[i]);
+  signed_screen_sums(pv.data(), panels, scales, sx.data(), s, M, Kt, P, stream);
+#endif
 }
 #endif
 
@@ -1043,7 +1156,7 @@ at::Tensor screened_logits(const at::Tensor& x, const at::Tensor& screen, const 
   const int64_t M = x.size(0), K = x.size(1), P = screen.dim() >= 1 ? screen.size(0) : 0;
   const bool tiles = screen.dim() == 4;
   TORCH_CHECK(screen.scalar_type() == at::kChar &&
-              (tiles ? TILE_SCREEN && screen.size(1) * 4 == (K + 63) / 64 * 64 && screen.size(3) == 4
+              (tiles ? (TILE_SCREEN || VNNI_SCREEN) && screen.size(1) * 4 == (K + 63) / 64 * 64 && screen.size(3) == 4
                      : screen.dim() == 3 && screen.size(1) == K) && screen.size(2) == L && scales.dim() == 1 &&
               scales.scalar_type() == at::kFloat && scales.size(0) == P * L, op, ": shapes do not match");
   const at::Tensor sc = scales.contiguous();
@@ -1052,8 +1165,10 @@ at::Tensor screened_logits(const at::Tensor& x, const at::Tensor& screen, const 
   if (tiles) {
 #if TILE_SCREEN
     TORCH_CHECK(tiles_permitted(), op, ": the operating system refuses AMX's tiles");
+#endif
+#if TILE_SCREEN || VNNI_SCREEN
     integer_screen(x.data_ptr<float>(), screen.data_ptr<int8_t>(), sc.data_ptr<float>(), s.data_ptr<float>(),
-                   t.data(), M, K, screen.size(1) * 4, P);
+                   t.data(), M, K, screen.size(1) * 4, P, stream);
 #endif
   } else {
     // each word's screened logit: its sums times its scale, rounded once
@@ -1106,10 +1221,13 @@ at::Tensor int8_linear_meta(const at::Tensor& input, const at::Tensor& screen, c
   return at::empty(sizes, input.options());
 }
 
-// Whether the head's screen can run through AMX's tiles here: built with them, and granted by the operating system.
+// Whether the heads' int8 copies take the integer screen's layout here (pack_int8's ``tiles``): built with AMX's tiles
+// and granted them by the operating system, or built with AVX-512 VNNI (signed_screen_sums).
 bool tile_screen() {
 #if TILE_SCREEN
   return tiles_permitted();
+#elif VNNI_SCREEN
+  return true;
 #else
   return false;
 #endif
