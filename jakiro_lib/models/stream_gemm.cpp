@@ -276,12 +276,8 @@ void linears_rows(const float* x, int64_t M, int64_t K, std::initializer_list<co
   } else {
     jobs(float{});
   }
-  for (int64_t i = 0; i < count; ++i) {  // rows written P L floats apart closed up to n apart
-    float* y = ys.begin()[i];
-    const int64_t n = outs.begin()[i], P = panels_of(*packed.begin()[i], n);
-    if (P * L != n)
-      for (int64_t m = 1; m < M; ++m) std::memmove(y + m * n, y + m * P * L, n * sizeof(float));
-  }
+  for (int64_t i = 0; i < count; ++i)
+    close_rows(ys.begin()[i], M, panels_of(*packed.begin()[i], outs.begin()[i]), outs.begin()[i]);
 }
 
 // linear's arithmetic on raw rows: x [M, K] -> y [M, n], rows n apart; y holds padded_floats (the panels' padded
