@@ -177,8 +177,8 @@ def head_screen(model: nn.Module) -> tuple[torch.Tensor, ...] | None:
     rounding of its weights in the copy, max_k |scale_c q_ck - w_ck| (measured: at most half a step), plus both fp32
     dot products' accumulation error (2.02 K 2^-24 max_k |w_ck|), with 1% to spare for the screen's own roundings, plus
     2^-100; and each word's l1 [V], sum_k |scale_c q_ck| (rounded up), which the integer screen's bound takes times the
-    activations' rounding (DESIGN section 9); a quarter of the head's memory once more. None where the package's kernel is not loaded or the head is not a
-    bias-free, finite fp32 CPU linear."""
+    activations' rounding (DESIGN section 9); a quarter of the head's memory once more. None where the package's
+    kernel is not loaded or the head is not a bias-free, finite fp32 CPU linear."""
     head = getattr(model, "lm_head", None)
     if type(head) is not nn.Linear or head.bias is not None or _kernel("greedy_head", head.weight) is None:
         return None

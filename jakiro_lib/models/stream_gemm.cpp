@@ -127,10 +127,10 @@ constexpr RowsFn<W> rows_by_count[9] = {nullptr, rows<1, Stream, W>, rows<2, Str
                                         rows<4, Stream, W>, rows<5, Stream, W>, rows<6, Stream, W>,
                                         rows<7, Stream, W>, rows<8, Stream, W>};
 
-// One linear of a run: its panels (P of them), its scales (int8 panels; null otherwise), its output rows y [M, P L], and
-// whether its weights stream (``stream``: weights a step reads once, a target's, prefetched non-temporally where one
-// pass over each block serves every row, M <= CHUNK; more rows pass over a block once per chunk and need it kept in
-// cache between passes).
+// One linear of a run: its panels (P of them), its scales (int8 panels; null otherwise), its output rows y [M, P L],
+// and whether its weights stream (``stream``: weights a step reads once, a target's, prefetched non-temporally where
+// one pass over each block serves every row, M <= CHUNK; more rows pass over a block once per chunk and need it kept
+// in cache between passes).
 template <typename W>
 struct Job {
   const W* panels;
@@ -254,7 +254,8 @@ void linears_rows(const float* x, int64_t M, int64_t K, std::initializer_list<co
   const at::ScalarType kind = packed.begin()[0]->scalar_type();
   for (int64_t i = 1; i < count; ++i)
     if (packed.begin()[i]->scalar_type() != kind) {
-      for (int64_t j = 0; j < count; ++j) linears_rows(x, M, K, {packed.begin()[j]}, {outs.begin()[j]}, {ys.begin()[j]});
+      for (int64_t j = 0; j < count; ++j)
+        linears_rows(x, M, K, {packed.begin()[j]}, {outs.begin()[j]}, {ys.begin()[j]});
       return;
     }
   auto jobs = [&](auto tag) {  // each linear's job over its panels of type decltype(tag)
@@ -286,7 +287,8 @@ void linear_rows(const float* x, const at::Tensor& packed, int64_t M, int64_t K,
   linears_rows(x, M, K, {&packed}, {n}, {y});
 }
 
-// input [..., K] -> [..., n] (linear_rows): the leading dimensions flattened into rows and restored here, not in Python.
+// input [..., K] -> [..., n] (linear_rows): the leading dimensions flattened into rows and restored here, not in
+// Python.
 at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, int64_t n) {
   const int64_t K = input.dim() >= 1 ? input.size(-1) : 0;
   TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && linear_serves(packed, K, n),
@@ -1092,16 +1094,16 @@ void signed_screen_sums(const int32_t* pv, const int8_t* panels, const float* sc
 #endif
 
 #if TILE_SCREEN || VNNI_SCREEN
-// The tile screen: each row's activations rounded to integers p_k = round(x_k / sx) of at most ``top`` in magnitude
+// The integer screen: each row's activations rounded to integers p_k = round(x_k / sx) of at most ``top`` in magnitude
 // (sx = max_k |x_k| / top; top keeps every sum of Kt products with int8 weights within int32), the exact integer sums
-// and s_c of tile_screen_sums. Against the fp32 screen B_c gains l1_c * t, l1_c = sum_k |scale_c q_ck| (Python,
-// rounded up): t covers the activations' rounding (the largest |x_k - sx p_k|, 1% spared) and the three fp32
+// (AMX: tile_screen_sums, or vnni_screen_sums for a few rows, over p's signed high and unsigned low bytes; VNNI alone:
+// signed_screen_sums) and s_c of them. Against the fp32 screen B_c gains l1_c * t, l1_c = sum_k |scale_c q_ck|
+// (Python, rounded up): t covers the activations' rounding (the largest |x_k - sx p_k|, 1% spared) and the three fp32
 // roundings of s_c (2^-21 max_k |x_k|).
 void integer_screen(const float* x, const int8_t* panels, const float* scales, float* s, float* t, int64_t M,
                     int64_t K, int64_t Kt, int64_t P, bool stream) {
   const float top = float(std::min<int64_t>(16383, ((int64_t(1) << 31) - 1) / (127 * Kt)));
-  std::vector<int8_t> ph(M * Kt, 0);
-  std::vector<uint8_t> pl(M * Kt, 0);
+  std::vector<int32_t> pv(M * Kt, 0);  // each row's p, K padded with zeros to Kt
   std::vector<float> sx(M);
   for (int64_t m = 0; m < M; ++m) {
     const float* r = x + m * K;
@@ -1112,14 +1114,18 @@ void integer_screen(const float* x, const int8_t* panels, const float* scales, f
     if (sx[m] == sx[m])
       for (int64_t k = 0; k < K; ++k) {
         const float v = std::min(top, std::max(-top, std::nearbyint(r[k] / sx[m])));
-        const int32_t p = int32_t(v);
-        ph[m * Kt + k] = int8_t(p >> 8);  // p = 256 (p >> 8) + (p & 255), the high byte signed, the low unsigned
-        pl[m * Kt + k] = uint8_t(p & 255);
+        pv[m * Kt + k] = int32_t(v);
         err = std::max(err, std::fabs(double(r[k]) - double(sx[m]) * double(v)));
       }
     t[m] = std::nextafter(float(1.01 * err + std::ldexp(double(big), -21)), INFINITY);
   }
 #if TILE_SCREEN
+  std::vector<int8_t> ph(M * Kt);  // p = 256 (p >> 8) + (p & 255), the high byte signed, the low unsigned
+  std::vector<uint8_t> pl(M * Kt);
+  for (int64_t i = 0; i < M * Kt; ++i) {
+    ph[i] = int8_t(pv[i] >> 8);
+    pl[i] = uint8_t(pv[i] & 255);
+  }
   if (M <= kVnniRows) {
     std::vector<uint8_t> hu(M * Kt);
     for (int64_t i = 0; i < M * Kt; ++i) hu[i] = uint8_t(ph[i] + 128);
@@ -1128,8 +1134,6 @@ void integer_screen(const float* x, const int8_t* panels, const float* scales, f
     tile_screen_sums(ph.data(), pl.data(), panels, scales, sx.data(), s, M, Kt, P);
   }
 #else
-  std::vector<int32_t> pv(M * Kt);
-  for (int64_t i = 0; i < M * Kt; ++i) pv[i] = 256 * int32_t(ph[i]) + int32_t(pl[i]);
   signed_screen_sums(pv.data(), panels, scales, sx.data(), s, M, Kt, P, stream);
 #endif
 }
