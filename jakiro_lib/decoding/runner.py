@@ -190,6 +190,16 @@ class TargetRunner:
         """Entries ``start + path`` (tree rows, padded) moved to ``start..``."""
         self.where.move(start + path, start + self.cols[:path.shape[0]])
 
+    def move_path(self, start: int, path: list[int]) -> None:
+        """Eager: entries ``start + path`` (a host list of tree rows, root first) moved to ``start..``, each entry that
+        is not already in place copied alone. A path's rows ascend (a parent precedes its children), so no entry is
+        read after it was written."""
+        stack = self.where.stack
+        if stack is not None:
+            for i, row in enumerate(path):
+                if row != i:
+                    stack.select(4, start + i).copy_(stack.select(4, start + row))  # [L, 2, B, n_kv, D]
+
 
 def tree_rows(allowed_prefix: torch.Tensor, start: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
     """[n, S] rows that see the first ``start`` positions, plus ``block`` [n, b] placed at start..start+b."""

@@ -145,8 +145,8 @@ class StaticEngine:
             else:
                 path, accepted, bonus = sampling_path(tokens, parents, out, self.params, uniforms, self.max_depth,
                                                       valid, sync=not self.compile)
-        with step(clock, "update"):
-            target.move(start, path)  # the path's entries to start..; the next cycle writes after the accepted ones
+        with step(clock, "update"):  # the path's entries to start..; the next cycle writes after the accepted ones
+            target.move_path(start, host_path) if self.walked else target.move(start, path)
             new = torch.tensor(emitted, device=tokens.device) if self.walked else torch.cat(  # [accepted + 1] or
                 [tokens[path[1:]], bonus[None]]).scatter(0, accepted[None], bonus[None])  # [D + 1], bonus at `accepted`
             if drafter is not None and self.compile:
