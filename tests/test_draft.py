@@ -217,7 +217,7 @@ def test_a_decoding_step_in_two_kernel_calls_is_the_python_step(cfg, tmp_path, m
     """A draft that streams its linears' panels runs a decoding step's few rows (one over the cache, or a tree's under
     its mask) through the package's draft_qkv and draft_mix, the cache written between them: every output is the
     Python step's to the attention kernel's rounding against SDPA (dense; Jakiro's contrastive branch B; four experts,
-    top 2, a mixture branch B). A causal block, more rows than the kernel takes, autograd and GELU experts keep the
+    top 2, a mixture branch B), and bit for bit where each row attends to itself alone. A causal block, more rows than the kernel takes, autograd and GELU experts keep the
     Python step."""
     target = load_target(TargetConfig(model="tiny:llama"))
     DraftModel.build(cfg, target.model).save(tmp_path / "d")
@@ -245,6 +245,16 @@ def test_a_decoding_step_in_two_kernel_calls_is_the_python_step(cfg, tmp_path, m
                 assert (got is None) == (want is None) == (name == "b" and not cfg.branch_b), name
                 if got is not None:
                     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        for rows in (1, 3):  # rows that see only themselves: attention gives each its own value exactly either way, so
+            outs = []  # what follows it (projection, norm, experts, router, branch B) is the Python step's bit for bit
+            for step in (counted, lambda *args: None):
+                monkeypatch.setattr(draft_step, "fused_step", step)
+                outs.append(e(f[:, :rows], x[:, :rows], pos[:, :rows], KVCache(),
+                              torch.eye(rows, dtype=torch.bool)[None, None]))
+            assert served[-1] is True
+            for name in ("a", "b", "experts", "gates"):
+                got, want = getattr(outs[0], name), getattr(outs[1], name)
+                assert (got is None) == (want is None) and (got is None or torch.equal(got, want)), (name, rows)
         both = torch.cat([e.embed(x), f], -1)
         limits = fast_paths.ATTEND_ROWS, fast_paths.ATTEND_HEAD_SIZES
         assert fused(e, both[:, :4], pos[:, :4], None, None, *limits) is None  # causal

@@ -1147,33 +1147,45 @@ at::Tensor greedy_head_meta(const at::Tensor& input, const at::Tensor& screen, c
   return at::empty(sizes, input.options().dtype(at::kLong));
 }
 
-// The screened logits s [M, P * L] of rows x [M, K] through W's int8 panels ([P, K, L], or the tile screen's
-// [P, Kt / 4, L, 4]) and their columns' scales (pack_int8): the tile screen's (integer_screen, each row's t set) or
-// the fp32 screen's (t 0). ``op`` names the caller in its errors; ``stream``: the screen is a target's head, read
-// once a step (run's ``stream``).
-at::Tensor screened_logits(const at::Tensor& x, const at::Tensor& screen, const at::Tensor& scales,
-                           std::vector<float>& t, const char* op, bool stream) {
-  const int64_t M = x.size(0), K = x.size(1), P = screen.dim() >= 1 ? screen.size(0) : 0;
+// Whether W's int8 panels ([P, K, L], or the tile screen's [P, Kt / 4, L, 4], contiguous) and their columns' scales
+// (pack_int8) serve rows of K.
+bool screen_serves(const at::Tensor& screen, const at::Tensor& scales, int64_t K) {
+  const int64_t P = screen.dim() >= 1 ? screen.size(0) : 0;
   const bool tiles = screen.dim() == 4;
-  TORCH_CHECK(screen.scalar_type() == at::kChar &&
-              (tiles ? (TILE_SCREEN || VNNI_SCREEN) && screen.size(1) * 4 == (K + 63) / 64 * 64 && screen.size(3) == 4
-                     : screen.dim() == 3 && screen.size(1) == K) && screen.size(2) == L && scales.dim() == 1 &&
-              scales.scalar_type() == at::kFloat && scales.size(0) == P * L, op, ": shapes do not match");
-  const at::Tensor sc = scales.contiguous();
-  at::Tensor s = at::empty({M, P * L}, x.options());
-  t.assign(M, 0.0f);
-  if (tiles) {
+  return screen.scalar_type() == at::kChar && screen.is_contiguous() &&
+         (tiles ? (TILE_SCREEN || VNNI_SCREEN) && screen.size(1) * 4 == (K + 63) / 64 * 64 && screen.size(3) == 4
+                : screen.dim() == 3 && screen.size(1) == K) && screen.size(2) == L && scales.dim() == 1 &&
+         scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.size(0) == P * L;
+}
+
+// The screened logits s [M, P * L] of raw rows x [M, K] through panels and scales that serve them (screen_serves):
+// the tile screen's (integer_screen, each row's t [M] set) or the fp32 screen's (t 0). ``stream``: the screen is a
+// target's head, read once a step (run's ``stream``).
+void screen_rows(const float* x, int64_t M, int64_t K, const at::Tensor& screen, const at::Tensor& scales, float* s,
+                 float* t, bool stream) {
+  const int64_t P = screen.size(0);
+  std::fill(t, t + M, 0.0f);
+  if (screen.dim() == 4) {
 #if TILE_SCREEN
-    TORCH_CHECK(tiles_permitted(), op, ": the operating system refuses AMX's tiles");
+    TORCH_CHECK(tiles_permitted(), "stream_gemm: the operating system refuses AMX's tiles");
 #endif
 #if TILE_SCREEN || VNNI_SCREEN
-    integer_screen(x.data_ptr<float>(), screen.data_ptr<int8_t>(), sc.data_ptr<float>(), s.data_ptr<float>(),
-                   t.data(), M, K, screen.size(1) * 4, P, stream);
+    integer_screen(x, screen.data_ptr<int8_t>(), scales.data_ptr<float>(), s, t, M, K, screen.size(1) * 4, P, stream);
 #endif
   } else {
     // each word's screened logit: its sums times its scale, rounded once
-    run(x.data_ptr<float>(), screen.data_ptr<int8_t>(), s.data_ptr<float>(), M, K, P, sc.data_ptr<float>(), stream);
+    run(x, screen.data_ptr<int8_t>(), s, M, K, P, scales.data_ptr<float>(), stream);
   }
+}
+
+// screen_rows of x [M, K] (contiguous) into a tensor; ``op`` names the caller in its errors.
+at::Tensor screened_logits(const at::Tensor& x, const at::Tensor& screen, const at::Tensor& scales,
+                           std::vector<float>& t, const char* op, bool stream) {
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(screen_serves(screen, scales, K), op, ": shapes do not match");
+  at::Tensor s = at::empty({M, screen.size(0) * L}, x.options());
+  t.resize(M);
+  screen_rows(x.data_ptr<float>(), M, K, screen, scales, s.data_ptr<float>(), t.data(), stream);
   return s;
 }
 
@@ -1234,15 +1246,16 @@ bool tile_screen() {
 }
 
 // A SwiGLU MLP on raw rows: y [n, H] = down(silu(gate(x)) * up(x)) for x [n, H] through each projection's panels.
-// gate_rows and up_rows [1, n, I]: the first n I floats of buffers of padded_floats each (linear_rows writes the padded
-// columns past them), which torch's silu and multiply run on in place, as the Python loop's silu(gate(x)) * up(x).
+// g and u: buffers of padded_floats each (linear_rows writes the padded columns past the n I floats the rows hold);
+// torch's silu runs on g's rows in place (its vectorized exp: the Python loop's bits), the product (one rounding, as
+// torch's multiply) in a loop.
 void swiglu_rows(const float* x, const at::Tensor& gate_panels, const at::Tensor& up_panels,
-                 const at::Tensor& down_panels, int64_t n, int64_t H, int64_t I, at::Tensor& gate_rows,
-                 const at::Tensor& up_rows, float* y) {
-  linears_rows(x, n, H, {&gate_panels, &up_panels}, {I, I}, {gate_rows.data_ptr<float>(), up_rows.data_ptr<float>()});
-  at::silu_(gate_rows);
-  gate_rows.mul_(up_rows);
-  linear_rows(gate_rows.data_ptr<float>(), down_panels, n, I, H, y);
+                 const at::Tensor& down_panels, int64_t n, int64_t H, int64_t I, float* g, float* u, float* y) {
+  linears_rows(x, n, H, {&gate_panels, &up_panels}, {I, I}, {g, u});
+  at::Tensor rows = at::from_blob(g, {n * I}, at::TensorOptions().dtype(at::kFloat));
+  at::silu_(rows);
+  for (int64_t i = 0; i < n * I; ++i) g[i] *= u[i];
+  linear_rows(g, down_panels, n, I, H, y);
 }
 
 // The decoder layers of the lean forward (models/fast_paths.py's lean_forward) for a decoding step, in one call: each
@@ -1290,17 +1303,16 @@ at::Tensor decoder_layers(const at::Tensor& hidden, at::TensorList weights, at::
   }
   // Every layer's work on raw rows in one scratch buffer, no tensor made a layer: the norms' output x [n, H], the
   // projections' outputs (each with room for its panels' padded columns), the rotated queries [n, Hq, D] and keys
-  // [n, Hk, D], attention's output [n, Hq, D], the o and down projections' outputs y before the residual adds; the
-  // gate and up projections' outputs are tensors, for torch's silu and multiply as the Python loop calls them.
-  const int64_t sizes[8] = {n * H, most[0], most[1], most[2], n * Q, n * KV, n * Q, std::max(most[3], most[6])};
+  // [n, Hk, D], attention's output [n, Hq, D], the o and down projections' outputs y before the residual adds, the
+  // gate and up projections' outputs.
+  const int64_t sizes[10] = {n * H, most[0], most[1], most[2], n * Q, n * KV, n * Q, std::max(most[3], most[6]),
+                             most[4], most[5]};
   int64_t total = 0;
   for (const int64_t size : sizes) total += size;
   const at::Tensor scratch = at::empty({total}, hidden.options());
   float* const base = scratch.data_ptr<float>();
   float *x = base, *q = x + sizes[0], *k = q + sizes[1], *v = k + sizes[2], *qr = v + sizes[3], *kr = qr + sizes[4];
-  float *att = kr + sizes[5], *y = att + sizes[6];
-  at::Tensor gate_rows = at::empty({most[4]}, hidden.options()).narrow(0, 0, n * I).view({1, n, I});
-  const at::Tensor up_rows = at::empty({most[5]}, hidden.options()).narrow(0, 0, n * I).view({1, n, I});
+  float *att = kr + sizes[5], *y = att + sizes[6], *gate_rows = y + sizes[7], *up_rows = gate_rows + sizes[8];
   at::Tensor h = hidden.clone(at::MemoryFormat::Contiguous);  // [1, n, H]: the residual stream, added to in place
   float* hp = h.data_ptr<float>();
   const at::Tensor c = cos.contiguous(), si = sin.contiguous();
@@ -1412,88 +1424,168 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_qkv_meta(
   return {at::empty({1, n, outs[0]}, x.options()), turned(outs[1]), turned(outs[2]), turned(outs[3])};
 }
 
-// The normalized top-k of each row's softmax, as MoEBlock._topk_weights makes them.
-at::Tensor topk_weights(const at::Tensor& logits, int64_t k) {
-  const at::Tensor gates = logits.softmax(-1);
-  if (k >= gates.size(-1)) return gates;
+// Buffers a thread's draft steps reuse from call to call, grown and never shrunk (a few hundred kilobytes): a step
+// allocates nothing of its own.
+float* reused(std::vector<float>& buffer, int64_t floats) {
+  if (int64_t(buffer.size()) < floats) buffer.resize(floats);
+  return buffer.data();
+}
+
+// torch's softmax of n rows of E values (row r at x + r * stride) into out [n, E]: the kernel MoEBlock's softmax runs.
+void softmax_rows(const float* x, int64_t n, int64_t E, int64_t stride, float* out) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor o = at::from_blob(out, {n, E}, f32);
+  at::_softmax_out(o, at::from_blob(const_cast<float*>(x), {n, E}, {stride, 1}, f32), -1, false);
+}
+
+// The k largest of each of n rows of E values (row stride E), values and indices [n, k], in torch's topk's order: for
+// at most two values in a loop (the larger first, the first of equal ones, as torch orders two), else by its topk.
+void top_rows(const float* x, int64_t n, int64_t E, int64_t k, float* values, int64_t* indices) {
+  if (E <= 2) {
+    for (int64_t r = 0; r < n; ++r) {
+      const float* v = x + r * E;
+      const int64_t first = E == 2 && v[1] > v[0] ? 1 : 0;
+      for (int64_t i = 0; i < k; ++i) {
+        indices[r * k + i] = i == 0 ? first : 1 - first;
+        values[r * k + i] = v[indices[r * k + i]];
+      }
+    }
+    return;
+  }
+  const auto [top, order] = at::from_blob(const_cast<float*>(x), {n, E}, at::TensorOptions().dtype(at::kFloat))
+                                .topk(k, -1);
+  std::memcpy(values, top.contiguous().data_ptr<float>(), n * k * sizeof(float));
+  std::memcpy(indices, order.contiguous().data_ptr<int64_t>(), n * k * sizeof(int64_t));
+}
+
+// MoEBlock._topk_weights on raw rows: each row's softmax over E logits (row r at logits + r * stride) into out [n, E],
+// where k < E the k largest kept and renormalized by torch's operators.
+void gate_weights(const float* logits, int64_t n, int64_t E, int64_t stride, int64_t k, float* out) {
+  softmax_rows(logits, n, E, stride, out);
+  if (k >= E) return;
+  at::Tensor gates = at::from_blob(out, {n, E}, at::TensorOptions().dtype(at::kFloat));
   const auto [values, indices] = gates.topk(k, -1);
   const at::Tensor weights = at::zeros_like(gates).scatter(-1, indices, values);
-  return weights / weights.sum(-1, true);
+  gates.copy_(weights / weights.sum(-1, true));
 }
+
+#if !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+// out [n, H] = h + sum_e w_e m_e for w [n, E] and m [n, E, H]: each product and sum rounded once in e's order, as
+// torch's h + (w.unsqueeze(-1) * m).sum(-2) rounds them.
+void mixture_rows(const float* h, const float* w, const float* m, int64_t n, int64_t E, int64_t H, float* out) {
+  NO_CONTRACTION
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < H; ++c) {
+      float sum = w[r * E] * m[r * E * H + c];
+      for (int64_t e = 1; e < E; ++e) sum += w[r * E + e] * m[(r * E + e) * H + c];
+      out[r * H + c] = h[r * H + c] + sum;
+    }
+}
+
+// Branch B's contrast, out [n, H] = h + t_0 m_{o_0} - t_1 m_{o_1} (t, o [n, 2]: the two leading experts' weights and
+// indices; m [n, E, H]), left to right, as torch's h + top[0] * pick(0) - top[1] * pick(1).
+void contrast_rows(const float* h, const float* t, const int64_t* o, const float* m, int64_t n, int64_t E, int64_t H,
+                   float* out) {
+  NO_CONTRACTION
+  for (int64_t r = 0; r < n; ++r) {
+    const float *lead = m + (r * E + o[2 * r]) * H, *next = m + (r * E + o[2 * r + 1]) * H;
+    for (int64_t c = 0; c < H; ++c) {
+      const float first = t[2 * r] * lead[c], second = t[2 * r + 1] * next[c];
+      out[r * H + c] = (h[r * H + c] + first) - second;
+    }
+  }
+}
+#if !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
+// The MoE block's weights after the attention (draft_mix's, draft_step's): the output projection's panels, the
+// post-attention norm, the router (undefined: one expert and no branch B), the experts (gate, up and down panels,
+// three an expert), the widths of the output projection, the experts' gate, up and down projections and the router,
+// the top k experts of branch A's mixture, and branch B (0 none, 1 a mixture, 2 the contrast).
+struct MixWeights {
+  const at::Tensor& o_panels;
+  const at::Tensor& norm;
+  double eps;
+  const c10::optional<at::Tensor>& router;
+  at::TensorList experts;
+  at::IntArrayRef outs;
+  int64_t top_k, branch;
+};
 
 // Whether draft_mix's weights serve z [.., H] and attention rows of Q: the panels of the output projection, the
 // experts (SwiGLU, three an expert) and the router, an fp32 norm weight, a router where there are experts to gate
-// or a branch B.
-bool mix_serves(int64_t H, int64_t Q, const at::Tensor& o_panels, const at::Tensor& norm,
-                const c10::optional<at::Tensor>& router, at::TensorList experts, at::IntArrayRef outs,
-                int64_t branch) {
-  const int64_t E = int64_t(experts.size()) / 3;
-  const bool gated = router.has_value() && router->defined();
-  bool ok = E >= 1 && int64_t(experts.size()) == 3 * E && outs.size() == 5 && outs[0] == H && outs[1] == outs[2] &&
-            outs[3] == H && linear_serves(o_panels, Q, H) && norm.scalar_type() == at::kFloat && norm.numel() == H &&
-            norm.is_contiguous() && (E == 1 || gated) && (branch == 0 || gated) &&
-            (!gated || linear_serves(*router, H, outs[4]));
+// or a branch B, two experts at least to contrast.
+bool mix_serves(int64_t H, int64_t Q, const MixWeights& w) {
+  const int64_t E = int64_t(w.experts.size()) / 3;
+  const bool gated = w.router.has_value() && w.router->defined();
+  const at::IntArrayRef outs = w.outs;
+  bool ok = E >= 1 && int64_t(w.experts.size()) == 3 * E && outs.size() == 5 && outs[0] == H && outs[1] == outs[2] &&
+            outs[3] == H && linear_serves(w.o_panels, Q, H) && w.norm.scalar_type() == at::kFloat &&
+            w.norm.numel() == H && w.norm.is_contiguous() && (E == 1 || gated) && (w.branch == 0 || gated) &&
+            (w.branch != 2 || E >= 2) && (!gated || linear_serves(*w.router, H, outs[4])) &&
+            (!gated || outs[4] >= (w.branch != 0 ? 2 * E : E));
   for (int64_t e = 0; ok && e < E; ++e)
-    ok = linear_serves(experts[3 * e], H, outs[1]) && linear_serves(experts[3 * e + 1], H, outs[2]) &&
-         linear_serves(experts[3 * e + 2], outs[1], H);
+    ok = linear_serves(w.experts[3 * e], H, outs[1]) && linear_serves(w.experts[3 * e + 1], H, outs[2]) &&
+         linear_serves(w.experts[3 * e + 2], outs[1], H);
   return ok;
 }
 
 // draft_mix's work after the attention, from its output att [n, Q] and z [n, H] on raw rows: h = z + o(att), the
-// post-attention norm, each expert's SwiGLU into experts [1, n, E, H], the router's gates and branch B by torch's
-// operators as MoEBlock.forward; the projections' outputs in scratch rows, torch's silu and multiply on two tensors
-// made once. Returns draft_mix's a, b, experts and gates.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mix_rows(
-    const float* z, const float* att, int64_t n, int64_t Q, const at::TensorOptions& options,
-    const at::Tensor& o_panels, const at::Tensor& norm, double eps, const c10::optional<at::Tensor>& router,
-    at::TensorList experts, at::IntArrayRef outs, int64_t top_k, int64_t branch) {
-  const int64_t E = int64_t(experts.size()) / 3, H = outs[0], I = outs[1];
-  int64_t most = padded_floats(o_panels, H, n), gate_room = 0, up_room = 0;  // the most any expert's output needs
+// post-attention norm, each expert's SwiGLU, the router's gates and branch B, as MoEBlock.forward computes them
+// (torch's softmax, and its topk for the top k of more than two experts, on the raw rows; the rest in loops that round
+// as its operators do). Writes a [n, H], b [n, H] (branch B's; untouched without it), experts [n, E, H] (h plus each
+// expert's output) and gates [n, E] (n ones without a router); scratch from a buffer the thread reuses.
+void mix_rows(const float* z, const float* att, int64_t n, int64_t Q, const MixWeights& w, float* a, float* b,
+              float* each, float* gates) {
+  const int64_t E = int64_t(w.experts.size()) / 3, H = w.outs[0], I = w.outs[1], R = w.outs[4];
+  const bool gated = w.router.has_value() && w.router->defined();
+  int64_t most = padded_floats(w.o_panels, H, n), gate_room = 0, up_room = 0;  // the most any projection writes
   for (int64_t e = 0; e < E; ++e) {
-    most = std::max(most, padded_floats(experts[3 * e + 2], H, n));
-    gate_room = std::max(gate_room, padded_floats(experts[3 * e], I, n));
-    up_room = std::max(up_room, padded_floats(experts[3 * e + 1], I, n));
+    most = std::max(most, padded_floats(w.experts[3 * e + 2], H, n));
+    gate_room = std::max(gate_room, padded_floats(w.experts[3 * e], I, n));
+    up_room = std::max(up_room, padded_floats(w.experts[3 * e + 1], I, n));
   }
-  const at::Tensor scratch = at::empty({most + n * H}, options);
-  float *y = scratch.data_ptr<float>(), *u = y + most;
-  const at::Tensor h = at::empty({1, n, H}, options);
-  float* hp = h.data_ptr<float>();
-  linear_rows(att, o_panels, n, Q, H, y);
-  for (int64_t i = 0; i < n * H; ++i) hp[i] = z[i] + y[i];
-  norm_rows(hp, norm.data_ptr<float>(), u, n, H, eps);
-  at::Tensor gate_rows = at::empty({gate_room}, options).narrow(0, 0, n * I).view({1, n, I});
-  const at::Tensor up_rows = at::empty({up_room}, options).narrow(0, 0, n * I).view({1, n, I});
-  const at::Tensor mixed = at::empty({1, n, E, H}, options);  // [1, n, E, H]
-  float* mp = mixed.data_ptr<float>();
+  const int64_t score_room = gated ? padded_floats(*w.router, R, n) : 0;
+  thread_local std::vector<float> buffer;
+  float* y = reused(buffer, most + 2 * n * H + gate_room + up_room + n * E * H + score_room + 3 * n * E);
+  float *h = y + most, *u = h + n * H, *g = u + n * H, *up = g + gate_room, *mixed = up + up_room;
+  float *scores = mixed + n * E * H, *weights_b = scores + score_room, *top = weights_b + n * E;
+  linear_rows(att, w.o_panels, n, Q, H, y);
+  for (int64_t i = 0; i < n * H; ++i) h[i] = z[i] + y[i];
+  norm_rows(h, w.norm.data_ptr<float>(), u, n, H, w.eps);
   for (int64_t e = 0; e < E; ++e) {
-    swiglu_rows(u, experts[3 * e], experts[3 * e + 1], experts[3 * e + 2], n, H, I, gate_rows, up_rows, y);
-    for (int64_t r = 0; r < n; ++r) std::memcpy(mp + (r * E + e) * H, y + r * H, H * sizeof(float));
+    swiglu_rows(u, w.experts[3 * e], w.experts[3 * e + 1], w.experts[3 * e + 2], n, H, I, g, up, y);
+    for (int64_t r = 0; r < n; ++r) std::memcpy(mixed + (r * E + e) * H, y + r * H, H * sizeof(float));
   }
-  at::Tensor gates, b = at::empty({0}, options);
-  if (!router.has_value() || !router->defined()) {
-    gates = at::ones({1, n, 1}, options);
-  } else {
-    const at::Tensor scores = at::empty({padded_floats(*router, outs[4], n)}, options);
-    linear_rows(u, *router, n, H, outs[4], scores.data_ptr<float>());
-    const at::Tensor logits = scores.narrow(0, 0, n * outs[4]).view({1, n, outs[4]});  // [1, n, E], or [1, n, 2E]
-    gates = E > 1 ? topk_weights(logits.narrow(-1, 0, E), top_k) : at::ones_like(logits.narrow(-1, 0, 1));
-    if (branch != 0) {
-      const at::Tensor logits_b = logits.narrow(-1, E, E), gb = logits_b.softmax(-1);
-      if (branch == 2) {
-        const auto [top, order] = gb.topk(2, -1);
-        auto pick = [&](int64_t i) {
-          const at::Tensor at_i = order.narrow(-1, i, 1).unsqueeze(-1).expand({1, n, 1, mixed.size(-1)});
-          return at::gather(mixed, -2, at_i).squeeze(-2);
-        };
-        b = h + top.narrow(-1, 0, 1) * pick(0) - top.narrow(-1, 1, 1) * pick(1);
-      } else {
-        const at::Tensor wb = E > 1 ? topk_weights(logits_b, top_k) : gb;
-        b = h + (wb.unsqueeze(-1) * mixed).sum(-2);
-      }
+  if (gated) {
+    linear_rows(u, *w.router, n, H, R, scores);  // [n, E] branch A's logits, then [n, E] branch B's
+    if (E > 1)
+      gate_weights(scores, n, E, R, w.top_k, gates);
+    else
+      std::fill(gates, gates + n, 1.0f);
+    if (w.branch == 2) {  // the two leading experts of branch B's softmax, contrasted
+      softmax_rows(scores + E, n, E, R, weights_b);
+      std::vector<int64_t> order(2 * n);
+      top_rows(weights_b, n, E, 2, top, order.data());
+      contrast_rows(h, top, order.data(), mixed, n, E, H, b);
+    } else if (w.branch == 1) {
+      if (E > 1)
+        gate_weights(scores + E, n, E, R, w.top_k, weights_b);
+      else
+        softmax_rows(scores + E, n, E, R, weights_b);
+      mixture_rows(h, weights_b, mixed, n, E, H, b);
     }
+  } else {
+    std::fill(gates, gates + n, 1.0f);
   }
-  const at::Tensor a = h + (gates.unsqueeze(-1) * mixed).sum(-2);
-  return {a, b, h.unsqueeze(-2) + mixed, gates};
+  mixture_rows(h, gates, mixed, n, E, H, a);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t c = 0; c < H; ++c) each[(r * E + e) * H + c] = h[r * H + c] + mixed[(r * E + e) * H + c];
 }
 
 // draft_mix: the rest of the step from z [1, n, H], the rotated queries and the keys and values to attend [1, KV heads,
@@ -1509,13 +1601,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_mix(
     double eps, const c10::optional<at::Tensor>& router, at::TensorList experts, at::IntArrayRef outs, int64_t top_k,
     int64_t branch) {
   const int64_t n = q.size(2);
+  const MixWeights w{o_panels, norm, eps, router, experts, outs, top_k, branch};
   TORCH_CHECK(z.dim() == 3 && z.size(0) == 1 && z.size(1) == n && z.scalar_type() == at::kFloat &&
-              attend_serves(q, keys, values) && mix_serves(z.size(2), q.size(1) * q.size(3), o_panels, norm, router,
-                                                           experts, outs, branch),
+              attend_serves(q, keys, values) && mix_serves(z.size(2), q.size(1) * q.size(3), w),
               "stream_gemm.draft_mix: shapes do not match");
   const at::Tensor att = attend_padded(q, keys, values, padded_mask(mask, n, keys.size(2)), scale);
-  return mix_rows(z.contiguous().data_ptr<float>(), att.data_ptr<float>(), n, q.size(1) * q.size(3), z.options(),
-                  o_panels, norm, eps, router, experts, outs, top_k, branch);
+  const int64_t H = z.size(2), E = int64_t(experts.size()) / 3;
+  const bool gated = router.has_value() && router->defined();
+  at::Tensor a = at::empty({1, n, H}, z.options()), each = at::empty({1, n, E, H}, z.options());
+  at::Tensor gates = at::empty({1, n, gated ? E : 1}, z.options());
+  at::Tensor b = branch != 0 ? at::empty({1, n, H}, z.options()) : at::empty({0}, z.options());
+  mix_rows(z.contiguous().data_ptr<float>(), att.data_ptr<float>(), n, q.size(1) * q.size(3), w, a.data_ptr<float>(),
+           b.data_ptr<float>(), each.data_ptr<float>(), gates.data_ptr<float>());
+  return {a, b, each, gates};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_mix_meta(
@@ -1530,12 +1628,102 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_mix_meta(
           at::empty({1, n, gated ? E : 1}, z.options())};
 }
 
+// A draft step's weights and cache beside its rows: draft_step's arguments after the rows' own (the target's embedding
+// table, RoPE's cos and sin tables [T, D], draft_qkv's weights, the cache [1, KV heads, capacity, D] read over its
+// first ``window`` positions, the attention's scale, the MoE block's weights).
+struct StepWeights {
+  const at::Tensor& embed;
+  const at::Tensor& cos_table;
+  const at::Tensor& sin_table;
+  const at::Tensor& fc;
+  const at::Tensor& fc_bias;
+  const at::Tensor& q_panels;
+  const at::Tensor& k_panels;
+  const at::Tensor& v_panels;
+  at::IntArrayRef qkv_outs;
+  int64_t D;
+  at::Tensor& cache_k;
+  at::Tensor& cache_v;
+  int64_t window;
+  double scale;
+  MixWeights mix;
+};
+
+// Whether a step's weights serve rows of H features (the checks draft_step and draft_tree make once a call).
+bool step_serves(const StepWeights& w, int64_t H) {
+  const at::IntArrayRef outs = w.qkv_outs;
+  const int64_t D = w.D, Q = outs.size() == 4 ? outs[1] : 0, KV = outs.size() == 4 ? outs[2] : 0;
+  const int64_t Hk = D > 0 ? KV / D : 0;
+  const at::Tensor &k = w.cache_k, &v = w.cache_v;
+  return k.dim() == 4 && v.sizes() == k.sizes() && 0 < w.window && w.window <= k.size(2) && w.cos_table.dim() == 2 &&
+         w.sin_table.sizes() == w.cos_table.sizes() && w.embed.dim() == 2 && w.embed.size(1) == H &&
+         w.cos_table.scalar_type() == at::kFloat && w.sin_table.scalar_type() == at::kFloat &&
+         w.cos_table.is_contiguous() && w.sin_table.is_contiguous() && w.cos_table.size(1) == D &&
+         k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && k.size(0) == 1 && k.size(1) == Hk &&
+         k.size(3) == D && k.stride(3) == 1 && v.stride(3) == 1 &&
+         qkv_serves(2 * H, w.fc, w.fc_bias, w.q_panels, w.k_panels, w.v_panels, outs, D) && Hk > 0 &&
+         (Q / D) % Hk == 0 && queries_fn(D) != nullptr && mix_serves(outs[0], Q, w.mix);
+}
+
+// padded_mask's rows from a boolean mask [n, S] on raw memory (True: seen): 0 where seen, fp32's lowest elsewhere,
+// 0 past S to whole blocks of L; out [n, Sp].
+void seen_rows(const bool* seen, int64_t n, int64_t S, float* out) {
+  const int64_t Sp = (S + L - 1) / L * L;
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < S; ++c) out[r * Sp + c] = seen[r * S + c] ? 0.0f : std::numeric_limits<float>::lowest();
+    std::fill(out + r * Sp + S, out + (r + 1) * Sp, 0.0f);
+  }
+}
+
+// The step of n rows on raw memory, for weights that serve them (step_serves): the embedding of ``id`` [n] beside
+// ``feats`` [n, H], the rows ``pos`` [n] of RoPE's tables, draft_qkv's work, the keys and values written at ``slot``
+// [n] of the cache, the attention over its first ``window`` positions under ``mask`` [n, Sp] (padded_mask's form; null:
+// every position), then mix_rows into a, b, each and gates. The same arithmetic in the same order as the Python step
+// (models/draft.py's DraftModel._step).
+void step_rows(const StepWeights& w, const int64_t* id, const float* feats, const int64_t* pos, const int64_t* slot,
+               const float* mask, int64_t n, float* a, float* b, float* each, float* gates) {
+  const int64_t H = w.embed.size(1), D = w.D, Q = w.qkv_outs[1], KV = w.qkv_outs[2], Hk = KV / D;
+  const int64_t cap = w.cache_k.size(2);
+  for (int64_t r = 0; r < n; ++r)
+    TORCH_CHECK(0 <= id[r] && id[r] < w.embed.size(0) && 0 <= pos[r] && pos[r] < w.cos_table.size(0) &&
+                0 <= slot[r] && slot[r] < cap, "stream_gemm.draft_step: an id, position or slot out of range");
+  // the embedding and features x [n, 2H], cos and sin [n, D], then draft_qkv's and the attention's rows (qkv_rows)
+  const int64_t sizes[10] = {n * 2 * H, n * D, n * D, padded_floats(w.fc, w.qkv_outs[0], n),
+                             padded_floats(w.q_panels, Q, n), padded_floats(w.k_panels, KV, n),
+                             padded_floats(w.v_panels, KV, n), n * Q, n * KV, n * Q};
+  int64_t total = 0;
+  for (const int64_t size : sizes) total += size;
+  thread_local std::vector<float> buffer;
+  float* row[10] = {reused(buffer, total)};
+  for (int i = 1; i < 10; ++i) row[i] = row[i - 1] + sizes[i - 1];
+  float *x = row[0], *cos = row[1], *sin = row[2], *z = row[3], *qr = row[7], *kr = row[8], *att = row[9];
+  const bool table = w.embed.scalar_type() == at::kFloat && w.embed.is_contiguous();
+  const at::Tensor ids = at::from_blob(const_cast<int64_t*>(id), {n}, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor taken = table ? w.embed : at::embedding(w.embed, ids).to(at::kFloat).contiguous();
+  const float *ct = w.cos_table.data_ptr<float>(), *st = w.sin_table.data_ptr<float>();
+  for (int64_t r = 0; r < n; ++r) {  // as the embedding and its concatenation with the features, and the tables' rows
+    std::memcpy(x + r * 2 * H, taken.data_ptr<float>() + (table ? id[r] : r) * H, H * sizeof(float));
+    std::memcpy(x + r * 2 * H + H, feats + r * H, H * sizeof(float));
+    std::memcpy(cos + r * D, ct + pos[r] * D, D * sizeof(float));
+    std::memcpy(sin + r * D, st + pos[r] * D, D * sizeof(float));
+  }
+  qkv_rows(x, n, 2 * H, w.fc, w.fc_bias, w.q_panels, w.k_panels, w.v_panels, w.qkv_outs, D, cos, sin, z, row[4],
+           row[5], row[6], qr, kr);
+  float *ck = w.cache_k.data_ptr<float>(), *cv = w.cache_v.data_ptr<float>();
+  // the keys and values at their slots, as index_copy_ writes them
+  write_rows(kr, D, KV, ck, w.cache_k.stride(1), w.cache_k.stride(2), Hk, n, D, 0, slot);
+  write_rows(row[6], D, KV, cv, w.cache_v.stride(1), w.cache_v.stride(2), Hk, n, D, 0, slot);
+  attend_rows(qr, D, Q, ck, w.cache_k.stride(1), w.cache_k.stride(2), cv, w.cache_v.stride(1), w.cache_v.stride(2),
+              mask, Q / D, Hk, n, w.window, D, w.scale, att);
+  mix_rows(z, att, n, Q, w.mix, a, b, each, gates);
+}
+
 // draft_step: the whole step of a few rows for the engine's own draft cache, the two calls above and what the Python
-// step does around them in one call, the same arithmetic in the same order on raw rows (models/draft_step.py's
-// one_call): the embedding of ``ids`` [n] (the target's table ``embed``) beside ``features`` [n, H], the rows ``pos``
-// [n] of RoPE's cos and sin tables [T, D] (the draft's rotary at positions 0..T-1), draft_qkv, the keys and values
-// written at ``slots`` [n] of the cache [1, KV heads, capacity, D], draft_mix over its first ``window`` positions under
-// ``mask`` [1, 1, n, window]. Returns a, b (empty for no branch B), experts and gates without the batch dimension.
+// step does around them in one call (models/draft_step.py's one_call; step_rows): the embedding of ``ids`` [n] (the
+// target's table ``embed``) beside ``features`` [n, H], the rows ``pos`` [n] of RoPE's cos and sin tables [T, D] (the
+// draft's rotary at positions 0..T-1), draft_qkv, the keys and values written at ``slots`` [n] of the cache [1, KV
+// heads, capacity, D], draft_mix over its first ``window`` positions under ``mask`` [1, 1, n, window]. Returns a, b
+// (empty for no branch B), experts and gates without the batch dimension.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_step(
     const at::Tensor& ids, const at::Tensor& features, const at::Tensor& pos, const at::Tensor& slots,
     const c10::optional<at::Tensor>& mask, const at::Tensor& embed, const at::Tensor& cos_table,
@@ -1545,59 +1733,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_step(
     const c10::optional<at::Tensor>& router, at::TensorList experts, at::IntArrayRef mix_outs, int64_t top_k,
     int64_t branch) {
   const int64_t n = ids.dim() == 1 ? ids.size(0) : -1;
-  TORCH_CHECK(n > 0 && features.dim() == 2 && features.size(0) == n && pos.sizes() == ids.sizes() &&
-              slots.sizes() == ids.sizes() && cache_k.dim() == 4 && cache_v.sizes() == cache_k.sizes() &&
-              0 < window && window <= cache_k.size(2) && cos_table.dim() == 2 && sin_table.sizes() ==
-              cos_table.sizes(), "stream_gemm.draft_step: shapes do not match");
-  const int64_t H = features.size(1), Q = qkv_outs.size() == 4 ? qkv_outs[1] : 0;
-  const int64_t KV = qkv_outs.size() == 4 ? qkv_outs[2] : 0, Hk = D > 0 ? KV / D : 0, cap = cache_k.size(2);
-  TORCH_CHECK(features.scalar_type() == at::kFloat && ids.scalar_type() == at::kLong &&
-              pos.scalar_type() == at::kLong && slots.scalar_type() == at::kLong && embed.dim() == 2 &&
-              embed.size(1) == H && cos_table.scalar_type() == at::kFloat && sin_table.scalar_type() == at::kFloat &&
-              cos_table.size(1) == D && cache_k.scalar_type() == at::kFloat && cache_v.scalar_type() == at::kFloat &&
-              cache_k.size(0) == 1 && cache_k.size(1) == Hk && cache_k.size(3) == D && cache_k.stride(3) == 1 &&
-              cache_v.stride(3) == 1 && qkv_serves(2 * H, fc, fc_bias, q_panels, k_panels, v_panels, qkv_outs, D) &&
-              Hk > 0 && (Q / D) % Hk == 0 && queries_fn(D) != nullptr &&
-              mix_serves(qkv_outs[0], Q, o_panels, norm, router, experts, mix_outs, branch),
+  const StepWeights w{embed, cos_table, sin_table, fc, fc_bias, q_panels, k_panels, v_panels, qkv_outs, D, cache_k,
+                      cache_v, window, scale, {o_panels, norm, eps, router, experts, mix_outs, top_k, branch}};
+  TORCH_CHECK(n > 0 && features.dim() == 2 && features.size(0) == n && features.scalar_type() == at::kFloat &&
+              ids.scalar_type() == at::kLong && pos.sizes() == ids.sizes() && pos.scalar_type() == at::kLong &&
+              slots.sizes() == ids.sizes() && slots.scalar_type() == at::kLong && step_serves(w, features.size(1)),
               "stream_gemm.draft_step: shapes do not match");
+  const int64_t H = features.size(1), E = int64_t(experts.size()) / 3;
+  const bool gated = router.has_value() && router->defined();
   const at::Tensor ids_c = ids.contiguous(), pos_c = pos.contiguous(), slots_c = slots.contiguous();
-  const int64_t *id = ids_c.data_ptr<int64_t>(), *at_pos = pos_c.data_ptr<int64_t>();
-  const int64_t* slot = slots_c.data_ptr<int64_t>();
-  for (int64_t r = 0; r < n; ++r)
-    TORCH_CHECK(0 <= id[r] && id[r] < embed.size(0) && 0 <= at_pos[r] && at_pos[r] < cos_table.size(0) &&
-                0 <= slot[r] && slot[r] < cap, "stream_gemm.draft_step: an id, position or slot out of range");
-  // the rows on raw scratch: the embedding and features x [n, 2H], cos and sin [n, D], then draft_qkv's and the
-  // attention's (qkv_rows)
-  const int64_t sizes[10] = {n * 2 * H, n * D, n * D, padded_floats(fc, qkv_outs[0], n), padded_floats(q_panels, Q, n),
-                             padded_floats(k_panels, KV, n), padded_floats(v_panels, KV, n), n * Q, n * KV, n * Q};
-  int64_t total = 0;
-  for (const int64_t size : sizes) total += size;
-  const at::Tensor scratch = at::empty({total}, features.options());
-  float* row[10] = {scratch.data_ptr<float>()};
-  for (int i = 1; i < 10; ++i) row[i] = row[i - 1] + sizes[i - 1];
-  float *x = row[0], *cos = row[1], *sin = row[2], *z = row[3], *qr = row[7], *kr = row[8], *att = row[9];
-  const at::Tensor table = embed.scalar_type() == at::kFloat ? embed.contiguous() : at::Tensor();
-  const at::Tensor taken = table.defined() ? table : at::embedding(embed, ids).to(at::kFloat).contiguous();
-  const at::Tensor feats_c = features.contiguous(), cos_c = cos_table.contiguous(), sin_c = sin_table.contiguous();
-  const float *feats = feats_c.data_ptr<float>(), *ct = cos_c.data_ptr<float>(), *st = sin_c.data_ptr<float>();
-  for (int64_t r = 0; r < n; ++r) {  // as the embedding and its concatenation with the features, and the tables' rows
-    std::memcpy(x + r * 2 * H, taken.data_ptr<float>() + (table.defined() ? id[r] : r) * H, H * sizeof(float));
-    std::memcpy(x + r * 2 * H + H, feats + r * H, H * sizeof(float));
-    std::memcpy(cos + r * D, ct + at_pos[r] * D, D * sizeof(float));
-    std::memcpy(sin + r * D, st + at_pos[r] * D, D * sizeof(float));
+  const at::Tensor feats = features.contiguous();
+  thread_local std::vector<float> masks;
+  const bool seen = mask.has_value() && mask->defined() && mask->scalar_type() == at::kBool &&
+                    mask->is_contiguous() && mask->sizes() == at::IntArrayRef({1, 1, n, window});
+  at::Tensor padded;
+  const float* m = nullptr;
+  if (seen) {  // the engine's boolean mask, padded on raw rows
+    float* rows = reused(masks, n * ((window + L - 1) / L * L));
+    seen_rows(mask->data_ptr<bool>(), n, window, rows);
+    m = rows;
+  } else {
+    padded = padded_mask(mask, n, window);
+    m = padded.defined() ? padded.data_ptr<float>() : nullptr;
   }
-  qkv_rows(x, n, 2 * H, fc, fc_bias, q_panels, k_panels, v_panels, qkv_outs, D, cos, sin, z, row[4], row[5], row[6],
-           qr, kr);
-  float *ck = cache_k.data_ptr<float>(), *cv = cache_v.data_ptr<float>();
-  // the keys and values at their slots, as index_copy_ writes them
-  write_rows(kr, D, KV, ck, cache_k.stride(1), cache_k.stride(2), Hk, n, D, 0, slot);
-  write_rows(row[6], D, KV, cv, cache_v.stride(1), cache_v.stride(2), Hk, n, D, 0, slot);
-  const at::Tensor padded = padded_mask(mask, n, window);
-  attend_rows(qr, D, Q, ck, cache_k.stride(1), cache_k.stride(2), cv, cache_v.stride(1), cache_v.stride(2),
-              padded.defined() ? padded.data_ptr<float>() : nullptr, Q / D, Hk, n, window, D, scale, att);
-  const auto [a, b, each, gates] = mix_rows(z, att, n, Q, features.options(), o_panels, norm, eps, router, experts,
-                                            mix_outs, top_k, branch);
-  return {a.select(0, 0), branch != 0 ? b.select(0, 0) : b, each.select(0, 0), gates.select(0, 0)};
+  at::Tensor a = at::empty({n, H}, feats.options()), each = at::empty({n, E, H}, feats.options());
+  at::Tensor gates = at::empty({n, gated ? E : 1}, feats.options());
+  at::Tensor b = branch != 0 ? at::empty({n, H}, feats.options()) : at::empty({0}, feats.options());
+  step_rows(w, ids_c.data_ptr<int64_t>(), feats.data_ptr<float>(), pos_c.data_ptr<int64_t>(),
+            slots_c.data_ptr<int64_t>(), m, n, a.data_ptr<float>(), b.data_ptr<float>(), each.data_ptr<float>(),
+            gates.data_ptr<float>());
+  return {a, b, each, gates};
 }
 
 // The indices of the ``cap`` largest of vals[0..count) into out, the largest first and the earlier first among equal
@@ -1619,43 +1784,30 @@ int64_t best_indices(const float* vals, int64_t count, int64_t cap, int64_t* out
 }
 
 // A frontier's children from the draft head's logits, as decoding/drafting.py's candidate_tensors chooses them
-// (docs/DESIGN.md section 3). logits [N, S, V]: node n's S rows (S = 1: the mixture's, coupled; S > 1: each selected
-// expert's, decoupled), each read as its log-softmax, (x - max) - log(sum_v exp(x_v - max)), as torch's. Each row's
-// top per_expert words (ties: the lower word), their union sorted by word; each word scored by
-// logsumexp_s(logp_s + log(w_s / sum w)) (``weights`` [N, S], the mixture's) or, without weights, by its best row's
-// log-prob; a word met twice scores -inf the second time; fewer than k words padded with the first word at -inf. The k
-// best (ties: the earlier), and the row that backs each most (the first of equal, the weights' term included). Returns
-// the words [N, k] (draft vocabulary), their scores [N, k] and rows [N, k].
-std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_children(const at::Tensor& logits_,
-                                                              const c10::optional<at::Tensor>& weights_, int64_t k,
-                                                              int64_t per_expert) {
-  TORCH_CHECK(logits_.dim() == 3 && logits_.scalar_type() == at::kFloat && k >= 1 && per_expert >= 1 &&
-              per_expert <= logits_.size(2), "stream_gemm.draft_children: shapes do not match");
-  const at::Tensor logits = logits_.contiguous();
-  const int64_t N = logits.size(0), S = logits.size(1), V = logits.size(2), C = S * per_expert, Cp = std::max(C, k);
-  const bool mixture = weights_.has_value() && weights_->defined();
-  at::Tensor weights;
-  if (mixture) {
-    weights = weights_->to(at::kFloat).contiguous();
-    TORCH_CHECK(weights.dim() == 2 && weights.size(0) == N && weights.size(1) == S,
-                "stream_gemm.draft_children: weights [N, S] expected");
-  }
-  at::Tensor ids = at::empty({N, k}, logits.options().dtype(at::kLong)), scores = at::empty({N, k}, logits.options());
-  at::Tensor rows = at::empty({N, k}, logits.options().dtype(at::kLong));
+// (docs/DESIGN.md section 3), on raw rows: node n's S rows of V logits at logits + (n S + s) * stride (S = 1: the
+// mixture's, coupled; S > 1: each selected expert's, decoupled), each read as its log-softmax, (x - max) - log(sum_v
+// exp(x_v - max)), as torch's. Each row's top per_expert words (ties: the lower word), their union sorted by word; each
+// word scored by logsumexp_s(logp_s + log(w_s / sum w)) (``weights`` [N, S], the mixture's) or, without weights (null),
+// by its best row's log-prob; a word met twice scores -inf the second time; fewer than k words padded with the first
+// word at -inf. The k best (ties: the earlier), and the row that backs each most (the first of equal, the weights' term
+// included): words (draft vocabulary), scores and rows [N, k].
+void children_rows(const float* logits, int64_t stride, int64_t N, int64_t S, int64_t V, const float* weights,
+                   int64_t k, int64_t per_expert, int64_t* ids, float* scores, int64_t* rows) {
+  const int64_t C = S * per_expert, Cp = std::max(C, k);
   const float inf = std::numeric_limits<float>::infinity();
   at::parallel_for(0, N, 1, [&](int64_t n0, int64_t n1) {
     std::vector<float> shift(S), log_sum(S), log_w(S, 0.0f), weighted(S * Cp), score(Cp);
     std::vector<int64_t> words(Cp), picked(k);
     for (int64_t n = n0; n < n1; ++n) {
-      const float* node = logits.data_ptr<float>() + n * S * V;
-      if (mixture) {
-        const float* w = weights.data_ptr<float>() + n * S;
+      const float* node = logits + n * S * stride;
+      if (weights != nullptr) {
+        const float* w = weights + n * S;
         float total = 0.0f;
         for (int64_t s = 0; s < S; ++s) total += w[s];
         for (int64_t s = 0; s < S; ++s) log_w[s] = std::log(w[s] / total);
       }
       for (int64_t s = 0; s < S; ++s) {  // the row's log-softmax terms, and its top per_expert words
-        const float* r = node + s * V;
+        const float* r = node + s * stride;
         shift[s] = row_max(r, V);
         log_sum[s] = std::log(exp_sum(r, V, shift[s]));
         best_indices(r, V, per_expert, words.data() + s * per_expert);
@@ -1665,12 +1817,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_children(const at::Tensor& 
         const int64_t word = words[c < C ? c : 0];
         float most = -inf;
         for (int64_t s = 0; s < S; ++s) {
-          const float x = ((node[s * V + word] - shift[s]) - log_sum[s]) + log_w[s];
+          const float x = ((node[s * stride + word] - shift[s]) - log_sum[s]) + log_w[s];
           weighted[s * Cp + c] = x;
           most = std::max(most, x);
         }
         float value = most;
-        if (mixture) {
+        if (weights != nullptr) {
           const float m = std::isinf(most) ? 0.0f : most;
           float sum = 0.0f;
           for (int64_t s = 0; s < S; ++s) sum += std::exp(weighted[s * Cp + c] - m);
@@ -1684,12 +1836,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_children(const at::Tensor& 
         int64_t row = 0;
         for (int64_t s = 1; s < S; ++s)
           if (weighted[s * Cp + c] > weighted[row * Cp + c]) row = s;
-        ids.data_ptr<int64_t>()[n * k + i] = words[c < C ? c : 0];
-        scores.data_ptr<float>()[n * k + i] = score[c];
-        rows.data_ptr<int64_t>()[n * k + i] = row;
+        ids[n * k + i] = words[c < C ? c : 0];
+        scores[n * k + i] = score[c];
+        rows[n * k + i] = row;
       }
     }
   });
+}
+
+// children_rows of logits [N, S, V] (``weights`` [N, S] or none): the words [N, k], their scores and rows.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_children(const at::Tensor& logits_,
+                                                              const c10::optional<at::Tensor>& weights_, int64_t k,
+                                                              int64_t per_expert) {
+  TORCH_CHECK(logits_.dim() == 3 && logits_.scalar_type() == at::kFloat && k >= 1 && per_expert >= 1 &&
+              per_expert <= logits_.size(2), "stream_gemm.draft_children: shapes do not match");
+  const at::Tensor logits = logits_.contiguous();
+  const int64_t N = logits.size(0), S = logits.size(1), V = logits.size(2);
+  const bool mixture = weights_.has_value() && weights_->defined();
+  at::Tensor weights;
+  if (mixture) {
+    weights = weights_->to(at::kFloat).contiguous();
+    TORCH_CHECK(weights.dim() == 2 && weights.size(0) == N && weights.size(1) == S,
+                "stream_gemm.draft_children: weights [N, S] expected");
+  }
+  at::Tensor ids = at::empty({N, k}, logits.options().dtype(at::kLong)), scores = at::empty({N, k}, logits.options());
+  at::Tensor rows = at::empty({N, k}, logits.options().dtype(at::kLong));
+  children_rows(logits.data_ptr<float>(), V, N, S, V, mixture ? weights.data_ptr<float>() : nullptr, k, per_expert,
+                ids.data_ptr<int64_t>(), scores.data_ptr<float>(), rows.data_ptr<int64_t>());
   return {ids, scores, rows};
 }
 
@@ -1703,14 +1876,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_children_meta(const at::Ten
 
 
 // draft_tree: EAGLE-2's tree for the engine's eager cycle in one call, as decoding/static_tree.py's _pool_candidates
-// and select_tree draft and select it (docs/DESIGN.md sections 3 and 12), by the same operators in the same order where
-// they round (the steps, the int8 head, draft_children, branch B's log-softmax and top k) and by plain loops over the
-// pool's few dozen entries where they do not (its scores are sums and minima of doubles, its orders stable sorts).
-// The root's outputs (a [H], b [H] or empty, experts [E, H], gates [E]) and token (0-dim); the head's int8 copy
-// (screen, scales, rows) and ``d2t`` (draft to target ids, or empty); the schedule ``steps`` (1: branch A, 2: A then
-// B's grandchildren), ``K`` children a node, ``m`` tokens kept; decoupled candidates from ``select`` experts, scored as
-// their mixture or by the best; ``base`` positions cached; the rest draft_step's. Returns tokens, parents (the
-// root's 0), depths, ranks [m] (the root's -1), the ancestor mask [m, m] and the nanoseconds spent in draft steps.
+// and select_tree draft and select it (docs/DESIGN.md sections 3 and 12), by the same arithmetic in the same order
+// where it rounds (step_rows, the int8 head's screen_rows, children_rows, branch B's log-softmax and top k by torch's)
+// and by plain loops over the pool's few dozen entries where it does not (its scores are sums and minima of doubles,
+// its orders stable sorts), on buffers the thread reuses. The root's outputs (a [H], b [H] or empty, experts [E, H],
+// gates [E]) and token (0-dim); the head's int8 copy (screen, scales, rows) and ``d2t`` (draft to target ids, or
+// empty); the schedule ``steps`` (1: branch A, 2: A then B's grandchildren), ``K`` children a node, ``m`` tokens kept;
+// decoupled candidates from ``select`` experts, scored as their mixture or by the best; ``base`` positions cached; the
+// rest draft_step's. Returns tokens, parents (the root's 0), depths, ranks [m] (the root's -1), the ancestor mask
+// [m, m] and the nanoseconds spent in draft steps.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> draft_tree(
     const at::Tensor& root_a, const at::Tensor& root_b, const at::Tensor& root_experts, const at::Tensor& root_gates,
     const at::Tensor& root_token, const at::Tensor& head_screen, const at::Tensor& head_scales, int64_t head_rows,
@@ -1722,26 +1896,53 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> 
     const c10::optional<at::Tensor>& router, at::TensorList experts, at::IntArrayRef mix_outs, int64_t top_k,
     int64_t branch) {
   const int64_t n_steps = int64_t(steps.size()), n_slots = (n_steps - 1) * K, H = root_a.size(-1);
-  TORCH_CHECK(n_steps >= 1 && K >= 1 && m >= 2 && root_a.dim() == 1 && root_experts.dim() == 2 &&
-              root_gates.dim() == 1 && base + n_slots <= window && window <= cache_k.size(2),
-              "stream_gemm.draft_tree: shapes do not match");
+  const int64_t E = int64_t(experts.size()) / 3, Eg = router.has_value() && router->defined() ? E : 1;
+  const StepWeights w{embed, cos_table, sin_table, fc, fc_bias, q_panels, k_panels, v_panels, qkv_outs, D, cache_k,
+                      cache_v, window, scale, {o_panels, norm, eps, router, experts, mix_outs, top_k, branch}};
+  const bool cepd = std::find(steps.begin(), steps.end(), 2) != steps.end();
+  TORCH_CHECK(n_steps >= 1 && K >= 1 && m >= 2 && root_a.dim() == 1 && root_a.scalar_type() == at::kFloat &&
+              root_a.is_contiguous() && root_experts.dim() == 2 && root_experts.size(0) == E &&
+              root_experts.size(1) == H && root_experts.is_contiguous() && root_gates.dim() == 1 &&
+              root_gates.size(0) == Eg && root_gates.scalar_type() == at::kFloat && root_gates.is_contiguous() &&
+              (!cepd || (root_b.numel() == H && root_b.is_contiguous() && branch != 0)) &&
+              root_token.numel() == 1 && root_token.scalar_type() == at::kLong &&
+              (d2t.numel() == 0 || (d2t.scalar_type() == at::kLong && d2t.is_contiguous() &&
+                                    d2t.size(0) >= head_rows)) &&
+              screen_serves(head_screen, head_scales, H) && 0 < head_rows && head_rows <= head_scales.size(0) &&
+              (per_expert >= 1 && per_expert <= head_rows) && K <= head_rows && base + n_slots <= window &&
+              step_serves(w, H), "stream_gemm.draft_tree: shapes do not match");
   const auto opts = root_a.options();
   const auto longs = opts.dtype(at::kLong);
-  auto target_ids = [&](const at::Tensor& ids) {
-    return d2t.numel() ? d2t.index_select(0, ids.flatten()) : ids.flatten();
-  };
-  auto head = [&](const at::Tensor& x) { return int8_linear(x, head_screen, head_scales, head_rows); };
+  const int64_t V = head_rows, Pl = head_scales.size(0), S_most = decoupled ? std::min(select, Eg) : 1;
+  const int64_t Sp = (window + L - 1) / L * L;
+  // the thread's buffers: a step's outputs (a, b [K, H], experts [K, E, H], gates [K, Eg]), the head's rows [K, S,
+  // H] and logits [K, S, Pl] (branch B's [K, Pl]), the frontier's features [K, H] and mask [K, Sp], the selected
+  // experts' weights [K, S]
+  const int64_t sizes[9] = {K * H, K * H, K * E * H, K * Eg, K * S_most * H, K * std::max<int64_t>(S_most, 1) * Pl,
+                            K * H, K * Sp, K * S_most};
+  int64_t total = 0;
+  for (const int64_t size : sizes) total += size;
+  thread_local std::vector<float> buffer;
+  float* part[9] = {reused(buffer, total)};
+  for (int i = 1; i < 9; ++i) part[i] = part[i - 1] + sizes[i - 1];
+  float *out_a = part[0], *out_b = part[1], *out_each = part[2], *out_gates = part[3], *feats = part[4];
+  float *logits = part[5], *front_feat = part[6], *mask = part[7], *chosen_w = part[8];
+  std::vector<float> t(K * S_most);  // screen_rows' t, unused here
+  std::vector<int64_t> chosen(K * S_most), words(K * K), rows(K * K), ids(K * K), slots(K), pos(K);
+  std::vector<float> vals(K * K);
+  const int64_t* d2t_ids = d2t.numel() ? d2t.data_ptr<int64_t>() : nullptr;
+  auto target_id = [&](int64_t word) { return d2t_ids != nullptr ? d2t_ids[word] : word; };
   // the pool, the root first: tokens, parents, scores (doubles, as the Python pool's), depths
-  std::vector<int64_t> tokens{root_token.item<int64_t>()}, parents{0}, depths{0};
+  std::vector<int64_t> tokens{*root_token.data_ptr<int64_t>()}, parents{0}, depths{0};
   std::vector<double> scores{0.0};
-  auto add = [&](const int64_t* ids, const float* vals, const std::vector<int64_t>& owner,
+  auto add = [&](const int64_t* child_ids, const float* child_vals, const std::vector<int64_t>& owner,
                  const std::vector<double>& owner_score, int64_t n, int64_t depth) {  // n children an owner
     std::vector<double> child;
     for (size_t o = 0; o < owner.size(); ++o)
       for (int64_t i = 0; i < n; ++i) {
-        const double s = owner_score[o] + double(vals[o * n + i]);
+        const double s = owner_score[o] + double(child_vals[o * n + i]);
         child.push_back(std::min(s, owner_score[o]));  // a child never outscores its parent
-        tokens.push_back(ids[o * n + i]);
+        tokens.push_back(child_ids[o * n + i]);
         parents.push_back(owner[o]);
         scores.push_back(child.back());
         depths.push_back(depth);
@@ -1755,86 +1956,99 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> 
     order.resize(std::min<int64_t>(k, int64_t(order.size())));
     return order;
   };
-  auto indices = [&](const std::vector<int64_t>& v) { return at::tensor(v, longs); };
   struct Frontier {  // pool indices, scores, tokens, and the forwarded slots each row sees [N][n_slots]
     std::vector<int64_t> idx, tok;
     std::vector<double> score;
     std::vector<std::vector<uint8_t>> anc;
   };
   // The next frontier: candidates `order` of those just pooled (the first at pool index `first`, scores `child`,
-  // target ids `ids`, K an owner), each seeing what its owner row saw (`anc`)
+  // target ids `child_ids`, K an owner), each seeing what its owner row saw (`anc`)
   auto next = [&](const std::vector<int64_t>& order, int64_t first, const std::vector<double>& child,
-                  const int64_t* ids, const std::vector<std::vector<uint8_t>>& anc) {
+                  const int64_t* child_ids, const std::vector<std::vector<uint8_t>>& anc) {
     Frontier f;
     for (int64_t c : order) {
       f.idx.push_back(first + c);
       f.score.push_back(child[c]);
-      f.tok.push_back(ids[c]);
+      f.tok.push_back(child_ids[c]);
       f.anc.push_back(anc[c / K]);
     }
     return f;
   };
   Frontier front{{0}, {tokens[0]}, {0.0}, {std::vector<uint8_t>(n_slots, 0)}};
-  at::Tensor front_feat, a = root_a.unsqueeze(0), b = root_b.numel() ? root_b.unsqueeze(0) : root_b;
-  at::Tensor each = root_experts.unsqueeze(0), gates = root_gates.unsqueeze(0);
-  int64_t depth = 0, forward_ns = 0;
+  // the outputs the frontier's children come from: the root's, then each step's
+  const float *a = root_a.data_ptr<float>(), *b = cepd ? root_b.data_ptr<float>() : nullptr;
+  const float *each = root_experts.data_ptr<float>(), *gates = root_gates.data_ptr<float>();
+  int64_t N = 1, depth = 0, forward_ns = 0;
   for (int64_t k = 0; k < n_steps; ++k) {
     const bool last = k == n_steps - 1;
     std::vector<std::vector<uint8_t>> own = front.anc;
     if (k > 0) {  // one draft step for the whole frontier, into slots base + s0.. of the draft cache
       const int64_t s0 = (k - 1) * K;
-      at::Tensor mask = at::zeros({1, 1, K, window}, opts.dtype(at::kBool));  // the text, and the slots it sees
-      bool* mk = mask.data_ptr<bool>();
-      for (int64_t r = 0; r < K; ++r) {
+      for (int64_t r = 0; r < K; ++r) {  // the text, and the slots it sees (padded_mask's form)
         own[r][s0 + r] = 1;  // each row also sees itself
-        for (int64_t c = 0; c < base; ++c) mk[r * window + c] = true;
-        for (int64_t j = 0; j < n_slots; ++j) mk[r * window + base + j] = own[r][j] != 0;
+        float* row = mask + r * Sp;
+        std::fill(row, row + base, 0.0f);
+        for (int64_t j = 0; j < n_slots; ++j) row[base + j] = own[r][j] ? 0.0f : std::numeric_limits<float>::lowest();
+        std::fill(row + base + n_slots, row + window, std::numeric_limits<float>::lowest());
+        std::fill(row + window, row + Sp, 0.0f);
+        slots[r] = base + s0 + r;
+        pos[r] = base + depth - 1;
       }
-      const at::Tensor slots = at::arange(base + s0, base + s0 + K, longs);
-      const at::Tensor pos = at::full({K}, base + depth - 1, longs);
       const auto t0 = std::chrono::steady_clock::now();
-      std::tie(a, b, each, gates) = draft_step(indices(front.tok), front_feat, pos, slots, mask, embed, cos_table,
-                                               sin_table, fc, fc_bias, q_panels, k_panels, v_panels, qkv_outs, D,
-                                               cache_k, cache_v, window, scale, o_panels, norm, eps, router, experts,
-                                               mix_outs, top_k, branch);
+      step_rows(w, front.tok.data(), front_feat, pos.data(), slots.data(), mask, K, out_a, out_b, out_each,
+                out_gates);
       forward_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
                         .count();
+      a = out_a, b = out_b, each = out_each, gates = out_gates, N = K;
     }
-    // the frontier's children (decoding/drafting.py's candidate_tensors)
-    at::Tensor feats = a.unsqueeze(1), weights;  // [N, 1, H]: the mixture's row
-    int64_t per = K;
+    // the frontier's children (decoding/drafting.py's candidate_tensors): the head's rows, the mixture's or the
+    // selected experts'
+    int64_t S = 1, per = K;
     if (decoupled) {
-      const auto [values, chosen] = gates.to(at::kFloat).topk(std::min(select, gates.size(-1)), -1);  // [N, S]
-      feats = each.gather(1, chosen.unsqueeze(-1).expand({-1, -1, each.size(-1)}));  // [N, S, H]
-      weights = mixture ? values : at::Tensor();
+      S = S_most;
+      top_rows(gates, N, Eg, S, chosen_w, chosen.data());  // [N, S]
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t s = 0; s < S; ++s)
+          std::memcpy(feats + (n * S + s) * H, each + (n * E + chosen[n * S + s]) * H, H * sizeof(float));
       per = per_expert;
+    } else {
+      std::memcpy(feats, a, N * H * sizeof(float));
     }
-    const auto [words, vals_, rows] = draft_children(head(feats), weights, K, per);  // [N, K]
-    const at::Tensor ids = target_ids(words).contiguous(), vals = vals_.contiguous();
+    screen_rows(feats, N * S, H, head_screen, head_scales, logits, t.data(), false);
+    children_rows(logits, Pl, N, S, V, decoupled && mixture ? chosen_w : nullptr, K, per, words.data(), vals.data(),
+                  rows.data());  // [N, K]
+    for (int64_t i = 0; i < N * K; ++i) ids[i] = target_id(words[i]);
     const int64_t first = int64_t(tokens.size());
-    const std::vector<double> child = add(ids.data_ptr<int64_t>(), vals.data_ptr<float>(), front.idx, front.score,
-                                          K, depth + 1);
+    const std::vector<double> child = add(ids.data(), vals.data(), front.idx, front.score, K, depth + 1);
     if (last && steps[k] == 1) break;  // the last layer's children are candidates, never forwarded
     const std::vector<int64_t> order = best(child, K);
-    front = next(order, first, child, ids.data_ptr<int64_t>(), own);
-    front_feat = feats.gather(1, rows.unsqueeze(-1).expand({-1, -1, H})).flatten(0, 1).index_select(0, indices(order));
+    front = next(order, first, child, ids.data(), own);
+    for (size_t i = 0; i < order.size(); ++i) {  // each child carries the head row that backs it
+      const int64_t c = order[i];
+      std::memcpy(front_feat + i * H, feats + ((c / K) * S + rows[c]) * H, H * sizeof(float));
+    }
     ++depth;
     if (steps[k] == 2) {  // CEPD: the survivors' children from their parents' branch B
       std::vector<int64_t> up;  // each survivor's parent, a row of b
       for (int64_t c : order) up.push_back(c / K);
-      const auto [top_v, top_i] = head(b).to(at::kFloat).log_softmax(-1).topk(K, -1);  // [N, K]
-      const at::Tensor rows_b = indices(up);
-      const at::Tensor grand_ids = target_ids(top_i).view({-1, K}).index_select(0, rows_b).contiguous();  // [K, K]
-      const at::Tensor grand_v = top_v.index_select(0, rows_b).contiguous();
+      screen_rows(b, N, H, head_screen, head_scales, logits, t.data(), false);
+      const auto [top_v, top_i] = at::from_blob(logits, {N, V}, {Pl, 1}, at::TensorOptions().dtype(at::kFloat))
+                                      .log_softmax(-1).topk(K, -1);  // [N, K]
+      const at::Tensor top_vc = top_v.contiguous(), top_ic = top_i.contiguous();
+      std::vector<int64_t> grand_ids(K * K);
+      std::vector<float> grand_v(K * K);
+      for (int64_t i = 0; i < K; ++i)
+        for (int64_t j = 0; j < K; ++j) {
+          grand_ids[i * K + j] = target_id(top_ic.data_ptr<int64_t>()[up[i] * K + j]);
+          grand_v[i * K + j] = top_vc.data_ptr<float>()[up[i] * K + j];
+        }
       const int64_t first_b = int64_t(tokens.size());
-      const std::vector<double> grand = add(grand_ids.data_ptr<int64_t>(), grand_v.data_ptr<float>(), front.idx,
-                                            front.score, K, depth + 1);
+      const std::vector<double> grand = add(grand_ids.data(), grand_v.data(), front.idx, front.score, K, depth + 1);
       if (last) break;
       const std::vector<int64_t> order_b = best(grand, K);
-      std::vector<int64_t> feat_rows;  // each grandchild carries its parent's branch-B output
-      for (int64_t c : order_b) feat_rows.push_back(up[c / K]);
-      front = next(order_b, first_b, grand, grand_ids.data_ptr<int64_t>(), front.anc);
-      front_feat = b.index_select(0, indices(feat_rows));
+      front = next(order_b, first_b, grand, grand_ids.data(), front.anc);
+      for (size_t i = 0; i < order_b.size(); ++i)  // each grandchild carries its parent's branch-B output
+        std::memcpy(front_feat + i * H, b + up[order_b[i] / K] * H, H * sizeof(float));
       ++depth;
     }
   }
