@@ -1431,11 +1431,14 @@ float* reused(std::vector<float>& buffer, int64_t floats) {
   return buffer.data();
 }
 
-// torch's softmax of n rows of E values (row r at x + r * stride) into out [n, E]: the kernel MoEBlock's softmax runs.
+// torch's softmax of n rows of E values (row r at x + r * stride) into out [n, E]: the kernel MoEBlock's softmax runs,
+// on the rows copied together first (as torch copies a strided input; its kernel takes contiguous rows).
 void softmax_rows(const float* x, int64_t n, int64_t E, int64_t stride, float* out) {
+  std::vector<float> rows(n * E);
+  for (int64_t r = 0; r < n; ++r) std::memcpy(rows.data() + r * E, x + r * stride, E * sizeof(float));
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   at::Tensor o = at::from_blob(out, {n, E}, f32);
-  at::_softmax_out(o, at::from_blob(const_cast<float*>(x), {n, E}, {stride, 1}, f32), -1, false);
+  at::_softmax_out(o, at::from_blob(rows.data(), {n, E}, f32), -1, false);
 }
 
 // The k largest of each of n rows of E values (row stride E), values and indices [n, k], in torch's topk's order: for
