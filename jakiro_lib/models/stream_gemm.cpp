@@ -1798,23 +1798,30 @@ void children_rows(const float* logits, int64_t stride, int64_t N, int64_t S, in
                    int64_t k, int64_t per_expert, int64_t* ids, float* scores, int64_t* rows) {
   const int64_t C = S * per_expert, Cp = std::max(C, k);
   const float inf = std::numeric_limits<float>::infinity();
+  // each row's log-softmax terms and top per_expert words, the threads splitting the N S rows
+  std::vector<float> shifts(N * S), log_sums(N * S);
+  std::vector<int64_t> tops(N * C);
+  at::parallel_for(0, N * S, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = logits + r * stride;
+      shifts[r] = row_max(row, V);
+      log_sums[r] = std::log(exp_sum(row, V, shifts[r]));
+      best_indices(row, V, per_expert, tops.data() + r * per_expert);
+    }
+  });
   at::parallel_for(0, N, 1, [&](int64_t n0, int64_t n1) {
-    std::vector<float> shift(S), log_sum(S), log_w(S, 0.0f), weighted(S * Cp), score(Cp);
+    std::vector<float> log_w(S, 0.0f), weighted(S * Cp), score(Cp);
     std::vector<int64_t> words(Cp), picked(k);
     for (int64_t n = n0; n < n1; ++n) {
       const float* node = logits + n * S * stride;
+      const float *shift = shifts.data() + n * S, *log_sum = log_sums.data() + n * S;
       if (weights != nullptr) {
         const float* w = weights + n * S;
         float total = 0.0f;
         for (int64_t s = 0; s < S; ++s) total += w[s];
         for (int64_t s = 0; s < S; ++s) log_w[s] = std::log(w[s] / total);
       }
-      for (int64_t s = 0; s < S; ++s) {  // the row's log-softmax terms, and its top per_expert words
-        const float* r = node + s * stride;
-        shift[s] = row_max(r, V);
-        log_sum[s] = std::log(exp_sum(r, V, shift[s]));
-        best_indices(r, V, per_expert, words.data() + s * per_expert);
-      }
+      std::copy(tops.begin() + n * C, tops.begin() + (n + 1) * C, words.begin());
       std::sort(words.begin(), words.begin() + C);
       for (int64_t c = 0; c < Cp; ++c) {
         const int64_t word = words[c < C ? c : 0];
