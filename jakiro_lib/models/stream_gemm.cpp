@@ -26,11 +26,12 @@
 namespace {
 
 // L: output columns per panel, one vector register. NB(M): panels a block keeps in registers for M rows (M x NB
-// accumulators, NB weight vectors and a broadcast); CHUNK: rows per pass over a block of panels.
+// accumulators, NB weight vectors and a broadcast); CHUNK: the most rows a pass over a block of panels takes (more
+// rows: even chunks, each a pass).
 #if defined(__AVX512F__)  // 32 registers of 16 floats
 constexpr int64_t L = 16;
-constexpr int CHUNK = 8;
-template <int M> constexpr int panels_in_registers() { return M == 1 ? 6 : M == 2 ? 6 : M <= 4 ? 4 : 3; }
+constexpr int CHUNK = 12;
+template <int M> constexpr int panels_in_registers() { return M == 1 ? 6 : M == 2 ? 6 : M <= 4 ? 4 : M <= 8 ? 3 : 2; }
 #else  // AVX2 and the rest: 16 registers of 8 floats
 constexpr int64_t L = 8;
 constexpr int CHUNK = 4;
@@ -119,13 +120,16 @@ void rows(const float* x, const W* panels, const float* scales, float* y, int64_
   for (; p < p_end; ++p) block<M, 1, Stream>(x, panels, scales, y, K, Np, p);
 }
 
-// rows<M> for M = 1..8 at index M, under either prefetch hint
+// rows<M> for M = 1..CHUNK at index M, under either prefetch hint
 template <typename W>
 using RowsFn = void (*)(const float*, const W*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+template <bool Stream, typename W, size_t... I>
+const RowsFn<W>* rows_table(std::index_sequence<I...>) {
+  static constexpr RowsFn<W> table[] = {nullptr, rows<int(I) + 1, Stream, W>...};
+  return table;
+}
 template <bool Stream, typename W>
-constexpr RowsFn<W> rows_by_count[9] = {nullptr, rows<1, Stream, W>, rows<2, Stream, W>, rows<3, Stream, W>,
-                                        rows<4, Stream, W>, rows<5, Stream, W>, rows<6, Stream, W>,
-                                        rows<7, Stream, W>, rows<8, Stream, W>};
+const RowsFn<W>* rows_by_count() { return rows_table<Stream, W>(std::make_index_sequence<CHUNK>{}); }
 
 // One linear of a run: its panels (P of them), its scales (int8 panels; null otherwise), its output rows y [M, P L],
 // and whether its weights stream (``stream``: weights a step reads once, a target's, prefetched non-temporally where
@@ -151,15 +155,16 @@ void run_jobs(const float* x, int64_t M, int64_t K, const Job<W>* jobs, int64_t 
   const int64_t per_block = std::max<int64_t>(12, (512 * 1024) / (K * L * int64_t(sizeof(W))) / 12 * 12);
   int64_t total = 0;
   for (int64_t j = 0; j < n_jobs; ++j) total += jobs[j].P;
+  const int64_t chunks = (M + CHUNK - 1) / CHUNK, per_chunk = (M + chunks - 1) / chunks;  // rows split evenly
   at::parallel_for(0, total, 4, [&](int64_t p0, int64_t p1) {
     for (int64_t j = 0, first = 0; j < n_jobs; first += jobs[j].P, ++j) {
       const Job<W>& job = jobs[j];
       const int64_t from = std::max<int64_t>(p0 - first, 0), to = std::min(p1 - first, job.P), Np = job.P * L;
-      const RowsFn<W>* by_rows = job.stream && M <= CHUNK ? rows_by_count<true, W> : rows_by_count<false, W>;
+      const RowsFn<W>* by_rows = job.stream && M <= CHUNK ? rows_by_count<true, W>() : rows_by_count<false, W>();
       for (int64_t b = from; b < to; b += per_block) {
         const int64_t b_end = std::min(b + per_block, to);
-        for (int64_t m = 0; m < M; m += CHUNK)
-          by_rows[std::min<int64_t>(CHUNK, M - m)](x + m * K, job.panels, job.scales, job.y + m * Np, K, Np, b, b_end);
+        for (int64_t m = 0; m < M; m += per_chunk)
+          by_rows[std::min(per_chunk, M - m)](x + m * K, job.panels, job.scales, job.y + m * Np, K, Np, b, b_end);
       }
     }
   });
