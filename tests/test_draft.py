@@ -217,8 +217,8 @@ def test_a_decoding_step_in_two_kernel_calls_is_the_python_step(cfg, tmp_path, m
     """A draft that streams its linears' panels runs a decoding step's few rows (one over the cache, or a tree's under
     its mask) through the package's draft_qkv and draft_mix, the cache written between them: every output is the
     Python step's to the attention kernel's rounding against SDPA (dense; Jakiro's contrastive branch B; four experts,
-    top 2, a mixture branch B), and bit for bit where each row attends to itself alone. A causal block, more rows than the kernel takes, autograd and GELU experts keep the
-    Python step."""
+    top 2, a mixture branch B), and bit for bit where each row attends to itself alone. A causal block, more rows than
+    the kernel takes, autograd and GELU experts keep the Python step."""
     target = load_target(TargetConfig(model="tiny:llama"))
     DraftModel.build(cfg, target.model).save(tmp_path / "d")
     e = DraftModel.load(tmp_path / "d", target.model, dtype=torch.bfloat16)

@@ -46,6 +46,15 @@ class _Where:
         if self.stack is not None:
             self.stack.index_copy_(4, dst, self.stack.index_select(4, src))
 
+    def move_path(self, start: int, path: list[int]) -> None:
+        """Every layer's entries ``start + path`` (a host list of tree rows, root first) copied to ``start..``, each
+        entry not already in place alone. A path's rows ascend (a parent precedes its children), so no entry is read
+        after it was written."""
+        if self.stack is not None:
+            for i, row in enumerate(path):
+                if row != i:
+                    self.stack.select(4, start + i).copy_(self.stack.select(4, start + row))  # [L, 2, B, n_kv, D]
+
 
 def _stack_view(part: int) -> property:
     """A KVLayer's keys (``part`` 0) or values (1): its view of the stack, None before its first write. Settable
@@ -191,14 +200,9 @@ class TargetRunner:
         self.where.move(start + path, start + self.cols[:path.shape[0]])
 
     def move_path(self, start: int, path: list[int]) -> None:
-        """Eager: entries ``start + path`` (a host list of tree rows, root first) moved to ``start..``, each entry that
-        is not already in place copied alone. A path's rows ascend (a parent precedes its children), so no entry is
-        read after it was written."""
-        stack = self.where.stack
-        if stack is not None:
-            for i, row in enumerate(path):
-                if row != i:
-                    stack.select(4, start + i).copy_(stack.select(4, start + row))  # [L, 2, B, n_kv, D]
+        """Eager: entries ``start + path`` (a host list of tree rows, root first) moved to ``start..``
+        (:meth:`_Where.move_path`)."""
+        self.where.move_path(start, path)
 
 
 def tree_rows(allowed_prefix: torch.Tensor, start: torch.Tensor, block: torch.Tensor) -> torch.Tensor:

@@ -658,13 +658,28 @@ QueriesFn queries_fn(int64_t D) {  // head sizes 16 to 128 with either register 
 // q [1, Hq, n, D], k and v [1, Hk, S, D] (Hk dividing Hq), mask additive [.., n, S] or none -> [1, n, Hq, D], the
 // layout SDPA's output is transposed to. Tasks: a KV head and a chunk of rows (at most 8, even chunks, four tasks
 // where the rows allow).
+// padded_mask's rows from a boolean mask [n, S] on raw memory (True: seen): 0 where seen, fp32's lowest elsewhere,
+// 0 past S to whole blocks of L; out [n, Sp].
+void seen_rows(const bool* seen, int64_t n, int64_t S, float* out) {
+  const int64_t Sp = (S + L - 1) / L * L;
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < S; ++c) out[r * Sp + c] = seen[r * S + c] ? 0.0f : std::numeric_limits<float>::lowest();
+    std::fill(out + r * Sp + S, out + (r + 1) * Sp, 0.0f);
+  }
+}
+
 // The mask [.., n, S] as the kernel reads it: [n, Sp], additive, the keys' whole blocks of L, 0 past S; undefined for
 // none. An fp32 mask is additive; a boolean one (True: seen) adds 0 where seen (the bits of no mask where all are)
-// and fp32's lowest value elsewhere.
+// and fp32's lowest value elsewhere (seen_rows' loop where it holds n rows of S contiguous, torch's operators else).
 at::Tensor padded_mask(const c10::optional<at::Tensor>& mask, int64_t n, int64_t S) {
   if (!mask.has_value() || !mask->defined()) return at::Tensor();
   const bool seen = mask->scalar_type() == at::kBool;
   TORCH_CHECK(seen || mask->scalar_type() == at::kFloat, "stream_gemm.attend takes an fp32 additive or a boolean mask");
+  if (seen && mask->is_contiguous() && mask->numel() == n * S && mask->size(-1) == S) {
+    at::Tensor padded = at::empty({n, (S + L - 1) / L * L}, mask->options().dtype(at::kFloat));
+    seen_rows(mask->data_ptr<bool>(), n, S, padded.data_ptr<float>());
+    return padded;
+  }
   at::Tensor padded = at::zeros({n, (S + L - 1) / L * L}, mask->options().dtype(at::kFloat));
   const at::Tensor rows = mask->expand({1, 1, n, S})[0][0];
   if (seen)
@@ -1673,16 +1688,6 @@ bool step_serves(const StepWeights& w, int64_t H) {
          (Q / D) % Hk == 0 && queries_fn(D) != nullptr && mix_serves(outs[0], Q, w.mix);
 }
 
-// padded_mask's rows from a boolean mask [n, S] on raw memory (True: seen): 0 where seen, fp32's lowest elsewhere,
-// 0 past S to whole blocks of L; out [n, Sp].
-void seen_rows(const bool* seen, int64_t n, int64_t S, float* out) {
-  const int64_t Sp = (S + L - 1) / L * L;
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t c = 0; c < S; ++c) out[r * Sp + c] = seen[r * S + c] ? 0.0f : std::numeric_limits<float>::lowest();
-    std::fill(out + r * Sp + S, out + (r + 1) * Sp, 0.0f);
-  }
-}
-
 // The step of n rows on raw memory, for weights that serve them (step_serves): the embedding of ``id`` [n] beside
 // ``feats`` [n, H], the rows ``pos`` [n] of RoPE's tables, draft_qkv's work, the keys and values written at ``slot``
 // [n] of the cache, the attention over its first ``window`` positions under ``mask`` [n, Sp] (padded_mask's form; null:
@@ -1751,25 +1756,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_step(
   const bool gated = router.has_value() && router->defined();
   const at::Tensor ids_c = ids.contiguous(), pos_c = pos.contiguous(), slots_c = slots.contiguous();
   const at::Tensor feats = features.contiguous();
-  thread_local std::vector<float> masks;
-  const bool seen = mask.has_value() && mask->defined() && mask->scalar_type() == at::kBool &&
-                    mask->is_contiguous() && mask->sizes() == at::IntArrayRef({1, 1, n, window});
-  at::Tensor padded;
-  const float* m = nullptr;
-  if (seen) {  // the engine's boolean mask, padded on raw rows
-    float* rows = reused(masks, n * ((window + L - 1) / L * L));
-    seen_rows(mask->data_ptr<bool>(), n, window, rows);
-    m = rows;
-  } else {
-    padded = padded_mask(mask, n, window);
-    m = padded.defined() ? padded.data_ptr<float>() : nullptr;
-  }
+  const at::Tensor padded = padded_mask(mask, n, window);
   at::Tensor a = at::empty({n, H}, feats.options()), each = at::empty({n, E, H}, feats.options());
   at::Tensor gates = at::empty({n, gated ? E : 1}, feats.options());
   at::Tensor b = branch != 0 ? at::empty({n, H}, feats.options()) : at::empty({0}, feats.options());
   step_rows(w, ids_c.data_ptr<int64_t>(), feats.data_ptr<float>(), pos_c.data_ptr<int64_t>(),
-            slots_c.data_ptr<int64_t>(), m, n, a.data_ptr<float>(), b.data_ptr<float>(), each.data_ptr<float>(),
-            gates.data_ptr<float>());
+            slots_c.data_ptr<int64_t>(), padded.defined() ? padded.data_ptr<float>() : nullptr, n, a.data_ptr<float>(),
+            b.data_ptr<float>(), each.data_ptr<float>(), gates.data_ptr<float>());
   return {a, b, each, gates};
 }
 
