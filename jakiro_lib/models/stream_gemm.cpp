@@ -144,28 +144,36 @@ struct Job {
   bool stream;
 };
 
+// The panels of a block a thread passes over once per chunk of rows: about 512 KB of them, a multiple of 12, which
+// every NB divides, so that no panel is left to a one-panel pass (one stream, M FMA chains) where a thread's share
+// allows.
+template <typename W>
+int64_t block_panels(int64_t K) {
+  return std::max<int64_t>(12, (512 * 1024) / (K * L * int64_t(sizeof(W))) / 12 * 12);
+}
+
+// A job's panels b..b_end for rows x [M, K]: one pass over them per chunk of rows (rows split evenly), the block
+// staying in cache between chunks.
+template <typename W>
+void pass(const float* x, int64_t M, int64_t K, const Job<W>& job, int64_t b, int64_t b_end) {
+  const int64_t chunks = (M + CHUNK - 1) / CHUNK, per_chunk = (M + chunks - 1) / chunks, Np = job.P * L;
+  const RowsFn<W>* by_rows = job.stream && M <= CHUNK ? rows_by_count<true, W>() : rows_by_count<false, W>();
+  for (int64_t m = 0; m < M; m += per_chunk)
+    by_rows[std::min(per_chunk, M - m)](x + m * K, job.panels, job.scales, job.y + m * Np, K, Np, b, b_end);
+}
+
 // The jobs' linears of the same rows x [M, K] in one parallel region: the threads split the jobs' panels laid end to
-// end, so linears that read the same input (a layer's q, k and v; gate and up) meet once at the end, not once each.
-// A thread passes over a block of its panels (about 512 KB) once per chunk of rows, the block staying in cache between
-// chunks. A block holds a multiple of 12 panels, which every NB divides: no panel is left to a one-panel pass (one
-// stream, M FMA chains) where a thread's share allows. Each column's sums are the same whichever thread and block
-// take its panel.
+// end, so linears that read the same input (a layer's q, k and v) meet once at the end, not once each. Each column's
+// sums are the same whichever thread and block take its panel.
 template <typename W>
 void run_jobs(const float* x, int64_t M, int64_t K, const Job<W>* jobs, int64_t n_jobs) {
-  const int64_t per_block = std::max<int64_t>(12, (512 * 1024) / (K * L * int64_t(sizeof(W))) / 12 * 12);
+  const int64_t per_block = block_panels<W>(K);
   int64_t total = 0;
   for (int64_t j = 0; j < n_jobs; ++j) total += jobs[j].P;
-  const int64_t chunks = (M + CHUNK - 1) / CHUNK, per_chunk = (M + chunks - 1) / chunks;  // rows split evenly
   at::parallel_for(0, total, 4, [&](int64_t p0, int64_t p1) {
     for (int64_t j = 0, first = 0; j < n_jobs; first += jobs[j].P, ++j) {
-      const Job<W>& job = jobs[j];
-      const int64_t from = std::max<int64_t>(p0 - first, 0), to = std::min(p1 - first, job.P), Np = job.P * L;
-      const RowsFn<W>* by_rows = job.stream && M <= CHUNK ? rows_by_count<true, W>() : rows_by_count<false, W>();
-      for (int64_t b = from; b < to; b += per_block) {
-        const int64_t b_end = std::min(b + per_block, to);
-        for (int64_t m = 0; m < M; m += per_chunk)
-          by_rows[std::min(per_chunk, M - m)](x + m * K, job.panels, job.scales, job.y + m * Np, K, Np, b, b_end);
-      }
+      const int64_t from = std::max<int64_t>(p0 - first, 0), to = std::min(p1 - first, jobs[j].P);
+      for (int64_t b = from; b < to; b += per_block) pass(x, M, K, jobs[j], b, std::min(b + per_block, to));
     }
   });
 }
@@ -248,11 +256,34 @@ inline void close_rows(float* y, int64_t M, int64_t P, int64_t n) {
     for (int64_t m = 1; m < M; ++m) std::memmove(y + m * n, y + m * P * L, n * sizeof(float));
 }
 
+// The job of a linear's panels ``packed`` (of W: fp32, bf16 or int8) for n output columns of rows of K inputs,
+// writing y. fp32 panels (a target's weights, or a draft's kept in fp32) are streamed; bf16 and int8 panels
+// (pack_scaled's, each column's sums times its scale), a draft's copies read several times a cycle, are kept in cache.
+template <typename W>
+Job<W> job_of(const at::Tensor& packed, int64_t n, int64_t K, float* y) {
+  const int64_t P = panels_of(packed, n);
+  const W* panels = reinterpret_cast<const W*>(packed.data_ptr());
+  const bool scaled = packed.scalar_type() == at::kChar;
+  const float* scales = !scaled ? nullptr  // the scales start P K L bytes on: a multiple of a float's
+                        : reinterpret_cast<const float*>(reinterpret_cast<const int8_t*>(panels) + P * K * L);
+  return {panels, scales, y, P, packed.scalar_type() == at::kFloat};
+}
+
+// f(W{}) for the panels' element type W of a kind of panels (bf16, int8, else fp32).
+template <typename F>
+void by_kind(at::ScalarType kind, F&& f) {
+  if (kind == at::kBFloat16) {
+    f(uint16_t{});
+  } else if (kind == at::kChar) {
+    f(int8_t{});
+  } else {
+    f(float{});
+  }
+}
+
 // Linears of the same rows x [M, K] through panels of fp32, bf16 or int8 (``packed[i]`` for ``outs[i]`` columns, rows
 // into ``ys[i]`` as linear_rows writes them), in one parallel region where their panels are of one kind (run_jobs),
-// else one after another. fp32 panels (a target's weights, or a draft's kept in fp32) are streamed; bf16 and int8
-// panels (pack_scaled's, each column's sums times its scale), a draft's copies read several times a cycle, are kept in
-// cache.
+// else one after another (each as job_of makes it).
 void linears_rows(const float* x, int64_t M, int64_t K, std::initializer_list<const at::Tensor*> packed,
                   std::initializer_list<int64_t> outs, std::initializer_list<float*> ys) {
   const int64_t count = int64_t(packed.size());
@@ -263,25 +294,12 @@ void linears_rows(const float* x, int64_t M, int64_t K, std::initializer_list<co
         linears_rows(x, M, K, {packed.begin()[j]}, {outs.begin()[j]}, {ys.begin()[j]});
       return;
     }
-  auto jobs = [&](auto tag) {  // each linear's job over its panels of type decltype(tag)
+  by_kind(kind, [&](auto tag) {  // each linear's job over its panels of type decltype(tag)
     using W = decltype(tag);
     std::vector<Job<W>> out;
-    for (int64_t i = 0; i < count; ++i) {
-      const int64_t P = panels_of(*packed.begin()[i], outs.begin()[i]);
-      const W* panels = reinterpret_cast<const W*>(packed.begin()[i]->data_ptr());
-      const float* scales = kind != at::kChar ? nullptr  // the scales start P K L bytes on: a multiple of a float's
-                            : reinterpret_cast<const float*>(reinterpret_cast<const int8_t*>(panels) + P * K * L);
-      out.push_back({panels, scales, ys.begin()[i], P, kind == at::kFloat});
-    }
+    for (int64_t i = 0; i < count; ++i) out.push_back(job_of<W>(*packed.begin()[i], outs.begin()[i], K, ys.begin()[i]));
     run_jobs(x, M, K, out.data(), count);
-  };
-  if (kind == at::kBFloat16) {
-    jobs(uint16_t{});
-  } else if (kind == at::kChar) {
-    jobs(int8_t{});
-  } else {
-    jobs(float{});
-  }
+  });
   for (int64_t i = 0; i < count; ++i)
     close_rows(ys.begin()[i], M, panels_of(*packed.begin()[i], outs.begin()[i]), outs.begin()[i]);
 }
@@ -1265,16 +1283,92 @@ bool tile_screen() {
 #endif
 }
 
+// silu(g) * u in place of g, count floats (a multiple of the vector's width), as torch computes silu_ and then a
+// multiply on this CPU: x / (1 + exp(-x)) a vector at a time with SLEEF's exp, the one libtorch_cpu exports and its
+// vectorized silu calls, then the product rounded once. (torch's loop takes the last count mod 2 vectors' floats one
+// at a time through the C library's exp: silu_product serves only counts it would take whole.)
+#if defined(__AVX512F__)
+extern "C" __m512 Sleef_expf16_u10(__m512);
+constexpr int64_t SILU_RUN = 32;  // torch's vectorized loop: two 16-float vectors a step
+inline void silu_product(float* g, const float* u, int64_t count) {
+  const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
+  for (int64_t i = 0; i < count; i += 16) {
+    const __m512 x = _mm512_loadu_ps(g + i);
+    const __m512 silu = _mm512_div_ps(x, _mm512_add_ps(one, Sleef_expf16_u10(_mm512_xor_ps(x, sign))));
+    _mm512_storeu_ps(g + i, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
+  }
+}
+#elif defined(__AVX2__)
+extern "C" __m256 Sleef_expf8_u10(__m256);
+constexpr int64_t SILU_RUN = 16;  // two 8-float vectors a step
+inline void silu_product(float* g, const float* u, int64_t count) {
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  for (int64_t i = 0; i < count; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    const __m256 silu = _mm256_div_ps(x, _mm256_add_ps(one, Sleef_expf8_u10(_mm256_xor_ps(x, sign))));
+    _mm256_storeu_ps(g + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+  }
+}
+#else
+constexpr int64_t SILU_RUN = 0;  // no vector silu here: torch's silu_ serves
+inline void silu_product(float*, const float*, int64_t) {}
+#endif
+
+// Whether silu_product computes torch's silu_ bit for bit here: checked once against it over 65,536 bit patterns
+// spread over every exponent and sign, so that a torch whose CPU kernel runs another exp (another build, or
+// ATEN_CPU_CAPABILITY choosing other vectors) sends the SwiGLUs back to torch's silu_.
+bool silu_is_torchs() {
+  static const bool same = [] {
+    if (SILU_RUN == 0) return false;
+    const int64_t count = 65536;
+    at::Tensor bits = at::arange(count, at::TensorOptions().dtype(at::kLong)).mul_(65537).to(at::kInt);
+    at::Tensor x = bits.view(at::kFloat);
+    x = at::where(at::isfinite(x), x, at::zeros_like(x)).contiguous();
+    at::Tensor ours = x.clone(), ones = at::ones_like(x);
+    silu_product(ours.data_ptr<float>(), ones.data_ptr<float>(), count);
+    const at::Tensor theirs = at::silu(x);
+    return at::equal(ours.view(at::kInt), theirs.view(at::kInt));
+  }();
+  return same;
+}
+
+// A SwiGLU's gate and up of the same rows x [M, K] in one parallel region, each thread taking the same panels of both
+// and then silu(g) * u on those columns of every row into g (silu_product), so the activation splits over the threads
+// inside the linears' region instead of running on one thread after it. Bit for bit run_jobs' g and u, then torch's
+// silu_ and multiply.
+template <typename W>
+void gated_jobs(const float* x, int64_t M, int64_t K, const Job<W>& gate, const Job<W>& up) {
+  const int64_t per_block = std::max<int64_t>(12, block_panels<W>(K) / 2 / 12 * 12), Np = gate.P * L;
+  at::parallel_for(0, gate.P, 4, [&](int64_t p0, int64_t p1) {
+    for (int64_t b = p0; b < p1; b += per_block) {
+      const int64_t b_end = std::min(b + per_block, p1);
+      pass(x, M, K, gate, b, b_end);
+      pass(x, M, K, up, b, b_end);
+      for (int64_t m = 0; m < M; ++m) silu_product(gate.y + m * Np + b * L, up.y + m * Np + b * L, (b_end - b) * L);
+    }
+  });
+}
+
 // A SwiGLU MLP on raw rows: y [n, H] = down(silu(gate(x)) * up(x)) for x [n, H] through each projection's panels.
-// g and u: buffers of padded_floats each (linear_rows writes the padded columns past the n I floats the rows hold);
-// torch's silu runs on g's rows in place (its vectorized exp: the Python loop's bits), the product (one rounding, as
-// torch's multiply) in a loop.
+// g and u: buffers of padded_floats each (linear_rows writes the padded columns past the n I floats the rows hold).
+// Where I is a multiple of torch's vectorized run and silu_product is torch's, the activation runs inside the gate's
+// and up's region (gated_jobs); else torch's silu on g's rows in place and the product (one rounding, as torch's
+// multiply) in a loop. Either way the Python loop's bits.
 void swiglu_rows(const float* x, const at::Tensor& gate_panels, const at::Tensor& up_panels,
                  const at::Tensor& down_panels, int64_t n, int64_t H, int64_t I, float* g, float* u, float* y) {
-  linears_rows(x, n, H, {&gate_panels, &up_panels}, {I, I}, {g, u});
-  at::Tensor rows = at::from_blob(g, {n * I}, at::TensorOptions().dtype(at::kFloat));
-  at::silu_(rows);
-  for (int64_t i = 0; i < n * I; ++i) g[i] *= u[i];
+  const at::ScalarType kind = gate_panels.scalar_type();
+  if (SILU_RUN > 0 && I % SILU_RUN == 0 && up_panels.scalar_type() == kind && panels_of(gate_panels, I) * L == I &&
+      panels_of(up_panels, I) * L == I && silu_is_torchs()) {
+    by_kind(kind, [&](auto tag) {
+      using W = decltype(tag);
+      gated_jobs(x, n, H, job_of<W>(gate_panels, I, H, g), job_of<W>(up_panels, I, H, u));
+    });
+  } else {
+    linears_rows(x, n, H, {&gate_panels, &up_panels}, {I, I}, {g, u});
+    at::Tensor rows = at::from_blob(g, {n * I}, at::TensorOptions().dtype(at::kFloat));
+    at::silu_(rows);
+    for (int64_t i = 0; i < n * I; ++i) g[i] *= u[i];
+  }
   linear_rows(g, down_panels, n, I, H, y);
 }
 
