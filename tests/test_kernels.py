@@ -309,6 +309,28 @@ def test_a_first_build_says_so_before_it_compiles(monkeypatch, caplog, tmp_path)
         kernels.stream_gemm_available.cache_clear()
 
 
+SCALAR_SILU_CHECK = """
+from jakiro_lib.models import kernels
+import torch
+assert kernels.stream_gemm_available()
+print(torch.ops.jakiro_stream_gemm.silu_in_region())
+"""
+
+
+@needs_stream
+@pytest.mark.skipif("avx2" not in open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else True,
+                    reason="the vector silu needs an x86 CPU with AVX2")
+def test_a_swiglus_activation_runs_in_its_region_only_where_it_is_torchs_silu():
+    """With AVX2 or AVX-512, torch's vectorized silu is SLEEF's exp and the SwiGLUs' activation runs inside the gate's
+    and up's region (silu_in_region: checked once a process against torch's silu_); with torch's kernels held to
+    their scalar form (ATEN_CPU_CAPABILITY=default: the C library's exp, other bits), in a fresh process, the check
+    finds them different and the SwiGLUs keep torch's silu_. Seen failing with the check answering True unchecked."""
+    assert torch.ops.jakiro_stream_gemm.silu_in_region()
+    done = subprocess.run([sys.executable, "-c", SCALAR_SILU_CHECK], capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parents[1], env={**os.environ, "ATEN_CPU_CAPABILITY": "default"})
+    assert done.returncode == 0 and done.stdout.strip().endswith("False"), done.stderr[-2000:]
+
+
 AVX2_CHECK = """
 import torch, torch.nn.functional as F
 from torch.utils import cpp_extension
@@ -324,6 +346,7 @@ for out, inp in [(48, 96), (100, 37), (3, 5)]:
     whole = torch.ops.jakiro_stream_gemm.linear(x, packed, out)
     torch.testing.assert_close(whole, F.linear(x, w), atol=2e-4, rtol=1e-4)
     assert all(torch.equal(torch.ops.jakiro_stream_gemm.linear(x[:r], packed, out), whole[:r]) for r in range(1, 21))
+assert torch.ops.jakiro_stream_gemm.silu_in_region()  # 8-float vectors' silu, torch's bits
 print("ok")
 """
 
@@ -332,7 +355,8 @@ print("ok")
 @pytest.mark.skipif("avx2" not in open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else True,
                     reason="the AVX2 build needs an x86 CPU with AVX2")
 def test_the_streaming_gemm_built_for_avx2_alone_matches_too():
-    """The build for CPUs without AVX-512 (8-float panels, 4-row passes), in its own process: the same results."""
+    """The build for CPUs without AVX-512 (8-float panels, 4-row passes, 8-float silu), in its own process: the same
+    results."""
     done = subprocess.run([sys.executable, "-c", AVX2_CHECK], capture_output=True, text=True,
                           timeout=600, cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]

@@ -2196,6 +2196,7 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("pack_int8(Tensor weight, bool tiles=False) -> (Tensor, Tensor)");
   m.def("greedy_head(Tensor x, Tensor screen, Tensor scales, Tensor bound, Tensor l1, Tensor weight) -> Tensor");
   m.def("tile_screen() -> bool", tile_screen);
+  m.def("silu_in_region() -> bool", silu_is_torchs);
   m.def("int8_linear(Tensor x, Tensor screen, Tensor scales, int n) -> Tensor");
   m.def("decoder_layers(Tensor hidden, Tensor[] weights, int[] outs, Tensor(a!) stack, int start, Tensor cos, "
         "Tensor sin, Tensor? mask, int D, float eps, float scale, int attend_rows) -> Tensor");
