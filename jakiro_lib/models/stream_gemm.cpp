@@ -1283,30 +1283,23 @@ bool tile_screen() {
 #endif
 }
 
-// silu(g) * u in place of g, count floats (a multiple of the vector's width), as torch computes silu_ and then a
-// multiply on this CPU: x / (1 + exp(-x)) a vector at a time with SLEEF's exp, the one libtorch_cpu exports and its
-// vectorized silu calls, then the product rounded once. (torch's loop takes the last count mod 2 vectors' floats one
-// at a time through the C library's exp: silu_product serves only counts it would take whole.)
+// silu(g) * u in place of g, count floats (a multiple of L), as torch computes silu_ and then a multiply on this CPU:
+// x / (1 + exp(-x)) a vector at a time with SLEEF's exp, the one libtorch_cpu exports and its vectorized silu calls
+// (16 or 8 floats a call as torch's vectors), then the product rounded once. torch's loop takes the last floats short
+// of two vectors one at a time through the C library's exp: silu_product serves only counts of whole pairs (SILU_RUN).
+#if defined(__AVX512F__) || defined(__AVX2__)
 #if defined(__AVX512F__)
 extern "C" __m512 Sleef_expf16_u10(__m512);
-constexpr int64_t SILU_RUN = 32;  // torch's vectorized loop: two 16-float vectors a step
-inline void silu_product(float* g, const float* u, int64_t count) {
-  const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
-  for (int64_t i = 0; i < count; i += 16) {
-    const __m512 x = _mm512_loadu_ps(g + i);
-    const __m512 silu = _mm512_div_ps(x, _mm512_add_ps(one, Sleef_expf16_u10(_mm512_xor_ps(x, sign))));
-    _mm512_storeu_ps(g + i, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
-  }
-}
-#elif defined(__AVX2__)
+inline vec sleef_exp(vec x) { return Sleef_expf16_u10(x); }
+#else
 extern "C" __m256 Sleef_expf8_u10(__m256);
-constexpr int64_t SILU_RUN = 16;  // two 8-float vectors a step
+inline vec sleef_exp(vec x) { return Sleef_expf8_u10(x); }
+#endif
+constexpr int64_t SILU_RUN = 2 * L;
 inline void silu_product(float* g, const float* u, int64_t count) {
-  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-  for (int64_t i = 0; i < count; i += 8) {
-    const __m256 x = _mm256_loadu_ps(g + i);
-    const __m256 silu = _mm256_div_ps(x, _mm256_add_ps(one, Sleef_expf8_u10(_mm256_xor_ps(x, sign))));
-    _mm256_storeu_ps(g + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+  for (int64_t i = 0; i < count; i += L) {
+    const vec x = load(g + i);
+    store(g + i, x / (1.0f + sleef_exp(-x)) * load(u + i));
   }
 }
 #else
