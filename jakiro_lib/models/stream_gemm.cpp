@@ -144,12 +144,12 @@ struct Job {
   bool stream;
 };
 
-// The panels of a block a thread passes over once per chunk of rows: about 512 KB of them, a multiple of 12, which
-// every NB divides, so that no panel is left to a one-panel pass (one stream, M FMA chains) where a thread's share
-// allows.
+// The panels of each of ``linears`` linears in a block a thread passes over once per chunk of rows: about 512 KB of
+// them in all, a multiple of 12 of each, which every NB divides, so that no panel is left to a one-panel pass (one
+// stream, M FMA chains) where a thread's share allows.
 template <typename W>
-int64_t block_panels(int64_t K) {
-  return std::max<int64_t>(12, (512 * 1024) / (K * L * int64_t(sizeof(W))) / 12 * 12);
+int64_t block_panels(int64_t K, int64_t linears = 1) {
+  return std::max<int64_t>(12, (512 * 1024) / (linears * K * L * int64_t(sizeof(W))) / 12 * 12);
 }
 
 // A job's panels b..b_end for rows x [M, K]: one pass over them per chunk of rows (rows split evenly), the block
@@ -673,9 +673,6 @@ QueriesFn queries_fn(int64_t D) {  // head sizes 16 to 128 with either register 
   }
 }
 
-// q [1, Hq, n, D], k and v [1, Hk, S, D] (Hk dividing Hq), mask additive [.., n, S] or none -> [1, n, Hq, D], the
-// layout SDPA's output is transposed to. Tasks: a KV head and a chunk of rows (at most 8, even chunks, four tasks
-// where the rows allow).
 // padded_mask's rows from a boolean mask [n, S] on raw memory (True: seen): 0 where seen, fp32's lowest elsewhere,
 // 0 past S to whole blocks of L; out [n, Sp].
 void seen_rows(const bool* seen, int64_t n, int64_t S, float* out) {
@@ -754,6 +751,9 @@ at::Tensor attend_padded(const at::Tensor& q_, const at::Tensor& k_, const at::T
   return out;
 }
 
+// q [1, Hq, n, D], k and v [1, Hk, S, D] (Hk dividing Hq), mask additive [.., n, S] or none -> [1, n, Hq, D], the
+// layout SDPA's output is transposed to. Tasks: a KV head and a chunk of rows (at most 8, even chunks, four tasks
+// where the rows allow).
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
                   double scale) {
   TORCH_CHECK(attend_serves(q, k, v), "stream_gemm.attend: shapes do not match");
@@ -1331,7 +1331,7 @@ bool silu_is_torchs() {
 // silu_ and multiply.
 template <typename W>
 void gated_jobs(const float* x, int64_t M, int64_t K, const Job<W>& gate, const Job<W>& up) {
-  const int64_t per_block = std::max<int64_t>(12, block_panels<W>(K) / 2 / 12 * 12), Np = gate.P * L;
+  const int64_t per_block = block_panels<W>(K, 2), Np = gate.P * L;
   at::parallel_for(0, gate.P, 4, [&](int64_t p0, int64_t p1) {
     for (int64_t b = p0; b < p1; b += per_block) {
       const int64_t b_end = std::min(b + per_block, p1);
