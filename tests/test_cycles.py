@@ -40,6 +40,31 @@ def test_the_clock_counts_each_step_of_each_cycle_and_not_the_prompt():
     assert counts[0] == counts[1]
 
 
+def test_the_clock_opens_a_profiler_range_only_while_a_profiler_runs(monkeypatch):
+    """A step is a profiler range while a profiler runs (the ranges profiles read) and costs no range otherwise (the
+    clock runs inside the cycles it times); nested steps keep exclusive times either way."""
+    import torch
+
+    from jakiro_lib.measure import clock as clock_module
+
+    clock = StepClock(torch.device("cpu"))
+    with torch.profiler.profile() as prof:
+        with clock.step("draft"):
+            with clock.step("draft_forward"):
+                torch.ones(4).add_(1)
+    names = {e.name for e in prof.events()}
+    assert {"jakiro::draft", "jakiro::draft_forward"} <= names
+    assert clock.entries == {"draft": 1, "draft_forward": 1}
+
+    def no_range(name):
+        raise AssertionError(f"a profiler range {name} opened with no profiler running")
+
+    monkeypatch.setattr(clock_module, "record_function", no_range)
+    with clock.step("verify"), clock.step("evaluate"):
+        pass
+    assert clock.entries["verify"] == clock.entries["evaluate"] == 1 and clock.seconds["verify"] >= 0
+
+
 def test_a_compiled_engine_refuses_a_clock():
     model = tiny_target("llama")
     with pytest.raises(ValueError, match="one call"):
@@ -85,7 +110,7 @@ def test_the_tree_column_names_depth_width_budget_and_chain():
 
 def test_the_methods_are_timed_interleaved_prompt_by_prompt(tmp_path, monkeypatch):
     """Each prompt runs every method once, the order turning by one each prompt, then T(n) once for every n a method
-    may verify (the machine's drift reaches them alike), after one warm-up each; T(n) is the median of its rounds;
+    may verify (the machine's drift reaches them alike), after one warm-up each; T(n) is the mean of every round;
     operators are counted after the timed generations."""
     model = tiny_target("llama")
     target = Target(model=model, tokenizer=tiny_tokenizer(), config=TargetConfig(model="tiny:llama"))
@@ -100,18 +125,22 @@ def test_the_methods_are_timed_interleaved_prompt_by_prompt(tmp_path, monkeypatc
         calls.append((name, next(i for i, p in enumerate(prompts) if p is ids), clock is None))
         return real(target, draft, spec, ids, max_new_tokens, clock)
 
-    def costs(model, sizes, **kw):
+    def rounds(model, sizes, **kw):  # rounds k = 0, 1, ... of prompt i take n + 10 i + k ** 3 ms (skewed up)
         calls.append(("T(n)", tuple(sizes), kw["repeats"]))
-        return {n: 1e-3 * (n + len(calls)) for n in sizes}
+        i = sum(c[0] == "T(n)" for c in calls) - 1
+        return {n: {"s": [1e-3 * (n + 10 * i + k ** 3) for k in range(kw["repeats"])]} for n in sizes}
 
     monkeypatch.setattr(cycles, "_generate", recording)
-    monkeypatch.setattr(cycles, "measure_target_costs", costs)
+    monkeypatch.setattr(cycles, "target_cost_rounds", rounds)
     rows = {r["method"]: r for r in cycle_table(target, methods, prompts, max_new_tokens=6)}
     assert calls[:3] == [(n, 0, True) for n in methods]  # the warm-ups
     order, sizes = ["vanilla", "jakiro", "jakiro_2"], ("T(n)", tuple(range(1, 9)), cycles.TN_REPEATS)
     assert calls[3:15] == [c for i in range(3) for c in [(n, i, False) for n in order[i:] + order[:i]] + [sizes]]
     assert calls[15:] == [(n, 0, False) for n in methods]  # the operator counts
-    assert rows["vanilla"]["tn_ms"] == pytest.approx(1 + 11)  # T(1): the median of its three rounds (8, 12, 16 ms)
+    R = cycles.TN_REPEATS  # T(1): the mean of every round of the three prompts, as a cycle's time is a mean
+    assert rows["vanilla"]["tn_ms"] == pytest.approx(1 + 10 + sum(k ** 3 for k in range(R)) / R)
+    assert rows["vanilla"]["tn_median_ms"] == pytest.approx(sorted(1 + 10 * i + k ** 3 for i in range(3)
+                                                                   for k in range(R))[3 * R // 2])
 
 
 def test_the_report_section_times_the_methods_the_study_runs(tmp_path):

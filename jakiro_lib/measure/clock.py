@@ -4,10 +4,8 @@ A step nested in another counts in its own name only (exclusive time and operato
 """
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import defaultdict
-from typing import Iterator
 
 import torch
 from torch.profiler import record_function
@@ -32,11 +30,11 @@ class StepClock:
         self._open: list[tuple[str, float]] = []  # (step, start) of the open steps, innermost last
         self._counter = _OpCounter(self) if count_ops else None
 
-    @contextlib.contextmanager
-    def step(self, name: str) -> Iterator[None]:
-        if self._open and self._open[-1][0] in OPAQUE:
-            yield
-            return
+    def step(self, name: str) -> _Step:
+        """The context of step ``name`` (a profiler range too while a profiler runs)."""
+        return _Step(self, name)
+
+    def _enter(self, name: str) -> None:
         synchronize(self.device)
         now = time.perf_counter()
         if self._open:  # the enclosing step's time stops while this one runs
@@ -44,17 +42,15 @@ class StepClock:
             self.seconds[outer] += now - since
         self._open.append((name, now))
         self.entries[name] += 1
-        try:
-            with record_function(STEP_RANGES[name]):
-                yield
-        finally:
-            synchronize(self.device)
-            now = time.perf_counter()
-            _, since = self._open.pop()
-            self.seconds[name] += now - since
-            if self._open:
-                outer, _ = self._open[-1]
-                self._open[-1] = (outer, now)
+
+    def _exit(self) -> None:
+        synchronize(self.device)
+        now = time.perf_counter()
+        name, since = self._open.pop()
+        self.seconds[name] += now - since
+        if self._open:
+            outer, _ = self._open[-1]
+            self._open[-1] = (outer, now)
 
     def credit(self, name: str, seconds: float, entries: int) -> None:
         """``seconds`` of the open step that ran as ``entries`` runs of step ``name`` inside one native call (the
@@ -76,6 +72,32 @@ class StepClock:
     def __exit__(self, *exc: object) -> None:
         if self._counter is not None:
             self._counter.__exit__(*exc)
+
+
+class _Step:
+    """A step of a :class:`StepClock`: a plain object rather than a generator-based context, and a profiler range only
+    while a profiler runs, so that the clock adds as little as it can to the cycles it times (each step boundary runs
+    right after a verify forward, with the core's caches cold). Inside an opaque step it does nothing."""
+
+    __slots__ = ("clock", "name", "counted", "range")
+
+    def __init__(self, clock: StepClock, name: str) -> None:
+        self.clock, self.name = clock, name
+        self.counted = not (clock._open and clock._open[-1][0] in OPAQUE)
+        profiled = self.counted and torch._C._autograd._profiler_enabled()
+        self.range = record_function(STEP_RANGES[name]) if profiled else None
+
+    def __enter__(self) -> None:
+        if self.counted:
+            self.clock._enter(self.name)
+            if self.range is not None:
+                self.range.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.counted:
+            if self.range is not None:
+                self.range.__exit__(*exc)
+            self.clock._exit()
 
 
 class _OpCounter(TorchDispatchMode):

@@ -79,22 +79,33 @@ def measure_target_costs(model: torch.nn.Module, sizes: Sequence[int] = (1, 2, 4
     return {n: times["s"] for n, times in table.items()}
 
 
-@torch.inference_mode()
 def measure_target_cost_variants(model: torch.nn.Module, sizes: Sequence[int],
                                  variants: Mapping[str, Callable[[], ContextManager[Any]]], *,
                                  context: int = 256, repeats: int = 7, stat: str = "median",
                                  greedy: bool = False) -> dict[int, dict[str, float]]:
     """``{n: {variant: seconds}}``: T(n) under each variant (a context manager that switches kernels),
-    the median (or ``stat``, one of :data:`STATISTICS`) over ``repeats`` rounds; ``greedy``: the rows' argmaxes
-    asked for, as an eager greedy cycle asks (a compiled one reads the logits).
+    the median (or ``stat``, one of :data:`STATISTICS`) of :func:`target_cost_rounds`' ``repeats`` rounds."""
+    if stat not in STATISTICS:
+        raise ValueError(f"unknown stat {stat!r}: use {' or '.join(STATISTICS)}")
+    rounds = target_cost_rounds(model, sizes, variants, context=context, repeats=repeats, greedy=greedy)
+    return {n: {name: STATISTICS[stat](ts) for name, ts in row.items()} for n, row in rounds.items()}
+
+
+@torch.inference_mode()
+def target_cost_rounds(model: torch.nn.Module, sizes: Sequence[int],
+                       variants: Mapping[str, Callable[[], ContextManager[Any]]] | None = None, *,
+                       context: int = 256, repeats: int = 7, greedy: bool = False) -> dict[int, dict[str, list[float]]]:
+    """``{n: {variant: [seconds of each round]}}``: T(n), an n-token tree scored on top of a ``context``-token
+    cache as the engine scores it eagerly, under each variant (a context manager that switches kernels; None: the
+    model as it is, variant "s"); ``greedy``: the rows' argmaxes asked for, as an eager greedy cycle asks (a compiled
+    one reads the logits).
 
     One prefill serves every measurement. Each round times every size once, and within a size every variant
     back to back, so machine drift hits all sizes and variants alike. Each timed call follows an untimed one of the
     same size and variant, as a decoding step follows a step like it: where the target's weights stream past the
     caches, a call after a wider one (whose weights pass through the caches) finds the KV cache evicted and runs cold.
     """
-    if stat not in STATISTICS:
-        raise ValueError(f"unknown stat {stat!r}: use {' or '.join(STATISTICS)}")
+    variants = {"s": nullcontext} if variants is None else variants
     runner = TargetRunner(model, engine_cache_len(context + max(sizes)))
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0)).to(runner.device)
@@ -116,7 +127,7 @@ def measure_target_cost_variants(model: torch.nn.Module, sizes: Sequence[int],
                 with switch():
                     verify_once(n)  # the lead-in (the first also loads this shape's kernels)
                     times[n][name].append(_time_once(lambda: verify_once(n), runner.device))
-    return {n: {name: STATISTICS[stat](ts) for name, ts in row.items()} for n, row in times.items()}
+    return times
 
 
 @torch.inference_mode()

@@ -22,20 +22,21 @@ from ..models.draft import DraftModel
 from ..models.target import Target, capture_of, set_capture
 from .budgets import resolve_tree_budgets
 from .clock import StepClock
-from .costmodel import measure_target_costs, shape_key
+from .costmodel import shape_key, target_cost_rounds
 from .methods import profile_methods
 
 # the methods the table shows by default: plain decoding, EAGLE-2 and Jakiro at the fixed and tuned trees, CEPD, a chain
 CYCLE_METHODS = ("vanilla", "eagle2_auto", "jakiro_auto", "eagle2", "jakiro", "jakiro_cepd", "jakiro_lookup")
 
-# rounds of T(n) after each prompt, their median kept (one round alone: the machine's noise in one number)
-TN_REPEATS = 3
+# rounds of T(n) after each prompt; T(n) is their mean over the prompts, as a cycle's time is a mean over its cycles
+# (a median sits below a mean by the times' right skew, which the overhead would count as the cycle's)
+TN_REPEATS = 5
 
 # a cycle's parts as the table names them, each the clock steps it sums
 PARTS = {"verify": ("verify",), "draft_forward": ("draft_forward",), "tree": ("draft", "cycle"),
          "evaluate": ("evaluate",), "update": ("update",), "read": ("read",)}
 COLUMNS = ("method", "tree", "rows", "cycles", "tau", "draft_forwards", "plain_ms", "cycle_ms", "cycle_per_plain",
-           "tn_ms", *(f"{p}_ms" for p in PARTS), "host_ms", "overhead", "overhead_per_forward",
+           "tn_ms", "tn_median_ms", *(f"{p}_ms" for p in PARTS), "host_ms", "overhead", "overhead_per_forward",
            *(f"{p}_ops" for p in PARTS), "cycle_ops")
 
 
@@ -96,13 +97,15 @@ def tree_label(spec: MethodSpec) -> str:
 
 
 def cycle_row(name: str, tree: str, timed: _Timed, counted: StepClock, plain_s: float,
-              tn: dict[int, float]) -> dict[str, Any]:
-    """One method's row of the table (:data:`COLUMNS`; ``tree``: :func:`tree_label`), times in ms per cycle."""
+              tn: dict[int, list[float]]) -> dict[str, Any]:
+    """One method's row of the table (:data:`COLUMNS`; ``tree``: :func:`tree_label`; ``tn``: every timed round of
+    T(n), their mean the table's T(n)), times in ms per cycle."""
     cycles = max(timed.cycles, 1)
     per_cycle = {p: 1e3 * sum(timed.clock.seconds.get(s, 0.0) for s in steps) / cycles for p, steps in PARTS.items()}
     cycle_ms = 1e3 * timed.wall / cycles
     rows = timed.rows / cycles
-    tn_ms = 1e3 * tn[max(1, round(rows))]
+    tn_rounds = tn[max(1, round(rows))]
+    tn_ms = 1e3 * statistics.fmean(tn_rounds)
     forwards = (timed.clock.entries.get("draft_forward", 0) + timed.unclocked) / cycles  # tree's, accepted path's
     overhead = (cycle_ms - tn_ms) / (1e3 * plain_s)
     n_counted = max(counted.entries["cycle"], 1)
@@ -110,6 +113,7 @@ def cycle_row(name: str, tree: str, timed: _Timed, counted: StepClock, plain_s: 
         "method": name, "tree": tree, "rows": rows, "cycles": timed.cycles, "tau": timed.emitted / cycles,
         "draft_forwards": forwards, "plain_ms": 1e3 * plain_s, "cycle_ms": cycle_ms,
         "cycle_per_plain": cycle_ms / (1e3 * plain_s), "tn_ms": tn_ms,
+        "tn_median_ms": 1e3 * statistics.median(tn_rounds),
         **{f"{p}_ms": v for p, v in per_cycle.items()}, "host_ms": cycle_ms - sum(per_cycle.values()),
         "overhead": overhead, "overhead_per_forward": overhead / forwards if forwards else float("nan"),
         **{f"{p}_ops": sum(counted.ops.get(s, 0) for s in steps) / n_counted for p, steps in PARTS.items()}}
@@ -122,9 +126,9 @@ def cycle_table(target: Target, methods: dict[str, MethodSpec], prompts: Sequenc
     """The rows of the cycle-cost table for ``methods`` (our kinds; ``plain``, plain decoding, among them: its
     cycle is the plain step) on ``prompts``, greedy, in the order given. The methods' generations are timed step by
     step (after one warm-up each) interleaved prompt by prompt, the order turning by one each prompt, and after each
-    prompt T(n) for every n a method may verify, at plain decoding's mean context so far (the median of
-    :data:`TN_REPEATS` rounds; T(n): the median of those over prompts), so that the machine's drift reaches every
-    method and T(n) alike; then operators counted on the first prompt."""
+    prompt :data:`TN_REPEATS` rounds of T(n) for every n a method may verify, at plain decoding's mean context so far
+    (T(n): the mean of every round, as the cycles' times are means; ``tn_median_ms`` their median), so that the
+    machine's drift reaches every method and T(n) alike; then operators counted on the first prompt."""
     if plain not in methods:
         raise ValueError(f"the cycle-cost table needs plain decoding ({plain!r}) among the methods")
     drafts = {name: spec.load_draft(target) for name, spec in methods.items()}
@@ -140,14 +144,14 @@ def cycle_table(target: Target, methods: dict[str, MethodSpec], prompts: Sequenc
             result = _generate(target, drafts[name], methods[name], ids, max_new_tokens, timed[name].clock)
             timed[name].add(result, pooled=pooled)
         context = round(base.context / max(base.cycles, 1))
-        for n, seconds in measure_target_costs(target.model, list(tn_rounds), context=context, repeats=TN_REPEATS,
-                                               greedy=True).items():
-            tn_rounds[n].append(seconds)
+        for n, rounds in target_cost_rounds(target.model, list(tn_rounds), context=context, repeats=TN_REPEATS,
+                                            greedy=True).items():
+            tn_rounds[n].extend(rounds["s"])
     counted = {name: count_operators(target, drafts[name], spec, prompts[0], max_new_tokens=max_new_tokens)
                for name, spec in methods.items()}
     plain_s = base.wall / max(base.cycles, 1)
-    tn = {n: statistics.median(times) for n, times in tn_rounds.items()}
-    return [cycle_row(name, tree_label(spec), timed[name], counted[name], plain_s, tn) for name, spec in methods.items()]
+    return [cycle_row(name, tree_label(spec), timed[name], counted[name], plain_s, tn_rounds)
+            for name, spec in methods.items()]
 
 
 def cycle_methods(profile: Profile, run_dir: Path, target: Target,
