@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import random
+import warnings
 
 import pytest
 import torch
@@ -393,11 +394,15 @@ def test_hf_generate_greedy_equals_vanilla(prompts, vanilla):
 
 def test_hf_generate_static_compiled_greedy_equals_vanilla(prompts, vanilla):
     """transformers' static cache + torch.compile path (a plain-decoding baseline of the bench) really
-    compiles on CPU and decodes like our loop."""
+    compiles on CPU and decodes like our loop, its cache passed by the keyword this transformers takes (no
+    deprecation warning in a user's output)."""
     model = copy.deepcopy(tiny_target("llama"))  # the compiled call is cached on the model: not the shared one
     for i in (0, 1, 2, 1):  # later prompts too: a frozen step once kept reading the first prompt's KV buffers
-        h = hf_generate(model, prompts[i], max_new_tokens=24, compile=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            h = hf_generate(model, prompts[i], max_new_tokens=24, compile=True)
         assert h.output_ids == vanilla[i][:24], i
+        assert not [w for w in caught if "`past_key_values` is deprecated" in str(w.message)], i
     assert hasattr(model, "_compiled_call")
     assert compiled_cache_len(2048) == 2304 and compiled_cache_len(100) == 256
 

@@ -11,6 +11,7 @@ from transformers import CompileConfig, PreTrainedModel
 
 from ..compiling import run_compiling
 from ..machine import synchronize
+from ..models.target import cache_keyword
 from .compiled import compiled_cache_len, inductor_settings, static_cache
 from .result import GenerationResult
 from .verify import SamplingParams
@@ -35,7 +36,7 @@ def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, *, max_new_tok
         cache = static_cache(model, cache_len)
         config = CompileConfig() if model.device.type == "cuda" else CompileConfig(mode="default")  # no CUDA graphs
         config._compile_all_devices = True  # generate compiles only on accelerators unless told so
-        kwargs.update(past_key_values=cache, compile_config=config)
+        kwargs.update({cache_keyword(model): cache, "compile_config": config})  # the name this transformers takes
     ids = prompt_ids.to(model.device)[None]
 
     def run() -> tuple[torch.Tensor, float]:
