@@ -29,7 +29,7 @@ from .methods import profile_methods
 CYCLE_METHODS = ("vanilla", "eagle2_auto", "jakiro_auto", "eagle2", "jakiro", "jakiro_cepd", "jakiro_lookup")
 
 # rounds of T(n) after each prompt; T(n) is their mean over the prompts, as a cycle's time is a mean over its cycles
-# (a median sits below a mean by the times' right skew, which the overhead would count as the cycle's)
+# (a median and a mean of skewed times differ, and the overhead would count the difference as the cycle's)
 TN_REPEATS = 5
 
 # a cycle's parts as the table names them, each the clock steps it sums
