@@ -75,13 +75,11 @@ def repeated_siblings(tokens: torch.Tensor, children: torch.Tensor) -> torch.Ten
     return (children.float() @ earlier_same.float().T) > 0
 
 
-def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, params: SamplingParams,
-                  uniforms: torch.Tensor, max_depth: int, valid: torch.Tensor | None = None,
-                  sync: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sampling verification in tensors (docs/DESIGN.md sections 6 and 12): child j of a node accepted with
-    probability p(x_j) / R_j, R_j the node's mass left once the earlier children's tokens are zeroed; the bonus drawn
-    from what is left. Returns (path, accepted count, bonus) as :func:`greedy_path`. ``uniforms`` [max_depth * m + 1]
-    float64: one draw per (depth, node), one for the bonus; ``valid`` as in greedy_path, ``sync`` as in warp_probs."""
+def _acceptance(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, params: SamplingParams,
+                valid: torch.Tensor | None, sync: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sampling verification's tables: the target's probabilities [m, V], children [m, m] (j a child of i) and each
+    child's acceptance probability [m, m] float64, p_i(x_j) / R_j (0 where j is no child, or repeats an earlier
+    sibling's token)."""
     m = tokens.shape[0]
     idx = torch.arange(m, device=tokens.device)
     children = (parents[None, :] == idx[:, None]) & (idx[None, :] > 0)  # [m, m]: j is a child of i
@@ -94,6 +92,26 @@ def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Ten
     # R_j: the node's mass without its children's tokens, plus what the children from j on hold (one read of [m, V])
     left = probs.sum(-1, keepdim=True).double() - pc.sum(1, keepdim=True) + pc.flip(1).cumsum(1).flip(1)
     accept_p = torch.where(pc > 0, pc / left.clamp_min(torch.finfo(torch.float64).tiny), 0.0)  # [m, m]
+    return probs, children, accept_p
+
+
+def _bonus(tokens: torch.Tensor, probs: torch.Tensor, children: torch.Tensor, node: torch.Tensor,
+           u: torch.Tensor) -> torch.Tensor:
+    """The bonus token after ``node`` (0-dim): drawn by ``u`` from its row's mass without its children's tokens."""
+    row, kids = probs.index_select(0, node[None])[0], children.index_select(0, node[None])[0]  # [V], [m]
+    zeroed = torch.zeros_like(row).scatter_add_(0, torch.where(kids, tokens, 0), kids.to(row.dtype)) > 0  # [V]
+    return inverse_cdf(row.masked_fill(zeroed, 0.0), u)
+
+
+def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, params: SamplingParams,
+                  uniforms: torch.Tensor, max_depth: int, valid: torch.Tensor | None = None,
+                  sync: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sampling verification in tensors (docs/DESIGN.md sections 6 and 12): child j of a node accepted with
+    probability p(x_j) / R_j, R_j the node's mass left once the earlier children's tokens are zeroed; the bonus drawn
+    from what is left. Returns (path, accepted count, bonus) as :func:`greedy_path`. ``uniforms`` [max_depth * m + 1]
+    float64: one draw per (depth, node), one for the bonus; ``valid`` as in greedy_path, ``sync`` as in warp_probs."""
+    m = tokens.shape[0]
+    probs, children, accept_p = _acceptance(tokens, parents, logits, params, valid, sync)
     u = uniforms[:max_depth * m].view(max_depth, m)
     node = accepted = torch.zeros((), dtype=torch.long, device=tokens.device)
     live = torch.ones((), dtype=torch.bool, device=tokens.device)
@@ -104,10 +122,28 @@ def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Ten
         node = torch.where(live, hits.long().argmax(), node)  # the first accepted child, if any
         accepted = accepted + live
         path.append(torch.where(live, node, 0))
-    row, kids = probs.index_select(0, node[None])[0], children.index_select(0, node[None])[0]  # [V], [m]
-    zeroed = torch.zeros_like(row).scatter_add_(0, torch.where(kids, tokens, 0), kids.to(row.dtype)) > 0  # [V]
-    bonus = inverse_cdf(row.masked_fill(zeroed, 0.0), uniforms[-1])  # from the node's mass left
-    return torch.stack(path), accepted, bonus
+    return torch.stack(path), accepted, _bonus(tokens, probs, children, node, uniforms[-1])
+
+
+def sampling_walk(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, params: SamplingParams,
+                  uniforms: torch.Tensor, max_depth: int) -> tuple[list[int], list[int]]:
+    """:func:`sampling_path`'s verification walked on the host, as :func:`greedy_walk` walks greedy decoding's: the
+    acceptance probabilities, the draws and the tokens in one read (float64, the tokens exact in it), the same
+    comparisons, then the same bonus in a second; host lists of the path's nodes (root first) and of the tokens it
+    emits."""
+    m = tokens.shape[0]
+    probs, children, accept_p = _acceptance(tokens, parents, logits, params, None, True)
+    table = torch.cat([accept_p.flatten(), uniforms[:max_depth * m].double(), tokens.double()]).tolist()
+    accept, u, words = table[:m * m], table[m * m:m * m + max_depth * m], table[m * m + max_depth * m:]
+    path = [0]
+    for d in range(max_depth):
+        row, draws = accept[path[-1] * m:(path[-1] + 1) * m], u[d * m:(d + 1) * m]
+        hit = next((j for j in range(m) if draws[j] < row[j]), None)  # the first accepted child
+        if hit is None:
+            break
+        path.append(hit)
+    bonus = _bonus(tokens, probs, children, torch.tensor(path[-1], device=tokens.device), uniforms[-1])
+    return path, [int(words[j]) for j in path[1:]] + bonus.reshape(1).tolist()
 
 
 def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
