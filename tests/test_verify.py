@@ -429,8 +429,8 @@ def _static_repeat_keeps_mass(tree, logits, params, generator, monkeypatch):
 @pytest.mark.parametrize("params", VERIFY_PARAMS, ids=["T1", "T0.7-p0.9", "T1.3-k4-p0.95"])
 def test_the_host_walk_is_the_tensor_verification_draw_for_draw(params):
     """sampling_walk (eager on a CPU) takes the path sampling_path takes and emits its tokens and bonus, the same
-    draws giving the same result every time, on random trees whose siblings repeat tokens; seen failing with the walk
-    reading the root's acceptance row at every depth, and with the bonus drawn after the root."""
+    draws giving the same result every time, on random trees whose siblings repeat tokens; seen failing with a repeated
+    sibling keeping its token's mass in the walk, and with the bonus drawn without the last node's children zeroed."""
     g = torch.Generator().manual_seed(5)
     for _ in range(300):
         m, V = int(torch.randint(2, 10, (1,), generator=g)), 12

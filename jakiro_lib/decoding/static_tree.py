@@ -89,8 +89,10 @@ def _acceptance(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tenso
     probs = warp_probs(logits, params, sync=sync)  # [m, V]
     cand = torch.where(children, tokens[None, :], 0)  # [m, m]: children's tokens (0 elsewhere: the root may be any id)
     pc = probs.gather(1, cand).double() * (children & ~repeated)  # [m, m]: p_i(x_j) of i's children, each token once
-    # R_j: the node's mass without its children's tokens, plus what the children from j on hold (one read of [m, V])
-    left = probs.sum(-1, keepdim=True).double() - pc.sum(1, keepdim=True) + pc.flip(1).cumsum(1).flip(1)
+    # R_j: the node's mass without its children's tokens, plus what the children from j on hold (one read of [m, V]);
+    # the children's mass summed from the last one down, in order, as sampling_walk sums it on the host
+    held = pc.flip(1).cumsum(1).flip(1)  # [m, m]: the children's mass from j on
+    left = probs.sum(-1, keepdim=True).double() - held[:, :1] + held
     accept_p = torch.where(pc > 0, pc / left.clamp_min(torch.finfo(torch.float64).tiny), 0.0)  # [m, m]
     return probs, children, accept_p
 
@@ -127,23 +129,43 @@ def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Ten
 
 def sampling_walk(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, params: SamplingParams,
                   uniforms: torch.Tensor, max_depth: int) -> tuple[list[int], list[int]]:
-    """:func:`sampling_path`'s verification walked on the host, as :func:`greedy_walk` walks greedy decoding's: the
-    acceptance probabilities, the draws and the tokens in one read (float64, the tokens exact in it), the same
-    comparisons, then the same bonus in a second; host lists of the path's nodes (root first) and of the tokens it
-    emits."""
+    """:func:`sampling_path`'s verification walked on the host, as :func:`greedy_walk` walks greedy decoding's: one read
+    of the tree, the draws, each row's mass and each row's probabilities of the tree's tokens (float64, exact), then each
+    node's acceptance probabilities by :func:`_acceptance`'s arithmetic in the same order (its few children's mass
+    summed from the last one down) and the same comparisons; the bonus drawn as :func:`_bonus` draws it, in a second
+    read. Host lists of the path's nodes (root first) and of the tokens it emits."""
     m = tokens.shape[0]
-    probs, children, accept_p = _acceptance(tokens, parents, logits, params, None, True)
-    table = torch.cat([accept_p.flatten(), uniforms[:max_depth * m].double(), tokens.double()]).tolist()
-    accept, u, words = table[:m * m], table[m * m:m * m + max_depth * m], table[m * m + max_depth * m:]
+    probs = warp_probs(logits, params, sync=True)  # [m, V]
+    cols = tokens.clamp(max=probs.shape[-1] - 1)  # the root is no node's child: any id, its column unread
+    table = torch.cat([probs.index_select(1, cols).double().flatten(), probs.sum(-1).double(),
+                       uniforms[:max_depth * m].double(), tokens.double(), parents.double()]).tolist()
+    at = m * m + m + max_depth * m
+    p_of, total, u = table[:m * m], table[m * m:m * m + m], table[m * m + m:at]  # p_of[i m + j]: p_i(x_j)
+    words, up = [int(w) for w in table[at:at + m]], [int(q) for q in table[at + m:]]
+    tiny = torch.finfo(torch.float64).tiny
+
+    def kids_and_accept(i: int) -> tuple[list[int], list[float]]:
+        kids, seen, pc = [j for j in range(1, m) if up[j] == i], set(), []
+        for j in kids:  # a repeated sibling: no mass left for it when it is tried (repeated_siblings)
+            pc.append(0.0 if words[j] in seen else p_of[i * m + j])
+            seen.add(words[j])
+        held, acc = [0.0] * len(kids), 0.0
+        for k in range(len(kids) - 1, -1, -1):  # the children's mass from k on, summed from the last one down
+            acc += pc[k]
+            held[k] = acc
+        first = held[0] if kids else 0.0
+        return kids, [x / max(total[i] - first + h, tiny) if x > 0 else 0.0 for x, h in zip(pc, held)]
+
     path = [0]
     for d in range(max_depth):
-        row, draws = accept[path[-1] * m:(path[-1] + 1) * m], u[d * m:(d + 1) * m]
-        hit = next((j for j in range(m) if draws[j] < row[j]), None)  # the first accepted child
+        kids, accept = kids_and_accept(path[-1])
+        hit = next((j for j, a in zip(kids, accept) if u[d * m + j] < a), None)  # the first accepted child
         if hit is None:
             break
         path.append(hit)
-    bonus = _bonus(tokens, probs, children, torch.tensor(path[-1], device=tokens.device), uniforms[-1])
-    return path, [int(words[j]) for j in path[1:]] + bonus.reshape(1).tolist()
+    last = [words[j] for j in kids_and_accept(path[-1])[0]]  # the tokens the bonus may not be
+    row = probs[path[-1]].index_fill(0, torch.tensor(last, dtype=torch.long, device=tokens.device), 0.0)
+    return path, [words[j] for j in path[1:]] + inverse_cdf(row, uniforms[-1]).reshape(1).tolist()
 
 
 def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
