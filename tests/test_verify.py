@@ -138,7 +138,8 @@ def test_inverse_cdf_boundaries():
     assert inverse_cdf(probs, 0.66) == 1
     assert inverse_cdf(probs, 2 / 3) == 3  # a boundary belongs to the next token with mass, not to id 2
     assert inverse_cdf(probs, 0.999) == 3
-    assert inverse_cdf(probs, 1.0) == 3  # rounded up to the total: the last token with mass, not id 4
+    assert inverse_cdf(probs, 1.0) == 3  # rounded up to the total: where the sum reaches it, a token with mass
+    assert inverse_cdf(torch.tensor([1.0, 0.0, 0.0]), 1.0) == 0  # not the zero-mass tokens after it
     with pytest.raises(ValueError, match="no positive probability"):
         sample(torch.zeros(4), None)
 

@@ -70,8 +70,9 @@ def uniform(generator: torch.Generator | None) -> float:
 def inverse_cdf(probs: torch.Tensor, u: float | torch.Tensor) -> torch.Tensor:
     """The token (0-dim, no host read) whose cumulative-probability interval holds ``u * total`` of ``probs`` [V]:
     zero-probability tokens own an empty interval, so they are never drawn; float64 sums keep 49k small terms exact
-    enough; ``u * total`` rounded up to the total gives the last token with any mass."""
+    enough; ``u * total`` rounded up to the total gives the token at which the sum reaches its total (one with mass:
+    the sum rises there), found by a second search rather than a pass over the vocabulary."""
     cdf = probs.double().cumsum(-1)
-    idx = torch.searchsorted(cdf, (cdf[-1] * u).reshape(1), right=True)[0]
-    last = torch.where(probs > 0, torch.arange(probs.shape[-1], device=probs.device), -1).max()
-    return torch.where(idx >= probs.shape[-1], last, idx)
+    total = cdf[-1:]  # [1]
+    idx = torch.searchsorted(cdf, total * u, right=True)[0]
+    return torch.minimum(idx, torch.searchsorted(cdf, total)[0])
