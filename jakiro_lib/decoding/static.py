@@ -23,7 +23,7 @@ from .drafting import PromptLookup
 from .runner import MAX_TREE_ROOM, TargetRunner
 from .verify import SamplingParams
 from .static_tree import (StaticEngineError, StaticTreeDrafter, graft_chain, graft_chain_eager, greedy_path,
-                          greedy_walk, root_step, sampling_path, sampling_walk)
+                          greedy_walk, root_step, sampling_path)
 
 
 CACHE_STEP = 128  # eager engines round their cache lengths up to this (no compiled step binds to a length)
@@ -76,9 +76,8 @@ class StaticEngine:
         self.m, self.max_depth = drafted_m + L, max(drafted_depth, L)  # the verified tree: drafted rows, then chain
         self.drafted_depth = drafted_depth
         self.caps = torch.arange(1, drafted_depth + 1, device=model.device)  # the depth caps of ranks read (ranked)
-        # eager on a CPU: the path walked on the host, greedy or sampled (a GPU would wait on the walk); else padded to
-        # the deepest
-        self.walked = not compile and model.device.type == "cpu"
+        # eager greedy on a CPU: the path walked on the host (a GPU would wait on the walk); else padded to the deepest
+        self.walked = not compile and params.greedy and model.device.type == "cpu"
         self.plain = draft is None and not L  # plain decoding: each cycle the last token alone
         if ranked and (draft is None or L):
             raise StaticEngineError("selection ranks are a drafted tree's: rank without a lookup chain")
@@ -115,8 +114,8 @@ class StaticEngine:
               chain: torch.Tensor | list[int] | None = None) -> torch.Tensor | list[int]:
         """The accepted count, the rows verified, with :attr:`ranked` the path's running maximum selection ranks per
         depth cap, then the accepted tokens and the bonus token: padded to the deepest path where the cycle is compiled
-        or runs on a GPU ([D + 3], [D(D + 1) + 3] ranked), eager on a CPU the accepted path alone, a host list (the
-        walk read the tree, greedy or sampled). ``uniforms``: this cycle's draws (sampling); ``chain``: the lookup chain (compiled, a fixed buffer:
+        or sampled ([D + 3], [D(D + 1) + 3] ranked), eager greedy the accepted path alone, a host list (the walk read
+        the tree). ``uniforms``: this cycle's draws (sampling); ``chain``: the lookup chain (compiled, a fixed buffer:
         :func:`~.static_tree.graft_chain`; eager, the host's list of its tokens)."""
         drafter, target, clock = self.drafter, self.target, self.clock
         if self.plain:
@@ -136,12 +135,10 @@ class StaticEngine:
                 tokens, parents, depths, anc, uniforms = graft_chain_eager(tokens, parents, depths, anc, chain, draws,
                                                                            self.max_depth, self.m)
         with step(clock, "verify"):
-            out, hidden = target.score(tokens, depths, anc, start,  # [m] argmaxes (walked greedy), or logits
-                                       greedy=self.walked and self.params.greedy)
+            out, hidden = target.score(tokens, depths, anc, start, greedy=self.walked)  # [m] argmaxes, or logits
         with step(clock, "evaluate"):
             if self.walked:
-                host_path, emitted = greedy_walk(tokens, parents, out) if self.params.greedy else sampling_walk(
-                    tokens, parents, out, self.params, uniforms, self.max_depth)
+                host_path, emitted = greedy_walk(tokens, parents, out)
                 path, accepted = torch.tensor(host_path, device=tokens.device), len(host_path) - 1
             elif self.params.greedy:
                 path, accepted, bonus = greedy_path(tokens, parents, depths, anc, out, self.max_depth, valid)
@@ -241,7 +238,7 @@ class StaticEngine:
             out = self._run_step(start, length) if whole else self._root_only(start if self.compile else length,
                                                                               self.uniforms)
         with step(self.clock, "read"):
-            # the one host read (eager on a CPU: the walk's, done): [accepted, rows, ranks (ranked), the tokens]
+            # the one host read (eager greedy: the walk's, done): [accepted, rows, ranks (ranked), the tokens]
             read = out if isinstance(out, list) else out.tolist()
         accepted = read[0]
         ranked = self.ranked and whole

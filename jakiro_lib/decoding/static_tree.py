@@ -75,11 +75,13 @@ def repeated_siblings(tokens: torch.Tensor, children: torch.Tensor) -> torch.Ten
     return (children.float() @ earlier_same.float().T) > 0
 
 
-def _acceptance(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, params: SamplingParams,
-                valid: torch.Tensor | None, sync: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sampling verification's tables: the target's probabilities [m, V], children [m, m] (j a child of i) and each
-    child's acceptance probability [m, m] float64, p_i(x_j) / R_j (0 where j is no child, or repeats an earlier
-    sibling's token)."""
+def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, params: SamplingParams,
+                  uniforms: torch.Tensor, max_depth: int, valid: torch.Tensor | None = None,
+                  sync: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sampling verification in tensors (docs/DESIGN.md sections 6 and 12): child j of a node accepted with
+    probability p(x_j) / R_j, R_j the node's mass left once the earlier children's tokens are zeroed; the bonus drawn
+    from what is left. Returns (path, accepted count, bonus) as :func:`greedy_path`. ``uniforms`` [max_depth * m + 1]
+    float64: one draw per (depth, node), one for the bonus; ``valid`` as in greedy_path, ``sync`` as in warp_probs."""
     m = tokens.shape[0]
     idx = torch.arange(m, device=tokens.device)
     children = (parents[None, :] == idx[:, None]) & (idx[None, :] > 0)  # [m, m]: j is a child of i
@@ -89,31 +91,9 @@ def _acceptance(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tenso
     probs = warp_probs(logits, params, sync=sync)  # [m, V]
     cand = torch.where(children, tokens[None, :], 0)  # [m, m]: children's tokens (0 elsewhere: the root may be any id)
     pc = probs.gather(1, cand).double() * (children & ~repeated)  # [m, m]: p_i(x_j) of i's children, each token once
-    # R_j: the node's mass without its children's tokens, plus what the children from j on hold (one read of [m, V]);
-    # the children's mass summed from the last one down, in order, as sampling_walk sums it on the host
-    held = pc.flip(1).cumsum(1).flip(1)  # [m, m]: the children's mass from j on
-    left = probs.sum(-1, keepdim=True).double() - held[:, :1] + held
+    # R_j: the node's mass without its children's tokens, plus what the children from j on hold (one read of [m, V])
+    left = probs.sum(-1, keepdim=True).double() - pc.sum(1, keepdim=True) + pc.flip(1).cumsum(1).flip(1)
     accept_p = torch.where(pc > 0, pc / left.clamp_min(torch.finfo(torch.float64).tiny), 0.0)  # [m, m]
-    return probs, children, accept_p
-
-
-def _bonus(tokens: torch.Tensor, probs: torch.Tensor, children: torch.Tensor, node: torch.Tensor,
-           u: torch.Tensor) -> torch.Tensor:
-    """The bonus token after ``node`` (0-dim): drawn by ``u`` from its row's mass without its children's tokens."""
-    row, kids = probs.index_select(0, node[None])[0], children.index_select(0, node[None])[0]  # [V], [m]
-    zeroed = torch.zeros_like(row).scatter_add_(0, torch.where(kids, tokens, 0), kids.to(row.dtype)) > 0  # [V]
-    return inverse_cdf(row.masked_fill(zeroed, 0.0), u)
-
-
-def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, params: SamplingParams,
-                  uniforms: torch.Tensor, max_depth: int, valid: torch.Tensor | None = None,
-                  sync: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sampling verification in tensors (docs/DESIGN.md sections 6 and 12): child j of a node accepted with
-    probability p(x_j) / R_j, R_j the node's mass left once the earlier children's tokens are zeroed; the bonus drawn
-    from what is left. Returns (path, accepted count, bonus) as :func:`greedy_path`. ``uniforms`` [max_depth * m + 1]
-    float64: one draw per (depth, node), one for the bonus; ``valid`` as in greedy_path, ``sync`` as in warp_probs."""
-    m = tokens.shape[0]
-    probs, children, accept_p = _acceptance(tokens, parents, logits, params, valid, sync)
     u = uniforms[:max_depth * m].view(max_depth, m)
     node = accepted = torch.zeros((), dtype=torch.long, device=tokens.device)
     live = torch.ones((), dtype=torch.bool, device=tokens.device)
@@ -124,48 +104,10 @@ def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Ten
         node = torch.where(live, hits.long().argmax(), node)  # the first accepted child, if any
         accepted = accepted + live
         path.append(torch.where(live, node, 0))
-    return torch.stack(path), accepted, _bonus(tokens, probs, children, node, uniforms[-1])
-
-
-def sampling_walk(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, params: SamplingParams,
-                  uniforms: torch.Tensor, max_depth: int) -> tuple[list[int], list[int]]:
-    """:func:`sampling_path`'s verification walked on the host, as :func:`greedy_walk` walks greedy decoding's: one read
-    of the tree, the draws, each row's mass and each row's probabilities of the tree's tokens (float64, exact), then each
-    node's acceptance probabilities by :func:`_acceptance`'s arithmetic in the same order (its few children's mass
-    summed from the last one down) and the same comparisons; the bonus drawn as :func:`_bonus` draws it, in a second
-    read. Host lists of the path's nodes (root first) and of the tokens it emits."""
-    m = tokens.shape[0]
-    probs = warp_probs(logits, params, sync=True)  # [m, V]
-    cols = tokens.clamp(max=probs.shape[-1] - 1)  # the root is no node's child: any id, its column unread
-    table = torch.cat([probs.index_select(1, cols).double().flatten(), probs.sum(-1).double(),
-                       uniforms[:max_depth * m].double(), tokens.double(), parents.double()]).tolist()
-    at = m * m + m + max_depth * m
-    p_of, total, u = table[:m * m], table[m * m:m * m + m], table[m * m + m:at]  # p_of[i m + j]: p_i(x_j)
-    words, up = [int(w) for w in table[at:at + m]], [int(q) for q in table[at + m:]]
-    tiny = torch.finfo(torch.float64).tiny
-
-    def kids_and_accept(i: int) -> tuple[list[int], list[float]]:
-        kids, seen, pc = [j for j in range(1, m) if up[j] == i], set(), []
-        for j in kids:  # a repeated sibling: no mass left for it when it is tried (repeated_siblings)
-            pc.append(0.0 if words[j] in seen else p_of[i * m + j])
-            seen.add(words[j])
-        held, acc = [0.0] * len(kids), 0.0
-        for k in range(len(kids) - 1, -1, -1):  # the children's mass from k on, summed from the last one down
-            acc += pc[k]
-            held[k] = acc
-        first = held[0] if kids else 0.0
-        return kids, [x / max(total[i] - first + h, tiny) if x > 0 else 0.0 for x, h in zip(pc, held)]
-
-    path = [0]
-    for d in range(max_depth):
-        kids, accept = kids_and_accept(path[-1])
-        hit = next((j for j, a in zip(kids, accept) if u[d * m + j] < a), None)  # the first accepted child
-        if hit is None:
-            break
-        path.append(hit)
-    last = [words[j] for j in kids_and_accept(path[-1])[0]]  # the tokens the bonus may not be
-    row = probs[path[-1]].index_fill(0, torch.tensor(last, dtype=torch.long, device=tokens.device), 0.0)
-    return path, [words[j] for j in path[1:]] + inverse_cdf(row, uniforms[-1]).reshape(1).tolist()
+    row, kids = probs.index_select(0, node[None])[0], children.index_select(0, node[None])[0]  # [V], [m]
+    zeroed = torch.zeros_like(row).scatter_add_(0, torch.where(kids, tokens, 0), kids.to(row.dtype)) > 0  # [V]
+    bonus = inverse_cdf(row.masked_fill(zeroed, 0.0), uniforms[-1])  # from the node's mass left
+    return torch.stack(path), accepted, bonus
 
 
 def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
