@@ -7,12 +7,14 @@ import json
 import math
 
 import pytest
+import torch
 
 from helpers import random_prompts, tiny_target, trained_draft
 from jakiro_lib.config import TargetConfig, TreeConfig
+from jakiro_lib.decoding import clock as engine_clock
 from jakiro_lib.measure.clock import StepClock
 from jakiro_lib.decoding.static import static_generate
-from jakiro_lib.measure import cycles
+from jakiro_lib.measure import costmodel, cycles
 from jakiro_lib.measure.cycles import COLUMNS, PARTS, cycle_table
 from jakiro_lib.decoding.methods import MethodSpec
 from jakiro_lib.models.target import Target, capture_of, set_capture, tiny_tokenizer
@@ -43,10 +45,6 @@ def test_the_clock_counts_each_step_of_each_cycle_and_not_the_prompt():
 def test_the_clock_opens_a_profiler_range_only_while_a_profiler_runs(monkeypatch):
     """A step is a profiler range while a profiler runs (the ranges profiles read) and costs no range otherwise (the
     clock runs inside the cycles it times); nested steps keep exclusive times either way."""
-    import torch
-
-    from jakiro_lib.measure import clock as clock_module
-
     clock = StepClock(torch.device("cpu"))
     with torch.profiler.profile() as prof:
         with clock.step("draft"):
@@ -59,7 +57,7 @@ def test_the_clock_opens_a_profiler_range_only_while_a_profiler_runs(monkeypatch
     def no_range(name):
         raise AssertionError(f"a profiler range {name} opened with no profiler running")
 
-    monkeypatch.setattr(clock_module, "record_function", no_range)
+    monkeypatch.setattr(engine_clock, "record_function", no_range)
     with clock.step("verify"), clock.step("evaluate"):
         pass
     assert clock.entries["verify"] == clock.entries["evaluate"] == 1 and clock.seconds["verify"] >= 0
@@ -128,7 +126,8 @@ def test_the_methods_are_timed_interleaved_prompt_by_prompt(tmp_path, monkeypatc
     def rounds(model, sizes, **kw):  # rounds k = 0, 1, ... of prompt i take n + 10 i + k ** 3 ms (skewed up)
         calls.append(("T(n)", tuple(sizes), kw["repeats"]))
         i = sum(c[0] == "T(n)" for c in calls) - 1
-        return {n: {"s": [1e-3 * (n + 10 * i + k ** 3) for k in range(kw["repeats"])]} for n in sizes}
+        return {n: {costmodel.AS_IS: [1e-3 * (n + 10 * i + k ** 3) for k in range(kw["repeats"])]}
+                for n in sizes}
 
     monkeypatch.setattr(cycles, "_generate", recording)
     monkeypatch.setattr(cycles, "target_cost_rounds", rounds)

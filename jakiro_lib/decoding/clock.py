@@ -19,11 +19,16 @@ class Clock(Protocol):
     def credit(self, name: str, seconds: float, entries: int) -> None: ...
 
 
+def profiler_range(name: str) -> record_function | None:
+    """Step ``name``'s profiler range while a profiler runs outside a compiled step, else None (a range costs two
+    operators even with no profiler)."""
+    if torch.compiler.is_compiling() or not torch._C._autograd._profiler_enabled():
+        return None
+    return record_function(STEP_RANGES[name])
+
+
 def step(clock: Clock | None, name: str) -> contextlib.AbstractContextManager:
-    """The context of step ``name``: the clock's where one listens, else the profiler's range while a profiler runs
-    (a no-op inside a compiled step), else nothing (a range costs two operators even with no profiler)."""
+    """The context of step ``name``: the clock's where one listens, else its :func:`profiler_range`, else nothing."""
     if clock is not None:
         return clock.step(name)
-    if torch.compiler.is_compiling() or not torch._C._autograd._profiler_enabled():
-        return contextlib.nullcontext()
-    return record_function(STEP_RANGES[name])
+    return profiler_range(name) or contextlib.nullcontext()

@@ -8,10 +8,9 @@ import time
 from collections import defaultdict
 
 import torch
-from torch.profiler import record_function
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..decoding.clock import STEP_RANGES
+from ..decoding.clock import profiler_range
 from ..machine import synchronize
 
 OPAQUE = ("prefill",)  # steps that keep what runs inside them (the prompt's draft forward is the prefill's)
@@ -84,8 +83,7 @@ class _Step:
     def __init__(self, clock: StepClock, name: str) -> None:
         self.clock, self.name = clock, name
         self.counted = not (clock._open and clock._open[-1][0] in OPAQUE)
-        profiled = self.counted and torch._C._autograd._profiler_enabled()
-        self.range = record_function(STEP_RANGES[name]) if profiled else None
+        self.range = profiler_range(name) if self.counted else None
 
     def __enter__(self) -> None:
         if self.counted:

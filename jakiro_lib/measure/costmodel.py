@@ -44,6 +44,8 @@ def median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device) ->
 # How repeated timings of one thing become one number: "median" for the report's tables, "min" for the
 # tree-budget tuner (load only adds time to a round: docs/DESIGN.md section 11).
 STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {"median": statistics.median, "min": min}
+# the variant name of the model as it is, where T(n) is timed without switching kernels
+AS_IS = "as_is"
 # Rounds of the tuner's measured check against the fixed tree (measure_budget_speeds): the first pays for new shapes
 CHECK_ROUNDS = 3
 # The shapes the tuner considers where a tree's depth or width is "auto": every depth up to TUNE_DEPTH (one ranked run
@@ -74,9 +76,9 @@ def measure_target_costs(model: torch.nn.Module, sizes: Sequence[int] = (1, 2, 4
     """Seconds for the target to score an n-token tree on top of a ``context``-token cache, as the engine scores it
     eagerly (``greedy``: each row's argmax, as an eager greedy cycle asks, not the logits); ``stat``: how the
     ``repeats`` rounds become one number (:data:`STATISTICS`)."""
-    table = measure_target_cost_variants(model, sizes, {"s": nullcontext}, context=context, repeats=repeats,
+    table = measure_target_cost_variants(model, sizes, {AS_IS: nullcontext}, context=context, repeats=repeats,
                                          stat=stat, greedy=greedy)
-    return {n: times["s"] for n, times in table.items()}
+    return {n: times[AS_IS] for n, times in table.items()}
 
 
 def measure_target_cost_variants(model: torch.nn.Module, sizes: Sequence[int],
@@ -97,15 +99,15 @@ def target_cost_rounds(model: torch.nn.Module, sizes: Sequence[int],
                        context: int = 256, repeats: int = 7, greedy: bool = False) -> dict[int, dict[str, list[float]]]:
     """``{n: {variant: [seconds of each round]}}``: T(n), an n-token tree scored on top of a ``context``-token
     cache as the engine scores it eagerly, under each variant (a context manager that switches kernels; None: the
-    model as it is, variant "s"); ``greedy``: the rows' argmaxes asked for, as an eager greedy cycle asks (a compiled
-    one reads the logits).
+    model as it is, variant :data:`AS_IS`); ``greedy``: the rows' argmaxes asked for, as an eager greedy cycle asks
+    (a compiled one reads the logits).
 
     One prefill serves every measurement. Each round times every size once, and within a size every variant
     back to back, so machine drift hits all sizes and variants alike. Each timed call follows an untimed one of the
     same size and variant, as a decoding step follows a step like it: where the target's weights stream past the
     caches, a call after a wider one (whose weights pass through the caches) finds the KV cache evicted and runs cold.
     """
-    variants = {"s": nullcontext} if variants is None else variants
+    variants = {AS_IS: nullcontext} if variants is None else variants
     runner = TargetRunner(model, engine_cache_len(context + max(sizes)))
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0)).to(runner.device)

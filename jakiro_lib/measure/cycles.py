@@ -22,7 +22,7 @@ from ..models.draft import DraftModel
 from ..models.target import Target, capture_of, set_capture
 from .budgets import resolve_tree_budgets
 from .clock import StepClock
-from .costmodel import shape_key, target_cost_rounds
+from .costmodel import AS_IS, shape_key, target_cost_rounds
 from .methods import profile_methods
 
 # the methods the table shows by default: plain decoding, EAGLE-2 and Jakiro at the fixed and tuned trees, CEPD, a chain
@@ -146,7 +146,7 @@ def cycle_table(target: Target, methods: dict[str, MethodSpec], prompts: Sequenc
         context = round(base.context / max(base.cycles, 1))
         for n, rounds in target_cost_rounds(target.model, list(tn_rounds), context=context, repeats=TN_REPEATS,
                                             greedy=True).items():
-            tn_rounds[n].extend(rounds["s"])
+            tn_rounds[n].extend(rounds[AS_IS])
     counted = {name: count_operators(target, drafts[name], spec, prompts[0], max_new_tokens=max_new_tokens)
                for name, spec in methods.items()}
     plain_s = base.wall / max(base.cycles, 1)
