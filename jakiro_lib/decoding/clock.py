@@ -22,13 +22,10 @@ class Clock(Protocol):
 def profiler_range(name: str) -> record_function | None:
     """Step ``name``'s profiler range while a profiler runs outside a compiled step, else None (a range costs two
     operators even with no profiler)."""
-    if torch.compiler.is_compiling() or not torch._C._autograd._profiler_enabled():
-        return None
-    return record_function(STEP_RANGES[name])
+    off = torch.compiler.is_compiling() or not torch._C._autograd._profiler_enabled()
+    return None if off else record_function(STEP_RANGES[name])
 
 
 def step(clock: Clock | None, name: str) -> contextlib.AbstractContextManager:
     """The context of step ``name``: the clock's where one listens, else its :func:`profiler_range`, else nothing."""
-    if clock is not None:
-        return clock.step(name)
-    return profiler_range(name) or contextlib.nullcontext()
+    return clock.step(name) if clock is not None else profiler_range(name) or contextlib.nullcontext()
