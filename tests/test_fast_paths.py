@@ -21,7 +21,7 @@ from jakiro_lib.models.target import load_target, plain_kernels
 from reference.loop import LoopRunner
 from reference.tree import Tree
 
-from helpers import DispatchedOps, tiny_target
+from helpers import DispatchedOps, tiny_target, two_stage_chi2
 
 
 def test_gqa_attention_matches_sdpa_with_tree_masks():
@@ -435,6 +435,7 @@ def _screened_head(weight: torch.Tensor, tiles: bool = True) -> nn.Module:
     if not tiles:
         screen = (torch.ops.jakiro_stream_gemm.pack_int8(weight, False)[0], *screen[1:])
     model.__dict__[fast_paths.SCREEN] = screen
+    model.__dict__[fast_paths.SCREENED] = model.lm_head.weight._version  # the screen stands for these weights
     return model
 
 
@@ -500,6 +501,69 @@ def test_greedy_head_gives_the_streaming_gemm_s_argmax():
         nan = torch.cat([x, x])
         nan[1, 5] = float("nan")  # a row that is not finite: every word exact, the first NaN as torch's argmax
         assert fast_paths.greedy_argmax(model, nan).tolist() == [9, 0]
+
+
+@pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
+def test_sampled_head_draws_the_argmax_of_the_logits_plus_their_noise():
+    """Sampling's screened draw is argmax_c (l_c + T g_c) over the streaming GEMM's fp32 logits and the row's noise
+    (gumbel_noise of its uniform): random heads, flat rows and peaked ones, three temperatures, one row and eight, the
+    integer screen and the fp32 one; a row that is not finite makes every word exact (the first NaN, as torch's
+    argmax). Seen failing with the candidates' cut taken without the noise."""
+    ops = torch.ops.jakiro_stream_gemm
+    g = torch.Generator().manual_seed(1)
+    for (words, width), tiles in itertools.product(((260, 64), (4099, 576)), _screens()):
+        weight = torch.randn(words, width, generator=g) * 0.1
+        model = _screened_head(weight, tiles)
+        for rows, scale, T in itertools.product((1, 8), (0.05, 1.0, 8.0), (0.3, 1.0, 2.0)):
+            x = torch.randn(rows, width, generator=g) * scale
+            draws = torch.rand(rows, generator=g, dtype=torch.float64)
+            want = (_stream_logits(x, weight).double() + ops.gumbel_noise(draws, words, T)).argmax(-1)
+            assert torch.equal(fast_paths.sampled_argmax(model, x, draws, T), want), (words, rows, scale, T)
+    nan = torch.randn(2, width, generator=g)
+    nan[1, 5] = float("nan")
+    assert fast_paths.sampled_argmax(model, nan, torch.rand(2, generator=g, dtype=torch.float64), 1.0)[1] == 0
+
+
+def _noise_draws(logits: torch.Tensor, T: float, n: int, seed: int, *, scale: float = 1.0) -> list[tuple]:
+    """``n`` draws argmax(l + scale T g) with gumbel_noise from ``n`` seeded uniforms (scale 1: sampled_head's)."""
+    draws = torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    noise = torch.ops.jakiro_stream_gemm.gumbel_noise(draws, logits.shape[0], T)
+    return [(int(c),) for c in (logits.double() + scale * noise).argmax(-1)]
+
+
+@pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
+@pytest.mark.parametrize("T", [0.5, 1.0, 2.0])
+def test_the_noise_draws_the_softmax_at_the_temperature(T):
+    """argmax_c (l_c + T g_c) with the kernel's noise follows softmax(l / T) (the Gumbel-max identity; what makes the
+    screened draw exact): chi-square over 24 words, the noise at the wrong scale (T applied twice, or not at all)
+    rejected by the same rule."""
+    logits = torch.randn(24, generator=torch.Generator().manual_seed(2)) * 1.5
+    probs = {(c,): float(p) for c, p in enumerate((logits.double() / T).softmax(0))}
+    assert two_stage_chi2(lambda n, seed: _noise_draws(logits, T, n, seed), probs, 4000, seed=1).passed
+    for wrong in (T, 1 / T) if T != 1.0 else (1.25,):
+        verdict = two_stage_chi2(lambda n, seed: _noise_draws(logits, T, n, seed, scale=wrong), probs, 4000, seed=1)
+        assert not verdict.passed, (T, wrong, verdict)
+
+
+@pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")
+def test_a_head_changed_in_place_is_screened_again():
+    """A head whose weights change in place after loading (a user sharpening it, as tests/helpers.peaked_target does)
+    is screened again before the next argmax or draw, which follow the new weights. Seen failing with the screen
+    kept: the old screen rules out the new argmax."""
+    model = copy.deepcopy(load_target(TargetConfig(model="tiny:llama")).model)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(8, model.config.hidden_size, generator=g)
+    before = fast_paths.greedy_argmax(model, x)
+    with torch.no_grad():
+        model.lm_head.weight.neg_()
+    logits = _stream_logits(x, model.lm_head.weight)
+    assert not torch.equal(before, logits.argmax(-1))
+    assert torch.equal(fast_paths.greedy_argmax(model, x), logits.argmax(-1))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-3.0)
+    logits, draws = _stream_logits(x, model.lm_head.weight), torch.rand(8, generator=g, dtype=torch.float64)
+    noise = torch.ops.jakiro_stream_gemm.gumbel_noise(draws, logits.shape[1], 1.0)
+    assert torch.equal(fast_paths.sampled_argmax(model, x, draws, 1.0), (logits.double() + noise).argmax(-1))
 
 
 @pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")

@@ -205,15 +205,36 @@ def test_the_compiled_draft_compiles_deep_trees(prompts, vanilla, shape):
     assert r.output_ids == vanilla[1] and max(r.accepted) > 1
 
 
-def test_sampled_plain_decoding_draws_as_the_reference_loop(prompts):
+def test_sampled_plain_decoding_draws_as_the_reference_loop(prompts, monkeypatch):
     """At T > 0 plain decoding on the engine (a one-node tree each cycle, its token drawn from the whole distribution
-    with one uniform) gives the reference loop's text for the same seed: the same law, the same draws."""
+    by inverse CDF of one uniform) gives the reference loop's text for the same seed: the same law, the same draws.
+    Where the head's screen draws instead (temperature alone, fast_paths.sampled_argmax: the same law by other draws,
+    tests/test_fast_paths.py), it is taken off for the first comparison; with it, each token is the screen's draw
+    from the row's uniform (the cycle's first), which the engine's text shows by equalling a run that draws each token
+    from the full logits plus the same noise."""
     model = tiny_target("llama")
+    ops = torch.ops.jakiro_stream_gemm if kernels.stream_gemm_available() else None
+    drawn = fast_paths.sampled_argmax
+    screened = []
+
+    def noisy_argmax(model_, hidden, draws, temperature):  # the screen's draw, by its definition (full logits + noise)
+        screened.append(drawn(model_, hidden, draws, temperature))
+        noise = ops.gumbel_noise(draws, model_.lm_head.weight.shape[0], temperature)
+        return (ops.linear(hidden, ops.pack(model_.lm_head.weight.detach(), False), noise.shape[1]) + noise).argmax(-1)
+
     for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)):
         for i, p in enumerate(prompts[:3]):
             kw = lambda: dict(max_new_tokens=MAX_NEW, params=params, generator=torch.Generator().manual_seed(i))  # noqa: E731
-            ours, loop = static_generate(model, None, None, p, **kw()), vanilla_generate(model, p, **kw())
-            assert ours.output_ids == loop.output_ids, (params, i)
+            with monkeypatch.context() as m:
+                m.setattr(fast_paths, "sampled_argmax", lambda *a: None)
+                ours = static_generate(model, None, None, p, **kw())
+            assert ours.output_ids == vanilla_generate(model, p, **kw()).output_ids, (params, i)
+            if ops is not None and params.top_p == 1.0:
+                screen = static_generate(model, None, None, p, **kw())
+                with monkeypatch.context() as m:
+                    m.setattr(fast_paths, "sampled_argmax", noisy_argmax)
+                    assert static_generate(model, None, None, p, **kw()).output_ids == screen.output_ids, i
+    assert ops is None or screened and all(s is not None for s in screened)  # the screen drew every token
 
 
 @pytest.mark.parametrize("case", ["cepd-lookup", "sampling", "decoder", "two-tokens"])
@@ -643,11 +664,11 @@ def test_every_layer_lives_in_one_buffer():
 @pytest.mark.parametrize("params,first,per_cycle", [(SamplingParams(), 1, 1), (SamplingParams(temperature=0.8), 3, 1)],
                          ids=["greedy", "sampling"])
 def test_host_reads_per_cycle(prompts, monkeypatch, params, first, per_cycle):
-    """Drafting and the cache updates never read a value on the host: per eager cycle the host reads once, at T=0 the
-    verified tree to walk its greedy path (greedy_walk, the loop engine's way, which gives the cycle's result, the
-    accepted tokens, on the host), sampled the cycle's result; plus the first token after the prefill (greedy: its
-    argmax; sampling: a uniform, the distribution's total and the token). A captured step reads nothing (the graph
-    stand-in fails on a read). The loop engine reads many times per cycle (which shows that the counter sees reads)."""
+    """Drafting and the cache updates never read a value on the host: per eager cycle the host reads once, the
+    verified tree and its rows' chosen tokens (argmaxes, or draws) to walk its path (greedy_walk, the loop engine's
+    way, which gives the cycle's result, the accepted tokens, on the host); plus the first token after the prefill
+    (greedy: its argmax; sampling: a uniform, the distribution's total and the token). A captured step reads nothing
+    (the graph stand-in fails on a read). The loop engine reads many times per cycle (which shows that the counter sees reads)."""
     model = tiny_target("llama")
     draft = trained_draft(model, "moe2")
     tree = TreeConfig(depth=4, top_k=3, total_tokens=12, decoupled=True)
@@ -671,12 +692,12 @@ def test_greedy_path_on_a_hand_built_tree():
     parents = torch.tensor([0, 0, 0, 1])
     anc = ancestor_mask(parents, 2)
     assert torch.equal(anc, tree.ancestor_mask())
-    path, n, bonus = greedy_path(tree.tokens, parents, tree.depths, anc, logits, 3)
+    path, n, bonus = greedy_path(tree.tokens, parents, tree.depths, anc, logits.argmax(-1), 3)
     assert path.tolist()[:3] == [0, 1, 3] and int(n) == 2 and int(bonus) == 8
     walked = greedy_walk(tree.tokens, parents, logits.argmax(-1))  # eager: the path alone, walked on the host
     assert walked == ([0, 1, 3], [5, 7, 8])  # the path's nodes; the accepted tokens, then the bonus
     logits[0, 5], logits[0, 6] = -1.0, 2.0  # now the root's argmax is 6: node 2, then node 2's argmax 1
-    path, n, bonus = greedy_path(tree.tokens, parents, tree.depths, anc, logits, 3)
+    path, n, bonus = greedy_path(tree.tokens, parents, tree.depths, anc, logits.argmax(-1), 3)
     assert path.tolist()[:2] == [0, 2] and int(n) == 1 and int(bonus) == 1
     walked = greedy_walk(tree.tokens, parents, logits.argmax(-1))
     assert walked == ([0, 2], [6, 1])
@@ -756,13 +777,12 @@ def test_graft_chain_equals_the_loop_graft():
         assert [index[int(got_parents[i])] for i in keep[1:]] == want.parents[1:]
         assert torch.equal(got_anc[keep][:, keep], want.ancestor_mask())
         # eager: the rows the chain needs alone, each keeping the draws it has in the whole fixed-shape tree
-        D, width = 6, len(tree) + L
-        draws = torch.rand(D * width + 1, generator=g, dtype=torch.float64)
+        draws = torch.rand(len(tree) + L, generator=g, dtype=torch.float64)  # a row's draw
         e_tokens, e_parents, e_depths, e_anc, e_draws = graft_chain_eager(tree.tokens, parents, tree.depths, anc,
-                                                                          chain, draws, D, width)
+                                                                          chain, draws)
         assert e_tokens.tolist() == want.tokens.tolist() and e_depths.tolist() == want.depths.tolist()
         assert e_parents[1:].tolist() == want.parents[1:] and torch.equal(e_anc, want.ancestor_mask())
-        assert torch.equal(e_draws, torch.cat([draws[:-1].view(D, width)[:, keep].flatten(), draws[-1:]]))
+        assert torch.equal(e_draws, draws[keep])
         grafted_somewhere += len(want) > len(tree)
         followed_somewhere += bool(chain) and len(want) - len(tree) < len(chain)
     assert grafted_somewhere > 50 and followed_somewhere > 50, (grafted_somewhere, followed_somewhere)

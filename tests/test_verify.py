@@ -25,11 +25,10 @@ from jakiro_lib.models import kernels
 from jakiro_lib.models.draft import DraftModel
 from reference.drafting import make_drafter
 from jakiro_lib.decoding.static import static_generate
-import jakiro_lib.decoding.static_tree as static_tree
-from jakiro_lib.decoding.static_tree import sampling_path
+from jakiro_lib.decoding.static_tree import ancestor_mask, first_siblings, greedy_path, greedy_walk
 from reference.tree import Tree
 from reference.verify import verify, verify_greedy, verify_sampling
-from jakiro_lib.decoding.verify import SamplingParams, inverse_cdf, sample, uniform, warp_probs
+from jakiro_lib.decoding.verify import SamplingParams, draw_rows, inverse_cdf, sample, uniform, warp_probs
 
 from helpers import (ALPHA_FIRST, TargetTopKDrafter, exact_prefix_distribution, full_logits, peaked_target,
                      random_prompts, reference_warp, single_thread, trained_draft, two_stage_chi2)
@@ -338,16 +337,29 @@ def _verify_no_renorm(tree, logits, params, generator):
 
 
 def _static_inputs(tree):
-    """A reference Tree as sampling_path takes it: its depth, its size and its parents (the root's 0)."""
+    """A reference Tree as the engine takes it: its depth, its size and its parents (the root's 0)."""
     return int(tree.depths.max()), len(tree), torch.tensor([max(p, 0) for p in tree.parents])
 
 
-def _static_verify(tree, logits, params, generator):
-    """The static engine's tensor verifier (jakiro_lib.decoding.static_tree.sampling_path) behind verify_sampling's signature."""
+def _static_verify(tree, logits, params, generator, *, valid=first_siblings, shared_draw=False):
+    """The engine's sampled verification behind verify_sampling's signature: each row's draw from its distribution
+    with its own uniform (draw_rows), those rows verified as greedy_path verifies argmaxes, a repeated sibling after
+    the first invalid (first_siblings). ``valid`` and ``shared_draw``: the broken variants' switches."""
     depth, m, parents = _static_inputs(tree)
-    u = torch.rand(depth * m + 1, generator=generator, dtype=torch.float64)
-    path, accepted, bonus = sampling_path(tree.tokens, parents, logits, params, u, depth)
+    u = torch.rand(m, generator=generator, dtype=torch.float64)
+    chosen = draw_rows(logits, params, u[:1].expand(m) if shared_draw else u)
+    ok = None if valid is None else valid(tree.tokens, parents)
+    path, accepted, bonus = greedy_path(tree.tokens, parents, tree.depths, ancestor_mask(parents, depth), chosen,
+                                        depth, ok)
     return path[:int(accepted) + 1].tolist(), int(bonus)
+
+
+def _walked_verify(tree, logits, params, generator):
+    """The eager engine's: the same draws, the path walked on the host (greedy_walk)."""
+    depth, m, parents = _static_inputs(tree)
+    u = torch.rand(m, generator=generator, dtype=torch.float64)
+    path, emitted = greedy_walk(tree.tokens, parents, draw_rows(logits, params, u))
+    return path, emitted[-1]
 
 
 VERIFY_PARAMS = [SamplingParams(1.0), SamplingParams(0.7, top_p=0.9), SamplingParams(1.3, top_k=4, top_p=0.95)]
@@ -359,11 +371,13 @@ def _verifier_samples(fn, params, n, seed, depth=3):
     return [_emitted(tree, *fn(tree, logits, params, g), depth) for _ in range(n)]
 
 
-@pytest.mark.parametrize("verifier", [verify_sampling, _static_verify], ids=["loop", "static"])
+@pytest.mark.parametrize("verifier", [verify_sampling, _static_verify, _walked_verify],
+                         ids=["loop", "static", "walked"])
 @pytest.mark.parametrize("params", VERIFY_PARAMS, ids=["T1", "T0.7-p0.9", "T1.3-k4-p0.95"])
 def test_verify_sampling_exact_distribution(params, verifier):
-    """Both engines' verifiers; the static one, broken by hand (no renormalisation after a rejection, or a
-    repeated sibling keeping its mass), failed here with p < 1e-100 (2026-11-25)."""
+    """The reference loop's verifier and the engine's (each row's draw verified as greedy verification verifies
+    argmaxes, in tensors and walked on the host); the engine's broken three ways fails the same rule
+    (test_static_verify_sampling_power)."""
     tree, logits = _hand_sampling_tree(), _hand_logits()
     exact = _exact_emitted(tree, logits, params, 3)
     assert abs(sum(exact.values()) - 1) < 1e-9
@@ -394,38 +408,23 @@ def test_verify_sampling_power(broken):
     assert not verdict.passed, (broken.__name__, verdict)
 
 
-def _static_bonus_from_target(tree, logits, params, generator):
-    """BROKEN on purpose: the static verifier's path, the bonus drawn from the node's whole distribution instead of
-    what its rejected children left."""
+def _static_bonus_redrawn(tree, logits, params, generator):
+    """BROKEN on purpose: the engine's path, the bonus drawn afresh from the node's whole distribution instead of the
+    node's own draw (which missed every child)."""
     depth, m, parents = _static_inputs(tree)
-    u = torch.rand(depth * m + 1, generator=generator, dtype=torch.float64)
-    path, accepted, _ = sampling_path(tree.tokens, parents, logits, params, u, depth)
-    node = int(path[int(accepted)])
-    return path[:int(accepted) + 1].tolist(), int(inverse_cdf(warp_probs(logits[node], params).double(), u[-1]))
+    path, _ = _static_verify(tree, logits, params, generator)
+    u = torch.rand((), generator=generator, dtype=torch.float64)
+    return path, int(inverse_cdf(warp_probs(logits[path[-1]], params), u))
 
 
-def _static_one_draw_a_depth(tree, logits, params, generator):
-    """BROKEN on purpose: the static verifier given one uniform per depth, reused by every child tried there."""
-    depth, m, parents = _static_inputs(tree)
-    u = torch.rand(depth + 1, generator=generator, dtype=torch.float64)
-    path, accepted, bonus = sampling_path(tree.tokens, parents, logits, params,
-                                          torch.cat([u[:depth].repeat_interleave(m), u[depth:]]), depth)
-    return path[:int(accepted) + 1].tolist(), int(bonus)
-
-
-def _static_repeat_keeps_mass(tree, logits, params, generator, monkeypatch):
-    """BROKEN on purpose: the static verifier with a repeated sibling tried as if its token still had mass."""
-    monkeypatch.setattr(static_tree, "repeated_siblings", lambda tokens, children: torch.zeros_like(children))
-    return _static_verify(tree, logits, params, generator)
-
-
-@pytest.mark.parametrize("broken", ["bonus_from_target", "one_draw_a_depth", "repeat_keeps_mass"])
-def test_static_verify_sampling_power(broken, monkeypatch):
-    """The static engine's sampling_path, broken three ways (the bonus drawn from the target's distribution rather
-    than the residual; one draw shared by the children of a depth; a repeated sibling keeping its token's mass),
-    is rejected by the rule that passes it whole (test_verify_sampling_exact_distribution)."""
-    verifier = {"bonus_from_target": _static_bonus_from_target, "one_draw_a_depth": _static_one_draw_a_depth,
-                "repeat_keeps_mass": partial(_static_repeat_keeps_mass, monkeypatch=monkeypatch)}[broken]
+@pytest.mark.parametrize("broken", ["bonus_redrawn", "one_draw_for_all_rows", "repeats_not_first"])
+def test_static_verify_sampling_power(broken):
+    """The engine's sampled verification, broken three ways (the bonus drawn again from the node's distribution; one
+    uniform shared by every row; a repeated sibling as valid as the first, so the path takes the one that accepts
+    more), is rejected by the rule that passes it whole (test_verify_sampling_exact_distribution)."""
+    verifier = {"bonus_redrawn": _static_bonus_redrawn,
+                "one_draw_for_all_rows": partial(_static_verify, shared_draw=True),
+                "repeats_not_first": partial(_static_verify, valid=None)}[broken]
     params = SamplingParams(1.0)
     exact = _exact_emitted(_hand_sampling_tree(), _hand_logits(), params, 3)
     verdict = two_stage_chi2(partial(_verifier_samples, verifier, params), exact, 8000, seed=11)
@@ -433,7 +432,8 @@ def test_static_verify_sampling_power(broken, monkeypatch):
     assert not verdict.passed, (broken, verdict)
 
 
-@pytest.mark.parametrize("verifier", [verify_sampling, _static_verify], ids=["loop", "static"])
+@pytest.mark.parametrize("verifier", [verify_sampling, _static_verify, _walked_verify],
+                         ids=["loop", "static", "walked"])
 def test_verify_sampling_deterministic_cases(verifier):
     tree = _hand_sampling_tree()
     logits = torch.full((len(tree), V_SMALL), -30.0)

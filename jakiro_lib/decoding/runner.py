@@ -11,7 +11,9 @@ from transformers.cache_utils import CacheLayerMixin
 from ..models import fast_paths
 from ..models.draft_blocks import fixed_address
 from ..models.target import additive_mask, cache_keyword, transformers_hidden
+from .verify import SamplingParams, draw_rows
 
+Draw = tuple[SamplingParams, torch.Tensor, bool]  # sampling's settings, each row's uniform [n], may the host be read
 MAX_TREE_ROOM = 128  # cache positions kept past the text for a tree forward (a larger tree is refused)
 
 
@@ -157,9 +159,11 @@ class TargetRunner:
         return self.where.window or self.capacity
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, start: int | torch.Tensor,
-                 greedy: bool = False, last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (``greedy``: each row's argmax, :func:`~jakiro_lib.models.fast_paths.greedy_argmax`; ``last``: the
-        last row's alone) and features [n] of ``ids`` [n] at positions ``pos`` [n], written from ``start``."""
+                 greedy: bool = False, last: bool = False,
+                 draw: Draw | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (``greedy``: each row's argmax, :func:`~jakiro_lib.models.fast_paths.greedy_argmax`; ``draw``: each
+        row's draw, :func:`_draw`; ``last``: the last row's alone) and features [n] of ``ids`` [n] at positions
+        ``pos`` [n], written from ``start``."""
         self.where.start = start
         host = not isinstance(start, torch.Tensor)
         self.where.cols = None if host else start + self.cols[:ids.shape[0]]
@@ -171,7 +175,18 @@ class TargetRunner:
         else:  # transformers' forward: a causal block after the text, or a model the lean forward does not fit
             hidden = transformers_hidden(self.model, ids, pos, mask, self.cache, self.cache_keyword)
         rows = hidden[-1:] if last else hidden
+        if draw is not None:
+            return self._draw(rows, *draw), hidden
         return fast_paths.greedy_argmax(self.model, rows) if greedy else self.model.lm_head(rows), hidden
+
+    def _draw(self, rows: torch.Tensor, params: SamplingParams, draws: torch.Tensor, sync: bool) -> torch.Tensor:
+        """Each row's token [n] drawn from its distribution with its own uniform of ``draws`` [n]: through the head's
+        screen where the kernel serves and only the temperature shapes the distribution
+        (:func:`~jakiro_lib.models.fast_paths.sampled_argmax`), else by inverse CDF of the full logits (``sync``:
+        the host may be read, :func:`~.verify.warp_probs`)."""
+        temperature_only = params.top_k == 0 and params.top_p == 1.0
+        chosen = fast_paths.sampled_argmax(self.model, rows, draws, params.temperature) if temperature_only else None
+        return chosen if chosen is not None else draw_rows(self.model.lm_head(rows), params, draws, sync=sync)
 
     def prefill(self, ids: torch.Tensor, *, last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits (``last``: the last position's alone, [1, V]: the head's cost for one row, not the prompt's) and
@@ -182,10 +197,12 @@ class TargetRunner:
         return out
 
     def score(self, tokens: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor | None,
-              start: int | torch.Tensor, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (``greedy``: each row's argmax) and features [m] of a tree (``anc`` [m, m]) whose root sits at
-        position ``start``: a 0-dim device tensor (attention over the first :attr:`window` positions), or a host int
-        (eager: over the text and the tree, written where the text ends). ``anc`` None: one row that sees them all."""
+              start: int | torch.Tensor, greedy: bool = False,
+              draw: Draw | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (``greedy``: each row's argmax; ``draw``: each row's draw) and features [m] of a tree (``anc`` [m, m])
+        whose root sits at position ``start``: a 0-dim device tensor (attention over the first :attr:`window`
+        positions), or a host int (eager: over the text and the tree, written where the text ends). ``anc`` None: one
+        row that sees them all."""
         host = not isinstance(start, torch.Tensor)
         if host:
             self.where.length = start
@@ -193,7 +210,7 @@ class TargetRunner:
         if anc is not None:
             cols = self.cols[:start + tokens.shape[0] if host else self.window]  # [W]
             mask = additive_mask(tree_rows(cols[None, :] < start, start, anc), self.dtype)[None, None]  # [1, 1, m, W]
-        return self._forward(tokens, start + depths, mask, start, greedy)
+        return self._forward(tokens, start + depths, mask, start, greedy, draw=draw)
 
     def move(self, start: torch.Tensor, path: torch.Tensor) -> None:
         """Entries ``start + path`` (tree rows, padded) moved to ``start..``."""

@@ -22,8 +22,8 @@ from .clock import Clock, step
 from .drafting import PromptLookup
 from .runner import MAX_TREE_ROOM, TargetRunner
 from .verify import SamplingParams
-from .static_tree import (StaticEngineError, StaticTreeDrafter, graft_chain, graft_chain_eager, greedy_path,
-                          greedy_walk, root_step, sampling_path)
+from .static_tree import (StaticEngineError, StaticTreeDrafter, first_siblings, graft_chain, graft_chain_eager,
+                          greedy_path, greedy_walk, root_step)
 
 
 CACHE_STEP = 128  # eager engines round their cache lengths up to this (no compiled step binds to a length)
@@ -76,8 +76,8 @@ class StaticEngine:
         self.m, self.max_depth = drafted_m + L, max(drafted_depth, L)  # the verified tree: drafted rows, then chain
         self.drafted_depth = drafted_depth
         self.caps = torch.arange(1, drafted_depth + 1, device=model.device)  # the depth caps of ranks read (ranked)
-        # eager greedy on a CPU: the path walked on the host (a GPU would wait on the walk); else padded to the deepest
-        self.walked = not compile and params.greedy and model.device.type == "cpu"
+        # eager on a CPU: the path walked on the host (a GPU would wait on the walk); else padded to the deepest
+        self.walked = not compile and model.device.type == "cpu"
         self.plain = draft is None and not L  # plain decoding: each cycle the last token alone
         if ranked and (draft is None or L):
             raise StaticEngineError("selection ranks are a drafted tree's: rank without a lookup chain")
@@ -89,7 +89,7 @@ class StaticEngine:
         self.one_row = fixed_address(torch.tensor([0, 1], device=model.device))  # a root-only read: 0 kept, 1 row
         self.chain = torch.zeros(L + 1, dtype=torch.long, device=model.device)
         self.target = _runner(model, cache_len, shared=compile)
-        self.uniforms = torch.zeros(self.max_depth * self.m + 1, dtype=torch.float64, device=model.device)
+        self.uniforms = torch.zeros(self.m, dtype=torch.float64, device=model.device)  # sampling: a draw a row
         self.inputs = (self.chain,) if L else ()  # the step's inputs after the uniforms, set by the host per cycle
         self.compiled_cycles = 0  # cycles run through the compiled step (tests check that it was used)
         # windows where a step costs nothing per window (eager, or recorded as CUDA graphs); inductor compiles one
@@ -114,9 +114,10 @@ class StaticEngine:
               chain: torch.Tensor | list[int] | None = None) -> torch.Tensor | list[int]:
         """The accepted count, the rows verified, with :attr:`ranked` the path's running maximum selection ranks per
         depth cap, then the accepted tokens and the bonus token: padded to the deepest path where the cycle is compiled
-        or sampled ([D + 3], [D(D + 1) + 3] ranked), eager greedy the accepted path alone, a host list (the walk read
-        the tree). ``uniforms``: this cycle's draws (sampling); ``chain``: the lookup chain (compiled, a fixed buffer:
-        :func:`~.static_tree.graft_chain`; eager, the host's list of its tokens)."""
+        or on a GPU ([D + 3], [D(D + 1) + 3] ranked), else the accepted path alone, a host list (the walk read the
+        tree). Each row's token is chosen, its argmax or (sampling) its draw with its own of ``uniforms``, and the
+        tree's path is verified against those (docs/DESIGN.md section 6); ``chain``: the lookup chain (compiled, a
+        fixed buffer: :func:`~.static_tree.graft_chain`; eager, the host's list of its tokens)."""
         drafter, target, clock = self.drafter, self.target, self.clock
         if self.plain:
             return self._root_only(start, uniforms)
@@ -132,19 +133,17 @@ class StaticEngine:
                 tokens, parents, depths, anc, valid = graft_chain(tokens, parents, depths, anc, chain)
             elif chain is not None:  # eager: only the rows the chain needs
                 draws = None if self.params.greedy else uniforms
-                tokens, parents, depths, anc, uniforms = graft_chain_eager(tokens, parents, depths, anc, chain, draws,
-                                                                           self.max_depth, self.m)
-        with step(clock, "verify"):
-            out, hidden = target.score(tokens, depths, anc, start, greedy=self.walked)  # [m] argmaxes, or logits
+                tokens, parents, depths, anc, uniforms = graft_chain_eager(tokens, parents, depths, anc, chain, draws)
+        with step(clock, "verify"):  # [m] each row's token: its argmax, or its draw
+            draw = None if self.params.greedy else (self.params, uniforms, not self.compile)
+            chosen, hidden = target.score(tokens, depths, anc, start, greedy=True, draw=draw)
         with step(clock, "evaluate"):
             if self.walked:
-                host_path, emitted = greedy_walk(tokens, parents, out)
+                host_path, emitted = greedy_walk(tokens, parents, chosen)
                 path, accepted = torch.tensor(host_path, device=tokens.device), len(host_path) - 1
-            elif self.params.greedy:
-                path, accepted, bonus = greedy_path(tokens, parents, depths, anc, out, self.max_depth, valid)
             else:
-                path, accepted, bonus = sampling_path(tokens, parents, out, self.params, uniforms, self.max_depth,
-                                                      valid, sync=not self.compile)
+                valid = valid if self.params.greedy else first_siblings(tokens, parents, valid)
+                path, accepted, bonus = greedy_path(tokens, parents, depths, anc, chosen, self.max_depth, valid)
         with step(clock, "update"):  # the path's entries to start..; the next cycle writes after the accepted ones
             target.move_path(start, host_path) if self.walked else target.move(start, path)
             new = torch.tensor(emitted, device=tokens.device) if self.walked else torch.cat(  # [accepted + 1] or

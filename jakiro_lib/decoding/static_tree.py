@@ -16,7 +16,7 @@ from ..models.fast_paths import ATTEND_HEAD_SIZES, ATTEND_ROWS
 from .clock import Clock, step
 from .drafting import candidate_tensors, draft_schedule
 from .runner import MAX_TREE_ROOM, TargetRunner, tree_rows
-from .verify import SamplingParams, inverse_cdf, warp_probs
+from .verify import SamplingParams
 
 
 class StaticEngineError(ValueError):
@@ -34,13 +34,13 @@ def ancestor_mask(parents: torch.Tensor, depth: int) -> torch.Tensor:
 
 
 def greedy_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
-                logits: torch.Tensor, max_depth: int,
+                chosen: torch.Tensor, max_depth: int,
                 valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Greedy verification in tensors (docs/DESIGN.md section 12, evaluate): the path [max_depth + 1] of node indices by
-    depth (the root past the accepted count), the accepted count and the bonus token. ``valid`` [m] bool: nodes that may
-    be accepted (None: all; :func:`graft_chain`'s unused rows may not)."""
-    pred = logits.argmax(-1)  # [m]
-    match = (tokens == pred[parents]) | (depths == 0)  # [m]; the root (depth 0) always matches
+    """Verification in tensors (docs/DESIGN.md sections 6 and 12, evaluate) of each row's chosen token ``chosen`` [m]
+    (its argmax, or its draw): the path [max_depth + 1] of node indices by depth (the root past the accepted count),
+    the accepted count and the bonus token. ``valid`` [m] bool: nodes that may be accepted (None: all;
+    :func:`graft_chain`'s unused rows may not; sampling, :func:`first_siblings`)."""
+    match = (tokens == chosen[parents]) | (depths == 0)  # [m]; the root (depth 0) always matches
     if valid is not None:
         match = match & valid
     accepted = (anc <= match[None, :]).all(-1)  # [m]: the node and every ancestor match
@@ -49,7 +49,18 @@ def greedy_path(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     levels = torch.arange(max_depth + 1, device=tokens.device)
     hit = on_path[None, :] & (depths[None, :] == levels[:, None])  # [D + 1, m]
     path = hit.long().argmax(-1)  # [D + 1]; rows past the path find nothing: index 0
-    return path, depths.index_select(0, best)[0], pred.index_select(0, best)[0]
+    return path, depths.index_select(0, best)[0], chosen.index_select(0, best)[0]
+
+
+def first_siblings(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """[m] bool: the nodes of ``valid`` (None: all) that no earlier sibling's token repeats. A row's draw that a node's
+    children hold twice goes to the first of them, as :func:`greedy_walk` goes: choosing the one whose subtree accepts
+    more would pick among independent draws by their outcome (sampled verification is exact only without that)."""
+    idx = torch.arange(tokens.shape[0], device=tokens.device)
+    same = (parents[:, None] == parents[None, :]) & (tokens[:, None] == tokens[None, :])  # [m, m]
+    earlier = same & (idx[None, :] < idx[:, None])
+    first = ~(earlier & (idx[None, :] > 0)).any(1)  # [m]; the root's row is nobody's sibling
+    return first if valid is None else first & valid
 
 
 def _child(words: list[int], up: list[int], node: int, token: int) -> int | None:
@@ -65,49 +76,6 @@ def greedy_walk(tokens: torch.Tensor, parents: torch.Tensor, best: torch.Tensor)
     while (child := _child(words, up, path[-1], best[path[-1]])) is not None:
         path.append(child)
     return path, [words[j] for j in path[1:]] + [best[path[-1]]]
-
-
-def repeated_siblings(tokens: torch.Tensor, children: torch.Tensor) -> torch.Tensor:
-    """[m, m] bool: node i has a child before j holding j's token (``children`` [m, m]: j a child of i). For j a
-    child of i, a repeated sibling: no mass is left for it when it is tried, the earlier one took its token's."""
-    idx = torch.arange(tokens.shape[0], device=tokens.device)
-    earlier_same = (tokens[:, None] == tokens[None, :]) & (idx[None, :] < idx[:, None])  # [m, m]: k < j, same token
-    return (children.float() @ earlier_same.float().T) > 0
-
-
-def sampling_path(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, params: SamplingParams,
-                  uniforms: torch.Tensor, max_depth: int, valid: torch.Tensor | None = None,
-                  sync: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sampling verification in tensors (docs/DESIGN.md sections 6 and 12): child j of a node accepted with
-    probability p(x_j) / R_j, R_j the node's mass left once the earlier children's tokens are zeroed; the bonus drawn
-    from what is left. Returns (path, accepted count, bonus) as :func:`greedy_path`. ``uniforms`` [max_depth * m + 1]
-    float64: one draw per (depth, node), one for the bonus; ``valid`` as in greedy_path, ``sync`` as in warp_probs."""
-    m = tokens.shape[0]
-    idx = torch.arange(m, device=tokens.device)
-    children = (parents[None, :] == idx[:, None]) & (idx[None, :] > 0)  # [m, m]: j is a child of i
-    if valid is not None:
-        children = children & valid[None, :]
-    repeated = repeated_siblings(tokens, children)  # [m, m]
-    probs = warp_probs(logits, params, sync=sync)  # [m, V]
-    cand = torch.where(children, tokens[None, :], 0)  # [m, m]: children's tokens (0 elsewhere: the root may be any id)
-    pc = probs.gather(1, cand).double() * (children & ~repeated)  # [m, m]: p_i(x_j) of i's children, each token once
-    # R_j: the node's mass without its children's tokens, plus what the children from j on hold (one read of [m, V])
-    left = probs.sum(-1, keepdim=True).double() - pc.sum(1, keepdim=True) + pc.flip(1).cumsum(1).flip(1)
-    accept_p = torch.where(pc > 0, pc / left.clamp_min(torch.finfo(torch.float64).tiny), 0.0)  # [m, m]
-    u = uniforms[:max_depth * m].view(max_depth, m)
-    node = accepted = torch.zeros((), dtype=torch.long, device=tokens.device)
-    live = torch.ones((), dtype=torch.bool, device=tokens.device)
-    path = [node]
-    for d in range(max_depth):
-        hits = u[d] < accept_p.index_select(0, node[None])[0]  # [m]
-        live = live & hits.any()
-        node = torch.where(live, hits.long().argmax(), node)  # the first accepted child, if any
-        accepted = accepted + live
-        path.append(torch.where(live, node, 0))
-    row, kids = probs.index_select(0, node[None])[0], children.index_select(0, node[None])[0]  # [V], [m]
-    zeroed = torch.zeros_like(row).scatter_add_(0, torch.where(kids, tokens, 0), kids.to(row.dtype)) > 0  # [V]
-    bonus = inverse_cdf(row.masked_fill(zeroed, 0.0), uniforms[-1])  # from the node's mass left
-    return torch.stack(path), accepted, bonus
 
 
 def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
@@ -137,11 +105,11 @@ def graft_chain(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
 
 
 def graft_chain_eager(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor,
-                      chain: list[int], uniforms: torch.Tensor | None, max_depth: int,
-                      width: int) -> tuple[torch.Tensor, ...]:
+                      chain: list[int], uniforms: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
     """Eager: :func:`graft_chain` with the chain on the host and only the rows it needs, the nodes it follows found
     from one read of the tree's tokens and parents. Returns tokens, parents, depths, the ancestor mask and ``uniforms``
-    (None at T=0) with each row's draws in a tree of ``width`` rows, so a sampled cycle decides as a compiled one."""
+    (None at T=0) with each kept row's draw as :func:`graft_chain`'s layout gives it (the drafted rows, then chain
+    step i at row m + i), so a sampled cycle decides as a compiled one."""
     m, dev = tokens.shape[0], tokens.device
     node = followed = 0
     if m > 1:
@@ -159,21 +127,19 @@ def graft_chain_eager(tokens: torch.Tensor, parents: torch.Tensor, depths: torch
         full[m:, :m] = anc[node]  # the followed node's path
         full[m:, m:] = torch.ones(k, k, dtype=torch.bool, device=dev).tril_()
     if uniforms is not None:
-        draws = uniforms[:max_depth * width].view(max_depth, width)
-        kept = torch.cat([draws[:, :m], draws[:, m + followed:m + followed + k]], 1)  # [D, m + k]
-        uniforms = torch.cat([kept.flatten(), uniforms[-1:]])
+        uniforms = torch.cat([uniforms[:m], uniforms[m + followed:m + followed + k]])
     return (torch.cat([tokens, new[0]]), torch.cat([parents, new[1]]), torch.cat([depths, new[2]]), full, uniforms)
 
 
 def root_step(target: TargetRunner, token: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor,
               start: int | torch.Tensor, *, masked: bool = True, sync: bool = False) -> torch.Tensor:
-    """The last token (``token``, 0-dim, at ``start``) verified as a one-node tree: the next token (sampled, the bonus
-    :func:`sampling_path` draws for a node without children), written into ``token``. ``masked`` False: the window is
-    the text and this token, attended whole (no mask to build)."""
+    """The last token (``token``, 0-dim, at ``start``) verified as a one-node tree: the next token (its argmax, or its
+    draw with the first of ``uniforms``), written into ``token``. ``masked`` False: the window is the text and this
+    token, attended whole (no mask to build)."""
     zero = torch.zeros(1, dtype=torch.long, device=token.device)  # the node's depth
     anc = torch.ones(1, 1, dtype=torch.bool, device=token.device) if masked else None
-    out, _ = target.score(token.reshape(1), zero, anc, start, params.greedy)  # [1] argmax, or [1, V] logits
-    bonus = out[0] if params.greedy else inverse_cdf(warp_probs(out, params, sync=sync)[0], uniforms[-1])
+    draw = None if params.greedy else (params, uniforms[:1], sync)
+    bonus = target.score(token.reshape(1), zero, anc, start, greedy=True, draw=draw)[0][0]
     token.copy_(bonus)
     return bonus
 

@@ -1,6 +1,7 @@
 """Sampling settings and what sampling draws with: the target's distribution after temperature, top-k and top-p
-(:func:`warp_probs`), and one token by inverse CDF from one uniform draw (:func:`sample`). Verification itself, in
-tensors: :func:`~jakiro_lib.decoding.static_tree.greedy_path` and :func:`~jakiro_lib.decoding.static_tree.sampling_path`
+(:func:`warp_probs`), and one token by inverse CDF from one uniform draw (:func:`sample`, :func:`draw_rows`).
+Verification itself, in tensors or walked on the host, is greedy verification of each row's chosen token, its argmax
+or its draw: :func:`~jakiro_lib.decoding.static_tree.greedy_path`, :func:`~jakiro_lib.decoding.static_tree.greedy_walk`
 (docs/DESIGN.md section 6)."""
 from __future__ import annotations
 
@@ -67,12 +68,20 @@ def uniform(generator: torch.Generator | None) -> float:
     return float(torch.rand((), generator=generator, dtype=torch.float64, device=device))
 
 
+def draw_rows(logits: torch.Tensor, params: SamplingParams, draws: torch.Tensor, *,
+              sync: bool = False) -> torch.Tensor:
+    """Each row's token [m] drawn from its target distribution (:func:`warp_probs` of ``logits`` [m, V]) by
+    :func:`inverse_cdf` of its own uniform in ``draws`` [m]."""
+    return inverse_cdf(warp_probs(logits, params, sync=sync), draws)
+
+
 def inverse_cdf(probs: torch.Tensor, u: float | torch.Tensor) -> torch.Tensor:
-    """The token (0-dim, no host read) whose cumulative-probability interval holds ``u * total`` of ``probs`` [V]:
-    zero-probability tokens own an empty interval, so they are never drawn; float64 sums keep 49k small terms exact
-    enough; ``u * total`` rounded up to the total gives the token at which the sum reaches its total (one with mass:
-    the sum rises there), found by a second search rather than a pass over the vocabulary."""
+    """The token (no host read) whose cumulative-probability interval holds ``u * total`` of ``probs`` [..., V], one
+    per row (``u`` a float or [...]): zero-probability tokens own an empty interval, so they are never drawn; float64
+    sums keep 49k small terms exact enough; ``u * total`` rounded up to the total gives the token at which the sum
+    reaches its total (one with mass: the sum rises there), found by a second search rather than a pass over the
+    vocabulary."""
     cdf = probs.double().cumsum(-1)
-    total = cdf[-1:]  # [1]
-    idx = torch.searchsorted(cdf, total * u, right=True)[0]
-    return torch.minimum(idx, torch.searchsorted(cdf, total)[0])
+    total = cdf[..., -1:].contiguous()  # [..., 1]
+    idx = torch.searchsorted(cdf, total * (u[..., None] if isinstance(u, torch.Tensor) else u), right=True)[..., 0]
+    return torch.minimum(idx, torch.searchsorted(cdf, total)[..., 0])

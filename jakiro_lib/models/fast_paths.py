@@ -20,6 +20,7 @@ LEAN_FAMILIES = ("llama", "mistral", "qwen2")
 LEAN = "_jakiro_lean"  # the model attribute that says decoding forwards run lean_forward (checked at load)
 PANELS = "_jakiro_layer_panels"  # the model attribute caching what decoder_layers runs the layers with (_layer_panels)
 SCREEN = "_jakiro_head_screen"  # the model attribute holding greedy_argmax's screen (head_screen), None for none
+SCREENED = "_jakiro_head_screened"  # the head weight's version counter when its screen was made (set_head_screen)
 # the most query rows attend_rows serves (a tree's): the packed GEMM's most, so that every tree it serves scores
 # each row as a plain step would; SDPA beyond, and for prefills
 ATTEND_ROWS = 64
@@ -199,17 +200,53 @@ def head_screen(model: nn.Module) -> tuple[torch.Tensor, ...] | None:
     return screen, scales, bound.float(), (l1 * (1 + 2.0 ** -20)).float()
 
 
+def _version(weight: torch.Tensor) -> int | None:
+    """The tensor's version counter (in-place changes move it); None for an inference tensor, which keeps none."""
+    try:
+        return weight._version
+    except RuntimeError:
+        return None
+
+
+def set_head_screen(model: nn.Module, on: bool = True) -> None:
+    """``model``'s head screen (:func:`head_screen`; ``on`` False: none), with the version of the weights it stands
+    for."""
+    model.__dict__[SCREEN] = head_screen(model) if on else None
+    model.__dict__[SCREENED] = _version(model.lm_head.weight) if on else None
+
+
+def current_screen(model: nn.Module) -> tuple[torch.Tensor, ...] | None:
+    """``model``'s head screen, made again where the head's weight has changed in place since (its version counter
+    moved): a screen of other weights would rule out the true argmax."""
+    screen = model.__dict__.get(SCREEN)
+    if screen is not None and model.__dict__.get(SCREENED) != _version(model.lm_head.weight):
+        set_head_screen(model)
+        screen = model.__dict__[SCREEN]
+    return screen
+
+
 def greedy_argmax(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """Each row's argmax [n] of ``model``'s logits for its last hidden states ``hidden`` [n, K]: where the model
     holds a :func:`head_screen` and :func:`_kernel` serves, the package's kernel, which reads the head's int8 copy and
     then only the few words the screen cannot rule out (each logit in fp32, one FMA per k in k's order, the first of
     equal maxima: the argmax of the logits as the streaming GEMM computes them); else :func:`argmax_rows` of the
     head's logits."""
-    screen = model.__dict__.get(SCREEN)
-    kernel = None if screen is None else _kernel("greedy_head", hidden)
-    if kernel is None:
+    kernel = _kernel("greedy_head", hidden)  # None inside a compiled graph: the screen is not looked at there
+    screen = None if kernel is None else current_screen(model)
+    if screen is None:
         return argmax_rows(model.lm_head(hidden))
     return kernel(hidden, *screen, model.lm_head.weight)  # screen: the int8 panels, their scales, bounds, l1
+
+
+def sampled_argmax(model: nn.Module, hidden: torch.Tensor, draws: torch.Tensor,
+                   temperature: float) -> torch.Tensor | None:
+    """Each row's draw [n] from softmax(logits / ``temperature``) of ``model``'s logits for ``hidden`` [n, K], one
+    row's from its ``draws`` [n] (float64 uniforms) alone: the package's kernel, argmax_c (l_c + T g_c) with g_c Gumbel
+    noise of the row's draw (the Gumbel-max identity) and l_c the logits as :func:`greedy_argmax` computes them,
+    found through the same screen (DESIGN section 9); None where the kernel or the screen does not serve."""
+    kernel = _kernel("sampled_head", hidden) if temperature > 0 else None
+    screen = None if kernel is None else current_screen(model)
+    return None if screen is None else kernel(hidden, *screen, model.lm_head.weight, draws, temperature)
 
 
 _kernels: dict[str, tuple[int, Any]] = {}  # op name -> (libraries loaded when last looked up, the op or None)

@@ -1252,6 +1252,162 @@ at::Tensor greedy_head(const at::Tensor& input, const at::Tensor& screen, const 
   return out;
 }
 
+// Sampling's draw of each row's next token through the same screen (DESIGN section 9): the word argmax_c (l_c + T g_c),
+// l_c the exact logit as screened_argmax computes it, T the temperature and g_c Gumbel noise, is a draw from
+// softmax(l / T) (the Gumbel-max identity). g_c = -log(-log u_c), u_c of 53 bits (never 0 or 1) from SplitMix64 of the
+// row's key and the word's index, in double precision; the noise of every word is computed, but only the words whose
+// screened bound l_c <= s_c + B_c, plus T g_c, reaches the largest s_j - B_j + T g_j read their fp32 weights.
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+constexpr int DL = L / 2;  // doubles a vector register
+typedef double dvec __attribute__((vector_size(DL * sizeof(double))));
+typedef uint64_t uvec __attribute__((vector_size(DL * sizeof(uint64_t))));
+typedef int64_t ivec __attribute__((vector_size(DL * sizeof(int64_t))));
+#if defined(__AVX512F__)
+extern "C" __m512d Sleef_logd8_u10(__m512d);
+inline dvec vlog(dvec x) { return Sleef_logd8_u10(x); }
+#elif defined(__AVX2__)
+extern "C" __m256d Sleef_logd4_u10(__m256d);
+inline dvec vlog(dvec x) { return Sleef_logd4_u10(x); }
+#else
+inline dvec vlog(dvec x) {
+  for (int i = 0; i < DL; ++i) x[i] = std::log(x[i]);
+  return x;
+}
+#endif
+template <typename U>
+inline U splitmix(U z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// The 53 bits of words w .. w + DL - 1 of a row whose stream is ``base`` (splitmix of its key), and their noise T g_c.
+inline uvec bits_at(uint64_t base, int64_t w) {
+  uvec c;
+  for (int i = 0; i < DL; ++i) c[i] = uint64_t(w + i + 1);
+  return splitmix(base + c * kGolden) >> 11;
+}
+inline dvec noise_at(uint64_t base, int64_t w, double T) {
+  const dvec u = (__builtin_convertvector(__builtin_convertvector(bits_at(base, w), ivec), dvec) + 0.5) * 0x1p-53;
+  return -vlog(-vlog(u)) * T;
+}
+
+// The row's noise for words 0 <= c < V (padded to whole vectors; g: room for them) from its key.
+void gumbel_row(uint64_t key, double T, int64_t V, double* g) {
+  const uint64_t base = splitmix(key);
+  for (int64_t w = 0; w < V; w += DL) {
+    const dvec noise = noise_at(base, w, T);
+    __builtin_memcpy(g + w, &noise, sizeof(dvec));
+  }
+}
+
+// The row's key from its draw (a uniform of [0, 1) in float64: its 53 bits).
+inline uint64_t draw_key(double u) { return uint64_t(u * 0x1p53); }
+
+// argmax_c (l_c + T g_c) for a row x [K] with its screened logits s and the screen's bounds (as screened_argmax), the
+// noise of the row's ``key``: l_c lies within s_c -+ r_c, so a word is a candidate only where s_c + r_c + T g_c (with a
+// relative slack far above the double roundings) reaches the largest s_j - r_j + T g_j; then each candidate's exact
+// logit plus its noise decides, the first of equal maxima (a NaN logit returned as torch's argmax would; every word a
+// candidate where the screen is not finite). The noise is computed only where it could matter: a word's noise stays
+// under kTheta unless its 53 bits reach ``rare`` (about 3 words in 10,000), so a vector of words none of which is
+// rare and none within T kTheta of the first lower bound of the cut needs none.
+int64_t screened_draw(const float* x, const float* s, const float* bound, const float* l1, float t,
+                      const float* weight, uint64_t key, double T, int64_t V, int64_t K, double* noise,
+                      std::vector<int64_t>& near) {
+  constexpr double kTheta = 8.0, kLeast = -3.7;  // kLeast: below the least noise, -log(-log(2^-54)) = -3.62
+  static const uint64_t rare = uint64_t(std::exp(-std::exp(-(kTheta - 0.01))) * 0x1p53);
+  float norm = 0.0f;
+  for (int64_t k = 0; k < K; ++k) norm += std::fabs(x[k]);
+  auto reach = [&](int64_t c) { return double(std::fma(bound[c], norm, l1[c] * t)) + 1e-30; };
+  const float screened = std::isfinite(norm) ? screen_cut(s, bound, l1, norm, t, V) : NAN;
+  const bool finite = screened == screened;
+  const uint64_t base = splitmix(key);
+  near.clear();
+  double cut = -INFINITY;
+  const double cut0 = double(screened) + T * kLeast;  // the cut's first lower bound: max_c (s_c - r_c) + T kLeast
+  const double slack0 = 1e-12 * (1.0 + std::fabs(cut0));
+  const vec edge = vec{} + float(cut0 - T * kTheta - 1e-3 * (1.0 + std::fabs(cut0)));  // the float test's margin
+  const vec n = vec{} + norm, tt = vec{} + t;
+  for (int64_t w = 0; w < V; w += L) {
+    const int64_t end = std::min(V, w + L);
+    bool needed = !finite || end - w < L;
+    if (!needed) {  // none within reach of the cut unless its noise passes kTheta: rare bits say where one may
+      const int_vec hits = load(s + w) + load(bound + w) * n + load(l1 + w) * tt >= edge;
+      for (int i = 0; i < L && !needed; ++i) needed = hits[i] != 0;
+      for (int64_t v = w; v < end && !needed; v += DL) {
+        const uvec bits = bits_at(base, v);
+        for (int i = 0; i < DL && !needed; ++i) needed = bits[i] >= rare;
+      }
+      if (!needed) continue;
+    }
+    for (int64_t v = w; v < end; v += DL) {
+      const dvec noise_v = noise_at(base, v, T);
+      __builtin_memcpy(noise + v, &noise_v, sizeof(dvec));
+    }
+    for (int64_t c = w; c < end; ++c) {
+      cut = std::max(cut, double(s[c]) - reach(c) + noise[c]);
+      if (!finite || double(s[c]) + reach(c) + noise[c] + slack0 >= cut0) near.push_back(c);
+    }
+  }
+  const double slack = 1e-12 * (1.0 + std::fabs(cut));
+  int64_t best = -1;
+  double top = 0.0;
+  for (const int64_t c : near) {
+    if (finite && double(s[c]) + reach(c) + noise[c] + slack < cut) continue;
+    const float v = exact(x, weight + c * K, K);
+    if (v != v) return c;
+    const double z = double(v) + noise[c];
+    if (best < 0 || z > top) {
+      best = c;
+      top = z;
+    }
+  }
+  return best;
+}
+
+// x [..., K] fp32, the head's screen (greedy_head), draws [...] float64 in [0, 1), the temperature T > 0 -> each
+// row's draw from softmax(W x / T) [...] (screened_draw).
+at::Tensor sampled_head(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& scales,
+                        const at::Tensor& bound, const at::Tensor& l1, const at::Tensor& weight,
+                        const at::Tensor& draws, double temperature) {
+  const int64_t K = input.dim() >= 1 ? input.size(-1) : 0;
+  TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && screen.dim() >= 3 && weight.dim() == 2 &&
+              weight.scalar_type() == at::kFloat && weight.size(1) == K && bound.dim() == 1 &&
+              bound.scalar_type() == at::kFloat && bound.size(0) == weight.size(0) && l1.sizes() == bound.sizes() &&
+              l1.scalar_type() == at::kFloat && weight.size(0) <= screen.size(0) * L &&
+              draws.scalar_type() == at::kDouble && draws.numel() * K == input.numel() && temperature > 0,
+              "stream_gemm.sampled_head: shapes do not match");
+  const at::Tensor x = input.reshape({-1, K}).contiguous(), w = weight.contiguous(), u = draws.contiguous();
+  const at::Tensor b = bound.contiguous(), l = l1.contiguous();
+  const int64_t M = x.size(0), P = screen.size(0), V = w.size(0), Vp = (V + DL - 1) / DL * DL;
+  std::vector<float> t;
+  const at::Tensor s = screened_logits(x, screen, scales, t, "stream_gemm.sampled_head", true);
+  at::Tensor out = greedy_head_meta(input, screen, scales, bound, l1, weight);
+  int64_t* o = out.data_ptr<int64_t>();
+  const float *xp = x.data_ptr<float>(), *sp = s.data_ptr<float>(), *bp = b.data_ptr<float>();
+  const float *lp = l.data_ptr<float>(), *wp = w.data_ptr<float>();
+  const double* up = u.data_ptr<double>();
+  at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
+    std::vector<double> noise(Vp);
+    std::vector<int64_t> near;
+    for (int64_t m = m0; m < m1; ++m)
+      o[m] = screened_draw(xp + m * K, sp + m * P * L, bp, lp, t[m], wp, draw_key(up[m]), temperature, V, K,
+                           noise.data(), near);
+  });
+  return out;
+}
+
+// draws [M] float64, V -> [M, V] float64: each row's noise T g_c as sampled_head adds it (T = temperature).
+at::Tensor gumbel_noise(const at::Tensor& draws, int64_t V, double temperature) {
+  TORCH_CHECK(draws.dim() == 1 && draws.scalar_type() == at::kDouble && V > 0, "stream_gemm.gumbel_noise: bad draws");
+  const int64_t M = draws.size(0), Vp = (V + DL - 1) / DL * DL;
+  const at::Tensor u = draws.contiguous();
+  at::Tensor out = at::empty({M, Vp}, draws.options());
+  for (int64_t m = 0; m < M; ++m)
+    gumbel_row(draw_key(u.data_ptr<double>()[m]), temperature, V, out.data_ptr<double>() + m * Vp);
+  return out.narrow(1, 0, V).contiguous();
+}
+
 // x [..., K] fp32 -> [..., n]: the screened logits (screened_logits), x W^T to within the weights' (and, on the
 // tiles, the activations') rounding, for a draft's head, whose precision is ours to choose (verification stays exact).
 at::Tensor int8_linear(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& scales, int64_t n) {
@@ -2191,6 +2347,9 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("tile_screen() -> bool", tile_screen);
   m.def("silu_in_region() -> bool", silu_is_torchs);
   m.def("int8_linear(Tensor x, Tensor screen, Tensor scales, int n) -> Tensor");
+  m.def("sampled_head(Tensor x, Tensor screen, Tensor scales, Tensor bound, Tensor l1, Tensor weight, Tensor draws, "
+        "float temperature) -> Tensor");
+  m.def("gumbel_noise(Tensor draws, int V, float temperature) -> Tensor");
   m.def("decoder_layers(Tensor hidden, Tensor[] weights, int[] outs, Tensor(a!) stack, int start, Tensor cos, "
         "Tensor sin, Tensor? mask, int D, float eps, float scale, int attend_rows) -> Tensor");
   m.def("draft_qkv(Tensor x, Tensor fc, Tensor fc_bias, Tensor q, Tensor k, Tensor v, int[] outs, int D, Tensor cos, "
@@ -2222,6 +2381,8 @@ TORCH_LIBRARY_IMPL(jakiro_stream_gemm, CPU, m) {
   m.impl("pack_int8", pack_int8);
   m.impl("greedy_head", greedy_head);
   m.impl("int8_linear", int8_linear);
+  m.impl("sampled_head", sampled_head);
+  m.impl("gumbel_noise", gumbel_noise);
   m.impl("decoder_layers", decoder_layers);
   m.impl("draft_qkv", draft_qkv);
   m.impl("draft_mix", draft_mix);

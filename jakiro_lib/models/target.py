@@ -318,8 +318,7 @@ def load_target(config: TargetConfig | None = None) -> Target:
     if config.fused_norm:
         fast_paths.use_fused_norm(model)
     model.__dict__[fast_paths.LEAN] = config.lean_forward and fast_paths.lean_fits(model) and _lean_matches(model)
-    screen = config.greedy_head and kernels.stream_gemm_available()
-    model.__dict__[fast_paths.SCREEN] = fast_paths.head_screen(model) if screen else None
+    fast_paths.set_head_screen(model, config.greedy_head and kernels.stream_gemm_available())
     if config.packed_gemm:
         gemm = kernels.enable_packed_gemm(model, max_rows=config.packed_gemm, backend=config.gemm_backend)
         probe = kernels.gemm_probe(model)
