@@ -15,6 +15,7 @@
 #include <unistd.h>
 #endif
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -1308,45 +1309,87 @@ inline uint64_t draw_key(double u) { return uint64_t(u * 0x1p53); }
 // noise of the row's ``key``: l_c lies within s_c -+ r_c, so a word is a candidate only where s_c + r_c + T g_c (with a
 // relative slack far above the double roundings) reaches the largest s_j - r_j + T g_j; then each candidate's exact
 // logit plus its noise decides, the first of equal maxima (a NaN logit returned as torch's argmax would; every word a
-// candidate where the screen is not finite). The noise is computed only where it could matter: a word's noise stays
-// under kTheta unless its 53 bits reach ``rare`` (about 3 words in 10,000), so a vector of words none of which is
-// rare and none within T kTheta of the first lower bound of the cut needs none.
+// candidate where the screen is not finite). The noise is computed only where it could matter: the cut is at least
+// ``cut0``, the best s_j - r_j + T g_j of the DL words around the best s_j - r_j; a vector of words whose best
+// s_c + r_c lies theta T below cut0 holds a candidate only if some noise there passes theta, which the words' bits
+// alone tell (u_c >= exp(-exp(-theta)), for a ladder of theta: about e^-theta of the words), so the logs run for a few
+// vectors of words a row, whatever its distribution.
+constexpr int kLadder = 6;
+constexpr double kTheta[kLadder] = {1.5, 2.5, 4.0, 6.0, 9.0, 14.0};
+
 int64_t screened_draw(const float* x, const float* s, const float* bound, const float* l1, float t,
                       const float* weight, uint64_t key, double T, int64_t V, int64_t K, double* noise,
                       std::vector<int64_t>& near) {
-  constexpr double kTheta = 8.0, kLeast = -3.7;  // kLeast: below the least noise, -log(-log(2^-54)) = -3.62
-  static const uint64_t rare = uint64_t(std::exp(-std::exp(-(kTheta - 0.01))) * 0x1p53);
+  static const auto rare = [] {  // the bits from which a word's noise may reach each theta (0.01 below it)
+    std::array<uint64_t, kLadder> r{};
+    for (int i = 0; i < kLadder; ++i) r[i] = uint64_t(std::exp(-std::exp(-(kTheta[i] - 0.01))) * 0x1p53);
+    return r;
+  }();
   float norm = 0.0f;
   for (int64_t k = 0; k < K; ++k) norm += std::fabs(x[k]);
   auto reach = [&](int64_t c) { return double(std::fma(bound[c], norm, l1[c] * t)) + 1e-30; };
-  const float screened = std::isfinite(norm) ? screen_cut(s, bound, l1, norm, t, V) : NAN;
-  const bool finite = screened == screened;
+  const vec n = vec{} + norm, tt = vec{} + t;
+  bool finite = std::isfinite(norm);
+  int64_t first = 0;  // a word of the largest s_c - r_c (in float: any word gives a sound first bound)
+  if (finite) {
+    vec best = vec{} - INFINITY, bad{};
+    int_vec at{}, here;
+    for (int i = 0; i < L; ++i) here[i] = i;
+    int64_t c = 0;
+    for (; c + L <= V; c += L, here += L) {
+      const vec v = load(s + c);
+      bad += v * 0.0f;  // NaN where some s_c is not finite
+      const vec lo = v - (load(bound + c) * n + load(l1 + c) * tt);
+      const int_vec more = lo > best;
+      best = more ? lo : best;
+      at = more ? here : at;
+    }
+    float top = -INFINITY;
+    for (int i = 0; i < L; ++i) {
+      finite = finite && bad[i] == 0.0f;
+      if (best[i] > top) top = best[i], first = at[i];
+    }
+    for (; c < V; ++c) {
+      finite = finite && std::isfinite(s[c]);
+      if (s[c] - (bound[c] * norm + l1[c] * t) > top) top = s[c] - (bound[c] * norm + l1[c] * t), first = c;
+    }
+  }
   const uint64_t base = splitmix(key);
   near.clear();
   double cut = -INFINITY;
-  const double cut0 = double(screened) + T * kLeast;  // the cut's first lower bound: max_c (s_c - r_c) + T kLeast
-  const double slack0 = 1e-12 * (1.0 + std::fabs(cut0));
-  const vec edge = vec{} + float(cut0 - T * kTheta - 1e-3 * (1.0 + std::fabs(cut0)));  // the float test's margin
-  const vec n = vec{} + norm, tt = vec{} + t;
-  for (int64_t w = 0; w < V; w += L) {
-    const int64_t end = std::min(V, w + L);
-    bool needed = !finite || end - w < L;
-    if (!needed) {  // none within reach of the cut unless its noise passes kTheta: rare bits say where one may
-      const int_vec hits = load(s + w) + load(bound + w) * n + load(l1 + w) * tt >= edge;
-      for (int i = 0; i < L && !needed; ++i) needed = hits[i] != 0;
-      for (int64_t v = w; v < end && !needed; v += DL) {
-        const uvec bits = bits_at(base, v);
-        for (int i = 0; i < DL && !needed; ++i) needed = bits[i] >= rare;
+  if (!finite) {
+    gumbel_row(key, T, V, noise);
+    for (int64_t c = 0; c < V; ++c) near.push_back(c);
+  } else {
+    const int64_t w0 = first / DL * DL;
+    const dvec n0 = noise_at(base, w0, T);
+    double cut0 = -INFINITY;  // the cut's first lower bound
+    for (int64_t c = w0; c < std::min(V, w0 + DL); ++c) cut0 = std::max(cut0, double(s[c]) - reach(c) + n0[c - w0]);
+    const double slack0 = 1e-12 * (1.0 + std::fabs(cut0)), margin = 1e-3 * (1.0 + std::fabs(cut0));
+    vec hi{};
+    for (int64_t w = 0; w < V; w += DL) {
+      const int64_t end = std::min(V, w + DL);
+      if (w % L == 0 && w + L <= V) hi = load(s + w) + load(bound + w) * n + load(l1 + w) * tt;
+      float high = -INFINITY;  // the vector's best s_c + r_c, in float (the margin covers its roundings)
+      if (w / L * L + L <= V)
+        for (int i = 0; i < DL; ++i) high = std::max(high, hi[w % L + i]);
+      else
+        for (int64_t c = w; c < end; ++c) high = std::max(high, s[c] + bound[c] * norm + l1[c] * t);
+      const double theta = (cut0 - double(high) - margin) / T;  // the noise a word here needs to reach cut0
+      int rung = kLadder - 1;
+      while (rung >= 0 && kTheta[rung] > theta) --rung;
+      if (rung >= 0 && end - w == DL) {  // the bits alone: none reaches kTheta[rung], so none reaches cut0
+        const uvec bits = bits_at(base, w);
+        bool any = false;
+        for (int i = 0; i < DL; ++i) any = any || bits[i] >= rare[rung];
+        if (!any) continue;
       }
-      if (!needed) continue;
-    }
-    for (int64_t v = w; v < end; v += DL) {
-      const dvec noise_v = noise_at(base, v, T);
-      __builtin_memcpy(noise + v, &noise_v, sizeof(dvec));
-    }
-    for (int64_t c = w; c < end; ++c) {
-      cut = std::max(cut, double(s[c]) - reach(c) + noise[c]);
-      if (!finite || double(s[c]) + reach(c) + noise[c] + slack0 >= cut0) near.push_back(c);
+      const dvec noise_v = noise_at(base, w, T);
+      __builtin_memcpy(noise + w, &noise_v, sizeof(dvec));
+      for (int64_t c = w; c < end; ++c) {
+        cut = std::max(cut, double(s[c]) - reach(c) + noise[c]);
+        if (double(s[c]) + reach(c) + noise[c] + slack0 >= cut0) near.push_back(c);
+      }
     }
   }
   const double slack = 1e-12 * (1.0 + std::fabs(cut));
@@ -1388,8 +1431,9 @@ at::Tensor sampled_head(const at::Tensor& input, const at::Tensor& screen, const
   const float *lp = l.data_ptr<float>(), *wp = w.data_ptr<float>();
   const double* up = u.data_ptr<double>();
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
-    std::vector<double> noise(Vp);
-    std::vector<int64_t> near;
+    thread_local std::vector<double> noise;  // kept: its pages are not faulted in again each step
+    thread_local std::vector<int64_t> near;
+    if (int64_t(noise.size()) < Vp) noise.resize(Vp);
     for (int64_t m = m0; m < m1; ++m)
       o[m] = screened_draw(xp + m * K, sp + m * P * L, bp, lp, t[m], wp, draw_key(up[m]), temperature, V, K,
                            noise.data(), near);
