@@ -347,6 +347,17 @@ for out, inp in [(48, 96), (100, 37), (3, 5)]:
     torch.testing.assert_close(whole, F.linear(x, w), atol=2e-4, rtol=1e-4)
     assert all(torch.equal(torch.ops.jakiro_stream_gemm.linear(x[:r], packed, out), whole[:r]) for r in range(1, 21))
 assert torch.ops.jakiro_stream_gemm.silu_in_region()  # 8-float vectors' silu, torch's bits
+from torch import nn
+from jakiro_lib.models import fast_paths
+ops, g = torch.ops.jakiro_stream_gemm, torch.Generator().manual_seed(0)
+head = nn.Module()
+head.lm_head = nn.Linear(64, 300, bias=False)
+head.lm_head.weight.data = torch.randn(300, 64, generator=g) * 0.1
+fast_paths.set_head_screen(head)
+for scale in (0.1, 3.0):  # sampling's screened draw: the logits plus the row's noise, 4-double vectors
+    x, d = torch.randn(8, 64, generator=g) * scale, torch.rand(8, generator=g, dtype=torch.float64)
+    noisy = ops.linear(x, ops.pack(head.lm_head.weight), 300).double() + ops.gumbel_noise(d, 300, 1.0)
+    assert torch.equal(fast_paths.sampled_argmax(head, x, d, 1.0), noisy.argmax(-1))
 print("ok")
 """
 
@@ -355,8 +366,8 @@ print("ok")
 @pytest.mark.skipif("avx2" not in open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else True,
                     reason="the AVX2 build needs an x86 CPU with AVX2")
 def test_the_streaming_gemm_built_for_avx2_alone_matches_too():
-    """The build for CPUs without AVX-512 (8-float panels, 4-row passes, 8-float silu), in its own process: the same
-    results."""
+    """The build for CPUs without AVX-512 (8-float panels, 4-row passes, 8-float silu, 4-double noise), in its own
+    process: the same results."""
     done = subprocess.run([sys.executable, "-c", AVX2_CHECK], capture_output=True, text=True,
                           timeout=600, cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
