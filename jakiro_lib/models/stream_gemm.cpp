@@ -1375,20 +1375,21 @@ int64_t screened_draw(const float* x, const float* s, const float* bound, const 
         for (int i = 0; i < DL; ++i) high = std::max(high, hi[w % L + i]);
       else
         for (int64_t c = w; c < end; ++c) high = std::max(high, s[c] + bound[c] * norm + l1[c] * t);
-      const double theta = (cut0 - double(high) - margin) / T;  // the noise a word here needs to reach cut0
-      int rung = kLadder - 1;
-      while (rung >= 0 && kTheta[rung] > theta) --rung;
+      const double gap = cut0 - double(high) - margin;  // T times the noise a word here needs to reach cut0
+      int rung = -1;  // the highest rung of the ladder under that noise (branch-free: the rungs rise)
+      for (int i = 0; i < kLadder; ++i) rung += T * kTheta[i] <= gap;
       if (rung >= 0 && end - w == DL) {  // the bits alone: none reaches kTheta[rung], so none reaches cut0
-        const uvec bits = bits_at(base, w);
-        bool any = false;
-        for (int i = 0; i < DL; ++i) any = any || bits[i] >= rare[rung];
+        const uvec reached = bits_at(base, w) >= rare[rung];
+        uint64_t any = 0;
+        for (int i = 0; i < DL; ++i) any |= reached[i];
         if (!any) continue;
       }
       const dvec noise_v = noise_at(base, w, T);
       __builtin_memcpy(noise + w, &noise_v, sizeof(dvec));
-      for (int64_t c = w; c < end; ++c) {
-        cut = std::max(cut, double(s[c]) - reach(c) + noise[c]);
-        if (double(s[c]) + reach(c) + noise[c] + slack0 >= cut0) near.push_back(c);
+      for (int64_t c = w; c < end; ++c) {  // the lanes from the register (a load of what was just stored stalls)
+        const double r = reach(c), z = noise_v[c - w];
+        cut = std::max(cut, double(s[c]) - r + z);
+        if (double(s[c]) + r + z + slack0 >= cut0) near.push_back(c);
       }
     }
   }
