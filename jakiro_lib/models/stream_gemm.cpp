@@ -836,26 +836,39 @@ float exact(const float* x, const float* w, int64_t K) {
 }
 
 // The largest s_c - B_c, B_c = bound_c * norm + l1_c * t, less the allowance for underflow; NaN where some s_c is not
-// finite.
-float screen_cut(const float* s, const float* bound, const float* l1, float norm, float t, int64_t V) {
+// finite. ``word``: where given, set to a word c of that largest s_c - B_c.
+float screen_cut(const float* s, const float* bound, const float* l1, float norm, float t, int64_t V,
+                 int64_t* word = nullptr) {
   float cut = -INFINITY, bad = 0.0f;  // bad: 0 while every s_c is finite (s * 0 is NaN for an infinity or a NaN)
-  int64_t c = 0;
+  int64_t c = 0, at = 0;
 #if defined(__AVX512F__)
   __m512 top = _mm512_set1_ps(-INFINITY), bad_lanes = _mm512_setzero_ps();
+  __m512i where = _mm512_setzero_si512(), here = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 n = _mm512_set1_ps(norm), tt = _mm512_set1_ps(t);
-  for (; c + 16 <= V; c += 16) {
+  for (; c + 16 <= V; c += 16, here = _mm512_add_epi32(here, _mm512_set1_epi32(16))) {
     const __m512 v = _mm512_loadu_ps(s + c);
     bad_lanes = _mm512_add_ps(bad_lanes, _mm512_mul_ps(v, _mm512_setzero_ps()));
     const __m512 b = _mm512_fmadd_ps(_mm512_loadu_ps(bound + c), n, _mm512_mul_ps(_mm512_loadu_ps(l1 + c), tt));
-    top = _mm512_max_ps(top, _mm512_sub_ps(v, b));
+    const __m512 lo = _mm512_sub_ps(v, b);
+    const __mmask16 more = _mm512_cmp_ps_mask(lo, top, _CMP_GT_OQ);
+    top = _mm512_mask_mov_ps(top, more, lo);
+    where = _mm512_mask_mov_epi32(where, more, here);
   }
   cut = _mm512_reduce_max_ps(top);
   bad = _mm512_reduce_add_ps(bad_lanes);
+  alignas(64) float tops[16];
+  alignas(64) int32_t words[16];
+  _mm512_store_ps(tops, top);
+  _mm512_store_si512(words, where);
+  for (int i = 0; i < 16; ++i)
+    if (tops[i] == cut) at = words[i];
 #endif
   for (; c < V; ++c) {
     bad += s[c] * 0.0f;
-    cut = std::max(cut, s[c] - std::fma(bound[c], norm, l1[c] * t));
+    const float lo = s[c] - std::fma(bound[c], norm, l1[c] * t);
+    if (lo > cut) cut = lo, at = c;
   }
+  if (word != nullptr) *word = at;
   return bad == 0.0f ? cut - kUnderflowAllowance : NAN;
 }
 
@@ -1228,36 +1241,45 @@ at::Tensor screened_logits(const at::Tensor& x, const at::Tensor& screen, const 
   return s;
 }
 
-// x [..., K] fp32, screen and scales (screened_logits), bound and l1 [V], weight [V, K] fp32 -> the argmax of each
-// row [...]
-at::Tensor greedy_head(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& scales,
-                       const at::Tensor& bound, const at::Tensor& l1, const at::Tensor& weight) {
+// x [..., K] fp32, screen and scales (screened_logits), bound and l1 [V], weight [V, K] fp32 -> each row's word [...],
+// ``pick(m, x_m, s_m, bound, l1, t_m, weight, V, K)`` on the threads: what greedy_head and sampled_head share.
+template <typename Pick>
+at::Tensor screened_head(const char* op, const at::Tensor& input, const at::Tensor& screen, const at::Tensor& scales,
+                         const at::Tensor& bound, const at::Tensor& l1, const at::Tensor& weight, const Pick& pick) {
   const int64_t K = input.dim() >= 1 ? input.size(-1) : 0;
   TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && screen.dim() >= 3 && weight.dim() == 2 &&
               weight.scalar_type() == at::kFloat && weight.size(1) == K && bound.dim() == 1 &&
               bound.scalar_type() == at::kFloat && bound.size(0) == weight.size(0) && l1.sizes() == bound.sizes() &&
               l1.scalar_type() == at::kFloat && weight.size(0) <= screen.size(0) * L,
-              "stream_gemm.greedy_head: shapes do not match");
+              op, ": shapes do not match");
   const at::Tensor x = input.reshape({-1, K}).contiguous(), w = weight.contiguous();
   const at::Tensor b = bound.contiguous(), l = l1.contiguous();
   const int64_t M = x.size(0), P = screen.size(0), V = w.size(0);
   std::vector<float> t;  // B_c = bound_c * norm, and l1_c * t on the tiles
-  const at::Tensor s = screened_logits(x, screen, scales, t, "stream_gemm.greedy_head", true);
+  const at::Tensor s = screened_logits(x, screen, scales, t, op, true);
   at::Tensor out = greedy_head_meta(input, screen, scales, bound, l1, weight);
   int64_t* o = out.data_ptr<int64_t>();
   const float *xp = x.data_ptr<float>(), *sp = s.data_ptr<float>(), *bp = b.data_ptr<float>();
   const float *lp = l.data_ptr<float>(), *wp = w.data_ptr<float>();
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) o[m] = screened_argmax(xp + m * K, sp + m * P * L, bp, lp, t[m], wp, V, K);
+    for (int64_t m = m0; m < m1; ++m) o[m] = pick(m, xp + m * K, sp + m * P * L, bp, lp, t[m], wp, V, K);
   });
   return out;
+}
+
+// The argmax of each row [...] (screened_argmax).
+at::Tensor greedy_head(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& scales,
+                       const at::Tensor& bound, const at::Tensor& l1, const at::Tensor& weight) {
+  return screened_head("stream_gemm.greedy_head", input, screen, scales, bound, l1, weight,
+                       [](int64_t, const float* x, const float* s, const float* b, const float* l, float t,
+                          const float* w, int64_t V, int64_t K) { return screened_argmax(x, s, b, l, t, w, V, K); });
 }
 
 // Sampling's draw of each row's next token through the same screen (DESIGN section 9): the word argmax_c (l_c + T g_c),
 // l_c the exact logit as screened_argmax computes it, T the temperature and g_c Gumbel noise, is a draw from
 // softmax(l / T) (the Gumbel-max identity). g_c = -log(-log u_c), u_c of 53 bits (never 0 or 1) from SplitMix64 of the
-// row's key and the word's index, in double precision; the noise of every word is computed, but only the words whose
-// screened bound l_c <= s_c + B_c, plus T g_c, reaches the largest s_j - B_j + T g_j read their fp32 weights.
+// row's key and the word's index, in double precision; only the words whose screened bound l_c <= s_c + B_c, plus
+// T g_c, reaches the largest s_j - B_j + T g_j read their fp32 weights (screened_draw).
 constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 constexpr int DL = L / 2;  // doubles a vector register
 typedef double dvec __attribute__((vector_size(DL * sizeof(double))));
@@ -1329,31 +1351,8 @@ int64_t screened_draw(const float* x, const float* s, const float* bound, const 
   for (int64_t k = 0; k < K; ++k) norm += std::fabs(x[k]);
   auto reach = [&](int64_t c) { return double(std::fma(bound[c], norm, l1[c] * t)) + 1e-30; };
   const vec n = vec{} + norm, tt = vec{} + t;
-  bool finite = std::isfinite(norm);
-  int64_t first = 0;  // a word of the largest s_c - r_c (in float: any word gives a sound first bound)
-  if (finite) {
-    vec best = vec{} - INFINITY, bad{};
-    int_vec at{}, here;
-    for (int i = 0; i < L; ++i) here[i] = i;
-    int64_t c = 0;
-    for (; c + L <= V; c += L, here += L) {
-      const vec v = load(s + c);
-      bad += v * 0.0f;  // NaN where some s_c is not finite
-      const vec lo = v - (load(bound + c) * n + load(l1 + c) * tt);
-      const int_vec more = lo > best;
-      best = more ? lo : best;
-      at = more ? here : at;
-    }
-    float top = -INFINITY;
-    for (int i = 0; i < L; ++i) {
-      finite = finite && bad[i] == 0.0f;
-      if (best[i] > top) top = best[i], first = at[i];
-    }
-    for (; c < V; ++c) {
-      finite = finite && std::isfinite(s[c]);
-      if (s[c] - (bound[c] * norm + l1[c] * t) > top) top = s[c] - (bound[c] * norm + l1[c] * t), first = c;
-    }
-  }
+  int64_t first = 0;  // a word of the largest s_c - r_c (any word gives a sound first bound; that one a tight one)
+  const bool finite = std::isfinite(norm) && !std::isnan(screen_cut(s, bound, l1, norm, t, V, &first));
   const uint64_t base = splitmix(key);
   near.clear();
   double cut = -INFINITY;
@@ -1414,32 +1413,19 @@ int64_t screened_draw(const float* x, const float* s, const float* bound, const 
 at::Tensor sampled_head(const at::Tensor& input, const at::Tensor& screen, const at::Tensor& scales,
                         const at::Tensor& bound, const at::Tensor& l1, const at::Tensor& weight,
                         const at::Tensor& draws, double temperature) {
-  const int64_t K = input.dim() >= 1 ? input.size(-1) : 0;
-  TORCH_CHECK(input.dim() >= 1 && input.scalar_type() == at::kFloat && screen.dim() >= 3 && weight.dim() == 2 &&
-              weight.scalar_type() == at::kFloat && weight.size(1) == K && bound.dim() == 1 &&
-              bound.scalar_type() == at::kFloat && bound.size(0) == weight.size(0) && l1.sizes() == bound.sizes() &&
-              l1.scalar_type() == at::kFloat && weight.size(0) <= screen.size(0) * L &&
-              draws.scalar_type() == at::kDouble && draws.numel() * K == input.numel() && temperature > 0,
+  TORCH_CHECK(input.dim() >= 1 && draws.scalar_type() == at::kDouble &&
+              draws.numel() * input.size(-1) == input.numel() && temperature > 0,
               "stream_gemm.sampled_head: shapes do not match");
-  const at::Tensor x = input.reshape({-1, K}).contiguous(), w = weight.contiguous(), u = draws.contiguous();
-  const at::Tensor b = bound.contiguous(), l = l1.contiguous();
-  const int64_t M = x.size(0), P = screen.size(0), V = w.size(0), Vp = (V + DL - 1) / DL * DL;
-  std::vector<float> t;
-  const at::Tensor s = screened_logits(x, screen, scales, t, "stream_gemm.sampled_head", true);
-  at::Tensor out = greedy_head_meta(input, screen, scales, bound, l1, weight);
-  int64_t* o = out.data_ptr<int64_t>();
-  const float *xp = x.data_ptr<float>(), *sp = s.data_ptr<float>(), *bp = b.data_ptr<float>();
-  const float *lp = l.data_ptr<float>(), *wp = w.data_ptr<float>();
+  const at::Tensor u = draws.contiguous();
   const double* up = u.data_ptr<double>();
-  at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
+  return screened_head("stream_gemm.sampled_head", input, screen, scales, bound, l1, weight,
+                       [&](int64_t m, const float* x, const float* s, const float* b, const float* l, float t,
+                           const float* w, int64_t V, int64_t K) {
     thread_local std::vector<double> noise;  // kept: its pages are not faulted in again each step
     thread_local std::vector<int64_t> near;
-    if (int64_t(noise.size()) < Vp) noise.resize(Vp);
-    for (int64_t m = m0; m < m1; ++m)
-      o[m] = screened_draw(xp + m * K, sp + m * P * L, bp, lp, t[m], wp, draw_key(up[m]), temperature, V, K,
-                           noise.data(), near);
+    if (int64_t(noise.size()) < V + DL) noise.resize(V + DL);  // room for whole vectors
+    return screened_draw(x, s, b, l, t, w, draw_key(up[m]), temperature, V, K, noise.data(), near);
   });
-  return out;
 }
 
 // draws [M] float64, V -> [M, V] float64: each row's noise T g_c as sampled_head adds it (T = temperature).
