@@ -19,6 +19,7 @@ from ..models.target import Target
 from ..config import SPEC, VANILLA_KINDS
 from ..files import read_jsonl
 from .methods import record_capture, record_label
+from .paired import bootstrap_interval
 
 
 def load_records(path: str | Path) -> list[dict[str, Any]]:
@@ -86,16 +87,10 @@ def ratio_interval(method_records: list[dict[str, Any]], baseline_records: list[
     common = sorted(set(a) & set(b))
     if not common:
         return math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    num, den = np.zeros(resamples), np.zeros(resamples)
-    for bench in sorted({k[0] for k in common}):
-        keys = [k for k in common if k[0] == bench]
-        x, y = np.array([a[k] for k in keys]), np.array([b[k] for k in keys])  # [P, 2] numerator, denominator
-        idx = rng.integers(0, len(keys), size=(resamples, len(keys)))  # [R, P]
-        num += x[idx, 0].sum(1) / x[idx, 1].sum(1)
-        den += y[idx, 0].sum(1) / y[idx, 1].sum(1)
-    lo, hi = np.quantile(num / den, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
+    strata = [[k for k in common if k[0] == bench] for bench in sorted({k[0] for k in common})]
+    # per benchmark, [P, 2] arrays of (numerator, denominator) per prompt
+    pairs = [(np.array([a[k] for k in keys]), np.array([b[k] for k in keys])) for keys in strata]
+    return bootstrap_interval(pairs, level=level, resamples=resamples, seed=seed)
 
 
 def by_method_temperature(records: Iterable[dict[str, Any]]) -> dict[tuple[str, float], list[dict[str, Any]]]:
