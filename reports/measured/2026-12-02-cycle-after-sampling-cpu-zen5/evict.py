@@ -1,0 +1,84 @@
+"""The target's 8-row verify forward timed back to back with the last (as the cycle table's T(n) is timed), after the
+draft's tree (as a drafted cycle runs it), and after a buffer of the draft's weight bytes was written: the time the
+draft's working set costs the verify through the shared cache. Each MT-bench first turn generated with Jakiro's
+8-token tree first (64 tokens), then the three ways side by side (jakiro_lib.measure.paired).
+
+    python reports/measured/2026-12-02-cycle-after-sampling-cpu-zen5/evict.py --run-dir runs/main5000 \\
+        --set data.num_conversations=5000 --set train.epochs=4 > reports/measured/2026-12-02-cycle-after-sampling-cpu-zen5/evict.txt
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from jakiro_lib.decoding import static
+from jakiro_lib.machine import run_metadata
+from jakiro_lib.measure.costmodel import bushy_tree
+from jakiro_lib.measure.cycles import cycle_methods, cycle_prompts
+from jakiro_lib.measure.paired import paired_rounds, speed_ratio
+from jakiro_lib.models.target import load_target
+from jakiro_lib.profiles import get_profile
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run-dir", type=Path, required=True)
+    ap.add_argument("--set", action="append", default=[], help="profile overrides, key=value (ints)")
+    ap.add_argument("--prompts", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=12, help="rounds of the three ways a prompt")
+    args = ap.parse_args()
+    torch.set_grad_enabled(False)
+    profile = get_profile("default", **{k: int(v) for k, v in (s.split("=", 1) for s in args.set)})
+    target = load_target(profile.target)
+    spec = cycle_methods(profile, args.run_dir, target, ["jakiro"])["jakiro"]
+    draft = spec.load_draft(target)
+    weight_bytes = sum(t.numel() * t.element_size() for t in draft.state_dict().values())
+    print(run_metadata(target.device))
+    print(f"jakiro tree {spec.tree.depth=} {spec.tree.top_k=} {spec.tree.total_tokens=}; the draft's tensors "
+          f"{weight_bytes / 1e6:.1f} MB as stored")
+    tokens, depths, anc = bushy_tree(8, target.model.device)
+    seconds: dict[str, list[float]] = {}
+    for ids in cycle_prompts(profile, target, args.prompts):
+        needed = static.text_positions(ids, 64, target.config.max_context) + static.MAX_TREE_ROOM
+        engine = static._engine(target.model, draft, spec.tree, static.engine_cache_len(needed),
+                                static.SamplingParams(), False, False)  # static_generate's eager engine
+        r = engine.generate(ids, max_new_tokens=64, eos_token_ids=target.eos_token_ids,
+                            max_context=target.config.max_context)
+        base = r.prompt_len + len(r.output_ids) - 1  # the draft's cached positions, as the last cycle left them
+        drafter, runner = engine.drafter, engine.target
+        touch = torch.empty(max(weight_bytes // 4, 1))
+
+        def verify(_: int) -> float:
+            engine._set_window(base + 1)
+            t0 = time.perf_counter()
+            runner.score(tokens, depths, anc, base + 1, greedy=True)
+            return time.perf_counter() - t0
+
+        def after_tree(i: int) -> float:
+            engine._set_window(base)
+            drafter.propose(base)
+            return verify(i)
+
+        def after_touch(i: int) -> float:
+            touch.add_(1.0)
+            return verify(i)
+
+        got = paired_rounds({"alone": verify, "after_tree": after_tree, "after_touch": after_touch},
+                            range(args.rounds), warmup=2)
+        for way, xs in got.items():
+            seconds.setdefault(way, []).extend(xs)
+    alone = seconds["alone"]
+    print(f"T(8) back to back {1e3 * statistics.fmean(alone):.3f} ms (mean of {len(alone)})")
+    for way in ("after_tree", "after_touch"):
+        ratio, low, high = speed_ratio(seconds[way], alone)  # > 1: the verify after `way` slower
+        extra = 1e3 * (statistics.fmean(seconds[way]) - statistics.fmean(alone))
+        print(f"{way}: {1e3 * statistics.fmean(seconds[way]):.3f} ms, {ratio:.3f}x the back-to-back time "
+              f"[{low:.3f}, {high:.3f}], {extra:+.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
