@@ -8,34 +8,22 @@ draft's working set costs the verify through the shared cache. Each MT-bench fir
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from jakiro_lib.decoding import static
+from after_generation import arguments, engine_after, load
 from jakiro_lib.machine import run_metadata
 from jakiro_lib.measure.costmodel import bushy_tree
-from jakiro_lib.measure.cycles import cycle_methods, cycle_prompts
+from jakiro_lib.measure.cycles import cycle_prompts
 from jakiro_lib.measure.paired import paired_rounds, speed_ratio
-from jakiro_lib.models.target import load_target
-from jakiro_lib.profiles import get_profile
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--run-dir", type=Path, required=True)
-    ap.add_argument("--set", action="append", default=[], help="profile overrides, key=value (ints)")
-    ap.add_argument("--prompts", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=12, help="rounds of the three ways a prompt")
-    args = ap.parse_args()
+    args = arguments(prompts=5, rounds=12)
     torch.set_grad_enabled(False)
-    profile = get_profile("default", **{k: int(v) for k, v in (s.split("=", 1) for s in args.set)})
-    target = load_target(profile.target)
-    spec = cycle_methods(profile, args.run_dir, target, ["jakiro"])["jakiro"]
-    draft = spec.load_draft(target)
+    profile, target, spec, draft = load(args.run_dir, {k: int(v) for k, v in (s.split("=", 1) for s in args.set)})
     weight_bytes = sum(t.numel() * t.element_size() for t in draft.state_dict().values())
     print(run_metadata(target.device))
     print(f"jakiro tree {spec.tree.depth=} {spec.tree.top_k=} {spec.tree.total_tokens=}; the draft's tensors "
@@ -43,12 +31,7 @@ def main() -> None:
     tokens, depths, anc = bushy_tree(8, target.model.device)
     seconds: dict[str, list[float]] = {}
     for ids in cycle_prompts(profile, target, args.prompts):
-        needed = static.text_positions(ids, 64, target.config.max_context) + static.MAX_TREE_ROOM
-        engine = static._engine(target.model, draft, spec.tree, static.engine_cache_len(needed),
-                                static.SamplingParams(), False, False)  # static_generate's eager engine
-        r = engine.generate(ids, max_new_tokens=64, eos_token_ids=target.eos_token_ids,
-                            max_context=target.config.max_context)
-        base = r.prompt_len + len(r.output_ids) - 1  # the draft's cached positions, as the last cycle left them
+        engine, base = engine_after(target, draft, spec, ids)
         drafter, runner = engine.drafter, engine.target
         touch = torch.empty(max(weight_bytes // 4, 1))
 

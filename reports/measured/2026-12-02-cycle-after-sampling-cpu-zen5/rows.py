@@ -9,45 +9,29 @@ follows an untimed one of the same way.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
+from after_generation import arguments, engine_after, load
 from jakiro_lib.decoding import static
 from jakiro_lib.decoding.runner import TargetRunner
 from jakiro_lib.machine import run_metadata
 from jakiro_lib.measure.costmodel import bushy_tree
-from jakiro_lib.measure.cycles import cycle_methods, cycle_prompts
+from jakiro_lib.measure.cycles import cycle_prompts
 from jakiro_lib.measure.paired import paired_rounds, speed_ratio
-from jakiro_lib.models.target import load_target
-from jakiro_lib.profiles import get_profile
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--run-dir", type=Path, required=True)
-    ap.add_argument("--set", action="append", default=[], help="profile overrides, key=value (ints)")
-    ap.add_argument("--prompts", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=15, help="rounds of the three ways a prompt")
-    args = ap.parse_args()
+    args = arguments(prompts=10, rounds=15)
     torch.set_grad_enabled(False)
-    profile = get_profile("default", **{k: int(v) for k, v in (s.split("=", 1) for s in args.set)})
-    target = load_target(profile.target)
-    spec = cycle_methods(profile, args.run_dir, target, ["jakiro"])["jakiro"]
-    draft = spec.load_draft(target)
+    profile, target, spec, draft = load(args.run_dir, {k: int(v) for k, v in (s.split("=", 1) for s in args.set)})
     print(run_metadata(target.device))
     bushy = bushy_tree(8, target.model.device)
     seconds: dict[str, list[float]] = {}
     for ids in cycle_prompts(profile, target, args.prompts):
-        needed = static.text_positions(ids, 64, target.config.max_context) + static.MAX_TREE_ROOM
-        engine = static._engine(target.model, draft, spec.tree, static.engine_cache_len(needed),
-                                static.SamplingParams(), False, False)  # static_generate's eager engine
-        r = engine.generate(ids, max_new_tokens=64, eos_token_ids=target.eos_token_ids,
-                            max_context=target.config.max_context)
-        base = r.prompt_len + len(r.output_ids) - 1
+        engine, base = engine_after(target, draft, spec, ids)
         engine._set_window(base)
         tokens, _, depths, _, anc = engine.drafter.propose(base)  # the tree drafted there
         drafted = (tokens, depths, anc)

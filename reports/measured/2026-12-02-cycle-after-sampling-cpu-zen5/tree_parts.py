@@ -13,26 +13,16 @@ from pathlib import Path
 
 import torch
 
-from jakiro_lib.decoding import static
+from after_generation import engine_after, load
 from jakiro_lib.measure.clock import StepClock
-from jakiro_lib.measure.cycles import cycle_methods, cycle_prompts
-from jakiro_lib.models.target import load_target
-from jakiro_lib.profiles import get_profile
+from jakiro_lib.measure.cycles import cycle_prompts
 
 name = sys.argv[1] if len(sys.argv) > 1 else "jakiro"
-profile = get_profile("default", **{"data.num_conversations": 5000, "train.epochs": 4})
-target = load_target(profile.target)
-spec = cycle_methods(profile, Path("runs/main5000"), target, [name])[name]
-draft = spec.load_draft(target)
+profile, target, spec, draft = load(Path("runs/main5000"), {"data.num_conversations": 5000, "train.epochs": 4}, name)
 ids = cycle_prompts(profile, target, 1)[0]
-needed = static.text_positions(ids, 64, target.config.max_context) + static.MAX_TREE_ROOM
-engine = static._engine(target.model, draft, spec.tree, static.engine_cache_len(needed), static.SamplingParams(),
-                        False, False)
 with torch.inference_mode():
-    r = engine.generate(ids, max_new_tokens=64, eos_token_ids=target.eos_token_ids,
-                        max_context=target.config.max_context)
+    engine, base = engine_after(target, draft, spec, ids)
     d = engine.drafter
-    base = r.prompt_len + len(r.output_ids) - 1
     engine._set_window(base)
     big = torch.empty(64 * 2**20)
     for threads in ((2, 1, 2) if "threads" in sys.argv else (2,)):
