@@ -591,37 +591,51 @@ inline vec scores(const float* q, const float* k, int64_t ks, int64_t j0, int64_
   return j0 + L <= S ? block_scores<DV, true>(qv, k, ks, L) : block_scores<DV, false>(qv, k, ks, S - j0);
 }
 
-// out[i] += sum_j w[i][j] v_j and total[i] += sum_j w[i][j] for keys j0 <= j < j1 in order, for C queries at once
-// (their chains interleaved, each query's order unchanged); w[i] at w + i * stride.
-template <int DV, int C>
-inline void accumulate(const float* w, int64_t stride, const float* v, int64_t vs, int64_t j0, int64_t j1,
-                       float* const* out, float* total) {
-  vec acc[C][DV];
-  float sum[C];
-  for (int i = 0; i < C; ++i) {
-    sum[i] = total[i];
-    for (int c = 0; c < DV; ++c) acc[i][c] = load(out[i] + c * L);
-  }
-  for (int64_t j = j0; j < j1; ++j) {
-    vec vj[DV];
-    for (int c = 0; c < DV; ++c) vj[c] = load(v + j * vs + c * L);
-    for (int i = 0; i < C; ++i) {
-      const float x = w[i * stride + j];
-      sum[i] += x;
-      for (int c = 0; c < DV; ++c) acc[i][c] += x * vj[c];
-    }
-  }
-  for (int i = 0; i < C; ++i) {
-    total[i] = sum[i];
-    for (int c = 0; c < DV; ++c) store(out[i] + c * L, acc[i][c]);
-  }
-}
-
 // Rows j0 <= j < min(S, j1) of x (stride xs, DV vectors each) fetched into the cache ahead of their use.
 template <int DV>
 inline void prefetch_rows(const float* x, int64_t xs, int64_t j0, int64_t j1, int64_t S) {
   for (int64_t j = j0; j < std::min(S, j1); ++j)
     for (int64_t c = 0; c < DV * L; c += 16) __builtin_prefetch(x + j * xs + c);
+}
+
+// out[i] = (sum_j w[i][j] v_j) / (sum_j w[i][j]) over the keys j < S in order, for C queries at once (their chains
+// interleaved, each query's order unchanged), the accumulators in registers over all the keys and the values fetched
+// a block of L keys ahead; w[i] at w + i * stride.
+template <int DV, int C>
+inline void values_pass(const float* w, int64_t stride, const float* v, int64_t vs, int64_t S, float* const* out) {
+  vec acc[C][DV];
+  float sum[C];
+  for (int i = 0; i < C; ++i) {
+    sum[i] = 0.0f;
+    for (int c = 0; c < DV; ++c) acc[i][c] = vec{};
+  }
+  for (int64_t j0 = 0; j0 < S; j0 += L) {
+    const int64_t j1 = std::min(S, j0 + L);
+    prefetch_rows<DV>(v, vs, j1, j1 + L, S);
+    for (int64_t j = j0; j < j1; ++j) {
+      vec vj[DV];
+      for (int c = 0; c < DV; ++c) vj[c] = load(v + j * vs + c * L);
+      for (int i = 0; i < C; ++i) {
+        const float x = w[i * stride + j];
+        sum[i] += x;
+        for (int c = 0; c < DV; ++c) acc[i][c] += x * vj[c];
+      }
+    }
+  }
+  for (int i = 0; i < C; ++i)
+    for (int c = 0; c < DV; ++c) store(out[i] + c * L, acc[i][c] / sum[i]);
+}
+
+// values_pass for the last r queries of a task, r < C, in one pass (R: the most this instance takes).
+template <int DV, int R>
+inline void values_rest(int64_t r, const float* w, int64_t stride, const float* v, int64_t vs, int64_t S,
+                        float* const* out) {
+  if constexpr (R >= 1) {
+    if (r == R)
+      values_pass<DV, R>(w, stride, v, vs, S, out);
+    else
+      values_rest<DV, R - 1>(r, w, stride, v, vs, S, out);
+  }
 }
 
 // P queries q[i] [D] over one KV head's keys and values [S, D] (strides ks, vs), query i under mask[i] [Sp] (0 past
@@ -646,19 +660,11 @@ void attend_queries(const float* const* q, const float* k, int64_t ks, const flo
     for (int64_t j = S; j < Sp; ++j) si[j] = -INFINITY;
     const float m = row_max(si, Sp);
     for (int64_t j = 0; j < Sp; j += L) store(si + j, exp_nonpositive(load(si + j) - m));
-    for (int c = 0; c < DV; ++c) store(out[i] + c * L, vec{});
   }
-  std::vector<float> total(P, 0.0f);
-  for (int64_t j0 = 0; j0 < S; j0 += L) {
-    const int64_t j1 = std::min(S, j0 + L);
-    prefetch_rows<DV>(v, vs, j1, j1 + L, S);
-    constexpr int C = std::max(1, VECTOR_REGISTERS / 2 / DV);  // queries whose accumulators fit half the registers
-    int64_t i = 0;
-    for (; i + C <= P; i += C) accumulate<DV, C>(s + i * Sp, Sp, v, vs, j0, j1, out + i, total.data() + i);
-    for (; i < P; ++i) accumulate<DV, 1>(s + i * Sp, Sp, v, vs, j0, j1, out + i, total.data() + i);
-  }
-  for (int64_t i = 0; i < P; ++i)
-    for (int c = 0; c < DV; ++c) store(out[i] + c * L, load(out[i] + c * L) / total[i]);
+  constexpr int C = std::max(1, VECTOR_REGISTERS / 2 / DV);  // queries whose accumulators fit half the registers
+  int64_t i = 0;
+  for (; i + C <= P; i += C) values_pass<DV, C>(s + i * Sp, Sp, v, vs, S, out + i);
+  if (i < P) values_rest<DV, C - 1>(P - i, s + i * Sp, Sp, v, vs, S, out + i);
 }
 
 using QueriesFn = void (*)(const float* const*, const float*, int64_t, const float*, int64_t, const float* const*,
