@@ -1,0 +1,88 @@
+"""The attention's values pass with each group's accumulators in registers over all keys (values_pass, the package
+from this record's commit on) against the pass by blocks of 16 keys before it (the kernel file at 2082fda, built
+under its own op namespace): T(1) and T(8) of the default target over a random context, `bushy_tree` rows, the two
+alternating round by round in one process (measure.paired), the hidden states checked equal bit for bit; first the
+attention op alone, warm, one layer's shapes (9 query heads, 3 KV heads, D 64, a boolean tree mask), 15 rounds of 200
+calls each:
+
+    python reports/measured/2026-12-02-attention-cold-cpu-zen5/values_pass.py --context 300 --rounds 40
+"""
+import argparse, subprocess, tempfile, time
+from pathlib import Path
+import torch
+from torch.utils import cpp_extension
+from jakiro_lib.decoding.runner import TargetRunner
+from jakiro_lib.machine import run_metadata
+from jakiro_lib.measure.costmodel import bushy_tree
+from jakiro_lib.measure.paired import paired_rounds, speed_ratio
+from jakiro_lib.models import fast_paths, kernels
+from jakiro_lib.models.target import load_target
+from jakiro_lib.profiles import get_profile
+
+BEFORE = "2082fda"
+
+
+def build_before() -> object:
+    root = Path(kernels.STREAM_SOURCE).resolve().parents[2]
+    source = subprocess.run(["git", "show", f"{BEFORE}:jakiro_lib/models/stream_gemm.cpp"], cwd=root, check=True,
+                            capture_output=True, text=True).stdout
+    folder = Path(tempfile.mkdtemp())
+    (folder / "before.cpp").write_text(source.replace("jakiro_stream_gemm", "jsg_before"))
+    cpp_extension.load(name="jsg_before", sources=[str(folder / "before.cpp")], is_python_module=False,
+                       build_directory=str(folder), extra_cflags=list(kernels.STREAM_FLAGS), extra_ldflags=["-fopenmp"])
+    return torch.ops.jsg_before
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--context", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=40)
+    args = ap.parse_args()
+    torch.set_grad_enabled(False)
+    target = load_target(get_profile("default").target)
+    assert kernels.stream_gemm_available()
+    ops = {"before": build_before(), "after": torch.ops.jakiro_stream_gemm}
+    print(run_metadata(target.device), flush=True)
+    for S in (300, 800):
+        for n in (1, 3, 8):
+            q, k, v = torch.randn(1, 9, n, 64), torch.randn(1, 3, S, 64), torch.randn(1, 3, S, 64)
+            mask = (torch.rand(1, 1, n, S) < 0.9) if n > 1 else None
+            ref = ops["before"].attend(q, k, v, mask, 0.125)
+            assert torch.equal(ops["after"].attend(q, k, v, mask, 0.125), ref), (S, n)
+
+            def call(way: str) -> float:
+                t0 = time.perf_counter()
+                for _ in range(200):
+                    ops[way].attend(q, k, v, mask, 0.125)
+                return (time.perf_counter() - t0) / 200
+            s = paired_rounds({w: (lambda item, w=w: call(w)) for w in ops}, [None], repeats=15)
+            print(f"attention op, {S} keys, {n} rows: before {1e6 * sum(s['before']) / 15:.1f} us, after "
+                  f"{1e6 * sum(s['after']) / 15:.1f} us, after x{{:.3f}} [{{:.3f}}, {{:.3f}}], equal".format(
+                      *speed_ratio(s["before"], s["after"])), flush=True)
+    runner = TargetRunner(target.model, 1024)
+    g = torch.Generator().manual_seed(0)
+    runner.prefill(torch.randint(0, target.model.config.vocab_size, (args.context,), generator=g))
+    trees = {n: bushy_tree(n, torch.device("cpu")) for n in (1, 8)}
+    outputs: dict[int, torch.Tensor] = {}
+
+    def score(way: str, n: int) -> float:
+        torch.ops.__dict__["jakiro_stream_gemm"] = ops[way]  # the lean forward looks its ops up by this name
+        fast_paths._kernels.clear()
+        tokens, depths, anc = trees[n]
+        t0 = time.perf_counter()
+        _, hidden = runner.score(tokens, depths, anc if n > 1 else None, args.context, greedy=True)
+        seconds = time.perf_counter() - t0
+        assert torch.equal(hidden, outputs.setdefault(n, hidden.clone())), f"{way} changed T({n})'s hidden states"
+        return seconds
+
+    for n in (1, 8):
+        s = paired_rounds({w: (lambda item, w=w, n=n: score(w, n)) for w in ops}, [None], repeats=args.rounds)
+        mean = {w: 1e3 * sum(v) / len(v) for w, v in s.items()}
+        print(f"context {args.context} T({n}): before {mean['before']:.3f} ms, after {mean['after']:.3f} ms, "
+              "after x{:.3f} [{:.3f}, {:.3f}] (above 1: faster), hidden states equal".format(
+                  *speed_ratio(s["before"], s["after"])), flush=True)
+    torch.ops.__dict__["jakiro_stream_gemm"] = ops["after"]
+
+
+if __name__ == "__main__":
+    main()
