@@ -6,13 +6,11 @@ keys' transposed copy is made outside the timed calls (a layout the cache would 
 
     python reports/measured/2026-12-02-attention-cold-cpu-zen5/lanes.py > reports/measured/2026-12-02-attention-cold-cpu-zen5/lanes.txt
 """
-import random, statistics, sys, tempfile, time
-from pathlib import Path
+import random, statistics, time
 import torch
-from torch.utils import cpp_extension
 from jakiro_lib.models import kernels
+from kernel_build import build
 from jakiro_lib.machine import run_metadata
-SOURCE = (Path(kernels.__file__).parent / "stream_gemm.cpp").read_text()
 REPL = [
 ("namespace {\n", """namespace {
 const float* g_kt = nullptr; const float* g_kbase = nullptr; int64_t g_kh = 0, g_ktb = 0;  // keys in lanes, set_kt
@@ -44,21 +42,10 @@ void attend_queries(""", 1),
     if (!kt.defined() || kt.numel() == 0) { g_kt = nullptr; return 0; }
     g_kt = kt.data_ptr<float>(); g_kbase = k.data_ptr<float>(); g_kh = k.stride(1); g_ktb = kt.stride(0); return 1; });""", 1),
 ]
-def build(name="kt"):
-    source = SOURCE
-    for old, new, cnt in REPL:
-        assert old in source, old
-        source = source.replace(old, new, cnt)
-    source = source.replace("jakiro_stream_gemm", f"jsg_{name}")
-    folder = tempfile.mkdtemp(); (Path(folder) / f"{name}.cpp").write_text(source)
-    cpp_extension.load(name=f"jsg_{name}", sources=[str(Path(folder) / f"{name}.cpp")], is_python_module=False,
-                       build_directory=folder, extra_cflags=list(kernels.STREAM_FLAGS), extra_ldflags=["-fopenmp"])
-    return getattr(torch.ops, f"jsg_{name}")
-
 if __name__ == "__main__":
     torch.set_grad_enabled(False)
     assert kernels.stream_gemm_available()
-    var = build()
+    var = build("jsg_lanes", [(old, new) for old, new, _ in REPL])
     print(run_metadata(torch.device("cpu")), flush=True)
     pkg = torch.ops.jakiro_stream_gemm
     for S in (300, 800):

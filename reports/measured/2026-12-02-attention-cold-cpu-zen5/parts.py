@@ -5,13 +5,11 @@ scores, the softmax's exp, the prefetches; the outputs are not the attention's w
 
     python reports/measured/2026-12-02-attention-cold-cpu-zen5/parts.py > reports/measured/2026-12-02-attention-cold-cpu-zen5/parts.txt
 """
-import statistics, tempfile, time
-from jakiro_lib.machine import run_metadata
-from pathlib import Path
+import statistics, time
 import torch
-from torch.utils import cpp_extension
+from jakiro_lib.machine import run_metadata
 from jakiro_lib.models import kernels
-SOURCE = (Path(kernels.__file__).parent / "stream_gemm.cpp").read_text()
+from kernel_build import build
 R = [("namespace {\n", "namespace {\nint64_t g_mode = 0;\n"),
      ("  for (; i + C <= P; i += C) values_pass<DV, C>", "  if (!(g_mode & 1)) for (; i + C <= P; i += C) values_pass<DV, C>"),
      ("  if (i < P) values_rest", "  if (!(g_mode & 1) && i < P) values_rest"),
@@ -19,15 +17,7 @@ R = [("namespace {\n", "namespace {\nint64_t g_mode = 0;\n"),
      ("    for (int64_t j = 0; j < Sp; j += L) store(si + j, exp_nonpositive(load(si + j) - m));", "    if (!(g_mode & 4)) for (int64_t j = 0; j < Sp; j += L) store(si + j, exp_nonpositive(load(si + j) - m));"),
      ("inline void prefetch_rows(const float* x, int64_t xs, int64_t j0, int64_t j1, int64_t S) {\n", "inline void prefetch_rows(const float* x, int64_t xs, int64_t j0, int64_t j1, int64_t S) {\n  if (g_mode & 8) return;\n"),
      ("TORCH_LIBRARY(jakiro_stream_gemm, m) {", "TORCH_LIBRARY(jakiro_stream_gemm, m) {\n  m.def(\"set_mode(int w) -> int\", +[](int64_t w) { g_mode = w; return w; });")]
-source = SOURCE
-for old, new in R:
-    assert source.count(old) == 1, old
-    source = source.replace(old, new)
-source = source.replace("jakiro_stream_gemm", "jsg_split3")
-folder = tempfile.mkdtemp(); (Path(folder) / "s.cpp").write_text(source)
-cpp_extension.load(name="jsg_split3", sources=[str(Path(folder) / "s.cpp")], is_python_module=False,
-                   build_directory=folder, extra_cflags=list(kernels.STREAM_FLAGS), extra_ldflags=["-fopenmp"])
-op = torch.ops.jsg_split3
+op = build("jsg_parts", R)
 torch.set_grad_enabled(False)
 assert kernels.stream_gemm_available()
 print(run_metadata(torch.device("cpu")), flush=True)

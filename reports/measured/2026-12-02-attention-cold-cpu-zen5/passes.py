@@ -10,17 +10,12 @@ cache); 2 the layer's keys and values read by both threads (one load a cache lin
 3 the same lines prefetched (prefetcht1) instead; 4 the attention's tasks ordered by KV head (a thread's two tasks of
 one head back to back) instead of by row chunk. Ways 2-4 change no sums (checked: the hidden states equal way 0's).
 """
-import argparse, statistics, tempfile, time
-from pathlib import Path
+import statistics, time
 import torch
-from torch.utils import cpp_extension
-from jakiro_lib.decoding.runner import TargetRunner
 from jakiro_lib.machine import run_metadata
-from jakiro_lib.measure.costmodel import bushy_tree
 from jakiro_lib.measure.paired import paired_rounds, speed_ratio
-from jakiro_lib.models import fast_paths, kernels
-from jakiro_lib.models.target import load_target
-from jakiro_lib.profiles import get_profile
+from jakiro_lib.models import fast_paths
+from kernel_build import arguments, build, runner_over_context
 
 PHASES = ["norm", "q k v", "rope + cache write", "attention", "o", "add + norm", "swiglu", "add", "second pass"]
 TOUCH = """    if (g_way == 2 || g_way == 3) {  // the layer's keys and values, positions < start, by both threads
@@ -61,35 +56,13 @@ REPLACEMENTS = [
 ]
 
 
-def build() -> object:
-    source = Path(kernels.STREAM_SOURCE).read_text()
-    for old, new in REPLACEMENTS:
-        assert source.count(old) == 1, old
-        source = source.replace(old, new)
-    source = source.replace("jakiro_stream_gemm", "jsg_passes")
-    folder = Path(tempfile.mkdtemp())
-    (folder / "passes.cpp").write_text(source)
-    cpp_extension.load(name="jsg_passes", sources=[str(folder / "passes.cpp")], is_python_module=False,
-                       build_directory=str(folder), extra_cflags=list(kernels.STREAM_FLAGS), extra_ldflags=["-fopenmp"])
-    return torch.ops.jsg_passes
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--context", type=int, default=300)
-    ap.add_argument("--rounds", type=int, default=40)
-    args = ap.parse_args()
-    torch.set_grad_enabled(False)
-    target = load_target(get_profile("default").target)
-    assert kernels.stream_gemm_available()
-    op = build()
+    args = arguments()
+    target, runner, trees = runner_over_context(args.context)
+    op = build("jsg_passes", REPLACEMENTS)
     torch.ops.__dict__["jakiro_stream_gemm"] = op  # the lean forward looks its ops up by this name
     fast_paths._kernels.clear()
     print(run_metadata(target.device), flush=True)
-    runner = TargetRunner(target.model, 1024)
-    g = torch.Generator().manual_seed(0)
-    runner.prefill(torch.randint(0, target.model.config.vocab_size, (args.context,), generator=g))
-    trees = {n: bushy_tree(n, torch.device("cpu")) for n in (1, 8)}
     ways = [0, 1, 2, 3, 4]
     phases: dict[tuple[int, int], list[torch.Tensor]] = {(w, n): [] for w in ways for n in (1, 8)}
     outputs: dict[int, torch.Tensor] = {}

@@ -7,41 +7,28 @@ calls each:
 
     python reports/measured/2026-12-02-attention-cold-cpu-zen5/values_pass.py --context 300 --rounds 40
 """
-import argparse, subprocess, tempfile, time
+import subprocess, time
 from pathlib import Path
 import torch
-from torch.utils import cpp_extension
-from jakiro_lib.decoding.runner import TargetRunner
 from jakiro_lib.machine import run_metadata
-from jakiro_lib.measure.costmodel import bushy_tree
 from jakiro_lib.measure.paired import paired_rounds, speed_ratio
 from jakiro_lib.models import fast_paths, kernels
-from jakiro_lib.models.target import load_target
-from jakiro_lib.profiles import get_profile
+from kernel_build import arguments, build, runner_over_context
 
 BEFORE = "2082fda"
 
 
-def build_before() -> object:
+def source_before() -> str:
+    """The kernel file at BEFORE."""
     root = Path(kernels.STREAM_SOURCE).resolve().parents[2]
-    source = subprocess.run(["git", "show", f"{BEFORE}:jakiro_lib/models/stream_gemm.cpp"], cwd=root, check=True,
-                            capture_output=True, text=True).stdout
-    folder = Path(tempfile.mkdtemp())
-    (folder / "before.cpp").write_text(source.replace("jakiro_stream_gemm", "jsg_before"))
-    cpp_extension.load(name="jsg_before", sources=[str(folder / "before.cpp")], is_python_module=False,
-                       build_directory=str(folder), extra_cflags=list(kernels.STREAM_FLAGS), extra_ldflags=["-fopenmp"])
-    return torch.ops.jsg_before
+    return subprocess.run(["git", "show", f"{BEFORE}:jakiro_lib/models/stream_gemm.cpp"], cwd=root, check=True,
+                          capture_output=True, text=True).stdout
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--context", type=int, default=300)
-    ap.add_argument("--rounds", type=int, default=40)
-    args = ap.parse_args()
-    torch.set_grad_enabled(False)
-    target = load_target(get_profile("default").target)
-    assert kernels.stream_gemm_available()
-    ops = {"before": build_before(), "after": torch.ops.jakiro_stream_gemm}
+    args = arguments()
+    target, runner, trees = runner_over_context(args.context)
+    ops = {"before": build("jsg_before", source=source_before()), "after": torch.ops.jakiro_stream_gemm}
     print(run_metadata(target.device), flush=True)
     for S in (300, 800):
         for n in (1, 3, 8):
@@ -59,10 +46,6 @@ def main() -> None:
             print(f"attention op, {S} keys, {n} rows: before {1e6 * sum(s['before']) / 15:.1f} us, after "
                   f"{1e6 * sum(s['after']) / 15:.1f} us, after x{{:.3f}} [{{:.3f}}, {{:.3f}}], equal".format(
                       *speed_ratio(s["before"], s["after"])), flush=True)
-    runner = TargetRunner(target.model, 1024)
-    g = torch.Generator().manual_seed(0)
-    runner.prefill(torch.randint(0, target.model.config.vocab_size, (args.context,), generator=g))
-    trees = {n: bushy_tree(n, torch.device("cpu")) for n in (1, 8)}
     outputs: dict[int, torch.Tensor] = {}
 
     def score(way: str, n: int) -> float:
