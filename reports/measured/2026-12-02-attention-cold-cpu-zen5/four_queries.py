@@ -6,13 +6,12 @@ and T(1) and T(8) side by side in one process (measure.paired), outputs and hidd
 
     python reports/measured/2026-12-02-attention-cold-cpu-zen5/four_queries.py --context 300 --rounds 60
 """
-import time
 from pathlib import Path
 import torch
 from jakiro_lib.machine import run_metadata
-from jakiro_lib.measure.paired import paired_rounds, speed_ratio
-from jakiro_lib.models import fast_paths, kernels
-from kernel_build import arguments, build, runner_over_context
+from jakiro_lib.measure.paired import speed_ratio
+from jakiro_lib.models import kernels
+from kernel_build import arguments, build, forward_seconds, op_seconds, runner_over_context
 
 PATCH = Path(__file__).resolve().parent.parent / "2026-12-01-attend-interleaved-cpu-zen5" / "interleaved.patch"
 SCORES_END = "  return j0 + L <= S ? block_scores<DV, true>(qv, k, ks, L) : block_scores<DV, false>(qv, k, ks, S - j0);\n}\n\n"
@@ -39,37 +38,14 @@ def main() -> None:
     print(run_metadata(target.device), flush=True)
     for S in (300, 800):
         for n in (1, 3, 8):
-            q, k, v = torch.randn(1, 9, n, 64), torch.randn(1, 3, S, 64), torch.randn(1, 3, S, 64)
-            mask = (torch.rand(1, 1, n, S) < 0.9) if n > 1 else None
-            assert torch.equal(ops["four"].attend(q, k, v, mask, 0.125), ops["package"].attend(q, k, v, mask, 0.125))
-
-            def call(way: str) -> float:
-                t0 = time.perf_counter()
-                for _ in range(200):
-                    ops[way].attend(q, k, v, mask, 0.125)
-                return (time.perf_counter() - t0) / 200
-            s = paired_rounds({w: (lambda item, w=w: call(w)) for w in ops}, [None], repeats=15)
+            s = op_seconds(ops, S, n)
             print(f"attention op, {S} keys, {n} rows: package {1e6 * sum(s['package']) / 15:.1f} us, four "
                   "x{:.3f} [{:.3f}, {:.3f}], equal".format(*speed_ratio(s["package"], s["four"])), flush=True)
-    outputs: dict[int, torch.Tensor] = {}
-
-    def score(way: str, n: int) -> float:
-        torch.ops.__dict__["jakiro_stream_gemm"] = ops[way]  # the lean forward looks its ops up by this name
-        fast_paths._kernels.clear()
-        tokens, depths, anc = trees[n]
-        t0 = time.perf_counter()
-        _, hidden = runner.score(tokens, depths, anc if n > 1 else None, args.context, greedy=True)
-        seconds = time.perf_counter() - t0
-        assert torch.equal(hidden, outputs.setdefault(n, hidden.clone())), f"{way} changed T({n})'s hidden states"
-        return seconds
-
     for n in (1, 8):
-        s = paired_rounds({w: (lambda item, w=w, n=n: score(w, n)) for w in ops}, [None], repeats=args.rounds)
+        s = forward_seconds(ops, runner, trees, args.context, n, args.rounds)
         print(f"context {args.context} T({n}): package {1e3 * sum(s['package']) / args.rounds:.3f} ms, four "
               "x{:.3f} [{:.3f}, {:.3f}] (above 1: faster), hidden states equal".format(
                   *speed_ratio(s["package"], s["four"])), flush=True)
-    torch.ops.__dict__["jakiro_stream_gemm"] = ops["package"]
-
 
 if __name__ == "__main__":
     main()

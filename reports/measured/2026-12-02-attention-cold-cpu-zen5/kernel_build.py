@@ -1,10 +1,12 @@
 """What this record's scripts share: the package's kernel file with lines replaced, built and loaded under an op
 namespace of its own (so that it sits beside the package's ops), and the default target's runner over a random
-context with the `bushy_tree` rows of one and eight tokens."""
+context with the `bushy_tree` rows of one and eight tokens, and two side-by-side timings of kernel variants (the
+attention op alone, and whole forwards with the variant swapped in)."""
 from __future__ import annotations
 
 import argparse
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,8 @@ from torch.utils import cpp_extension
 
 from jakiro_lib.decoding.runner import TargetRunner
 from jakiro_lib.measure.costmodel import bushy_tree
-from jakiro_lib.models import kernels
+from jakiro_lib.measure.paired import paired_rounds
+from jakiro_lib.models import fast_paths, kernels
 from jakiro_lib.models.target import load_target
 from jakiro_lib.profiles import get_profile
 
@@ -51,3 +54,46 @@ def runner_over_context(context: int) -> tuple[Any, TargetRunner, dict[int, tupl
     g = torch.Generator().manual_seed(0)
     runner.prefill(torch.randint(0, target.model.config.vocab_size, (context,), generator=g))
     return target, runner, {n: bushy_tree(n, torch.device("cpu")) for n in (1, 8)}
+
+
+def op_seconds(ops: dict[str, Any], keys: int, rows: int, rounds: int = 15) -> dict[str, list[float]]:
+    """The attention op of each of ``ops`` (the first the reference) on one layer's shapes (9 query heads, 3 KV heads,
+    D 64, ``keys`` keys, ``rows`` rows under a random boolean mask past one row), outputs checked equal bit for bit,
+    then warm side by side (measure.paired): seconds a call, the mean of 200, ``rounds`` rounds."""
+    q, k, v = torch.randn(1, 9, rows, 64), torch.randn(1, 3, keys, 64), torch.randn(1, 3, keys, 64)
+    mask = (torch.rand(1, 1, rows, keys) < 0.9) if rows > 1 else None
+    ref = next(iter(ops.values())).attend(q, k, v, mask, 0.125)
+    for name, op in ops.items():
+        assert torch.equal(op.attend(q, k, v, mask, 0.125), ref), (name, keys, rows)
+
+    def call(op: Any) -> float:
+        t0 = time.perf_counter()
+        for _ in range(200):
+            op.attend(q, k, v, mask, 0.125)
+        return (time.perf_counter() - t0) / 200
+    return paired_rounds({name: (lambda item, op=op: call(op)) for name, op in ops.items()}, [None], repeats=rounds)
+
+
+def forward_seconds(ops: dict[str, Any], runner: TargetRunner, trees: dict[int, tuple[torch.Tensor, ...]],
+                    context: int, rows: int, rounds: int) -> dict[str, list[float]]:
+    """T(rows) on ``runner`` at ``context`` with each of ``ops`` swapped in as the package's kernels (the lean forward
+    looks its ops up by name), side by side (measure.paired), the hidden states checked equal bit for bit across
+    them; the package's ops in place again after."""
+    tokens, depths, anc = trees[rows]
+    package, first = torch.ops.jakiro_stream_gemm, []
+
+    def score(name: str) -> float:
+        torch.ops.__dict__["jakiro_stream_gemm"] = ops[name]
+        fast_paths._kernels.clear()
+        t0 = time.perf_counter()
+        _, hidden = runner.score(tokens, depths, anc if rows > 1 else None, context, greedy=True)
+        seconds = time.perf_counter() - t0
+        if not first:
+            first.append(hidden.clone())
+        assert torch.equal(hidden, first[0]), f"{name} changed T({rows})'s hidden states"
+        return seconds
+    try:
+        return paired_rounds({name: (lambda item, name=name: score(name)) for name in ops}, [None], repeats=rounds)
+    finally:
+        torch.ops.__dict__["jakiro_stream_gemm"] = package
+        fast_paths._kernels.clear()

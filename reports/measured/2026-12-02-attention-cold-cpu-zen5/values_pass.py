@@ -7,13 +7,13 @@ calls each:
 
     python reports/measured/2026-12-02-attention-cold-cpu-zen5/values_pass.py --context 300 --rounds 40
 """
-import subprocess, time
+import subprocess
 from pathlib import Path
 import torch
 from jakiro_lib.machine import run_metadata
-from jakiro_lib.measure.paired import paired_rounds, speed_ratio
-from jakiro_lib.models import fast_paths, kernels
-from kernel_build import arguments, build, runner_over_context
+from jakiro_lib.measure.paired import speed_ratio
+from jakiro_lib.models import kernels
+from kernel_build import arguments, build, forward_seconds, op_seconds, runner_over_context
 
 BEFORE = "2082fda"
 
@@ -32,40 +32,16 @@ def main() -> None:
     print(run_metadata(target.device), flush=True)
     for S in (300, 800):
         for n in (1, 3, 8):
-            q, k, v = torch.randn(1, 9, n, 64), torch.randn(1, 3, S, 64), torch.randn(1, 3, S, 64)
-            mask = (torch.rand(1, 1, n, S) < 0.9) if n > 1 else None
-            ref = ops["before"].attend(q, k, v, mask, 0.125)
-            assert torch.equal(ops["after"].attend(q, k, v, mask, 0.125), ref), (S, n)
-
-            def call(way: str) -> float:
-                t0 = time.perf_counter()
-                for _ in range(200):
-                    ops[way].attend(q, k, v, mask, 0.125)
-                return (time.perf_counter() - t0) / 200
-            s = paired_rounds({w: (lambda item, w=w: call(w)) for w in ops}, [None], repeats=15)
+            s = op_seconds(ops, S, n)
             print(f"attention op, {S} keys, {n} rows: before {1e6 * sum(s['before']) / 15:.1f} us, after "
                   f"{1e6 * sum(s['after']) / 15:.1f} us, after x{{:.3f}} [{{:.3f}}, {{:.3f}}], equal".format(
                       *speed_ratio(s["before"], s["after"])), flush=True)
-    outputs: dict[int, torch.Tensor] = {}
-
-    def score(way: str, n: int) -> float:
-        torch.ops.__dict__["jakiro_stream_gemm"] = ops[way]  # the lean forward looks its ops up by this name
-        fast_paths._kernels.clear()
-        tokens, depths, anc = trees[n]
-        t0 = time.perf_counter()
-        _, hidden = runner.score(tokens, depths, anc if n > 1 else None, args.context, greedy=True)
-        seconds = time.perf_counter() - t0
-        assert torch.equal(hidden, outputs.setdefault(n, hidden.clone())), f"{way} changed T({n})'s hidden states"
-        return seconds
-
     for n in (1, 8):
-        s = paired_rounds({w: (lambda item, w=w, n=n: score(w, n)) for w in ops}, [None], repeats=args.rounds)
+        s = forward_seconds(ops, runner, trees, args.context, n, args.rounds)
         mean = {w: 1e3 * sum(v) / len(v) for w, v in s.items()}
         print(f"context {args.context} T({n}): before {mean['before']:.3f} ms, after {mean['after']:.3f} ms, "
               "after x{:.3f} [{:.3f}, {:.3f}] (above 1: faster), hidden states equal".format(
                   *speed_ratio(s["before"], s["after"])), flush=True)
-    torch.ops.__dict__["jakiro_stream_gemm"] = ops["after"]
-
 
 if __name__ == "__main__":
     main()
