@@ -15,13 +15,15 @@ from jakiro_lib.profiles import get_profile
 
 
 def arguments(prompts: int, rounds: int) -> argparse.Namespace:
-    """--run-dir, --set key=value (ints), --prompts, --rounds."""
+    """--run-dir, --set key=value (ints; gathered into ``sets``, a dict for :func:`load`), --prompts, --rounds."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--run-dir", type=Path, required=True)
     ap.add_argument("--set", action="append", default=[], help="profile overrides, key=value (ints)")
     ap.add_argument("--prompts", type=int, default=prompts)
     ap.add_argument("--rounds", type=int, default=rounds, help="rounds of the ways a prompt")
-    return ap.parse_args()
+    args = ap.parse_args()
+    args.sets = {key: int(value) for key, value in (s.split("=", 1) for s in args.set)}
+    return args
 
 
 def load(run_dir: Path, sets: dict[str, int], name: str = "jakiro") -> tuple[Any, Any, Any, Any]:

@@ -23,7 +23,7 @@ from jakiro_lib.measure.paired import paired_rounds, speed_ratio
 def main() -> None:
     args = arguments(prompts=5, rounds=12)
     torch.set_grad_enabled(False)
-    profile, target, spec, draft = load(args.run_dir, {k: int(v) for k, v in (s.split("=", 1) for s in args.set)})
+    profile, target, spec, draft = load(args.run_dir, args.sets)
     weight_bytes = sum(t.numel() * t.element_size() for t in draft.state_dict().values())
     print(run_metadata(target.device))
     print(f"jakiro tree {spec.tree.depth=} {spec.tree.top_k=} {spec.tree.total_tokens=}; the draft's tensors "

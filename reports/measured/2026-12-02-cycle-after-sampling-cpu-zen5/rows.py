@@ -26,7 +26,7 @@ from jakiro_lib.measure.paired import paired_rounds, speed_ratio
 def main() -> None:
     args = arguments(prompts=10, rounds=15)
     torch.set_grad_enabled(False)
-    profile, target, spec, draft = load(args.run_dir, {k: int(v) for k, v in (s.split("=", 1) for s in args.set)})
+    profile, target, spec, draft = load(args.run_dir, args.sets)
     print(run_metadata(target.device))
     bushy = bushy_tree(8, target.model.device)
     seconds: dict[str, list[float]] = {}
