@@ -444,17 +444,40 @@ def _screens() -> list[bool]:
     return [False, True] if torch.ops.jakiro_stream_gemm.tile_screen() else [False]
 
 
-def _screen_copy(screen: torch.Tensor, scales: torch.Tensor, V: int, K: int) -> torch.Tensor:
-    """The head [V, K] as the screen holds it (fp64): from the panels [P, K, L] or the tile screen's [P, Kt / 4, L,
-    4]."""
+def _screen_words(screen: torch.Tensor, V: int, K: int) -> torch.Tensor:
+    """The head's int8 weights [V, K] from the panels [P, K, L] or the tile screen's [P, Kt / 4, L, 4]."""
     rows = screen.transpose(1, 2) if screen.dim() == 3 else screen.permute(0, 2, 1, 3)  # [P, L, K] or [P, L, Kt/4, 4]
-    copy = rows.reshape(-1, rows.shape[2] * (1 if screen.dim() == 3 else 4))[:V, :K]
-    return copy.double() * scales[:V, None].double()
+    return rows.reshape(-1, rows.shape[2] * (1 if screen.dim() == 3 else 4))[:V, :K]
+
+
+def _screen_copy(screen: torch.Tensor, scales: torch.Tensor, V: int, K: int) -> torch.Tensor:
+    """The head [V, K] as the screen holds it (fp64)."""
+    return _screen_words(screen, V, K).double() * scales[:V, None].double()
 
 
 def _stream_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """The fp32 logits x W^T as the streaming GEMM computes them."""
     return torch.ops.jakiro_stream_gemm.linear(x, torch.ops.jakiro_stream_gemm.pack(weight, False), weight.shape[0])
+
+
+@pytest.mark.skipif(not (kernels.stream_gemm_available() and torch.ops.jakiro_stream_gemm.tile_screen()),
+                    reason="no integer screen on this CPU (AMX's tiles or AVX-512 VNNI)")
+def test_the_integer_screen_s_logits_are_its_exact_integer_sums_at_every_row_count():
+    """A draft head's screened logits (int8_linear) are (sum_k q_ck p_k) scale_c sx, the sums exact, p each row's
+    activations rounded to integers of at most ``top`` (sx = max_k |x_k| / top): for one to eleven rows (each count its
+    own pass over a few panels at once) over 29 panels (none of those counts divides them) and two widths."""
+    ops, g = torch.ops.jakiro_stream_gemm, torch.Generator().manual_seed(5)
+    for K in (96, 576):
+        V, Kt = 29 * 16, (K + 63) // 64 * 64
+        top = min(16383, (2 ** 31 - 1) // (127 * Kt))
+        screen, scales = ops.pack_int8(torch.randn(V, K, generator=g), True)
+        q = _screen_words(screen, V, K).long()
+        for rows in range(1, 12):
+            x = torch.randn(rows, K, generator=g) * torch.rand(rows, 1, generator=g) * 10
+            sx = x.abs().amax(1, keepdim=True) / top
+            p = (x / sx).round().clamp(-top, top).long()
+            expected = ((p @ q.T).float() * scales[None, :V]) * sx
+            assert torch.equal(ops.int8_linear(x, screen, scales, V), expected), (K, rows)
 
 
 @pytest.mark.skipif(not kernels.stream_gemm_available(), reason="the package's C++ kernels are not built here")

@@ -1054,6 +1054,9 @@ void vnni_screen_sums(const uint8_t* hu, const uint8_t* pl, const int8_t* panels
 #endif
 
 #if VNNI_SCREEN
+// Sixteen int32 sums in GCC's vector type: an array of them stays in registers where one of __m512i is kept in memory.
+typedef int32_t sums_vec __attribute__((vector_size(64)));
+
 // The integer screen's sums through AVX-512 VNNI alone, the activations the signed operand so that each row's bytes
 // reach vpdpbusd as a broadcast: each row's p = 128 h + l (h = p >> 7 and l = p & 127, both signed bytes), each word's
 // weights offset to unsigned bytes (q + 128, the panel's bytes with their top bit flipped), and the offsets' share,
@@ -1064,9 +1067,9 @@ template <int M, int NB, bool Stream>
 inline void signed_block(const int32_t* hw, const int32_t* lw, const int32_t* off, const int8_t* panels,
                          const float* scales, const float* sx, float* s, int64_t Kt, int64_t Np, int64_t p) {
   const int64_t G = Kt / 4;
-  __m512i hi[M][NB], lo[M][NB];
+  sums_vec hi[M][NB], lo[M][NB];
   for (int m = 0; m < M; ++m)
-    for (int j = 0; j < NB; ++j) hi[m][j] = lo[m][j] = _mm512_setzero_si512();
+    for (int j = 0; j < NB; ++j) hi[m][j] = lo[m][j] = sums_vec{};
   const int8_t* src = panels + p * Kt * L;
   const __m512i flip = _mm512_set1_epi8(char(0x80));
   for (int64_t g = 0; g < G; ++g) {  // four k a step: 16 columns x 4 bytes
@@ -1078,17 +1081,17 @@ inline void signed_block(const int32_t* hw, const int32_t* lw, const int32_t* of
     for (int m = 0; m < M; ++m) {
       const __m512i h = _mm512_set1_epi32(hw[m * G + g]), l = _mm512_set1_epi32(lw[m * G + g]);
       for (int j = 0; j < NB; ++j) {
-        hi[m][j] = _mm512_dpbusd_epi32(hi[m][j], w[j], h);
-        lo[m][j] = _mm512_dpbusd_epi32(lo[m][j], w[j], l);
+        hi[m][j] = sums_vec(_mm512_dpbusd_epi32(__m512i(hi[m][j]), w[j], h));
+        lo[m][j] = sums_vec(_mm512_dpbusd_epi32(__m512i(lo[m][j]), w[j], l));
       }
     }
   }
   for (int j = 0; j < NB; ++j) {
     const __m512 sc = _mm512_loadu_ps(scales + (p + j) * L);
     for (int m = 0; m < M; ++m) {
-      const __m512i high = _mm512_sub_epi32(hi[m][j], _mm512_set1_epi32(off[2 * m]));
+      const __m512i high = _mm512_sub_epi32(__m512i(hi[m][j]), _mm512_set1_epi32(off[2 * m]));
       const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(high, 7),
-                                           _mm512_sub_epi32(lo[m][j], _mm512_set1_epi32(off[2 * m + 1])));
+                                           _mm512_sub_epi32(__m512i(lo[m][j]), _mm512_set1_epi32(off[2 * m + 1])));
       _mm512_storeu_ps(s + m * Np + (p + j) * L,
                        _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), sc), _mm512_set1_ps(sx[m])));
     }
@@ -1098,7 +1101,9 @@ inline void signed_block(const int32_t* hw, const int32_t* lw, const int32_t* of
 template <int M, bool Stream>
 void signed_rows(const int32_t* hw, const int32_t* lw, const int32_t* off, const int8_t* panels, const float* scales,
                  const float* sx, float* s, int64_t Kt, int64_t Np, int64_t p, int64_t p_end) {
-  constexpr int NB = M == 1 ? 6 : M == 2 ? 4 : 1;  // 2 M NB sums and NB panels in 32 registers
+  // 2 M NB sums, NB panels, the flip and two broadcasts in 32 registers; a streamed head's rows past two in one panel
+  // at a time (more streams at once ran slower from memory), a cached head's (a draft's) in two to four
+  constexpr int NB = M == 1 ? 6 : M == 2 ? 4 : Stream ? 1 : M == 3 ? 4 : M == 4 ? 3 : M <= 6 ? 2 : 1;
   for (; p + NB <= p_end; p += NB) signed_block<M, NB, Stream>(hw, lw, off, panels, scales, sx, s, Kt, Np, p);
   for (; p < p_end; ++p) signed_block<M, 1, Stream>(hw, lw, off, panels, scales, sx, s, Kt, Np, p);
 }
