@@ -51,6 +51,9 @@ template <int M> constexpr int panels_in_registers() { return M == 1 ? 6 : M == 
 typedef float vec __attribute__((vector_size(L * sizeof(float))));
 typedef uint16_t half_vec __attribute__((vector_size(L * sizeof(uint16_t))));
 typedef uint32_t wide_vec __attribute__((vector_size(L * sizeof(uint32_t))));
+// Sixteen int32 sums in GCC's vector type (the integer screens' blocks): GCC keeps an array of them in registers, where
+// with one of __m512i it copied each sum to another register and back around every vpdpbusd, or kept it on the stack.
+typedef int32_t sums_vec __attribute__((vector_size(64)));
 
 // One panel row of L weights as fp32: stored fp32, or bf16 (the upper half of an fp32, widened in registers).
 inline vec load(const float* p) {
@@ -992,10 +995,10 @@ void tile_screen_sums(const int8_t* ph, const uint8_t* pl, const int8_t* panels,
 template <int M, int NB>
 inline void vnni_block(const uint8_t* hu, const uint8_t* pl, const int8_t* panels, const float* scales,
                        const float* sx, float* s, int64_t Kt, int64_t Np, int64_t p) {
-  __m512i hi[M][NB], lo[M][NB], off[NB];
+  sums_vec hi[M][NB], lo[M][NB], off[NB];
   for (int j = 0; j < NB; ++j) {
-    off[j] = _mm512_setzero_si512();
-    for (int m = 0; m < M; ++m) hi[m][j] = lo[m][j] = _mm512_setzero_si512();
+    off[j] = sums_vec{};
+    for (int m = 0; m < M; ++m) hi[m][j] = lo[m][j] = sums_vec{};
   }
   const int8_t* src = panels + p * Kt * L;
   const __m512i bias = _mm512_set1_epi8(char(0x80));
@@ -1004,7 +1007,7 @@ inline void vnni_block(const uint8_t* hu, const uint8_t* pl, const int8_t* panel
     for (int j = 0; j < NB; ++j) {
       w[j] = _mm512_loadu_si512(src + (j * Kt / 4 + g) * 64);
       __builtin_prefetch(src + (j * Kt / 4 + g + 32) * 64);
-      off[j] = _mm512_dpbusd_epi32(off[j], bias, w[j]);
+      off[j] = sums_vec(_mm512_dpbusd_epi32(__m512i(off[j]), bias, w[j]));
     }
     for (int m = 0; m < M; ++m) {
       int32_t a, b;
@@ -1012,15 +1015,16 @@ inline void vnni_block(const uint8_t* hu, const uint8_t* pl, const int8_t* panel
       __builtin_memcpy(&b, pl + m * Kt + 4 * g, 4);
       const __m512i av = _mm512_set1_epi32(a), bv = _mm512_set1_epi32(b);
       for (int j = 0; j < NB; ++j) {
-        hi[m][j] = _mm512_dpbusd_epi32(hi[m][j], av, w[j]);
-        lo[m][j] = _mm512_dpbusd_epi32(lo[m][j], bv, w[j]);
+        hi[m][j] = sums_vec(_mm512_dpbusd_epi32(__m512i(hi[m][j]), av, w[j]));
+        lo[m][j] = sums_vec(_mm512_dpbusd_epi32(__m512i(lo[m][j]), bv, w[j]));
       }
     }
   }
   for (int j = 0; j < NB; ++j) {
     const __m512 sc = _mm512_loadu_ps(scales + (p + j) * L);
     for (int m = 0; m < M; ++m) {
-      const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_sub_epi32(hi[m][j], off[j]), 8), lo[m][j]);
+      const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_sub_epi32(__m512i(hi[m][j]), __m512i(off[j])), 8),
+                                           __m512i(lo[m][j]));
       _mm512_storeu_ps(s + m * Np + (p + j) * L,
                        _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), sc), _mm512_set1_ps(sx[m])));
     }
@@ -1054,9 +1058,6 @@ void vnni_screen_sums(const uint8_t* hu, const uint8_t* pl, const int8_t* panels
 #endif
 
 #if VNNI_SCREEN
-// Sixteen int32 sums in GCC's vector type: an array of them stays in registers where one of __m512i is kept in memory.
-typedef int32_t sums_vec __attribute__((vector_size(64)));
-
 // The integer screen's sums through AVX-512 VNNI alone, the activations the signed operand so that each row's bytes
 // reach vpdpbusd as a broadcast: each row's p = 128 h + l (h = p >> 7 and l = p & 127, both signed bytes), each word's
 // weights offset to unsigned bytes (q + 128, the panel's bytes with their top bit flipped), and the offsets' share,
