@@ -1,0 +1,38 @@
+"""What this record's scripts share: the engine a 64-token generation of the first MT-bench prompt leaves (the cycle
+record's ``after_generation``) for method ``name`` of the main5000 drafts, ready to draft its next tree again and again
+(the drafter's ``propose``), and the kernel file at a commit built beside the package's (the attention record's
+``kernel_build``)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent / "2026-12-02-cycle-after-sampling-cpu-zen5"))
+sys.path.insert(0, str(HERE.parent / "2026-12-02-attention-cold-cpu-zen5"))
+from after_generation import engine_after, load  # noqa: E402
+from kernel_build import build  # noqa: E402
+
+from jakiro_lib.measure.cycles import cycle_prompts  # noqa: E402
+
+SETS = {"data.num_conversations": 5000, "train.epochs": 4}
+
+
+def drafter_after_generation(name: str) -> tuple[Any, Any, Any, int]:
+    """Method ``name``'s target, engine and drafter after a 64-token generation, and the base its next tree drafts
+    from (call under inference mode)."""
+    profile, target, spec, draft = load(Path("runs/main5000"), SETS, name)
+    engine, base = engine_after(target, draft, spec, cycle_prompts(profile, target, 1)[0])
+    engine._set_window(base)
+    return target, engine, engine.drafter, base
+
+
+def kernel_at(commit: str, namespace: str) -> Any:
+    """The package's kernel file at ``commit``, built under ``namespace`` (its ops)."""
+    source = subprocess.run(["git", "show", f"{commit}:jakiro_lib/models/stream_gemm.cpp"], capture_output=True,
+                            text=True, check=True).stdout
+    return build(namespace, source=source)
