@@ -11,17 +11,13 @@ import time
 
 import torch
 
-from common import kernel_at
+from common import side_by_side
 from jakiro_lib.measure.paired import paired_rounds, speed_ratio
-from jakiro_lib.models import kernels
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--base", default="71b4a1d")
 args = ap.parse_args()
-torch.set_grad_enabled(False)
-ops = {"base": kernel_at(args.base, "base_gemm")}
-assert kernels.stream_gemm_available()
-ops["bytes"] = torch.ops.jakiro_stream_gemm
+ops = side_by_side(args.base, "bytes")
 g = torch.Generator().manual_seed(0)
 W = torch.randn(8192, 576, generator=g) * 0.05
 screen, scales = ops["bytes"].pack_int8(W, True)

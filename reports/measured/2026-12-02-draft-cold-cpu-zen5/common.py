@@ -18,6 +18,7 @@ from after_generation import engine_after, load  # noqa: E402
 from kernel_build import build  # noqa: E402
 
 from jakiro_lib.measure.cycles import cycle_prompts  # noqa: E402
+from jakiro_lib.models import kernels  # noqa: E402
 
 SETS = {"data.num_conversations": 5000, "train.epochs": 4}
 
@@ -36,3 +37,13 @@ def kernel_at(commit: str, namespace: str) -> Any:
     source = subprocess.run(["git", "show", f"{commit}:jakiro_lib/models/stream_gemm.cpp"], capture_output=True,
                             text=True, check=True).stdout
     return build(namespace, source=source)
+
+
+def side_by_side(commit: str, label: str = "package") -> dict[str, Any]:
+    """The kernel file at ``commit`` built beside the package's loaded one: {"base": its ops, ``label``: the package's},
+    autograd off."""
+    torch.set_grad_enabled(False)
+    ops = {"base": kernel_at(commit, "base_gemm")}
+    assert kernels.stream_gemm_available()
+    ops[label] = torch.ops.jakiro_stream_gemm
+    return ops

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from common import kernel_at
+from common import side_by_side
 from kernel_build import forward_seconds, runner_over_context
 from jakiro_lib.measure.paired import paired_rounds, speed_ratio
 from jakiro_lib.models import fast_paths
@@ -18,10 +18,8 @@ from jakiro_lib.models import fast_paths
 ap = argparse.ArgumentParser()
 ap.add_argument("--base", default="eb83cb4")
 args = ap.parse_args()
-ops = {"base": kernel_at(args.base, "base_gemm")}
-torch.set_grad_enabled(False)
+ops = side_by_side(args.base)
 target, runner, trees = runner_over_context(300)
-ops["package"] = torch.ops.jakiro_stream_gemm
 screen, W = fast_paths.current_screen(target.model), target.model.lm_head.weight
 emb = target.model.get_input_embeddings().weight
 x = emb[torch.randint(0, emb.shape[0], (8,), generator=torch.Generator().manual_seed(0))] * 30

@@ -10,19 +10,16 @@ import time
 
 import torch
 
-from common import kernel_at
+from common import side_by_side
 from jakiro_lib.measure.paired import paired_rounds, speed_ratio
-from jakiro_lib.models import fast_paths, kernels
+from jakiro_lib.models import fast_paths
 from jakiro_lib.models.target import load_target
 from jakiro_lib.profiles import get_profile
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--base", default="71b4a1d")
 args = ap.parse_args()
-torch.set_grad_enabled(False)
-ops = {"base": kernel_at(args.base, "base_gemm")}
-assert kernels.stream_gemm_available()
-ops["package"] = torch.ops.jakiro_stream_gemm
+ops = side_by_side(args.base)
 
 
 def compare(label: str, call, calls: int) -> None:
