@@ -1073,8 +1073,8 @@ inline void signed_block(const int32_t* hw, const int32_t* lw, const int32_t* of
     for (int j = 0; j < NB; ++j) hi[m][j] = lo[m][j] = sums_vec{};
   const int8_t* src = panels + p * Kt * L;
   const __m512i flip = _mm512_set1_epi8(char(0x80));
-  // prefetched 2 KB ahead; a streamed head's rows past four 12 KB ahead (their sums take longer a line; at 2 KB the
-  // loads waited: the 8-row screen 1.08-1.13x)
+  // prefetched 2 KB ahead; a streamed head's rows past four 12 KB ahead (their sums take about eight cycles a line of
+  // weights, and at 2 KB the loads waited: DESIGN section 9)
   constexpr int64_t ahead = Stream && M > 4 ? 192 : 32;
   for (int64_t g = 0; g < G; ++g) {  // four k a step: 16 columns x 4 bytes
     __m512i w[NB];
