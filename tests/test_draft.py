@@ -187,7 +187,7 @@ def test_a_reduced_precision_draft_streams_its_weights_copies_in_fp32_arithmetic
     d.save(tmp_path / "d")
     e = DraftModel.load(tmp_path / "d", target.model, dtype=dtype)
     assert e.reduced_weights and e.fc.weight.dtype == torch.float32
-    assert kernels.gemm_choice(e) == {"backend": backend, "min_rows": 1, "max_rows": 64}
+    assert kernels.gemm_choice(e) == {"backend": backend, "min_rows": 1, "max_rows": 64, "prefetch": None}
     rounded = copy.deepcopy(d)
     with torch.no_grad():
         for lin in (m for m in rounded.modules() if isinstance(m, nn.Linear)):

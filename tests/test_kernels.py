@@ -237,6 +237,68 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
     assert torch.equal(_stream(x[5:6], weight, packed), whole[5:6])
 
 
+@pytest.fixture
+def streamed_hint():
+    """The process-wide streamed hint put back as it was after the test."""
+    before = kernels.stream_prefetch()
+    yield
+    kernels.stream_prefetch(before)
+
+
+def test_l2_is_chosen_for_streamed_weights_only_where_it_beat_nta_by_the_margin_at_every_row_count():
+    assert kernels._choose_prefetch({1: 0.74, 8: 0.79}) == "l2"  # a Zen 4's probe (2026-12-03)
+    assert kernels._choose_prefetch({1: kernels.STREAM_L2_MARGIN, 8: 0.5}) == "l2"
+    assert kernels._choose_prefetch({1: 0.74, 8: 0.9}) == "nta"  # eight rows not enough faster
+    assert kernels._choose_prefetch({1: 0.95, 8: 0.7}) == "nta"
+    assert kernels._choose_prefetch({1: 1.02, 8: 1.01}) == "nta"
+    assert kernels._choose_prefetch({}) == "nta"  # nothing timed
+
+
+@needs_stream
+def test_the_streamed_hint_moves_no_arithmetic(streamed_hint):
+    """Linears of fp32 panels (streamed up to a pass's rows, kept past them) and the greedy head's screen give the same
+    bits under either hint; a hint not known is one clear error."""
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(300, 576, generator=gen)
+    packed = kernels.pack_weight(weight, 64, "stream")
+    head = nn.Module()
+    head.lm_head = nn.Linear(576, 4099, bias=False)
+    head.lm_head.weight.data = torch.randn(4099, 576, generator=gen) * 0.1
+    fast_paths.set_head_screen(head, True)  # this CPU's screen: the integer one where it has one, else fp32 panels
+    x = torch.randn(20, 576, generator=gen) * 3
+    outputs = {}
+    for hint in kernels.STREAM_HINTS:
+        assert kernels.stream_prefetch(hint) == hint == kernels.stream_prefetch()
+        outputs[hint] = ([_stream(x[:rows], weight, packed) for rows in (1, 2, 5, 8, 12, 13, 20)],
+                         [fast_paths.greedy_argmax(head, x[:rows]) for rows in (1, 4, 8, 9)])
+    for ours, theirs in zip(*(sum(o, []) for o in outputs.values())):
+        assert torch.equal(ours, theirs)
+    with pytest.raises(ValueError, match="stream_prefetch takes one of nta, l2, got 't0'"):
+        kernels.stream_prefetch("t0")
+    with pytest.raises(RuntimeError, match="the hint is 0 .prefetchnta. or 2 .prefetcht1., or -1 to read it; got 3"):
+        torch.ops.jakiro_stream_gemm.stream_prefetch(3)
+
+
+@needs_stream
+def test_auto_probes_the_streamed_hint_where_it_chose_the_streaming_gemm(monkeypatch, streamed_hint):
+    net = _net()
+    monkeypatch.setattr(kernels, "probe_gemm", lambda m, **k: kernels.GemmProbe("stream", 1, {"stream": {1: 0.5}}))
+    monkeypatch.setattr(kernels, "_choose_prefetch", lambda ratios: "l2")
+    kernels.stream_prefetch("nta")
+    gemm = kernels.enable_packed_gemm(net, max_rows=8, backend="auto")
+    probe = kernels.gemm_probe(net)
+    assert gemm.backend == "stream" and probe.prefetch == "l2" == kernels.stream_prefetch()
+    assert sorted(probe.prefetch_ratios) == list(kernels.STREAM_HINT_ROWS)  # real timings of the net's linears
+    assert all(r > 0 for r in probe.prefetch_ratios.values())
+    assert kernels.gemm_choice(net) == {"backend": "stream", "min_rows": 1, "max_rows": 8, "prefetch": "l2"}
+    monkeypatch.setattr(kernels, "probe_gemm", lambda m, **k: kernels.GemmProbe("mkl", 2, {"mkl": {2: 0.5}}))
+    monkeypatch.setattr(kernels, "_choose_prefetch", lambda ratios: pytest.fail("probed for another backend"))
+    if torch._C.has_mkl:
+        kernels.enable_packed_gemm(_net(), max_rows=8, backend="auto")
+    kernels.enable_packed_gemm(_net(), max_rows=8, backend="stream")  # a backend named, not probed: the hint stays
+    assert kernels.stream_prefetch() == "l2"
+
+
 @needs_stream
 def test_the_packed_copy_serves_its_rows_through_the_stream_backend(monkeypatch):
     calls = _rows_of_calls(monkeypatch, torch.ops.jakiro_stream_gemm, "linear")

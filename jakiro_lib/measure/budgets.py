@@ -161,13 +161,15 @@ class _OthersLoad:
 
 def _machine(profile: Profile, target: Any) -> dict[str, Any]:
     """What the target's T(n) depends on: the device, its threads, the target's settings, the GEMM kernel the
-    load-time probe chose for them and the first row count it serves (from one row the streaming GEMM also runs a
-    decoding step's layers in one call), and the build of the package's kernels: another of any, another tuning."""
+    load-time probe chose for them, the first row count it serves (from one row the streaming GEMM also runs a
+    decoding step's layers in one call) and where it prefetches streamed weights, and the build of the package's
+    kernels: another of any, another tuning."""
     gemm = kernels.gemm_choice(target.model)
     return {"device": str(target.device), "device_name": device_name(target.device),
             "threads": torch.get_num_threads(), "target": dataclasses.asdict(profile.target),
             "gemm": gemm["backend"] if gemm is not None else None,
             "gemm_from": gemm["min_rows"] if gemm is not None else None,
+            "prefetch": gemm["prefetch"] if gemm is not None else None,
             "kernels": kernels.stream_build_name() if kernels.stream_gemm_available() else None}
 
 

@@ -45,6 +45,16 @@ STREAM_ALLOWANCE = 1.05  # below its first win the streaming GEMM serves where i
 # chosen. Measured (docs/results.md): the layers in one call took T(1) to 0.76-0.84x, and oneDNN's copies, probed
 # within 1% of the streaming kernel's, decoded 1.42-1.46x slower without them
 STREAM_STEP_CREDIT = 0.25
+# Where the streaming GEMM prefetches weights a step reads once (a target's fp32 panels and head screen; stream_gemm.cpp's
+# streamed hint, process-wide): "nta" (prefetchnta, the default), which keeps them from evicting what the step and the
+# draft read again, or "l2" (prefetcht1), which :func:`probe_stream_prefetch` chooses where it streams one row's and
+# eight rows' linears in at most STREAM_L2_MARGIN of nta's time. The margin leaves the cache nta keeps: on a Zen 5 nta
+# decoded 1.04-1.11x faster than the ordinary hint with T(n) alone unchanged; on a Zen 4, whose non-temporal prefetches
+# streamed at about half the memory's rate, l2 took one row's linears to 0.75x and decoding to 1.15-1.23x faster
+# (docs/results.md)
+STREAM_HINTS = {"nta": 0, "l2": 2}
+STREAM_L2_MARGIN = 0.87
+STREAM_HINT_ROWS = (1, 8)
 
 
 def _first(model: nn.Module | torch.Tensor) -> torch.Tensor:
@@ -246,6 +256,9 @@ class GemmProbe:
     backend: str | None
     min_rows: int
     ratios: dict[str, dict[int, float]] = field(default_factory=dict)
+    # the streamed hint chosen where the streaming GEMM serves (probe_stream_prefetch), and l2's time over nta's by rows
+    prefetch: str | None = None
+    prefetch_ratios: dict[int, float] = field(default_factory=dict)
 
 
 def _choose(ratios: dict[str, dict[int, float]]) -> tuple[str | None, int]:
@@ -309,11 +322,54 @@ def probe_gemm(model: nn.Module, *, max_rows: int = 64, rows: Sequence[int] = PR
     return GemmProbe(backend, start, ratios)
 
 
+def stream_prefetch(hint: str | None = None) -> str:
+    """The streaming GEMM's hint for weights a step reads once (:data:`STREAM_HINTS`), set to ``hint`` where given;
+    process-wide, as it is the machine's memory path that decides it. Needs the kernel built."""
+    if hint is not None and hint not in STREAM_HINTS:
+        raise ValueError(f"stream_prefetch takes one of {', '.join(STREAM_HINTS)}, got {hint!r}")
+    code = torch.ops.jakiro_stream_gemm.stream_prefetch(-1 if hint is None else STREAM_HINTS[hint])
+    return next(name for name, c in STREAM_HINTS.items() if c == code)
+
+
+def _choose_prefetch(ratios: dict[int, float]) -> str:
+    """"l2" where its time over nta's is at most :data:`STREAM_L2_MARGIN` at every probed row count, else "nta"."""
+    return "l2" if ratios and max(ratios.values()) <= STREAM_L2_MARGIN else "nta"
+
+
+@torch.inference_mode()
+def probe_stream_prefetch(gemm: "PackedGemm", *, rows: Sequence[int] = STREAM_HINT_ROWS,
+                          repeats: int = 3) -> tuple[str, dict[int, float]]:
+    """Time every linear of ``gemm`` (streaming panels in fp32) in order at each of ``rows`` under each streamed hint,
+    the hints interleaved round by round, and set the one :func:`_choose_prefetch` picks from the fastest rounds' ratios
+    (noise only adds time); (the hint, l2's time over nta's by rows)."""
+    linears = [lin for lin in gemm.linears if lin._jakiro_packed.dtype == torch.float32]
+    inputs = {r: {lin.in_features: torch.randn(r, lin.in_features) for lin in linears} for r in rows}
+    op = torch.ops.jakiro_stream_gemm.linear
+
+    def run(r: int, hint: str) -> float:
+        stream_prefetch(hint)
+        t0 = time.perf_counter()
+        for lin in linears:
+            op(inputs[r][lin.in_features], lin._jakiro_packed, lin.out_features)
+        return time.perf_counter() - t0
+
+    times: dict[tuple[int, str], list[float]] = {(r, h): [] for r in rows for h in STREAM_HINTS}
+    for round_ in range(repeats + 1):  # the first round warms up
+        for r in rows:
+            for h in (STREAM_HINTS if round_ % 2 else reversed(STREAM_HINTS)):
+                seconds = run(r, h)
+                if round_:
+                    times[(r, h)].append(seconds)
+    ratios = {r: min(times[(r, "l2")]) / min(times[(r, "nta")]) for r in rows} if linears else {}
+    return stream_prefetch(_choose_prefetch(ratios)), ratios
+
+
 def enable_packed_gemm(model: nn.Module, *, max_rows: int = 64, min_rows: int | None = None,
                        backend: str = "mkl") -> PackedGemm | None:
     """Attach a :class:`PackedGemm` to ``model`` (repacked if the settings changed); None where unavailable.
     ``backend="auto"``: :func:`probe_gemm` chooses (None when no packed copy paid; the probe is then kept as
-    ``model._jakiro_gemm_probe``)."""
+    ``model._jakiro_gemm_probe``), and where it chose the streaming GEMM's fp32 panels :func:`probe_stream_prefetch`
+    sets the streamed hint."""
     probe = None
     if backend == "auto":
         if not any(packed_gemm_available(model, b) for b in BACKENDS):
@@ -329,15 +385,16 @@ def enable_packed_gemm(model: nn.Module, *, max_rows: int = 64, min_rows: int | 
         return None
     weight = _first(model)
     wanted = (max_rows, min_rows_for(weight, backend) if min_rows is None else min_rows, backend_for(weight, backend))
-    existing = getattr(model, _ATTR, None)
-    if existing is not None:
-        if (existing.max_rows, existing.min_rows, existing.backend) == wanted:
-            existing.probe = probe or existing.probe
-            return existing
+    gemm = getattr(model, _ATTR, None)
+    if gemm is not None and (gemm.max_rows, gemm.min_rows, gemm.backend) != wanted:
         disable_packed_gemm(model)
-    gemm = PackedGemm(model, max_rows=max_rows, min_rows=min_rows, backend=backend)
-    gemm.probe = probe
-    setattr(model, _ATTR, gemm)
+        gemm = None
+    if gemm is None:
+        gemm = PackedGemm(model, max_rows=max_rows, min_rows=min_rows, backend=backend)
+        setattr(model, _ATTR, gemm)
+    if probe is not None and gemm.backend == "stream":
+        probe.prefetch, probe.prefetch_ratios = probe_stream_prefetch(gemm)
+    gemm.probe = probe or gemm.probe
     return gemm
 
 
@@ -373,6 +430,10 @@ def packed_gemm(model: nn.Module) -> PackedGemm | None:
 
 
 def gemm_choice(model: nn.Module) -> dict[str, Any] | None:
-    """What a record says of the model's packed GEMM: the backend and the rows it serves (None: plain kernels)."""
+    """What a record says of the model's packed GEMM: the backend, the rows it serves and, for the streaming GEMM's
+    fp32 panels, the streamed hint in force (None: plain kernels)."""
     gemm = packed_gemm(model)
-    return None if gemm is None else {"backend": gemm.backend, "min_rows": gemm.min_rows, "max_rows": gemm.max_rows}
+    if gemm is None:
+        return None
+    return {"backend": gemm.backend, "min_rows": gemm.min_rows, "max_rows": gemm.max_rows,
+            "prefetch": stream_prefetch() if gemm.backend == "stream" else None}

@@ -55,6 +55,15 @@ typedef uint32_t wide_vec __attribute__((vector_size(L * sizeof(uint32_t))));
 // with one of __m512i it copied each sum to another register and back around every vpdpbusd, or kept it on the stack.
 typedef int32_t sums_vec __attribute__((vector_size(64)));
 
+// Prefetch localities (__builtin_prefetch's third argument). Weights read again (a draft's, a block passed over once per
+// chunk of rows) are prefetched to every level (KEEP, prefetcht0). Weights a step reads once (a target's fp32 panels
+// and its head's screen) are prefetched with ``streamed_hint``: PAST (prefetchnta), through the caches without
+// evicting what the step and the draft read again, or TO_L2 (prefetcht1) where the load-time probe measured the
+// stream much faster so (kernels.probe_stream_prefetch: a CPU whose non-temporal prefetches stream slowly from memory,
+// DESIGN section 9). The hint moves no arithmetic.
+constexpr int PAST = 0, TO_L2 = 2, KEEP = 3;
+int streamed_hint = PAST;  // process-wide, set at load (stream_prefetch), read as each linear or screen starts
+
 // One panel row of L weights as fp32: stored fp32, or bf16 (the upper half of an fp32, widened in registers).
 inline vec load(const float* p) {
   vec v;
@@ -87,9 +96,9 @@ inline vec load(const int8_t* p) {
 }
 
 // ``scales`` (int8 panels): each column's sums times its scale, rounded once; null for fp32 and bf16 panels.
-// ``Stream``: the panels are prefetched non-temporally (prefetchnta), so that weights read once a step pass through
-// the caches without evicting what the step reads again (run's ``stream``).
-template <int M, int NB, bool Stream, typename W>
+// ``Hint``: the panels' prefetch locality, KEEP (prefetcht0) for weights read again, or for weights a step reads once
+// (run's ``stream``) the streamed hint stream_prefetch chose (streamed_hint).
+template <int M, int NB, int Hint, typename W>
 inline void block(const float* x, const W* panels, const float* scales, float* y, int64_t K, int64_t Np, int64_t p) {
   constexpr int64_t ahead = 2048 / (L * sizeof(W));  // k steps: 2 KB ahead on each panel's stream
   vec acc[M][NB];
@@ -100,7 +109,7 @@ inline void block(const float* x, const W* panels, const float* scales, float* y
     vec w[NB];
     for (int j = 0; j < NB; ++j) {
       w[j] = load(src + (j * K + k) * L);
-      __builtin_prefetch(src + (j * K + k + ahead) * L, 0, Stream ? 0 : 3);
+      __builtin_prefetch(src + (j * K + k + ahead) * L, 0, Hint);
     }
     for (int m = 0; m < M; ++m) {
       const float xv = x[m * K + k];
@@ -116,29 +125,29 @@ inline void block(const float* x, const W* panels, const float* scales, float* y
     for (int j = 0; j < NB; ++j) store(y + m * Np + (p + j) * L, acc[m][j]);
 }
 
-template <int M, bool Stream, typename W>
+template <int M, int Hint, typename W>
 void rows(const float* x, const W* panels, const float* scales, float* y, int64_t K, int64_t Np, int64_t p,
           int64_t p_end) {
   constexpr int NB = panels_in_registers<M>();
-  for (; p + NB <= p_end; p += NB) block<M, NB, Stream>(x, panels, scales, y, K, Np, p);
-  for (; p < p_end; ++p) block<M, 1, Stream>(x, panels, scales, y, K, Np, p);
+  for (; p + NB <= p_end; p += NB) block<M, NB, Hint>(x, panels, scales, y, K, Np, p);
+  for (; p < p_end; ++p) block<M, 1, Hint>(x, panels, scales, y, K, Np, p);
 }
 
-// rows<M> for M = 1..CHUNK at index M, under either prefetch hint
+// rows<M> for M = 1..CHUNK at index M, under prefetch hint Hint
 template <typename W>
 using RowsFn = void (*)(const float*, const W*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
-template <bool Stream, typename W, size_t... I>
+template <int Hint, typename W, size_t... I>
 const RowsFn<W>* rows_table(std::index_sequence<I...>) {
-  static constexpr RowsFn<W> table[] = {nullptr, rows<int(I) + 1, Stream, W>...};
+  static constexpr RowsFn<W> table[] = {nullptr, rows<int(I) + 1, Hint, W>...};
   return table;
 }
-template <bool Stream, typename W>
-const RowsFn<W>* rows_by_count() { return rows_table<Stream, W>(std::make_index_sequence<CHUNK>{}); }
+template <int Hint, typename W>
+const RowsFn<W>* rows_by_count() { return rows_table<Hint, W>(std::make_index_sequence<CHUNK>{}); }
 
 // One linear of a run: its panels (P of them), its scales (int8 panels; null otherwise), its output rows y [M, P L],
-// and whether its weights stream (``stream``: weights a step reads once, a target's, prefetched non-temporally where
-// one pass over each block serves every row, M <= CHUNK; more rows pass over a block once per chunk and need it kept
-// in cache between passes).
+// and whether its weights stream (``stream``: weights a step reads once, a target's, prefetched with the streamed hint
+// where one pass over each block serves every row, M <= CHUNK; more rows pass over a block once per chunk and need it
+// kept in cache between passes).
 template <typename W>
 struct Job {
   const W* panels;
@@ -161,7 +170,8 @@ int64_t block_panels(int64_t K, int64_t linears = 1) {
 template <typename W>
 void pass(const float* x, int64_t M, int64_t K, const Job<W>& job, int64_t b, int64_t b_end) {
   const int64_t chunks = (M + CHUNK - 1) / CHUNK, per_chunk = (M + chunks - 1) / chunks, Np = job.P * L;
-  const RowsFn<W>* by_rows = job.stream && M <= CHUNK ? rows_by_count<true, W>() : rows_by_count<false, W>();
+  const RowsFn<W>* by_rows = !(job.stream && M <= CHUNK) ? rows_by_count<KEEP, W>()
+                             : streamed_hint == TO_L2 ? rows_by_count<TO_L2, W>() : rows_by_count<PAST, W>();
   for (int64_t m = 0; m < M; m += per_chunk)
     by_rows[std::min(per_chunk, M - m)](x + m * K, job.panels, job.scales, job.y + m * Np, K, Np, b, b_end);
 }
@@ -1064,7 +1074,7 @@ void vnni_screen_sums(const uint8_t* hu, const uint8_t* pl, const int8_t* panels
 // 128 sum_k h_k and 128 sum_k l_k a row (``off``), taken off: sum = 128 (sum (q + 128) h - 128 sum h) + sum (q + 128) l
 // - 128 sum l, exact in int32 (sums wrap on the way; the total is within int32 by ``top``). ``hw`` and ``lw`` [M, Kt /
 // 4]: a row's h and l, four k a word.
-template <int M, int NB, bool Stream>
+template <int M, int NB, int Hint>
 inline void signed_block(const int32_t* hw, const int32_t* lw, const int32_t* off, const int8_t* panels,
                          const float* scales, const float* sx, float* s, int64_t Kt, int64_t Np, int64_t p) {
   const int64_t G = Kt / 4;
@@ -1075,12 +1085,12 @@ inline void signed_block(const int32_t* hw, const int32_t* lw, const int32_t* of
   const __m512i flip = _mm512_set1_epi8(char(0x80));
   // prefetched 2 KB ahead; a streamed head's rows past four 12 KB ahead (their sums take about eight cycles a line of
   // weights, and at 2 KB the loads waited: DESIGN section 9)
-  constexpr int64_t ahead = Stream && M > 4 ? 192 : 32;
+  constexpr int64_t ahead = Hint != KEEP && M > 4 ? 192 : 32;
   for (int64_t g = 0; g < G; ++g) {  // four k a step: 16 columns x 4 bytes
     __m512i w[NB];
     for (int j = 0; j < NB; ++j) {
       w[j] = _mm512_xor_si512(_mm512_loadu_si512(src + (j * G + g) * 64), flip);
-      __builtin_prefetch(src + (j * G + g + ahead) * 64, 0, Stream ? 0 : 3);
+      __builtin_prefetch(src + (j * G + g + ahead) * 64, 0, Hint);
     }
     for (int m = 0; m < M; ++m) {
       const __m512i h = _mm512_set1_epi32(hw[m * G + g]), l = _mm512_set1_epi32(lw[m * G + g]);
@@ -1102,27 +1112,26 @@ inline void signed_block(const int32_t* hw, const int32_t* lw, const int32_t* of
   }
 }
 
-template <int M, bool Stream>
+template <int M, int Hint>
 void signed_rows(const int32_t* hw, const int32_t* lw, const int32_t* off, const int8_t* panels, const float* scales,
                  const float* sx, float* s, int64_t Kt, int64_t Np, int64_t p, int64_t p_end) {
   // 2 M NB sums, NB panels, the flip and two broadcasts in 32 registers; a streamed head's rows past two in one panel
   // at a time (more streams at once ran slower from memory), a cached head's (a draft's) in two to four
-  constexpr int NB = M == 1 ? 6 : M == 2 ? 4 : Stream ? 1 : M == 3 ? 4 : M == 4 ? 3 : M <= 6 ? 2 : 1;
-  for (; p + NB <= p_end; p += NB) signed_block<M, NB, Stream>(hw, lw, off, panels, scales, sx, s, Kt, Np, p);
-  for (; p < p_end; ++p) signed_block<M, 1, Stream>(hw, lw, off, panels, scales, sx, s, Kt, Np, p);
+  constexpr int NB = M == 1 ? 6 : M == 2 ? 4 : Hint != KEEP ? 1 : M == 3 ? 4 : M == 4 ? 3 : M <= 6 ? 2 : 1;
+  for (; p + NB <= p_end; p += NB) signed_block<M, NB, Hint>(hw, lw, off, panels, scales, sx, s, Kt, Np, p);
+  for (; p < p_end; ++p) signed_block<M, 1, Hint>(hw, lw, off, panels, scales, sx, s, Kt, Np, p);
 }
 
-template <bool Stream>
 using SignedFn = void (*)(const int32_t*, const int32_t*, const int32_t*, const int8_t*, const float*, const float*,
                           float*, int64_t, int64_t, int64_t, int64_t);
-template <bool Stream>
-constexpr SignedFn<Stream> signed_by_rows[9] = {
-    nullptr, signed_rows<1, Stream>, signed_rows<2, Stream>, signed_rows<3, Stream>, signed_rows<4, Stream>,
-    signed_rows<5, Stream>, signed_rows<6, Stream>, signed_rows<7, Stream>, signed_rows<8, Stream>};
+template <int Hint>
+constexpr SignedFn signed_by_rows[9] = {
+    nullptr, signed_rows<1, Hint>, signed_rows<2, Hint>, signed_rows<3, Hint>, signed_rows<4, Hint>,
+    signed_rows<5, Hint>, signed_rows<6, Hint>, signed_rows<7, Hint>, signed_rows<8, Hint>};
 
 // The rows' integer activations p [M, Kt] (within int16) through the panels [P, Kt / 4, L, 4], eight rows a pass
 // over each block of panels (about 512 KB, kept in cache between passes; the weights of a one-pass ``stream``
-// prefetched non-temporally), the threads splitting the panels.
+// prefetched with the streamed hint), the threads splitting the panels.
 void signed_screen_sums(const int32_t* pv, const int8_t* panels, const float* scales, const float* sx, float* s,
                         int64_t M, int64_t Kt, int64_t P, bool stream) {
   const int64_t G = Kt / 4, Np = P * L;
@@ -1144,16 +1153,16 @@ void signed_screen_sums(const int32_t* pv, const int8_t* panels, const float* sc
     off[2 * m] = 128 * sum_h;
     off[2 * m + 1] = 128 * sum_l;
   }
-  const bool one = stream && M <= 8;
+  const SignedFn* by_rows = !(stream && M <= 8) ? signed_by_rows<KEEP>
+                            : streamed_hint == TO_L2 ? signed_by_rows<TO_L2> : signed_by_rows<PAST>;
   const int64_t per_block = std::max<int64_t>(12, (512 * 1024) / (Kt * L) / 12 * 12);
   at::parallel_for(0, P, 4, [&](int64_t p0, int64_t p1) {
     for (int64_t b = p0; b < p1; b += per_block) {
       const int64_t b_end = std::min(b + per_block, p1);
       for (int64_t m = 0; m < M; m += 8) {
         const int64_t r = std::min<int64_t>(8, M - m);
-        (one ? signed_by_rows<true> : signed_by_rows<false>)[r](hw.data() + m * G, lw.data() + m * G,
-                                                                 off.data() + 2 * m, panels, scales, sx + m,
-                                                                 s + m * Np, Kt, Np, b, b_end);
+        by_rows[r](hw.data() + m * G, lw.data() + m * G, off.data() + 2 * m, panels, scales, sx + m, s + m * Np, Kt,
+                   Np, b, b_end);
       }
     }
   });
@@ -1471,6 +1480,14 @@ at::Tensor int8_linear_meta(const at::Tensor& input, const at::Tensor& screen, c
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes.back() = n;
   return at::empty(sizes, input.options());
+}
+
+// The streamed hint (streamed_hint) set to ``hint`` where it is PAST or TO_L2 (-1: left as it is); the hint in force.
+int64_t stream_prefetch(int64_t hint) {
+  TORCH_CHECK(hint == -1 || hint == PAST || hint == TO_L2,
+              "stream_gemm.stream_prefetch: the hint is 0 (prefetchnta) or 2 (prefetcht1), or -1 to read it; got ", hint);
+  if (hint != -1) streamed_hint = int(hint);
+  return streamed_hint;
 }
 
 // Whether the heads' int8 copies take the integer screen's layout here (pack_int8's ``tiles``): built with AMX's tiles
@@ -2391,6 +2408,7 @@ TORCH_LIBRARY(jakiro_stream_gemm, m) {
   m.def("pack_int8(Tensor weight, bool tiles=False) -> (Tensor, Tensor)");
   m.def("greedy_head(Tensor x, Tensor screen, Tensor scales, Tensor bound, Tensor l1, Tensor weight) -> Tensor");
   m.def("tile_screen() -> bool", tile_screen);
+  m.def("stream_prefetch(int hint=-1) -> int", stream_prefetch);
   m.def("silu_in_region() -> bool", silu_is_torchs);
   m.def("int8_linear(Tensor x, Tensor screen, Tensor scales, int n) -> Tensor");
   m.def("sampled_head(Tensor x, Tensor screen, Tensor scales, Tensor bound, Tensor l1, Tensor weight, Tensor draws, "

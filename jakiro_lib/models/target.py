@@ -323,7 +323,9 @@ def load_target(config: TargetConfig | None = None) -> Target:
         gemm = kernels.enable_packed_gemm(model, max_rows=config.packed_gemm, backend=config.gemm_backend)
         probe = kernels.gemm_probe(model)
         if probe is not None:
-            log.info("packed GEMM probe: %s (time ratios packed/plain by rows: %s)",
+            log.info("packed GEMM probe: %s (time ratios packed/plain by rows: %s)%s",
                      f"{gemm.backend} from {gemm.min_rows} to {gemm.max_rows} rows" if gemm else "none paid",
-                     {b: {r: round(x, 2) for r, x in by.items()} for b, by in probe.ratios.items()})
+                     {b: {r: round(x, 2) for r, x in by.items()} for b, by in probe.ratios.items()},
+                     f"; streamed weights prefetched {probe.prefetch} (l2/nta time by rows: "
+                     f"{ {r: round(x, 2) for r, x in probe.prefetch_ratios.items()} })" if probe.prefetch else "")
     return Target(model=model, tokenizer=tokenizer, config=config)
